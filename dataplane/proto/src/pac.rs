@@ -1,1 +1,1 @@
-//! TODO
+//! PAC script generation (in progress).

@@ -1,1 +1,1 @@
-//! TODO
+//! Domain patterns and the compiled route matcher (in progress).
