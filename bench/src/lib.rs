@@ -1,1 +1,130 @@
-//! Bench harness.
+//! Side-by-side benchmark harness: switchyard against peer programs on loopback.
+//!
+//! `switchyard bench` calls [`run`]. One run starts, each with its own config file in a temp dir
+//! on free loopback ports, an nginx origin and the peers that are installed (tinyproxy, squid,
+//! microsocks, danted), plus switchyard itself, and measures:
+//!
+//! - **http**: `wrk` through each HTTP proxy (and direct to nginx as the ceiling) for a 1 KiB and a
+//!   1 MiB file; requests/s, transfer/s, p50/p99 latency, errors. A Lua script puts the
+//!   absolute-form URL on the request line; every proxy is first checked to return the exact file.
+//! - **connect**: bulk upload through a `CONNECT` tunnel to an in-process sink, against the same
+//!   client straight to the sink (raw loopback TCP).
+//! - **socks5**: connection rate (handshake + CONNECT + one echo round trip + close, many workers)
+//!   and bulk throughput, switchyard against microsocks and danted.
+//! - **memory**: switchyard's RSS idle and with thousands of idle CONNECT tunnels held open.
+//!
+//! Results go to `<out>/<scenario>.json` and `<out>/summary.md` (tables, ratios, targets). A peer
+//! that is missing or fails to start is reported as such; every started process is stopped by PID
+//! when its scenario ends, also on error.
+
+mod load;
+mod peers;
+mod procs;
+mod report;
+mod scenarios;
+mod wrk;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+/// Arguments of `switchyard bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// path of the switchyard binary (default: the current executable)
+    #[arg(long)]
+    pub switchyard: Option<PathBuf>,
+    /// directory for the JSON results and summary.md
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    /// seconds per measurement
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// subset: http, connect, socks5, memory
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
+    #[arg(long, default_value_t = 64)]
+    pub connections: u32,
+}
+
+/// All scenarios, in run order.
+pub const SCENARIOS: [&str; 4] = ["http", "connect", "socks5", "memory"];
+
+/// Runs the selected scenarios and writes the results. Synchronous; builds its own tokio runtime.
+pub fn run(args: BenchArgs) -> Result<()> {
+    let selected: Vec<&str> = if args.only.is_empty() {
+        SCENARIOS.to_vec()
+    } else {
+        let mut v = Vec::new();
+        for s in &args.only {
+            let s = s.trim().to_ascii_lowercase();
+            match SCENARIOS.iter().find(|k| **k == s) {
+                Some(k) if !v.contains(k) => v.push(*k),
+                Some(_) => {}
+                None => bail!(
+                    "unknown scenario {s:?} (choose from {})",
+                    SCENARIOS.join(", ")
+                ),
+            }
+        }
+        v
+    };
+    if args.seconds == 0 || args.seconds > 600 {
+        bail!("--seconds must be 1..=600");
+    }
+    if args.connections == 0 || args.connections > 10_000 {
+        bail!("--connections must be 1..=10000");
+    }
+    let switchyard = match &args.switchyard {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().context("locate the current executable")?,
+    };
+    let switchyard = std::fs::canonicalize(&switchyard).unwrap_or(switchyard);
+    std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
+    let out = std::fs::canonicalize(&args.out)?;
+    let nofile = procs::raise_nofile();
+    let tmp = tempfile::Builder::new()
+        .prefix("switchyard-bench-")
+        .tempdir()?;
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let env = peers::Env {
+        dir: tmp.path().to_path_buf(),
+        cpus,
+        nofile,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cpus)
+        .enable_all()
+        .build()?;
+    let ctx = scenarios::Ctx {
+        env,
+        rt,
+        switchyard,
+        out,
+        seconds: args.seconds,
+        connections: args.connections,
+    };
+    tracing::info!(
+        "bench: scenarios {selected:?}, {}s each, {} connections, switchyard {}, RLIMIT_NOFILE {nofile}",
+        args.seconds,
+        args.connections,
+        ctx.switchyard.display()
+    );
+    let mut sections = Vec::new();
+    for s in selected {
+        tracing::info!("bench: scenario {s}");
+        let section = match scenarios::run_one(&ctx, s) {
+            Ok(md) => md,
+            Err(e) => format!("## {s}\n\nScenario failed: {e:#}\n"),
+        };
+        sections.push(section);
+    }
+    let summary = ctx.summary(&sections);
+    let path = ctx.out.join("summary.md");
+    std::fs::write(&path, summary).with_context(|| format!("write {}", path.display()))?;
+    tracing::info!("bench: wrote {}", path.display());
+    Ok(())
+}

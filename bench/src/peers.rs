@@ -1,0 +1,296 @@
+//! Starting the origin (nginx), the peer proxies and switchyard, each with its own config file in
+//! the run's temp dir, on free loopback ports.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::procs::{free_port, output_of, tail, which, Procs};
+
+/// Where and how peers are started.
+pub struct Env {
+    /// The run's temp dir (one subdirectory per started program).
+    pub dir: PathBuf,
+    pub cpus: usize,
+    /// RLIMIT_NOFILE soft limit children inherit.
+    pub nofile: u64,
+}
+
+/// A started program.
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub pid: u32,
+    /// The address clients connect to (proxy or origin port).
+    pub addr: SocketAddr,
+    /// SOCKS5 listener (switchyard only).
+    pub socks5: Option<SocketAddr>,
+    pub version: Option<String>,
+    pub notes: Vec<String>,
+}
+
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Version of a Debian package, when installed.
+pub fn deb_version(pkg: &str) -> Option<String> {
+    output_of("dpkg-query", &["-W", "-f=${Version}", pkg])
+        .filter(|v| !v.is_empty() && !v.contains("no packages"))
+}
+
+fn workdir(env: &Env, name: &str) -> Result<PathBuf> {
+    let d = env.dir.join(name);
+    fs::create_dir_all(&d)?;
+    // Peers that drop privileges (squid, tinyproxy, danted) must write logs and pid files here.
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o777))?;
+    Ok(d)
+}
+
+fn find(program: &str) -> Result<PathBuf> {
+    which(program).with_context(|| format!("{program} is not installed"))
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn wait_ready(procs: &mut Procs, pid: u32, addr: SocketAddr, log: &Path) -> Result<()> {
+    procs
+        .wait_port(pid, addr, START_TIMEOUT)
+        .map_err(|e| anyhow::anyhow!("{e}; log: {}", tail(log, 5)))
+}
+
+/// nginx serving `www` (1 worker per core, access_log off).
+pub fn nginx(procs: &mut Procs, env: &Env, www: &Path) -> Result<Started> {
+    let bin = find("nginx")?;
+    let d = workdir(env, "nginx")?;
+    let port = free_port()?;
+    let conf = format!(
+        "user root;\nworker_processes {cpus};\ndaemon off;\nmaster_process on;\n\
+         pid {d}/nginx.pid;\nerror_log {d}/error.log warn;\nworker_rlimit_nofile {nofile};\n\
+         events {{ worker_connections 8192; multi_accept on; }}\n\
+         http {{\n  access_log off;\n  sendfile on; tcp_nopush on; tcp_nodelay on;\n\
+           keepalive_requests 1000000; keepalive_timeout 120s;\n\
+           default_type application/octet-stream;\n\
+           client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fcgi;\n\
+           uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
+           server {{ listen 127.0.0.1:{port}; root {www}; }}\n}}\n",
+        cpus = env.cpus,
+        d = d.display(),
+        nofile = env.nofile.min(65536),
+        www = www.display(),
+    );
+    let conf_path = d.join("nginx.conf");
+    fs::write(&conf_path, conf)?;
+    let log = d.join("stderr.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("-p")
+        .arg(&d)
+        .arg("-c")
+        .arg(&conf_path)
+        .arg("-e")
+        .arg(d.join("error.log"));
+    let pid = procs.spawn("nginx", cmd, &log)?;
+    let addr = loopback(port);
+    wait_ready(procs, pid, addr, &d.join("error.log"))?;
+    Ok(Started {
+        pid,
+        addr,
+        socks5: None,
+        version: deb_version("nginx").or_else(|| output_of("nginx", &["-v"])),
+        notes: vec![format!(
+            "{} worker processes (1 per core), access_log off, sendfile on",
+            env.cpus
+        )],
+    })
+}
+
+/// tinyproxy as an HTTP forward proxy (also does CONNECT to any port).
+pub fn tinyproxy(procs: &mut Procs, env: &Env) -> Result<Started> {
+    let bin = find("tinyproxy")?;
+    let d = workdir(env, "tinyproxy")?;
+    let port = free_port()?;
+    let conf = format!(
+        "User nobody\nGroup nogroup\nPort {port}\nListen 127.0.0.1\nTimeout 600\n\
+         MaxClients {max}\nLogLevel Error\nLogFile \"{d}/tinyproxy.log\"\nPidFile \"{d}/tinyproxy.pid\"\n\
+         Allow 127.0.0.0/8\nDisableViaHeader Yes\n",
+        max = env.nofile.saturating_sub(100).max(100),
+        d = d.display(),
+    );
+    let conf_path = d.join("tinyproxy.conf");
+    fs::write(&conf_path, conf)?;
+    let log = d.join("stderr.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("-d").arg("-c").arg(&conf_path);
+    let pid = procs.spawn("tinyproxy", cmd, &log)?;
+    let addr = loopback(port);
+    wait_ready(procs, pid, addr, &log)?;
+    Ok(Started {
+        pid,
+        addr,
+        socks5: None,
+        version: deb_version("tinyproxy"),
+        notes: vec![],
+    })
+}
+
+/// squid with caching off (`cache deny all`, no cache_dir), loopback clients only.
+pub fn squid(procs: &mut Procs, env: &Env) -> Result<Started> {
+    let bin = find("squid")?;
+    let d = workdir(env, "squid")?;
+    let port = free_port()?;
+    let conf = format!(
+        "http_port 127.0.0.1:{port}\n\
+         acl loopback src 127.0.0.0/8\nhttp_access allow loopback\nhttp_access deny all\n\
+         cache deny all\ncache_mem 0 MB\n\
+         pid_filename {d}/squid.pid\naccess_log none\ncache_store_log none\n\
+         cache_log {d}/cache.log\ncoredump_dir {d}\n\
+         max_filedescriptors {nofile}\nshutdown_lifetime 0 seconds\n\
+         visible_hostname switchyard-bench\nicp_port 0\nhtcp_port 0\nnetdb_filename none\n\
+         logfile_rotate 0\n",
+        nofile = env.nofile,
+        d = d.display(),
+    );
+    let conf_path = d.join("squid.conf");
+    fs::write(&conf_path, conf)?;
+    let log = d.join("stderr.log");
+    let mut cmd = Command::new(bin);
+    // -N: no daemon, one process; -d1: errors to stderr.
+    cmd.arg("-N").arg("-d1").arg("-f").arg(&conf_path);
+    let pid = procs.spawn("squid", cmd, &log)?;
+    let addr = loopback(port);
+    wait_ready(procs, pid, addr, &log)?;
+    Ok(Started {
+        pid,
+        addr,
+        socks5: None,
+        version: deb_version("squid"),
+        notes: vec!["no-daemon single process (-N), cache deny all, cache_mem 0".into()],
+    })
+}
+
+/// microsocks (SOCKS5, no auth).
+pub fn microsocks(procs: &mut Procs, env: &Env) -> Result<Started> {
+    let bin = find("microsocks")?;
+    let d = workdir(env, "microsocks")?;
+    let port = free_port()?;
+    let log = d.join("stderr.log");
+    let mut cmd = Command::new(bin);
+    cmd.args(["-i", "127.0.0.1", "-p"]).arg(port.to_string());
+    let pid = procs.spawn("microsocks", cmd, &log)?;
+    let addr = loopback(port);
+    wait_ready(procs, pid, addr, &log)?;
+    Ok(Started {
+        pid,
+        addr,
+        socks5: Some(addr),
+        version: deb_version("microsocks"),
+        notes: vec![],
+    })
+}
+
+/// Dante's danted (SOCKS5, method none, loopback only), in the foreground.
+pub fn danted(procs: &mut Procs, env: &Env) -> Result<Started> {
+    let bin = find("danted")?;
+    let d = workdir(env, "danted")?;
+    let port = free_port()?;
+    let conf = format!(
+        "logoutput: {d}/danted.log\n\
+         internal: 127.0.0.1 port = {port}\nexternal: 127.0.0.1\n\
+         clientmethod: none\nsocksmethod: none\n\
+         user.privileged: root\nuser.unprivileged: nobody\n\
+         client pass {{ from: 127.0.0.0/8 to: 0.0.0.0/0 }}\n\
+         socks pass {{ from: 127.0.0.0/8 to: 0.0.0.0/0 command: connect }}\n",
+        d = d.display(),
+    );
+    let conf_path = d.join("danted.conf");
+    fs::write(&conf_path, conf)?;
+    let log = d.join("stderr.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("-f")
+        .arg(&conf_path)
+        .args(["-N", &env.cpus.to_string(), "-p"])
+        .arg(d.join("danted.pid"));
+    let pid = procs.spawn("danted", cmd, &log)?;
+    let addr = loopback(port);
+    wait_ready(procs, pid, addr, &d.join("danted.log"))?;
+    Ok(Started {
+        pid,
+        addr,
+        socks5: Some(addr),
+        version: deb_version("dante-server"),
+        notes: vec![format!("-N {} (one server process per core)", env.cpus)],
+    })
+}
+
+/// switchyard `server` with a generated config; ready when the health endpoint answers 200.
+pub fn switchyard(procs: &mut Procs, env: &Env, bin: &Path) -> Result<Started> {
+    if !bin.is_file() {
+        bail!(
+            "switchyard binary {} not found (build it: cargo build --release -p switchyard)",
+            bin.display()
+        );
+    }
+    let d = workdir(env, "switchyard")?;
+    let (http, socks, api) = (free_port()?, free_port()?, free_port()?);
+    let conf = format!(
+        "server:\n  http: {{ listen: \"127.0.0.1:{http}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks}\" }}\n\
+         api: {{ listen: \"127.0.0.1:{api}\" }}\nlogging: {{ level: warn }}\n"
+    );
+    let conf_path = d.join("switchyard.yaml");
+    fs::write(&conf_path, conf)?;
+    let log = d.join("stderr.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("server")
+        .arg("--config")
+        .arg(&conf_path)
+        .current_dir(&d);
+    let pid = procs.spawn("switchyard", cmd, &log)?;
+    let api_addr = loopback(api);
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(reason) = procs.exited(pid) {
+            bail!("{reason}; log: {}", tail(&log, 5));
+        }
+        match health(api_addr) {
+            Ok(true) => break,
+            _ if Instant::now() > deadline => {
+                bail!(
+                    "GET /api/v1/health on {api_addr} not 200 after {START_TIMEOUT:?}; log: {}",
+                    tail(&log, 5)
+                )
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    let http_addr = loopback(http);
+    let socks_addr = loopback(socks);
+    for a in [http_addr, socks_addr] {
+        wait_ready(procs, pid, a, &log)?;
+    }
+    let version = output_of(&bin.to_string_lossy(), &["--version"]).filter(|v| !v.is_empty());
+    Ok(Started {
+        pid,
+        addr: http_addr,
+        socks5: Some(socks_addr),
+        version,
+        notes: vec![],
+    })
+}
+
+fn health(api: SocketAddr) -> Result<bool> {
+    let mut s = TcpStream::connect_timeout(&api, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        s,
+        "GET /api/v1/health HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut head = [0u8; 16];
+    let n = s.read(&mut head)?;
+    let line = String::from_utf8_lossy(&head[..n]);
+    Ok(line.starts_with("HTTP/1.1 200") || line.starts_with("HTTP/1.0 200"))
+}

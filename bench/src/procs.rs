@@ -1,0 +1,154 @@
+//! Child processes (started and stopped by PID), ports, limits and `/proc` readings.
+
+use std::fs;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// One started child process.
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+/// Owns every child process a scenario starts; dropping it stops them all (SIGTERM, then SIGKILL).
+#[derive(Default)]
+pub struct Procs {
+    list: Vec<Proc>,
+}
+
+impl Procs {
+    /// Starts `cmd` with stdout and stderr appended to `log`; returns its PID.
+    pub fn spawn(&mut self, name: &str, mut cmd: Command, log: &Path) -> Result<u32> {
+        let out = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+        let err = out.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("start {name}: {cmd:?}"))?;
+        let pid = child.id();
+        self.list.push(Proc {
+            name: name.to_string(),
+            child,
+        });
+        Ok(pid)
+    }
+
+    /// `Some(reason)` when the process `pid` has already exited.
+    pub fn exited(&mut self, pid: u32) -> Option<String> {
+        let p = self.list.iter_mut().find(|p| p.child.id() == pid)?;
+        match p.child.try_wait() {
+            Ok(Some(status)) => Some(format!("{} exited: {status}", p.name)),
+            Ok(None) => None,
+            Err(e) => Some(format!("{}: {e}", p.name)),
+        }
+    }
+
+    /// Waits until `addr` accepts TCP connections, failing early if `pid` exits.
+    pub fn wait_port(&mut self, pid: u32, addr: SocketAddr, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(reason) = self.exited(pid) {
+                bail!(reason);
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{addr} not accepting connections after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        while let Some(p) = self.list.pop() {
+            terminate(p);
+        }
+    }
+}
+
+fn terminate(mut p: Proc) {
+    if let Ok(None) = p.child.try_wait() {
+        let pid = i32::try_from(p.child.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(pid) = pid {
+            // The process may exit on its own meanwhile; nothing to do about an error then.
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if !matches!(p.child.try_wait(), Ok(None)) {
+                tracing::debug!("stopped {}", p.name);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tracing::warn!("{} ignored SIGTERM; killing it", p.name);
+        let _ = p.child.kill();
+    }
+    let _ = p.child.wait();
+}
+
+/// A currently free loopback TCP port.
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Raises this process's RLIMIT_NOFILE soft limit to its hard limit (children inherit it).
+/// Returns the resulting soft limit.
+pub fn raise_nofile() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let cur = getrlimit(Resource::Nofile);
+    let want = Rlimit {
+        current: cur.maximum,
+        maximum: cur.maximum,
+    };
+    if let Err(e) = setrlimit(Resource::Nofile, want) {
+        tracing::warn!("setrlimit(NOFILE): {e}");
+    }
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+}
+
+/// Resident set size of `pid` in KiB (VmRSS from `/proc/PID/status`).
+pub fn rss_kib(pid: u32) -> Result<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS line")
+}
+
+/// Runs a command and returns its trimmed stdout+stderr, or `None` when it cannot run.
+pub fn output_of(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+    s.push_str(&String::from_utf8_lossy(&out.stderr));
+    Some(s.trim().to_string())
+}
+
+/// Full path of `program` found on PATH (plus the sbin directories).
+pub fn which(program: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/sbin", "/usr/local/sbin"])
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file());
+    found
+}
+
+/// Last `n` lines of a log file, for error messages.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}

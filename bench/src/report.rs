@@ -1,0 +1,123 @@
+//! Result records (written as JSON) and the Markdown summary.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// Which side of the comparison a program is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Switchyard,
+    Peer,
+    /// The no-proxy baseline (direct to nginx, raw loopback TCP).
+    Ceiling,
+}
+
+/// One program's outcome in one scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry<T> {
+    pub program: String,
+    pub role: Role,
+    pub version: Option<String>,
+    /// Present when the program ran and was measured.
+    pub figures: Option<T>,
+    /// Why it was not measured, or what was wrong with the measurement.
+    pub error: Option<String>,
+    pub notes: Vec<String>,
+}
+
+impl<T> Entry<T> {
+    pub fn new(program: &str, role: Role) -> Self {
+        Entry {
+            program: program.to_string(),
+            role,
+            version: None,
+            figures: None,
+            error: None,
+            notes: Vec::new(),
+        }
+    }
+
+    /// Figures usable for comparison (measured and without a recorded error).
+    pub fn valid(&self) -> Option<&T> {
+        self.figures.as_ref().filter(|_| self.error.is_none())
+    }
+
+    pub fn status(&self) -> String {
+        match (&self.figures, &self.error) {
+            (_, Some(e)) => format!("FAILED: {}", one_line(e)),
+            (Some(_), None) => "ok".into(),
+            (None, None) => "not run".into(),
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    let s = s.replace(['\n', '|'], " ");
+    if s.chars().count() > 160 {
+        format!("{}…", s.chars().take(160).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// The switchyard entry, the best valid peer by `key` (higher is better) and the ceiling.
+pub struct Compare<'a, T> {
+    pub switchyard: Option<&'a T>,
+    pub best_peer: Option<(&'a str, &'a T)>,
+    pub ceiling: Option<(&'a str, &'a T)>,
+}
+
+pub fn compare<'a, T>(entries: &'a [Entry<T>], key: impl Fn(&T) -> f64) -> Compare<'a, T> {
+    let switchyard = entries
+        .iter()
+        .find(|e| e.role == Role::Switchyard)
+        .and_then(|e| e.valid());
+    let best_peer = entries
+        .iter()
+        .filter(|e| e.role == Role::Peer)
+        .filter_map(|e| e.valid().map(|f| (e.program.as_str(), f)))
+        .max_by(|a, b| key(a.1).total_cmp(&key(b.1)));
+    let ceiling = entries
+        .iter()
+        .filter(|e| e.role == Role::Ceiling)
+        .find_map(|e| e.valid().map(|f| (e.program.as_str(), f)));
+    Compare {
+        switchyard,
+        best_peer,
+        ceiling,
+    }
+}
+
+/// "met" / "not met" in bold.
+pub fn verdict(met: bool) -> &'static str {
+    if met {
+        "**met**"
+    } else {
+        "**not met**"
+    }
+}
+
+/// A Markdown table.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "| {} |", header.join(" | "));
+    let _ = writeln!(
+        s,
+        "|{}|",
+        header.iter().map(|_| "---").collect::<Vec<_>>().join("|")
+    );
+    for r in rows {
+        let _ = writeln!(s, "| {} |", r.join(" | "));
+    }
+    s
+}
+
+pub fn f(v: f64, digits: usize) -> String {
+    format!("{v:.digits$}")
+}
+
+pub fn version_cell(v: &Option<String>) -> String {
+    v.as_deref().map(one_line).unwrap_or_else(|| "–".into())
+}

@@ -1,0 +1,771 @@
+//! The four scenarios: each starts its programs, measures, writes `<scenario>.json` and returns
+//! its Markdown section.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::load::{self, Via};
+use crate::peers::{self, Env, Started};
+use crate::procs::{self, Procs};
+use crate::report::{compare, f, table, verdict, version_cell, Entry, Role};
+use crate::wrk::{self, HttpFigures};
+
+/// Everything a scenario needs.
+pub struct Ctx {
+    pub env: Env,
+    pub rt: tokio::runtime::Runtime,
+    pub switchyard: PathBuf,
+    pub out: PathBuf,
+    pub seconds: u64,
+    pub connections: u32,
+}
+
+type Starter<'a> = Box<dyn Fn(&mut Procs, &Env) -> Result<Started> + 'a>;
+
+/// A program under test: name, role and how to start it.
+struct Program<'a> {
+    name: &'static str,
+    role: Role,
+    start: Starter<'a>,
+}
+
+impl Ctx {
+    fn switchyard_program(&self) -> Program<'_> {
+        Program {
+            name: "switchyard",
+            role: Role::Switchyard,
+            start: Box::new(move |p, e| peers::switchyard(p, e, &self.switchyard)),
+        }
+    }
+
+    fn http_proxies(&self) -> Vec<Program<'_>> {
+        vec![
+            self.switchyard_program(),
+            Program {
+                name: "tinyproxy",
+                role: Role::Peer,
+                start: Box::new(peers::tinyproxy),
+            },
+            Program {
+                name: "squid",
+                role: Role::Peer,
+                start: Box::new(peers::squid),
+            },
+        ]
+    }
+
+    fn socks_proxies(&self) -> Vec<Program<'_>> {
+        vec![
+            self.switchyard_program(),
+            Program {
+                name: "microsocks",
+                role: Role::Peer,
+                start: Box::new(peers::microsocks),
+            },
+            Program {
+                name: "danted",
+                role: Role::Peer,
+                start: Box::new(peers::danted),
+            },
+        ]
+    }
+
+    fn host(&self) -> serde_json::Value {
+        json!({
+            "date": chrono::Local::now().to_rfc3339(),
+            "kernel": kernel(),
+            "cpus": self.env.cpus,
+            "cpu_model": cpu_model(),
+            "rlimit_nofile": self.env.nofile,
+        })
+    }
+
+    fn write_json(&self, scenario: &str, mut v: serde_json::Value) -> Result<()> {
+        v["scenario"] = json!(scenario);
+        v["host"] = self.host();
+        let path = self.out.join(format!("{scenario}.json"));
+        fs::write(&path, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("write {}", path.display()))?;
+        Ok(())
+    }
+
+    /// The whole summary.md.
+    pub fn summary(&self, sections: &[String]) -> String {
+        let mut s = String::from("# Switchyard benchmark summary\n\n");
+        let _ = writeln!(
+            s,
+            "- date: {}\n- kernel: {}\n- CPUs: {} ({})\n- RLIMIT_NOFILE: {}\n- seconds per measurement: {}, connections: {}\n- switchyard: `{}`\n\nAll traffic on loopback; load generators run on the same cores as the programs measured.\n",
+            chrono::Local::now().format("%Y-%m-%d %H:%M:%S %z"),
+            kernel(),
+            self.env.cpus,
+            cpu_model(),
+            self.env.nofile,
+            self.seconds,
+            self.connections,
+            self.switchyard.display(),
+        );
+        for sec in sections {
+            s.push_str(sec);
+            s.push('\n');
+        }
+        s
+    }
+}
+
+fn kernel() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn cpu_model() -> String {
+    fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// Runs `scenario` and returns its Markdown section.
+pub fn run_one(ctx: &Ctx, scenario: &str) -> Result<String> {
+    match scenario {
+        "http" => http(ctx),
+        "connect" => connect(ctx),
+        "socks5" => socks5(ctx),
+        "memory" => memory(ctx),
+        other => bail!("unknown scenario {other}"),
+    }
+}
+
+/// Starts `p` in `procs`, filling the entry's version/notes, or records why it could not start.
+fn start_into<T>(
+    p: &Program<'_>,
+    procs: &mut Procs,
+    env: &Env,
+    entry: &mut Entry<T>,
+) -> Option<Started> {
+    match (p.start)(procs, env) {
+        Ok(s) => {
+            entry.version = s.version.clone();
+            entry.notes.extend(s.notes.iter().cloned());
+            Some(s)
+        }
+        Err(e) => {
+            tracing::warn!("{} did not start: {e:#}", p.name);
+            entry.error = Some(format!("did not start: {e:#}"));
+            None
+        }
+    }
+}
+
+// ---------------------------------------------------------------- http
+
+const FILES: [(&str, &str, usize); 2] = [
+    ("1 KiB", "/1k.bin", 1024),
+    ("1 MiB", "/1m.bin", 1024 * 1024),
+];
+
+fn content(len: usize) -> Vec<u8> {
+    // Deterministic, not compressible by accident: a 64-bit LCG.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ len as u64;
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 56) as u8
+        })
+        .collect()
+}
+
+fn http(ctx: &Ctx) -> Result<String> {
+    if procs::which("wrk").is_none() {
+        bail!("wrk is not installed");
+    }
+    let www = ctx.env.dir.join("www");
+    fs::create_dir_all(&www)?;
+    let bodies: Vec<Vec<u8>> = FILES.iter().map(|(_, _, len)| content(*len)).collect();
+    for ((_, path, _), body) in FILES.iter().zip(&bodies) {
+        fs::write(www.join(path.trim_start_matches('/')), body)?;
+    }
+    let mut origin_procs = Procs::default();
+    let nginx = peers::nginx(&mut origin_procs, &ctx.env, &www).context("origin nginx")?;
+    let origin = nginx.addr;
+    let threads = 2;
+
+    // entries[file][program]
+    let mut entries: Vec<Vec<Entry<HttpFigures>>> = vec![Vec::new(), Vec::new()];
+    let mut programs = vec![Program {
+        name: "direct (nginx)",
+        role: Role::Ceiling,
+        start: Box::new(|_: &mut Procs, _: &Env| Ok(nginx.clone())),
+    }];
+    programs.extend(ctx.http_proxies());
+    for p in &programs {
+        let mut procs = Procs::default();
+        let mut proto = Entry::new(p.name, p.role);
+        let started = start_into(p, &mut procs, &ctx.env, &mut proto);
+        let proxy = match (&started, p.role) {
+            (Some(s), Role::Switchyard | Role::Peer) => Some(s.addr),
+            _ => None,
+        };
+        for (i, ((label, path, len), body)) in FILES.iter().zip(&bodies).enumerate() {
+            let mut e = proto.clone();
+            if started.is_some() {
+                tracing::info!("http: {} {label}", p.name);
+                match wrk::verify_fetch(origin, proxy, path, body) {
+                    Err(err) => e.error = Some(format!("forwarding check failed: {err:#}")),
+                    Ok(()) => match wrk::run_wrk(
+                        &ctx.env.dir,
+                        origin,
+                        proxy,
+                        path,
+                        threads,
+                        ctx.connections,
+                        ctx.seconds,
+                    ) {
+                        Err(err) => e.error = Some(format!("wrk: {err:#}")),
+                        Ok(fig) => {
+                            if fig.non_2xx > 0 {
+                                e.error = Some(format!("{} non-2xx responses", fig.non_2xx));
+                            } else if fig.requests == 0 {
+                                e.error = Some("no request completed".into());
+                            } else if fig.bytes_per_response < *len as f64 {
+                                e.error = Some(format!(
+                                    "only {:.0} bytes per response",
+                                    fig.bytes_per_response
+                                ));
+                            }
+                            e.figures = Some(fig);
+                        }
+                    },
+                }
+            }
+            entries[i].push(e);
+        }
+    }
+    drop(origin_procs);
+
+    ctx.write_json(
+        "http",
+        json!({
+            "params": { "tool": "wrk", "threads": threads, "connections": ctx.connections, "seconds": ctx.seconds,
+                        "latency": "wrk --latency (coordinated omission not corrected)" },
+            "origin": { "program": "nginx", "version": nginx.version, "notes": nginx.notes },
+            "files": FILES.iter().zip(&entries).map(|((label, path, len), es)| json!({
+                "file": label, "path": path, "bytes": len, "results": es })).collect::<Vec<_>>(),
+        }),
+    )?;
+
+    let mut md = format!(
+        "## HTTP proxy (wrk -t{threads} -c{} -d{}s --latency)\n\nOrigin: nginx {} ({}).\n\n",
+        ctx.connections,
+        ctx.seconds,
+        version_cell(&nginx.version),
+        nginx.notes.join("; ")
+    );
+    for ((label, _, _), es) in FILES.iter().zip(&entries) {
+        let rows: Vec<Vec<String>> = es
+            .iter()
+            .map(|e| {
+                let mut r = vec![e.program.clone(), version_cell(&e.version)];
+                match &e.figures {
+                    Some(x) => r.extend([
+                        f(x.requests_per_sec, 0),
+                        f(x.transfer_mib_per_sec, 1),
+                        f(x.p50_ms, 2),
+                        f(x.p99_ms, 2),
+                        x.socket_errors().to_string(),
+                        x.non_2xx.to_string(),
+                    ]),
+                    None => r.extend(std::iter::repeat_n("–".to_string(), 6)),
+                }
+                r.push(e.status());
+                r
+            })
+            .collect();
+        let _ = writeln!(md, "### {label} file\n");
+        md.push_str(&table(
+            &[
+                "program",
+                "version",
+                "req/s",
+                "MiB/s",
+                "p50 ms",
+                "p99 ms",
+                "socket errors",
+                "non-2xx",
+                "status",
+            ],
+            &rows,
+        ));
+        if es
+            .iter()
+            .filter_map(|e| e.figures.as_ref())
+            .any(|x| x.errors_read > 0)
+        {
+            md.push_str(
+                "\nSocket errors are mostly wrk *read* errors: the proxy closed the connection after a \
+                 response (no client keep-alive) and wrk reconnected; http.json has the breakdown.\n",
+            );
+        }
+        let c = compare(es, |x| x.requests_per_sec);
+        md.push('\n');
+        match (c.switchyard, c.best_peer) {
+            (Some(s), Some((peer, p))) => {
+                let ratio = s.requests_per_sec / p.requests_per_sec;
+                let met = ratio >= 1.5 && s.p99_ms <= p.p99_ms;
+                let _ = writeln!(
+                    md,
+                    "- switchyard / best peer ({peer}): **{ratio:.2}×** req/s, p99 {:.2} ms vs {:.2} ms — target ≥ 1.5× req/s with p99 no worse: {}",
+                    s.p99_ms,
+                    p.p99_ms,
+                    verdict(met)
+                );
+            }
+            _ => {
+                let _ = writeln!(md, "- switchyard / best peer: n/a (target ≥ 1.5× req/s with p99 no worse: **not measured**)");
+            }
+        }
+        if let (Some(s), Some((name, ceil))) = (c.switchyard, c.ceiling) {
+            let _ = writeln!(
+                md,
+                "- switchyard / ceiling ({name}): {:.2}× req/s",
+                s.requests_per_sec / ceil.requests_per_sec
+            );
+        }
+        md.push('\n');
+    }
+    Ok(md)
+}
+
+// ---------------------------------------------------------------- connect
+
+fn bulk_rows(es: &[Entry<load::Bulk>]) -> Vec<Vec<String>> {
+    es.iter()
+        .map(|e| {
+            let mut r = vec![e.program.clone(), version_cell(&e.version)];
+            match &e.figures {
+                Some(b) => r.extend([
+                    f(b.gbit_per_sec, 2),
+                    f(b.bytes as f64 / (1u64 << 30) as f64, 2),
+                ]),
+                None => r.extend(["–".to_string(), "–".to_string()]),
+            }
+            r.push(e.status());
+            r
+        })
+        .collect()
+}
+
+fn connect(ctx: &Ctx) -> Result<String> {
+    let (sink, count) = ctx.rt.block_on(load::sink_server())?;
+    let streams = 1;
+    let mut programs = vec![Program {
+        name: "raw loopback TCP",
+        role: Role::Ceiling,
+        start: Box::new(|_: &mut Procs, _: &Env| {
+            Ok(Started {
+                pid: 0,
+                addr: sink,
+                socks5: None,
+                version: None,
+                notes: vec![],
+            })
+        }),
+    }];
+    programs.extend(ctx.http_proxies());
+    let mut entries = Vec::new();
+    for p in &programs {
+        let mut procs = Procs::default();
+        let mut e = Entry::new(p.name, p.role);
+        if let Some(s) = start_into(p, &mut procs, &ctx.env, &mut e) {
+            let via = if p.role == Role::Ceiling {
+                Via::Direct
+            } else {
+                Via::Connect(s.addr)
+            };
+            tracing::info!("connect: {}", p.name);
+            match ctx
+                .rt
+                .block_on(load::bulk(via, sink, count.clone(), streams, ctx.seconds))
+            {
+                Ok(b) => e.figures = Some(b),
+                Err(err) => e.error = Some(format!("{err:#}")),
+            }
+        }
+        entries.push(e);
+    }
+    ctx.write_json(
+        "connect",
+        json!({
+            "params": { "direction": "upload (client → sink)", "streams": streams, "seconds": ctx.seconds,
+                        "write_size": 131072, "warmup_ms": 500 },
+            "results": entries,
+        }),
+    )?;
+    let mut md = format!(
+        "## CONNECT bulk throughput ({streams} stream, {}s, client → in-process sink)\n\n",
+        ctx.seconds
+    );
+    md.push_str(&table(
+        &["program", "version", "Gbit/s", "GiB moved", "status"],
+        &bulk_rows(&entries),
+    ));
+    md.push('\n');
+    let c = compare(&entries, |b| b.gbit_per_sec);
+    match (c.switchyard, c.ceiling) {
+        (Some(s), Some((_, raw))) => {
+            let r = s.gbit_per_sec / raw.gbit_per_sec;
+            let _ = writeln!(
+                md,
+                "- switchyard / raw loopback TCP: **{:.0}%** — target ≥ 50%: {}",
+                r * 100.0,
+                verdict(r >= 0.5)
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                md,
+                "- switchyard / raw loopback TCP: n/a (target ≥ 50%: **not measured**)"
+            );
+        }
+    }
+    if let (Some(s), Some((peer, p))) = (c.switchyard, c.best_peer) {
+        let _ = writeln!(
+            md,
+            "- switchyard / best peer ({peer}): {:.2}× (reference, no target)",
+            s.gbit_per_sec / p.gbit_per_sec
+        );
+    }
+    Ok(md)
+}
+
+// ---------------------------------------------------------------- socks5
+
+fn socks5(ctx: &Ctx) -> Result<String> {
+    let echo = ctx.rt.block_on(load::echo_server())?;
+    let (sink, count) = ctx.rt.block_on(load::sink_server())?;
+    let mut programs = vec![Program {
+        name: "direct (no proxy)",
+        role: Role::Ceiling,
+        start: Box::new(|_: &mut Procs, _: &Env| {
+            Ok(Started {
+                pid: 0,
+                addr: echo,
+                socks5: None,
+                version: None,
+                notes: vec![],
+            })
+        }),
+    }];
+    programs.extend(ctx.socks_proxies());
+    let (mut rates, mut bulks) = (Vec::new(), Vec::new());
+    for p in &programs {
+        let mut procs = Procs::default();
+        let mut rate: Entry<load::ConnRate> = Entry::new(p.name, p.role);
+        let mut bulk: Entry<load::Bulk> = Entry::new(p.name, p.role);
+        if let Some(s) = start_into(p, &mut procs, &ctx.env, &mut rate) {
+            bulk.version = rate.version.clone();
+            bulk.notes = rate.notes.clone();
+            let via = match s.socks5 {
+                Some(a) if p.role != Role::Ceiling => Via::Socks5(a),
+                _ => Via::Direct,
+            };
+            tracing::info!("socks5: {} connection rate", p.name);
+            match ctx
+                .rt
+                .block_on(load::conn_rate(via, echo, ctx.connections, ctx.seconds))
+            {
+                Ok(r) => {
+                    if r.completed == 0 {
+                        rate.error = Some(format!(
+                            "no connection completed: {}",
+                            r.first_error.clone().unwrap_or_default()
+                        ));
+                    }
+                    rate.figures = Some(r);
+                }
+                Err(err) => rate.error = Some(format!("{err:#}")),
+            }
+            // Let TIME_WAIT and the proxy settle a moment between the two measurements.
+            std::thread::sleep(Duration::from_millis(500));
+            tracing::info!("socks5: {} bulk", p.name);
+            match ctx
+                .rt
+                .block_on(load::bulk(via, sink, count.clone(), 1, ctx.seconds))
+            {
+                Ok(b) => bulk.figures = Some(b),
+                Err(err) => bulk.error = Some(format!("{err:#}")),
+            }
+        } else {
+            bulk.error = rate.error.clone();
+        }
+        rates.push(rate);
+        bulks.push(bulk);
+    }
+    ctx.write_json(
+        "socks5",
+        json!({
+            "params": { "workers": ctx.connections, "seconds": ctx.seconds,
+                        "connection": "SOCKS5 greeting (no auth) + CONNECT 127.0.0.1 + 32-byte echo round trip + close",
+                        "bulk": { "streams": 1, "direction": "upload (client → sink)" } },
+            "connection_rate": rates,
+            "bulk": bulks,
+        }),
+    )?;
+    let mut md = format!(
+        "## SOCKS5\n\n### Connection rate ({} workers, {}s; handshake + CONNECT + 32-byte echo + close)\n\n",
+        ctx.connections, ctx.seconds
+    );
+    let rows: Vec<Vec<String>> = rates
+        .iter()
+        .map(|e| {
+            let mut r = vec![e.program.clone(), version_cell(&e.version)];
+            match &e.figures {
+                Some(x) => r.extend([
+                    f(x.per_sec, 0),
+                    x.completed.to_string(),
+                    x.errors.to_string(),
+                ]),
+                None => r.extend(std::iter::repeat_n("–".to_string(), 3)),
+            }
+            r.push(e.status());
+            r
+        })
+        .collect();
+    md.push_str(&table(
+        &[
+            "program",
+            "version",
+            "connections/s",
+            "completed",
+            "errors",
+            "status",
+        ],
+        &rows,
+    ));
+    md.push('\n');
+    let c = compare(&rates, |r| r.per_sec);
+    match (c.switchyard, c.best_peer) {
+        (Some(s), Some((peer, p))) => {
+            let r = s.per_sec / p.per_sec;
+            let _ = writeln!(
+                md,
+                "- switchyard / best peer ({peer}): **{r:.2}×** — target ≥ 1.5×: {}",
+                verdict(r >= 1.5)
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                md,
+                "- switchyard / best peer: n/a (target ≥ 1.5×: **not measured**)"
+            );
+        }
+    }
+    if let (Some(s), Some((name, ceil))) = (c.switchyard, c.ceiling) {
+        let _ = writeln!(
+            md,
+            "- switchyard / ceiling ({name}): {:.2}×",
+            s.per_sec / ceil.per_sec
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n### Bulk throughput (1 stream, {}s, client → in-process sink)\n",
+        ctx.seconds
+    );
+    md.push_str(&table(
+        &["program", "version", "Gbit/s", "GiB moved", "status"],
+        &bulk_rows(&bulks),
+    ));
+    md.push('\n');
+    let c = compare(&bulks, |b| b.gbit_per_sec);
+    if let (Some(s), Some((peer, p))) = (c.switchyard, c.best_peer) {
+        let _ = writeln!(
+            md,
+            "- switchyard / best peer ({peer}): {:.2}× (no target)",
+            s.gbit_per_sec / p.gbit_per_sec
+        );
+    }
+    if let (Some(s), Some((name, ceil))) = (c.switchyard, c.ceiling) {
+        let _ = writeln!(
+            md,
+            "- switchyard / ceiling ({name}): {:.0}% (no target)",
+            100.0 * s.gbit_per_sec / ceil.gbit_per_sec
+        );
+    }
+    Ok(md)
+}
+
+// ---------------------------------------------------------------- memory
+
+#[derive(Debug, Clone, Serialize)]
+struct Memory {
+    idle_rss_kib: u64,
+    tunnels_requested: usize,
+    tunnels_open: usize,
+    tunnel_errors: u64,
+    first_error: Option<String>,
+    rss_with_tunnels_kib: u64,
+    per_tunnel_kib: Option<f64>,
+}
+
+const TUNNELS: usize = 10_000;
+
+fn memory(ctx: &Ctx) -> Result<String> {
+    // The proxy needs two descriptors per tunnel (client and upstream side) and inherits our limit.
+    let n = TUNNELS.min((ctx.env.nofile.saturating_sub(256) / 2) as usize);
+    let mut entries = Vec::new();
+    for p in ctx.http_proxies() {
+        let mut procs = Procs::default();
+        let mut e = Entry::new(p.name, p.role);
+        if let Some(s) = start_into(&p, &mut procs, &ctx.env, &mut e) {
+            tracing::info!("memory: {} with {n} idle tunnels", p.name);
+            match measure_memory(ctx, &mut procs, &s, n) {
+                Ok(m) => {
+                    if m.tunnels_open == 0 {
+                        e.error = Some(format!(
+                            "no tunnel opened: {}",
+                            m.first_error.clone().unwrap_or_default()
+                        ));
+                    } else if m.tunnel_errors > 0 {
+                        e.notes
+                            .push(format!("{} tunnels failed to open", m.tunnel_errors));
+                    }
+                    e.figures = Some(m);
+                }
+                Err(err) => e.error = Some(format!("{err:#}")),
+            }
+        }
+        entries.push(e);
+    }
+    let limit_note = if n < TUNNELS {
+        format!(
+            "{n} tunnels instead of {TUNNELS}: RLIMIT_NOFILE hard limit is {} here and a proxy needs 2 descriptors per tunnel",
+            ctx.env.nofile
+        )
+    } else {
+        String::new()
+    };
+    ctx.write_json(
+        "memory",
+        json!({
+            "params": { "tunnels": n, "target_tunnels": TUNNELS, "note": limit_note,
+                        "rss": "VmRSS of the proxy's main PID from /proc/PID/status",
+                        "tunnel_target": "loopback listeners that complete handshakes but never accept" },
+            "results": entries,
+        }),
+    )?;
+    let mut md = format!("## Memory (RSS idle and with {n} idle CONNECT tunnels)\n\n");
+    if !limit_note.is_empty() {
+        let _ = writeln!(md, "Note: {limit_note}.\n");
+    }
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            let mut r = vec![e.program.clone(), version_cell(&e.version)];
+            match &e.figures {
+                Some(m) => r.extend([
+                    f(m.idle_rss_kib as f64 / 1024.0, 1),
+                    format!("{} / {}", m.tunnels_open, m.tunnels_requested),
+                    f(m.rss_with_tunnels_kib as f64 / 1024.0, 1),
+                    m.per_tunnel_kib
+                        .map(|k| f(k, 2))
+                        .unwrap_or_else(|| "–".into()),
+                ]),
+                None => r.extend(std::iter::repeat_n("–".to_string(), 4)),
+            }
+            r.push(e.status());
+            r
+        })
+        .collect();
+    md.push_str(&table(
+        &[
+            "program",
+            "version",
+            "idle RSS MiB",
+            "tunnels open",
+            "RSS with tunnels MiB",
+            "KiB per tunnel",
+            "status",
+        ],
+        &rows,
+    ));
+    md.push('\n');
+    match entries
+        .iter()
+        .find(|e| e.role == Role::Switchyard)
+        .and_then(|e| e.valid())
+    {
+        Some(m) => {
+            let idle = m.idle_rss_kib as f64 / 1024.0;
+            let _ = writeln!(
+                md,
+                "- switchyard idle RSS: **{idle:.1} MiB** — target ≤ 16 MiB: {}",
+                verdict(idle <= 16.0)
+            );
+            match m.per_tunnel_kib {
+                Some(k) => {
+                    let _ = writeln!(
+                        md,
+                        "- switchyard per idle tunnel: **{k:.2} KiB** — target ≤ 16 KiB: {}",
+                        verdict(k <= 16.0)
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        md,
+                        "- switchyard per idle tunnel: n/a (target ≤ 16 KiB: **not measured**)"
+                    );
+                }
+            }
+        }
+        None => {
+            let _ = writeln!(md, "- switchyard: not measured (targets idle RSS ≤ 16 MiB, ≤ 16 KiB per idle tunnel: **not measured**)");
+        }
+    }
+    Ok(md)
+}
+
+fn measure_memory(ctx: &Ctx, procs: &mut Procs, s: &Started, n: usize) -> Result<Memory> {
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = procs::rss_kib(s.pid)?;
+    let (holders, (streams, errors, first_error)) = ctx.rt.block_on(async {
+        let holders = load::holders(n, 4000)?;
+        let opened = load::open_idle(Via::Connect(s.addr), &holders.addrs, n, 128).await;
+        anyhow::Ok((holders, opened))
+    })?;
+    tracing::info!(
+        "memory: {} tunnels open over {} holders, {errors} failed",
+        streams.len(),
+        holders.count()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    if let Some(reason) = procs.exited(s.pid) {
+        bail!("{reason} while holding tunnels");
+    }
+    let with = procs::rss_kib(s.pid)?;
+    let open = streams.len();
+    drop(streams);
+    drop(holders);
+    Ok(Memory {
+        idle_rss_kib: idle,
+        tunnels_requested: n,
+        tunnels_open: open,
+        tunnel_errors: errors,
+        first_error,
+        rss_with_tunnels_kib: with,
+        per_tunnel_kib: (open > 0).then(|| (with as f64 - idle as f64) / open as f64),
+    })
+}
