@@ -1,11 +1,52 @@
 //! Configuration model for `switchyard server` (and later the other commands).
 //!
-//! Loading is: read file → expand `${NAME}` → parse YAML strictly (unknown keys are errors with
-//! their path) → fill defaults → [`validate`] returns every problem. No I/O beyond reading the file.
+//! # Loading
+//!
+//! [`ServerConfig::load_file`] / [`ServerConfig::from_yaml_str`]:
+//!
+//! 1. **Environment expansion** of the raw text ([`env`](mod@env)): `${NAME}` is replaced by the
+//!    variable's value; an unset variable is an error naming it; `${NAME:-fallback}` gives a
+//!    fallback; `$$` is a literal `$`; other `$` are kept (bcrypt hashes need no escaping);
+//!    comments are not expanded.
+//! 2. **Strict YAML** (via `serde-saphyr`): unknown keys, duplicate keys, wrong types, unknown
+//!    backend types and bad durations/sizes are a [`LoadError::Parse`] naming the key path
+//!    (`server.http.lisen`, `backends[2].type`) with line and column.
+//! 3. **Defaults** for every missing key (see the `Default` impls in [`model`]). A file with
+//!    neither `backends` nor `routes` gets a `direct` backend and a catch-all `default` route.
+//!
+//! Then [`validate()`] reports every semantic problem (dangling references, duplicates, bad
+//! addresses and patterns, unimplemented features) as a list of [`Problem`]s.
+//!
+//! # Serialization
+//!
+//! The model serializes with the same key names it is read with, to YAML
+//! ([`ServerConfig::to_yaml_string`]) or JSON (`serde_json::to_value`), and reads back to an
+//! equal value: durations print Go-style (`1m30s`, `720h0m0s`), sizes as `64KiB` / `2GB` or
+//! an exact byte count, access-control entries as CIDRs. See [`units`].
+//!
+//! # Other helpers
+//!
+//! - [`parse_listen`] / [`ListenAddr`]: listen address syntax and bind addresses.
+//! - [`changed_sections`] / [`is_hot_reloadable`]: what a config change touches.
+//! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
+//!
+//! No I/O beyond reading the file.
 #![forbid(unsafe_code)]
 
+pub mod env;
+pub mod listen;
+pub mod load;
 pub mod model;
+pub mod sections;
 pub mod units;
+pub mod validate;
 
+pub use listen::{parse_listen, ListenAddr, ListenAddrError};
+pub use load::{LoadError, SerializeError};
 pub use model::*;
-pub use units::{Duration, Size};
+pub use sections::{
+    changed_sections, is_hot_reloadable, section_metadata, SectionInfo, HOT_RELOADABLE_SECTIONS,
+    SECTIONS,
+};
+pub use units::{Duration, Size, UnitError};
+pub use validate::{validate, Problem};

@@ -1,9 +1,37 @@
 //! The server configuration model. Field names are the YAML keys of the spec.
+//!
+//! Every struct (de)serializes with the YAML key names, so the same types serve the config file
+//! (YAML) and the management API (JSON). Deserialization is strict: unknown keys are errors.
+//! Missing keys take the defaults documented on each `Default` impl.
+//!
+//! **Default backend and route.** A config with *neither* a `backends` key *nor* a `routes` key
+//! (for example an empty file) gets one backend `{name: direct, type: direct}` and one route
+//! `{name: default, domains: ["*"], backend: direct}`, so a bare install forwards everything
+//! directly. An explicit list — even an empty one — is kept as written, and when only one of
+//! the two keys is present the other one defaults to an empty list. [`ServerConfig::default()`]
+//! equals loading an empty file, so it includes that backend and route too.
+
+use serde::{Deserialize, Serialize};
 
 use crate::units::{Duration, Size};
 
+fn yes() -> bool {
+    true
+}
+
+/// A section written with no content (`pac:` with only comments under it) is YAML null:
+/// treat it like a missing section.
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
 /// Root of `switchyard server` configuration.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "RawServerConfig")]
 pub struct ServerConfig {
     pub server: ServerSection,
     pub backends: Vec<BackendConfig>,
@@ -16,10 +44,76 @@ pub struct ServerConfig {
     pub metrics: MetricsConfig,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+impl Default for ServerConfig {
+    /// The configuration of an empty file, including the `direct` backend and `default` route.
+    fn default() -> Self {
+        RawServerConfig::default().into()
+    }
+}
+
+/// Deserialization shape of [`ServerConfig`]: tells an absent `backends`/`routes` key from an
+/// empty list.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawServerConfig {
+    #[serde(deserialize_with = "null_default")]
+    server: ServerSection,
+    backends: Option<Vec<BackendConfig>>,
+    routes: Option<Vec<RouteConfig>>,
+    #[serde(deserialize_with = "null_default")]
+    auth: AuthConfig,
+    #[serde(deserialize_with = "null_default")]
+    access_control: AccessControlConfig,
+    #[serde(deserialize_with = "null_default")]
+    rate_limit: RateLimitConfig,
+    #[serde(deserialize_with = "null_default")]
+    api: ApiConfig,
+    #[serde(deserialize_with = "null_default")]
+    logging: LoggingConfig,
+    #[serde(deserialize_with = "null_default")]
+    metrics: MetricsConfig,
+}
+
+impl From<RawServerConfig> for ServerConfig {
+    fn from(raw: RawServerConfig) -> Self {
+        let (backends, routes) = match (raw.backends, raw.routes) {
+            (None, None) => (
+                vec![BackendConfig::direct("direct")],
+                vec![RouteConfig {
+                    name: "default".into(),
+                    domains: vec!["*".into()],
+                    backend: Some("direct".into()),
+                    backends: Vec::new(),
+                    enabled: true,
+                    priority: 0,
+                    load_balance: LoadBalance::RoundRobin,
+                }],
+            ),
+            (b, r) => (b.unwrap_or_default(), r.unwrap_or_default()),
+        };
+        ServerConfig {
+            server: raw.server,
+            backends,
+            routes,
+            auth: raw.auth,
+            access_control: raw.access_control,
+            rate_limit: raw.rate_limit,
+            api: raw.api,
+            logging: raw.logging,
+            metrics: raw.metrics,
+        }
+    }
+}
+
+/// `server:` — the proxy listeners.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerSection {
+    #[serde(deserialize_with = "null_default")]
     pub http: HttpListenerConfig,
+    #[serde(deserialize_with = "null_default")]
     pub socks5: Socks5ListenerConfig,
+    #[serde(deserialize_with = "null_default")]
     pub pac: PacConfig,
     /// Data-plane cores; 0 = all online cores.
     pub cores: usize,
@@ -27,7 +121,22 @@ pub struct ServerSection {
     pub max_connections: usize,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+impl Default for ServerSection {
+    /// cores 0 (all), max_connections 10000.
+    fn default() -> Self {
+        ServerSection {
+            http: HttpListenerConfig::default(),
+            socks5: Socks5ListenerConfig::default(),
+            pac: PacConfig::default(),
+            cores: 0,
+            max_connections: 10_000,
+        }
+    }
+}
+
+/// `server.http:` — the HTTP / CONNECT proxy listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct HttpListenerConfig {
     pub listen: String,
     pub read_timeout: Duration,
@@ -39,19 +148,50 @@ pub struct HttpListenerConfig {
     pub max_header_size: Size,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+impl Default for HttpListenerConfig {
+    /// listen `:7080`, read/write 60s, idle 120s, header 10s, max header 64KiB.
+    fn default() -> Self {
+        HttpListenerConfig {
+            listen: ":7080".into(),
+            read_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(120),
+            header_timeout: Duration::from_secs(10),
+            max_header_size: Size::kib(64),
+        }
+    }
+}
+
+/// `server.socks5:` — the SOCKS5 listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Socks5ListenerConfig {
     pub enabled: bool,
     pub listen: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+impl Default for Socks5ListenerConfig {
+    /// enabled, listen `:7180`.
+    fn default() -> Self {
+        Socks5ListenerConfig {
+            enabled: true,
+            listen: ":7180".into(),
+        }
+    }
+}
+
+/// `server.pac:` — the proxy auto-configuration file.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct PacConfig {
     /// `host:port` written into `PROXY …`; defaults to the request's Host with the proxy port.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy_host: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Backend `type`. Accepted spellings: `direct`, `wireguard`, `openvpn`, `httpproxy` /
+/// `http_proxy`, `socks5` / `socks5_proxy`. Serialized with [`BackendType::api_name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BackendType {
     Direct,
     Wireguard,
@@ -62,7 +202,98 @@ pub enum BackendType {
     Socks5,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+impl BackendType {
+    /// Every type, in documentation order.
+    pub const ALL: [BackendType; 5] = [
+        BackendType::Direct,
+        BackendType::Wireguard,
+        BackendType::Openvpn,
+        BackendType::HttpProxy,
+        BackendType::Socks5,
+    ];
+
+    /// Every accepted spelling of `type`.
+    pub const ACCEPTED_NAMES: [&'static str; 7] = [
+        "direct",
+        "wireguard",
+        "openvpn",
+        "httpproxy",
+        "http_proxy",
+        "socks5",
+        "socks5_proxy",
+    ];
+
+    /// The API enumeration value: `direct|wireguard|openvpn|httpproxy|socks5`.
+    pub const fn api_name(self) -> &'static str {
+        match self {
+            BackendType::Direct => "direct",
+            BackendType::Wireguard => "wireguard",
+            BackendType::Openvpn => "openvpn",
+            BackendType::HttpProxy => "httpproxy",
+            BackendType::Socks5 => "socks5",
+        }
+    }
+
+    /// Whether this build can run backends of this type. WireGuard and OpenVPN parse and
+    /// validate but are not implemented yet.
+    pub const fn is_available(self) -> bool {
+        matches!(
+            self,
+            BackendType::Direct | BackendType::HttpProxy | BackendType::Socks5
+        )
+    }
+
+    /// Parse any accepted spelling (exact, lower case).
+    pub fn from_name(name: &str) -> Option<BackendType> {
+        match name {
+            "direct" => Some(BackendType::Direct),
+            "wireguard" => Some(BackendType::Wireguard),
+            "openvpn" => Some(BackendType::Openvpn),
+            "httpproxy" | "http_proxy" => Some(BackendType::HttpProxy),
+            "socks5" | "socks5_proxy" => Some(BackendType::Socks5),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for BackendType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.api_name())
+    }
+}
+
+impl std::str::FromStr for BackendType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        BackendType::from_name(s).ok_or_else(|| {
+            format!(
+                "unknown backend type `{s}` (accepted: {})",
+                BackendType::ACCEPTED_NAMES.join(", ")
+            )
+        })
+    }
+}
+
+impl Serialize for BackendType {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.api_name())
+    }
+}
+
+impl<'de> Deserialize<'de> for BackendType {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One entry of `backends:`.
+///
+/// YAML shape: `{name, type, enabled, http_proxy|httpproxy: {...}, socks5|socks5_proxy: {...},
+/// wireguard: {...}, openvpn: {...}}`. The `wireguard` / `openvpn` objects are kept as raw JSON
+/// in [`BackendConfig::other`] and written back under the key named after the type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawBackend", into = "RawBackend")]
 pub struct BackendConfig {
     pub name: String,
     pub kind: BackendType,
@@ -75,109 +306,454 @@ pub struct BackendConfig {
     pub other: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+impl BackendConfig {
+    /// An enabled `direct` backend.
+    pub fn direct(name: &str) -> Self {
+        BackendConfig {
+            name: name.into(),
+            kind: BackendType::Direct,
+            enabled: true,
+            http_proxy: None,
+            socks5: None,
+            other: None,
+        }
+    }
+
+    /// The upstream proxy settings this backend's type uses (`http_proxy` for httpproxy,
+    /// `socks5` for socks5), if any.
+    pub fn upstream(&self) -> Option<&UpstreamProxyConfig> {
+        match self.kind {
+            BackendType::HttpProxy => self.http_proxy.as_ref(),
+            BackendType::Socks5 => self.socks5.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    #[serde(default)]
+    name: String,
+    #[serde(rename = "type")]
+    kind: BackendType,
+    #[serde(default = "yes")]
+    enabled: bool,
+    #[serde(default, alias = "httpproxy", skip_serializing_if = "Option::is_none")]
+    http_proxy: Option<UpstreamProxyConfig>,
+    #[serde(
+        default,
+        alias = "socks5_proxy",
+        skip_serializing_if = "Option::is_none"
+    )]
+    socks5: Option<UpstreamProxyConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wireguard: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    openvpn: Option<serde_json::Value>,
+}
+
+impl TryFrom<RawBackend> for BackendConfig {
+    type Error = String;
+    fn try_from(raw: RawBackend) -> Result<Self, String> {
+        let other = match raw.kind {
+            BackendType::Wireguard => {
+                if raw.openvpn.is_some() {
+                    return Err(format!(
+                        "backend `{}`: settings object `openvpn` does not match type `wireguard`",
+                        raw.name
+                    ));
+                }
+                raw.wireguard
+            }
+            BackendType::Openvpn => {
+                if raw.wireguard.is_some() {
+                    return Err(format!(
+                        "backend `{}`: settings object `wireguard` does not match type `openvpn`",
+                        raw.name
+                    ));
+                }
+                raw.openvpn
+            }
+            kind => {
+                if let Some(key) = [("wireguard", &raw.wireguard), ("openvpn", &raw.openvpn)]
+                    .iter()
+                    .find_map(|(k, v)| v.as_ref().map(|_| *k))
+                {
+                    return Err(format!(
+                        "backend `{}`: settings object `{key}` does not match type `{kind}`",
+                        raw.name
+                    ));
+                }
+                None
+            }
+        };
+        Ok(BackendConfig {
+            name: raw.name,
+            kind: raw.kind,
+            enabled: raw.enabled,
+            http_proxy: raw.http_proxy,
+            socks5: raw.socks5,
+            other,
+        })
+    }
+}
+
+impl From<BackendConfig> for RawBackend {
+    fn from(b: BackendConfig) -> Self {
+        let (wireguard, openvpn) = match b.kind {
+            BackendType::Wireguard => (b.other, None),
+            BackendType::Openvpn => (None, b.other),
+            _ => (None, None),
+        };
+        RawBackend {
+            name: b.name,
+            kind: b.kind,
+            enabled: b.enabled,
+            http_proxy: b.http_proxy,
+            socks5: b.socks5,
+            wireguard,
+            openvpn,
+        }
+    }
+}
+
+/// `http_proxy:` / `socks5:` settings of an upstream-proxy backend.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct UpstreamProxyConfig {
     /// `host:port`
     pub address: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Route `load_balance`: `round_robin` (default) or `least_conn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LoadBalance {
     #[default]
     RoundRobin,
     LeastConn,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// One entry of `routes:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RouteConfig {
+    #[serde(default)]
     pub name: String,
+    #[serde(default)]
     pub domains: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<String>,
+    #[serde(default = "yes")]
     pub enabled: bool,
+    #[serde(default)]
     pub priority: i32,
+    #[serde(default)]
     pub load_balance: LoadBalance,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+impl RouteConfig {
+    /// The backend names this route may use (`backend` or `backends`).
+    pub fn backend_names(&self) -> Vec<&str> {
+        match &self.backend {
+            Some(b) => vec![b.as_str()],
+            None => self.backends.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// `auth.mode`. Only `none` and `native` are implemented; `system`, `ldap` and `oauth` are
+/// recognized so that a config using them is reported as "not implemented in this build"
+/// instead of failing to parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum AuthMode {
     /// No proxy authentication.
     #[default]
     None,
+    /// Users and bcrypt hashes listed in `auth.native.users`.
     Native,
+    /// Operating-system accounts (not implemented).
+    System,
+    /// LDAP bind (not implemented).
+    Ldap,
+    /// OAuth / OIDC (not implemented).
+    Oauth,
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+impl AuthMode {
+    /// Every mode.
+    pub const ALL: [AuthMode; 5] = [
+        AuthMode::None,
+        AuthMode::Native,
+        AuthMode::System,
+        AuthMode::Ldap,
+        AuthMode::Oauth,
+    ];
+
+    /// The YAML / API value.
+    pub const fn api_name(self) -> &'static str {
+        match self {
+            AuthMode::None => "none",
+            AuthMode::Native => "native",
+            AuthMode::System => "system",
+            AuthMode::Ldap => "ldap",
+            AuthMode::Oauth => "oauth",
+        }
+    }
+
+    /// Whether this build can authenticate with this mode.
+    pub const fn is_available(self) -> bool {
+        matches!(self, AuthMode::None | AuthMode::Native)
+    }
+}
+
+impl std::fmt::Display for AuthMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.api_name())
+    }
+}
+
+impl<'de> Deserialize<'de> for AuthMode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        if s == "negotiate" {
+            return Err(serde::de::Error::custom(
+                "`negotiate` is not an auth mode: SPNEGO is HTTP middleware configured under auth.negotiate.*",
+            ));
+        }
+        AuthMode::ALL
+            .into_iter()
+            .find(|m| m.api_name() == s)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "unknown auth mode `{s}` (accepted: none, native, system, ldap, oauth)"
+                ))
+            })
+    }
+}
+
+/// `auth:` — proxy authentication of clients.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     pub mode: AuthMode,
+    #[serde(deserialize_with = "null_default")]
     pub native: NativeAuthConfig,
+    /// `auth.ldap` settings, parsed but unused (LDAP is not implemented in this build).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ldap: Option<LdapAuthConfig>,
+    /// `auth.oauth` settings, parsed but unused (OAuth is not implemented in this build).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<OAuthAuthConfig>,
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+/// `auth.native:`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct NativeAuthConfig {
+    #[serde(deserialize_with = "null_default")]
     pub users: Vec<NativeUser>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// One entry of `auth.native.users`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NativeUser {
+    #[serde(default)]
     pub username: String,
     /// bcrypt hash (`$2b$…`).
+    #[serde(default)]
     pub password_hash: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+/// `auth.ldap:` (recognized, not implemented).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LdapAuthConfig {
+    pub url: String,
+    pub base_dn: String,
+    /// Contains `%s` for the user name.
+    pub user_filter: String,
+    pub tls: bool,
+    pub insecure_skip_verify: bool,
+}
+
+/// `auth.oauth:` (recognized, not implemented).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OAuthAuthConfig {
+    pub issuer_url: String,
+    pub client_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<String>,
+}
+
+/// `access_control:` — client IP filtering. Entries are IPs or CIDRs; a bare IP is a /32
+/// (IPv4) or /128 (IPv6). Host bits of a CIDR are cleared (`10.1.2.3/8` → `10.0.0.0/8`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AccessControlConfig {
     /// When non-empty, only these clients are admitted.
+    #[serde(with = "ip_list")]
     pub whitelist: Vec<ipnet::IpNet>,
     /// These clients are refused (checked after the whitelist).
+    #[serde(with = "ip_list")]
     pub blacklist: Vec<ipnet::IpNet>,
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+impl AccessControlConfig {
+    /// Whether a client address is admitted: in the whitelist (when non-empty) and not in the
+    /// blacklist.
+    pub fn allows(&self, ip: std::net::IpAddr) -> bool {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        (self.whitelist.is_empty() || self.whitelist.iter().any(|n| n.contains(&ip)))
+            && !self.blacklist.iter().any(|n| n.contains(&ip))
+    }
+}
+
+/// Parse an access-control entry: an IP (→ /32 or /128) or a CIDR (host bits cleared).
+pub fn parse_ip_or_cidr(s: &str) -> Result<ipnet::IpNet, String> {
+    let t = s.trim();
+    if let Ok(ip) = t.parse::<std::net::IpAddr>() {
+        return Ok(ipnet::IpNet::from(ip));
+    }
+    t.parse::<ipnet::IpNet>()
+        .map(|n| n.trunc())
+        .map_err(|_| format!("`{s}` is neither an IP address nor a CIDR (e.g. 10.0.0.0/8)"))
+}
+
+mod ip_list {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    struct Entry(ipnet::IpNet);
+
+    impl<'de> Deserialize<'de> for Entry {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            let s = String::deserialize(d)?;
+            super::parse_ip_or_cidr(&s)
+                .map(Entry)
+                .map_err(serde::de::Error::custom)
+        }
+    }
+
+    pub fn serialize<S: Serializer>(v: &[ipnet::IpNet], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|n| n.to_string()))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
+        Ok(Vec::<Entry>::deserialize(d)?
+            .into_iter()
+            .map(|e| e.0)
+            .collect())
+    }
+}
+
+/// `rate_limit:` — token-bucket request limiting and bandwidth caps.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RateLimitConfig {
     pub enabled: bool,
     pub requests_per_second: f64,
     pub burst_size: u32,
     pub per_ip: bool,
+    #[serde(deserialize_with = "null_default")]
     pub bandwidth: BandwidthConfig,
 }
 
 /// Bytes per second; 0 = unlimited. Per client IP when `rate_limit.per_ip`.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct BandwidthConfig {
     pub upload: Size,
     pub download: Size,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// `api:` — the management API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ApiConfig {
     pub enabled: bool,
     pub listen: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     pub allowed_origins: Vec<String>,
     pub enable_request_log: bool,
     pub request_log_size: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+impl Default for ApiConfig {
+    /// enabled, listen `:7082`, no token, request log off with 1000 entries.
+    fn default() -> Self {
+        ApiConfig {
+            enabled: true,
+            listen: ":7082".into(),
+            token: None,
+            allowed_origins: Vec::new(),
+            enable_request_log: false,
+            request_log_size: 1000,
+        }
+    }
+}
+
+/// `logging.format`: `text` (default) or `json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     #[default]
     Text,
     Json,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// Accepted `logging.level` values.
+pub const LOG_LEVELS: [&str; 5] = ["trace", "debug", "info", "warn", "error"];
+
+/// `logging:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LoggingConfig {
     pub level: String,
     pub format: LogFormat,
     /// File path; `None` = stderr.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+impl Default for LoggingConfig {
+    /// level `info`, format `text`, stderr.
+    fn default() -> Self {
+        LoggingConfig {
+            level: "info".into(),
+            format: LogFormat::Text,
+            output: None,
+        }
+    }
+}
+
+/// `metrics:` — the metrics listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
     pub enabled: bool,
     pub listen: String,
+}
+
+impl Default for MetricsConfig {
+    /// disabled, listen `:7090`.
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: false,
+            listen: ":7090".into(),
+        }
+    }
 }

@@ -1,0 +1,815 @@
+//! Semantic validation of a loaded [`ServerConfig`]: every problem is reported, not the first.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::listen::{parse_listen, ListenAddr};
+use crate::model::{AuthMode, BackendType, ServerConfig, UpstreamProxyConfig, LOG_LEVELS};
+
+/// One validation problem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// Top-level section: `server`, `backends`, `routes`, `auth`, `access_control`,
+    /// `rate_limit`, `api`, `logging`, `metrics`.
+    pub section: String,
+    /// Full key path, e.g. `backends[2].http_proxy.address`.
+    pub field: String,
+    /// What is wrong, in one line.
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        let field = field.into();
+        let section = field
+            .split(['.', '['])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        self.0.push(Problem {
+            section,
+            field,
+            message: message.into(),
+        });
+    }
+}
+
+/// Check everything that parsing cannot: references between sections, duplicates, address
+/// and pattern syntax, unimplemented features. An empty result means the config is valid.
+pub fn validate(cfg: &ServerConfig) -> Vec<Problem> {
+    let mut p = Problems(Vec::new());
+    check_server(cfg, &mut p);
+    check_backends(cfg, &mut p);
+    check_routes(cfg, &mut p);
+    check_auth(cfg, &mut p);
+    check_rate_limit(cfg, &mut p);
+    check_api(cfg, &mut p);
+    check_logging(cfg, &mut p);
+    check_metrics(cfg, &mut p);
+    check_listener_conflicts(cfg, &mut p);
+    p.0
+}
+
+fn check_listen(field: &str, value: &str, p: &mut Problems) -> Option<ListenAddr> {
+    match parse_listen(value) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            p.push(field, e.to_string());
+            None
+        }
+    }
+}
+
+fn check_server(cfg: &ServerConfig, p: &mut Problems) {
+    let s = &cfg.server;
+    check_listen("server.http.listen", &s.http.listen, p);
+    check_listen("server.socks5.listen", &s.socks5.listen, p);
+    if s.http.max_header_size.0 == 0 {
+        p.push(
+            "server.http.max_header_size",
+            "must be greater than 0 (default 64KiB)",
+        );
+    }
+    if let Some(host) = &s.pac.proxy_host {
+        if let Err(e) = check_host_port(host) {
+            p.push("server.pac.proxy_host", e);
+        }
+    }
+}
+
+fn check_listener_conflicts(cfg: &ServerConfig, p: &mut Problems) {
+    let mut listeners: Vec<(&str, ListenAddr)> = Vec::new();
+    let mut add = |field: &'static str, enabled: bool, value: &str| {
+        if enabled {
+            if let Ok(a) = parse_listen(value) {
+                listeners.push((field, a));
+            }
+        }
+    };
+    add("server.http.listen", true, &cfg.server.http.listen);
+    add(
+        "server.socks5.listen",
+        cfg.server.socks5.enabled,
+        &cfg.server.socks5.listen,
+    );
+    add("api.listen", cfg.api.enabled, &cfg.api.listen);
+    add("metrics.listen", cfg.metrics.enabled, &cfg.metrics.listen);
+    for (i, (field, addr)) in listeners.iter().enumerate() {
+        if let Some((other, _)) = listeners[..i].iter().find(|(_, a)| a.conflicts_with(addr)) {
+            p.push(
+                *field,
+                format!("listen address {addr} conflicts with {other}"),
+            );
+        }
+    }
+}
+
+/// Names appear in API paths: non-empty, no whitespace, no `/`.
+fn check_name(field: String, name: &str, what: &str, p: &mut Problems) {
+    if name.is_empty() {
+        p.push(field, format!("{what} name is required"));
+    } else if name
+        .chars()
+        .any(|c| c.is_whitespace() || c == '/' || c.is_control())
+    {
+        p.push(
+            field,
+            format!("{what} name `{name}` must not contain whitespace or `/`"),
+        );
+    }
+}
+
+fn check_backends(cfg: &ServerConfig, p: &mut Problems) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (i, b) in cfg.backends.iter().enumerate() {
+        let base = format!("backends[{i}]");
+        check_name(format!("{base}.name"), &b.name, "backend", p);
+        if !b.name.is_empty() {
+            if let Some(first) = seen.get(b.name.as_str()) {
+                p.push(
+                    format!("{base}.name"),
+                    format!(
+                        "duplicate backend name `{}` (also backends[{first}])",
+                        b.name
+                    ),
+                );
+            } else {
+                seen.insert(&b.name, i);
+            }
+        }
+        let check_upstream =
+            |key: &str, settings: &Option<UpstreamProxyConfig>, p: &mut Problems| match settings {
+                None => p.push(
+                    format!("{base}.{key}"),
+                    format!(
+                        "{} backend `{}` needs `{key}: {{address: host:port}}`",
+                        b.kind, b.name
+                    ),
+                ),
+                Some(s) if s.address.is_empty() => p.push(
+                    format!("{base}.{key}.address"),
+                    "address is required (host:port)",
+                ),
+                Some(s) => {
+                    if let Err(e) = check_host_port(&s.address) {
+                        p.push(format!("{base}.{key}.address"), e);
+                    }
+                }
+            };
+        match b.kind {
+            BackendType::HttpProxy => check_upstream("http_proxy", &b.http_proxy, p),
+            BackendType::Socks5 => check_upstream("socks5", &b.socks5, p),
+            _ => {}
+        }
+        if b.http_proxy.is_some() && b.kind != BackendType::HttpProxy {
+            p.push(
+                format!("{base}.http_proxy"),
+                format!("http_proxy settings do not apply to a {} backend", b.kind),
+            );
+        }
+        if b.socks5.is_some() && b.kind != BackendType::Socks5 {
+            p.push(
+                format!("{base}.socks5"),
+                format!("socks5 settings do not apply to a {} backend", b.kind),
+            );
+        }
+    }
+}
+
+fn check_routes(cfg: &ServerConfig, p: &mut Problems) {
+    let backend_names: std::collections::HashSet<&str> =
+        cfg.backends.iter().map(|b| b.name.as_str()).collect();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (i, r) in cfg.routes.iter().enumerate() {
+        let base = format!("routes[{i}]");
+        check_name(format!("{base}.name"), &r.name, "route", p);
+        if !r.name.is_empty() {
+            if let Some(first) = seen.get(r.name.as_str()) {
+                p.push(
+                    format!("{base}.name"),
+                    format!("duplicate route name `{}` (also routes[{first}])", r.name),
+                );
+            } else {
+                seen.insert(&r.name, i);
+            }
+        }
+
+        let check_ref = |field: String, name: &str, p: &mut Problems| {
+            if name.is_empty() {
+                p.push(field, "backend name is empty");
+            } else if !backend_names.contains(name) {
+                p.push(field, format!("unknown backend `{name}`"));
+            }
+        };
+        match (&r.backend, r.backends.is_empty()) {
+            (None, true) => p.push(
+                format!("{base}.backend"),
+                "route needs `backend` (one name) or a non-empty `backends` list",
+            ),
+            (Some(_), false) => p.push(
+                format!("{base}.backends"),
+                "set either `backend` or `backends`, not both",
+            ),
+            (Some(b), true) => check_ref(format!("{base}.backend"), b, p),
+            (None, false) => {
+                for (j, b) in r.backends.iter().enumerate() {
+                    check_ref(format!("{base}.backends[{j}]"), b, p);
+                    if r.backends[..j].contains(b) {
+                        p.push(
+                            format!("{base}.backends[{j}]"),
+                            format!("backend `{b}` is listed twice"),
+                        );
+                    }
+                }
+            }
+        }
+
+        if r.domains.is_empty() {
+            p.push(
+                format!("{base}.domains"),
+                "at least one domain pattern is required (`*` matches all)",
+            );
+        }
+        for (j, d) in r.domains.iter().enumerate() {
+            if let Err(e) = check_domain_pattern(d) {
+                p.push(format!("{base}.domains[{j}]"), e);
+            }
+        }
+    }
+}
+
+/// Domain patterns: `*` alone, an exact name, `*.name`, or labels containing `*`
+/// (`cdn*.example.com`). No empty labels, no whitespace; labels are letters, digits, `-`, `_`.
+pub fn check_domain_pattern(pattern: &str) -> Result<(), String> {
+    if pattern == "*" {
+        return Ok(());
+    }
+    if pattern.is_empty() {
+        return Err("empty domain pattern".into());
+    }
+    if pattern.chars().any(char::is_whitespace) {
+        return Err(format!("domain pattern `{pattern}` contains whitespace"));
+    }
+    if pattern.len() > 253 {
+        return Err(format!(
+            "domain pattern `{pattern}` is longer than 253 characters"
+        ));
+    }
+    for label in pattern.split('.') {
+        if label.is_empty() {
+            return Err(format!(
+                "domain pattern `{pattern}` has an empty label (leading, trailing or doubled `.`)"
+            ));
+        }
+        if label.len() > 63 {
+            return Err(format!(
+                "domain pattern `{pattern}` has a label longer than 63 characters"
+            ));
+        }
+        if let Some(c) = label
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '*')))
+        {
+            return Err(format!(
+                "domain pattern `{pattern}` contains `{c}` (allowed: letters, digits, `-`, `_`, `.`, `*`)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `host:port` with a host name, IPv4 address or bracketed IPv6 address and a port 1–65535.
+pub fn check_host_port(s: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("`{s}` is not host:port: {why}"));
+    if s.chars().any(char::is_whitespace) {
+        return bad("contains whitespace");
+    }
+    if s.contains("://") {
+        return bad("write host:port without a scheme");
+    }
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let Some((h, after)) = rest.split_once(']') else {
+            return bad("missing `]`");
+        };
+        if h.parse::<std::net::Ipv6Addr>().is_err() {
+            return bad("bad IPv6 address");
+        }
+        match after.strip_prefix(':') {
+            Some(port) => (h, port),
+            None => return bad("missing `:port`"),
+        }
+    } else {
+        let Some((h, port)) = s.rsplit_once(':') else {
+            return bad("missing `:port`");
+        };
+        if h.is_empty() {
+            return bad("missing host");
+        }
+        if h.contains(':') {
+            return bad("IPv6 addresses must be in brackets, e.g. [2001:db8::1]:1080");
+        }
+        if !h
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        {
+            return bad("bad host name");
+        }
+        (h, port)
+    };
+    let _ = host;
+    match port.parse::<u16>() {
+        Ok(n) if n > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
+        _ => bad("port must be a number from 1 to 65535"),
+    }
+}
+
+/// A bcrypt hash: `$2a$`, `$2b$` or `$2y$`, a two-digit cost 04–31, `$`, then 53 characters of
+/// the bcrypt alphabet (`./A-Za-z0-9`).
+pub fn is_bcrypt_hash(h: &str) -> bool {
+    let b = h.as_bytes();
+    if b.len() != 60 {
+        return false;
+    }
+    if !(h.starts_with("$2a$") || h.starts_with("$2b$") || h.starts_with("$2y$")) {
+        return false;
+    }
+    let cost = &h[4..6];
+    if !cost.bytes().all(|c| c.is_ascii_digit()) {
+        return false;
+    }
+    if !matches!(cost.parse::<u32>(), Ok(4..=31)) || b[6] != b'$' {
+        return false;
+    }
+    b[7..]
+        .iter()
+        .all(|c| c.is_ascii_alphanumeric() || *c == b'.' || *c == b'/')
+}
+
+fn check_auth(cfg: &ServerConfig, p: &mut Problems) {
+    let a = &cfg.auth;
+    if !a.mode.is_available() {
+        p.push(
+            "auth.mode",
+            format!(
+                "auth mode `{}` is not implemented in this build (availability: unimplemented); use none or native",
+                a.mode
+            ),
+        );
+    }
+    if a.mode == AuthMode::Native && a.native.users.is_empty() {
+        p.push(
+            "auth.native.users",
+            "auth mode native needs at least one user",
+        );
+    }
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (i, u) in a.native.users.iter().enumerate() {
+        let base = format!("auth.native.users[{i}]");
+        if u.username.is_empty() {
+            p.push(format!("{base}.username"), "username is required");
+        } else if u.username.contains(':') || u.username.chars().any(char::is_control) {
+            p.push(
+                format!("{base}.username"),
+                format!(
+                    "username `{}` must not contain `:` or control characters",
+                    u.username
+                ),
+            );
+        } else if let Some(first) = seen.get(u.username.as_str()) {
+            p.push(
+                format!("{base}.username"),
+                format!(
+                    "duplicate username `{}` (also auth.native.users[{first}])",
+                    u.username
+                ),
+            );
+        } else {
+            seen.insert(&u.username, i);
+        }
+        if !is_bcrypt_hash(&u.password_hash) {
+            p.push(
+                format!("{base}.password_hash"),
+                "not a bcrypt hash (expected $2a$/$2b$/$2y$, a cost 04-31, `$` and 53 characters)",
+            );
+        }
+    }
+}
+
+fn check_rate_limit(cfg: &ServerConfig, p: &mut Problems) {
+    let r = &cfg.rate_limit;
+    if r.enabled {
+        if !(r.requests_per_second.is_finite() && r.requests_per_second > 0.0) {
+            p.push(
+                "rate_limit.requests_per_second",
+                format!(
+                    "must be greater than 0 when rate limiting is enabled (got {})",
+                    r.requests_per_second
+                ),
+            );
+        }
+        if r.burst_size == 0 {
+            p.push(
+                "rate_limit.burst_size",
+                "must be at least 1 when rate limiting is enabled",
+            );
+        }
+    }
+}
+
+fn check_api(cfg: &ServerConfig, p: &mut Problems) {
+    let a = &cfg.api;
+    check_listen("api.listen", &a.listen, p);
+    if a.request_log_size == 0 {
+        p.push("api.request_log_size", "must be at least 1 (default 1000)");
+    }
+    if a.token.as_deref() == Some("") {
+        p.push(
+            "api.token",
+            "empty token; remove the key to run the API without authentication",
+        );
+    }
+    if a.allowed_origins.iter().any(|o| o == "*") && a.allowed_origins.len() > 1 {
+        p.push(
+            "api.allowed_origins",
+            "`*` disables origin checks and must be the only entry",
+        );
+    }
+    for (i, o) in a.allowed_origins.iter().enumerate() {
+        if let Err(e) = check_origin_pattern(o) {
+            p.push(format!("api.allowed_origins[{i}]"), e);
+        }
+    }
+}
+
+/// An `api.allowed_origins` entry: `*`, a host pattern with optional port, or a
+/// scheme-qualified origin; no path, no whitespace, wildcards only in the host.
+fn check_origin_pattern(o: &str) -> Result<(), String> {
+    if o == "*" {
+        return Ok(());
+    }
+    if o.is_empty() {
+        return Err("empty entry".into());
+    }
+    if o.chars().any(char::is_whitespace) {
+        return Err(format!("`{o}` contains whitespace"));
+    }
+    let rest = match o.split_once("://") {
+        Some((scheme, rest)) => {
+            let ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+            if !ok {
+                return Err(format!("`{o}` has an invalid scheme"));
+            }
+            rest
+        }
+        None => o,
+    };
+    if rest.contains(['/', '?', '#']) {
+        return Err(format!(
+            "`{o}` has a path; give only [scheme://]host[:port]"
+        ));
+    }
+    let (host, port) = if let Some(r) = rest.strip_prefix('[') {
+        match r.split_once(']') {
+            Some((h, after)) if h.parse::<std::net::Ipv6Addr>().is_ok() => {
+                (h, after.strip_prefix(':'))
+            }
+            _ => return Err(format!("`{o}` has an invalid IPv6 host")),
+        }
+    } else {
+        match rest.rsplit_once(':') {
+            Some((h, port)) => (h, Some(port)),
+            None => (rest, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("`{o}` has no host"));
+    }
+    if !rest.starts_with('[')
+        && !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '*' | '?'))
+    {
+        return Err(format!(
+            "`{o}` has an invalid host pattern (letters, digits, `-`, `.`, `_` and the wildcards `*`, `?`)"
+        ));
+    }
+    if let Some(port) = port {
+        if port.is_empty()
+            || !port.bytes().all(|b| b.is_ascii_digit())
+            || port.parse::<u16>().is_err()
+        {
+            return Err(format!(
+                "`{o}` has an invalid port (ports are matched literally)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_logging(cfg: &ServerConfig, p: &mut Problems) {
+    let l = &cfg.logging;
+    if !LOG_LEVELS.contains(&l.level.as_str()) {
+        p.push(
+            "logging.level",
+            format!(
+                "unknown level `{}` (one of {})",
+                l.level,
+                LOG_LEVELS.join(", ")
+            ),
+        );
+    }
+    if l.output.as_deref() == Some("") {
+        p.push(
+            "logging.output",
+            "empty path; remove the key to log to stderr",
+        );
+    }
+}
+
+fn check_metrics(cfg: &ServerConfig, p: &mut Problems) {
+    check_listen("metrics.listen", &cfg.metrics.listen, p);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::model::*;
+
+    const HASH: &str = "$2b$10$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy";
+
+    fn load(text: &str) -> ServerConfig {
+        ServerConfig::from_yaml_str(text, &|_| None).unwrap()
+    }
+
+    fn fields(problems: &[Problem]) -> Vec<&str> {
+        problems.iter().map(|p| p.field.as_str()).collect()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(validate(&ServerConfig::default()), vec![]);
+    }
+
+    #[test]
+    fn reports_every_problem() {
+        let cfg = load(
+            r#"
+server:
+  http: {listen: "nope", max_header_size: 0}
+  socks5: {listen: ":7080"}
+backends:
+  - {name: a, type: direct}
+  - {name: a, type: direct}
+  - {name: h, type: httpproxy}
+  - {name: h2, type: httpproxy, http_proxy: {address: "no-port"}}
+  - {name: s, type: socks5, socks5: {address: ""}}
+  - {name: "", type: direct, socks5: {address: "x:1"}}
+routes:
+  - {name: r, domains: ["*"], backend: missing}
+  - {name: r, domains: [], backends: [a, a, ghost]}
+  - {name: x, domains: ["bad domain", "a..b", ".x.com", "cdn*.example.com", "*.ok.org", "a/b"]}
+  - {name: y, domains: ["*"], backend: a, backends: [a]}
+auth:
+  mode: native
+  native:
+    users:
+      - {username: alice, password_hash: "plaintext"}
+      - {username: alice, password_hash: "HASH"}
+      - {username: "b:c", password_hash: "HASH"}
+rate_limit: {enabled: true, requests_per_second: 0, burst_size: 0}
+api: {listen: "1.2.3.4", request_log_size: 0, token: "", allowed_origins: ["*", "a.com/x", " b.com", "c.com:99999"]}
+logging: {level: verbose, output: ""}
+metrics: {listen: "x"}
+"#
+            .replace("HASH", HASH)
+            .as_str(),
+        );
+        let problems = validate(&cfg);
+        let f = fields(&problems);
+        let want = [
+            "server.http.listen",
+            "server.http.max_header_size",
+            "backends[1].name",
+            "backends[2].http_proxy",
+            "backends[3].http_proxy.address",
+            "backends[4].socks5.address",
+            "backends[5].name",
+            "backends[5].socks5",
+            "routes[0].backend",
+            "routes[1].name",
+            "routes[1].backends[1]",
+            "routes[1].backends[2]",
+            "routes[1].domains",
+            "routes[2].domains[0]",
+            "routes[2].domains[1]",
+            "routes[2].domains[2]",
+            "routes[2].domains[5]",
+            "routes[3].backends",
+            "auth.native.users[0].password_hash",
+            "auth.native.users[1].username",
+            "auth.native.users[2].username",
+            "rate_limit.requests_per_second",
+            "rate_limit.burst_size",
+            "api.listen",
+            "api.request_log_size",
+            "api.token",
+            "api.allowed_origins",
+            "api.allowed_origins[1]",
+            "api.allowed_origins[2]",
+            "api.allowed_origins[3]",
+            "logging.level",
+            "logging.output",
+            "metrics.listen",
+        ];
+        for w in want {
+            assert!(f.contains(&w), "missing {w} in {problems:#?}");
+        }
+        assert!(!f.contains(&"routes[2].domains[3]"));
+        assert!(!f.contains(&"routes[2].domains[4]"));
+        // socks5 on :7080 conflicts with... http listen is invalid, so no conflict reported
+        assert!(!f.contains(&"server.socks5.listen"));
+        // sections are the top-level keys
+        for p in &problems {
+            assert!(p.field.starts_with(&p.section), "{p:?}");
+        }
+        let dup = problems
+            .iter()
+            .find(|p| p.field == "backends[1].name")
+            .unwrap();
+        assert!(dup.message.contains("duplicate") && dup.message.contains("backends[0]"));
+        let missing = problems
+            .iter()
+            .find(|p| p.field == "routes[0].backend")
+            .unwrap();
+        assert!(missing.message.contains("missing"), "{missing:?}");
+        let json = serde_json::to_value(&problems[0]).unwrap();
+        assert!(json.get("section").is_some() && json.get("field").is_some());
+    }
+
+    #[test]
+    fn route_without_any_backend() {
+        let cfg =
+            load("backends: [{name: a, type: direct}]\nroutes: [{name: r, domains: [\"*\"]}]");
+        let p = validate(&cfg);
+        assert_eq!(fields(&p), ["routes[0].backend"]);
+        let cfg = load("backends: [{name: a, type: direct}]\nroutes: [{name: r, domains: [\"*\"], backends: []}]");
+        assert_eq!(fields(&validate(&cfg)), ["routes[0].backend"]);
+    }
+
+    #[test]
+    fn native_without_users_and_unimplemented_modes() {
+        let p = validate(&load("auth: {mode: native}"));
+        assert_eq!(fields(&p), ["auth.native.users"]);
+        for mode in ["system", "ldap", "oauth"] {
+            let p = validate(&load(&format!("auth: {{mode: {mode}}}")));
+            assert_eq!(fields(&p), ["auth.mode"], "{mode}");
+            assert!(p[0]
+                .message
+                .contains("not implemented in this build (availability: unimplemented)"));
+            assert_eq!(p[0].section, "auth");
+        }
+    }
+
+    #[test]
+    fn listener_conflicts() {
+        let p = validate(&load("api: {listen: \"127.0.0.1:7080\"}"));
+        assert_eq!(fields(&p), ["api.listen"]);
+        assert!(p[0].message.contains("server.http.listen"));
+        // disabled listeners don't conflict
+        assert!(validate(&load(
+            "server: {socks5: {enabled: false, listen: \":7080\"}}"
+        ))
+        .is_empty());
+        assert!(validate(&load("metrics: {listen: \":7082\"}")).is_empty());
+        assert_eq!(
+            fields(&validate(&load(
+                "metrics: {enabled: true, listen: \":7082\"}"
+            ))),
+            ["metrics.listen"]
+        );
+    }
+
+    #[test]
+    fn rate_limit_only_checked_when_enabled() {
+        assert!(validate(&load("rate_limit: {enabled: false}")).is_empty());
+        assert!(validate(&load(
+            "rate_limit: {enabled: true, requests_per_second: 0.5, burst_size: 1}"
+        ))
+        .is_empty());
+        let p = validate(&load(
+            "rate_limit: {enabled: true, requests_per_second: -1, burst_size: 1}",
+        ));
+        assert_eq!(fields(&p), ["rate_limit.requests_per_second"]);
+    }
+
+    #[test]
+    fn domain_patterns() {
+        for ok in [
+            "*",
+            "example.com",
+            "*.example.com",
+            "cdn*.example.com",
+            "a*b*c.x",
+            "localhost",
+            "x_y.z",
+            "10.0.0.1",
+        ] {
+            assert!(check_domain_pattern(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            " ",
+            "a b.com",
+            "a..b",
+            ".a",
+            "a.",
+            "ex!.com",
+            "a.*.",
+            &"a".repeat(64),
+        ] {
+            assert!(check_domain_pattern(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn host_port() {
+        for ok in [
+            "proxy:3128",
+            "1.2.3.4:1080",
+            "[::1]:1080",
+            "a.b-c.example:65535",
+        ] {
+            assert!(check_host_port(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "proxy",
+            ":80",
+            "proxy:0",
+            "proxy:70000",
+            "proxy:x",
+            "::1:80",
+            "http://p:1",
+            "a b:1",
+            "[::1]",
+            "[zz]:1",
+        ] {
+            let e = check_host_port(bad);
+            assert!(e.is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bcrypt_hash_shape() {
+        assert!(is_bcrypt_hash(HASH));
+        assert!(is_bcrypt_hash(&HASH.replace("$2b$", "$2a$")));
+        assert!(is_bcrypt_hash(&HASH.replace("$2b$", "$2y$")));
+        assert!(!is_bcrypt_hash(&HASH.replace("$2b$", "$2x$")));
+        assert!(!is_bcrypt_hash(&HASH.replace("$10$", "$03$")));
+        assert!(!is_bcrypt_hash(&HASH.replace("$10$", "$32$")));
+        assert!(!is_bcrypt_hash(&HASH[..59]));
+        assert!(!is_bcrypt_hash(&format!("{}!", &HASH[..59])));
+        assert!(!is_bcrypt_hash("wonderland"));
+        let real = bcrypt::hash("pw", 4).unwrap();
+        assert!(is_bcrypt_hash(&real), "{real}");
+    }
+
+    #[test]
+    fn origin_patterns() {
+        for ok in [
+            "*",
+            "admin.example.com",
+            "*.example.com:8443",
+            "https://admin.example.com",
+            "http://[::1]:8080",
+            "localhost:3000",
+        ] {
+            assert!(check_origin_pattern(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            " a.com",
+            "a.com/",
+            "https://a.com/x",
+            "a.com:",
+            "a.com:x",
+            "a[b.com",
+            "://a.com",
+        ] {
+            assert!(check_origin_pattern(bad).is_err(), "{bad}");
+        }
+    }
+}

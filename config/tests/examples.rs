@@ -1,0 +1,83 @@
+//! Every `config/examples/*.yaml` loads and validates without a single problem.
+
+use std::path::PathBuf;
+
+use switchyard_config::{validate, AuthMode, ServerConfig};
+
+fn examples() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("examples dir")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 2,
+        "expected server.yaml and minimal.yaml in {dir:?}"
+    );
+    files
+}
+
+fn check(name: &str, cfg: &ServerConfig) {
+    let problems = validate(cfg);
+    assert!(
+        problems.is_empty(),
+        "{name} has problems:\n{}",
+        problems
+            .iter()
+            .map(|p| format!("  {p}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // and it survives a YAML and a JSON round trip
+    let yaml = cfg.to_yaml_string().expect("to yaml");
+    let back = ServerConfig::from_yaml_str(&yaml, &|_| None).expect("reload yaml");
+    assert_eq!(&back, cfg, "{name}: YAML round trip\n{yaml}");
+    let json = serde_json::to_value(cfg).expect("to json");
+    let back: ServerConfig = serde_json::from_value(json).expect("from json");
+    assert_eq!(&back, cfg, "{name}: JSON round trip");
+}
+
+#[test]
+fn every_example_loads_and_validates() {
+    for path in examples() {
+        let cfg = ServerConfig::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        check(&path.display().to_string(), &cfg);
+    }
+}
+
+/// Optional keys are shown as `#: key: value`; uncommented they must load and validate too,
+/// so the example cannot document a key that does not exist.
+#[test]
+fn optional_keys_in_examples_are_real() {
+    let env = |name: &str| Some(format!("value-of-{name}"));
+    for path in examples() {
+        let text = std::fs::read_to_string(&path).expect("read");
+        if !text.contains("#: ") {
+            continue;
+        }
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.find("#: ") {
+                Some(i) if l[..i].trim().is_empty() => format!("{}{}", &l[..i], &l[i + 3..]),
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = ServerConfig::from_yaml_str(&uncommented, &env)
+            .unwrap_or_else(|e| panic!("{} uncommented: {e}\n{uncommented}", path.display()));
+        check(&format!("{} (uncommented)", path.display()), &cfg);
+    }
+}
+
+#[test]
+fn full_example_is_what_it_says() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/server.yaml");
+    let cfg = ServerConfig::load_file(&path).expect("load");
+    assert_eq!(cfg.auth.mode, AuthMode::Native);
+    let alice = &cfg.auth.native.users[0];
+    assert_eq!(alice.username, "alice");
+    assert!(bcrypt::verify("wonderland", &alice.password_hash).expect("bcrypt"));
+    assert!(alice.password_hash.starts_with("$2b$10$"));
+}
