@@ -1,0 +1,340 @@
+//! Opening a TCP stream to `host:port` through a backend: `direct` (resolve, then race the
+//! addresses RFC 8305 style), an upstream HTTP proxy (CONNECT), or an upstream SOCKS5 proxy.
+//! The result is a plain byte stream to the destination, so HTTP, CONNECT and SOCKS5 clients
+//! all use the same connectors.
+
+use crate::error::DataplaneError;
+use crate::offload::Offload;
+use crate::resolver::Resolver;
+use crate::snapshot::BackendKind;
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use switchyard_proto::http1::{self, HeadLimits};
+use switchyard_proto::socks5;
+
+/// Delay before racing the next address (RFC 8305 "Connection Attempt Delay").
+const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
+
+/// A connected stream plus bytes the upstream proxy sent after its handshake reply.
+pub struct Connected {
+    pub stream: TcpStream,
+    pub early_data: Vec<u8>,
+}
+
+pub struct Dialer<'a> {
+    pub resolver: &'a Resolver,
+    pub offload: &'a Offload,
+    pub timeout: Duration,
+}
+
+impl Dialer<'_> {
+    pub async fn connect(
+        &self,
+        backend: &BackendKind,
+        host: &str,
+        port: u16,
+    ) -> Result<Connected, DataplaneError> {
+        let deadline = Instant::now() + self.timeout;
+        match backend {
+            BackendKind::Direct => Ok(Connected {
+                stream: self.connect_host(host, port, deadline).await?,
+                early_data: Vec::new(),
+            }),
+            BackendKind::HttpProxy {
+                host: proxy_host,
+                port: proxy_port,
+                authorization,
+            } => {
+                let stream = self.connect_host(proxy_host, *proxy_port, deadline).await?;
+                let proxy = format!("{proxy_host}:{proxy_port}");
+                within(
+                    deadline,
+                    &proxy,
+                    http_connect(stream, &proxy, host, port, authorization.as_deref()),
+                )
+                .await
+            }
+            BackendKind::Socks5 {
+                host: proxy_host,
+                port: proxy_port,
+                credentials,
+            } => {
+                let stream = self.connect_host(proxy_host, *proxy_port, deadline).await?;
+                let proxy = format!("{proxy_host}:{proxy_port}");
+                within(
+                    deadline,
+                    &proxy,
+                    socks5_connect(stream, &proxy, host, port, credentials.as_ref()),
+                )
+                .await
+            }
+            BackendKind::Unavailable { type_name } => {
+                Err(DataplaneError::BackendUnavailable((*type_name).into()))
+            }
+        }
+    }
+
+    async fn connect_host(
+        &self,
+        host: &str,
+        port: u16,
+        deadline: Instant,
+    ) -> Result<TcpStream, DataplaneError> {
+        let addrs = self.resolver.resolve(self.offload, host, port).await?;
+        race_connect(&addrs, deadline, &format!("{host}:{port}")).await
+    }
+}
+
+async fn within<T>(
+    deadline: Instant,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, DataplaneError>>,
+) -> Result<T, DataplaneError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    futures_lite::future::or(fut, async {
+        glommio::timer::sleep(left).await;
+        Err(DataplaneError::ConnectTimeout {
+            target: what.to_owned(),
+        })
+    })
+    .await
+}
+
+fn classify(target: &str, e: io::Error) -> DataplaneError {
+    match e.kind() {
+        io::ErrorKind::ConnectionRefused => DataplaneError::Refused {
+            target: target.to_owned(),
+        },
+        io::ErrorKind::TimedOut => DataplaneError::ConnectTimeout {
+            target: target.to_owned(),
+        },
+        _ => DataplaneError::Connect {
+            target: target.to_owned(),
+            source: e,
+        },
+    }
+}
+
+async fn attempt(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    TcpStream::connect_timeout(addr, timeout)
+        .await
+        .map_err(io::Error::from)
+}
+
+/// Races connection attempts: the next address starts when the previous one fails or after
+/// [`ATTEMPT_DELAY`]; the first success wins and the others are cancelled.
+pub async fn race_connect(
+    addrs: &[SocketAddr],
+    deadline: Instant,
+    target: &str,
+) -> Result<TcpStream, DataplaneError> {
+    let mut attempts = FuturesUnordered::new();
+    let mut next = 0;
+    let mut last_error = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(DataplaneError::ConnectTimeout {
+                target: target.to_owned(),
+            });
+        }
+        if attempts.is_empty() {
+            let Some(&addr) = addrs.get(next) else {
+                return Err(last_error.unwrap_or_else(|| DataplaneError::Resolve {
+                    host: target.to_owned(),
+                    reason: "no addresses".into(),
+                }));
+            };
+            next += 1;
+            attempts.push(attempt(addr, left));
+            continue;
+        }
+        let more = next < addrs.len();
+        let wait = if more { ATTEMPT_DELAY.min(left) } else { left };
+        let outcome = futures_lite::future::or(async { attempts.next().await.map(Some) }, async {
+            glommio::timer::sleep(wait).await;
+            Some(None)
+        })
+        .await;
+        match outcome {
+            Some(Some(Ok(stream))) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Some(Some(Err(e))) => {
+                last_error = Some(classify(target, e));
+                if attempts.is_empty() && !more {
+                    return Err(last_error.unwrap_or_else(|| DataplaneError::ConnectTimeout {
+                        target: target.to_owned(),
+                    }));
+                }
+            }
+            // The stagger delay passed (or the deadline): start the next address.
+            Some(None) | None => {
+                if let Some(&addr) = addrs.get(next) {
+                    next += 1;
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    attempts.push(attempt(addr, left.max(Duration::from_millis(1))));
+                }
+            }
+        }
+    }
+}
+
+fn host_for_authority(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+async fn http_connect(
+    mut stream: TcpStream,
+    proxy: &str,
+    host: &str,
+    port: u16,
+    authorization: Option<&str>,
+) -> Result<Connected, DataplaneError> {
+    let authority = format!("{}:{port}", host_for_authority(host));
+    let mut req = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
+    if let Some(auth) = authorization {
+        req.push_str("Proxy-Authorization: ");
+        req.push_str(auth);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    let fail = |reason: String, refused: bool| DataplaneError::UpstreamProxy {
+        proxy: proxy.to_owned(),
+        reason,
+        refused,
+    };
+    stream
+        .write_all(req.as_bytes())
+        .await
+        .map_err(|e| fail(e.to_string(), false))?;
+    let limits = HeadLimits::default();
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        match http1::parse_response_head(&buf, &limits) {
+            Ok(Some((head, used))) => {
+                if !(200..300).contains(&head.status) {
+                    return Err(fail(
+                        format!("CONNECT {authority} answered {} {}", head.status, head.reason),
+                        head.status == 502 || head.status == 503,
+                    ));
+                }
+                return Ok(Connected {
+                    stream,
+                    early_data: buf.split_off(used),
+                });
+            }
+            Ok(None) => {}
+            Err(e) => return Err(fail(format!("bad CONNECT reply: {e}"), false)),
+        }
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| fail(e.to_string(), false))?;
+        if n == 0 {
+            return Err(fail("closed during CONNECT".into(), false));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn read_until<T>(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    parse: impl Fn(&[u8]) -> Result<Option<(T, usize)>, socks5::Socks5Error>,
+) -> Result<T, String> {
+    let mut chunk = [0u8; 512];
+    loop {
+        match parse(buf) {
+            Ok(Some((v, used))) => {
+                buf.drain(..used);
+                return Ok(v);
+            }
+            Ok(None) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        let n = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("closed during handshake".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn socks5_connect(
+    mut stream: TcpStream,
+    proxy: &str,
+    host: &str,
+    port: u16,
+    credentials: Option<&(String, String)>,
+) -> Result<Connected, DataplaneError> {
+    let fail = |reason: String, refused: bool| DataplaneError::UpstreamProxy {
+        proxy: proxy.to_owned(),
+        reason,
+        refused,
+    };
+    let mut out = Vec::with_capacity(300);
+    let methods: &[u8] = if credentials.is_some() { &[0, 2] } else { &[0] };
+    socks5::encode_greeting(methods, &mut out);
+    stream
+        .write_all(&out)
+        .await
+        .map_err(|e| fail(e.to_string(), false))?;
+    let mut buf = Vec::new();
+    let method = read_until(&mut stream, &mut buf, socks5::parse_method_selection)
+        .await
+        .map_err(|e| fail(e, false))?;
+    match (method, credentials) {
+        (0, _) => {}
+        (2, Some((user, pass))) => {
+            out.clear();
+            socks5::encode_userpass(user, pass, &mut out).map_err(|e| fail(e.to_string(), false))?;
+            stream
+                .write_all(&out)
+                .await
+                .map_err(|e| fail(e.to_string(), false))?;
+            let ok = read_until(&mut stream, &mut buf, socks5::parse_userpass_status)
+                .await
+                .map_err(|e| fail(e, false))?;
+            if !ok {
+                return Err(fail("credentials rejected".into(), false));
+            }
+        }
+        (m, _) => return Err(fail(format!("no acceptable auth method ({m:#x})"), false)),
+    }
+    let target = match host.parse() {
+        Ok(ip) => socks5::TargetAddr::Ip(SocketAddr::new(ip, port)),
+        Err(_) => socks5::TargetAddr::Domain(host.to_owned(), port),
+    };
+    out.clear();
+    socks5::encode_request(socks5::Command::Connect, &target, &mut out)
+        .map_err(|e| fail(e.to_string(), false))?;
+    stream
+        .write_all(&out)
+        .await
+        .map_err(|e| fail(e.to_string(), false))?;
+    let (code, _bound) = read_until(&mut stream, &mut buf, socks5::parse_reply)
+        .await
+        .map_err(|e| fail(e, false))?;
+    let code = code as u8;
+    if code != 0 {
+        return Err(fail(
+            format!("CONNECT {host}:{port} failed with reply {code}"),
+            code == socks5::ReplyCode::ConnectionRefused as u8,
+        ));
+    }
+    Ok(Connected {
+        stream,
+        early_data: buf,
+    })
+}

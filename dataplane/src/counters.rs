@@ -1,0 +1,126 @@
+//! Per-core counters, summed on read. Each core writes only its own cache-padded slot, so the
+//! hot path never contends; readers (the control plane) add the slots up.
+
+use crossbeam_utils::CachePadded;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// One core's counters of one subject (the whole server, or one backend).
+#[derive(Debug, Default)]
+pub struct CoreCounters {
+    pub total_connections: AtomicU64,
+    pub active_connections: AtomicI64,
+    /// Bytes written towards proxy clients (downstream).
+    pub bytes_sent: AtomicU64,
+    /// Bytes read from proxy clients (upstream direction).
+    pub bytes_received: AtomicU64,
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+    /// Sum of connect latencies in microseconds, with `connects`, for an average.
+    pub connect_latency_us: AtomicU64,
+    pub connects: AtomicU64,
+}
+
+/// Counters of one subject across all cores.
+#[derive(Debug)]
+pub struct Counters {
+    cores: Box<[CachePadded<CoreCounters>]>,
+}
+
+/// A consistent-enough sum of all cores' counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CounterTotals {
+    pub total_connections: u64,
+    pub active_connections: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub requests: u64,
+    pub errors: u64,
+    /// Average connect latency in milliseconds (0 before the first connect).
+    pub latency_ms: u64,
+}
+
+impl Counters {
+    pub fn new(cores: usize) -> Self {
+        let cores = (0..cores.max(1))
+            .map(|_| CachePadded::new(CoreCounters::default()))
+            .collect();
+        Self { cores }
+    }
+
+    /// The slot of `core`; out-of-range cores share the last slot rather than panic.
+    pub fn core(&self, core: usize) -> &CoreCounters {
+        let last = self.cores.len() - 1;
+        &self.cores[core.min(last)]
+    }
+
+    pub fn totals(&self) -> CounterTotals {
+        let mut t = CounterTotals::default();
+        let mut active: i64 = 0;
+        let (mut lat, mut n) = (0u64, 0u64);
+        for c in self.cores.iter() {
+            t.total_connections += c.total_connections.load(Relaxed);
+            active += c.active_connections.load(Relaxed);
+            t.bytes_sent += c.bytes_sent.load(Relaxed);
+            t.bytes_received += c.bytes_received.load(Relaxed);
+            t.requests += c.requests.load(Relaxed);
+            t.errors += c.errors.load(Relaxed);
+            lat += c.connect_latency_us.load(Relaxed);
+            n += c.connects.load(Relaxed);
+        }
+        // A connection may open on one core's count and close on... the same core: it never
+        // migrates, so the sum is exact; clamp anyway in case of a torn read.
+        t.active_connections = active.max(0) as u64;
+        t.latency_ms = if n == 0 { 0 } else { lat / n / 1000 };
+        t
+    }
+}
+
+impl CoreCounters {
+    pub fn opened(&self) {
+        self.total_connections.fetch_add(1, Relaxed);
+        self.active_connections.fetch_add(1, Relaxed);
+    }
+    pub fn closed(&self) {
+        self.active_connections.fetch_sub(1, Relaxed);
+    }
+    pub fn add_sent(&self, n: u64) {
+        self.bytes_sent.fetch_add(n, Relaxed);
+    }
+    pub fn add_received(&self, n: u64) {
+        self.bytes_received.fetch_add(n, Relaxed);
+    }
+    pub fn connected_in(&self, d: std::time::Duration) {
+        self.connect_latency_us
+            .fetch_add(d.as_micros().min(u64::MAX as u128) as u64, Relaxed);
+        self.connects.fetch_add(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_cores() {
+        let c = Counters::new(2);
+        c.core(0).opened();
+        c.core(1).opened();
+        c.core(1).closed();
+        c.core(0).add_sent(10);
+        c.core(1).add_sent(5);
+        c.core(7).add_received(3); // clamps to the last core
+        let t = c.totals();
+        assert_eq!(t.total_connections, 2);
+        assert_eq!(t.active_connections, 1);
+        assert_eq!(t.bytes_sent, 15);
+        assert_eq!(t.bytes_received, 3);
+    }
+
+    #[test]
+    fn average_latency() {
+        let c = Counters::new(1);
+        c.core(0).connected_in(std::time::Duration::from_millis(10));
+        c.core(0).connected_in(std::time::Duration::from_millis(30));
+        assert_eq!(c.totals().latency_ms, 20);
+    }
+}

@@ -1,0 +1,95 @@
+//! Events from the data plane to the control plane through a bounded lock-free queue.
+//! A full queue drops the event and counts the drop: the data plane never waits.
+
+use crossbeam_queue::ArrayQueue;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http,
+    Connect,
+    Socks5,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "HTTP",
+            Self::Connect => "CONNECT",
+            Self::Socks5 => "SOCKS5",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    ConnectionNew {
+        protocol: Protocol,
+        host: String,
+        backend: String,
+        client: SocketAddr,
+    },
+    ConnectionClose {
+        protocol: Protocol,
+        host: String,
+        backend: String,
+        client: SocketAddr,
+        bytes_sent: u64,
+        bytes_received: u64,
+    },
+}
+
+#[derive(Debug)]
+pub struct EventQueue {
+    queue: ArrayQueue<Event>,
+    dropped: AtomicU64,
+}
+
+impl EventQueue {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            queue: ArrayQueue::new(capacity.max(1)),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Never blocks; a full queue costs the event, not the caller.
+    pub fn push(&self, event: Event) {
+        if self.queue.push(event).is_err() {
+            self.dropped.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn pop(&self) -> Option<Event> {
+        self.queue.pop()
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev() -> Event {
+        Event::ConnectionNew {
+            protocol: Protocol::Http,
+            host: "a:80".into(),
+            backend: "direct".into(),
+            client: "127.0.0.1:1".parse().expect("addr"),
+        }
+    }
+
+    #[test]
+    fn full_queue_drops_and_counts() {
+        let q = EventQueue::new(1);
+        q.push(ev());
+        q.push(ev());
+        assert_eq!(q.dropped(), 1);
+        assert!(q.pop().is_some());
+        assert!(q.pop().is_none());
+    }
+}

@@ -1,0 +1,81 @@
+//! Per-core pool of idle keep-alive connections to origins, keyed by backend route and
+//! destination. A connection is reused only if it is young enough and a non-blocking peek shows
+//! no EOF and no stray bytes.
+
+use crate::snapshot::BackendKind;
+use glommio::net::TcpStream;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+const MAX_IDLE_PER_KEY: usize = 32;
+const MAX_IDLE_TOTAL: usize = 1024;
+const MAX_IDLE_AGE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub backend: BackendKind,
+    pub host: String,
+    pub port: u16,
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: HashMap<PoolKey, Vec<(TcpStream, Instant)>>,
+    total: usize,
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = RefCell::new(Pool::default());
+}
+
+/// A reusable connection for `key`, if one is idle and healthy.
+pub fn take(key: &PoolKey) -> Option<TcpStream> {
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        let mut found = None;
+        let mut dropped = 0;
+        if let Some(list) = p.idle.get_mut(key) {
+            while let Some((stream, since)) = list.pop() {
+                if since.elapsed() < MAX_IDLE_AGE
+                    && crate::sys::idle_socket_is_clean(stream.as_raw_fd())
+                {
+                    found = Some(stream);
+                    break;
+                }
+                dropped += 1;
+            }
+            if list.is_empty() {
+                p.idle.remove(key);
+            }
+        }
+        p.total -= dropped + usize::from(found.is_some());
+        found
+    })
+}
+
+/// Parks a connection whose last response was read completely.
+pub fn give(key: PoolKey, stream: TcpStream) {
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.total >= MAX_IDLE_TOTAL {
+            // Make room by dropping the stalest connections of every key.
+            let now = Instant::now();
+            p.idle.retain(|_, list| {
+                list.retain(|(_, since)| now.duration_since(*since) < MAX_IDLE_AGE / 4);
+                !list.is_empty()
+            });
+            p.total = p.idle.values().map(Vec::len).sum();
+            if p.total >= MAX_IDLE_TOTAL {
+                return;
+            }
+        }
+        let list = p.idle.entry(key).or_default();
+        if list.len() >= MAX_IDLE_PER_KEY {
+            return;
+        }
+        list.push((stream, Instant::now()));
+        p.total += 1;
+    });
+}

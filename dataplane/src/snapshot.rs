@@ -1,0 +1,348 @@
+//! The compiled, immutable view of the configuration the data plane runs on. The control plane
+//! builds a new [`Snapshot`] on every change and publishes it through `arc_swap`; a core loads
+//! the current one when a connection (or request) starts, so live connections are never
+//! disturbed by a reload. Backend counters carry over between snapshots by backend name.
+
+use crate::access_control::AccessControl;
+use crate::counters::Counters;
+use crate::credentials::Users;
+use crate::rate_limit::{BandwidthLimiter, RequestLimiter};
+use arc_swap::ArcSwap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_config::{AuthMode, BackendType, LoadBalance, ServerConfig};
+use switchyard_proto::route_matcher::{RouteEntry, RouteTable};
+
+pub type SnapshotHandle = Arc<ArcSwap<Snapshot>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("route {route}: {message}")]
+    Route { route: String, message: String },
+    #[error("backend {backend}: {message}")]
+    Backend { backend: String, message: String },
+}
+
+/// How a backend reaches destinations.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Direct,
+    /// Upstream HTTP proxy reached with CONNECT; `authorization` is a ready `Basic …` value.
+    HttpProxy {
+        host: String,
+        port: u16,
+        authorization: Option<String>,
+    },
+    Socks5 {
+        host: String,
+        port: u16,
+        credentials: Option<(String, String)>,
+    },
+    /// Parsed and validated, but its transport is not in this build yet.
+    Unavailable { type_name: &'static str },
+}
+
+#[derive(Debug)]
+pub struct Backend {
+    pub name: String,
+    pub kind: BackendKind,
+    pub enabled: bool,
+    pub counters: Arc<Counters>,
+}
+
+impl Backend {
+    pub fn type_name(&self) -> &'static str {
+        match self.kind {
+            BackendKind::Direct => "direct",
+            BackendKind::HttpProxy { .. } => "httpproxy",
+            BackendKind::Socks5 { .. } => "socks5",
+            BackendKind::Unavailable { type_name } => type_name,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct RouteTarget {
+    pub name: String,
+    /// Indexes into [`Snapshot::backends`].
+    pub backends: Vec<usize>,
+    pub load_balance: LoadBalance,
+    next: AtomicUsize,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub read: Duration,
+    pub write: Duration,
+    pub idle: Duration,
+    pub header: Duration,
+    pub connect: Duration,
+}
+
+#[derive(Debug)]
+pub struct Snapshot {
+    pub generation: u64,
+    pub routes: RouteTable<RouteTarget>,
+    pub backends: Vec<Arc<Backend>>,
+    /// `Some` when proxy authentication is required.
+    pub users: Option<Users>,
+    pub access: AccessControl,
+    pub request_limit: Option<RequestLimiter>,
+    pub upload_limit: Option<BandwidthLimiter>,
+    pub download_limit: Option<BandwidthLimiter>,
+    pub timeouts: Timeouts,
+    pub max_header_size: usize,
+    pub max_connections: usize,
+}
+
+fn split_host_port(address: &str) -> Option<(String, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return None;
+    }
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+impl Snapshot {
+    /// Compiles `cfg`. `previous` lends its backend counters to backends of the same name.
+    pub fn compile(
+        cfg: &ServerConfig,
+        previous: Option<&Snapshot>,
+        cores: usize,
+    ) -> Result<Self, SnapshotError> {
+        let mut backends = Vec::with_capacity(cfg.backends.len());
+        for b in &cfg.backends {
+            let counters = previous
+                .and_then(|p| p.backends.iter().find(|old| old.name == b.name))
+                .map(|old| old.counters.clone())
+                .unwrap_or_else(|| Arc::new(Counters::new(cores)));
+            let bad = |message: &str| SnapshotError::Backend {
+                backend: b.name.clone(),
+                message: message.to_owned(),
+            };
+            let kind = match b.kind {
+                BackendType::Direct => BackendKind::Direct,
+                BackendType::HttpProxy => {
+                    let up = b
+                        .http_proxy
+                        .as_ref()
+                        .ok_or_else(|| bad("http_proxy settings missing"))?;
+                    let (host, port) = split_host_port(&up.address)
+                        .ok_or_else(|| bad("address must be host:port"))?;
+                    let authorization = up.username.as_ref().map(|u| {
+                        crate::credentials::encode_basic(u, up.password.as_deref().unwrap_or(""))
+                    });
+                    BackendKind::HttpProxy {
+                        host,
+                        port,
+                        authorization,
+                    }
+                }
+                BackendType::Socks5 => {
+                    let up = b
+                        .socks5
+                        .as_ref()
+                        .ok_or_else(|| bad("socks5 settings missing"))?;
+                    let (host, port) = split_host_port(&up.address)
+                        .ok_or_else(|| bad("address must be host:port"))?;
+                    let credentials = up
+                        .username
+                        .as_ref()
+                        .map(|u| (u.clone(), up.password.clone().unwrap_or_default()));
+                    BackendKind::Socks5 {
+                        host,
+                        port,
+                        credentials,
+                    }
+                }
+                BackendType::Wireguard => BackendKind::Unavailable {
+                    type_name: "wireguard",
+                },
+                BackendType::Openvpn => BackendKind::Unavailable {
+                    type_name: "openvpn",
+                },
+            };
+            backends.push(Arc::new(Backend {
+                name: b.name.clone(),
+                kind,
+                enabled: b.enabled,
+                counters,
+            }));
+        }
+
+        let mut entries = Vec::new();
+        for r in cfg.routes.iter().filter(|r| r.enabled) {
+            let names: Vec<&String> = r.backend.iter().chain(r.backends.iter()).collect();
+            let mut indexes = Vec::with_capacity(names.len());
+            for name in names {
+                let i = backends.iter().position(|b| &b.name == name).ok_or_else(|| {
+                    SnapshotError::Route {
+                        route: r.name.clone(),
+                        message: format!("backend {name} does not exist"),
+                    }
+                })?;
+                indexes.push(i);
+            }
+            if indexes.is_empty() {
+                return Err(SnapshotError::Route {
+                    route: r.name.clone(),
+                    message: "no backend".into(),
+                });
+            }
+            entries.push(RouteEntry {
+                patterns: r.domains.clone(),
+                priority: r.priority,
+                value: RouteTarget {
+                    name: r.name.clone(),
+                    backends: indexes,
+                    load_balance: r.load_balance,
+                    next: AtomicUsize::new(0),
+                },
+            });
+        }
+        let routes = RouteTable::build(entries).map_err(|e| SnapshotError::Route {
+            route: "*".into(),
+            message: e.to_string(),
+        })?;
+
+        let users = match cfg.auth.mode {
+            AuthMode::Native => Some(Users::new(
+                cfg.auth
+                    .native
+                    .users
+                    .iter()
+                    .map(|u| (u.username.clone(), u.password_hash.clone())),
+            )),
+            _ => None,
+        };
+        let rl = &cfg.rate_limit;
+        let request_limit = (rl.enabled && rl.requests_per_second > 0.0)
+            .then(|| RequestLimiter::new(rl.requests_per_second, rl.burst_size, rl.per_ip));
+        let bw = |rate: u64| (rl.enabled && rate > 0).then(|| BandwidthLimiter::new(rate, rl.per_ip));
+        let http = &cfg.server.http;
+        Ok(Self {
+            generation: previous.map_or(1, |p| p.generation + 1),
+            routes,
+            backends,
+            users,
+            access: AccessControl::new(
+                cfg.access_control.whitelist.clone(),
+                cfg.access_control.blacklist.clone(),
+            ),
+            request_limit,
+            upload_limit: bw(rl.bandwidth.upload.0),
+            download_limit: bw(rl.bandwidth.download.0),
+            timeouts: Timeouts {
+                read: http.read_timeout.0,
+                write: http.write_timeout.0,
+                idle: http.idle_timeout.0,
+                header: http.header_timeout.0,
+                connect: Duration::from_secs(10),
+            },
+            max_header_size: usize::try_from(http.max_header_size.0).unwrap_or(usize::MAX),
+            max_connections: cfg.server.max_connections,
+        })
+    }
+
+    /// The route for `host` (no port) and the backend chosen by its load-balancing policy.
+    pub fn select(&self, host: &str) -> Option<(&RouteTarget, &Arc<Backend>)> {
+        let route = self.routes.lookup(host)?;
+        let usable: Vec<usize> = route
+            .backends
+            .iter()
+            .copied()
+            .filter(|&i| self.backends.get(i).is_some_and(|b| b.enabled))
+            .collect();
+        let chosen = match (usable.len(), route.load_balance) {
+            (0, _) => return None,
+            (1, _) => usable[0],
+            (n, LoadBalance::RoundRobin) => usable[route.next.fetch_add(1, Ordering::Relaxed) % n],
+            (_, LoadBalance::LeastConn) => *usable
+                .iter()
+                .min_by_key(|&&i| self.backends[i].counters.totals().active_connections)?,
+        };
+        Some((route, &self.backends[chosen]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_config::{BackendConfig, RouteConfig, UpstreamProxyConfig};
+
+    fn backend(name: &str, kind: BackendType) -> BackendConfig {
+        BackendConfig {
+            name: name.into(),
+            kind,
+            enabled: true,
+            http_proxy: Some(UpstreamProxyConfig {
+                address: "127.0.0.1:3128".into(),
+                username: Some("u".into()),
+                password: Some("p".into()),
+            }),
+            socks5: None,
+            other: None,
+        }
+    }
+
+    fn route(name: &str, domains: &[&str], backends: &[&str], priority: i32) -> RouteConfig {
+        RouteConfig {
+            name: name.into(),
+            domains: domains.iter().map(|d| d.to_string()).collect(),
+            backend: None,
+            backends: backends.iter().map(|d| d.to_string()).collect(),
+            enabled: true,
+            priority,
+            load_balance: LoadBalance::RoundRobin,
+        }
+    }
+
+    fn config() -> ServerConfig {
+        let mut cfg = ServerConfig::default();
+        cfg.backends = vec![
+            backend("direct", BackendType::Direct),
+            backend("up", BackendType::HttpProxy),
+            backend("up2", BackendType::HttpProxy),
+        ];
+        cfg.routes = vec![
+            route("all", &["*"], &["direct"], 0),
+            route("ex", &["*.example.com"], &["up", "up2"], 10),
+        ];
+        cfg
+    }
+
+    #[test]
+    fn routes_by_priority_and_round_robins() {
+        let snap = Snapshot::compile(&config(), None, 2).expect("compile");
+        let (_, b) = snap.select("other.org").expect("route");
+        assert_eq!(b.name, "direct");
+        let picks: Vec<String> = (0..4)
+            .map(|_| snap.select("a.example.com").expect("route").1.name.clone())
+            .collect();
+        assert_eq!(picks, ["up", "up2", "up", "up2"]);
+        match &snap.backends[1].kind {
+            BackendKind::HttpProxy { authorization, .. } => {
+                assert_eq!(authorization.as_deref(), Some("Basic dTpw"))
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn counters_survive_recompile() {
+        let first = Snapshot::compile(&config(), None, 1).expect("compile");
+        first.backends[0].counters.core(0).opened();
+        let second = Snapshot::compile(&config(), Some(&first), 1).expect("compile");
+        assert_eq!(second.backends[0].counters.totals().total_connections, 1);
+        assert_eq!(second.generation, 2);
+    }
+
+    #[test]
+    fn missing_backend_is_an_error() {
+        let mut cfg = config();
+        cfg.routes.push(route("bad", &["x.com"], &["nope"], 0));
+        assert!(Snapshot::compile(&cfg, None, 1).is_err());
+    }
+}

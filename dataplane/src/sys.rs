@@ -1,0 +1,114 @@
+//! The few raw syscalls the data plane needs that glommio does not wrap. Every `unsafe` block of
+//! the crate lives here.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// Shuts down the write half of a socket synchronously (a FIN to the peer), so a tunnel can
+/// half-close one side while the other direction keeps running on the same stream.
+pub fn shutdown_write(fd: RawFd) {
+    // SAFETY: shutdown(2) on a descriptor we own through a live stream; errors (already closed,
+    // not connected) are harmless here and ignored on purpose.
+    unsafe {
+        libc::shutdown(fd, libc::SHUT_WR);
+    }
+}
+
+/// Whether an idle pooled connection is still usable: no pending bytes and no EOF/error.
+/// A non-blocking `MSG_PEEK` answers without disturbing the stream.
+pub fn idle_socket_is_clean(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: recv(2) into a valid one-byte buffer on a descriptor owned by a live stream.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        let err = io::Error::last_os_error();
+        return err.kind() == io::ErrorKind::WouldBlock;
+    }
+    // 0 = the origin closed; >0 = unsolicited bytes, the connection is out of sync.
+    false
+}
+
+/// Raises the soft open-files limit to the hard limit (a proxy holds two sockets per tunnel).
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a properly sized struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// Online CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![0];
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect();
+        if cpus.is_empty() {
+            vec![0]
+        } else {
+            cpus
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn detects_closed_and_dirty_connections() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let c = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (mut s, _) = l.accept().expect("accept");
+        assert!(idle_socket_is_clean(c.as_raw_fd()));
+        s.write_all(b"x").expect("write");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!idle_socket_is_clean(c.as_raw_fd()));
+        let c2 = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s2, _) = l.accept().expect("accept");
+        drop(s2);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!idle_socket_is_clean(c2.as_raw_fd()));
+    }
+
+    #[test]
+    fn cpus_and_limits() {
+        assert!(!allowed_cpus().is_empty());
+        assert!(raise_nofile_limit().expect("rlimit") > 0);
+    }
+}
+
+/// Wraps a listening socket created by the engine into a glommio listener on this core.
+pub fn listener_from_fd(fd: RawFd) -> glommio::net::TcpListener {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` comes from `IntoRawFd` of a listening socket2::Socket; ownership moves here.
+    unsafe { glommio::net::TcpListener::from_raw_fd(fd) }
+}

@@ -1,0 +1,148 @@
+//! Byte relay between two sockets (CONNECT, SOCKS5, and HTTP bodies). Both directions run in one
+//! task; each borrows its streams only for the duration of a synchronous poll, so neither holds a
+//! borrow across an await. Buffers come from [`crate::buffer_pool`] and only while data is in
+//! hand. Half-closes propagate (EOF on one side → FIN on the other); the tunnel ends when both
+//! directions are done, on an error, or after `idle` without traffic either way.
+
+use crate::buffer_pool;
+use crate::counters::CoreCounters;
+use crate::rate_limit::{BandwidthLimiter, Take};
+use futures_lite::io::{AsyncRead, AsyncWrite};
+use glommio::net::TcpStream;
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+/// Where the bytes of one direction are counted and shaped.
+pub struct Meter<'a> {
+    pub counters: [&'a CoreCounters; 2],
+    /// true: client → upstream (counted as received from the client)
+    pub upload: bool,
+    pub limiter: Option<&'a BandwidthLimiter>,
+    pub client: IpAddr,
+}
+
+impl Meter<'_> {
+    fn count(&self, n: u64) {
+        for c in self.counters {
+            if self.upload {
+                c.add_received(n);
+            } else {
+                c.add_sent(n);
+            }
+        }
+    }
+
+    async fn shape(&self, n: usize) {
+        let Some(limiter) = self.limiter else { return };
+        let mut left = n as u64;
+        while left > 0 {
+            let chunk = left.min(limiter.max_chunk());
+            match limiter.take(self.client, chunk) {
+                Take::Granted => left -= chunk,
+                Take::Wait(d) => glommio::timer::sleep(d).await,
+            }
+        }
+    }
+}
+
+/// Reads into a pooled buffer; the buffer is returned to the pool while the read is pending.
+pub async fn read_pooled(from: &RefCell<TcpStream>) -> io::Result<(Box<[u8]>, usize)> {
+    poll_fn(|cx| {
+        let mut buf = buffer_pool::take();
+        let r = Pin::new(&mut *from.borrow_mut()).poll_read(cx, &mut buf);
+        match r {
+            Poll::Ready(Ok(n)) => Poll::Ready(Ok((buf, n))),
+            Poll::Ready(Err(e)) => {
+                buffer_pool::give(buf);
+                Poll::Ready(Err(e))
+            }
+            Poll::Pending => {
+                buffer_pool::give(buf);
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
+pub async fn write_all(to: &RefCell<TcpStream>, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        let n = poll_fn(|cx| Pin::new(&mut *to.borrow_mut()).poll_write(cx, data)).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        data = &data[n..];
+    }
+    Ok(())
+}
+
+async fn pump(
+    from: &RefCell<TcpStream>,
+    to: &RefCell<TcpStream>,
+    meter: &Meter<'_>,
+    last_activity: &Cell<Instant>,
+    moved: &Cell<u64>,
+) -> io::Result<()> {
+    loop {
+        let (buf, n) = read_pooled(from).await?;
+        if n == 0 {
+            buffer_pool::give(buf);
+            crate::sys::shutdown_write(to.borrow().as_raw_fd());
+            return Ok(());
+        }
+        last_activity.set(Instant::now());
+        meter.shape(n).await;
+        let written = write_all(to, &buf[..n]).await;
+        buffer_pool::give(buf);
+        written?;
+        last_activity.set(Instant::now());
+        moved.set(moved.get() + n as u64);
+        meter.count(n as u64);
+    }
+}
+
+/// Bytes moved by a finished tunnel.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Relayed {
+    pub upload: u64,
+    pub download: u64,
+}
+
+/// Relays until both directions finish, one fails, or the tunnel is idle for `idle`.
+pub async fn relay(
+    client: &RefCell<TcpStream>,
+    upstream: &RefCell<TcpStream>,
+    up: Meter<'_>,
+    down: Meter<'_>,
+    idle: Duration,
+) -> Relayed {
+    let last = Cell::new(Instant::now());
+    let upload = Cell::new(0u64);
+    let download = Cell::new(0u64);
+    let both = async {
+        let a = pump(client, upstream, &up, &last, &upload);
+        let b = pump(upstream, client, &down, &last, &download);
+        // try_zip ends at the first error: a reset on either side ends the tunnel.
+        let _ = futures_lite::future::try_zip(a, b).await;
+    };
+    let watchdog = async {
+        loop {
+            let since = last.get().elapsed();
+            if since >= idle {
+                return;
+            }
+            glommio::timer::sleep(idle - since).await;
+        }
+    };
+    futures_lite::future::or(both, watchdog).await;
+    Relayed {
+        upload: upload.get(),
+        download: download.get(),
+    }
+}
