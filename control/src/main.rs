@@ -1,1 +1,85 @@
-fn main() {}
+//! `switchyard`: one binary for the gateway (`server`), tooling (`config validate`, `bench`) and,
+//! as their work lands, the client and the auxiliary services. This crate is the tokio control
+//! plane; the glommio data plane lives in `switchyard-dataplane`.
+#![forbid(unsafe_code)]
+
+mod api;
+mod logging;
+mod net;
+mod pac;
+mod server;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "switchyard", version, about = "Forward proxy gateway for appliances and edge boxes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy gateway (HTTP proxy, CONNECT, SOCKS5) and its management API.
+    Server {
+        /// YAML configuration; without it the built-in defaults run
+        /// (HTTP proxy :7080, SOCKS5 :7180, API :7082, every host direct).
+        #[arg(long, short, env = "SWITCHYARD_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Configuration tooling.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Benchmark switchyard side by side with peer programs (see bench/README).
+    Bench(switchyard_bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a server configuration file; prints every problem and exits non-zero if invalid.
+    Validate { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Server { config } => server::run(config),
+        Command::Config {
+            command: ConfigCommand::Validate { file },
+        } => return validate(&file),
+        Command::Bench(args) => switchyard_bench::run(args).context("benchmark failed"),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("switchyard: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn validate(file: &std::path::Path) -> ExitCode {
+    let cfg = match switchyard_config::ServerConfig::load_file(file) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("{}: invalid", file.display());
+            println!("  {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let problems = switchyard_config::validate(&cfg);
+    if problems.is_empty() {
+        println!("{}: valid", file.display());
+        return ExitCode::SUCCESS;
+    }
+    println!("{}: invalid ({} problems)", file.display(), problems.len());
+    for p in &problems {
+        println!("  [{}] {}: {}", p.section, p.field, p.message);
+    }
+    ExitCode::FAILURE
+}
