@@ -510,6 +510,14 @@ async fn forward(
     // Rewrite the head for the origin: origin-form target, Host from the absolute URI,
     // hop-by-hop headers (incl. Proxy-Authorization) removed.
     http1::strip_hop_by_hop(&mut head.headers);
+    // Answer `Expect: 100-continue` here: the body is relayed before the origin's response is
+    // read, so waiting for the origin's 100 would stall the client until its own timeout.
+    let expects_continue = head
+        .header_str("expect")
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+    if expects_continue {
+        head.remove_header("expect");
+    }
     head.target = path_and_query;
     let authority = if port == 80 { host_port_label(host, port).trim_end_matches(":80").to_owned() } else { host_port_label(host, port) };
     head.set_header("Host", authority.as_bytes());
@@ -555,6 +563,13 @@ async fn forward(
                 continue;
             }
             fail_reply(client, &DataplaneError::Io(io::ErrorKind::BrokenPipe.into())).await;
+            return false;
+        }
+        if expects_continue
+            && attempt == 1
+            && !matches!(request_body, BodyKind::Empty)
+            && tunnel::write_all(client, b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err()
+        {
             return false;
         }
         match relay_body(client, &origin, carry, request_body, &count_up).await {

@@ -122,6 +122,10 @@ fuzz_target!(|data: &[u8]| {
             );
         }
     }
-    assert_eq!(table.lookup_index(&host), want, "host {host:?} entries {entries:?}");
+    assert_eq!(
+        table.lookup_index(&host),
+        want,
+        "host {host:?} entries {entries:?}"
+    );
     assert_eq!(table.lookup(&host).copied(), want);
 });

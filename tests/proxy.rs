@@ -1,0 +1,347 @@
+//! End-to-end: the real `switchyard server` with curl and real peer programs on loopback.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream, UdpSocket};
+use std::time::Duration;
+use support::*;
+
+const PAGE: &[u8] = b"hello from nginx\n";
+
+fn big_file() -> Vec<u8> {
+    (0..3_000_000u32).map(|i| (i % 251) as u8).collect()
+}
+
+#[test]
+fn http_proxy_keeps_client_alive_and_pools_origin_connections() {
+    let big = big_file();
+    let Some(origin) = start_nginx(&[("index.html", PAGE), ("big.bin", &big)]) else { return };
+    let server = start_server("");
+    let proxy = format!("http://{}", server.http);
+    // 20 requests in one curl invocation: curl reuses one client connection.
+    let url = origin.url("/index.html");
+    let mut args = vec!["-sS", "-v", "-x", &proxy];
+    for _ in 0..20 {
+        args.push(&url);
+    }
+    let out = curl(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, PAGE.repeat(20));
+    let verbose = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(verbose.matches("Re-using existing connection").count(), 19, "{verbose}");
+
+    // The origin saw the requests on pooled keep-alive connections, not one per request.
+    let log = origin.access_log();
+    let index_lines: Vec<_> = log.iter().filter(|l| l.2.contains("/index.html")).collect();
+    assert_eq!(index_lines.len(), 20);
+    let connections: std::collections::HashSet<u64> = index_lines.iter().map(|l| l.0).collect();
+    assert!(connections.len() <= 2, "origin connections: {connections:?}");
+    assert!(index_lines.iter().any(|l| l.1 >= 10), "no connection carried many requests: {log:?}");
+
+    // A large body arrives intact (Content-Length framing through pooled buffers).
+    let out = curl(&["-sS", "-x", &proxy, &origin.url("/big.bin")]);
+    assert!(out.status.success());
+    assert_eq!(out.stdout.len(), big.len());
+    assert!(out.stdout == big);
+
+    let stats = server.api_get("/api/v1/stats");
+    assert!(stats["bytes_sent"].as_u64().unwrap_or(0) >= big.len() as u64, "{stats}");
+    assert!(stats["total_connections"].as_u64().unwrap_or(0) >= 2, "{stats}");
+}
+
+#[test]
+fn request_bodies_content_length_and_chunked() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let server = start_server("");
+    let proxy = format!("http://{}", server.http);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("body");
+    std::fs::write(&file, "x".repeat(200_000)).expect("body");
+    // PUT with Content-Length, then with a chunked body; nginx (DAV) stores them and the
+    // stored files must equal what was sent.
+    let sent = std::fs::read(&file).expect("read");
+    for (name, extra) in [("fixed", None), ("chunked", Some("Transfer-Encoding: chunked"))] {
+        let url = origin.url(&format!("/upload/{name}"));
+        let mut args = vec!["-sS", "-f", "-x", &proxy, "-T", file.to_str().expect("path"), &url];
+        if let Some(h) = extra {
+            args.extend(["-H", h]);
+        }
+        let out = curl(&args);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let stored = std::fs::read(origin.dir.path().join("www/upload").join(name)).expect("stored");
+        assert!(stored == sent, "{name}: stored {} bytes, sent {}", stored.len(), sent.len());
+    }
+}
+
+#[test]
+fn connect_tunnel_and_socks5_reach_the_origin() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let server = start_server("");
+    let url = format!("http://localhost:{}/index.html", origin.port);
+    let out = curl(&["-sS", "-p", "-x", &format!("http://{}", server.http), &url]);
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = curl(&["-sS", "--socks5-hostname", &server.socks5.to_string(), &url]);
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = curl(&["-sS", "--socks5", &server.socks5.to_string(), &origin.url("/index.html")]);
+    assert_eq!(out.stdout, PAGE);
+    assert_eq!(server.wait_idle(), 0);
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let server = start_server("");
+    let proxy = format!("http://{}", server.http);
+    let dead = free_port();
+    let out = curl(&["-sS", "-x", &proxy, "-w", "%{http_code}", &format!("http://127.0.0.1:{dead}/")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.ends_with("502") && text.contains("refused"), "{text}");
+    let out = curl(&["-sS", "-x", &proxy, "-w", "%{http_code}", "http://no-such-host.invalid/"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.ends_with("502") && text.contains("no-such-host.invalid"), "{text}");
+    // SOCKS5: connection refused is reply 5, which curl reports as such.
+    let out = curl(&["-sS", "--socks5", &server.socks5.to_string(), &format!("http://127.0.0.1:{dead}/")]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(err.contains("(5)"), "reply 5 (connection refused) expected: {err}");
+}
+
+fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let _ = s.write_all(request);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    out
+}
+
+#[test]
+fn bad_input_gets_the_right_answer_and_leaks_nothing() {
+    let server = start_server("");
+    let r = raw_exchange(server.http, b"NOT A REQUEST\r\n\r\n");
+    assert!(r.starts_with(b"HTTP/1.1 400"), "{}", String::from_utf8_lossy(&r));
+    let huge = format!("GET http://127.0.0.1/ HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(70_000));
+    let r = raw_exchange(server.http, huge.as_bytes());
+    assert!(r.starts_with(b"HTTP/1.1 431"), "{}", String::from_utf8_lossy(&r[..r.len().min(100)]));
+    let r = raw_exchange(server.http, b"GET /relative HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(r.starts_with(b"HTTP/1.1 400"));
+    // SOCKS4 greeting to the SOCKS5 port: closed without a reply.
+    assert!(raw_exchange(server.socks5, b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00").is_empty());
+    // BIND: "command not supported" (7).
+    let r = raw_exchange(server.socks5, b"\x05\x01\x00\x05\x02\x00\x01\x7f\x00\x00\x01\x00\x50");
+    assert_eq!(&r[..2], b"\x05\x00");
+    assert_eq!(r.get(3), Some(&7), "{r:?}");
+    // Unknown address type: 8.
+    let r = raw_exchange(server.socks5, b"\x05\x01\x00\x05\x01\x00\x09\x7f\x00\x00\x01\x00\x50");
+    assert_eq!(r.get(3), Some(&8), "{r:?}");
+
+    // 1,000 bad connections of several kinds, some half-sent and abandoned.
+    let garbage: [&[u8]; 5] = [
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+        b"GET http://x/ HTTP/1.1\r\nHost",
+        b"\r\n\r\n\r\n",
+        b"CONNECT :0 HTTP/1.1\r\n\r\n",
+        b"\x05\xff",
+    ];
+    let mut held = Vec::new();
+    for i in 0..1000 {
+        let target = if i % 2 == 0 { server.http } else { server.socks5 };
+        let Ok(mut s) = TcpStream::connect(target) else { continue };
+        let _ = s.write_all(garbage[i % garbage.len()]);
+        if i % 3 == 0 {
+            let _ = s.shutdown(Shutdown::Both);
+        } else {
+            held.push(s);
+        }
+        if held.len() > 200 {
+            held.clear();
+        }
+    }
+    drop(held);
+    assert_eq!(server.wait_idle(), 0, "connections leaked");
+}
+
+#[test]
+fn slow_headers_are_cut_off() {
+    // The default header timeout is 10s; this server uses 1s.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.yaml");
+    std::fs::write(
+        &path,
+        "server:\n  http: { listen: \"127.0.0.1:0\", header_timeout: 1s }\n  socks5: { listen: \"127.0.0.1:0\" }\n\
+         api: { listen: \"127.0.0.1:0\" }\nlogging: { level: info, format: json }\n",
+    )
+    .expect("write");
+    let server = start_server_with_file(dir, path);
+    let mut s = TcpStream::connect(server.http).expect("connect");
+    s.write_all(b"GET http://127.0.0.1/ HTTP/1.1\r\n").expect("write");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    assert!(out.starts_with(b"HTTP/1.1 408"), "{}", String::from_utf8_lossy(&out));
+}
+
+fn alice_config() -> String {
+    let hash = bcrypt::hash("wonderland", 4).expect("hash");
+    format!("auth:\n  mode: native\n  native:\n    users:\n      - username: alice\n        password_hash: \"{hash}\"\n")
+}
+
+#[test]
+fn proxy_authentication_native_users() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let server = start_server(&alice_config());
+    let proxy = format!("http://{}", server.http);
+    let url = origin.url("/index.html");
+    let out = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", &proxy, &url]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
+    let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(head.contains("proxy-authenticate: basic"), "{head}");
+    let out = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", &proxy, "-U", "alice:wrong", &url]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
+    let out = curl(&["-sS", "-x", &proxy, "-U", "alice:wonderland", &url]);
+    assert_eq!(out.stdout, PAGE);
+    // CONNECT with credentials.
+    let out = curl(&["-sS", "-p", "-x", &proxy, "-U", "alice:wonderland", &url]);
+    assert_eq!(out.stdout, PAGE);
+    // SOCKS5: username/password (RFC 1929).
+    let socks = format!("socks5h://alice:wonderland@{}", server.socks5);
+    let out = curl(&["-sS", "-x", &socks, &url]);
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+    let socks = format!("socks5h://alice:nope@{}", server.socks5);
+    let out = curl(&["-sS", "-x", &socks, &url]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn access_control_denies_unlisted_clients() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let server = start_server("access_control:\n  whitelist: [\"10.0.0.0/8\"]\n");
+    let out = curl(&["-sS", "-x", &format!("http://{}", server.http), &origin.url("/index.html")]);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    let server = start_server("access_control:\n  blacklist: [\"127.0.0.1\"]\n");
+    let out = curl(&["-sS", "--socks5", &server.socks5.to_string(), &origin.url("/index.html")]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn rate_limit_answers_429() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let server = start_server("rate_limit:\n  enabled: true\n  requests_per_second: 0.01\n  burst_size: 2\n  per_ip: true\n");
+    let proxy = format!("http://{}", server.http);
+    let codes: Vec<String> = (0..3)
+        .map(|_| {
+            let out = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", &proxy, &origin.url("/index.html")]);
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect();
+    assert_eq!(codes, ["200", "200", "429"]);
+}
+
+#[test]
+fn routes_to_upstream_http_proxy_and_socks5() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let Some(tinyproxy) = require("tinyproxy") else { return };
+    let Some(microsocks) = require("microsocks") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tp_port = free_port();
+    let tp_conf = dir.path().join("tinyproxy.conf");
+    std::fs::write(
+        &tp_conf,
+        format!("Port {tp_port}\nListen 127.0.0.1\nTimeout 60\nMaxClients 50\nAllow 127.0.0.1\nLogLevel Error\n"),
+    )
+    .expect("tinyproxy conf");
+    let _tp = start_peer(&tinyproxy, &["-d", "-c", tp_conf.to_str().expect("path")], tp_port);
+    let ms_port = free_port();
+    let ms_port_s = ms_port.to_string();
+    let _ms = start_peer(&microsocks, &["-i", "127.0.0.1", "-p", &ms_port_s, "-u", "bob", "-P", "builder"], ms_port);
+
+    let port = origin.port;
+    // Route by destination: IPv4 literal via tinyproxy, `localhost` via microsocks (with auth).
+    let server2 = start_server(&format!(
+        "backends:\n  - {{ name: tiny, type: httpproxy, http_proxy: {{ address: \"127.0.0.1:{tp_port}\" }} }}\n\
+         \x20 - {{ name: micro, type: socks5_proxy, socks5: {{ address: \"127.0.0.1:{ms_port}\", username: bob, password: builder }} }}\n\
+         routes:\n  - {{ name: v4, domains: [\"127.0.0.1\"], backend: tiny }}\n\
+         \x20 - {{ name: name, domains: [\"localhost\"], backend: micro }}\n"
+    ));
+    let proxy2 = format!("http://{}", server2.http);
+    let out = curl(&["-sS", "-x", &proxy2, &format!("http://127.0.0.1:{port}/index.html")]);
+    assert_eq!(out.stdout, PAGE, "via tinyproxy: {}", String::from_utf8_lossy(&out.stderr));
+    let out = curl(&["-sS", "-x", &proxy2, &format!("http://localhost:{port}/index.html")]);
+    assert_eq!(out.stdout, PAGE, "via microsocks: {}", String::from_utf8_lossy(&out.stderr));
+    let out = curl(&["-sS", "--socks5-hostname", &server2.socks5.to_string(), &format!("http://localhost:{port}/index.html")]);
+    assert_eq!(out.stdout, PAGE);
+    let backends_used = server2.api_get("/api/v1/stats");
+    assert!(backends_used["total_connections"].as_u64().unwrap_or(0) >= 3);
+}
+
+#[test]
+fn socks5_udp_associate_relays_datagrams() {
+    let server = start_server("");
+    let echo = UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let echo_addr = echo.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        for _ in 0..4 {
+            if let Ok((n, from)) = echo.recv_from(&mut buf) {
+                let _ = echo.send_to(&buf[..n], from);
+            }
+        }
+    });
+    let mut ctl = TcpStream::connect(server.socks5).expect("connect");
+    ctl.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    ctl.write_all(b"\x05\x01\x00").expect("greeting");
+    let mut sel = [0u8; 2];
+    ctl.read_exact(&mut sel).expect("method");
+    assert_eq!(sel, [5, 0]);
+    ctl.write_all(b"\x05\x03\x00\x01\x00\x00\x00\x00\x00\x00").expect("associate");
+    let mut rep = [0u8; 10];
+    ctl.read_exact(&mut rep).expect("reply");
+    assert_eq!(&rep[..4], &[5, 0, 0, 1]);
+    let relay = std::net::SocketAddr::from(([rep[4], rep[5], rep[6], rep[7]], u16::from_be_bytes([rep[8], rep[9]])));
+    let client = UdpSocket::bind("127.0.0.1:0").expect("udp");
+    client.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut dgram = vec![0, 0, 0, 1, 127, 0, 0, 1];
+    dgram.extend_from_slice(&echo_addr.port().to_be_bytes());
+    dgram.extend_from_slice(b"ping over udp");
+    client.send_to(&dgram, relay).expect("send");
+    let mut buf = [0u8; 2048];
+    let (n, _) = client.recv_from(&mut buf).expect("echo back through the relay");
+    assert_eq!(&buf[..10], &dgram[..10], "header names the echo server");
+    assert_eq!(&buf[10..n], b"ping over udp");
+}
+
+#[test]
+fn sighup_reloads_routes_without_dropping_tunnels() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let server = start_server("");
+    // A live CONNECT tunnel to nginx.
+    let mut tunnel = TcpStream::connect(server.http).expect("connect");
+    tunnel.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(tunnel, "CONNECT 127.0.0.1:{} HTTP/1.1\r\nHost: x\r\n\r\n", origin.port).expect("connect req");
+    let mut established = [0u8; 39];
+    tunnel.read_exact(&mut established).expect("established");
+    assert!(established.starts_with(b"HTTP/1.1 200"));
+
+    // New config: 127.0.0.1 is blacklisted and routes change.
+    let mut yaml = std::fs::read_to_string(&server.config_path).expect("config");
+    yaml.push_str("access_control:\n  blacklist: [\"127.0.0.1/32\"]\n");
+    std::fs::write(&server.config_path, yaml).expect("write config");
+    let status = std::process::Command::new("kill").args(["-HUP", &server.pid().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = curl(&["-sS", "-x", &format!("http://{}", server.http), &origin.url("/index.html")]);
+        if !out.status.success() {
+            break; // the new snapshot refuses us
+        }
+        assert!(std::time::Instant::now() < deadline, "reload did not take effect");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The old tunnel still works.
+    write!(tunnel, "GET /index.html HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").expect("request");
+    let mut resp = Vec::new();
+    let _ = tunnel.read_to_end(&mut resp);
+    assert!(resp.ends_with(PAGE), "{}", String::from_utf8_lossy(&resp));
+}

@@ -1,0 +1,251 @@
+//! Shared pieces of the end-to-end tests: starting the real `switchyard` binary on random ports,
+//! real peer programs (nginx, tinyproxy, microsocks) with their own config in a temp dir, and
+//! running real clients (curl). Every child is killed by PID when its guard drops.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
+
+/// A child process killed (by its PID) when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Finds an executable in PATH or the sbin directories.
+pub fn which(cmd: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/sbin", "/usr/local/sbin"])
+        .map(|d| Path::new(d).join(cmd))
+        .find(|p| p.is_file());
+    found
+}
+
+/// Returns the program's path, or prints why the test skips and returns None.
+/// Under CI (`CI` set) a missing program is a failure, never a skip.
+pub fn require(cmd: &str) -> Option<PathBuf> {
+    match which(cmd) {
+        Some(p) => Some(p),
+        None if std::env::var_os("CI").is_some() => panic!("{cmd} is required in CI (tests/run installs it)"),
+        None => {
+            eprintln!("SKIP: {cmd} is not installed (run tests/run as root to install it)");
+            None
+        }
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on 127.0.0.1:{port}");
+}
+
+/// A running `switchyard server` and the addresses it reported.
+pub struct Server {
+    pub proc: Proc,
+    pub http: SocketAddr,
+    pub socks5: SocketAddr,
+    pub api: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    pub logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// Starts the server with `extra_yaml` appended to a config that listens on port 0 everywhere
+/// (the server reports the ports it got in its JSON log).
+pub fn start_server(extra_yaml: &str) -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_path = dir.path().join("server.yaml");
+    let yaml = format!(
+        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
+         api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n{extra_yaml}"
+    );
+    std::fs::write(&config_path, yaml).expect("write config");
+    start_server_with_file(dir, config_path)
+}
+
+pub fn start_server_with_file(dir: tempfile::TempDir, config_path: PathBuf) -> Server {
+    let mut child = Command::new(BIN)
+        .args(["server", "--config"])
+        .arg(&config_path)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start switchyard");
+    let stderr = child.stderr.take().expect("stderr");
+    let proc = Proc { child, name: "switchyard".into() };
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let sink = logs.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                let msg = v["fields"]["message"].as_str().unwrap_or_default().to_owned();
+                if let Some(listen) = v["fields"]["listen"].as_str() {
+                    let _ = tx.send((msg, listen.to_owned()));
+                }
+            }
+            if let Ok(mut l) = sink.lock() {
+                l.push(line);
+            }
+        }
+    });
+    let (mut http, mut socks5, mut api) = (None, None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http.is_none() || socks5.is_none() || api.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((msg, listen)) = rx.recv_timeout(left) else {
+            let logs = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+            panic!("switchyard did not report its listeners; log:\n{logs}");
+        };
+        let addr: SocketAddr = listen.parse().expect("listen addr");
+        if msg.starts_with("HTTP proxy") {
+            http = Some(addr);
+        } else if msg.starts_with("SOCKS5") {
+            socks5 = Some(addr);
+        } else if msg.starts_with("management API") {
+            api = Some(addr);
+        }
+    }
+    let (Some(http), Some(socks5), Some(api)) = (http, socks5, api) else { unreachable!() };
+    Server { proc, http, socks5, api, dir, config_path, logs }
+}
+
+impl Server {
+    pub fn api_get(&self, path: &str) -> serde_json::Value {
+        let out = curl(&["-sS", "--max-time", "10", &format!("http://{}{}", self.api, path)]);
+        assert!(out.status.success(), "GET {path}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("GET {path}: not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.child.id()
+    }
+
+    /// Waits until `/api/v1/stats` shows `active_connections == 0`, returning the last value.
+    pub fn wait_idle(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let active = self.api_get("/api/v1/stats")["active_connections"].as_u64().unwrap_or(u64::MAX);
+            if active == 0 || Instant::now() > deadline {
+                return active;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+pub fn curl(args: &[&str]) -> Output {
+    Command::new("curl").args(args).output().expect("run curl")
+}
+
+/// nginx serving `files` from a temp dir on loopback, logging `$connection $connection_requests`.
+pub struct Nginx {
+    pub proc: Proc,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn start_nginx(files: &[(&str, &[u8])]) -> Option<Nginx> {
+    let nginx = require("nginx")?;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).expect("www");
+    for (name, body) in files {
+        std::fs::write(root.join(name), body).expect("file");
+    }
+    for attempt in 0..5 {
+        let port = free_port();
+        let d = dir.path().display();
+        let conf = format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n  log_format conn '$connection $connection_requests $request';\n  access_log {d}/access.log conn;\n\
+               client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fcgi;\n\
+               uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n  keepalive_requests 10000;\n\
+               server {{ listen 127.0.0.1:{port}; root {root}; \n\
+                 location /upload/ {{ dav_methods PUT; create_full_put_path on; client_max_body_size 100m; }}\n }}\n}}\n",
+            root = root.display()
+        );
+        let conf_path = dir.path().join(format!("nginx-{attempt}.conf"));
+        std::fs::write(&conf_path, conf).expect("nginx conf");
+        let child = Command::new(&nginx)
+            .arg("-c")
+            .arg(&conf_path)
+            .arg("-p")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nginx");
+        let proc = Proc { child, name: "nginx".into() };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(Nginx { proc, port, dir });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    panic!("nginx did not start");
+}
+
+impl Nginx {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// (connection id, requests on it) per access-log line.
+    pub fn access_log(&self) -> Vec<(u64, u64, String)> {
+        let text = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let mut it = l.splitn(3, ' ');
+                Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.to_owned()))
+            })
+            .collect()
+    }
+}
+
+/// Spawns a peer program with arguments, waiting until `port` accepts.
+pub fn start_peer(program: &Path, args: &[&str], port: u16) -> Proc {
+    let child = Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
+    let proc = Proc { child, name: program.display().to_string() };
+    wait_for_port(port);
+    proc
+}
