@@ -9,7 +9,8 @@ fn output(cmd: &str, args: &[&str]) -> Option<String> {
 }
 
 fn main() {
-    let commit = output("git", &["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let commit =
+        output("git", &["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let rustc_version = output(&rustc, &["--version"]).unwrap_or_else(|| "rustc unknown".into());
     let secs = std::time::SystemTime::now()

@@ -16,7 +16,9 @@ fn big_file() -> Vec<u8> {
 #[test]
 fn http_proxy_keeps_client_alive_and_pools_origin_connections() {
     let big = big_file();
-    let Some(origin) = start_nginx(&[("index.html", PAGE), ("big.bin", &big)]) else { return };
+    let Some(origin) = start_nginx(&[("index.html", PAGE), ("big.bin", &big)]) else {
+        return;
+    };
     let server = start_server("");
     let proxy = format!("http://{}", server.http);
     // 20 requests in one curl invocation: curl reuses one client connection.
@@ -26,18 +28,32 @@ fn http_proxy_keeps_client_alive_and_pools_origin_connections() {
         args.push(&url);
     }
     let out = curl(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(out.stdout, PAGE.repeat(20));
     let verbose = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(verbose.matches("Re-using existing connection").count(), 19, "{verbose}");
+    assert_eq!(
+        verbose.matches("Re-using existing connection").count(),
+        19,
+        "{verbose}"
+    );
 
     // The origin saw the requests on pooled keep-alive connections, not one per request.
     let log = origin.access_log();
     let index_lines: Vec<_> = log.iter().filter(|l| l.2.contains("/index.html")).collect();
     assert_eq!(index_lines.len(), 20);
     let connections: std::collections::HashSet<u64> = index_lines.iter().map(|l| l.0).collect();
-    assert!(connections.len() <= 2, "origin connections: {connections:?}");
-    assert!(index_lines.iter().any(|l| l.1 >= 10), "no connection carried many requests: {log:?}");
+    assert!(
+        connections.len() <= 2,
+        "origin connections: {connections:?}"
+    );
+    assert!(
+        index_lines.iter().any(|l| l.1 >= 10),
+        "no connection carried many requests: {log:?}"
+    );
 
     // A large body arrives intact (Content-Length framing through pooled buffers).
     let out = curl(&["-sS", "-x", &proxy, &origin.url("/big.bin")]);
@@ -46,13 +62,21 @@ fn http_proxy_keeps_client_alive_and_pools_origin_connections() {
     assert!(out.stdout == big);
 
     let stats = server.api_get("/api/v1/stats");
-    assert!(stats["bytes_sent"].as_u64().unwrap_or(0) >= big.len() as u64, "{stats}");
-    assert!(stats["total_connections"].as_u64().unwrap_or(0) >= 2, "{stats}");
+    assert!(
+        stats["bytes_sent"].as_u64().unwrap_or(0) >= big.len() as u64,
+        "{stats}"
+    );
+    assert!(
+        stats["total_connections"].as_u64().unwrap_or(0) >= 2,
+        "{stats}"
+    );
 }
 
 #[test]
 fn request_bodies_content_length_and_chunked() {
-    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
     let server = start_server("");
     let proxy = format!("http://{}", server.http);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -61,29 +85,57 @@ fn request_bodies_content_length_and_chunked() {
     // PUT with Content-Length, then with a chunked body; nginx (DAV) stores them and the
     // stored files must equal what was sent.
     let sent = std::fs::read(&file).expect("read");
-    for (name, extra) in [("fixed", None), ("chunked", Some("Transfer-Encoding: chunked"))] {
+    for (name, extra) in [
+        ("fixed", None),
+        ("chunked", Some("Transfer-Encoding: chunked")),
+    ] {
         let url = origin.url(&format!("/upload/{name}"));
-        let mut args = vec!["-sS", "-f", "-x", &proxy, "-T", file.to_str().expect("path"), &url];
+        let mut args = vec![
+            "-sS",
+            "-f",
+            "-x",
+            &proxy,
+            "-T",
+            file.to_str().expect("path"),
+            &url,
+        ];
         if let Some(h) = extra {
             args.extend(["-H", h]);
         }
         let out = curl(&args);
-        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
-        let stored = std::fs::read(origin.dir.path().join("www/upload").join(name)).expect("stored");
-        assert!(stored == sent, "{name}: stored {} bytes, sent {}", stored.len(), sent.len());
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stored =
+            std::fs::read(origin.dir.path().join("www/upload").join(name)).expect("stored");
+        assert!(
+            stored == sent,
+            "{name}: stored {} bytes, sent {}",
+            stored.len(),
+            sent.len()
+        );
     }
 }
 
 #[test]
 fn connect_tunnel_and_socks5_reach_the_origin() {
-    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
     let server = start_server("");
     let url = format!("http://localhost:{}/index.html", origin.port);
     let out = curl(&["-sS", "-p", "-x", &format!("http://{}", server.http), &url]);
     assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
     let out = curl(&["-sS", "--socks5-hostname", &server.socks5.to_string(), &url]);
     assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
-    let out = curl(&["-sS", "--socks5", &server.socks5.to_string(), &origin.url("/index.html")]);
+    let out = curl(&[
+        "-sS",
+        "--socks5",
+        &server.socks5.to_string(),
+        &origin.url("/index.html"),
+    ]);
     assert_eq!(out.stdout, PAGE);
     assert_eq!(server.wait_idle(), 0);
 }
@@ -93,22 +145,48 @@ fn errors_name_the_problem() {
     let server = start_server("");
     let proxy = format!("http://{}", server.http);
     let dead = free_port();
-    let out = curl(&["-sS", "-x", &proxy, "-w", "%{http_code}", &format!("http://127.0.0.1:{dead}/")]);
+    let out = curl(&[
+        "-sS",
+        "-x",
+        &proxy,
+        "-w",
+        "%{http_code}",
+        &format!("http://127.0.0.1:{dead}/"),
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.ends_with("502") && text.contains("refused"), "{text}");
-    let out = curl(&["-sS", "-x", &proxy, "-w", "%{http_code}", "http://no-such-host.invalid/"]);
+    let out = curl(&[
+        "-sS",
+        "-x",
+        &proxy,
+        "-w",
+        "%{http_code}",
+        "http://no-such-host.invalid/",
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.ends_with("502") && text.contains("no-such-host.invalid"), "{text}");
+    assert!(
+        text.ends_with("502") && text.contains("no-such-host.invalid"),
+        "{text}"
+    );
     // SOCKS5: connection refused is reply 5, which curl reports as such.
-    let out = curl(&["-sS", "--socks5", &server.socks5.to_string(), &format!("http://127.0.0.1:{dead}/")]);
+    let out = curl(&[
+        "-sS",
+        "--socks5",
+        &server.socks5.to_string(),
+        &format!("http://127.0.0.1:{dead}/"),
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
-    assert!(err.contains("(5)"), "reply 5 (connection refused) expected: {err}");
+    assert!(
+        err.contains("(5)"),
+        "reply 5 (connection refused) expected: {err}"
+    );
 }
 
 fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let _ = s.write_all(request);
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
@@ -119,20 +197,37 @@ fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> Vec<u8> {
 fn bad_input_gets_the_right_answer_and_leaks_nothing() {
     let server = start_server("");
     let r = raw_exchange(server.http, b"NOT A REQUEST\r\n\r\n");
-    assert!(r.starts_with(b"HTTP/1.1 400"), "{}", String::from_utf8_lossy(&r));
-    let huge = format!("GET http://127.0.0.1/ HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(70_000));
+    assert!(
+        r.starts_with(b"HTTP/1.1 400"),
+        "{}",
+        String::from_utf8_lossy(&r)
+    );
+    let huge = format!(
+        "GET http://127.0.0.1/ HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(70_000)
+    );
     let r = raw_exchange(server.http, huge.as_bytes());
-    assert!(r.starts_with(b"HTTP/1.1 431"), "{}", String::from_utf8_lossy(&r[..r.len().min(100)]));
+    assert!(
+        r.starts_with(b"HTTP/1.1 431"),
+        "{}",
+        String::from_utf8_lossy(&r[..r.len().min(100)])
+    );
     let r = raw_exchange(server.http, b"GET /relative HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(r.starts_with(b"HTTP/1.1 400"));
     // SOCKS4 greeting to the SOCKS5 port: closed without a reply.
     assert!(raw_exchange(server.socks5, b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00").is_empty());
     // BIND: "command not supported" (7).
-    let r = raw_exchange(server.socks5, b"\x05\x01\x00\x05\x02\x00\x01\x7f\x00\x00\x01\x00\x50");
+    let r = raw_exchange(
+        server.socks5,
+        b"\x05\x01\x00\x05\x02\x00\x01\x7f\x00\x00\x01\x00\x50",
+    );
     assert_eq!(&r[..2], b"\x05\x00");
     assert_eq!(r.get(3), Some(&7), "{r:?}");
     // Unknown address type: 8.
-    let r = raw_exchange(server.socks5, b"\x05\x01\x00\x05\x01\x00\x09\x7f\x00\x00\x01\x00\x50");
+    let r = raw_exchange(
+        server.socks5,
+        b"\x05\x01\x00\x05\x01\x00\x09\x7f\x00\x00\x01\x00\x50",
+    );
     assert_eq!(r.get(3), Some(&8), "{r:?}");
 
     // 1,000 bad connections of several kinds, some half-sent and abandoned.
@@ -145,8 +240,14 @@ fn bad_input_gets_the_right_answer_and_leaks_nothing() {
     ];
     let mut held = Vec::new();
     for i in 0..1000 {
-        let target = if i % 2 == 0 { server.http } else { server.socks5 };
-        let Ok(mut s) = TcpStream::connect(target) else { continue };
+        let target = if i % 2 == 0 {
+            server.http
+        } else {
+            server.socks5
+        };
+        let Ok(mut s) = TcpStream::connect(target) else {
+            continue;
+        };
         let _ = s.write_all(garbage[i % garbage.len()]);
         if i % 3 == 0 {
             let _ = s.shutdown(Shutdown::Both);
@@ -174,11 +275,17 @@ fn slow_headers_are_cut_off() {
     .expect("write");
     let server = start_server_with_file(dir, path);
     let mut s = TcpStream::connect(server.http).expect("connect");
-    s.write_all(b"GET http://127.0.0.1/ HTTP/1.1\r\n").expect("write");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s.write_all(b"GET http://127.0.0.1/ HTTP/1.1\r\n")
+        .expect("write");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
-    assert!(out.starts_with(b"HTTP/1.1 408"), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        out.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
 }
 
 fn alice_config() -> String {
@@ -188,16 +295,38 @@ fn alice_config() -> String {
 
 #[test]
 fn proxy_authentication_native_users() {
-    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
     let server = start_server(&alice_config());
     let proxy = format!("http://{}", server.http);
     let url = origin.url("/index.html");
-    let out = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", &proxy, &url]);
+    let out = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-x",
+        &proxy,
+        &url,
+    ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
     let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
     let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
     assert!(head.contains("proxy-authenticate: basic"), "{head}");
-    let out = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", &proxy, "-U", "alice:wrong", &url]);
+    let out = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-x",
+        &proxy,
+        "-U",
+        "alice:wrong",
+        &url,
+    ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
     let out = curl(&["-sS", "-x", &proxy, "-U", "alice:wonderland", &url]);
     assert_eq!(out.stdout, PAGE);
@@ -215,24 +344,47 @@ fn proxy_authentication_native_users() {
 
 #[test]
 fn access_control_denies_unlisted_clients() {
-    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
     let server = start_server("access_control:\n  whitelist: [\"10.0.0.0/8\"]\n");
-    let out = curl(&["-sS", "-x", &format!("http://{}", server.http), &origin.url("/index.html")]);
+    let out = curl(&[
+        "-sS",
+        "-x",
+        &format!("http://{}", server.http),
+        &origin.url("/index.html"),
+    ]);
     assert!(!out.status.success());
     assert!(out.stdout.is_empty());
     let server = start_server("access_control:\n  blacklist: [\"127.0.0.1\"]\n");
-    let out = curl(&["-sS", "--socks5", &server.socks5.to_string(), &origin.url("/index.html")]);
+    let out = curl(&[
+        "-sS",
+        "--socks5",
+        &server.socks5.to_string(),
+        &origin.url("/index.html"),
+    ]);
     assert!(!out.status.success());
 }
 
 #[test]
 fn rate_limit_answers_429() {
-    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
     let server = start_server("rate_limit:\n  enabled: true\n  requests_per_second: 0.01\n  burst_size: 2\n  per_ip: true\n");
     let proxy = format!("http://{}", server.http);
     let codes: Vec<String> = (0..3)
         .map(|_| {
-            let out = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", &proxy, &origin.url("/index.html")]);
+            let out = curl(&[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-x",
+                &proxy,
+                &origin.url("/index.html"),
+            ]);
             String::from_utf8_lossy(&out.stdout).into_owned()
         })
         .collect();
@@ -241,9 +393,15 @@ fn rate_limit_answers_429() {
 
 #[test]
 fn routes_to_upstream_http_proxy_and_socks5() {
-    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
-    let Some(tinyproxy) = require("tinyproxy") else { return };
-    let Some(microsocks) = require("microsocks") else { return };
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let Some(tinyproxy) = require("tinyproxy") else {
+        return;
+    };
+    let Some(microsocks) = require("microsocks") else {
+        return;
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let tp_port = free_port();
     let tp_conf = dir.path().join("tinyproxy.conf");
@@ -252,10 +410,27 @@ fn routes_to_upstream_http_proxy_and_socks5() {
         format!("Port {tp_port}\nListen 127.0.0.1\nTimeout 60\nMaxClients 50\nAllow 127.0.0.1\nLogLevel Error\n"),
     )
     .expect("tinyproxy conf");
-    let _tp = start_peer(&tinyproxy, &["-d", "-c", tp_conf.to_str().expect("path")], tp_port);
+    let _tp = start_peer(
+        &tinyproxy,
+        &["-d", "-c", tp_conf.to_str().expect("path")],
+        tp_port,
+    );
     let ms_port = free_port();
     let ms_port_s = ms_port.to_string();
-    let _ms = start_peer(&microsocks, &["-i", "127.0.0.1", "-p", &ms_port_s, "-u", "bob", "-P", "builder"], ms_port);
+    let _ms = start_peer(
+        &microsocks,
+        &[
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &ms_port_s,
+            "-u",
+            "bob",
+            "-P",
+            "builder",
+        ],
+        ms_port,
+    );
 
     let port = origin.port;
     // Route by destination: IPv4 literal via tinyproxy, `localhost` via microsocks (with auth).
@@ -266,11 +441,36 @@ fn routes_to_upstream_http_proxy_and_socks5() {
          \x20 - {{ name: name, domains: [\"localhost\"], backend: micro }}\n"
     ));
     let proxy2 = format!("http://{}", server2.http);
-    let out = curl(&["-sS", "-x", &proxy2, &format!("http://127.0.0.1:{port}/index.html")]);
-    assert_eq!(out.stdout, PAGE, "via tinyproxy: {}", String::from_utf8_lossy(&out.stderr));
-    let out = curl(&["-sS", "-x", &proxy2, &format!("http://localhost:{port}/index.html")]);
-    assert_eq!(out.stdout, PAGE, "via microsocks: {}", String::from_utf8_lossy(&out.stderr));
-    let out = curl(&["-sS", "--socks5-hostname", &server2.socks5.to_string(), &format!("http://localhost:{port}/index.html")]);
+    let out = curl(&[
+        "-sS",
+        "-x",
+        &proxy2,
+        &format!("http://127.0.0.1:{port}/index.html"),
+    ]);
+    assert_eq!(
+        out.stdout,
+        PAGE,
+        "via tinyproxy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = curl(&[
+        "-sS",
+        "-x",
+        &proxy2,
+        &format!("http://localhost:{port}/index.html"),
+    ]);
+    assert_eq!(
+        out.stdout,
+        PAGE,
+        "via microsocks: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = curl(&[
+        "-sS",
+        "--socks5-hostname",
+        &server2.socks5.to_string(),
+        &format!("http://localhost:{port}/index.html"),
+    ]);
     assert_eq!(out.stdout, PAGE);
     let backends_used = server2.api_get("/api/v1/stats");
     assert!(backends_used["total_connections"].as_u64().unwrap_or(0) >= 3);
@@ -290,36 +490,54 @@ fn socks5_udp_associate_relays_datagrams() {
         }
     });
     let mut ctl = TcpStream::connect(server.socks5).expect("connect");
-    ctl.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    ctl.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     ctl.write_all(b"\x05\x01\x00").expect("greeting");
     let mut sel = [0u8; 2];
     ctl.read_exact(&mut sel).expect("method");
     assert_eq!(sel, [5, 0]);
-    ctl.write_all(b"\x05\x03\x00\x01\x00\x00\x00\x00\x00\x00").expect("associate");
+    ctl.write_all(b"\x05\x03\x00\x01\x00\x00\x00\x00\x00\x00")
+        .expect("associate");
     let mut rep = [0u8; 10];
     ctl.read_exact(&mut rep).expect("reply");
     assert_eq!(&rep[..4], &[5, 0, 0, 1]);
-    let relay = std::net::SocketAddr::from(([rep[4], rep[5], rep[6], rep[7]], u16::from_be_bytes([rep[8], rep[9]])));
+    let relay = std::net::SocketAddr::from((
+        [rep[4], rep[5], rep[6], rep[7]],
+        u16::from_be_bytes([rep[8], rep[9]]),
+    ));
     let client = UdpSocket::bind("127.0.0.1:0").expect("udp");
-    client.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     let mut dgram = vec![0, 0, 0, 1, 127, 0, 0, 1];
     dgram.extend_from_slice(&echo_addr.port().to_be_bytes());
     dgram.extend_from_slice(b"ping over udp");
     client.send_to(&dgram, relay).expect("send");
     let mut buf = [0u8; 2048];
-    let (n, _) = client.recv_from(&mut buf).expect("echo back through the relay");
+    let (n, _) = client
+        .recv_from(&mut buf)
+        .expect("echo back through the relay");
     assert_eq!(&buf[..10], &dgram[..10], "header names the echo server");
     assert_eq!(&buf[10..n], b"ping over udp");
 }
 
 #[test]
 fn sighup_reloads_routes_without_dropping_tunnels() {
-    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else { return };
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
     let server = start_server("");
     // A live CONNECT tunnel to nginx.
     let mut tunnel = TcpStream::connect(server.http).expect("connect");
-    tunnel.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(tunnel, "CONNECT 127.0.0.1:{} HTTP/1.1\r\nHost: x\r\n\r\n", origin.port).expect("connect req");
+    tunnel
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        tunnel,
+        "CONNECT 127.0.0.1:{} HTTP/1.1\r\nHost: x\r\n\r\n",
+        origin.port
+    )
+    .expect("connect req");
     let mut established = [0u8; 39];
     tunnel.read_exact(&mut established).expect("established");
     assert!(established.starts_with(b"HTTP/1.1 200"));
@@ -328,20 +546,111 @@ fn sighup_reloads_routes_without_dropping_tunnels() {
     let mut yaml = std::fs::read_to_string(&server.config_path).expect("config");
     yaml.push_str("access_control:\n  blacklist: [\"127.0.0.1/32\"]\n");
     std::fs::write(&server.config_path, yaml).expect("write config");
-    let status = std::process::Command::new("kill").args(["-HUP", &server.pid().to_string()]).status().expect("kill");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &server.pid().to_string()])
+        .status()
+        .expect("kill");
     assert!(status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let out = curl(&["-sS", "-x", &format!("http://{}", server.http), &origin.url("/index.html")]);
+        let out = curl(&[
+            "-sS",
+            "-x",
+            &format!("http://{}", server.http),
+            &origin.url("/index.html"),
+        ]);
         if !out.status.success() {
             break; // the new snapshot refuses us
         }
-        assert!(std::time::Instant::now() < deadline, "reload did not take effect");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "reload did not take effect"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // The old tunnel still works.
-    write!(tunnel, "GET /index.html HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").expect("request");
+    write!(
+        tunnel,
+        "GET /index.html HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
     let mut resp = Vec::new();
     let _ = tunnel.read_to_end(&mut resp);
     assert!(resp.ends_with(PAGE), "{}", String::from_utf8_lossy(&resp));
+}
+
+#[test]
+fn pac_file_follows_the_route_table() {
+    let upstream = free_port();
+    let server = start_server(&format!(
+        "backends:\n  - {{ name: direct, type: direct }}\n\
+         \x20 - {{ name: up, type: httpproxy, http_proxy: {{ address: \"127.0.0.1:{upstream}\" }} }}\n\
+         routes:\n  - {{ name: streaming, domains: [\"*.video.test\", \"cdn*.media.test\"], backend: up, priority: 10 }}\n\
+         \x20 - {{ name: exception, domains: [\"direct.video.test\"], backend: direct, priority: 20 }}\n\
+         \x20 - {{ name: exact, domains: [\"exact.test\"], backends: [up], priority: 5 }}\n\
+         \x20 - {{ name: off, domains: [\"off.test\"], backend: up, enabled: false }}\n\
+         \x20 - {{ name: rest, domains: [\"*\"], backend: direct }}\n"
+    ));
+    let out = curl(&[
+        "-sS",
+        "-D",
+        "-",
+        &format!("http://{}/proxy.pac", server.api),
+    ]);
+    let response = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, script) = response.split_once("\r\n\r\n").expect("head and body");
+    assert!(
+        head.to_lowercase()
+            .contains("content-type: application/x-ns-proxy-autoconfig"),
+        "{head}"
+    );
+    let wpad = curl(&["-sS", &format!("http://{}/wpad.dat", server.api)]);
+    assert_eq!(String::from_utf8_lossy(&wpad.stdout), script);
+
+    let hosts = [
+        "a.video.test",
+        "x.y.video.test",
+        "video.test",
+        "direct.video.test",
+        "cdn7.media.test",
+        "cdn.media.test",
+        "img.media.test",
+        "exact.test",
+        "sub.exact.test",
+        "off.test",
+        "other.org",
+        "EXACT.TEST",
+        "a.video.test.",
+    ];
+    let jobs: Vec<(&str, &str)> = hosts.iter().map(|h| (script, *h)).collect();
+    let results = match switchyard_proto::pac::eval_pac_with_node(&jobs) {
+        Ok(r) => r,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("SKIP: node is needed to evaluate the PAC file: {e}");
+            return;
+        }
+        Err(e) => panic!("node: {e}"),
+    };
+    let proxy = format!("PROXY {}:{}; DIRECT", server.api.ip(), server.http.port());
+    let expected = [
+        true, true, false, false, true, true, false, true, false, false, false, true, true,
+    ];
+    for ((host, got), via_proxy) in hosts.iter().zip(&results).zip(expected) {
+        let want = if via_proxy { proxy.as_str() } else { "DIRECT" };
+        assert_eq!(got, want, "host {host}");
+        // The data plane routes the same way: non-direct hosts go to the (dead) upstream proxy,
+        // direct ones try to resolve the test name.
+        let out = curl(&[
+            "-sS",
+            "-x",
+            &format!("http://{}", server.http),
+            &format!("http://{host}/"),
+        ]);
+        let body = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            body.contains(&format!("127.0.0.1:{upstream}")),
+            via_proxy,
+            "host {host}: {body}"
+        );
+    }
 }

@@ -15,7 +15,9 @@ pub fn init(cfg: &LoggingConfig) -> anyhow::Result<()> {
                 .append(true)
                 .open(path)
                 .with_context(|| format!("opening log file {path}"))?;
-            let b = builder.with_writer(std::sync::Mutex::new(file)).with_ansi(false);
+            let b = builder
+                .with_writer(std::sync::Mutex::new(file))
+                .with_ansi(false);
             match format {
                 LogFormat::Json => b.json().try_init(),
                 LogFormat::Text => b.try_init(),

@@ -15,7 +15,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "switchyard", version, about = "Forward proxy gateway for appliances and edge boxes")]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Forward proxy gateway for appliances and edge boxes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

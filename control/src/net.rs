@@ -6,7 +6,8 @@ use switchyard_config::ListenAddr;
 use switchyard_dataplane::engine::ListenSpec;
 
 pub fn parse(what: &str, s: &str) -> anyhow::Result<ListenAddr> {
-    switchyard_config::parse_listen(s).map_err(|e| anyhow::anyhow!("{what} listen address {s:?}: {}", e.reason))
+    switchyard_config::parse_listen(s)
+        .map_err(|e| anyhow::anyhow!("{what} listen address {s:?}: {}", e.reason))
 }
 
 pub fn spec(addr: &ListenAddr) -> ListenSpec {
@@ -21,8 +22,14 @@ pub fn bind_tokio(addr: &ListenAddr) -> anyhow::Result<tokio::net::TcpListener> 
     let candidates: Vec<(SocketAddr, bool)> = match addr.host {
         Some(ip) => vec![(SocketAddr::new(ip, addr.port), false)],
         None => vec![
-            (SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), addr.port), true),
-            (SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port), false),
+            (
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), addr.port),
+                true,
+            ),
+            (
+                SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port),
+                false,
+            ),
         ],
     };
     let mut last = None;

@@ -34,7 +34,8 @@ pub fn rules(cfg: &ServerConfig) -> Vec<PacRule> {
 fn proxy_address(cfg: &ServerConfig, headers: &HeaderMap, proxy_port: u16) -> Option<String> {
     if let Some(p) = &cfg.server.pac.proxy_host {
         return Some(
-            switchyard_proto::pac::normalize_proxy(p).unwrap_or_else(|_| format!("{p}:{proxy_port}")),
+            switchyard_proto::pac::normalize_proxy(p)
+                .unwrap_or_else(|_| format!("{p}:{proxy_port}")),
         );
     }
     let host = headers.get(header::HOST)?.to_str().ok()?;
@@ -49,10 +50,18 @@ pub async fn serve(State(state): State<Arc<ServerState>>, headers: HeaderMap) ->
     let cfg = state.config.load();
     let port = state.http_addr.map(|a| a.port()).unwrap_or(7080);
     let Some(proxy) = proxy_address(&cfg, &headers, port) else {
-        return (StatusCode::BAD_REQUEST, "no Host header and no server.pac.proxy_host configured\n").into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            "no Host header and no server.pac.proxy_host configured\n",
+        )
+            .into_response();
     };
     match try_generate_pac(&rules(&cfg), &proxy) {
-        Ok(script) => ([(header::CONTENT_TYPE, "application/x-ns-proxy-autoconfig")], script).into_response(),
+        Ok(script) => (
+            [(header::CONTENT_TYPE, "application/x-ns-proxy-autoconfig")],
+            script,
+        )
+            .into_response(),
         Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     }
 }
@@ -67,13 +76,22 @@ mod tests {
         let mut cfg = ServerConfig::default();
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("gw.lan:7082"));
-        assert_eq!(proxy_address(&cfg, &h, 7080).as_deref(), Some("gw.lan:7080"));
+        assert_eq!(
+            proxy_address(&cfg, &h, 7080).as_deref(),
+            Some("gw.lan:7080")
+        );
         h.insert(header::HOST, HeaderValue::from_static("[::1]:7082"));
         assert_eq!(proxy_address(&cfg, &h, 7080).as_deref(), Some("[::1]:7080"));
         cfg.server.pac.proxy_host = Some("proxy.lan".into());
-        assert_eq!(proxy_address(&cfg, &h, 7080).as_deref(), Some("proxy.lan:7080"));
+        assert_eq!(
+            proxy_address(&cfg, &h, 7080).as_deref(),
+            Some("proxy.lan:7080")
+        );
         cfg.server.pac.proxy_host = Some("proxy.lan:3128".into());
-        assert_eq!(proxy_address(&cfg, &h, 7080).as_deref(), Some("proxy.lan:3128"));
+        assert_eq!(
+            proxy_address(&cfg, &h, 7080).as_deref(),
+            Some("proxy.lan:3128")
+        );
     }
 
     #[test]

@@ -62,13 +62,21 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let http = cfg.server.http.listen.as_str();
     let http_listen = crate::net::parse("server.http", http)?;
     let socks_listen = if cfg.server.socks5.enabled {
-        Some(crate::net::parse("server.socks5", &cfg.server.socks5.listen)?)
+        Some(crate::net::parse(
+            "server.socks5",
+            &cfg.server.socks5.listen,
+        )?)
     } else {
         None
     };
     let cores_wanted = cfg.server.cores;
-    let probe_cores = if cores_wanted == 0 { num_cpus() } else { cores_wanted };
-    let snapshot = Snapshot::compile(&cfg, None, probe_cores).context("compiling the configuration")?;
+    let probe_cores = if cores_wanted == 0 {
+        num_cpus()
+    } else {
+        cores_wanted
+    };
+    let snapshot =
+        Snapshot::compile(&cfg, None, probe_cores).context("compiling the configuration")?;
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let dataplane = Dataplane::start(
         snapshot.clone(),
@@ -103,9 +111,12 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             let listener = crate::net::bind_tokio(&listen)?;
             tracing::info!(listen = %listener.local_addr()?, "management API listening");
             let app = crate::api::router(state.clone(), cfg.api.token.clone());
-            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-                .await
-                .context("management API server")?;
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+            .context("management API server")?;
         } else {
             tracing::info!("management API disabled (api.enabled: false)");
             std::future::pending::<()>().await;
@@ -129,17 +140,32 @@ async fn drain_events(state: Arc<ServerState>) {
         tick.tick().await;
         while let Some(event) = state.events.pop() {
             match event {
-                Event::ConnectionNew { protocol, host, backend, client } => {
+                Event::ConnectionNew {
+                    protocol,
+                    host,
+                    backend,
+                    client,
+                } => {
                     tracing::debug!(protocol = protocol.as_str(), %host, %backend, %client, "connection.new")
                 }
-                Event::ConnectionClose { protocol, host, backend, client, bytes_sent, bytes_received } => {
+                Event::ConnectionClose {
+                    protocol,
+                    host,
+                    backend,
+                    client,
+                    bytes_sent,
+                    bytes_received,
+                } => {
                     tracing::debug!(protocol = protocol.as_str(), %host, %backend, %client, bytes_sent, bytes_received, "connection.close")
                 }
             }
         }
         let dropped = state.events.dropped();
         if dropped > reported_drops {
-            tracing::warn!(dropped = dropped - reported_drops, "data-plane events dropped (queue full)");
+            tracing::warn!(
+                dropped = dropped - reported_drops,
+                "data-plane events dropped (queue full)"
+            );
             reported_drops = dropped;
         }
     }
@@ -154,7 +180,10 @@ pub struct ReloadOutcome {
 /// Re-reads the file and applies the hot-reloadable sections by publishing a new snapshot; live
 /// connections keep the snapshot they started with.
 pub fn reload(state: &ServerState) -> anyhow::Result<ReloadOutcome> {
-    let path = state.config_path.as_ref().context("the server runs on built-in defaults (no --config file to reload)")?;
+    let path = state
+        .config_path
+        .as_ref()
+        .context("the server runs on built-in defaults (no --config file to reload)")?;
     let new = load(Some(path))?;
     let running = state.config.load_full();
     let changed = switchyard_config::changed_sections(&running, &new);
@@ -171,7 +200,10 @@ pub fn reload(state: &ServerState) -> anyhow::Result<ReloadOutcome> {
     let snapshot = Snapshot::compile(&effective, Some(&old_snapshot), state.cores)?;
     state.snapshot.store(Arc::new(snapshot));
     state.config.store(Arc::new(effective));
-    Ok(ReloadOutcome { changed_sections: changed, restart_required })
+    Ok(ReloadOutcome {
+        changed_sections: changed,
+        restart_required,
+    })
 }
 
 async fn reload_on_hangup(state: Arc<ServerState>) {
@@ -186,7 +218,9 @@ async fn reload_on_hangup(state: Arc<ServerState>) {
                 restart_required = ?o.restart_required,
                 "configuration reloaded (SIGHUP)"
             ),
-            Err(e) => tracing::error!(error = %format!("{e:#}"), "reload failed; the running configuration stays"),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "reload failed; the running configuration stays")
+            }
         }
     }
 }

@@ -168,9 +168,11 @@ pub async fn race_connect(
             Some(Some(Err(e))) => {
                 last_error = Some(classify(target, e));
                 if attempts.is_empty() && !more {
-                    return Err(last_error.unwrap_or_else(|| DataplaneError::ConnectTimeout {
-                        target: target.to_owned(),
-                    }));
+                    return Err(
+                        last_error.unwrap_or_else(|| DataplaneError::ConnectTimeout {
+                            target: target.to_owned(),
+                        }),
+                    );
                 }
             }
             // The stagger delay passed (or the deadline): start the next address.
@@ -225,7 +227,10 @@ async fn http_connect(
             Ok(Some((head, used))) => {
                 if !(200..300).contains(&head.status) {
                     return Err(fail(
-                        format!("CONNECT {authority} answered {} {}", head.status, head.reason),
+                        format!(
+                            "CONNECT {authority} answered {} {}",
+                            head.status, head.reason
+                        ),
                         head.status == 502 || head.status == 503,
                     ));
                 }
@@ -298,7 +303,8 @@ async fn socks5_connect(
         (0, _) => {}
         (2, Some((user, pass))) => {
             out.clear();
-            socks5::encode_userpass(user, pass, &mut out).map_err(|e| fail(e.to_string(), false))?;
+            socks5::encode_userpass(user, pass, &mut out)
+                .map_err(|e| fail(e.to_string(), false))?;
             stream
                 .write_all(&out)
                 .await
@@ -326,7 +332,6 @@ async fn socks5_connect(
     let (code, _bound) = read_until(&mut stream, &mut buf, socks5::parse_reply)
         .await
         .map_err(|e| fail(e, false))?;
-    let code = code as u8;
     if code != 0 {
         return Err(fail(
             format!("CONNECT {host}:{port} failed with reply {code}"),

@@ -70,7 +70,7 @@ impl Counters {
         // A connection may open on one core's count and close on... the same core: it never
         // migrates, so the sum is exact; clamp anyway in case of a torn read.
         t.active_connections = active.max(0) as u64;
-        t.latency_ms = if n == 0 { 0 } else { lat / n / 1000 };
+        t.latency_ms = lat.checked_div(n).map_or(0, |us| us / 1000);
         t
     }
 }

@@ -61,7 +61,10 @@ pub(crate) struct CoreContext {
 fn listen_socket(spec: ListenSpec, port: u16) -> std::io::Result<Socket> {
     let (addr, dual) = match spec.ip {
         Some(ip) => (SocketAddr::new(ip, port), false),
-        None => (SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port), true),
+        None => (
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+            true,
+        ),
     };
     let make = |addr: SocketAddr, dual: bool| -> std::io::Result<Socket> {
         let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -85,7 +88,10 @@ fn listen_socket(spec: ListenSpec, port: u16) -> std::io::Result<Socket> {
 }
 
 /// One socket per core, all on the same port (the first one picks it when `port` is 0).
-fn bind_per_core(spec: ListenSpec, cores: usize) -> Result<(Vec<Socket>, SocketAddr), DataplaneError> {
+fn bind_per_core(
+    spec: ListenSpec,
+    cores: usize,
+) -> Result<(Vec<Socket>, SocketAddr), DataplaneError> {
     let describe = |e: std::io::Error| {
         DataplaneError::Start(format!(
             "cannot listen on {}:{}: {e}",
@@ -138,8 +144,14 @@ impl Dataplane {
 
         let mut threads = Vec::new();
         for (index, &cpu) in cores.iter().enumerate() {
-            let http_fd = http.as_mut().and_then(|(s, _)| s.pop()).map(|s| s.into_raw_fd());
-            let socks_fd = socks.as_mut().and_then(|(s, _)| s.pop()).map(|s| s.into_raw_fd());
+            let http_fd = http
+                .as_mut()
+                .and_then(|(s, _)| s.pop())
+                .map(|s| s.into_raw_fd());
+            let socks_fd = socks
+                .as_mut()
+                .and_then(|(s, _)| s.pop())
+                .map(|s| s.into_raw_fd());
             let ctx = (
                 snapshot.clone(),
                 counters.clone(),
@@ -188,7 +200,9 @@ impl Dataplane {
                         t.await;
                     }
                 })
-                .map_err(|e| DataplaneError::Start(format!("glommio executor on cpu {cpu}: {e}")))?;
+                .map_err(|e| {
+                    DataplaneError::Start(format!("glommio executor on cpu {cpu}: {e}"))
+                })?;
             threads.push(std::thread::spawn(move || {
                 if let Err(e) = handle.join() {
                     tracing::error!(error = %e, "data-plane core stopped");

@@ -24,7 +24,11 @@ pub enum DataplaneError {
     #[error("connection to {target} timed out")]
     ConnectTimeout { target: String },
     #[error("upstream proxy {proxy} failed: {reason}")]
-    UpstreamProxy { proxy: String, reason: String, refused: bool },
+    UpstreamProxy {
+        proxy: String,
+        reason: String,
+        refused: bool,
+    },
     #[error("backend {0} is not available in this build")]
     BackendUnavailable(String),
     #[error("no route for {0}")]

@@ -78,7 +78,9 @@ async fn read_head<T>(
             }
         }
     };
-    with_timeout(timeout, work).await.unwrap_or(HeadRead::TimedOut)
+    with_timeout(timeout, work)
+        .await
+        .unwrap_or(HeadRead::TimedOut)
 }
 
 /// How a relayed body ended.
@@ -181,7 +183,14 @@ async fn relay_body(
     }
 }
 
-async fn reply(client: &RefCell<TcpStream>, status: u16, reason: &str, extra: &[(&str, &str)], body: &str, close: bool) {
+async fn reply(
+    client: &RefCell<TcpStream>,
+    status: u16,
+    reason: &str,
+    extra: &[(&str, &str)],
+    body: &str,
+    close: bool,
+) {
     let bytes = http1::simple_response(status, reason, extra, body, close);
     let _ = tunnel::write_all(client, &bytes).await;
 }
@@ -218,15 +227,13 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
         // within the header timeout (slow-header protection).
         if !first && carry.is_empty() {
             let wait = with_timeout(snapshot.timeouts.idle, async {
-                loop {
-                    match tunnel::read_pooled(&client).await {
-                        Ok((buf, n)) => {
-                            carry.extend_from_slice(&buf[..n]);
-                            crate::buffer_pool::give(buf);
-                            return n > 0;
-                        }
-                        Err(_) => return false,
+                match tunnel::read_pooled(&client).await {
+                    Ok((buf, n)) => {
+                        carry.extend_from_slice(&buf[..n]);
+                        crate::buffer_pool::give(buf);
+                        n > 0
                     }
+                    Err(_) => false,
                 }
             })
             .await;
@@ -247,21 +254,42 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             HeadRead::Head(h) => h,
             HeadRead::Closed | HeadRead::Io => break,
             HeadRead::TimedOut => {
-                reply(&client, 408, "Request Timeout", &[], "request head not received in time\n", true).await;
+                reply(
+                    &client,
+                    408,
+                    "Request Timeout",
+                    &[],
+                    "request head not received in time\n",
+                    true,
+                )
+                .await;
                 break;
             }
             HeadRead::Bad(e) => {
                 let status = e.status();
-                let reason = if status == 431 { "Request Header Fields Too Large" } else { "Bad Request" };
+                let reason = if status == 431 {
+                    "Request Header Fields Too Large"
+                } else {
+                    "Bad Request"
+                };
                 reply(&client, status, reason, &[], &format!("{e}\n"), true).await;
                 break;
             }
         };
-        core.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        core.requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 
         if let Some(limiter) = &snapshot.request_limit {
             if !limiter.admit(client_ip) {
-                reply(&client, 429, "Too Many Requests", &[("Retry-After", "1")], "rate limit exceeded\n", true).await;
+                reply(
+                    &client,
+                    429,
+                    "Too Many Requests",
+                    &[("Retry-After", "1")],
+                    "rate limit exceeded\n",
+                    true,
+                )
+                .await;
                 break;
             }
         }
@@ -305,9 +333,22 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
                 finish(&ctx, tracked, peer);
                 return;
             }
-            Target::Absolute { scheme, host, port, path_and_query } if scheme == "http" => {
+            Target::Absolute {
+                scheme,
+                host,
+                port,
+                path_and_query,
+            } if scheme == "http" => {
                 let keep = forward(
-                    &ctx, &snapshot, &client, &mut carry, head, peer, &host, port, path_and_query,
+                    &ctx,
+                    &snapshot,
+                    &client,
+                    &mut carry,
+                    head,
+                    peer,
+                    &host,
+                    port,
+                    path_and_query,
                     &mut tracked,
                 )
                 .await;
@@ -370,7 +411,9 @@ async fn dial(
     match &result {
         Ok(_) => counters.connected_in(started.elapsed()),
         Err(_) => {
-            counters.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            counters
+                .errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
     result
@@ -402,10 +445,24 @@ async fn connect_tunnel(
         }
     };
     let label = host_port_label(host, port);
-    if tunnel::write_all(&client, b"HTTP/1.1 200 Connection Established\r\n\r\n").await.is_err() {
+    if tunnel::write_all(&client, b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        .await
+        .is_err()
+    {
         return;
     }
-    run_tunnel(ctx, snapshot, client, connected, carry, peer, Protocol::Connect, &label, &backend).await;
+    run_tunnel(
+        ctx,
+        snapshot,
+        client,
+        connected,
+        carry,
+        peer,
+        Protocol::Connect,
+        &label,
+        &backend,
+    )
+    .await;
 }
 
 /// Relays a CONNECT or SOCKS5 tunnel and reports it.
@@ -437,15 +494,27 @@ pub(crate) async fn run_tunnel(
         ok &= tunnel::write_all(&upstream, &client_early).await.is_ok();
     }
     if ok && !connected.early_data.is_empty() {
-        ok &= tunnel::write_all(&client, &connected.early_data).await.is_ok();
+        ok &= tunnel::write_all(&client, &connected.early_data)
+            .await
+            .is_ok();
     }
     let client_ip = crate::access_control::canonical(peer.ip());
     let relayed = if ok {
         tunnel::relay(
             &client,
             &upstream,
-            Meter { counters: [core, bcore], upload: true, limiter: snapshot.upload_limit.as_ref(), client: client_ip },
-            Meter { counters: [core, bcore], upload: false, limiter: snapshot.download_limit.as_ref(), client: client_ip },
+            Meter {
+                counters: [core, bcore],
+                upload: true,
+                limiter: snapshot.upload_limit.as_ref(),
+                client: client_ip,
+            },
+            Meter {
+                counters: [core, bcore],
+                upload: false,
+                limiter: snapshot.download_limit.as_ref(),
+                client: client_ip,
+            },
             snapshot.timeouts.idle,
         )
         .await
@@ -519,13 +588,23 @@ async fn forward(
         head.remove_header("expect");
     }
     head.target = path_and_query;
-    let authority = if port == 80 { host_port_label(host, port).trim_end_matches(":80").to_owned() } else { host_port_label(host, port) };
+    let authority = if port == 80 {
+        host_port_label(host, port)
+            .trim_end_matches(":80")
+            .to_owned()
+    } else {
+        host_port_label(host, port)
+    };
     head.set_header("Host", authority.as_bytes());
     head.version_minor = 1;
     let mut out = Vec::with_capacity(512);
     http1::write_request_head(&head, &mut out);
 
-    let key = PoolKey { backend: backend.kind.clone(), host: host.to_owned(), port };
+    let key = PoolKey {
+        backend: backend.kind.clone(),
+        host: host.to_owned(),
+        port,
+    };
     let core = ctx.counters.core(ctx.core);
     let bcore = backend.counters.core(ctx.core);
     let count_up = |n: u64| {
@@ -562,13 +641,19 @@ async fn forward(
             if reused && attempt == 1 && matches!(request_body, BodyKind::Empty) {
                 continue;
             }
-            fail_reply(client, &DataplaneError::Io(io::ErrorKind::BrokenPipe.into())).await;
+            fail_reply(
+                client,
+                &DataplaneError::Io(io::ErrorKind::BrokenPipe.into()),
+            )
+            .await;
             return false;
         }
         if expects_continue
             && attempt == 1
             && !matches!(request_body, BodyKind::Empty)
-            && tunnel::write_all(client, b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err()
+            && tunnel::write_all(client, b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await
+                .is_err()
         {
             return false;
         }
@@ -584,7 +669,15 @@ async fn forward(
         let limits = HeadLimits::default();
         // Skip interim 1xx responses (100 Continue is relayed to the client as well).
         let response = loop {
-            match read_head(&origin, &mut origin_carry, &limits, snapshot.timeouts.read, http1::parse_response_head).await {
+            match read_head(
+                &origin,
+                &mut origin_carry,
+                &limits,
+                snapshot.timeouts.read,
+                http1::parse_response_head,
+            )
+            .await
+            {
                 HeadRead::Head(r) if (100..200).contains(&r.status) && r.status != 101 => {
                     let mut interim = Vec::new();
                     http1::write_response_head(&r, &mut interim);
@@ -597,17 +690,45 @@ async fn forward(
         };
         match response {
             HeadRead::Head(r) => break (origin, r, origin_carry),
-            HeadRead::Closed if reused && attempt == 1 && matches!(request_body, BodyKind::Empty) => continue,
+            HeadRead::Closed
+                if reused && attempt == 1 && matches!(request_body, BodyKind::Empty) =>
+            {
+                continue
+            }
             HeadRead::TimedOut => {
-                reply(client, 504, "Gateway Timeout", &[], &format!("{host}:{port} did not answer in time\n"), true).await;
+                reply(
+                    client,
+                    504,
+                    "Gateway Timeout",
+                    &[],
+                    &format!("{host}:{port} did not answer in time\n"),
+                    true,
+                )
+                .await;
                 return false;
             }
             HeadRead::Bad(e) => {
-                reply(client, 502, "Bad Gateway", &[], &format!("invalid response from {host}:{port}: {e}\n"), true).await;
+                reply(
+                    client,
+                    502,
+                    "Bad Gateway",
+                    &[],
+                    &format!("invalid response from {host}:{port}: {e}\n"),
+                    true,
+                )
+                .await;
                 return false;
             }
             HeadRead::Closed | HeadRead::Io => {
-                reply(client, 502, "Bad Gateway", &[], &format!("{host}:{port} closed the connection without a response\n"), true).await;
+                reply(
+                    client,
+                    502,
+                    "Bad Gateway",
+                    &[],
+                    &format!("{host}:{port} closed the connection without a response\n"),
+                    true,
+                )
+                .await;
                 return false;
             }
         }
@@ -616,22 +737,41 @@ async fn forward(
     let response_body = match http1::response_body_kind(&head.method, &response) {
         Ok(k) => k,
         Err(e) => {
-            reply(client, 502, "Bad Gateway", &[], &format!("invalid response from {host}:{port}: {e}\n"), true).await;
+            reply(
+                client,
+                502,
+                "Bad Gateway",
+                &[],
+                &format!("invalid response from {host}:{port}: {e}\n"),
+                true,
+            )
+            .await;
             return false;
         }
     };
-    let origin_keep_alive = response.wants_keep_alive() && !matches!(response_body, BodyKind::UntilClose);
+    let origin_keep_alive =
+        response.wants_keep_alive() && !matches!(response_body, BodyKind::UntilClose);
     let keep_client = client_keep_alive && !matches!(response_body, BodyKind::UntilClose);
     http1::strip_hop_by_hop(&mut response.headers);
     response.version_minor = 1;
-    response.set_header("Connection", if keep_client { b"keep-alive" } else { b"close" });
+    response.set_header(
+        "Connection",
+        if keep_client { b"keep-alive" } else { b"close" },
+    );
     let mut out = Vec::with_capacity(512);
     http1::write_response_head(&response, &mut out);
     if tunnel::write_all(client, &out).await.is_err() {
         return false;
     }
     count_down(out.len() as u64);
-    let end = relay_body(&origin, client, &mut origin_carry, response_body, &count_down).await;
+    let end = relay_body(
+        &origin,
+        client,
+        &mut origin_carry,
+        response_body,
+        &count_down,
+    )
+    .await;
     match end {
         Ok(BodyEnd::Complete) if origin_keep_alive && origin_carry.is_empty() => {
             let _ = origin.borrow().set_read_timeout(None);

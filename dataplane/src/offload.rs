@@ -36,7 +36,9 @@ impl Offload {
         let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
         let guard = InFlight(self.in_flight.clone());
         if before >= self.limit {
-            return Err(DataplaneError::Overloaded("control-plane work queue is full"));
+            return Err(DataplaneError::Overloaded(
+                "control-plane work queue is full",
+            ));
         }
         Ok(guard)
     }

@@ -92,8 +92,7 @@ impl BucketTable {
                 (then + credited_ms) & TIME_MASK
             };
             let packed = (next << TIME_BITS) | new_time;
-            match slot.compare_exchange_weak(current, packed, Ordering::AcqRel, Ordering::Relaxed)
-            {
+            match slot.compare_exchange_weak(current, packed, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return result,
                 Err(actual) => current = actual,
             }

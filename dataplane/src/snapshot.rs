@@ -40,7 +40,9 @@ pub enum BackendKind {
         credentials: Option<(String, String)>,
     },
     /// Parsed and validated, but its transport is not in this build yet.
-    Unavailable { type_name: &'static str },
+    Unavailable {
+        type_name: &'static str,
+    },
 }
 
 #[derive(Debug)]
@@ -177,12 +179,13 @@ impl Snapshot {
             let names: Vec<&String> = r.backend.iter().chain(r.backends.iter()).collect();
             let mut indexes = Vec::with_capacity(names.len());
             for name in names {
-                let i = backends.iter().position(|b| &b.name == name).ok_or_else(|| {
-                    SnapshotError::Route {
+                let i = backends
+                    .iter()
+                    .position(|b| &b.name == name)
+                    .ok_or_else(|| SnapshotError::Route {
                         route: r.name.clone(),
                         message: format!("backend {name} does not exist"),
-                    }
-                })?;
+                    })?;
                 indexes.push(i);
             }
             if indexes.is_empty() {
@@ -220,7 +223,8 @@ impl Snapshot {
         let rl = &cfg.rate_limit;
         let request_limit = (rl.enabled && rl.requests_per_second > 0.0)
             .then(|| RequestLimiter::new(rl.requests_per_second, rl.burst_size, rl.per_ip));
-        let bw = |rate: u64| (rl.enabled && rate > 0).then(|| BandwidthLimiter::new(rate, rl.per_ip));
+        let bw =
+            |rate: u64| (rl.enabled && rate > 0).then(|| BandwidthLimiter::new(rate, rl.per_ip));
         let http = &cfg.server.http;
         Ok(Self {
             generation: previous.map_or(1, |p| p.generation + 1),
@@ -300,17 +304,18 @@ mod tests {
     }
 
     fn config() -> ServerConfig {
-        let mut cfg = ServerConfig::default();
-        cfg.backends = vec![
-            backend("direct", BackendType::Direct),
-            backend("up", BackendType::HttpProxy),
-            backend("up2", BackendType::HttpProxy),
-        ];
-        cfg.routes = vec![
-            route("all", &["*"], &["direct"], 0),
-            route("ex", &["*.example.com"], &["up", "up2"], 10),
-        ];
-        cfg
+        ServerConfig {
+            backends: vec![
+                backend("direct", BackendType::Direct),
+                backend("up", BackendType::HttpProxy),
+                backend("up2", BackendType::HttpProxy),
+            ],
+            routes: vec![
+                route("all", &["*"], &["direct"], 0),
+                route("ex", &["*.example.com"], &["up", "up2"], 10),
+            ],
+            ..ServerConfig::default()
+        }
     }
 
     #[test]

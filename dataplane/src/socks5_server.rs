@@ -68,10 +68,16 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             let _ = tunnel::write_all(&client, &socks5::encode_method_selection(0xFF)).await;
             return None;
         }
-        tunnel::write_all(&client, &socks5::encode_method_selection(wanted)).await.ok()?;
+        tunnel::write_all(&client, &socks5::encode_method_selection(wanted))
+            .await
+            .ok()?;
         if let Some(users) = &snapshot.users {
-            let creds = read_msg(&client, &mut carry, socks5::parse_userpass).await.ok()??;
-            let ok = users.verify(&ctx.offload, &creds.username, &creds.password).await;
+            let creds = read_msg(&client, &mut carry, socks5::parse_userpass)
+                .await
+                .ok()??;
+            let ok = users
+                .verify(&ctx.offload, &creds.username, &creds.password)
+                .await;
             let _ = tunnel::write_all(&client, &socks5::encode_userpass_status(ok)).await;
             if !ok {
                 tracing::debug!(client = %peer, user = %creds.username, "SOCKS5 authentication failed");
@@ -93,7 +99,9 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
         None
     })
     .await;
-    let Some((request, carry)) = negotiated else { return };
+    let Some((request, carry)) = negotiated else {
+        return;
+    };
     match request.command {
         Command::Connect => connect(&ctx, &snapshot, client, carry, peer, request.addr).await,
         Command::UdpAssociate => udp_associate(&ctx, &snapshot, client, peer).await,
@@ -132,27 +140,58 @@ async fn connect(
     let started = std::time::Instant::now();
     let connected = match dialer.connect(&backend.kind, &host, port).await {
         Ok(c) => {
-            backend.counters.core(ctx.core).connected_in(started.elapsed());
+            backend
+                .counters
+                .core(ctx.core)
+                .connected_in(started.elapsed());
             c
         }
         Err(e) => {
-            backend.counters.core(ctx.core).errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            backend
+                .counters
+                .core(ctx.core)
+                .errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::debug!(client = %peer, %host, port, error = %e, "SOCKS5 connect failed");
             send_reply(&client, e.socks5_reply(), unspecified()).await;
             return;
         }
     };
-    let bound = connected.stream.local_addr().unwrap_or_else(|_| unspecified());
+    let bound = connected
+        .stream
+        .local_addr()
+        .unwrap_or_else(|_| unspecified());
     if !send_reply(&client, ReplyCode::Succeeded, bound).await {
         return;
     }
     let label = addr.to_string();
-    crate::http_proxy::run_tunnel(ctx, snapshot, client, connected, carry, peer, Protocol::Socks5, &label, &backend).await;
+    crate::http_proxy::run_tunnel(
+        ctx,
+        snapshot,
+        client,
+        connected,
+        carry,
+        peer,
+        Protocol::Socks5,
+        &label,
+        &backend,
+    )
+    .await;
 }
 
 /// UDP ASSOCIATE: one relay socket per association, alive while the control connection is.
-async fn udp_associate(ctx: &CoreContext, snapshot: &Snapshot, client: RefCell<TcpStream>, peer: SocketAddr) {
-    let local_ip = client.borrow().local_addr().map(|a| a.ip()).ok().or(ctx.socks5_ip);
+async fn udp_associate(
+    ctx: &CoreContext,
+    snapshot: &Snapshot,
+    client: RefCell<TcpStream>,
+    peer: SocketAddr,
+) {
+    let local_ip = client
+        .borrow()
+        .local_addr()
+        .map(|a| a.ip())
+        .ok()
+        .or(ctx.socks5_ip);
     let Some(local_ip) = local_ip else {
         send_reply(&client, ReplyCode::GeneralFailure, unspecified()).await;
         return;
@@ -181,11 +220,15 @@ async fn udp_associate(ctx: &CoreContext, snapshot: &Snapshot, client: RefCell<T
         let mut buf = vec![0u8; 65_536];
         let mut out = Vec::with_capacity(65_600);
         loop {
-            let Ok((n, from)) = relay.recv_from(&mut buf).await else { return };
+            let Ok((n, from)) = relay.recv_from(&mut buf).await else {
+                return;
+            };
             let datagram = &buf[..n];
             if from.ip() == client_ip && client_udp.get().is_none_or(|c| c == from) {
                 client_udp.set(Some(from));
-                let Ok(header) = socks5::parse_udp_header(datagram) else { continue };
+                let Ok(header) = socks5::parse_udp_header(datagram) else {
+                    continue;
+                };
                 if header.frag != 0 {
                     continue; // fragmentation is optional (RFC 1928 §7); dropped
                 }
@@ -197,11 +240,21 @@ async fn udp_associate(ctx: &CoreContext, snapshot: &Snapshot, client: RefCell<T
                     tracing::debug!(%host, "SOCKS5 UDP datagram dropped: route is not direct");
                     continue;
                 }
-                let Ok(addrs) = ctx.resolver.resolve(&ctx.offload, &host, port).await else { continue };
-                let Some(dest) = addrs.iter().find(|a| a.is_ipv4() == local_ip.is_ipv4()).or(addrs.first()) else { continue };
+                let Ok(addrs) = ctx.resolver.resolve(&ctx.offload, &host, port).await else {
+                    continue;
+                };
+                let Some(dest) = addrs
+                    .iter()
+                    .find(|a| a.is_ipv4() == local_ip.is_ipv4())
+                    .or(addrs.first())
+                else {
+                    continue;
+                };
                 let payload = datagram.get(header.header_len..).unwrap_or_default();
                 let _ = relay.send_to(payload, *dest).await;
-                ctx.counters.core(ctx.core).add_received(payload.len() as u64);
+                ctx.counters
+                    .core(ctx.core)
+                    .add_received(payload.len() as u64);
             } else if let Some(c) = client_udp.get() {
                 out.clear();
                 socks5::encode_udp_header(&TargetAddr::Ip(from), &mut out);

@@ -76,6 +76,13 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// Wraps a listening socket created by the engine into a glommio listener on this core.
+pub fn listener_from_fd(fd: RawFd) -> glommio::net::TcpListener {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` comes from `IntoRawFd` of a listening socket2::Socket; ownership moves here.
+    unsafe { glommio::net::TcpListener::from_raw_fd(fd) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,11 +111,4 @@ mod tests {
         assert!(!allowed_cpus().is_empty());
         assert!(raise_nofile_limit().expect("rlimit") > 0);
     }
-}
-
-/// Wraps a listening socket created by the engine into a glommio listener on this core.
-pub fn listener_from_fd(fd: RawFd) -> glommio::net::TcpListener {
-    use std::os::fd::FromRawFd;
-    // SAFETY: `fd` comes from `IntoRawFd` of a listening socket2::Socket; ownership moves here.
-    unsafe { glommio::net::TcpListener::from_raw_fd(fd) }
 }

@@ -41,7 +41,9 @@ pub fn which(cmd: &str) -> Option<PathBuf> {
 pub fn require(cmd: &str) -> Option<PathBuf> {
     match which(cmd) {
         Some(p) => Some(p),
-        None if std::env::var_os("CI").is_some() => panic!("{cmd} is required in CI (tests/run installs it)"),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("{cmd} is required in CI (tests/run installs it)")
+        }
         None => {
             eprintln!("SKIP: {cmd} is not installed (run tests/run as root to install it)");
             None
@@ -101,14 +103,20 @@ pub fn start_server_with_file(dir: tempfile::TempDir, config_path: PathBuf) -> S
         .spawn()
         .expect("start switchyard");
     let stderr = child.stderr.take().expect("stderr");
-    let proc = Proc { child, name: "switchyard".into() };
+    let proc = Proc {
+        child,
+        name: "switchyard".into(),
+    };
     let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let (tx, rx) = mpsc::channel();
     let sink = logs.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                let msg = v["fields"]["message"].as_str().unwrap_or_default().to_owned();
+                let msg = v["fields"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
                 if let Some(listen) = v["fields"]["listen"].as_str() {
                     let _ = tx.send((msg, listen.to_owned()));
                 }
@@ -135,16 +143,38 @@ pub fn start_server_with_file(dir: tempfile::TempDir, config_path: PathBuf) -> S
             api = Some(addr);
         }
     }
-    let (Some(http), Some(socks5), Some(api)) = (http, socks5, api) else { unreachable!() };
-    Server { proc, http, socks5, api, dir, config_path, logs }
+    let (Some(http), Some(socks5), Some(api)) = (http, socks5, api) else {
+        unreachable!()
+    };
+    Server {
+        proc,
+        http,
+        socks5,
+        api,
+        dir,
+        config_path,
+        logs,
+    }
 }
 
 impl Server {
     pub fn api_get(&self, path: &str) -> serde_json::Value {
-        let out = curl(&["-sS", "--max-time", "10", &format!("http://{}{}", self.api, path)]);
-        assert!(out.status.success(), "GET {path}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = curl(&[
+            "-sS",
+            "--max-time",
+            "10",
+            &format!("http://{}{}", self.api, path),
+        ]);
+        assert!(
+            out.status.success(),
+            "GET {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("GET {path}: not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+            panic!(
+                "GET {path}: not JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
         })
     }
 
@@ -156,7 +186,9 @@ impl Server {
     pub fn wait_idle(&self) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            let active = self.api_get("/api/v1/stats")["active_connections"].as_u64().unwrap_or(u64::MAX);
+            let active = self.api_get("/api/v1/stats")["active_connections"]
+                .as_u64()
+                .unwrap_or(u64::MAX);
             if active == 0 || Instant::now() > deadline {
                 return active;
             }
@@ -208,7 +240,10 @@ pub fn start_nginx(files: &[(&str, &[u8])]) -> Option<Nginx> {
             .stderr(Stdio::null())
             .spawn()
             .expect("start nginx");
-        let proc = Proc { child, name: "nginx".into() };
+        let proc = Proc {
+            child,
+            name: "nginx".into(),
+        };
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -231,7 +266,11 @@ impl Nginx {
         text.lines()
             .filter_map(|l| {
                 let mut it = l.splitn(3, ' ');
-                Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.to_owned()))
+                Some((
+                    it.next()?.parse().ok()?,
+                    it.next()?.parse().ok()?,
+                    it.next()?.to_owned(),
+                ))
             })
             .collect()
     }
@@ -245,7 +284,10 @@ pub fn start_peer(program: &Path, args: &[&str], port: u16) -> Proc {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
-    let proc = Proc { child, name: program.display().to_string() };
+    let proc = Proc {
+        child,
+        name: program.display().to_string(),
+    };
     wait_for_port(port);
     proc
 }

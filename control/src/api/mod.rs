@@ -11,14 +11,19 @@ use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
-use switchyard_api::{BackendCounts, ErrorBody, HealthResponse, ServerStats, ServerStatus, VersionInfo};
+use switchyard_api::{
+    BackendCounts, ErrorBody, HealthResponse, ServerStats, ServerStatus, VersionInfo,
+};
 
 pub fn router(state: Arc<ServerState>, token: Option<String>) -> Router {
     let protected = Router::new()
         .route("/api/v1/version", get(version))
         .route("/api/v1/status", get(status))
         .route("/api/v1/stats", get(stats))
-        .route_layer(middleware::from_fn_with_state(Arc::new(token), require_token));
+        .route_layer(middleware::from_fn_with_state(
+            Arc::new(token),
+            require_token,
+        ));
     Router::new()
         .route("/api/v1/health", get(health))
         .route("/proxy.pac", get(crate::pac::serve))
@@ -32,7 +37,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn presented_token(req: &Request) -> Option<String> {
-    if let Some(v) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
         if let Some((scheme, value)) = v.split_once(' ') {
             if scheme.eq_ignore_ascii_case("bearer") {
                 return Some(value.trim().to_owned());
@@ -46,7 +55,11 @@ fn presented_token(req: &Request) -> Option<String> {
     })
 }
 
-async fn require_token(State(token): State<Arc<Option<String>>>, req: Request, next: Next) -> Response {
+async fn require_token(
+    State(token): State<Arc<Option<String>>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let Some(expected) = token.as_deref() else {
         return next.run(req).await;
     };
@@ -104,7 +117,13 @@ async fn stats(State(state): State<Arc<ServerState>>) -> Json<ServerStats> {
     let healthy = snapshot
         .backends
         .iter()
-        .filter(|b| b.enabled && !matches!(b.kind, switchyard_dataplane::snapshot::BackendKind::Unavailable { .. }))
+        .filter(|b| {
+            b.enabled
+                && !matches!(
+                    b.kind,
+                    switchyard_dataplane::snapshot::BackendKind::Unavailable { .. }
+                )
+        })
         .count();
     Json(ServerStats {
         total_connections: totals.total_connections,
