@@ -312,3 +312,26 @@ pub async fn open_idle(
     }
     (open_streams, errors, first)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn direct_echo_rate_and_bulk_work() {
+        let echo = echo_server().await.expect("echo");
+        let r = conn_rate(Via::Direct, echo, 4, 1).await.expect("rate");
+        assert!(r.completed > 0 && r.errors == 0, "{r:?}");
+        let (sink, count) = sink_server().await.expect("sink");
+        let b = bulk(Via::Direct, sink, count, 1, 1).await.expect("bulk");
+        assert!(b.bytes > 0, "{b:?}");
+    }
+
+    #[tokio::test]
+    async fn holders_keep_connections_without_accepting() {
+        let h = holders(100, 64).expect("holders");
+        assert_eq!(h.count(), 2);
+        let (streams, errors, first) = open_idle(Via::Direct, &h.addrs, 100, 16).await;
+        assert_eq!((streams.len(), errors), (100, 0), "{first:?}");
+    }
+}

@@ -152,3 +152,33 @@ pub fn tail(path: &Path, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_rss_and_finds_a_port() {
+        assert!(rss_kib(std::process::id()).expect("VmRSS") > 0);
+        assert!(free_port().expect("port") > 0);
+        assert!(which("sh").is_some());
+    }
+
+    #[test]
+    fn guard_stops_children_on_drop() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut procs = Procs::default();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        let pid = procs
+            .spawn("sleep", cmd, &dir.path().join("log"))
+            .expect("spawn");
+        assert!(procs.exited(pid).is_none());
+        drop(procs);
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z"),
+            "sleep {pid} still running: {stat}"
+        );
+    }
+}

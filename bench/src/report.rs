@@ -121,3 +121,53 @@ pub fn f(v: f64, digits: usize) -> String {
 pub fn version_cell(v: &Option<String>) -> String {
     v.as_deref().map(one_line).unwrap_or_else(|| "–".into())
 }
+
+/// "- program: note; note" lines for the entries that carry notes.
+pub fn notes<T>(entries: &[Entry<T>]) -> String {
+    let mut s = String::new();
+    for e in entries.iter().filter(|e| !e.notes.is_empty()) {
+        let _ = writeln!(s, "- {}: {}", e.program, one_line(&e.notes.join("; ")));
+    }
+    if !s.is_empty() {
+        s.insert(0, '\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(program: &str, role: Role, v: Option<f64>, error: Option<&str>) -> Entry<f64> {
+        let mut e = Entry::new(program, role);
+        e.figures = v;
+        e.error = error.map(str::to_string);
+        e
+    }
+
+    #[test]
+    fn compare_picks_best_valid_peer_and_ceiling() {
+        let es = vec![
+            entry("direct", Role::Ceiling, Some(100.0), None),
+            entry("switchyard", Role::Switchyard, Some(60.0), None),
+            entry("a", Role::Peer, Some(30.0), None),
+            entry("b", Role::Peer, Some(50.0), Some("3 non-2xx responses")),
+            entry("c", Role::Peer, None, Some("did not start")),
+        ];
+        let c = compare(&es, |v| *v);
+        assert_eq!(c.switchyard, Some(&60.0));
+        assert_eq!(c.best_peer.map(|p| p.0), Some("a"));
+        assert_eq!(c.ceiling.map(|p| *p.1), Some(100.0));
+        assert_eq!(es[3].status(), "FAILED: 3 non-2xx responses");
+        assert_eq!(es[2].status(), "ok");
+    }
+
+    #[test]
+    fn table_and_notes_are_markdown() {
+        let t = table(&["a", "b"], &[vec!["1".into(), "2".into()]]);
+        assert_eq!(t, "| a | b |\n|---|---|\n| 1 | 2 |\n");
+        let mut e = entry("squid", Role::Peer, Some(1.0), None);
+        e.notes.push("cache | off".into());
+        assert_eq!(notes(&[e]), "\n- squid: cache   off\n");
+    }
+}

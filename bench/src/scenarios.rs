@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::load::{self, Via};
 use crate::peers::{self, Env, Started};
 use crate::procs::{self, Procs};
-use crate::report::{compare, f, table, verdict, version_cell, Entry, Role};
+use crate::report::{compare, f, notes, table, verdict, version_cell, Entry, Role};
 use crate::wrk::{self, HttpFigures};
 
 /// Everything a scenario needs.
@@ -309,6 +309,7 @@ fn http(ctx: &Ctx) -> Result<String> {
             ],
             &rows,
         ));
+        md.push_str(&notes(es));
         if es
             .iter()
             .filter_map(|e| e.figures.as_ref())
@@ -406,6 +407,32 @@ fn connect(ctx: &Ctx) -> Result<String> {
         }
         entries.push(e);
     }
+    // Loopback throughput swings with where the scheduler puts the two ends: measure the ceiling
+    // again after the proxies and keep the higher figure (the stricter reference).
+    if let Some(raw) = entries
+        .iter_mut()
+        .find(|e| e.role == Role::Ceiling && e.figures.is_some())
+    {
+        tracing::info!("connect: raw loopback TCP again");
+        if let (Ok(again), Some(first)) = (
+            ctx.rt.block_on(load::bulk(
+                Via::Direct,
+                sink,
+                count.clone(),
+                streams,
+                ctx.seconds,
+            )),
+            raw.figures.clone(),
+        ) {
+            raw.notes.push(format!(
+                "best of 2 runs (before and after the proxies): {:.2} and {:.2} Gbit/s",
+                first.gbit_per_sec, again.gbit_per_sec
+            ));
+            if again.gbit_per_sec > first.gbit_per_sec {
+                raw.figures = Some(again);
+            }
+        }
+    }
     ctx.write_json(
         "connect",
         json!({
@@ -422,6 +449,7 @@ fn connect(ctx: &Ctx) -> Result<String> {
         &["program", "version", "Gbit/s", "GiB moved", "status"],
         &bulk_rows(&entries),
     ));
+    md.push_str(&notes(&entries));
     md.push('\n');
     let c = compare(&entries, |b| b.gbit_per_sec);
     match (c.switchyard, c.ceiling) {
@@ -555,6 +583,7 @@ fn socks5(ctx: &Ctx) -> Result<String> {
         ],
         &rows,
     ));
+    md.push_str(&notes(&rates));
     md.push('\n');
     let c = compare(&rates, |r| r.per_sec);
     match (c.switchyard, c.best_peer) {
@@ -589,6 +618,7 @@ fn socks5(ctx: &Ctx) -> Result<String> {
         &["program", "version", "Gbit/s", "GiB moved", "status"],
         &bulk_rows(&bulks),
     ));
+    md.push_str(&notes(&bulks));
     md.push('\n');
     let c = compare(&bulks, |b| b.gbit_per_sec);
     if let (Some(s), Some((peer, p))) = (c.switchyard, c.best_peer) {
@@ -702,6 +732,7 @@ fn memory(ctx: &Ctx) -> Result<String> {
         ],
         &rows,
     ));
+    md.push_str(&notes(&entries));
     md.push('\n');
     match entries
         .iter()
@@ -742,7 +773,12 @@ fn measure_memory(ctx: &Ctx, procs: &mut Procs, s: &Started, n: usize) -> Result
     std::thread::sleep(Duration::from_secs(1));
     let idle = procs::rss_kib(s.pid)?;
     let (holders, (streams, errors, first_error)) = ctx.rt.block_on(async {
-        let holders = load::holders(n, 4000)?;
+        let somaxconn = fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .unwrap_or(128);
+        let per_listener = somaxconn.saturating_sub(96).clamp(32, 4000);
+        let holders = load::holders(n, per_listener)?;
         let opened = load::open_idle(Via::Connect(s.addr), &holders.addrs, n, 128).await;
         anyhow::Ok((holders, opened))
     })?;

@@ -105,16 +105,21 @@ pub fn run_wrk(
         .output()
         .context("run wrk")?;
     let stdout = String::from_utf8_lossy(&out.stdout);
+    parse(&stdout).with_context(|| {
+        format!(
+            "wrk ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+    })
+}
+
+/// Figures from the `WRKJSON` line our Lua `done` hook prints.
+fn parse(stdout: &str) -> Result<HttpFigures> {
     let json = stdout
         .lines()
         .find_map(|l| l.strip_prefix("WRKJSON "))
-        .with_context(|| {
-            format!(
-                "wrk printed no summary ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })?;
+        .context("wrk printed no summary")?;
     let r: Raw = serde_json::from_str(json).context("parse wrk summary")?;
     let secs = (r.duration_us / 1e6).max(1e-9);
     Ok(HttpFigures {
@@ -179,4 +184,28 @@ pub fn verify_fetch(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_lua_summary_line() {
+        let out = "Running 1s test\nWRKJSON {\"requests\":2000,\"bytes\":2560000,\"duration_us\":2000000,\
+                   \"err_connect\":0,\"err_read\":3,\"err_write\":0,\"err_status\":1,\"err_timeout\":0,\
+                   \"p50_us\":1500,\"p90_us\":2500,\"p99_us\":9000,\"mean_us\":1700.5,\"max_us\":12000}\n";
+        let f = parse(out).expect("parse");
+        assert_eq!(f.requests, 2000);
+        assert!((f.requests_per_sec - 1000.0).abs() < 1e-9);
+        assert!((f.p99_ms - 9.0).abs() < 1e-9);
+        assert_eq!(f.non_2xx, 1);
+        assert_eq!(f.socket_errors(), 3);
+        assert!((f.bytes_per_response - 1280.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn missing_summary_is_an_error() {
+        assert!(parse("unable to connect to 127.0.0.1:1\n").is_err());
+    }
 }
