@@ -39,6 +39,8 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Run the vcpkg HTTP binary cache server (default 0.0.0.0:15151, ./data/pkgcache).
+    Pkgcache(switchyard_pkgcache::PkgcacheArgs),
     /// Benchmark switchyard side by side with peer programs (see bench/README).
     Bench(switchyard_bench::BenchArgs),
 }
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Validate { file },
         } => return validate(&file),
+        Command::Pkgcache(args) => switchyard_pkgcache::run(args),
         Command::Bench(args) => switchyard_bench::run(args).context("benchmark failed"),
     };
     match result {

@@ -579,6 +579,7 @@ async fn forward(
     // Rewrite the head for the origin: origin-form target, Host from the absolute URI,
     // hop-by-hop headers (incl. Proxy-Authorization) removed.
     http1::strip_hop_by_hop(&mut head.headers);
+    http1::drop_content_length_if_chunked(&mut head.headers, request_body);
     // Answer `Expect: 100-continue` here: the body is relayed before the origin's response is
     // read, so waiting for the origin's 100 would stall the client until its own timeout.
     let expects_continue = head
@@ -753,6 +754,7 @@ async fn forward(
         response.wants_keep_alive() && !matches!(response_body, BodyKind::UntilClose);
     let keep_client = client_keep_alive && !matches!(response_body, BodyKind::UntilClose);
     http1::strip_hop_by_hop(&mut response.headers);
+    http1::drop_content_length_if_chunked(&mut response.headers, response_body);
     response.version_minor = 1;
     response.set_header(
         "Connection",

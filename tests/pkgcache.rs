@@ -1,0 +1,1 @@
+//! End-to-end tests of `switchyard pkgcache` (work in progress).
