@@ -37,6 +37,7 @@ pub mod env;
 pub mod listen;
 pub mod load;
 pub mod model;
+pub mod pkgcache;
 pub mod sections;
 pub mod units;
 pub mod validate;

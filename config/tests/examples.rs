@@ -1,10 +1,27 @@
-//! Every `config/examples/*.yaml` loads and validates without a single problem.
+//! Every `config/examples/*.yaml` loads and validates without a single problem. Files are
+//! dispatched by name: `pkgcache*.yaml` are `switchyard pkgcache` configurations, every other
+//! file is a server configuration.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use switchyard_config::pkgcache::{validate_pkgcache, PkgcacheConfig};
 use switchyard_config::{validate, AuthMode, ServerConfig};
 
+fn is_pkgcache(p: &Path) -> bool {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("pkgcache"))
+}
+
+/// Server configuration examples.
 fn examples() -> Vec<PathBuf> {
+    all_examples()
+        .into_iter()
+        .filter(|p| !is_pkgcache(p))
+        .collect()
+}
+
+fn all_examples() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("examples dir")
@@ -13,10 +30,62 @@ fn examples() -> Vec<PathBuf> {
         .collect();
     files.sort();
     assert!(
-        files.len() >= 2,
-        "expected server.yaml and minimal.yaml in {dir:?}"
+        files.len() >= 3,
+        "expected server.yaml, minimal.yaml and pkgcache.yaml in {dir:?}"
     );
     files
+}
+
+fn uncomment(text: &str) -> String {
+    text.lines()
+        .map(|l| match l.find("#: ") {
+            Some(i) if l[..i].trim().is_empty() => format!("{}{}", &l[..i], &l[i + 3..]),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn check_pkgcache(name: &str, cfg: &PkgcacheConfig) {
+    let problems = validate_pkgcache(cfg);
+    assert!(
+        problems.is_empty(),
+        "{name} has problems:\n{}",
+        problems
+            .iter()
+            .map(|p| format!("  {p}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let yaml = cfg.to_yaml_string().expect("to yaml");
+    let back = PkgcacheConfig::from_yaml_str(&yaml, &|_| None).expect("reload yaml");
+    assert_eq!(&back, cfg, "{name}: YAML round trip\n{yaml}");
+    let json = serde_json::to_value(cfg).expect("to json");
+    let back: PkgcacheConfig = serde_json::from_value(json).expect("from json");
+    assert_eq!(&back, cfg, "{name}: JSON round trip");
+}
+
+/// `pkgcache*.yaml`: loads, validates, round-trips, and every `#: ` optional key is real.
+#[test]
+fn pkgcache_examples_load_validate_and_document_real_keys() {
+    let files: Vec<PathBuf> = all_examples()
+        .into_iter()
+        .filter(|p| is_pkgcache(p))
+        .collect();
+    assert!(!files.is_empty(), "expected config/examples/pkgcache.yaml");
+    for path in files {
+        let name = path.display().to_string();
+        let cfg = PkgcacheConfig::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cfg, PkgcacheConfig::default(), "{name}: shows the defaults");
+        check_pkgcache(&name, &cfg);
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(text.contains("#: "), "{name}: documents optional keys");
+        let env = |n: &str| Some(format!("value-of-{n}"));
+        let cfg = PkgcacheConfig::from_yaml_str(&uncomment(&text), &env)
+            .unwrap_or_else(|e| panic!("{name} uncommented: {e}"));
+        assert!(cfg.storage.s3.url.is_some() && !cfg.auth.users.is_empty());
+        check_pkgcache(&format!("{name} (uncommented)"), &cfg);
+    }
 }
 
 fn check(name: &str, cfg: &ServerConfig) {
