@@ -94,7 +94,7 @@ async fn open_inner(via: Via, target: SocketAddr) -> Result<TcpStream> {
 
 /// A server that reads and discards everything; counts the bytes.
 pub async fn sink_server() -> Result<(SocketAddr, Arc<AtomicU64>)> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, crate::procs::free_port()?)).await?;
     let addr = l.local_addr()?;
     let count = Arc::new(AtomicU64::new(0));
     let c = count.clone();
@@ -115,15 +115,21 @@ pub async fn sink_server() -> Result<(SocketAddr, Arc<AtomicU64>)> {
     Ok((addr, count))
 }
 
-/// A server that echoes every byte back.
-pub async fn echo_server() -> Result<SocketAddr> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+/// Size of the connection-rate round trip.
+const PING: usize = 32;
+
+/// A server that echoes one `PING`-byte message and then closes: the server end closes first, so
+/// TIME_WAIT stays on the listening side and no ephemeral ports pile up during a rate run.
+pub async fn ping_server() -> Result<SocketAddr> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, crate::procs::free_port()?)).await?;
     let addr = l.local_addr()?;
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
             tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let mut buf = [0u8; PING];
+                if s.read_exact(&mut buf).await.is_ok() {
+                    let _ = s.write_all(&buf).await;
+                }
             });
         }
     });
@@ -195,7 +201,8 @@ pub struct ConnRate {
     pub first_error: Option<String>,
 }
 
-/// `workers` loops of: open via `via` to the echo server, one 32-byte round trip, close.
+/// `workers` loops of: open via `via` to the ping server, one 32-byte round trip, wait for the
+/// server's close.
 pub async fn conn_rate(via: Via, echo: SocketAddr, workers: u32, seconds: u64) -> Result<ConnRate> {
     let stop = Instant::now() + Duration::from_secs(seconds);
     let t0 = Instant::now();
@@ -243,11 +250,14 @@ pub async fn conn_rate(via: Via, echo: SocketAddr, workers: u32, seconds: u64) -
 
 async fn one_round_trip(via: Via, echo: SocketAddr) -> Result<()> {
     let mut s = open(via, echo).await?;
-    let msg = *b"switchyard-bench ping 0123456789";
+    let msg: [u8; PING] = *b"switchyard-bench ping 0123456789";
     s.write_all(&msg).await?;
-    let mut back = [0u8; 32];
+    let mut back = [0u8; PING];
     s.read_exact(&mut back).await?;
     ensure!(back == msg, "echo mismatch");
+    // The server closes after the echo; the proxy must pass the close on.
+    let n = s.read(&mut back).await?;
+    ensure!(n == 0, "bytes after the echo");
     Ok(())
 }
 
@@ -264,7 +274,7 @@ pub fn holders(n: usize, per: u32) -> Result<Holders> {
     let mut addrs = Vec::new();
     for _ in 0..n.div_ceil(per as usize).max(1) {
         let sock = TcpSocket::new_v4()?;
-        sock.bind((Ipv4Addr::LOCALHOST, 0).into())?;
+        sock.bind((Ipv4Addr::LOCALHOST, crate::procs::free_port()?).into())?;
         let l = sock.listen(per)?.into_std()?;
         addrs.push(l.local_addr()?);
         listeners.push(l);
@@ -319,7 +329,7 @@ mod tests {
 
     #[tokio::test]
     async fn direct_echo_rate_and_bulk_work() {
-        let echo = echo_server().await.expect("echo");
+        let echo = ping_server().await.expect("ping");
         let r = conn_rate(Via::Direct, echo, 4, 1).await.expect("rate");
         assert!(r.completed > 0 && r.errors == 0, "{r:?}");
         let (sink, count) = sink_server().await.expect("sink");

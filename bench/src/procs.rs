@@ -96,10 +96,73 @@ fn terminate(mut p: Proc) {
     let _ = p.child.wait();
 }
 
-/// A currently free loopback TCP port.
+/// A currently free loopback TCP port, chosen below the kernel's ephemeral range: after a
+/// connection-rate run tens of thousands of ephemeral ports sit in TIME_WAIT and `bind(:0)` fails.
 pub fn free_port() -> Result<u16> {
+    let (low, _) = ephemeral_range();
+    let (lo, hi) = if low > 12000 {
+        (10000u32, u32::from(low))
+    } else {
+        (40000, 60000)
+    };
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(1)
+        ^ std::process::id().rotate_left(16);
+    for _ in 0..500 {
+        // xorshift32: spreads the tries, no need for a random crate.
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let port = u16::try_from(lo + x % (hi - lo)).unwrap_or(10000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
+}
+
+/// The kernel's ephemeral port range.
+fn ephemeral_range() -> (u16, u16) {
+    let r = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut it = r.split_whitespace().filter_map(|v| v.parse::<u16>().ok());
+    match (it.next(), it.next()) {
+        (Some(lo), Some(hi)) if lo < hi => (lo, hi),
+        _ => (32768, 60999),
+    }
+}
+
+/// Waits (at most `max`) while more than a third of the ephemeral ports sit in TIME_WAIT, so one
+/// measurement's leftovers do not starve the next one (and peers that `bind(:0)`) of ports.
+pub fn settle(max: Duration) {
+    let (lo, hi) = ephemeral_range();
+    let limit = usize::from(hi - lo) / 3;
+    let deadline = Instant::now() + max;
+    loop {
+        let tw = ["/proc/net/tcp", "/proc/net/tcp6"]
+            .iter()
+            .filter_map(|p| fs::read_to_string(p).ok())
+            .map(|t| {
+                t.lines()
+                    .filter(|l| {
+                        let mut f = l.split_whitespace();
+                        let local_port = f
+                            .nth(1)
+                            .and_then(|a| a.rsplit(':').next())
+                            .and_then(|p| u16::from_str_radix(p, 16).ok());
+                        f.nth(1) == Some("06") && local_port.is_some_and(|p| (lo..=hi).contains(&p))
+                    })
+                    .count()
+            })
+            .sum::<usize>();
+        if tw <= limit || Instant::now() > deadline {
+            return;
+        }
+        tracing::info!("waiting for {tw} ephemeral ports in TIME_WAIT to expire");
+        std::thread::sleep(Duration::from_secs(5));
+    }
 }
 
 /// Raises this process's RLIMIT_NOFILE soft limit to its hard limit (children inherit it).
@@ -162,6 +225,9 @@ mod tests {
         assert!(rss_kib(std::process::id()).expect("VmRSS") > 0);
         assert!(free_port().expect("port") > 0);
         assert!(which("sh").is_some());
+        let (lo, hi) = ephemeral_range();
+        assert!(lo < hi);
+        settle(Duration::from_secs(1));
     }
 
     #[test]

@@ -482,7 +482,8 @@ fn connect(ctx: &Ctx) -> Result<String> {
 // ---------------------------------------------------------------- socks5
 
 fn socks5(ctx: &Ctx) -> Result<String> {
-    let echo = ctx.rt.block_on(load::echo_server())?;
+    procs::settle(Duration::from_secs(65));
+    let echo = ctx.rt.block_on(load::ping_server())?;
     let (sink, count) = ctx.rt.block_on(load::sink_server())?;
     let mut programs = vec![Program {
         name: "direct (no proxy)",
@@ -510,6 +511,7 @@ fn socks5(ctx: &Ctx) -> Result<String> {
                 Some(a) if p.role != Role::Ceiling => Via::Socks5(a),
                 _ => Via::Direct,
             };
+            procs::settle(Duration::from_secs(65));
             tracing::info!("socks5: {} connection rate", p.name);
             match ctx
                 .rt
@@ -546,14 +548,14 @@ fn socks5(ctx: &Ctx) -> Result<String> {
         "socks5",
         json!({
             "params": { "workers": ctx.connections, "seconds": ctx.seconds,
-                        "connection": "SOCKS5 greeting (no auth) + CONNECT 127.0.0.1 + 32-byte echo round trip + close",
+                        "connection": "SOCKS5 greeting (no auth) + CONNECT 127.0.0.1 + 32-byte echo round trip + server closes, client sees EOF",
                         "bulk": { "streams": 1, "direction": "upload (client → sink)" } },
             "connection_rate": rates,
             "bulk": bulks,
         }),
     )?;
     let mut md = format!(
-        "## SOCKS5\n\n### Connection rate ({} workers, {}s; handshake + CONNECT + 32-byte echo + close)\n\n",
+        "## SOCKS5\n\n### Connection rate ({} workers, {}s; handshake + CONNECT + 32-byte echo + server close)\n\n",
         ctx.connections, ctx.seconds
     );
     let rows: Vec<Vec<String>> = rates
@@ -655,6 +657,7 @@ const TUNNELS: usize = 10_000;
 
 fn memory(ctx: &Ctx) -> Result<String> {
     // The proxy needs two descriptors per tunnel (client and upstream side) and inherits our limit.
+    procs::settle(Duration::from_secs(65));
     let n = TUNNELS.min((ctx.env.nofile.saturating_sub(256) / 2) as usize);
     let mut entries = Vec::new();
     for p in ctx.http_proxies() {
@@ -793,8 +796,11 @@ fn measure_memory(ctx: &Ctx, procs: &mut Procs, s: &Started, n: usize) -> Result
     }
     let with = procs::rss_kib(s.pid)?;
     let open = streams.len();
-    drop(streams);
+    // Close the far ends first (pending connections are reset), so the proxy closes towards us and
+    // TIME_WAIT lands on its listening side rather than on ephemeral ports.
     drop(holders);
+    std::thread::sleep(Duration::from_millis(500));
+    drop(streams);
     Ok(Memory {
         idle_rss_kib: idle,
         tunnels_requested: n,
