@@ -113,6 +113,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         args.connections,
         ctx.switchyard.display()
     );
+    let load_at_start = scenarios::loadavg();
     let mut sections = Vec::new();
     for s in selected {
         tracing::info!("bench: scenario {s}");
@@ -122,7 +123,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         };
         sections.push(section);
     }
-    let summary = ctx.summary(&sections);
+    let summary = ctx.summary(&sections, &load_at_start);
     let path = ctx.out.join("summary.md");
     std::fs::write(&path, summary).with_context(|| format!("write {}", path.display()))?;
     tracing::info!("bench: wrote {}", path.display());

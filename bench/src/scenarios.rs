@@ -83,6 +83,7 @@ impl Ctx {
             "cpus": self.env.cpus,
             "cpu_model": cpu_model(),
             "rlimit_nofile": self.env.nofile,
+            "loadavg": loadavg(),
         })
     }
 
@@ -96,11 +97,11 @@ impl Ctx {
     }
 
     /// The whole summary.md.
-    pub fn summary(&self, sections: &[String]) -> String {
+    pub fn summary(&self, sections: &[String], load_at_start: &str) -> String {
         let mut s = String::from("# Switchyard benchmark summary\n\n");
         let _ = writeln!(
             s,
-            "- date: {}\n- kernel: {}\n- CPUs: {} ({})\n- RLIMIT_NOFILE: {}\n- seconds per measurement: {}, connections: {}\n- switchyard: `{}`\n\nAll traffic on loopback; load generators run on the same cores as the programs measured.\n",
+            "- date: {}\n- kernel: {}\n- CPUs: {} ({})\n- RLIMIT_NOFILE: {}\n- seconds per measurement: {}, connections: {}\n- switchyard: `{}`\n- load average at start / end: {} / {}\n\nAll traffic on loopback; load generators run on the same cores as the programs measured, so anything else busy on the machine (see the load average) skews the figures.\n",
             chrono::Local::now().format("%Y-%m-%d %H:%M:%S %z"),
             kernel(),
             self.env.cpus,
@@ -109,6 +110,8 @@ impl Ctx {
             self.seconds,
             self.connections,
             self.switchyard.display(),
+            load_at_start,
+            loadavg(),
         );
         for sec in sections {
             s.push_str(sec);
@@ -116,6 +119,13 @@ impl Ctx {
         }
         s
     }
+}
+
+/// `/proc/loadavg`'s first three fields: shows whether something else was busy during a run.
+pub fn loadavg() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn kernel() -> String {
