@@ -1,0 +1,561 @@
+//! File-system store.
+//!
+//! Layout under the root directory:
+//! - `packages/<name>/<version>/<sha>`: complete packages;
+//! - `packages/<name>/<version>/<sha>.meta`: sidecar `{"size":…,"sha256":…}`;
+//! - `tmp/`: uploads in progress; emptied at start.
+//!
+//! An upload streams into a new file under `tmp/` (one blocking writer per upload, fed through a
+//! bounded channel, hashing as it writes), is fsynced, and is then hard-linked to its final name.
+//! `link(2)` fails when the name exists, so of two concurrent uploads of one package exactly one
+//! wins — also across several servers sharing the directory — and the other gets 409. A dropped
+//! connection or a `kill -9` leaves at most a file in `tmp/`, which is never served. The parent
+//! directory is fsynced after the link, so an acknowledged upload survives a power cut.
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::{body_error, check_limit, ByteStream, PackageBody, PackageMeta, Totals};
+use crate::error::{storage, Error};
+use crate::key::{is_package_file_name, PackageKey};
+
+/// Packages up to this size are read in one go; larger ones stream.
+const SMALL: u64 = 64 * 1024;
+/// Chunk size of streamed GET bodies.
+const READ_CHUNK: usize = 256 * 1024;
+/// Chunks queued between the request body and the writer thread (bounds upload memory).
+const WRITE_QUEUE: usize = 16;
+
+/// The file-system store.
+pub struct FsStore {
+    root: PathBuf,
+    packages: PathBuf,
+    tmp: PathBuf,
+    inflight: Arc<Mutex<HashSet<PackageKey>>>,
+    counter: AtomicU64,
+}
+
+/// Removes the key from the in-flight set when the upload ends, however it ends.
+struct Inflight {
+    set: Arc<Mutex<HashSet<PackageKey>>>,
+    key: PackageKey,
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+enum Msg {
+    Data(Bytes),
+    Done,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Storage(format!("blocking task failed: {e}")))?
+}
+
+fn read_meta(path: &Path, size: u64) -> Option<String> {
+    let text = fs::read(path).ok()?;
+    let meta: PackageMeta = serde_json::from_slice(&text).ok()?;
+    (meta.size == size).then_some(meta.etag).flatten()
+}
+
+impl FsStore {
+    /// Opens (creating) the store at `root` and removes leftovers of interrupted uploads.
+    pub fn open(root: &Path) -> io::Result<FsStore> {
+        let packages = root.join("packages");
+        let tmp = root.join("tmp");
+        fs::create_dir_all(&packages)?;
+        fs::create_dir_all(&tmp)?;
+        let root = fs::canonicalize(root)?;
+        let mut removed = 0usize;
+        for entry in fs::read_dir(&tmp)? {
+            let path = entry?.path();
+            let res = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            match res {
+                Ok(()) => removed += 1,
+                Err(e) => tracing::warn!("cannot remove leftover {}: {e}", path.display()),
+            }
+        }
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                "removed leftovers of interrupted uploads from {}",
+                tmp.display()
+            );
+        }
+        Ok(FsStore {
+            packages: root.join("packages"),
+            tmp: root.join("tmp"),
+            root,
+            inflight: Arc::default(),
+            counter: AtomicU64::new(0),
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn data_path(&self, key: &PackageKey) -> PathBuf {
+        self.packages.join(key.rel_path())
+    }
+
+    fn meta_path(data: &Path) -> PathBuf {
+        let mut p = data.as_os_str().to_owned();
+        p.push(".meta");
+        PathBuf::from(p)
+    }
+
+    fn temp_path(&self, what: &str) -> PathBuf {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        self.tmp
+            .join(format!("{}-{n}-{what}.part", std::process::id()))
+    }
+
+    pub async fn head(&self, key: &PackageKey) -> Result<Option<PackageMeta>, Error> {
+        let data = self.data_path(key);
+        blocking(move || {
+            let md = match fs::metadata(&data) {
+                Ok(m) if m.is_file() => m,
+                Ok(_) => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(storage(e)),
+            };
+            let etag = read_meta(&Self::meta_path(&data), md.len());
+            Ok(Some(PackageMeta {
+                size: md.len(),
+                etag,
+            }))
+        })
+        .await
+    }
+
+    pub async fn get(&self, key: &PackageKey) -> Result<Option<(PackageMeta, PackageBody)>, Error> {
+        let data = self.data_path(key);
+        let opened = blocking(move || {
+            let mut file = match File::open(&data) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(storage(e)),
+            };
+            let md = file.metadata().map_err(storage)?;
+            if !md.is_file() {
+                return Ok(None);
+            }
+            let meta = PackageMeta {
+                size: md.len(),
+                etag: read_meta(&Self::meta_path(&data), md.len()),
+            };
+            if md.len() <= SMALL {
+                let mut buf = Vec::with_capacity(md.len() as usize);
+                file.read_to_end(&mut buf).map_err(storage)?;
+                let meta = PackageMeta {
+                    size: buf.len() as u64,
+                    ..meta
+                };
+                return Ok(Some((meta, Ok(Bytes::from(buf)))));
+            }
+            Ok(Some((meta, Err(file))))
+        })
+        .await?;
+        Ok(opened.map(|(meta, body)| {
+            let body = match body {
+                Ok(bytes) => PackageBody::Full(bytes),
+                Err(file) => {
+                    let file = tokio::fs::File::from_std(file);
+                    // The file is immutable once committed; stream exactly the size we report.
+                    let limited = tokio::io::AsyncReadExt::take(file, meta.size);
+                    PackageBody::Stream(Box::pin(tokio_util::io::ReaderStream::with_capacity(
+                        limited, READ_CHUNK,
+                    )))
+                }
+            };
+            (meta, body)
+        }))
+    }
+
+    pub async fn put(
+        &self,
+        key: &PackageKey,
+        mut body: ByteStream,
+        limit: u64,
+    ) -> Result<PackageMeta, Error> {
+        let data = self.data_path(key);
+        let exists = {
+            let d = data.clone();
+            blocking(move || Ok(d.exists())).await?
+        };
+        if exists {
+            return Err(Error::AlreadyExists);
+        }
+        let _inflight = {
+            let mut set = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            if !set.insert(key.clone()) {
+                return Err(Error::UploadInProgress);
+            }
+            Inflight {
+                set: self.inflight.clone(),
+                key: key.clone(),
+            }
+        };
+        let tmp = self.temp_path("data");
+        let meta_tmp = self.temp_path("meta");
+        let (tx, rx) = mpsc::channel::<Msg>(WRITE_QUEUE);
+        let writer = tokio::task::spawn_blocking(move || write_upload(rx, &tmp, &meta_tmp, &data));
+        let mut total: u64 = 0;
+        let mut failure: Option<Error> = None;
+        while let Some(chunk) = body.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    failure = Some(body_error(e));
+                    break;
+                }
+            };
+            total += chunk.len() as u64;
+            if let Err(e) = check_limit(total, limit) {
+                failure = Some(e);
+                break;
+            }
+            if tx.send(Msg::Data(chunk)).await.is_err() {
+                break; // the writer failed; its error is returned below
+            }
+        }
+        if failure.is_none() {
+            // An error here means the writer already stopped; it reports why.
+            let _ = tx.send(Msg::Done).await;
+        }
+        drop(tx);
+        let result = writer
+            .await
+            .map_err(|e| Error::UploadFailed(format!("writer task failed: {e}")))?;
+        match failure {
+            Some(e) => Err(e),
+            None => result,
+        }
+    }
+
+    pub async fn delete(&self, key: &PackageKey) -> Result<Option<u64>, Error> {
+        let data = self.data_path(key);
+        let packages = self.packages.clone();
+        blocking(move || {
+            let size = match fs::metadata(&data) {
+                Ok(m) if m.is_file() => m.len(),
+                Ok(_) => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(storage(e)),
+            };
+            match fs::remove_file(&data) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(storage(e)),
+            }
+            let _ = fs::remove_file(Self::meta_path(&data));
+            // Drop now-empty version and name directories (fails harmlessly when not empty).
+            let mut dir = data.parent();
+            while let Some(d) = dir {
+                if d == packages || fs::remove_dir(d).is_err() {
+                    break;
+                }
+                dir = d.parent();
+            }
+            Ok(Some(size))
+        })
+        .await
+    }
+
+    pub async fn scan(&self) -> Result<Totals, Error> {
+        let packages = self.packages.clone();
+        blocking(move || {
+            let mut totals = Totals::default();
+            let mut missing_meta = Vec::new();
+            for name in read_dirs(&packages)? {
+                for version in read_dirs(&name)? {
+                    for entry in fs::read_dir(&version).map_err(storage)? {
+                        let entry = entry.map_err(storage)?;
+                        let file_name = entry.file_name();
+                        let Some(fname) = file_name.to_str() else {
+                            continue;
+                        };
+                        if !is_package_file_name(fname) {
+                            continue;
+                        }
+                        let md = entry.metadata().map_err(storage)?;
+                        if !md.is_file() {
+                            continue;
+                        }
+                        totals.packages += 1;
+                        totals.bytes += md.len();
+                        let path = entry.path();
+                        if read_meta(&Self::meta_path(&path), md.len()).is_none() {
+                            missing_meta.push(path);
+                        }
+                    }
+                }
+            }
+            if !missing_meta.is_empty() {
+                tracing::info!(
+                    count = missing_meta.len(),
+                    "computing missing ETags in the background"
+                );
+                std::thread::spawn(move || {
+                    for path in missing_meta {
+                        if let Err(e) = repair_meta(&path) {
+                            tracing::warn!("cannot compute the ETag of {}: {e}", path.display());
+                        }
+                    }
+                });
+            }
+            Ok(totals)
+        })
+        .await
+    }
+
+    pub async fn probe(&self, writable: bool) -> Result<(), Error> {
+        let packages = self.packages.clone();
+        let probe = self.temp_path("probe");
+        blocking(move || {
+            if !fs::metadata(&packages).map_err(storage)?.is_dir() {
+                return Err(Error::Storage(format!(
+                    "{} is not a directory",
+                    packages.display()
+                )));
+            }
+            if writable {
+                let res = File::create(&probe).and_then(|mut f| f.write_all(b"ok"));
+                let _ = fs::remove_file(&probe);
+                res.map_err(|e| Error::Storage(format!("store not writable: {e}")))?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn read_dirs(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(storage)? {
+        let entry = entry.map_err(storage)?;
+        if entry.file_type().map_err(storage)?.is_dir() {
+            out.push(entry.path());
+        }
+    }
+    Ok(out)
+}
+
+fn write_meta(meta_tmp: &Path, data: &Path, meta: &PackageMeta) -> io::Result<()> {
+    let json = serde_json::to_vec(meta).map_err(io::Error::other)?;
+    fs::write(meta_tmp, json)?;
+    fs::rename(meta_tmp, FsStore::meta_path(data))
+}
+
+fn repair_meta(path: &Path) -> io::Result<()> {
+    let mut file = File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    let meta = PackageMeta {
+        size,
+        etag: Some(hex::encode(hasher.finalize())),
+    };
+    let mut tmp = FsStore::meta_path(path).into_os_string();
+    tmp.push(".tmp");
+    write_meta(Path::new(&tmp), path, &meta)
+}
+
+/// The blocking writer of one upload: chunks → temp file (hashing), then fsync and link.
+fn write_upload(
+    mut rx: mpsc::Receiver<Msg>,
+    tmp: &Path,
+    meta_tmp: &Path,
+    data: &Path,
+) -> Result<PackageMeta, Error> {
+    let result = write_upload_inner(&mut rx, tmp, meta_tmp, data);
+    // The temp name is only ever a temp name: remove it whatever happened.
+    let _ = fs::remove_file(tmp);
+    if result.is_err() {
+        let _ = fs::remove_file(meta_tmp);
+    }
+    result
+}
+
+fn write_upload_inner(
+    rx: &mut mpsc::Receiver<Msg>,
+    tmp: &Path,
+    meta_tmp: &Path,
+    data: &Path,
+) -> Result<PackageMeta, Error> {
+    let failed = |what: &str, e: io::Error| Error::UploadFailed(format!("{what}: {e}"));
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)
+        .map_err(|e| failed("create temp file", e))?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    loop {
+        match rx.blocking_recv() {
+            Some(Msg::Data(chunk)) => {
+                hasher.update(&chunk);
+                file.write_all(&chunk).map_err(|e| failed("write", e))?;
+                size += chunk.len() as u64;
+            }
+            Some(Msg::Done) => break,
+            None => {
+                return Err(Error::ClientAborted(
+                    "request body ended early (connection closed)".into(),
+                ))
+            }
+        }
+    }
+    file.sync_all().map_err(|e| failed("fsync", e))?;
+    drop(file);
+    let parent = data
+        .parent()
+        .ok_or_else(|| Error::UploadFailed("package path has no parent".into()))?;
+    fs::create_dir_all(parent).map_err(|e| failed("create directory", e))?;
+    match fs::hard_link(tmp, data) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(Error::AlreadyExists),
+        Err(e) => return Err(failed("link into place", e)),
+    }
+    let meta = PackageMeta {
+        size,
+        etag: Some(hex::encode(hasher.finalize())),
+    };
+    if let Err(e) = write_meta(meta_tmp, data, &meta) {
+        tracing::warn!("cannot write the sidecar of {}: {e}", data.display());
+    }
+    // Make the new directory entries durable.
+    if let Ok(dir) = File::open(parent) {
+        let _ = dir.sync_all();
+    }
+    Ok(meta)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn body(chunks: Vec<&'static [u8]>) -> ByteStream {
+        Box::pin(futures::stream::iter(
+            chunks.into_iter().map(|c| Ok(Bytes::from_static(c))),
+        ))
+    }
+
+    fn key(sha: &str) -> PackageKey {
+        PackageKey::parse("zlib", "1.3", sha).unwrap()
+    }
+
+    #[tokio::test]
+    async fn put_get_delete_roundtrip_and_conflict() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path()).unwrap();
+        let k = key("ab01");
+        assert!(store.head(&k).await.unwrap().is_none());
+        let meta = store
+            .put(&k, body(vec![b"hello ", b"world"]), 0)
+            .await
+            .unwrap();
+        assert_eq!(meta.size, 11);
+        assert_eq!(
+            meta.etag.as_deref(),
+            Some("b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9")
+        );
+        assert_eq!(store.head(&k).await.unwrap(), Some(meta.clone()));
+        match store.get(&k).await.unwrap() {
+            Some((m, PackageBody::Full(b))) => {
+                assert_eq!(m, meta);
+                assert_eq!(&b[..], b"hello world");
+            }
+            _ => panic!("expected a small body"),
+        }
+        assert!(matches!(
+            store.put(&k, body(vec![b"x"]), 0).await,
+            Err(Error::AlreadyExists)
+        ));
+        assert_eq!(
+            store.scan().await.unwrap(),
+            Totals {
+                packages: 1,
+                bytes: 11
+            }
+        );
+        assert_eq!(store.delete(&k).await.unwrap(), Some(11));
+        assert_eq!(store.delete(&k).await.unwrap(), None);
+        assert_eq!(store.scan().await.unwrap(), Totals::default());
+        assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn failed_body_and_limit_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path()).unwrap();
+        let k = key("cd02");
+        let broken: ByteStream = Box::pin(futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"part")),
+            Err(io::Error::other("connection reset")),
+        ]));
+        assert!(matches!(
+            store.put(&k, broken, 0).await,
+            Err(Error::ClientAborted(_))
+        ));
+        assert!(matches!(
+            store.put(&k, body(vec![b"12345", b"6"]), 5).await,
+            Err(Error::TooLarge(5))
+        ));
+        assert!(store.head(&k).await.unwrap().is_none());
+        assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+        // the key is free again
+        assert!(store.put(&k, body(vec![b"ok"]), 0).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn leftovers_are_removed_at_open_and_missing_meta_is_tolerated() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("tmp")).unwrap();
+        fs::write(dir.path().join("tmp/123-0-data.part"), b"half").unwrap();
+        let p = dir.path().join("packages/a/1");
+        fs::create_dir_all(&p).unwrap();
+        fs::write(p.join("ff"), b"by hand").unwrap();
+        let store = FsStore::open(dir.path()).unwrap();
+        assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+        let k = PackageKey::parse("a", "1", "ff").unwrap();
+        let m = store.head(&k).await.unwrap().unwrap();
+        assert_eq!(m.size, 7);
+        assert_eq!(store.scan().await.unwrap().packages, 1);
+        store.probe(true).await.unwrap();
+    }
+}
