@@ -72,7 +72,14 @@ impl S3Store {
             .as_deref()
             .ok_or_else(|| anyhow::anyhow!("storage.s3.url is required with backend s3"))?;
         let (bucket, prefix) = parse_s3_url(url).map_err(anyhow::Error::msg)?;
-        let mut b = AmazonS3Builder::from_env().with_bucket_name(&bucket);
+        // Client options first: `with_client_options` replaces allow_http set before it.
+        let mut b = AmazonS3Builder::from_env()
+            .with_client_options(
+                ClientOptions::new()
+                    .with_connect_timeout(Duration::from_secs(5))
+                    .with_timeout(Duration::from_secs(300)),
+            )
+            .with_bucket_name(&bucket);
         if let Some(ep) = &cfg.endpoint {
             b = b.with_endpoint(ep);
             b = b.with_virtual_hosted_style_request(!cfg.path_style.unwrap_or(true));
@@ -107,11 +114,6 @@ impl S3Store {
             retry_timeout: Duration::from_secs(30),
             ..RetryConfig::default()
         });
-        b = b.with_client_options(
-            ClientOptions::new()
-                .with_connect_timeout(Duration::from_secs(5))
-                .with_timeout(Duration::from_secs(300)),
-        );
         let endpoint = cfg
             .endpoint
             .clone()
