@@ -12,6 +12,8 @@
 //! - **socks5**: connection rate (handshake + CONNECT + one echo round trip + close, many workers)
 //!   and bulk throughput, switchyard against microsocks and danted.
 //! - **memory**: switchyard's RSS idle and with thousands of idle CONNECT tunnels held open.
+//! - **pkgcache**: `switchyard pkgcache` GET/PUT of 10 KiB, 10 MiB and 1 GiB packages against
+//!   nginx serving the same files from disk (see [`pkgcache`](mod@pkgcache)).
 //!
 //! Results go to `<out>/<scenario>.json` and `<out>/summary.md` (tables, ratios, targets). A peer
 //! that is missing or fails to start is reported as such; every started process is stopped by PID
@@ -19,6 +21,7 @@
 
 mod load;
 mod peers;
+mod pkgcache;
 mod procs;
 mod report;
 mod scenarios;
@@ -40,7 +43,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, memory
+    /// subset: http, connect, socks5, memory, pkgcache
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -49,7 +52,7 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 4] = ["http", "connect", "socks5", "memory"];
+pub const SCENARIOS: [&str; 5] = ["http", "connect", "socks5", "memory", "pkgcache"];
 
 /// Runs the selected scenarios and writes the results. Synchronous; builds its own tokio runtime.
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -117,7 +120,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut sections = Vec::new();
     for s in selected {
         tracing::info!("bench: scenario {s}");
-        let section = match scenarios::run_one(&ctx, s) {
+        let result = match s {
+            "pkgcache" => pkgcache::run(&ctx),
+            _ => scenarios::run_one(&ctx, s),
+        };
+        let section = match result {
             Ok(md) => md,
             Err(e) => format!("## {s}\n\nScenario failed: {e:#}\n"),
         };

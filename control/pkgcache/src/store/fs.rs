@@ -11,6 +11,10 @@
 //! wins — also across several servers sharing the directory — and the other gets 409. A dropped
 //! connection or a `kill -9` leaves at most a file in `tmp/`, which is never served. The parent
 //! directory is fsynced after the link, so an acknowledged upload survives a power cut.
+//!
+//! Packages up to 64 KiB are kept in a 64 MiB in-memory cache once served (packages are
+//! immutable). A DELETE through this server drops the entry; a package deleted behind its back
+//! (by hand, or by another server sharing the directory) may be served from memory until evicted.
 
 use std::collections::HashSet;
 use std::fs::{self, File};
@@ -33,7 +37,47 @@ const SMALL: u64 = 64 * 1024;
 /// Chunk size of streamed GET bodies.
 const READ_CHUNK: usize = 256 * 1024;
 /// Chunks queued between the request body and the writer thread (bounds upload memory).
-const WRITE_QUEUE: usize = 16;
+const WRITE_QUEUE: usize = 4;
+/// Bytes of small packages kept in memory (packages are immutable, so a hit needs no I/O).
+const SMALL_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Small packages recently stored or served, evicted first-in first-out.
+#[derive(Default)]
+struct SmallCache {
+    map: std::collections::HashMap<PackageKey, (PackageMeta, Bytes)>,
+    order: std::collections::VecDeque<PackageKey>,
+    bytes: usize,
+}
+
+impl SmallCache {
+    fn get(&self, key: &PackageKey) -> Option<(PackageMeta, Bytes)> {
+        self.map.get(key).cloned()
+    }
+
+    fn insert(&mut self, key: PackageKey, meta: PackageMeta, body: Bytes) {
+        if meta.etag.is_none() || self.map.contains_key(&key) {
+            return;
+        }
+        self.bytes += body.len();
+        self.order.push_back(key.clone());
+        self.map.insert(key, (meta, body));
+        while self.bytes > SMALL_CACHE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, b)) = self.map.remove(&old) {
+                self.bytes -= b.len();
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &PackageKey) {
+        if let Some((_, b)) = self.map.remove(key) {
+            self.bytes -= b.len();
+            self.order.retain(|k| k != key);
+        }
+    }
+}
 
 /// The file-system store.
 pub struct FsStore {
@@ -42,6 +86,7 @@ pub struct FsStore {
     tmp: PathBuf,
     inflight: Arc<Mutex<HashSet<PackageKey>>>,
     counter: AtomicU64,
+    small: Mutex<SmallCache>,
 }
 
 /// Removes the key from the in-flight set when the upload ends, however it ends.
@@ -112,6 +157,7 @@ impl FsStore {
             root,
             inflight: Arc::default(),
             counter: AtomicU64::new(0),
+            small: Mutex::default(),
         })
     }
 
@@ -135,7 +181,17 @@ impl FsStore {
             .join(format!("{}-{n}-{what}.part", std::process::id()))
     }
 
+    fn cached(&self, key: &PackageKey) -> Option<(PackageMeta, Bytes)> {
+        self.small
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+    }
+
     pub async fn head(&self, key: &PackageKey) -> Result<Option<PackageMeta>, Error> {
+        if let Some((meta, _)) = self.cached(key) {
+            return Ok(Some(meta));
+        }
         let data = self.data_path(key);
         blocking(move || {
             let md = match fs::metadata(&data) {
@@ -154,6 +210,9 @@ impl FsStore {
     }
 
     pub async fn get(&self, key: &PackageKey) -> Result<Option<(PackageMeta, PackageBody)>, Error> {
+        if let Some((meta, body)) = self.cached(key) {
+            return Ok(Some((meta, PackageBody::Full(body))));
+        }
         let data = self.data_path(key);
         let opened = blocking(move || {
             let mut file = match File::open(&data) {
@@ -183,7 +242,14 @@ impl FsStore {
         .await?;
         Ok(opened.map(|(meta, body)| {
             let body = match body {
-                Ok(bytes) => PackageBody::Full(bytes),
+                Ok(bytes) => {
+                    self.small.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                        key.clone(),
+                        meta.clone(),
+                        bytes.clone(),
+                    );
+                    PackageBody::Full(bytes)
+                }
                 Err(file) => {
                     let file = tokio::fs::File::from_std(file);
                     // The file is immutable once committed; stream exactly the size we report.
@@ -259,6 +325,10 @@ impl FsStore {
     }
 
     pub async fn delete(&self, key: &PackageKey) -> Result<Option<u64>, Error> {
+        self.small
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
         let data = self.data_path(key);
         let packages = self.packages.clone();
         blocking(move || {
