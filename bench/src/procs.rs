@@ -90,7 +90,7 @@ fn terminate(mut p: Proc) {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        tracing::warn!("{} ignored SIGTERM; killing it", p.name);
+        tracing::warn!("{} did not exit within 5 s of SIGTERM; killing it", p.name);
         let _ = p.child.kill();
     }
     let _ = p.child.wait();
