@@ -584,9 +584,40 @@ mod tests {
             }
         );
         assert_eq!(store.delete(&k).await.unwrap(), Some(11));
+        // the in-memory copy went with it
+        assert!(store.head(&k).await.unwrap().is_none());
+        assert!(store.get(&k).await.unwrap().is_none());
         assert_eq!(store.delete(&k).await.unwrap(), None);
         assert_eq!(store.scan().await.unwrap(), Totals::default());
         assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn small_cache_is_bounded_fifo() {
+        let mut c = SmallCache::default();
+        let meta = |n: usize| PackageMeta {
+            size: n as u64,
+            etag: Some("e".into()),
+        };
+        let chunk = Bytes::from(vec![0u8; SMALL_CACHE_BYTES / 2]);
+        for i in 0..3u8 {
+            c.insert(key(&format!("{i:02x}")), meta(chunk.len()), chunk.clone());
+        }
+        assert!(c.bytes <= SMALL_CACHE_BYTES);
+        assert!(c.get(&key("00")).is_none(), "oldest evicted");
+        assert!(c.get(&key("02")).is_some());
+        c.remove(&key("02"));
+        assert!(c.get(&key("02")).is_none());
+        // entries without ETag are not cached
+        c.insert(
+            key("aa"),
+            PackageMeta {
+                size: 1,
+                etag: None,
+            },
+            Bytes::from_static(b"x"),
+        );
+        assert!(c.get(&key("aa")).is_none());
     }
 
     #[tokio::test]
