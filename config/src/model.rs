@@ -690,10 +690,14 @@ pub struct ApiConfig {
     pub allowed_origins: Vec<String>,
     pub enable_request_log: bool,
     pub request_log_size: usize,
+    /// `host:port` that `POST /api/v1/backends/{name}/test` connects to when the request names
+    /// no target.
+    pub backend_test_target: String,
 }
 
 impl Default for ApiConfig {
-    /// enabled, listen `:7082`, no token, request log off with 1000 entries.
+    /// enabled, listen `:7082`, no token, request log off with 1000 entries, backend tests
+    /// against `www.google.com:443`.
     fn default() -> Self {
         ApiConfig {
             enabled: true,
@@ -702,6 +706,7 @@ impl Default for ApiConfig {
             allowed_origins: Vec::new(),
             enable_request_log: false,
             request_log_size: 1000,
+            backend_test_target: "www.google.com:443".into(),
         }
     }
 }

@@ -428,6 +428,9 @@ fn check_rate_limit(cfg: &ServerConfig, p: &mut Problems) {
 fn check_api(cfg: &ServerConfig, p: &mut Problems) {
     let a = &cfg.api;
     check_listen("api.listen", &a.listen, p);
+    if let Err(e) = check_host_port(&a.backend_test_target) {
+        p.push("api.backend_test_target", &e);
+    }
     if a.request_log_size == 0 {
         p.push("api.request_log_size", "must be at least 1 (default 1000)");
     }

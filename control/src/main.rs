@@ -4,9 +4,12 @@
 #![forbid(unsafe_code)]
 
 mod api;
+mod config_store;
+mod hub;
 mod logging;
 mod net;
 mod pac;
+mod request_log;
 mod server;
 
 use anyhow::Context as _;

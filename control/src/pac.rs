@@ -46,10 +46,22 @@ fn proxy_address(cfg: &ServerConfig, headers: &HeaderMap, proxy_port: u16) -> Op
     Some(format!("{host}:{proxy_port}"))
 }
 
+#[utoipa::path(get, path = "/proxy.pac", tag = "pac", security(()),
+    responses((status = 200, description = "PAC script", content_type = "application/x-ns-proxy-autoconfig", body = String)))]
 pub async fn serve(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> Response {
+    pac_response(&state, &headers)
+}
+
+#[utoipa::path(get, path = "/wpad.dat", tag = "pac", security(()),
+    responses((status = 200, description = "PAC script (WPAD name)", content_type = "application/x-ns-proxy-autoconfig", body = String)))]
+pub async fn serve_wpad(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> Response {
+    pac_response(&state, &headers)
+}
+
+fn pac_response(state: &ServerState, headers: &HeaderMap) -> Response {
     let cfg = state.config.load();
     let port = state.http_addr.map(|a| a.port()).unwrap_or(7080);
-    let Some(proxy) = proxy_address(&cfg, &headers, port) else {
+    let Some(proxy) = proxy_address(&cfg, headers, port) else {
         return (
             StatusCode::BAD_REQUEST,
             "no Host header and no server.pac.proxy_host configured\n",

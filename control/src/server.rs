@@ -1,32 +1,49 @@
 //! `switchyard server`: loads and validates the configuration, starts the glommio data plane on
-//! its cores and the tokio control plane (management API, PAC) on its own threads, drains
-//! data-plane events, and reloads the hot-reloadable sections on SIGHUP.
+//! its cores and the tokio control plane (management API, PAC) on its own threads, moves
+//! data-plane events and request records into the hub and the request log, and reloads the
+//! hot-reloadable sections on SIGHUP.
 
+use crate::hub::Hub;
+use crate::request_log::RequestLog;
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
-use switchyard_config::{ServerConfig, HOT_RELOADABLE_SECTIONS};
+use std::time::{Duration, Instant};
+use switchyard_config::ServerConfig;
+use switchyard_dataplane::commands::CommandSender;
 use switchyard_dataplane::counters::Counters;
 use switchyard_dataplane::engine::DataplaneOptions;
-use switchyard_dataplane::events::{Event, EventQueue};
+use switchyard_dataplane::events::{EventQueue, RequestQueue};
+use switchyard_dataplane::live::LiveTable;
 use switchyard_dataplane::{Dataplane, Snapshot, SnapshotHandle};
 
 /// What the control plane shares with its handlers.
 pub struct ServerState {
-    /// The configuration the server runs (hot sections as last reloaded).
+    /// The configuration the server runs: the file as loaded, plus hot reloads and API changes.
     pub config: ArcSwap<ServerConfig>,
     pub config_path: Option<PathBuf>,
+    /// Serialises every change of the configuration (API mutations, saves, reloads).
+    pub config_write: tokio::sync::Mutex<()>,
     pub snapshot: SnapshotHandle,
     pub counters: Arc<Counters>,
     pub events: Arc<EventQueue>,
+    pub requests: Arc<RequestQueue>,
+    pub live: Arc<LiveTable>,
+    pub commands: CommandSender,
     pub http_addr: Option<SocketAddr>,
+    pub socks5_addr: Option<SocketAddr>,
     pub cores: usize,
+    pub hub: Hub,
+    pub request_log: RequestLog,
+    pub started: Instant,
+    /// Successful configuration reloads (SIGHUP, API, saves with hot sections).
+    pub reloads: AtomicU64,
 }
 
-fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
+pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
     let cfg = match path {
         Some(p) => ServerConfig::load_file(p)?,
         None => ServerConfig::default(),
@@ -59,24 +76,19 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         .build()
         .context("starting the control-plane runtime")?;
 
-    let http = cfg.server.http.listen.as_str();
-    let http_listen = crate::net::parse("server.http", http)?;
+    let http_listen = crate::net::parse("server.http", &cfg.server.http.listen)?;
     let socks_listen = if cfg.server.socks5.enabled {
-        Some(crate::net::parse(
-            "server.socks5",
-            &cfg.server.socks5.listen,
-        )?)
+        Some(crate::net::parse("server.socks5", &cfg.server.socks5.listen)?)
     } else {
         None
     };
     let cores_wanted = cfg.server.cores;
     let probe_cores = if cores_wanted == 0 {
-        num_cpus()
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
         cores_wanted
     };
-    let snapshot =
-        Snapshot::compile(&cfg, None, probe_cores).context("compiling the configuration")?;
+    let snapshot = Snapshot::compile(&cfg, None, probe_cores).context("compiling the configuration")?;
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let dataplane = Dataplane::start(
         snapshot.clone(),
@@ -96,27 +108,33 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let state = Arc::new(ServerState {
         config: ArcSwap::from_pointee(cfg.clone()),
         config_path,
+        config_write: tokio::sync::Mutex::new(()),
         snapshot,
         counters: dataplane.counters.clone(),
         events: dataplane.events.clone(),
+        requests: dataplane.requests.clone(),
+        live: dataplane.live.clone(),
+        commands: dataplane.commands.clone(),
         http_addr: dataplane.http_addr,
+        socks5_addr: dataplane.socks5_addr,
         cores: dataplane.cores.len(),
+        hub: Hub::new(),
+        request_log: RequestLog::new(cfg.api.request_log_size),
+        started: Instant::now(),
+        reloads: AtomicU64::new(0),
     });
 
     runtime.block_on(async move {
-        tokio::spawn(drain_events(state.clone()));
+        tokio::spawn(drain_dataplane(state.clone()));
         tokio::spawn(reload_on_hangup(state.clone()));
         if cfg.api.enabled {
             let listen = crate::net::parse("api", &cfg.api.listen)?;
             let listener = crate::net::bind_tokio(&listen)?;
             tracing::info!(listen = %listener.local_addr()?, "management API listening");
-            let app = crate::api::router(state.clone(), cfg.api.token.clone());
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .context("management API server")?;
+            let app = crate::api::router(state.clone());
+            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+                .await
+                .context("management API server")?;
         } else {
             tracing::info!("management API disabled (api.enabled: false)");
             std::future::pending::<()>().await;
@@ -127,83 +145,30 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// Moves data-plane events out of the bounded queue so it never fills; they are logged here
-/// (the WebSocket fan-out will subscribe to the same stream).
-async fn drain_events(state: Arc<ServerState>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let mut reported_drops = 0;
+/// Moves events and request records out of the data plane's bounded queues (so they never
+/// fill) into the hub and the request log.
+async fn drain_dataplane(state: Arc<ServerState>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let (mut event_drops, mut record_drops) = (0, 0);
     loop {
         tick.tick().await;
         while let Some(event) = state.events.pop() {
-            match event {
-                Event::ConnectionNew {
-                    protocol,
-                    host,
-                    backend,
-                    client,
-                } => {
-                    tracing::debug!(protocol = protocol.as_str(), %host, %backend, %client, "connection.new")
-                }
-                Event::ConnectionClose {
-                    protocol,
-                    host,
-                    backend,
-                    client,
-                    bytes_sent,
-                    bytes_received,
-                } => {
-                    tracing::debug!(protocol = protocol.as_str(), %host, %backend, %client, bytes_sent, bytes_received, "connection.close")
-                }
-            }
+            state.hub.publish_dataplane(&event);
+        }
+        while let Some(record) = state.requests.pop() {
+            state.request_log.push(record);
         }
         let dropped = state.events.dropped();
-        if dropped > reported_drops {
-            tracing::warn!(
-                dropped = dropped - reported_drops,
-                "data-plane events dropped (queue full)"
-            );
-            reported_drops = dropped;
+        if dropped > event_drops {
+            tracing::warn!(dropped = dropped - event_drops, "data-plane events dropped (queue full)");
+            event_drops = dropped;
+        }
+        let dropped = state.requests.dropped();
+        if dropped > record_drops {
+            tracing::warn!(dropped = dropped - record_drops, "request-log records dropped (queue full)");
+            record_drops = dropped;
         }
     }
-}
-
-/// Result of re-reading the configuration file.
-pub struct ReloadOutcome {
-    pub changed_sections: Vec<&'static str>,
-    pub restart_required: Vec<&'static str>,
-}
-
-/// Re-reads the file and applies the hot-reloadable sections by publishing a new snapshot; live
-/// connections keep the snapshot they started with.
-pub fn reload(state: &ServerState) -> anyhow::Result<ReloadOutcome> {
-    let path = state
-        .config_path
-        .as_ref()
-        .context("the server runs on built-in defaults (no --config file to reload)")?;
-    let new = load(Some(path))?;
-    let running = state.config.load_full();
-    let changed = switchyard_config::changed_sections(&running, &new);
-    let mut effective = (*running).clone();
-    effective.routes = new.routes.clone();
-    effective.rate_limit = new.rate_limit.clone();
-    effective.access_control = new.access_control.clone();
-    let restart_required: Vec<&'static str> = changed
-        .iter()
-        .copied()
-        .filter(|s| !HOT_RELOADABLE_SECTIONS.contains(s))
-        .collect();
-    let old_snapshot = state.snapshot.load_full();
-    let snapshot = Snapshot::compile(&effective, Some(&old_snapshot), state.cores)?;
-    state.snapshot.store(Arc::new(snapshot));
-    state.config.store(Arc::new(effective));
-    Ok(ReloadOutcome {
-        changed_sections: changed,
-        restart_required,
-    })
 }
 
 async fn reload_on_hangup(state: Arc<ServerState>) {
@@ -212,15 +177,19 @@ async fn reload_on_hangup(state: Arc<ServerState>) {
         return;
     };
     while hup.recv().await.is_some() {
-        match reload(&state) {
+        match crate::config_store::reload(&state).await {
             Ok(o) => tracing::info!(
                 changed = ?o.changed_sections,
                 restart_required = ?o.restart_required,
                 "configuration reloaded (SIGHUP)"
             ),
-            Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "reload failed; the running configuration stays")
-            }
+            Err(e) => tracing::error!(error = %e, "reload failed; the running configuration stays"),
         }
+    }
+}
+
+impl ServerState {
+    pub fn count_reload(&self) {
+        self.reloads.fetch_add(1, Ordering::Relaxed);
     }
 }

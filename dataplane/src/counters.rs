@@ -18,6 +18,10 @@ pub struct CoreCounters {
     /// Sum of connect latencies in microseconds, with `connects`, for an average.
     pub connect_latency_us: AtomicU64,
     pub connects: AtomicU64,
+    /// Requests by protocol: HTTP, CONNECT, SOCKS5 (index = [`Protocol`] order).
+    pub requests_by_protocol: [AtomicU64; 3],
+    /// Answers by status class: 1xx … 5xx (index 1–5; 0 = no status, e.g. SOCKS5 failures).
+    pub responses_by_class: [AtomicU64; 6],
 }
 
 /// Counters of one subject across all cores.
@@ -37,6 +41,8 @@ pub struct CounterTotals {
     pub errors: u64,
     /// Average connect latency in milliseconds (0 before the first connect).
     pub latency_ms: u64,
+    pub requests_by_protocol: [u64; 3],
+    pub responses_by_class: [u64; 6],
 }
 
 impl Counters {
@@ -65,6 +71,12 @@ impl Counters {
             t.requests += c.requests.load(Relaxed);
             t.errors += c.errors.load(Relaxed);
             lat += c.connect_latency_us.load(Relaxed);
+            for (t, c) in t.requests_by_protocol.iter_mut().zip(&c.requests_by_protocol) {
+                *t += c.load(Relaxed);
+            }
+            for (t, c) in t.responses_by_class.iter_mut().zip(&c.responses_by_class) {
+                *t += c.load(Relaxed);
+            }
             n += c.connects.load(Relaxed);
         }
         // A connection may open on one core's count and close on... the same core: it never
@@ -88,6 +100,12 @@ impl CoreCounters {
     }
     pub fn add_received(&self, n: u64) {
         self.bytes_received.fetch_add(n, Relaxed);
+    }
+    pub fn request(&self, protocol: crate::events::Protocol, status: u16) {
+        self.requests.fetch_add(1, Relaxed);
+        self.requests_by_protocol[protocol as usize].fetch_add(1, Relaxed);
+        let class = usize::from(status / 100).min(5);
+        self.responses_by_class[class].fetch_add(1, Relaxed);
     }
     pub fn connected_in(&self, d: std::time::Duration) {
         self.connect_latency_us

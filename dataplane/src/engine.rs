@@ -5,7 +5,9 @@
 
 use crate::counters::Counters;
 use crate::error::DataplaneError;
-use crate::events::EventQueue;
+use crate::commands::{CommandReceiver, CommandSender};
+use crate::events::{EventQueue, RequestQueue};
+use crate::live::LiveTable;
 use crate::offload::Offload;
 use crate::resolver::Resolver;
 use crate::snapshot::SnapshotHandle;
@@ -38,6 +40,9 @@ pub struct Dataplane {
     pub snapshot: SnapshotHandle,
     pub counters: Arc<Counters>,
     pub events: Arc<EventQueue>,
+    pub requests: Arc<RequestQueue>,
+    pub live: Arc<LiveTable>,
+    pub commands: CommandSender,
     pub cores: Vec<usize>,
     pub http_addr: Option<SocketAddr>,
     pub socks5_addr: Option<SocketAddr>,
@@ -50,6 +55,8 @@ pub(crate) struct CoreContext {
     pub snapshot: SnapshotHandle,
     pub counters: Arc<Counters>,
     pub events: Arc<EventQueue>,
+    pub requests: Arc<RequestQueue>,
+    pub live: Arc<LiveTable>,
     pub resolver: Resolver,
     pub offload: Offload,
     /// Client connections open across all cores, for `server.max_connections`.
@@ -127,6 +134,9 @@ impl Dataplane {
         };
         let counters = Arc::new(Counters::new(cores.len()));
         let events = Arc::new(EventQueue::new(8192));
+        let requests = Arc::new(RequestQueue::new(16_384));
+        let live = Arc::new(LiveTable::new(cores.len()));
+        let (commands, command_rx) = crate::commands::channel();
         let resolver = Resolver::from_system()?;
         let offload = Offload::new(runtime, 4096);
         let open_connections = Arc::new(AtomicUsize::new(0));
@@ -156,10 +166,14 @@ impl Dataplane {
                 snapshot.clone(),
                 counters.clone(),
                 events.clone(),
+                requests.clone(),
+                live.clone(),
                 resolver.clone(),
                 offload.clone(),
                 open_connections.clone(),
             );
+            // Core 0 serves control-plane commands.
+            let command_rx: Option<CommandReceiver> = (index == 0).then(|| command_rx.clone());
             let socks5_ip = socks5_addr.map(|a| a.ip());
             let builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
                 .name(&format!("dataplane-{index}"))
@@ -168,18 +182,24 @@ impl Dataplane {
                 .ring_depth(512);
             let handle = builder
                 .spawn(move || async move {
-                    let (snapshot, counters, events, resolver, offload, open_connections) = ctx;
+                    let (snapshot, counters, events, requests, live, resolver, offload, open_connections) =
+                        ctx;
                     let ctx = Rc::new(CoreContext {
                         core: index,
                         snapshot,
                         counters,
                         events,
+                        requests,
+                        live,
                         resolver,
                         offload,
                         open_connections,
                         socks5_ip,
                     });
                     let mut tasks = Vec::new();
+                    if let Some(rx) = command_rx {
+                        tasks.push(glommio::spawn_local(crate::commands::serve(rx, ctx.clone())));
+                    }
                     if let Some(fd) = http_fd {
                         let listener = crate::sys::listener_from_fd(fd);
                         tasks.push(glommio::spawn_local(accept_loop(
@@ -219,6 +239,9 @@ impl Dataplane {
             snapshot,
             counters,
             events,
+            requests,
+            live,
+            commands,
             cores,
             http_addr,
             socks5_addr,

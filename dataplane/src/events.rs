@@ -38,15 +38,42 @@ pub enum Event {
         bytes_sent: u64,
         bytes_received: u64,
     },
+    /// A backend's passive health changed (connect failures / recoveries).
+    BackendHealth { name: String, healthy: bool },
 }
 
+/// One proxied request (HTTP request, CONNECT tunnel or SOCKS5 connection) for the request log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    pub timestamp: std::time::SystemTime,
+    pub method: String,
+    pub host: String,
+    pub path: String,
+    pub url: String,
+    pub user_agent: String,
+    pub client_ip: std::net::IpAddr,
+    pub username: String,
+    pub backend: String,
+    pub status_code: u16,
+    /// Towards the client.
+    pub bytes_sent: u64,
+    /// From the client.
+    pub bytes_recv: u64,
+    pub duration_ms: u64,
+    pub error: String,
+    pub protocol: Protocol,
+}
+
+pub type EventQueue = BoundedQueue<Event>;
+pub type RequestQueue = BoundedQueue<RequestRecord>;
+
 #[derive(Debug)]
-pub struct EventQueue {
-    queue: ArrayQueue<Event>,
+pub struct BoundedQueue<T> {
+    queue: ArrayQueue<T>,
     dropped: AtomicU64,
 }
 
-impl EventQueue {
+impl<T> BoundedQueue<T> {
     pub fn new(capacity: usize) -> Self {
         Self {
             queue: ArrayQueue::new(capacity.max(1)),
@@ -55,13 +82,13 @@ impl EventQueue {
     }
 
     /// Never blocks; a full queue costs the event, not the caller.
-    pub fn push(&self, event: Event) {
+    pub fn push(&self, event: T) {
         if self.queue.push(event).is_err() {
             self.dropped.fetch_add(1, Relaxed);
         }
     }
 
-    pub fn pop(&self) -> Option<Event> {
+    pub fn pop(&self) -> Option<T> {
         self.queue.pop()
     }
 

@@ -6,6 +6,8 @@ use crate::connector::{Connected, Dialer};
 use crate::engine::CoreContext;
 use crate::error::DataplaneError;
 use crate::events::{Event, Protocol};
+use crate::live::LiveGuard;
+use crate::trace::Trace;
 use crate::origin_pool::{self, PoolKey};
 use crate::snapshot::{Backend, Snapshot};
 use crate::tunnel::{self, Meter};
@@ -14,6 +16,7 @@ use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_proto::http1::{
@@ -195,19 +198,65 @@ async fn reply(
     let _ = tunnel::write_all(client, &bytes).await;
 }
 
-fn host_port_label(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
+/// Answers with an error status, recording it in the trace.
+async fn refuse(
+    client: &RefCell<TcpStream>,
+    trace: &mut Trace,
+    status: u16,
+    reason: &str,
+    extra: &[(&str, &str)],
+    message: String,
+) {
+    reply(client, status, reason, extra, &format!("{message}\n"), true).await;
+    trace.fail(status, message);
+}
+
+async fn refuse_with(client: &RefCell<TcpStream>, trace: &mut Trace, e: &DataplaneError) {
+    let (status, reason) = e.http_status();
+    refuse(client, trace, status, reason, &[], e.to_string()).await;
+}
+
+pub(crate) fn host_port_label(host: &str, port: u16) -> String {
+    http1::format_authority(host, port)
+}
+
+/// The live-table entry and events of one client connection once it is routed somewhere.
+pub(crate) struct Registered<'a> {
+    guard: LiveGuard<'a>,
+    events: &'a crate::events::EventQueue,
+}
+
+impl<'a> Registered<'a> {
+    pub fn new(ctx: &'a CoreContext, peer: SocketAddr, host: String, backend: String, protocol: Protocol) -> Self {
+        ctx.events.push(Event::ConnectionNew {
+            protocol,
+            host: host.clone(),
+            backend: backend.clone(),
+            client: peer,
+        });
+        Self {
+            guard: ctx.live.register(ctx.core, peer, host, backend, protocol),
+            events: &ctx.events,
+        }
+    }
+
+    pub fn conn(&self) -> &crate::live::LiveConnection {
+        &self.guard.conn
     }
 }
 
-/// Per-connection bookkeeping for events.
-struct Tracked {
-    protocol: Protocol,
-    host: String,
-    backend: String,
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        let c = &self.guard.conn;
+        self.events.push(Event::ConnectionClose {
+            protocol: c.protocol,
+            host: c.host.clone(),
+            backend: c.backend.clone(),
+            client: c.client,
+            bytes_sent: c.bytes_sent.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_received: c.bytes_recv.load(std::sync::atomic::Ordering::Relaxed),
+        });
+    }
 }
 
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreContext>) {
@@ -215,8 +264,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
     let client = RefCell::new(stream);
     let mut carry: Vec<u8> = Vec::new();
     let mut first = true;
-    let mut tracked: Option<Tracked> = None;
-    let core = ctx.counters.core(ctx.core);
+    let mut registered: Option<Registered<'_>> = None;
     loop {
         let snapshot = ctx.snapshot.load_full();
         let limits = HeadLimits {
@@ -254,135 +302,153 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             HeadRead::Head(h) => h,
             HeadRead::Closed | HeadRead::Io => break,
             HeadRead::TimedOut => {
-                reply(
-                    &client,
-                    408,
-                    "Request Timeout",
-                    &[],
-                    "request head not received in time\n",
-                    true,
-                )
-                .await;
+                let mut trace = Trace::new(Protocol::Http, "");
+                let msg = "request head not received in time".to_owned();
+                refuse(&client, &mut trace, 408, "Request Timeout", &[], msg).await;
+                trace.finish(&ctx, &snapshot, client_ip);
                 break;
             }
             HeadRead::Bad(e) => {
+                let mut trace = Trace::new(Protocol::Http, "");
                 let status = e.status();
-                let reason = if status == 431 {
-                    "Request Header Fields Too Large"
-                } else {
-                    "Bad Request"
-                };
-                reply(&client, status, reason, &[], &format!("{e}\n"), true).await;
+                let reason = if status == 431 { "Request Header Fields Too Large" } else { "Bad Request" };
+                refuse(&client, &mut trace, status, reason, &[], e.to_string()).await;
+                trace.finish(&ctx, &snapshot, client_ip);
                 break;
             }
         };
-        core.requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-
-        if let Some(limiter) = &snapshot.request_limit {
-            if !limiter.admit(client_ip) {
-                reply(
-                    &client,
-                    429,
-                    "Too Many Requests",
-                    &[("Retry-After", "1")],
-                    "rate limit exceeded\n",
-                    true,
-                )
-                .await;
+        let connect = head.method.eq_ignore_ascii_case("CONNECT");
+        let mut trace = Trace::new(if connect { Protocol::Connect } else { Protocol::Http }, &head.method);
+        trace.url = head.target.clone();
+        trace.user_agent = head.header_str("user-agent").unwrap_or_default().to_owned();
+        let next = handle_request(&ctx, &snapshot, &client, &mut carry, head, peer, &mut trace, &mut registered).await;
+        match next {
+            Next::KeepAlive => trace.finish(&ctx, &snapshot, client_ip),
+            Next::Close => {
+                trace.finish(&ctx, &snapshot, client_ip);
                 break;
             }
-        }
-        if let Some(users) = &snapshot.users {
-            let creds = head
-                .header("proxy-authorization")
-                .and_then(crate::credentials::parse_basic);
-            let ok = match creds {
-                Some((u, p)) => users.verify(&ctx.offload, &u, &p).await,
-                None => false,
-            };
-            if !ok {
-                let body_kind = http1::request_body_kind(&head).unwrap_or(BodyKind::UntilClose);
-                let close = !matches!(body_kind, BodyKind::Empty) || !head.wants_keep_alive();
-                reply(
-                    &client,
-                    407,
-                    "Proxy Authentication Required",
-                    &[("Proxy-Authenticate", "Basic realm=\"switchyard\"")],
-                    "proxy authentication required\n",
-                    close,
-                )
-                .await;
-                if close {
-                    break;
-                }
-                continue;
-            }
-        }
-
-        let target = match http1::parse_target(&head.method, &head.target) {
-            Ok(t) => t,
-            Err(e) => {
-                reply(&client, 400, "Bad Request", &[], &format!("{e}\n"), true).await;
-                break;
-            }
-        };
-        match target {
-            Target::Authority { host, port } if head.method.eq_ignore_ascii_case("CONNECT") => {
-                connect_tunnel(&ctx, &snapshot, client, carry, peer, &host, port).await;
-                finish(&ctx, tracked, peer);
+            Next::Tunnel(job) => {
+                drop(registered.take());
+                let carry = std::mem::take(&mut carry);
+                run_tunnel(&ctx, &snapshot, client, job.connected, carry, peer, Protocol::Connect, &job.label, &job.backend, job.trace).await;
                 return;
-            }
-            Target::Absolute {
-                scheme,
-                host,
-                port,
-                path_and_query,
-            } if scheme == "http" => {
-                let keep = forward(
-                    &ctx,
-                    &snapshot,
-                    &client,
-                    &mut carry,
-                    head,
-                    peer,
-                    &host,
-                    port,
-                    path_and_query,
-                    &mut tracked,
-                )
-                .await;
-                if !keep {
-                    break;
-                }
-            }
-            _ => {
-                reply(
-                    &client,
-                    400,
-                    "Bad Request",
-                    &[],
-                    "this is a proxy: send absolute-form http:// requests or CONNECT\n",
-                    true,
-                )
-                .await;
-                break;
             }
         }
     }
-    finish(&ctx, tracked, peer);
 }
 
-fn finish(ctx: &CoreContext, tracked: Option<Tracked>, peer: SocketAddr) {
-    if let Some(t) = tracked {
-        ctx.events.push(Event::ConnectionClose {
-            protocol: t.protocol,
-            host: t.host,
-            backend: t.backend,
-            client: peer,
-            bytes_sent: 0,
-            bytes_received: 0,
-        });
+/// What the connection does after a request.
+enum Next {
+    KeepAlive,
+    Close,
+    Tunnel(TunnelJob),
+}
+
+struct TunnelJob {
+    connected: Connected,
+    label: String,
+    backend: Arc<Backend>,
+    trace: Trace,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn handle_request<'c>(
+    ctx: &'c CoreContext,
+    snapshot: &Snapshot,
+    client: &RefCell<TcpStream>,
+    carry: &mut Vec<u8>,
+    head: RequestHead,
+    peer: SocketAddr,
+    trace: &mut Trace,
+    registered: &mut Option<Registered<'c>>,
+) -> Next {
+    let client_ip = crate::access_control::canonical(peer.ip());
+    if let Some(limiter) = &snapshot.request_limit {
+        if !limiter.admit(client_ip) {
+            let msg = "rate limit exceeded".to_owned();
+            refuse(client, trace, 429, "Too Many Requests", &[("Retry-After", "1")], msg).await;
+            return Next::Close;
+        }
+    }
+    if let Some(users) = &snapshot.users {
+        let creds = head
+            .header("proxy-authorization")
+            .and_then(crate::credentials::parse_basic);
+        let ok = match &creds {
+            Some((u, p)) => users.verify(&ctx.offload, u, p).await,
+            None => false,
+        };
+        if let Some((u, _)) = creds {
+            trace.username = u;
+        }
+        if !ok {
+            let body_kind = http1::request_body_kind(&head).unwrap_or(BodyKind::UntilClose);
+            let close = !matches!(body_kind, BodyKind::Empty | BodyKind::Length(0)) || !head.wants_keep_alive();
+            reply(
+                client,
+                407,
+                "Proxy Authentication Required",
+                &[("Proxy-Authenticate", "Basic realm=\"switchyard\"")],
+                "proxy authentication required\n",
+                close,
+            )
+            .await;
+            trace.fail(407, "proxy authentication required");
+            return if close { Next::Close } else { Next::KeepAlive };
+        }
+    }
+
+    let target = match http1::parse_target(&head.method, &head.target) {
+        Ok(t) => t,
+        Err(e) => {
+            refuse(client, trace, 400, "Bad Request", &[], e.to_string()).await;
+            return Next::Close;
+        }
+    };
+    match target {
+        Target::Authority { host, port } if head.method.eq_ignore_ascii_case("CONNECT") => {
+            trace.host = host_port_label(&host, port);
+            let backend = match route(snapshot, &host) {
+                Ok(b) => b.clone(),
+                Err(e) => {
+                    refuse_with(client, trace, &e).await;
+                    return Next::Close;
+                }
+            };
+            trace.backend = backend.name.clone();
+            let connected = match dial(ctx, snapshot, &backend, &host, port).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(client = %peer, %host, port, error = %e, "CONNECT failed");
+                    refuse_with(client, trace, &e).await;
+                    return Next::Close;
+                }
+            };
+            if tunnel::write_all(client, b"HTTP/1.1 200 Connection Established\r\n\r\n").await.is_err() {
+                trace.fail(200, "client went away");
+                return Next::Close;
+            }
+            trace.status = 200;
+            // The tunnel's trace is finished (counted and logged) when the tunnel closes.
+            let tunnel_trace = std::mem::replace(trace, Trace::new(Protocol::Connect, "CONNECT"));
+            Next::Tunnel(TunnelJob {
+                connected,
+                label: tunnel_trace.host.clone(),
+                backend,
+                trace: tunnel_trace,
+            })
+        }
+        Target::Absolute { scheme, host, port, path_and_query } if scheme == "http" => {
+            trace.host = host_port_label(&host, port);
+            trace.path = path_and_query.clone();
+            forward(ctx, snapshot, client, carry, head, peer, &host, port, path_and_query, trace, registered).await
+        }
+        _ => {
+            let msg = "this is a proxy: send absolute-form http:// requests or CONNECT".to_owned();
+            refuse(client, trace, 400, "Bad Request", &[], msg).await;
+            Next::Close
+        }
     }
 }
 
@@ -393,7 +459,8 @@ fn route<'s>(snapshot: &'s Snapshot, host: &str) -> Result<&'s Arc<Backend>, Dat
         .ok_or_else(|| DataplaneError::NoRoute(host.to_owned()))
 }
 
-async fn dial(
+/// Connects through `backend`, recording latency, errors and passive health.
+pub(crate) async fn dial(
     ctx: &CoreContext,
     snapshot: &Snapshot,
     backend: &Backend,
@@ -411,61 +478,25 @@ async fn dial(
     match &result {
         Ok(_) => counters.connected_in(started.elapsed()),
         Err(_) => {
-            counters
-                .errors
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            counters.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    // Only failures that say something about the backend's path count against its health.
+    let judged = match &result {
+        Ok(_) => Some(true),
+        Err(e) if e.side() == crate::error::Side::Upstream && !matches!(e, DataplaneError::Resolve { .. } | DataplaneError::Refused { .. }) => Some(false),
+        Err(_) => None,
+    };
+    if let Some(success) = judged {
+        if let Some(healthy) = backend.health.record(success) {
+            tracing::warn!(backend = %backend.name, healthy, "backend health changed");
+            ctx.events.push(Event::BackendHealth { name: backend.name.clone(), healthy });
         }
     }
     result
 }
 
-async fn fail_reply(client: &RefCell<TcpStream>, e: &DataplaneError) {
-    let (status, reason) = e.http_status();
-    reply(client, status, reason, &[], &format!("{e}\n"), true).await;
-}
-
-async fn connect_tunnel(
-    ctx: &CoreContext,
-    snapshot: &Snapshot,
-    client: RefCell<TcpStream>,
-    carry: Vec<u8>,
-    peer: SocketAddr,
-    host: &str,
-    port: u16,
-) {
-    let backend = match route(snapshot, host) {
-        Ok(b) => b.clone(),
-        Err(e) => return fail_reply(&client, &e).await,
-    };
-    let connected = match dial(ctx, snapshot, &backend, host, port).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::debug!(client = %peer, %host, port, error = %e, "CONNECT failed");
-            return fail_reply(&client, &e).await;
-        }
-    };
-    let label = host_port_label(host, port);
-    if tunnel::write_all(&client, b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        .await
-        .is_err()
-    {
-        return;
-    }
-    run_tunnel(
-        ctx,
-        snapshot,
-        client,
-        connected,
-        carry,
-        peer,
-        Protocol::Connect,
-        &label,
-        &backend,
-    )
-    .await;
-}
-
-/// Relays a CONNECT or SOCKS5 tunnel and reports it.
+/// Relays a CONNECT or SOCKS5 tunnel, reports it, and finishes its trace.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_tunnel(
     ctx: &CoreContext,
@@ -477,64 +508,85 @@ pub(crate) async fn run_tunnel(
     protocol: Protocol,
     label: &str,
     backend: &Backend,
+    trace: Trace,
 ) {
     let upstream = RefCell::new(connected.stream);
     let core = ctx.counters.core(ctx.core);
     let bcore = backend.counters.core(ctx.core);
     bcore.opened();
-    ctx.events.push(Event::ConnectionNew {
-        protocol,
-        host: label.to_owned(),
-        backend: backend.name.clone(),
-        client: peer,
-    });
+    let registered = Registered::new(ctx, peer, label.to_owned(), backend.name.clone(), protocol);
     let _ = client.borrow_mut().set_read_timeout(None);
     let mut ok = true;
     if !client_early.is_empty() {
         ok &= tunnel::write_all(&upstream, &client_early).await.is_ok();
     }
     if ok && !connected.early_data.is_empty() {
-        ok &= tunnel::write_all(&client, &connected.early_data)
-            .await
-            .is_ok();
+        ok &= tunnel::write_all(&client, &connected.early_data).await.is_ok();
     }
     let client_ip = crate::access_control::canonical(peer.ip());
-    let relayed = if ok {
+    let live = registered.conn();
+    if ok {
         tunnel::relay(
             &client,
             &upstream,
-            Meter {
-                counters: [core, bcore],
-                upload: true,
-                limiter: snapshot.upload_limit.as_ref(),
-                client: client_ip,
-            },
-            Meter {
-                counters: [core, bcore],
-                upload: false,
-                limiter: snapshot.download_limit.as_ref(),
-                client: client_ip,
-            },
+            Meter { counters: [core, bcore], live: Some(live), upload: true, limiter: snapshot.upload_limit.as_ref(), client: client_ip },
+            Meter { counters: [core, bcore], live: Some(live), upload: false, limiter: snapshot.download_limit.as_ref(), client: client_ip },
             snapshot.timeouts.idle,
         )
-        .await
-    } else {
-        tunnel::Relayed::default()
-    };
+        .await;
+    }
     bcore.closed();
-    ctx.events.push(Event::ConnectionClose {
-        protocol,
-        host: label.to_owned(),
-        backend: backend.name.clone(),
-        client: peer,
-        bytes_sent: relayed.download,
-        bytes_received: relayed.upload,
-    });
+    trace.up.set(live.bytes_recv.load(std::sync::atomic::Ordering::Relaxed));
+    trace.down.set(live.bytes_sent.load(std::sync::atomic::Ordering::Relaxed));
+    drop(registered);
+    trace.finish(ctx, snapshot, client_ip);
 }
 
-/// Forwards one absolute-form request; returns whether the client connection stays open.
+/// Forwards one absolute-form request; returns what the connection does next.
 #[allow(clippy::too_many_arguments)]
-async fn forward(
+async fn forward<'c>(
+    ctx: &'c CoreContext,
+    snapshot: &Snapshot,
+    client: &RefCell<TcpStream>,
+    carry: &mut Vec<u8>,
+    head: RequestHead,
+    peer: SocketAddr,
+    host: &str,
+    port: u16,
+    path_and_query: String,
+    trace: &mut Trace,
+    registered: &mut Option<Registered<'c>>,
+) -> Next {
+    let request_body = match http1::request_body_kind(&head) {
+        Ok(k) => k,
+        Err(e) => {
+            refuse(client, trace, 400, "Bad Request", &[], e.to_string()).await;
+            return Next::Close;
+        }
+    };
+    let client_keep_alive = head.wants_keep_alive();
+    let backend = match route(snapshot, host) {
+        Ok(b) => b.clone(),
+        Err(e) => {
+            refuse_with(client, trace, &e).await;
+            return Next::Close;
+        }
+    };
+    trace.backend = backend.name.clone();
+    let live = registered.get_or_insert_with(|| {
+        Registered::new(ctx, peer, host_port_label(host, port), backend.name.clone(), Protocol::Http)
+    });
+    let conn = live.conn();
+    let (up_before, down_before) = (conn.bytes_recv.load(Relaxed), conn.bytes_sent.load(Relaxed));
+    let next = exchange(ctx, snapshot, client, carry, head, peer, host, port, path_and_query, trace, &backend, conn, request_body, client_keep_alive).await;
+    trace.up.set(conn.bytes_recv.load(Relaxed) - up_before);
+    trace.down.set(conn.bytes_sent.load(Relaxed) - down_before);
+    next
+}
+
+/// Sends the request to the origin (pooled connection or a new one) and relays the response.
+#[allow(clippy::too_many_arguments)]
+async fn exchange(
     ctx: &CoreContext,
     snapshot: &Snapshot,
     client: &RefCell<TcpStream>,
@@ -544,37 +596,12 @@ async fn forward(
     host: &str,
     port: u16,
     path_and_query: String,
-    tracked: &mut Option<Tracked>,
-) -> bool {
-    let request_body = match http1::request_body_kind(&head) {
-        Ok(k) => k,
-        Err(e) => {
-            reply(client, 400, "Bad Request", &[], &format!("{e}\n"), true).await;
-            return false;
-        }
-    };
-    let client_keep_alive = head.wants_keep_alive();
-    let backend = match route(snapshot, host) {
-        Ok(b) => b.clone(),
-        Err(e) => {
-            fail_reply(client, &e).await;
-            return false;
-        }
-    };
-    if tracked.is_none() {
-        let t = Tracked {
-            protocol: Protocol::Http,
-            host: host_port_label(host, port),
-            backend: backend.name.clone(),
-        };
-        ctx.events.push(Event::ConnectionNew {
-            protocol: t.protocol,
-            host: t.host.clone(),
-            backend: t.backend.clone(),
-            client: peer,
-        });
-        *tracked = Some(t);
-    }
+    trace: &mut Trace,
+    backend: &Backend,
+    conn: &crate::live::LiveConnection,
+    request_body: BodyKind,
+    client_keep_alive: bool,
+) -> Next {
 
     // Rewrite the head for the origin: origin-form target, Host from the absolute URI,
     // hop-by-hop headers (incl. Proxy-Authorization) removed.
@@ -589,49 +616,44 @@ async fn forward(
         head.remove_header("expect");
     }
     head.target = path_and_query;
-    let authority = if port == 80 {
-        host_port_label(host, port)
-            .trim_end_matches(":80")
-            .to_owned()
-    } else {
-        host_port_label(host, port)
-    };
+    let authority = if port == 80 { http1::format_authority(host, 80).trim_end_matches(":80").to_owned() } else { http1::format_authority(host, port) };
     head.set_header("Host", authority.as_bytes());
     head.version_minor = 1;
     let mut out = Vec::with_capacity(512);
     http1::write_request_head(&head, &mut out);
 
-    let key = PoolKey {
-        backend: backend.kind.clone(),
-        host: host.to_owned(),
-        port,
-    };
+    let key = PoolKey { backend: backend.kind.clone(), host: host.to_owned(), port };
     let core = ctx.counters.core(ctx.core);
     let bcore = backend.counters.core(ctx.core);
     let count_up = |n: u64| {
         core.add_received(n);
         bcore.add_received(n);
+        conn.add_recv(n);
     };
     let count_down = |n: u64| {
         core.add_sent(n);
         bcore.add_sent(n);
+        conn.add_sent(n);
     };
 
     // A pooled connection may have been closed by the origin just now; a request without a
     // body is retried once on a fresh connection when that happens before any response byte.
+    let retryable = matches!(request_body, BodyKind::Empty | BodyKind::Length(0));
     let mut attempt = 0;
-    let (origin, response, mut origin_carry) = loop {
+    let failure: Option<(u16, &str, String)>;
+    let (origin, response, mut origin_carry) = 'attempts: loop {
         attempt += 1;
         let pooled = origin_pool::take(&key);
         let reused = pooled.is_some();
         let (stream, early) = match pooled {
             Some(s) => (s, Vec::new()),
-            None => match dial(ctx, snapshot, &backend, host, port).await {
+            None => match dial(ctx, snapshot, backend, host, port).await {
                 Ok(c) => (c.stream, c.early_data),
                 Err(e) => {
                     tracing::debug!(client = %peer, %host, port, error = %e, "request failed");
-                    fail_reply(client, &e).await;
-                    return false;
+                    let (status, reason) = e.http_status();
+                    failure = Some((status, reason, e.to_string()));
+                    break 'attempts (None, None, Vec::new());
                 }
             },
         };
@@ -639,148 +661,100 @@ async fn forward(
         let _ = stream.set_write_timeout(Some(snapshot.timeouts.write));
         let origin = RefCell::new(stream);
         if tunnel::write_all(&origin, &out).await.is_err() {
-            if reused && attempt == 1 && matches!(request_body, BodyKind::Empty) {
+            if reused && attempt == 1 && retryable {
                 continue;
             }
-            fail_reply(
-                client,
-                &DataplaneError::Io(io::ErrorKind::BrokenPipe.into()),
-            )
-            .await;
-            return false;
+            failure = Some((502, "Bad Gateway", format!("{host}:{port} closed the connection")));
+            break (None, None, Vec::new());
         }
         if expects_continue
             && attempt == 1
-            && !matches!(request_body, BodyKind::Empty)
-            && tunnel::write_all(client, b"HTTP/1.1 100 Continue\r\n\r\n")
-                .await
-                .is_err()
+            && !retryable
+            && tunnel::write_all(client, b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err()
         {
-            return false;
+            return Next::Close;
         }
-        match relay_body(client, &origin, carry, request_body, &count_up).await {
-            Ok(_) => {}
-            Err(e) => {
-                tracing::debug!(client = %peer, error = %e, "request body relay failed");
-                fail_reply(client, &DataplaneError::Io(e)).await;
-                return false;
-            }
+        if let Err(e) = relay_body(client, &origin, carry, request_body, &count_up).await {
+            tracing::debug!(client = %peer, error = %e, "request body relay failed");
+            failure = Some((502, "Bad Gateway", format!("relaying the request body failed: {e}")));
+            break (None, None, Vec::new());
         }
         let mut origin_carry = early;
         let limits = HeadLimits::default();
-        // Skip interim 1xx responses (100 Continue is relayed to the client as well).
+        // Skip interim 1xx responses (relayed to the client as well).
         let response = loop {
-            match read_head(
-                &origin,
-                &mut origin_carry,
-                &limits,
-                snapshot.timeouts.read,
-                http1::parse_response_head,
-            )
-            .await
-            {
+            match read_head(&origin, &mut origin_carry, &limits, snapshot.timeouts.read, http1::parse_response_head).await {
                 HeadRead::Head(r) if (100..200).contains(&r.status) && r.status != 101 => {
                     let mut interim = Vec::new();
                     http1::write_response_head(&r, &mut interim);
                     if tunnel::write_all(client, &interim).await.is_err() {
-                        return false;
+                        return Next::Close;
                     }
                 }
                 other => break other,
             }
         };
         match response {
-            HeadRead::Head(r) => break (origin, r, origin_carry),
-            HeadRead::Closed
-                if reused && attempt == 1 && matches!(request_body, BodyKind::Empty) =>
-            {
-                continue
+            HeadRead::Head(r) => {
+                failure = None;
+                break (Some(origin), Some(r), origin_carry);
             }
+            HeadRead::Closed if reused && attempt == 1 && retryable => continue,
             HeadRead::TimedOut => {
-                reply(
-                    client,
-                    504,
-                    "Gateway Timeout",
-                    &[],
-                    &format!("{host}:{port} did not answer in time\n"),
-                    true,
-                )
-                .await;
-                return false;
+                failure = Some((504, "Gateway Timeout", format!("{host}:{port} did not answer in time")));
+                break (None, None, Vec::new());
             }
             HeadRead::Bad(e) => {
-                reply(
-                    client,
-                    502,
-                    "Bad Gateway",
-                    &[],
-                    &format!("invalid response from {host}:{port}: {e}\n"),
-                    true,
-                )
-                .await;
-                return false;
+                failure = Some((502, "Bad Gateway", format!("invalid response from {host}:{port}: {e}")));
+                break (None, None, Vec::new());
             }
             HeadRead::Closed | HeadRead::Io => {
-                reply(
-                    client,
-                    502,
-                    "Bad Gateway",
-                    &[],
-                    &format!("{host}:{port} closed the connection without a response\n"),
-                    true,
-                )
-                .await;
-                return false;
+                failure = Some((502, "Bad Gateway", format!("{host}:{port} closed the connection without a response")));
+                break (None, None, Vec::new());
             }
         }
     };
-    let mut response: ResponseHead = response;
-    let response_body = match http1::response_body_kind(&head.method, &response) {
+    let (Some(origin), Some(mut response)) = (origin, response) else {
+        let (status, reason, message) = failure.unwrap_or((502, "Bad Gateway", "no response".into()));
+        refuse(client, trace, status, reason, &[], message).await;
+        return Next::Close;
+    };
+    let response: &mut ResponseHead = &mut response;
+    let response_body = match http1::response_body_kind(&head.method, response) {
         Ok(k) => k,
         Err(e) => {
-            reply(
-                client,
-                502,
-                "Bad Gateway",
-                &[],
-                &format!("invalid response from {host}:{port}: {e}\n"),
-                true,
-            )
-            .await;
-            return false;
+            let msg = format!("invalid response from {host}:{port}: {e}");
+            refuse(client, trace, 502, "Bad Gateway", &[], msg).await;
+            return Next::Close;
         }
     };
-    let origin_keep_alive =
-        response.wants_keep_alive() && !matches!(response_body, BodyKind::UntilClose);
+    trace.status = response.status;
+    let origin_keep_alive = response.wants_keep_alive() && !matches!(response_body, BodyKind::UntilClose);
     let keep_client = client_keep_alive && !matches!(response_body, BodyKind::UntilClose);
     http1::strip_hop_by_hop(&mut response.headers);
     http1::drop_content_length_if_chunked(&mut response.headers, response_body);
     response.version_minor = 1;
-    response.set_header(
-        "Connection",
-        if keep_client { b"keep-alive" } else { b"close" },
-    );
+    response.set_header("Connection", if keep_client { b"keep-alive" } else { b"close" });
     let mut out = Vec::with_capacity(512);
-    http1::write_response_head(&response, &mut out);
+    http1::write_response_head(response, &mut out);
     if tunnel::write_all(client, &out).await.is_err() {
-        return false;
+        return Next::Close;
     }
     count_down(out.len() as u64);
-    let end = relay_body(
-        &origin,
-        client,
-        &mut origin_carry,
-        response_body,
-        &count_down,
-    )
-    .await;
-    match end {
+    match relay_body(&origin, client, &mut origin_carry, response_body, &count_down).await {
         Ok(BodyEnd::Complete) if origin_keep_alive && origin_carry.is_empty() => {
             let _ = origin.borrow().set_read_timeout(None);
             origin_pool::give(key, origin.into_inner());
         }
         Ok(_) => {}
-        Err(_) => return false,
+        Err(e) => {
+            trace.error = format!("response body relay failed: {e}");
+            return Next::Close;
+        }
     }
-    keep_client
+    if keep_client {
+        Next::KeepAlive
+    } else {
+        Next::Close
+    }
 }

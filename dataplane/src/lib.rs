@@ -11,6 +11,7 @@
 
 pub mod access_control;
 pub mod buffer_pool;
+pub mod commands;
 pub mod connector;
 pub mod counters;
 pub mod credentials;
@@ -18,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod events;
 mod http_proxy;
+pub mod live;
 pub mod offload;
 mod origin_pool;
 pub mod rate_limit;
@@ -25,6 +27,7 @@ pub mod resolver;
 pub mod snapshot;
 mod socks5_server;
 mod sys;
+mod trace;
 mod tunnel;
 
 pub use engine::{Dataplane, DataplaneOptions};

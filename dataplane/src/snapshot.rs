@@ -8,7 +8,7 @@ use crate::counters::Counters;
 use crate::credentials::Users;
 use crate::rate_limit::{BandwidthLimiter, RequestLimiter};
 use arc_swap::ArcSwap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_config::{AuthMode, BackendType, LoadBalance, ServerConfig};
@@ -51,6 +51,44 @@ pub struct Backend {
     pub kind: BackendKind,
     pub enabled: bool,
     pub counters: Arc<Counters>,
+    pub health: Arc<BackendHealth>,
+}
+
+/// Passive health: a backend turns unhealthy after [`FAILURES_TO_UNHEALTHY`] consecutive
+/// failed connects and healthy again on the next success. Shared across snapshots by name.
+#[derive(Debug)]
+pub struct BackendHealth {
+    healthy: AtomicBool,
+    failures: AtomicU32,
+}
+
+pub const FAILURES_TO_UNHEALTHY: u32 = 3;
+
+impl Default for BackendHealth {
+    fn default() -> Self {
+        Self {
+            healthy: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+        }
+    }
+}
+
+impl BackendHealth {
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Records a connect outcome; returns the new state when it changed.
+    pub fn record(&self, success: bool) -> Option<bool> {
+        if success {
+            self.failures.store(0, Ordering::Relaxed);
+            (!self.healthy.swap(true, Ordering::AcqRel)).then_some(true)
+        } else {
+            let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+            (failures >= FAILURES_TO_UNHEALTHY && self.healthy.swap(false, Ordering::AcqRel))
+                .then_some(false)
+        }
+    }
 }
 
 impl Backend {
@@ -96,6 +134,8 @@ pub struct Snapshot {
     pub timeouts: Timeouts,
     pub max_header_size: usize,
     pub max_connections: usize,
+    /// `api.enable_request_log`: the data plane records requests only when on.
+    pub request_log: bool,
 }
 
 fn split_host_port(address: &str) -> Option<(String, u16)> {
@@ -116,10 +156,11 @@ impl Snapshot {
     ) -> Result<Self, SnapshotError> {
         let mut backends = Vec::with_capacity(cfg.backends.len());
         for b in &cfg.backends {
-            let counters = previous
-                .and_then(|p| p.backends.iter().find(|old| old.name == b.name))
+            let old = previous.and_then(|p| p.backends.iter().find(|old| old.name == b.name));
+            let counters = old
                 .map(|old| old.counters.clone())
                 .unwrap_or_else(|| Arc::new(Counters::new(cores)));
+            let health = old.map(|old| old.health.clone()).unwrap_or_default();
             let bad = |message: &str| SnapshotError::Backend {
                 backend: b.name.clone(),
                 message: message.to_owned(),
@@ -171,6 +212,7 @@ impl Snapshot {
                 kind,
                 enabled: b.enabled,
                 counters,
+                health,
             }));
         }
 
@@ -247,6 +289,7 @@ impl Snapshot {
             },
             max_header_size: usize::try_from(http.max_header_size.0).unwrap_or(usize::MAX),
             max_connections: cfg.server.max_connections,
+            request_log: cfg.api.enable_request_log,
         })
     }
 
@@ -342,6 +385,18 @@ mod tests {
         let second = Snapshot::compile(&config(), Some(&first), 1).expect("compile");
         assert_eq!(second.backends[0].counters.totals().total_connections, 1);
         assert_eq!(second.generation, 2);
+    }
+
+    #[test]
+    fn health_turns_after_consecutive_failures() {
+        let h = BackendHealth::default();
+        assert_eq!(h.record(false), None);
+        assert_eq!(h.record(false), None);
+        assert_eq!(h.record(false), Some(false));
+        assert_eq!(h.record(false), None);
+        assert!(!h.is_healthy());
+        assert_eq!(h.record(true), Some(true));
+        assert_eq!(h.record(true), None);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use crate::engine::CoreContext;
 use crate::events::Protocol;
 use crate::snapshot::{BackendKind, Snapshot};
+use crate::trace::Trace;
 use crate::tunnel;
 use glommio::net::{TcpStream, UdpSocket};
 use std::cell::RefCell;
@@ -126,45 +127,35 @@ async fn connect(
     peer: SocketAddr,
     addr: TargetAddr,
 ) {
+    let client_ip = crate::access_control::canonical(peer.ip());
     let (host, port) = split_target(&addr);
+    let label = addr.to_string();
+    let mut trace = Trace::new(Protocol::Socks5, "CONNECT");
+    trace.host = label.clone();
+    trace.url = label.clone();
     let Some((_, backend)) = snapshot.select(&host) else {
         send_reply(&client, ReplyCode::NotAllowed, unspecified()).await;
+        trace.fail(403, format!("no route for {host}"));
+        trace.finish(ctx, snapshot, client_ip);
         return;
     };
     let backend = backend.clone();
-    let dialer = crate::connector::Dialer {
-        resolver: &ctx.resolver,
-        offload: &ctx.offload,
-        timeout: snapshot.timeouts.connect,
-    };
-    let started = std::time::Instant::now();
-    let connected = match dialer.connect(&backend.kind, &host, port).await {
-        Ok(c) => {
-            backend
-                .counters
-                .core(ctx.core)
-                .connected_in(started.elapsed());
-            c
-        }
+    trace.backend = backend.name.clone();
+    let connected = match crate::http_proxy::dial(ctx, snapshot, &backend, &host, port).await {
+        Ok(c) => c,
         Err(e) => {
-            backend
-                .counters
-                .core(ctx.core)
-                .errors
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::debug!(client = %peer, %host, port, error = %e, "SOCKS5 connect failed");
             send_reply(&client, e.socks5_reply(), unspecified()).await;
+            trace.fail(e.http_status().0, e.to_string());
+            trace.finish(ctx, snapshot, client_ip);
             return;
         }
     };
-    let bound = connected
-        .stream
-        .local_addr()
-        .unwrap_or_else(|_| unspecified());
+    let bound = connected.stream.local_addr().unwrap_or_else(|_| unspecified());
     if !send_reply(&client, ReplyCode::Succeeded, bound).await {
         return;
     }
-    let label = addr.to_string();
+    trace.status = 200;
     crate::http_proxy::run_tunnel(
         ctx,
         snapshot,
@@ -175,6 +166,7 @@ async fn connect(
         Protocol::Socks5,
         &label,
         &backend,
+        trace,
     )
     .await;
 }

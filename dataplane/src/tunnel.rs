@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 /// Where the bytes of one direction are counted and shaped.
 pub struct Meter<'a> {
     pub counters: [&'a CoreCounters; 2],
+    pub live: Option<&'a crate::live::LiveConnection>,
     /// true: client → upstream (counted as received from the client)
     pub upload: bool,
     pub limiter: Option<&'a BandwidthLimiter>,
@@ -34,6 +35,13 @@ impl Meter<'_> {
                 c.add_received(n);
             } else {
                 c.add_sent(n);
+            }
+        }
+        if let Some(live) = self.live {
+            if self.upload {
+                live.add_recv(n);
+            } else {
+                live.add_sent(n);
             }
         }
     }
@@ -87,7 +95,6 @@ async fn pump(
     to: &RefCell<TcpStream>,
     meter: &Meter<'_>,
     last_activity: &Cell<Instant>,
-    moved: &Cell<u64>,
 ) -> io::Result<()> {
     loop {
         let (buf, n) = read_pooled(from).await?;
@@ -102,16 +109,8 @@ async fn pump(
         buffer_pool::give(buf);
         written?;
         last_activity.set(Instant::now());
-        moved.set(moved.get() + n as u64);
         meter.count(n as u64);
     }
-}
-
-/// Bytes moved by a finished tunnel.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Relayed {
-    pub upload: u64,
-    pub download: u64,
 }
 
 /// Relays until both directions finish, one fails, or the tunnel is idle for `idle`.
@@ -121,13 +120,11 @@ pub async fn relay(
     up: Meter<'_>,
     down: Meter<'_>,
     idle: Duration,
-) -> Relayed {
+) {
     let last = Cell::new(Instant::now());
-    let upload = Cell::new(0u64);
-    let download = Cell::new(0u64);
     let both = async {
-        let a = pump(client, upstream, &up, &last, &upload);
-        let b = pump(upstream, client, &down, &last, &download);
+        let a = pump(client, upstream, &up, &last);
+        let b = pump(upstream, client, &down, &last);
         // try_zip ends at the first error: a reset on either side ends the tunnel.
         let _ = futures_lite::future::try_zip(a, b).await;
     };
@@ -141,8 +138,4 @@ pub async fn relay(
         }
     };
     futures_lite::future::or(both, watchdog).await;
-    Relayed {
-        upload: upload.get(),
-        download: download.get(),
-    }
 }

@@ -1,139 +1,135 @@
-//! The server management API (tokio + axum): health, version, status, stats and the PAC file.
-//! When `api.token` is set every endpoint but health and the PAC file needs it, as a Bearer
-//! header or a `token` query parameter.
+//! The server management API (tokio + axum). Routes are registered through [`Routes`], which
+//! also records each (method, path) so a test can hold the router and the OpenAPI document to
+//! the same list.
+
+pub mod auth;
+pub mod backends;
+pub mod config;
+pub mod connections;
+pub mod error;
+pub mod openapi;
+pub mod requests;
+pub mod routes;
+pub mod system;
 
 use crate::server::ServerState;
-use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
-use chrono::{DateTime, Utc};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{delete, get, post, put, MethodRouter};
+use axum::{middleware, Router};
 use std::sync::Arc;
-use switchyard_api::{
-    BackendCounts, ErrorBody, HealthResponse, ServerStats, ServerStatus, VersionInfo,
-};
 
-pub fn router(state: Arc<ServerState>, token: Option<String>) -> Router {
-    let protected = Router::new()
-        .route("/api/v1/version", get(version))
-        .route("/api/v1/status", get(status))
-        .route("/api/v1/stats", get(stats))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::new(token),
-            require_token,
-        ));
-    Router::new()
-        .route("/api/v1/health", get(health))
-        .route("/proxy.pac", get(crate::pac::serve))
-        .route("/wpad.dat", get(crate::pac::serve))
+/// Largest JSON body the API reads.
+pub const BODY_LIMIT: usize = 1 << 20;
+
+type S = Arc<ServerState>;
+
+/// A router under construction plus the (method, path) pairs it serves.
+pub struct Routes {
+    router: Router<S>,
+    pub served: Vec<(&'static str, &'static str)>,
+}
+
+impl Routes {
+    fn new() -> Self {
+        Self { router: Router::new(), served: Vec::new() }
+    }
+
+    fn add(mut self, method: &'static str, path: &'static str, handler: MethodRouter<S>) -> Self {
+        self.served.push((method, path));
+        self.router = self.router.route(path, handler);
+        self
+    }
+}
+
+/// Endpoints that need the API token (when one is configured).
+fn protected() -> Routes {
+    Routes::new()
+        .add("get", "/api/v1/version", get(system::version))
+        .add("get", "/api/v1/status", get(system::status))
+        .add("get", "/api/v1/stats", get(system::stats))
+        .add("get", "/api/v1/backends", get(backends::list))
+        .add("post", "/api/v1/backends", post(backends::create))
+        .add("get", "/api/v1/backends/{name}", get(backends::get_one))
+        .add("delete", "/api/v1/backends/{name}", delete(backends::delete))
+        .add("get", "/api/v1/backends/{name}/stats", get(backends::stats))
+        .add("post", "/api/v1/backends/{name}/test", post(backends::test))
+        .add("get", "/api/v1/routes", get(routes::list))
+        .add("post", "/api/v1/routes", post(routes::create))
+        .add("delete", "/api/v1/routes/{name}", delete(routes::delete))
+        .add("get", "/api/v1/requests", get(requests::list))
+        .add("delete", "/api/v1/requests", delete(requests::clear))
+        .add("get", "/api/v1/requests/stats", get(requests::stats))
+        .add("get", "/api/v1/connections", get(connections::list))
+        .add("get", "/api/v1/connections/clients", get(connections::clients))
+        .add("get", "/api/v1/config", get(config::get_sanitized))
+        .add("put", "/api/v1/config", put(config::save))
+        .add("get", "/api/v1/config/full", get(config::get_full))
+        .add("get", "/api/v1/config/meta", get(config::meta))
+        .add("post", "/api/v1/config/validate", post(config::validate))
+        .add("post", "/api/v1/config/reload", post(config::reload))
+        .add("get", "/api/v1/auth/plugins", get(config::auth_plugins))
+        .add("get", "/api/v1/openapi.json", get(openapi::openapi_json))
+}
+
+/// Endpoints open to everyone.
+fn open() -> Routes {
+    Routes::new()
+        .add("get", "/api/v1/health", get(system::health))
+        .add("get", "/proxy.pac", get(crate::pac::serve))
+        .add("get", "/wpad.dat", get(crate::pac::serve_wpad))
+}
+
+/// Every (method, path) the router serves.
+#[cfg(test)]
+pub fn served_routes() -> Vec<(&'static str, &'static str)> {
+    let mut all = protected().served;
+    all.extend(open().served);
+    all
+}
+
+pub fn router(state: S) -> Router {
+    let protected = protected()
+        .router
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+    open()
+        .router
         .merge(protected)
+        .fallback(|| async {
+            error::ApiError::not_found("NO_SUCH_ENDPOINT", "no such endpoint; see /api/v1/openapi.json")
+        })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use utoipa::OpenApi;
 
-fn presented_token(req: &Request) -> Option<String> {
-    if let Some(v) = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        if let Some((scheme, value)) = v.split_once(' ') {
-            if scheme.eq_ignore_ascii_case("bearer") {
-                return Some(value.trim().to_owned());
+    #[test]
+    fn router_and_openapi_document_agree() {
+        let doc = openapi::ServerApiDoc::openapi();
+        let mut documented = BTreeSet::new();
+        for (path, item) in &doc.paths.paths {
+            let methods = [
+                ("get", item.get.is_some()),
+                ("post", item.post.is_some()),
+                ("put", item.put.is_some()),
+                ("delete", item.delete.is_some()),
+                ("patch", item.patch.is_some()),
+            ];
+            for (m, present) in methods {
+                if present {
+                    documented.insert((m.to_owned(), path.clone()));
+                }
             }
         }
+        let served: BTreeSet<(String, String)> =
+            served_routes().into_iter().map(|(m, p)| (m.to_owned(), p.to_owned())).collect();
+        let undocumented: Vec<_> = served.difference(&documented).collect();
+        let unserved: Vec<_> = documented.difference(&served).collect();
+        assert!(undocumented.is_empty(), "served but not documented: {undocumented:?}");
+        assert!(unserved.is_empty(), "documented but not served: {unserved:?}");
     }
-    let query = req.uri().query()?;
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k == "token").then(|| v.to_owned())
-    })
-}
-
-async fn require_token(
-    State(token): State<Arc<Option<String>>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let Some(expected) = token.as_deref() else {
-        return next.run(req).await;
-    };
-    match presented_token(&req) {
-        Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => next.run(req).await,
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer realm=\"switchyard\"")],
-            Json(ErrorBody {
-                error: "unauthorized".into(),
-                message: "a valid API token is required (Authorization: Bearer <token>)".into(),
-                code: "UNAUTHORIZED".into(),
-            }),
-        )
-            .into_response(),
-    }
-}
-
-async fn health() -> Json<HealthResponse> {
-    Json(HealthResponse {
-        status: "healthy".into(),
-        time: Utc::now(),
-    })
-}
-
-pub fn version_info() -> VersionInfo {
-    let epoch = env!("SWITCHYARD_BUILD_EPOCH").parse::<i64>().unwrap_or(0);
-    VersionInfo {
-        version: env!("CARGO_PKG_VERSION").into(),
-        git_commit: env!("SWITCHYARD_GIT_COMMIT").into(),
-        build_time: DateTime::from_timestamp(epoch, 0).unwrap_or_default(),
-        go_version: env!("SWITCHYARD_RUSTC_VERSION").into(),
-        platform: format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
-    }
-}
-
-async fn version() -> Json<VersionInfo> {
-    Json(version_info())
-}
-
-async fn status(State(state): State<Arc<ServerState>>) -> Json<ServerStatus> {
-    Json(ServerStatus {
-        status: "running".into(),
-        time: Utc::now(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        backends: state.snapshot.load().backends.len() as u64,
-    })
-}
-
-async fn stats(State(state): State<Arc<ServerState>>) -> Json<ServerStats> {
-    let totals = state.counters.totals();
-    let snapshot = state.snapshot.load();
-    // A backend counts as healthy when it is enabled and its transport exists in this build;
-    // active health checks come with the backends API.
-    let healthy = snapshot
-        .backends
-        .iter()
-        .filter(|b| {
-            b.enabled
-                && !matches!(
-                    b.kind,
-                    switchyard_dataplane::snapshot::BackendKind::Unavailable { .. }
-                )
-        })
-        .count();
-    Json(ServerStats {
-        total_connections: totals.total_connections,
-        active_connections: totals.active_connections,
-        bytes_sent: totals.bytes_sent,
-        bytes_received: totals.bytes_received,
-        backends: BackendCounts {
-            total: snapshot.backends.len() as u64,
-            healthy: healthy as u64,
-        },
-        time: Utc::now(),
-    })
 }

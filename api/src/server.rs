@@ -1,0 +1,491 @@
+//! Server management API (`switchyard server`, default port 7082).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// `GET /api/v1/health`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct HealthResponse {
+    /// `healthy` or `degraded`
+    pub status: String,
+    pub time: DateTime<Utc>,
+}
+
+/// `GET /api/v1/version`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct VersionInfo {
+    pub version: String,
+    pub git_commit: String,
+    pub build_time: DateTime<Utc>,
+    /// The spec's field name; holds the Rust compiler version of this build.
+    pub go_version: String,
+    /// `<os>/<arch>`
+    pub platform: String,
+}
+
+/// `GET /api/v1/status`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ServerStatus {
+    pub status: String,
+    pub time: DateTime<Utc>,
+    pub version: String,
+    /// Number of configured backends.
+    pub backends: u64,
+}
+
+/// `backends` of [`ServerStats`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct BackendCounts {
+    pub total: u64,
+    pub healthy: u64,
+}
+
+/// `GET /api/v1/stats`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ServerStats {
+    pub total_connections: u64,
+    pub active_connections: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub backends: BackendCounts,
+    pub time: DateTime<Utc>,
+}
+
+/// Error body `{error, message, code}`: `error` is a short kind (`not_found`), `message` says
+/// what is wrong in a sentence, `code` is a stable upper-case identifier (`BACKEND_NOT_FOUND`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+    pub code: String,
+}
+
+/// Per-backend counters.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct BackendStats {
+    pub active_connections: u64,
+    pub total_connections: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+/// `GET /api/v1/backends/{name}/stats`: [`BackendStats`] plus errors and average connect latency.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct BackendStatsDetail {
+    pub active_connections: u64,
+    pub total_connections: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Failed connection attempts through this backend.
+    pub errors: u64,
+    /// Average connect latency in milliseconds.
+    pub latency_ms: u64,
+}
+
+/// A backend as listed by `GET /api/v1/backends`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Backend {
+    pub name: String,
+    /// `direct`, `wireguard`, `openvpn`, `httpproxy` or `socks5`
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub healthy: bool,
+    pub stats: BackendStats,
+}
+
+/// Connection settings of `httpproxy` and `socks5` backends.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSettings {
+    /// `host:port`
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+}
+
+/// `POST /api/v1/backends` body. The settings object is named after the type.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackendCreate {
+    pub name: String,
+    /// `direct`, `wireguard`, `openvpn`, `httpproxy` (or `http_proxy`), `socks5` (or `socks5_proxy`)
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    #[serde(default, alias = "http_proxy", skip_serializing_if = "Option::is_none")]
+    pub httpproxy: Option<UpstreamSettings>,
+    #[serde(default, alias = "socks5_proxy", skip_serializing_if = "Option::is_none")]
+    pub socks5: Option<UpstreamSettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub direct: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub wireguard: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub openvpn: Option<serde_json::Value>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `201` answer of `POST /api/v1/backends`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct BackendCreated {
+    pub status: String,
+    pub backend: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// `DELETE /api/v1/backends/{name}` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct BackendDeleted {
+    pub status: String,
+    pub backend: String,
+}
+
+/// `POST /api/v1/backends/{name}/test` body (optional).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct BackendTestRequest {
+    /// `host:port`; default from `api.backend_test_target`.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Duration string, default `10s`.
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+/// `POST /api/v1/backends/{name}/test` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct BackendTestResult {
+    /// `ok` or `failed`
+    pub status: String,
+    pub backend: String,
+    pub target: String,
+    /// Duration string of the connection attempt.
+    pub duration: String,
+    pub healthy: bool,
+    /// Why the attempt failed (absent on success).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A route as listed by `GET /api/v1/routes`: either `backend` or `backends` is present.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Route {
+    pub name: String,
+    pub domains: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backends: Option<Vec<String>>,
+    pub enabled: bool,
+    pub priority: i32,
+}
+
+/// `POST /api/v1/routes` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RouteCreate {
+    pub name: String,
+    pub domains: Vec<String>,
+    #[serde(default)]
+    pub backend: Option<String>,
+    #[serde(default)]
+    pub backends: Option<Vec<String>>,
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    #[serde(default)]
+    pub priority: i32,
+    /// `round_robin` (default) or `least_conn`
+    #[serde(default)]
+    pub load_balance: Option<String>,
+}
+
+/// `201` answer of `POST /api/v1/routes`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct RouteCreated {
+    pub status: String,
+    pub route: String,
+    pub domains: Vec<String>,
+    /// The backend, or the backends joined with commas.
+    pub backend: String,
+}
+
+/// `DELETE /api/v1/routes/{name}` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct RouteDeleted {
+    pub status: String,
+    pub route: String,
+}
+
+/// One entry of the request log.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct RequestLogEntry {
+    pub id: u64,
+    pub timestamp: DateTime<Utc>,
+    pub method: String,
+    pub host: String,
+    pub path: String,
+    pub url: String,
+    pub user_agent: String,
+    pub client_ip: String,
+    pub username: String,
+    pub backend: String,
+    pub status_code: u16,
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+    pub duration_ms: u64,
+    pub error: String,
+    /// `HTTP`, `CONNECT` or `SOCKS5`
+    pub protocol: String,
+}
+
+/// `GET /api/v1/requests`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct RequestLogList {
+    pub enabled: bool,
+    pub requests: Vec<RequestLogEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct HostCount {
+    pub host: String,
+    pub count: u64,
+}
+
+/// `GET /api/v1/requests/stats`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct RequestLogStats {
+    pub enabled: bool,
+    pub count: u64,
+    pub max_size: u64,
+    pub total_requests: u64,
+    pub total_bytes_sent: u64,
+    pub total_bytes_recv: u64,
+    pub requests_by_method: BTreeMap<String, u64>,
+    pub requests_by_status: BTreeMap<String, u64>,
+    pub top_hosts: Vec<HostCount>,
+}
+
+/// A plain `{message}` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Message {
+    pub message: String,
+}
+
+/// `{message, time}` answer (config reload).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct MessageWithTime {
+    pub message: String,
+    pub time: DateTime<Utc>,
+}
+
+/// A live proxied connection.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Connection {
+    pub id: String,
+    pub client_ip: String,
+    pub client_port: String,
+    /// `host:port`
+    pub host: String,
+    pub backend: String,
+    /// `HTTP`, `CONNECT` or `SOCKS5`
+    pub protocol: String,
+    pub start_time: DateTime<Utc>,
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+}
+
+/// `GET /api/v1/connections`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ConnectionList {
+    pub connections: Vec<Connection>,
+    pub count: u64,
+    pub time: DateTime<Utc>,
+}
+
+/// A client with live connections.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ConnectedClient {
+    pub client_ip: String,
+    pub connections: u64,
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+    pub first_seen: DateTime<Utc>,
+}
+
+/// `GET /api/v1/connections/clients`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ClientList {
+    pub clients: Vec<ConnectedClient>,
+    pub count: u64,
+    pub time: DateTime<Utc>,
+}
+
+/// One entry of `GET /api/v1/config/meta`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ConfigSectionMeta {
+    pub section: String,
+    pub hot_reloadable: bool,
+    pub description: String,
+}
+
+/// `{section, field, message}` of a save result.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct FieldError {
+    pub section: String,
+    pub field: String,
+    pub message: String,
+}
+
+/// `PUT /api/v1/config` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigSaveRequest {
+    /// A complete server configuration (the shape of `GET /api/v1/config/full`).
+    #[schema(value_type = Object)]
+    pub config: serde_json::Value,
+    #[serde(default)]
+    pub create_backup: bool,
+}
+
+/// `PUT /api/v1/config` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ConfigSaveResult {
+    pub success: bool,
+    pub message: String,
+    pub changed_sections: Vec<String>,
+    pub hot_reloaded_sections: Vec<String>,
+    pub restart_required_sections: Vec<String>,
+    pub requires_restart: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_path: Option<String>,
+    pub errors: Vec<FieldError>,
+}
+
+/// `{section, message}` of a validation result.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ValidationError {
+    pub section: String,
+    pub message: String,
+}
+
+/// `POST /api/v1/config/validate` answer (also the body of a refused save).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ValidationResult {
+    pub valid: bool,
+    pub errors: Vec<ValidationError>,
+    pub warnings: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct PluginAvailability {
+    /// `available`, `build_disabled` or `unimplemented`
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct AuthPlugin {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub description: String,
+    pub availability: PluginAvailability,
+}
+
+/// `GET /api/v1/auth/plugins`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct AuthPluginList {
+    pub plugins: Vec<AuthPlugin>,
+}
+
+/// `POST /api/v1/login` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoginRequest {
+    pub token: String,
+}
+
+/// WebSocket event envelope on `/api/v1/ws`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct EventEnvelope {
+    /// `backend.health`, `connection.new`, `connection.close`, `config.reload`, `config.saved`,
+    /// `stats.update`
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub timestamp: DateTime<Utc>,
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_field_names() {
+        let s = ServerStats {
+            total_connections: 1,
+            active_connections: 2,
+            bytes_sent: 3,
+            bytes_received: 4,
+            backends: BackendCounts {
+                total: 1,
+                healthy: 1,
+            },
+            time: DateTime::from_timestamp(0, 0).unwrap_or_default(),
+        };
+        let v = serde_json::to_value(&s).unwrap_or_default();
+        for key in [
+            "total_connections",
+            "active_connections",
+            "bytes_sent",
+            "bytes_received",
+            "backends",
+            "time",
+        ] {
+            assert!(v.get(key).is_some(), "{key}");
+        }
+        assert_eq!(v["backends"]["healthy"], 1);
+    }
+
+    #[test]
+    fn backend_create_accepts_both_spellings_and_rejects_unknown_fields() {
+        let a: BackendCreate = serde_json::from_str(
+            r#"{"name":"u","type":"httpproxy","http_proxy":{"address":"h:1"}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.httpproxy.map(|s| s.address), Some("h:1".into()));
+        assert!(a.enabled);
+        assert!(serde_json::from_str::<BackendCreate>(r#"{"name":"u","type":"direct","x":1}"#).is_err());
+    }
+
+    #[test]
+    fn route_lists_backend_or_backends() {
+        let r = Route {
+            name: "r".into(),
+            domains: vec!["*".into()],
+            backend: Some("direct".into()),
+            backends: None,
+            enabled: true,
+            priority: 0,
+        };
+        let v = serde_json::to_value(&r).unwrap_or_default();
+        assert!(v.get("backends").is_none());
+        assert_eq!(v["backend"], "direct");
+    }
+}

@@ -1,0 +1,214 @@
+//! `/api/v1/config*` and `/api/v1/auth/plugins`: the configuration lifecycle over HTTP.
+
+use super::error::{ApiError, ApiJson};
+use crate::config_store::{self, ConfigError};
+use crate::server::ServerState;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::Utc;
+use std::sync::Arc;
+use switchyard_api::{
+    AuthPlugin, AuthPluginList, ConfigSaveRequest, ConfigSaveResult, ConfigSectionMeta, MessageWithTime,
+    PluginAvailability, ValidationError, ValidationResult,
+};
+use switchyard_config::{AuthMode, Problem, ServerConfig};
+
+/// The sections `GET /api/v1/config/meta` describes, in the spec's order.
+const META_SECTIONS: [&str; 7] = ["routes", "rate_limit", "server", "backends", "access_control", "cache", "auth"];
+
+#[utoipa::path(get, path = "/api/v1/config", tag = "config",
+    responses((status = 200, description = "running configuration, secrets masked", body = Object)))]
+pub async fn get_sanitized(State(state): State<Arc<ServerState>>) -> Json<serde_json::Value> {
+    Json(config_store::sanitized(&state.config.load()))
+}
+
+#[utoipa::path(get, path = "/api/v1/config/full", tag = "config",
+    responses((status = 200, description = "running configuration including secrets", body = Object)))]
+pub async fn get_full(State(state): State<Arc<ServerState>>) -> Json<serde_json::Value> {
+    Json(state.config.load().to_json_value().unwrap_or_default())
+}
+
+#[utoipa::path(get, path = "/api/v1/config/meta", tag = "config", responses((status = 200, body = [ConfigSectionMeta])))]
+pub async fn meta() -> Json<Vec<ConfigSectionMeta>> {
+    let known = switchyard_config::section_metadata();
+    Json(
+        META_SECTIONS
+            .iter()
+            .map(|s| ConfigSectionMeta {
+                section: (*s).into(),
+                hot_reloadable: switchyard_config::is_hot_reloadable(s),
+                description: known.iter().find(|k| k.section == *s).map_or_else(
+                    || "HTTP cache: rules and presets reload live; storage changes need a restart".into(),
+                    |k| k.description.into(),
+                ),
+            })
+            .collect(),
+    )
+}
+
+fn validation(problems: &[Problem], message: Option<String>) -> ValidationResult {
+    ValidationResult {
+        valid: problems.is_empty() && message.is_none(),
+        errors: problems
+            .iter()
+            .map(|p| ValidationError { section: p.section.clone(), message: format!("{}: {}", p.field, p.message) })
+            .collect(),
+        warnings: Vec::new(),
+        message,
+    }
+}
+
+/// Parses a posted configuration object; a structural error is reported like a validation
+/// problem naming the offending key.
+fn parse(value: serde_json::Value) -> Result<ServerConfig, ValidationResult> {
+    serde_path_to_error::deserialize::<_, ServerConfig>(value).map_err(|e| {
+        let path = e.path().to_string();
+        let section = path.split(['.', '[']).next().unwrap_or_default().to_owned();
+        ValidationResult {
+            valid: false,
+            errors: vec![ValidationError { section, message: format!("{path}: {}", e.inner()) }],
+            warnings: Vec::new(),
+            message: Some("the configuration does not have the expected structure".into()),
+        }
+    })
+}
+
+/// Warnings for providers this build can parse but not run.
+fn warnings(cfg: &ServerConfig) -> Vec<String> {
+    cfg.backends
+        .iter()
+        .filter(|b| b.enabled && !b.kind.is_available())
+        .map(|b| format!("backend {} of type {} is not available in this build yet", b.name, b.kind.api_name()))
+        .collect()
+}
+
+#[utoipa::path(post, path = "/api/v1/config/validate", tag = "config", request_body(content = Object),
+    responses((status = 200, body = ValidationResult)))]
+pub async fn validate(ApiJson(value): ApiJson<serde_json::Value>) -> Json<ValidationResult> {
+    match parse(value) {
+        Ok(cfg) => {
+            let problems = switchyard_config::validate(&cfg);
+            let message = (!problems.is_empty()).then(|| format!("{} problems", problems.len()));
+            let mut result = validation(&problems, message);
+            result.warnings = warnings(&cfg);
+            Json(result)
+        }
+        Err(invalid) => Json(invalid),
+    }
+}
+
+/// Puts the running configuration's secrets back where the posted one has the mask, so a
+/// `GET /api/v1/config` → edit → `PUT` round trip does not overwrite passwords with stars.
+fn unmask(posted: &mut serde_json::Value, running: &serde_json::Value) {
+    match (posted, running) {
+        (serde_json::Value::Object(p), serde_json::Value::Object(r)) => {
+            for (k, v) in p.iter_mut() {
+                match r.get(k) {
+                    Some(orig) if v.as_str() == Some("********") => *v = orig.clone(),
+                    Some(orig) => unmask(v, orig),
+                    None => {}
+                }
+            }
+        }
+        (serde_json::Value::Array(p), serde_json::Value::Array(r)) => {
+            for (v, orig) in p.iter_mut().zip(r) {
+                unmask(v, orig);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[utoipa::path(put, path = "/api/v1/config", tag = "config", request_body = ConfigSaveRequest,
+    responses((status = 200, body = ConfigSaveResult),
+              (status = 400, description = "invalid configuration, nothing written", body = ValidationResult),
+              (status = 409, description = "no configuration file (running on defaults)", body = switchyard_api::ErrorBody)))]
+pub async fn save(State(state): State<Arc<ServerState>>, ApiJson(body): ApiJson<ConfigSaveRequest>) -> Response {
+    let mut posted = body.config;
+    let running = state.config.load().to_json_value().unwrap_or_default();
+    unmask(&mut posted, &running);
+    let cfg = match parse(posted) {
+        Ok(c) => c,
+        Err(invalid) => return (StatusCode::BAD_REQUEST, Json(invalid)).into_response(),
+    };
+    match config_store::save(&state, cfg, body.create_backup).await {
+        Ok(result) => Json(result).into_response(),
+        Err(ConfigError::Invalid(problems)) => {
+            let msg = format!("{} problems; nothing was written", problems.len());
+            (StatusCode::BAD_REQUEST, Json(validation(&problems, Some(msg)))).into_response()
+        }
+        Err(e @ ConfigError::NoFile(_)) => ApiError::conflict("NO_CONFIG_FILE", e.to_string()).into_response(),
+        Err(e) => ApiError::internal(e.to_string()).into_response(),
+    }
+}
+
+#[utoipa::path(post, path = "/api/v1/config/reload", tag = "config",
+    responses((status = 200, body = MessageWithTime), (status = 400, body = switchyard_api::ErrorBody),
+              (status = 409, body = switchyard_api::ErrorBody)))]
+pub async fn reload(State(state): State<Arc<ServerState>>) -> Result<Json<MessageWithTime>, ApiError> {
+    match config_store::reload(&state).await {
+        Ok(o) => {
+            let mut message = format!("configuration reloaded; changed sections: [{}]", o.changed_sections.join(", "));
+            if !o.restart_required.is_empty() {
+                message.push_str(&format!("; restart required for [{}]", o.restart_required.join(", ")));
+            }
+            tracing::info!(changed = ?o.changed_sections, "configuration reloaded (API)");
+            Ok(Json(MessageWithTime { message, time: Utc::now() }))
+        }
+        Err(e @ ConfigError::NoFile(_)) => Err(ApiError::conflict("NO_CONFIG_FILE", e.to_string())),
+        Err(ConfigError::Invalid(problems)) => Err(super::backends::problems_to_error(&problems, "INVALID_CONFIG")),
+        Err(e @ ConfigError::Load(_)) => Err(ApiError::bad_request("INVALID_CONFIG", e.to_string())),
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    }
+}
+
+#[utoipa::path(get, path = "/api/v1/auth/plugins", tag = "config", responses((status = 200, body = AuthPluginList)))]
+pub async fn auth_plugins() -> Json<AuthPluginList> {
+    let describe = |mode: AuthMode| match mode {
+        AuthMode::None => "no proxy authentication",
+        AuthMode::Native => "users with bcrypt password hashes in the configuration (auth.native.users)",
+        AuthMode::System => "operating-system accounts",
+        AuthMode::Ldap => "LDAP bind against a directory (auth.ldap)",
+        AuthMode::Oauth => "OAuth 2 / OpenID Connect tokens (auth.oauth)",
+    };
+    let plugins = AuthMode::ALL
+        .iter()
+        .filter(|m| **m != AuthMode::None)
+        .map(|&m| AuthPlugin {
+            name: m.api_name().into(),
+            kind: m.api_name().into(),
+            description: describe(m).into(),
+            availability: if m.is_available() {
+                PluginAvailability { state: "available".into(), reason: None }
+            } else {
+                PluginAvailability { state: "unimplemented".into(), reason: Some("not implemented in this build".into()) }
+            },
+        })
+        .collect();
+    Json(AuthPluginList { plugins })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn unmask_restores_secrets_by_path() {
+        let running = json!({"api": {"token": "real"}, "backends": [{"http_proxy": {"password": "p1"}}]});
+        let mut posted = json!({"api": {"token": "********"}, "backends": [{"http_proxy": {"password": "new"}}]});
+        unmask(&mut posted, &running);
+        assert_eq!(posted["api"]["token"], "real");
+        assert_eq!(posted["backends"][0]["http_proxy"]["password"], "new");
+    }
+
+    #[test]
+    fn structural_errors_name_the_key() {
+        let err = parse(json!({"server": {"http": {"lisen": ":1"}}})).err().expect("error");
+        assert!(!err.valid);
+        assert_eq!(err.errors[0].section, "server");
+        assert!(err.errors[0].message.contains("lisen"), "{:?}", err.errors);
+    }
+}

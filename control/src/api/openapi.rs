@@ -1,0 +1,42 @@
+//! The OpenAPI 3 document of the server API, generated from the handlers' annotations and the
+//! `switchyard-api` types.
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Switchyard server API", version = "1.0.0",
+         description = "Management API of `switchyard server`. With `api.token` set, every endpoint except health and the PAC file needs the token."),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    paths(
+        super::system::health, super::system::version, super::system::status, super::system::stats,
+        super::backends::list, super::backends::create, super::backends::get_one, super::backends::delete,
+        super::backends::stats, super::backends::test,
+        super::routes::list, super::routes::create, super::routes::delete,
+        super::requests::list, super::requests::stats, super::requests::clear,
+        super::connections::list, super::connections::clients,
+        super::config::get_sanitized, super::config::get_full, super::config::meta, super::config::save,
+        super::config::validate, super::config::reload, super::config::auth_plugins,
+        crate::pac::serve, crate::pac::serve_wpad, openapi_json,
+    )
+)]
+pub struct ServerApiDoc;
+
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "system", responses((status = 200, description = "this document")))]
+pub async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(ServerApiDoc::openapi())
+}

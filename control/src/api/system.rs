@@ -1,0 +1,55 @@
+//! Health, version, status and statistics.
+
+use crate::server::ServerState;
+use axum::extract::State;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use std::sync::Arc;
+use switchyard_api::{BackendCounts, HealthResponse, ServerStats, ServerStatus, VersionInfo};
+
+#[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()),
+    responses((status = 200, body = HealthResponse)))]
+pub async fn health() -> Json<HealthResponse> {
+    Json(HealthResponse { status: "healthy".into(), time: Utc::now() })
+}
+
+pub fn version_info() -> VersionInfo {
+    let epoch = env!("SWITCHYARD_BUILD_EPOCH").parse::<i64>().unwrap_or(0);
+    VersionInfo {
+        version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: env!("SWITCHYARD_GIT_COMMIT").into(),
+        build_time: DateTime::from_timestamp(epoch, 0).unwrap_or_default(),
+        go_version: env!("SWITCHYARD_RUSTC_VERSION").into(),
+        platform: format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+    }
+}
+
+#[utoipa::path(get, path = "/api/v1/version", tag = "system", responses((status = 200, body = VersionInfo)))]
+pub async fn version() -> Json<VersionInfo> {
+    Json(version_info())
+}
+
+#[utoipa::path(get, path = "/api/v1/status", tag = "system", responses((status = 200, body = ServerStatus)))]
+pub async fn status(State(state): State<Arc<ServerState>>) -> Json<ServerStatus> {
+    Json(ServerStatus {
+        status: "running".into(),
+        time: Utc::now(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        backends: state.snapshot.load().backends.len() as u64,
+    })
+}
+
+#[utoipa::path(get, path = "/api/v1/stats", tag = "system", responses((status = 200, body = ServerStats)))]
+pub async fn stats(State(state): State<Arc<ServerState>>) -> Json<ServerStats> {
+    let totals = state.counters.totals();
+    let snapshot = state.snapshot.load();
+    let healthy = snapshot.backends.iter().filter(|b| super::backends::is_healthy(b)).count();
+    Json(ServerStats {
+        total_connections: totals.total_connections,
+        active_connections: totals.active_connections,
+        bytes_sent: totals.bytes_sent,
+        bytes_received: totals.bytes_received,
+        backends: BackendCounts { total: snapshot.backends.len() as u64, healthy: healthy as u64 },
+        time: Utc::now(),
+    })
+}

@@ -1,0 +1,255 @@
+//! The configuration lifecycle of a running server: API changes to backends and routes, saving
+//! a new configuration to disk (atomically, with an optional backup), reloading from disk, and
+//! applying hot-reloadable sections by publishing a new data-plane snapshot. Every change goes
+//! through [`ServerState::config_write`], so changes never interleave and the file is never torn.
+
+use crate::server::ServerState;
+use chrono::Utc;
+use serde_json::json;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use switchyard_api::{ConfigSaveResult, FieldError};
+use switchyard_config::{Problem, ServerConfig, HOT_RELOADABLE_SECTIONS};
+use switchyard_dataplane::Snapshot;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("the server runs on built-in defaults: there is no configuration file to {0}")]
+    NoFile(&'static str),
+    #[error("{0}")]
+    Load(String),
+    #[error("invalid configuration ({} problems)", .0.len())]
+    Invalid(Vec<Problem>),
+    #[error("applying the configuration failed: {0}")]
+    Apply(String),
+    #[error("writing {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+pub struct ReloadOutcome {
+    pub changed_sections: Vec<&'static str>,
+    pub restart_required: Vec<&'static str>,
+}
+
+/// Publishes `cfg` as the running configuration: compiles a snapshot (counters and health carry
+/// over by backend name) and swaps it in. New connections and requests use it at once.
+pub fn apply(state: &ServerState, cfg: ServerConfig) -> Result<(), ConfigError> {
+    let previous = state.snapshot.load_full();
+    let snapshot = Snapshot::compile(&cfg, Some(&previous), state.cores)
+        .map_err(|e| ConfigError::Apply(e.to_string()))?;
+    state.snapshot.store(Arc::new(snapshot));
+    state.request_log.set_capacity(cfg.api.request_log_size);
+    state.config.store(Arc::new(cfg));
+    Ok(())
+}
+
+/// The running configuration with the hot-reloadable sections taken from `new`.
+fn with_hot_sections(running: &ServerConfig, new: &ServerConfig) -> ServerConfig {
+    let mut effective = running.clone();
+    effective.routes = new.routes.clone();
+    effective.rate_limit = new.rate_limit.clone();
+    effective.access_control = new.access_control.clone();
+    effective
+}
+
+fn split_sections(changed: &[&'static str]) -> (Vec<&'static str>, Vec<&'static str>) {
+    changed.iter().partition(|s| HOT_RELOADABLE_SECTIONS.contains(s))
+}
+
+/// Re-reads the file and applies its hot-reloadable sections.
+pub async fn reload(state: &ServerState) -> Result<ReloadOutcome, ConfigError> {
+    let _guard = state.config_write.lock().await;
+    let path = state.config_path.as_ref().ok_or(ConfigError::NoFile("reload"))?;
+    let new = ServerConfig::load_file(path).map_err(|e| ConfigError::Load(e.to_string()))?;
+    let problems = switchyard_config::validate(&new);
+    if !problems.is_empty() {
+        return Err(ConfigError::Invalid(problems));
+    }
+    let running = state.config.load_full();
+    let changed = switchyard_config::changed_sections(&running, &new);
+    let (_hot, restart_required) = split_sections(&changed);
+    apply(state, with_hot_sections(&running, &new))?;
+    state.count_reload();
+    state.hub.publish(
+        "config.reload",
+        json!({"changed_sections": changed, "requires_restart": !restart_required.is_empty()}),
+    );
+    Ok(ReloadOutcome { changed_sections: changed, restart_required })
+}
+
+/// Changes the running configuration through `change`, validates the result as a whole and
+/// applies it. Nothing is written to disk (`PUT /api/v1/config` does that).
+pub async fn mutate<T, E>(
+    state: &ServerState,
+    change: impl FnOnce(&mut ServerConfig) -> Result<T, E>,
+) -> Result<T, MutateError<E>> {
+    let _guard = state.config_write.lock().await;
+    let mut cfg = (*state.config.load_full()).clone();
+    let out = change(&mut cfg).map_err(MutateError::Refused)?;
+    let problems = switchyard_config::validate(&cfg);
+    if !problems.is_empty() {
+        return Err(MutateError::Invalid(problems));
+    }
+    apply(state, cfg).map_err(MutateError::Apply)?;
+    Ok(out)
+}
+
+#[derive(Debug)]
+pub enum MutateError<E> {
+    /// The change itself refused (not found, exists, …).
+    Refused(E),
+    /// The resulting configuration is invalid.
+    Invalid(Vec<Problem>),
+    Apply(ConfigError),
+}
+
+/// Writes `text` to `path` atomically: a temporary file in the same directory (same mode as the
+/// file it replaces), fsynced, renamed over the old one, and the directory fsynced.
+pub fn write_atomically(path: &Path, text: &str) -> Result<(), ConfigError> {
+    let io = |source| ConfigError::Io { path: path.to_owned(), source };
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mode = std::fs::metadata(path).ok().map(|m| m.permissions());
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".switchyard-config-")
+        .tempfile_in(dir)
+        .map_err(io)?;
+    tmp.write_all(text.as_bytes()).map_err(io)?;
+    if let Some(mode) = mode {
+        tmp.as_file().set_permissions(mode).map_err(io)?;
+    }
+    tmp.as_file().sync_all().map_err(io)?;
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    Ok(())
+}
+
+/// Copies the current file to `<file>.<UTC timestamp>.bak` and returns that path.
+fn backup(path: &Path) -> Result<PathBuf, ConfigError> {
+    let stamp = Utc::now().format("%Y%m%dT%H%M%S%.3fZ");
+    let target = PathBuf::from(format!("{}.{stamp}.bak", path.display()));
+    std::fs::copy(path, &target).map_err(|source| ConfigError::Io { path: target.clone(), source })?;
+    Ok(target)
+}
+
+fn strings(v: &[&'static str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// `PUT /api/v1/config`: validates, writes, applies the hot sections. `Err` carries validation
+/// problems (nothing written) or a write failure.
+pub async fn save(state: &ServerState, new: ServerConfig, create_backup: bool) -> Result<ConfigSaveResult, ConfigError> {
+    let problems = switchyard_config::validate(&new);
+    if !problems.is_empty() {
+        return Err(ConfigError::Invalid(problems));
+    }
+    let _guard = state.config_write.lock().await;
+    let path = state.config_path.as_ref().ok_or(ConfigError::NoFile("save to"))?;
+    let text = new.to_yaml_string().map_err(|e| ConfigError::Apply(e.to_string()))?;
+    let backup_path = if create_backup && path.exists() { Some(backup(path)?) } else { None };
+    write_atomically(path, &text)?;
+    tracing::info!(file = %path.display(), backup = ?backup_path, "configuration saved");
+
+    let running = state.config.load_full();
+    let changed = switchyard_config::changed_sections(&running, &new);
+    let (hot, restart) = split_sections(&changed);
+    let mut result = ConfigSaveResult {
+        success: true,
+        message: "configuration saved".into(),
+        changed_sections: strings(&changed),
+        hot_reloaded_sections: Vec::new(),
+        restart_required_sections: strings(&restart),
+        requires_restart: false,
+        backup_path: backup_path.map(|p| p.display().to_string()),
+        errors: Vec::new(),
+    };
+    if !hot.is_empty() {
+        match apply(state, with_hot_sections(&running, &new)) {
+            Ok(()) => {
+                state.count_reload();
+                result.hot_reloaded_sections = strings(&hot);
+            }
+            Err(e) => {
+                // The save stands; nothing was applied, so every change waits for a restart.
+                tracing::error!(error = %e, "saved configuration could not be applied");
+                result.message = "configuration saved, but applying it failed; restart to apply".into();
+                result.restart_required_sections = strings(&changed);
+                result.errors.push(FieldError { section: "reload".into(), field: String::new(), message: e.to_string() });
+            }
+        }
+    }
+    result.requires_restart = !result.restart_required_sections.is_empty();
+    state.hub.publish(
+        "config.saved",
+        json!({
+            "changed_sections": result.changed_sections,
+            "hot_reloaded_sections": result.hot_reloaded_sections,
+            "restart_required_sections": result.restart_required_sections,
+            "requires_restart": result.requires_restart,
+        }),
+    );
+    Ok(result)
+}
+
+const SECRET_KEYS: [&str; 6] = ["password", "password_hash", "token", "secret", "private_key", "preshared_key"];
+
+/// The configuration as JSON with passwords, keys and tokens masked.
+pub fn sanitized(cfg: &ServerConfig) -> serde_json::Value {
+    let mut v = cfg.to_json_value().unwrap_or_default();
+    mask(&mut v);
+    v
+}
+
+fn mask(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                let secret = SECRET_KEYS.iter().any(|s| k.eq_ignore_ascii_case(s) || k.ends_with(&format!("_{s}")));
+                if secret && v.as_str().is_some_and(|s| !s.is_empty()) {
+                    *v = serde_json::Value::String("********".into());
+                } else {
+                    mask(v);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(mask),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_secrets_everywhere() {
+        let mut v = json!({"api": {"token": "t0k"}, "backends": [{"http_proxy": {"password": "pw", "address": "a:1"}}],
+                           "auth": {"native": {"users": [{"username": "u", "password_hash": "$2b$..."}]}}, "x": {"client_secret": "s", "token": ""}});
+        mask(&mut v);
+        assert_eq!(v["api"]["token"], "********");
+        assert_eq!(v["backends"][0]["http_proxy"]["password"], "********");
+        assert_eq!(v["backends"][0]["http_proxy"]["address"], "a:1");
+        assert_eq!(v["auth"]["native"]["users"][0]["password_hash"], "********");
+        assert_eq!(v["auth"]["native"]["users"][0]["username"], "u");
+        assert_eq!(v["x"]["client_secret"], "********");
+        assert_eq!(v["x"]["token"], "", "empty values stay visible as unset");
+    }
+
+    #[test]
+    fn atomic_write_keeps_mode_and_replaces() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "old").expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+        write_atomically(&path, "new").expect("atomic write");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "new");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        let b = backup(&path).expect("backup");
+        assert_eq!(std::fs::read_to_string(b).expect("read"), "new");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".switchyard-config-")).collect();
+        assert!(leftovers.is_empty());
+    }
+}
