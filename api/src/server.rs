@@ -119,7 +119,11 @@ pub struct BackendCreate {
     pub enabled: bool,
     #[serde(default, alias = "http_proxy", skip_serializing_if = "Option::is_none")]
     pub httpproxy: Option<UpstreamSettings>,
-    #[serde(default, alias = "socks5_proxy", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        alias = "socks5_proxy",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub socks5: Option<UpstreamSettings>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
@@ -471,7 +475,9 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(a.httpproxy.map(|s| s.address), Some("h:1".into()));
         assert!(a.enabled);
-        assert!(serde_json::from_str::<BackendCreate>(r#"{"name":"u","type":"direct","x":1}"#).is_err());
+        assert!(
+            serde_json::from_str::<BackendCreate>(r#"{"name":"u","type":"direct","x":1}"#).is_err()
+        );
     }
 
     #[test]

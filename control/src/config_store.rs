@@ -24,7 +24,10 @@ pub enum ConfigError {
     #[error("applying the configuration failed: {0}")]
     Apply(String),
     #[error("writing {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 pub struct ReloadOutcome {
@@ -54,13 +57,18 @@ fn with_hot_sections(running: &ServerConfig, new: &ServerConfig) -> ServerConfig
 }
 
 fn split_sections(changed: &[&'static str]) -> (Vec<&'static str>, Vec<&'static str>) {
-    changed.iter().partition(|s| HOT_RELOADABLE_SECTIONS.contains(s))
+    changed
+        .iter()
+        .partition(|s| HOT_RELOADABLE_SECTIONS.contains(s))
 }
 
 /// Re-reads the file and applies its hot-reloadable sections.
 pub async fn reload(state: &ServerState) -> Result<ReloadOutcome, ConfigError> {
     let _guard = state.config_write.lock().await;
-    let path = state.config_path.as_ref().ok_or(ConfigError::NoFile("reload"))?;
+    let path = state
+        .config_path
+        .as_ref()
+        .ok_or(ConfigError::NoFile("reload"))?;
     let new = ServerConfig::load_file(path).map_err(|e| ConfigError::Load(e.to_string()))?;
     let problems = switchyard_config::validate(&new);
     if !problems.is_empty() {
@@ -75,7 +83,10 @@ pub async fn reload(state: &ServerState) -> Result<ReloadOutcome, ConfigError> {
         "config.reload",
         json!({"changed_sections": changed, "requires_restart": !restart_required.is_empty()}),
     );
-    Ok(ReloadOutcome { changed_sections: changed, restart_required })
+    Ok(ReloadOutcome {
+        changed_sections: changed,
+        restart_required,
+    })
 }
 
 /// Changes the running configuration through `change`, validates the result as a whole and
@@ -107,8 +118,14 @@ pub enum MutateError<E> {
 /// Writes `text` to `path` atomically: a temporary file in the same directory (same mode as the
 /// file it replaces), fsynced, renamed over the old one, and the directory fsynced.
 pub fn write_atomically(path: &Path, text: &str) -> Result<(), ConfigError> {
-    let io = |source| ConfigError::Io { path: path.to_owned(), source };
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let io = |source| ConfigError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let mode = std::fs::metadata(path).ok().map(|m| m.permissions());
     let mut tmp = tempfile::Builder::new()
         .prefix(".switchyard-config-")
@@ -120,7 +137,9 @@ pub fn write_atomically(path: &Path, text: &str) -> Result<(), ConfigError> {
     }
     tmp.as_file().sync_all().map_err(io)?;
     tmp.persist(path).map_err(|e| io(e.error))?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)?;
     Ok(())
 }
 
@@ -128,7 +147,10 @@ pub fn write_atomically(path: &Path, text: &str) -> Result<(), ConfigError> {
 fn backup(path: &Path) -> Result<PathBuf, ConfigError> {
     let stamp = Utc::now().format("%Y%m%dT%H%M%S%.3fZ");
     let target = PathBuf::from(format!("{}.{stamp}.bak", path.display()));
-    std::fs::copy(path, &target).map_err(|source| ConfigError::Io { path: target.clone(), source })?;
+    std::fs::copy(path, &target).map_err(|source| ConfigError::Io {
+        path: target.clone(),
+        source,
+    })?;
     Ok(target)
 }
 
@@ -138,15 +160,28 @@ fn strings(v: &[&'static str]) -> Vec<String> {
 
 /// `PUT /api/v1/config`: validates, writes, applies the hot sections. `Err` carries validation
 /// problems (nothing written) or a write failure.
-pub async fn save(state: &ServerState, new: ServerConfig, create_backup: bool) -> Result<ConfigSaveResult, ConfigError> {
+pub async fn save(
+    state: &ServerState,
+    new: ServerConfig,
+    create_backup: bool,
+) -> Result<ConfigSaveResult, ConfigError> {
     let problems = switchyard_config::validate(&new);
     if !problems.is_empty() {
         return Err(ConfigError::Invalid(problems));
     }
     let _guard = state.config_write.lock().await;
-    let path = state.config_path.as_ref().ok_or(ConfigError::NoFile("save to"))?;
-    let text = new.to_yaml_string().map_err(|e| ConfigError::Apply(e.to_string()))?;
-    let backup_path = if create_backup && path.exists() { Some(backup(path)?) } else { None };
+    let path = state
+        .config_path
+        .as_ref()
+        .ok_or(ConfigError::NoFile("save to"))?;
+    let text = new
+        .to_yaml_string()
+        .map_err(|e| ConfigError::Apply(e.to_string()))?;
+    let backup_path = if create_backup && path.exists() {
+        Some(backup(path)?)
+    } else {
+        None
+    };
     write_atomically(path, &text)?;
     tracing::info!(file = %path.display(), backup = ?backup_path, "configuration saved");
 
@@ -172,9 +207,14 @@ pub async fn save(state: &ServerState, new: ServerConfig, create_backup: bool) -
             Err(e) => {
                 // The save stands; nothing was applied, so every change waits for a restart.
                 tracing::error!(error = %e, "saved configuration could not be applied");
-                result.message = "configuration saved, but applying it failed; restart to apply".into();
+                result.message =
+                    "configuration saved, but applying it failed; restart to apply".into();
                 result.restart_required_sections = strings(&changed);
-                result.errors.push(FieldError { section: "reload".into(), field: String::new(), message: e.to_string() });
+                result.errors.push(FieldError {
+                    section: "reload".into(),
+                    field: String::new(),
+                    message: e.to_string(),
+                });
             }
         }
     }
@@ -191,7 +231,14 @@ pub async fn save(state: &ServerState, new: ServerConfig, create_backup: bool) -
     Ok(result)
 }
 
-const SECRET_KEYS: [&str; 6] = ["password", "password_hash", "token", "secret", "private_key", "preshared_key"];
+const SECRET_KEYS: [&str; 6] = [
+    "password",
+    "password_hash",
+    "token",
+    "secret",
+    "private_key",
+    "preshared_key",
+];
 
 /// The configuration as JSON with passwords, keys and tokens masked.
 pub fn sanitized(cfg: &ServerConfig) -> serde_json::Value {
@@ -204,7 +251,9 @@ fn mask(v: &mut serde_json::Value) {
     match v {
         serde_json::Value::Object(map) => {
             for (k, v) in map.iter_mut() {
-                let secret = SECRET_KEYS.iter().any(|s| k.eq_ignore_ascii_case(s) || k.ends_with(&format!("_{s}")));
+                let secret = SECRET_KEYS
+                    .iter()
+                    .any(|s| k.eq_ignore_ascii_case(s) || k.ends_with(&format!("_{s}")));
                 if secret && v.as_str().is_some_and(|s| !s.is_empty()) {
                     *v = serde_json::Value::String("********".into());
                 } else {
@@ -248,8 +297,15 @@ mod tests {
         assert_eq!(mode, 0o640);
         let b = backup(&path).expect("backup");
         assert_eq!(std::fs::read_to_string(b).expect("read"), "new");
-        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().starts_with(".switchyard-config-")).collect();
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".switchyard-config-")
+            })
+            .collect();
         assert!(leftovers.is_empty());
     }
 }

@@ -71,7 +71,10 @@ mod tests {
     async fn envelopes_reach_subscribers() {
         let hub = Hub::new();
         let mut rx = hub.subscribe();
-        hub.publish_dataplane(&Event::BackendHealth { name: "b".into(), healthy: false });
+        hub.publish_dataplane(&Event::BackendHealth {
+            name: "b".into(),
+            healthy: false,
+        });
         let e = rx.recv().await.expect("event");
         assert_eq!(e.kind, "backend.health");
         assert_eq!(e.data["healthy"], false);

@@ -37,7 +37,10 @@ pub struct Page {
 impl RequestLog {
     pub fn new(capacity: usize) -> Self {
         Self {
-            inner: Mutex::new(Inner { capacity: capacity.max(1), ..Inner::default() }),
+            inner: Mutex::new(Inner {
+                capacity: capacity.max(1),
+                ..Inner::default()
+            }),
         }
     }
 
@@ -58,7 +61,12 @@ impl RequestLog {
         i.total_bytes_recv += r.bytes_recv;
         *i.by_method.entry(r.method.clone()).or_default() += 1;
         *i.by_status.entry(r.status_code.to_string()).or_default() += 1;
-        let host = r.host.rsplit_once(':').map_or(r.host.as_str(), |(h, _)| h).trim_matches(['[', ']']).to_owned();
+        let host = r
+            .host
+            .rsplit_once(':')
+            .map_or(r.host.as_str(), |(h, _)| h)
+            .trim_matches(['[', ']'])
+            .to_owned();
         if i.by_host.len() >= MAX_TRACKED_HOSTS && !i.by_host.contains_key(&host) {
             // Forget the hosts seen once so a scan of many names cannot grow this without bound.
             i.by_host.retain(|_, c| *c > 1);
@@ -106,7 +114,10 @@ impl RequestLog {
         let mut hosts: Vec<HostCount> = i
             .by_host
             .iter()
-            .map(|(host, count)| HostCount { host: host.clone(), count: *count })
+            .map(|(host, count)| HostCount {
+                host: host.clone(),
+                count: *count,
+            })
             .collect();
         hosts.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.host.cmp(&b.host)));
         hosts.truncate(10);
@@ -128,7 +139,11 @@ impl RequestLog {
         let mut i = self.inner.lock();
         let capacity = i.capacity;
         let next_id = i.next_id;
-        *i = Inner { capacity, next_id, ..Inner::default() };
+        *i = Inner {
+            capacity,
+            next_id,
+            ..Inner::default()
+        };
     }
 }
 
@@ -161,7 +176,11 @@ mod tests {
     fn ring_totals_top_hosts_and_clear() {
         let log = RequestLog::new(3);
         for n in 0..12 {
-            log.push(record(&format!("h{}.test:80", n % 4), if n % 2 == 0 { "GET" } else { "POST" }, 200));
+            log.push(record(
+                &format!("h{}.test:80", n % 4),
+                if n % 2 == 0 { "GET" } else { "POST" },
+                200,
+            ));
         }
         log.push(record("h0.test:80", "GET", 404));
         let s = log.stats(true);
@@ -170,17 +189,40 @@ mod tests {
         assert_eq!(s.total_bytes_sent, 130);
         assert_eq!(s.requests_by_method["GET"], 7);
         assert_eq!(s.requests_by_status["404"], 1);
-        assert_eq!(s.top_hosts[0], HostCount { host: "h0.test".into(), count: 4 });
+        assert_eq!(
+            s.top_hosts[0],
+            HostCount {
+                host: "h0.test".into(),
+                count: 4
+            }
+        );
         assert!(s.top_hosts.windows(2).all(|w| w[0].count >= w[1].count));
-        let page = log.page(&Page { limit: 2, offset: 0, since: None });
+        let page = log.page(&Page {
+            limit: 2,
+            offset: 0,
+            since: None,
+        });
         assert_eq!(page.len(), 2);
         assert_eq!(page[0].id, 13);
-        let since = log.page(&Page { limit: 100, offset: 0, since: Some(12) });
+        let since = log.page(&Page {
+            limit: 100,
+            offset: 0,
+            since: Some(12),
+        });
         assert_eq!(since.len(), 1);
         log.clear();
         let s = log.stats(true);
         assert_eq!((s.count, s.total_requests, s.top_hosts.len()), (0, 0, 0));
         log.push(record("x:1", "GET", 200));
-        assert_eq!(log.page(&Page { limit: 1, offset: 0, since: None })[0].id, 14, "ids never repeat");
+        assert_eq!(
+            log.page(&Page {
+                limit: 1,
+                offset: 0,
+                since: None
+            })[0]
+                .id,
+            14,
+            "ids never repeat"
+        );
     }
 }

@@ -78,7 +78,10 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
 
     let http_listen = crate::net::parse("server.http", &cfg.server.http.listen)?;
     let socks_listen = if cfg.server.socks5.enabled {
-        Some(crate::net::parse("server.socks5", &cfg.server.socks5.listen)?)
+        Some(crate::net::parse(
+            "server.socks5",
+            &cfg.server.socks5.listen,
+        )?)
     } else {
         None
     };
@@ -88,7 +91,8 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     } else {
         cores_wanted
     };
-    let snapshot = Snapshot::compile(&cfg, None, probe_cores).context("compiling the configuration")?;
+    let snapshot =
+        Snapshot::compile(&cfg, None, probe_cores).context("compiling the configuration")?;
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let dataplane = Dataplane::start(
         snapshot.clone(),
@@ -132,9 +136,12 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             let listener = crate::net::bind_tokio(&listen)?;
             tracing::info!(listen = %listener.local_addr()?, "management API listening");
             let app = crate::api::router(state.clone());
-            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-                .await
-                .context("management API server")?;
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+            .context("management API server")?;
         } else {
             tracing::info!("management API disabled (api.enabled: false)");
             std::future::pending::<()>().await;
@@ -160,12 +167,18 @@ async fn drain_dataplane(state: Arc<ServerState>) {
         }
         let dropped = state.events.dropped();
         if dropped > event_drops {
-            tracing::warn!(dropped = dropped - event_drops, "data-plane events dropped (queue full)");
+            tracing::warn!(
+                dropped = dropped - event_drops,
+                "data-plane events dropped (queue full)"
+            );
             event_drops = dropped;
         }
         let dropped = state.requests.dropped();
         if dropped > record_drops {
-            tracing::warn!(dropped = dropped - record_drops, "request-log records dropped (queue full)");
+            tracing::warn!(
+                dropped = dropped - record_drops,
+                "request-log records dropped (queue full)"
+            );
             record_drops = dropped;
         }
     }

@@ -1,7 +1,6 @@
 //! Commands from the control plane to the data plane through a bounded queue. The control plane
 //! only ever `try_send`s (never waits on a full queue) and awaits the reply; core 0 serves them.
 
-use crate::connector::Dialer;
 use crate::engine::CoreContext;
 use crate::snapshot::Backend;
 use std::rc::Rc;
@@ -43,21 +42,10 @@ async fn handle(cmd: Command, ctx: &CoreContext) {
             timeout,
             reply,
         } => {
-            let dialer = Dialer {
-                resolver: &ctx.resolver,
-                offload: &ctx.offload,
-                timeout,
-            };
             let started = Instant::now();
-            let outcome = dialer.connect(&backend.kind, &host, port).await;
+            let outcome = crate::http_proxy::dial_within(ctx, &backend, &host, port, timeout).await;
             let took = started.elapsed();
             let result = outcome.map(|_| ()).map_err(|e| e.to_string());
-            if let Some(healthy) = backend.health.record(result.is_ok()) {
-                ctx.events.push(crate::events::Event::BackendHealth {
-                    name: backend.name.clone(),
-                    healthy,
-                });
-            }
             let _ = reply.send((took, result));
         }
     }

@@ -71,7 +71,11 @@ impl Counters {
             t.requests += c.requests.load(Relaxed);
             t.errors += c.errors.load(Relaxed);
             lat += c.connect_latency_us.load(Relaxed);
-            for (t, c) in t.requests_by_protocol.iter_mut().zip(&c.requests_by_protocol) {
+            for (t, c) in t
+                .requests_by_protocol
+                .iter_mut()
+                .zip(&c.requests_by_protocol)
+            {
                 *t += c.load(Relaxed);
             }
             for (t, c) in t.responses_by_class.iter_mut().zip(&c.responses_by_class) {

@@ -3,9 +3,9 @@
 //! executor per core accepts on its own `SO_REUSEPORT` copy and serves each connection to the
 //! end on that core.
 
+use crate::commands::{CommandReceiver, CommandSender};
 use crate::counters::Counters;
 use crate::error::DataplaneError;
-use crate::commands::{CommandReceiver, CommandSender};
 use crate::events::{EventQueue, RequestQueue};
 use crate::live::LiveTable;
 use crate::offload::Offload;
@@ -182,8 +182,16 @@ impl Dataplane {
                 .ring_depth(512);
             let handle = builder
                 .spawn(move || async move {
-                    let (snapshot, counters, events, requests, live, resolver, offload, open_connections) =
-                        ctx;
+                    let (
+                        snapshot,
+                        counters,
+                        events,
+                        requests,
+                        live,
+                        resolver,
+                        offload,
+                        open_connections,
+                    ) = ctx;
                     let ctx = Rc::new(CoreContext {
                         core: index,
                         snapshot,
@@ -198,7 +206,10 @@ impl Dataplane {
                     });
                     let mut tasks = Vec::new();
                     if let Some(rx) = command_rx {
-                        tasks.push(glommio::spawn_local(crate::commands::serve(rx, ctx.clone())));
+                        tasks.push(glommio::spawn_local(crate::commands::serve(
+                            rx,
+                            ctx.clone(),
+                        )));
                     }
                     if let Some(fd) = http_fd {
                         let listener = crate::sys::listener_from_fd(fd);

@@ -7,9 +7,9 @@ use crate::engine::CoreContext;
 use crate::error::DataplaneError;
 use crate::events::{Event, Protocol};
 use crate::live::LiveGuard;
-use crate::trace::Trace;
 use crate::origin_pool::{self, PoolKey};
-use crate::snapshot::{Backend, Snapshot};
+use crate::snapshot::{Backend, BackendKind, Snapshot};
+use crate::trace::Trace;
 use crate::tunnel::{self, Meter};
 use glommio::net::TcpStream;
 use std::cell::RefCell;
@@ -227,7 +227,13 @@ pub(crate) struct Registered<'a> {
 }
 
 impl<'a> Registered<'a> {
-    pub fn new(ctx: &'a CoreContext, peer: SocketAddr, host: String, backend: String, protocol: Protocol) -> Self {
+    pub fn new(
+        ctx: &'a CoreContext,
+        peer: SocketAddr,
+        host: String,
+        backend: String,
+        protocol: Protocol,
+    ) -> Self {
         ctx.events.push(Event::ConnectionNew {
             protocol,
             host: host.clone(),
@@ -311,17 +317,38 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             HeadRead::Bad(e) => {
                 let mut trace = Trace::new(Protocol::Http, "");
                 let status = e.status();
-                let reason = if status == 431 { "Request Header Fields Too Large" } else { "Bad Request" };
+                let reason = if status == 431 {
+                    "Request Header Fields Too Large"
+                } else {
+                    "Bad Request"
+                };
                 refuse(&client, &mut trace, status, reason, &[], e.to_string()).await;
                 trace.finish(&ctx, &snapshot, client_ip);
                 break;
             }
         };
         let connect = head.method.eq_ignore_ascii_case("CONNECT");
-        let mut trace = Trace::new(if connect { Protocol::Connect } else { Protocol::Http }, &head.method);
+        let mut trace = Trace::new(
+            if connect {
+                Protocol::Connect
+            } else {
+                Protocol::Http
+            },
+            &head.method,
+        );
         trace.url = head.target.clone();
         trace.user_agent = head.header_str("user-agent").unwrap_or_default().to_owned();
-        let next = handle_request(&ctx, &snapshot, &client, &mut carry, head, peer, &mut trace, &mut registered).await;
+        let next = handle_request(
+            &ctx,
+            &snapshot,
+            &client,
+            &mut carry,
+            head,
+            peer,
+            &mut trace,
+            &mut registered,
+        )
+        .await;
         match next {
             Next::KeepAlive => trace.finish(&ctx, &snapshot, client_ip),
             Next::Close => {
@@ -331,7 +358,19 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             Next::Tunnel(job) => {
                 drop(registered.take());
                 let carry = std::mem::take(&mut carry);
-                run_tunnel(&ctx, &snapshot, client, job.connected, carry, peer, Protocol::Connect, &job.label, &job.backend, job.trace).await;
+                run_tunnel(
+                    &ctx,
+                    &snapshot,
+                    client,
+                    job.connected,
+                    carry,
+                    peer,
+                    Protocol::Connect,
+                    &job.label,
+                    &job.backend,
+                    job.trace,
+                )
+                .await;
                 return;
             }
         }
@@ -342,7 +381,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
 enum Next {
     KeepAlive,
     Close,
-    Tunnel(TunnelJob),
+    Tunnel(Box<TunnelJob>),
 }
 
 struct TunnelJob {
@@ -367,7 +406,15 @@ async fn handle_request<'c>(
     if let Some(limiter) = &snapshot.request_limit {
         if !limiter.admit(client_ip) {
             let msg = "rate limit exceeded".to_owned();
-            refuse(client, trace, 429, "Too Many Requests", &[("Retry-After", "1")], msg).await;
+            refuse(
+                client,
+                trace,
+                429,
+                "Too Many Requests",
+                &[("Retry-After", "1")],
+                msg,
+            )
+            .await;
             return Next::Close;
         }
     }
@@ -384,7 +431,8 @@ async fn handle_request<'c>(
         }
         if !ok {
             let body_kind = http1::request_body_kind(&head).unwrap_or(BodyKind::UntilClose);
-            let close = !matches!(body_kind, BodyKind::Empty | BodyKind::Length(0)) || !head.wants_keep_alive();
+            let close = !matches!(body_kind, BodyKind::Empty | BodyKind::Length(0))
+                || !head.wants_keep_alive();
             reply(
                 client,
                 407,
@@ -425,24 +473,45 @@ async fn handle_request<'c>(
                     return Next::Close;
                 }
             };
-            if tunnel::write_all(client, b"HTTP/1.1 200 Connection Established\r\n\r\n").await.is_err() {
+            if tunnel::write_all(client, b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                .await
+                .is_err()
+            {
                 trace.fail(200, "client went away");
                 return Next::Close;
             }
             trace.status = 200;
             // The tunnel's trace is finished (counted and logged) when the tunnel closes.
             let tunnel_trace = std::mem::replace(trace, Trace::new(Protocol::Connect, "CONNECT"));
-            Next::Tunnel(TunnelJob {
+            Next::Tunnel(Box::new(TunnelJob {
                 connected,
                 label: tunnel_trace.host.clone(),
                 backend,
                 trace: tunnel_trace,
-            })
+            }))
         }
-        Target::Absolute { scheme, host, port, path_and_query } if scheme == "http" => {
+        Target::Absolute {
+            scheme,
+            host,
+            port,
+            path_and_query,
+        } if scheme == "http" => {
             trace.host = host_port_label(&host, port);
             trace.path = path_and_query.clone();
-            forward(ctx, snapshot, client, carry, head, peer, &host, port, path_and_query, trace, registered).await
+            forward(
+                ctx,
+                snapshot,
+                client,
+                carry,
+                head,
+                peer,
+                &host,
+                port,
+                path_and_query,
+                trace,
+                registered,
+            )
+            .await
         }
         _ => {
             let msg = "this is a proxy: send absolute-form http:// requests or CONNECT".to_owned();
@@ -467,10 +536,21 @@ pub(crate) async fn dial(
     host: &str,
     port: u16,
 ) -> Result<Connected, DataplaneError> {
+    dial_within(ctx, backend, host, port, snapshot.timeouts.connect).await
+}
+
+/// [`dial`] with an explicit timeout (backend tests choose their own).
+pub(crate) async fn dial_within(
+    ctx: &CoreContext,
+    backend: &Backend,
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<Connected, DataplaneError> {
     let dialer = Dialer {
         resolver: &ctx.resolver,
         offload: &ctx.offload,
-        timeout: snapshot.timeouts.connect,
+        timeout,
     };
     let started = std::time::Instant::now();
     let result = dialer.connect(&backend.kind, host, port).await;
@@ -478,19 +558,28 @@ pub(crate) async fn dial(
     match &result {
         Ok(_) => counters.connected_in(started.elapsed()),
         Err(_) => {
-            counters.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            counters
+                .errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
-    // Only failures that say something about the backend's path count against its health.
-    let judged = match &result {
-        Ok(_) => Some(true),
-        Err(e) if e.side() == crate::error::Side::Upstream && !matches!(e, DataplaneError::Resolve { .. } | DataplaneError::Refused { .. }) => Some(false),
-        Err(_) => None,
+    // Only failures that say something about the backend's own path count against its health:
+    // a direct backend is never blamed for an origin, and an upstream proxy that relays an
+    // origin's refusal is working.
+    let judged = match (&backend.kind, &result) {
+        (_, Ok(_)) => Some(true),
+        (BackendKind::Direct, Err(_)) => None,
+        (_, Err(DataplaneError::UpstreamProxy { refused: true, .. })) => None,
+        (_, Err(e)) if e.side() == crate::error::Side::Upstream => Some(false),
+        _ => None,
     };
     if let Some(success) = judged {
         if let Some(healthy) = backend.health.record(success) {
             tracing::warn!(backend = %backend.name, healthy, "backend health changed");
-            ctx.events.push(Event::BackendHealth { name: backend.name.clone(), healthy });
+            ctx.events.push(Event::BackendHealth {
+                name: backend.name.clone(),
+                healthy,
+            });
         }
     }
     result
@@ -521,7 +610,9 @@ pub(crate) async fn run_tunnel(
         ok &= tunnel::write_all(&upstream, &client_early).await.is_ok();
     }
     if ok && !connected.early_data.is_empty() {
-        ok &= tunnel::write_all(&client, &connected.early_data).await.is_ok();
+        ok &= tunnel::write_all(&client, &connected.early_data)
+            .await
+            .is_ok();
     }
     let client_ip = crate::access_control::canonical(peer.ip());
     let live = registered.conn();
@@ -529,15 +620,31 @@ pub(crate) async fn run_tunnel(
         tunnel::relay(
             &client,
             &upstream,
-            Meter { counters: [core, bcore], live: Some(live), upload: true, limiter: snapshot.upload_limit.as_ref(), client: client_ip },
-            Meter { counters: [core, bcore], live: Some(live), upload: false, limiter: snapshot.download_limit.as_ref(), client: client_ip },
+            Meter {
+                counters: [core, bcore],
+                live: Some(live),
+                upload: true,
+                limiter: snapshot.upload_limit.as_ref(),
+                client: client_ip,
+            },
+            Meter {
+                counters: [core, bcore],
+                live: Some(live),
+                upload: false,
+                limiter: snapshot.download_limit.as_ref(),
+                client: client_ip,
+            },
             snapshot.timeouts.idle,
         )
         .await;
     }
     bcore.closed();
-    trace.up.set(live.bytes_recv.load(std::sync::atomic::Ordering::Relaxed));
-    trace.down.set(live.bytes_sent.load(std::sync::atomic::Ordering::Relaxed));
+    trace
+        .up
+        .set(live.bytes_recv.load(std::sync::atomic::Ordering::Relaxed));
+    trace
+        .down
+        .set(live.bytes_sent.load(std::sync::atomic::Ordering::Relaxed));
     drop(registered);
     trace.finish(ctx, snapshot, client_ip);
 }
@@ -574,11 +681,37 @@ async fn forward<'c>(
     };
     trace.backend = backend.name.clone();
     let live = registered.get_or_insert_with(|| {
-        Registered::new(ctx, peer, host_port_label(host, port), backend.name.clone(), Protocol::Http)
+        Registered::new(
+            ctx,
+            peer,
+            host_port_label(host, port),
+            backend.name.clone(),
+            Protocol::Http,
+        )
     });
     let conn = live.conn();
     let (up_before, down_before) = (conn.bytes_recv.load(Relaxed), conn.bytes_sent.load(Relaxed));
-    let next = exchange(ctx, snapshot, client, carry, head, peer, host, port, path_and_query, trace, &backend, conn, request_body, client_keep_alive).await;
+    // Each forwarded request counts as one connection through its backend while it runs.
+    let bcore = backend.counters.core(ctx.core);
+    bcore.opened();
+    let next = exchange(
+        ctx,
+        snapshot,
+        client,
+        carry,
+        head,
+        peer,
+        host,
+        port,
+        path_and_query,
+        trace,
+        &backend,
+        conn,
+        request_body,
+        client_keep_alive,
+    )
+    .await;
+    bcore.closed();
     trace.up.set(conn.bytes_recv.load(Relaxed) - up_before);
     trace.down.set(conn.bytes_sent.load(Relaxed) - down_before);
     next
@@ -602,7 +735,6 @@ async fn exchange(
     request_body: BodyKind,
     client_keep_alive: bool,
 ) -> Next {
-
     // Rewrite the head for the origin: origin-form target, Host from the absolute URI,
     // hop-by-hop headers (incl. Proxy-Authorization) removed.
     http1::strip_hop_by_hop(&mut head.headers);
@@ -616,13 +748,23 @@ async fn exchange(
         head.remove_header("expect");
     }
     head.target = path_and_query;
-    let authority = if port == 80 { http1::format_authority(host, 80).trim_end_matches(":80").to_owned() } else { http1::format_authority(host, port) };
+    let authority = if port == 80 {
+        http1::format_authority(host, 80)
+            .trim_end_matches(":80")
+            .to_owned()
+    } else {
+        http1::format_authority(host, port)
+    };
     head.set_header("Host", authority.as_bytes());
     head.version_minor = 1;
     let mut out = Vec::with_capacity(512);
     http1::write_request_head(&head, &mut out);
 
-    let key = PoolKey { backend: backend.kind.clone(), host: host.to_owned(), port };
+    let key = PoolKey {
+        backend: backend.kind.clone(),
+        host: host.to_owned(),
+        port,
+    };
     let core = ctx.counters.core(ctx.core);
     let bcore = backend.counters.core(ctx.core);
     let count_up = |n: u64| {
@@ -664,26 +806,44 @@ async fn exchange(
             if reused && attempt == 1 && retryable {
                 continue;
             }
-            failure = Some((502, "Bad Gateway", format!("{host}:{port} closed the connection")));
+            failure = Some((
+                502,
+                "Bad Gateway",
+                format!("{host}:{port} closed the connection"),
+            ));
             break (None, None, Vec::new());
         }
         if expects_continue
             && attempt == 1
             && !retryable
-            && tunnel::write_all(client, b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err()
+            && tunnel::write_all(client, b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await
+                .is_err()
         {
             return Next::Close;
         }
         if let Err(e) = relay_body(client, &origin, carry, request_body, &count_up).await {
             tracing::debug!(client = %peer, error = %e, "request body relay failed");
-            failure = Some((502, "Bad Gateway", format!("relaying the request body failed: {e}")));
+            failure = Some((
+                502,
+                "Bad Gateway",
+                format!("relaying the request body failed: {e}"),
+            ));
             break (None, None, Vec::new());
         }
         let mut origin_carry = early;
         let limits = HeadLimits::default();
         // Skip interim 1xx responses (relayed to the client as well).
         let response = loop {
-            match read_head(&origin, &mut origin_carry, &limits, snapshot.timeouts.read, http1::parse_response_head).await {
+            match read_head(
+                &origin,
+                &mut origin_carry,
+                &limits,
+                snapshot.timeouts.read,
+                http1::parse_response_head,
+            )
+            .await
+            {
                 HeadRead::Head(r) if (100..200).contains(&r.status) && r.status != 101 => {
                     let mut interim = Vec::new();
                     http1::write_response_head(&r, &mut interim);
@@ -701,21 +861,34 @@ async fn exchange(
             }
             HeadRead::Closed if reused && attempt == 1 && retryable => continue,
             HeadRead::TimedOut => {
-                failure = Some((504, "Gateway Timeout", format!("{host}:{port} did not answer in time")));
+                failure = Some((
+                    504,
+                    "Gateway Timeout",
+                    format!("{host}:{port} did not answer in time"),
+                ));
                 break (None, None, Vec::new());
             }
             HeadRead::Bad(e) => {
-                failure = Some((502, "Bad Gateway", format!("invalid response from {host}:{port}: {e}")));
+                failure = Some((
+                    502,
+                    "Bad Gateway",
+                    format!("invalid response from {host}:{port}: {e}"),
+                ));
                 break (None, None, Vec::new());
             }
             HeadRead::Closed | HeadRead::Io => {
-                failure = Some((502, "Bad Gateway", format!("{host}:{port} closed the connection without a response")));
+                failure = Some((
+                    502,
+                    "Bad Gateway",
+                    format!("{host}:{port} closed the connection without a response"),
+                ));
                 break (None, None, Vec::new());
             }
         }
     };
     let (Some(origin), Some(mut response)) = (origin, response) else {
-        let (status, reason, message) = failure.unwrap_or((502, "Bad Gateway", "no response".into()));
+        let (status, reason, message) =
+            failure.unwrap_or((502, "Bad Gateway", "no response".into()));
         refuse(client, trace, status, reason, &[], message).await;
         return Next::Close;
     };
@@ -729,19 +902,31 @@ async fn exchange(
         }
     };
     trace.status = response.status;
-    let origin_keep_alive = response.wants_keep_alive() && !matches!(response_body, BodyKind::UntilClose);
+    let origin_keep_alive =
+        response.wants_keep_alive() && !matches!(response_body, BodyKind::UntilClose);
     let keep_client = client_keep_alive && !matches!(response_body, BodyKind::UntilClose);
     http1::strip_hop_by_hop(&mut response.headers);
     http1::drop_content_length_if_chunked(&mut response.headers, response_body);
     response.version_minor = 1;
-    response.set_header("Connection", if keep_client { b"keep-alive" } else { b"close" });
+    response.set_header(
+        "Connection",
+        if keep_client { b"keep-alive" } else { b"close" },
+    );
     let mut out = Vec::with_capacity(512);
     http1::write_response_head(response, &mut out);
     if tunnel::write_all(client, &out).await.is_err() {
         return Next::Close;
     }
     count_down(out.len() as u64);
-    match relay_body(&origin, client, &mut origin_carry, response_body, &count_down).await {
+    match relay_body(
+        &origin,
+        client,
+        &mut origin_carry,
+        response_body,
+        &count_down,
+    )
+    .await
+    {
         Ok(BodyEnd::Complete) if origin_keep_alive && origin_carry.is_empty() => {
             let _ = origin.borrow().set_read_timeout(None);
             origin_pool::give(key, origin.into_inner());

@@ -64,7 +64,9 @@ impl Drop for LiveGuard<'_> {
 impl LiveTable {
     pub fn new(cores: usize) -> Self {
         Self {
-            cores: (0..cores.max(1)).map(|_| CachePadded::new(Mutex::new(CoreTable::default()))).collect(),
+            cores: (0..cores.max(1))
+                .map(|_| CachePadded::new(Mutex::new(CoreTable::default())))
+                .collect(),
         }
     }
 
@@ -93,7 +95,11 @@ impl LiveTable {
         });
         t.entries.insert(id, conn.clone());
         drop(t);
-        LiveGuard { table: self, core, conn }
+        LiveGuard {
+            table: self,
+            core,
+            conn,
+        }
     }
 
     /// A copy of every live entry, oldest first.
@@ -125,12 +131,21 @@ mod tests {
         let t = LiveTable::new(2);
         let client: SocketAddr = "127.0.0.1:5000".parse().expect("addr");
         let a = t.register(0, client, "a:80".into(), "direct".into(), Protocol::Http);
-        let b = t.register(1, client, "b:443".into(), "direct".into(), Protocol::Connect);
+        let b = t.register(
+            1,
+            client,
+            "b:443".into(),
+            "direct".into(),
+            Protocol::Connect,
+        );
         assert_ne!(a.conn.id, b.conn.id);
         b.conn.add_sent(10);
         let list = t.list();
         assert_eq!(list.len(), 2);
-        assert_eq!(list.iter().map(|c| c.bytes_sent.load(Relaxed)).sum::<u64>(), 10);
+        assert_eq!(
+            list.iter().map(|c| c.bytes_sent.load(Relaxed)).sum::<u64>(),
+            10
+        );
         drop(a);
         assert_eq!(t.len(), 1);
         drop(b);

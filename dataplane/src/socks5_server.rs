@@ -151,7 +151,10 @@ async fn connect(
             return;
         }
     };
-    let bound = connected.stream.local_addr().unwrap_or_else(|_| unspecified());
+    let bound = connected
+        .stream
+        .local_addr()
+        .unwrap_or_else(|_| unspecified());
     if !send_reply(&client, ReplyCode::Succeeded, bound).await {
         return;
     }

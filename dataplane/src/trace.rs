@@ -56,7 +56,9 @@ impl Trace {
 
     /// Counts the request and, when the request log is on, queues its record.
     pub fn finish(self, ctx: &CoreContext, snapshot: &Snapshot, client_ip: IpAddr) {
-        ctx.counters.core(ctx.core).request(self.protocol, self.status);
+        ctx.counters
+            .core(ctx.core)
+            .request(self.protocol, self.status);
         if !snapshot.request_log {
             return;
         }

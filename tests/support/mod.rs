@@ -291,3 +291,43 @@ pub fn start_peer(program: &Path, args: &[&str], port: u16) -> Proc {
     wait_for_port(port);
     proc
 }
+
+/// A JSON API call with curl: (status, body as JSON or Null).
+pub fn api_call(
+    server: &Server,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    token: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let url = format!("http://{}{}", server.api, path);
+    let mut args: Vec<String> = vec![
+        "-sS".into(),
+        "--max-time".into(),
+        "30".into(),
+        "-X".into(),
+        method.into(),
+    ];
+    args.extend(["-w".into(), "\n%{http_code}".into()]);
+    if let Some(b) = body {
+        args.extend([
+            "-H".into(),
+            "Content-Type: application/json".into(),
+            "--data-binary".into(),
+            b.into(),
+        ]);
+    }
+    if let Some(t) = token {
+        args.extend(["-H".into(), format!("Authorization: Bearer {t}")]);
+    }
+    args.push(url);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = curl(&refs);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    let status = code.trim().parse().unwrap_or(0);
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}

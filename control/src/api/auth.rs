@@ -14,7 +14,11 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn presented_token(req: &Request) -> Option<String> {
-    if let Some(v) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
         if let Some((scheme, value)) = v.split_once(' ') {
             if scheme.eq_ignore_ascii_case("bearer") {
                 return Some(value.trim().to_owned());
@@ -28,7 +32,11 @@ fn presented_token(req: &Request) -> Option<String> {
     })
 }
 
-pub async fn require_token(State(state): State<Arc<ServerState>>, req: Request, next: Next) -> Response {
+pub async fn require_token(
+    State(state): State<Arc<ServerState>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let cfg = state.config.load();
     let Some(expected) = cfg.api.token.as_deref() else {
         return next.run(req).await;
@@ -42,8 +50,10 @@ pub async fn require_token(State(state): State<Arc<ServerState>>, req: Request, 
                 "a valid API token is required (Authorization: Bearer <token>)",
             )
             .into_response();
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"switchyard\""));
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"switchyard\""),
+            );
             r
         }
     }

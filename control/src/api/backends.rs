@@ -9,8 +9,8 @@ use axum::Json;
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_api::{
-    Backend, BackendCreate, BackendCreated, BackendDeleted, BackendStats, BackendStatsDetail, BackendTestRequest,
-    BackendTestResult, UpstreamSettings,
+    Backend, BackendCreate, BackendCreated, BackendDeleted, BackendStats, BackendStatsDetail,
+    BackendTestRequest, BackendTestResult, UpstreamSettings,
 };
 use switchyard_config::{BackendConfig, BackendType, UpstreamProxyConfig};
 use switchyard_dataplane::commands::Command;
@@ -44,11 +44,19 @@ fn find(state: &ServerState, name: &str) -> Result<Arc<snapshot::Backend>, ApiEr
         .iter()
         .find(|b| b.name == name)
         .cloned()
-        .ok_or_else(|| ApiError::not_found("BACKEND_NOT_FOUND", format!("backend {name} does not exist")))
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "BACKEND_NOT_FOUND",
+                format!("backend {name} does not exist"),
+            )
+        })
 }
 
 pub fn problems_to_error(problems: &[switchyard_config::Problem], code: &'static str) -> ApiError {
-    let list: Vec<String> = problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect();
+    let list: Vec<String> = problems
+        .iter()
+        .map(|p| format!("{}: {}", p.field, p.message))
+        .collect();
     ApiError::bad_request(code, list.join("; "))
 }
 
@@ -62,18 +70,34 @@ pub fn mutate_error(e: MutateError<ApiError>, code: &'static str) -> ApiError {
 
 #[utoipa::path(get, path = "/api/v1/backends", tag = "backends", responses((status = 200, body = [Backend])))]
 pub async fn list(State(state): State<Arc<ServerState>>) -> Json<Vec<Backend>> {
-    Json(state.snapshot.load().backends.iter().map(|b| view(b)).collect())
+    Json(
+        state
+            .snapshot
+            .load()
+            .backends
+            .iter()
+            .map(|b| view(b))
+            .collect(),
+    )
 }
 
 fn settings(s: UpstreamSettings) -> UpstreamProxyConfig {
-    UpstreamProxyConfig { address: s.address, username: s.username, password: s.password }
+    UpstreamProxyConfig {
+        address: s.address,
+        username: s.username,
+        password: s.password,
+    }
 }
 
 fn to_config(body: BackendCreate) -> Result<BackendConfig, ApiError> {
     let kind = BackendType::from_name(&body.kind).ok_or_else(|| {
         ApiError::bad_request(
             "INVALID_BACKEND_TYPE",
-            format!("unknown backend type {:?}; use one of {}", body.kind, BackendType::ACCEPTED_NAMES.join(", ")),
+            format!(
+                "unknown backend type {:?}; use one of {}",
+                body.kind,
+                BackendType::ACCEPTED_NAMES.join(", ")
+            ),
         )
     })?;
     let settings_for_other_type = match kind {
@@ -84,7 +108,10 @@ fn to_config(body: BackendCreate) -> Result<BackendConfig, ApiError> {
     if settings_for_other_type {
         return Err(ApiError::bad_request(
             "INVALID_BACKEND",
-            format!("the settings object must be named after the type ({})", kind.api_name()),
+            format!(
+                "the settings object must be named after the type ({})",
+                kind.api_name()
+            ),
         ));
     }
     let other = match kind {
@@ -113,7 +140,10 @@ pub async fn create(
     let (name, kind) = (backend.name.clone(), backend.kind);
     mutate(&state, |cfg| {
         if cfg.backends.iter().any(|b| b.name == backend.name) {
-            return Err(ApiError::conflict("BACKEND_EXISTS", format!("backend {} already exists", backend.name)));
+            return Err(ApiError::conflict(
+                "BACKEND_EXISTS",
+                format!("backend {} already exists", backend.name),
+            ));
         }
         cfg.backends.push(backend);
         Ok(())
@@ -121,29 +151,52 @@ pub async fn create(
     .await
     .map_err(|e| mutate_error(e, "INVALID_BACKEND"))?;
     tracing::info!(backend = %name, r#type = kind.api_name(), "backend created through the API");
-    Ok((StatusCode::CREATED, Json(BackendCreated { status: "created".into(), backend: name, kind: kind.api_name().into() })))
+    Ok((
+        StatusCode::CREATED,
+        Json(BackendCreated {
+            status: "created".into(),
+            backend: name,
+            kind: kind.api_name().into(),
+        }),
+    ))
 }
 
 #[utoipa::path(get, path = "/api/v1/backends/{name}", tag = "backends", params(("name" = String, Path)),
     responses((status = 200, body = Backend), (status = 404, body = switchyard_api::ErrorBody)))]
-pub async fn get_one(State(state): State<Arc<ServerState>>, Path(name): Path<String>) -> Result<Json<Backend>, ApiError> {
+pub async fn get_one(
+    State(state): State<Arc<ServerState>>,
+    Path(name): Path<String>,
+) -> Result<Json<Backend>, ApiError> {
     Ok(Json(view(&*find(&state, &name)?)))
 }
 
 #[utoipa::path(delete, path = "/api/v1/backends/{name}", tag = "backends", params(("name" = String, Path)),
     responses((status = 200, body = BackendDeleted), (status = 404, body = switchyard_api::ErrorBody),
               (status = 409, description = "routes still use the backend", body = switchyard_api::ErrorBody)))]
-pub async fn delete(State(state): State<Arc<ServerState>>, Path(name): Path<String>) -> Result<Json<BackendDeleted>, ApiError> {
+pub async fn delete(
+    State(state): State<Arc<ServerState>>,
+    Path(name): Path<String>,
+) -> Result<Json<BackendDeleted>, ApiError> {
     mutate(&state, |cfg| {
         let Some(i) = cfg.backends.iter().position(|b| b.name == name) else {
-            return Err(ApiError::not_found("BACKEND_NOT_FOUND", format!("backend {name} does not exist")));
+            return Err(ApiError::not_found(
+                "BACKEND_NOT_FOUND",
+                format!("backend {name} does not exist"),
+            ));
         };
-        let users: Vec<&str> =
-            cfg.routes.iter().filter(|r| r.backend_names().contains(&name.as_str())).map(|r| r.name.as_str()).collect();
+        let users: Vec<&str> = cfg
+            .routes
+            .iter()
+            .filter(|r| r.backend_names().contains(&name.as_str()))
+            .map(|r| r.name.as_str())
+            .collect();
         if !users.is_empty() {
             return Err(ApiError::conflict(
                 "BACKEND_IN_USE",
-                format!("backend {name} is used by routes {}; delete or change them first", users.join(", ")),
+                format!(
+                    "backend {name} is used by routes {}; delete or change them first",
+                    users.join(", ")
+                ),
             ));
         }
         cfg.backends.remove(i);
@@ -153,12 +206,18 @@ pub async fn delete(State(state): State<Arc<ServerState>>, Path(name): Path<Stri
     .map_err(|e| mutate_error(e, "INVALID_BACKEND"))?;
     // Live connections through it keep their snapshot and finish; new ones cannot pick it.
     tracing::info!(backend = %name, "backend deleted through the API");
-    Ok(Json(BackendDeleted { status: "deleted".into(), backend: name }))
+    Ok(Json(BackendDeleted {
+        status: "deleted".into(),
+        backend: name,
+    }))
 }
 
 #[utoipa::path(get, path = "/api/v1/backends/{name}/stats", tag = "backends", params(("name" = String, Path)),
     responses((status = 200, body = BackendStatsDetail), (status = 404, body = switchyard_api::ErrorBody)))]
-pub async fn stats(State(state): State<Arc<ServerState>>, Path(name): Path<String>) -> Result<Json<BackendStatsDetail>, ApiError> {
+pub async fn stats(
+    State(state): State<Arc<ServerState>>,
+    Path(name): Path<String>,
+) -> Result<Json<BackendStatsDetail>, ApiError> {
     let t = find(&state, &name)?.counters.totals();
     Ok(Json(BackendStatsDetail {
         active_connections: t.active_connections,
@@ -186,31 +245,63 @@ pub async fn test(
     let req: BackendTestRequest = if body.iter().all(u8::is_ascii_whitespace) {
         BackendTestRequest::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request("INVALID_JSON", e.to_string()))?
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request("INVALID_JSON", e.to_string()))?
     };
-    let target = req.target.unwrap_or_else(|| state.config.load().api.backend_test_target.clone());
+    let target = req
+        .target
+        .unwrap_or_else(|| state.config.load().api.backend_test_target.clone());
     let (host, port) = target
         .rsplit_once(':')
-        .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_owned(), p.parse::<u16>().ok()?)))
+        .and_then(|(h, p)| {
+            Some((
+                h.trim_matches(['[', ']']).to_owned(),
+                p.parse::<u16>().ok()?,
+            ))
+        })
         .filter(|(h, _)| !h.is_empty())
-        .ok_or_else(|| ApiError::bad_request("INVALID_TARGET", format!("target {target:?} is not host:port")))?;
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "INVALID_TARGET",
+                format!("target {target:?} is not host:port"),
+            )
+        })?;
     let timeout = match req.timeout {
-        Some(t) => switchyard_config::Duration::parse(&t)
-            .map_err(|e| ApiError::bad_request("INVALID_TIMEOUT", e.to_string()))?
-            .0,
+        Some(t) => {
+            switchyard_config::Duration::parse(&t)
+                .map_err(|e| ApiError::bad_request("INVALID_TIMEOUT", e.to_string()))?
+                .0
+        }
         None => Duration::from_secs(10),
     };
     if timeout.is_zero() || timeout > MAX_TEST_TIMEOUT {
-        return Err(ApiError::bad_request("INVALID_TIMEOUT", "timeout must be between 1ns and 2m"));
+        return Err(ApiError::bad_request(
+            "INVALID_TIMEOUT",
+            "timeout must be between 1ns and 2m",
+        ));
     }
     let (reply, answer) = futures::channel::oneshot::channel();
     state
         .commands
-        .try_send(Command::TestBackend { backend: backend.clone(), host, port, timeout, reply })
-        .map_err(|_| ApiError::unavailable("BUSY", "the data plane's command queue is full; try again"))?;
+        .try_send(Command::TestBackend {
+            backend: backend.clone(),
+            host,
+            port,
+            timeout,
+            reply,
+        })
+        .map_err(|_| {
+            ApiError::unavailable("BUSY", "the data plane's command queue is full; try again")
+        })?;
     let outcome = tokio::time::timeout(timeout + Duration::from_secs(2), answer)
         .await
-        .map_err(|_| ApiError::new(StatusCode::GATEWAY_TIMEOUT, "TEST_TIMEOUT", "the data plane did not answer"))?
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "TEST_TIMEOUT",
+                "the data plane did not answer",
+            )
+        })?
         .map_err(|_| ApiError::internal("the data plane dropped the test"))?;
     let (duration, result) = outcome;
     let (status, error) = match result {

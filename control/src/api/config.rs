@@ -10,13 +10,21 @@ use axum::Json;
 use chrono::Utc;
 use std::sync::Arc;
 use switchyard_api::{
-    AuthPlugin, AuthPluginList, ConfigSaveRequest, ConfigSaveResult, ConfigSectionMeta, MessageWithTime,
-    PluginAvailability, ValidationError, ValidationResult,
+    AuthPlugin, AuthPluginList, ConfigSaveRequest, ConfigSaveResult, ConfigSectionMeta,
+    MessageWithTime, PluginAvailability, ValidationError, ValidationResult,
 };
 use switchyard_config::{AuthMode, Problem, ServerConfig};
 
 /// The sections `GET /api/v1/config/meta` describes, in the spec's order.
-const META_SECTIONS: [&str; 7] = ["routes", "rate_limit", "server", "backends", "access_control", "cache", "auth"];
+const META_SECTIONS: [&str; 7] = [
+    "routes",
+    "rate_limit",
+    "server",
+    "backends",
+    "access_control",
+    "cache",
+    "auth",
+];
 
 #[utoipa::path(get, path = "/api/v1/config", tag = "config",
     responses((status = 200, description = "running configuration, secrets masked", body = Object)))]
@@ -40,7 +48,10 @@ pub async fn meta() -> Json<Vec<ConfigSectionMeta>> {
                 section: (*s).into(),
                 hot_reloadable: switchyard_config::is_hot_reloadable(s),
                 description: known.iter().find(|k| k.section == *s).map_or_else(
-                    || "HTTP cache: rules and presets reload live; storage changes need a restart".into(),
+                    || {
+                        "HTTP cache: rules and presets reload live; storage changes need a restart"
+                            .into()
+                    },
                     |k| k.description.into(),
                 ),
             })
@@ -53,7 +64,10 @@ fn validation(problems: &[Problem], message: Option<String>) -> ValidationResult
         valid: problems.is_empty() && message.is_none(),
         errors: problems
             .iter()
-            .map(|p| ValidationError { section: p.section.clone(), message: format!("{}: {}", p.field, p.message) })
+            .map(|p| ValidationError {
+                section: p.section.clone(),
+                message: format!("{}: {}", p.field, p.message),
+            })
             .collect(),
         warnings: Vec::new(),
         message,
@@ -68,7 +82,10 @@ fn parse(value: serde_json::Value) -> Result<ServerConfig, ValidationResult> {
         let section = path.split(['.', '[']).next().unwrap_or_default().to_owned();
         ValidationResult {
             valid: false,
-            errors: vec![ValidationError { section, message: format!("{path}: {}", e.inner()) }],
+            errors: vec![ValidationError {
+                section,
+                message: format!("{path}: {}", e.inner()),
+            }],
             warnings: Vec::new(),
             message: Some("the configuration does not have the expected structure".into()),
         }
@@ -80,7 +97,13 @@ fn warnings(cfg: &ServerConfig) -> Vec<String> {
     cfg.backends
         .iter()
         .filter(|b| b.enabled && !b.kind.is_available())
-        .map(|b| format!("backend {} of type {} is not available in this build yet", b.name, b.kind.api_name()))
+        .map(|b| {
+            format!(
+                "backend {} of type {} is not available in this build yet",
+                b.name,
+                b.kind.api_name()
+            )
+        })
         .collect()
 }
 
@@ -125,7 +148,10 @@ fn unmask(posted: &mut serde_json::Value, running: &serde_json::Value) {
     responses((status = 200, body = ConfigSaveResult),
               (status = 400, description = "invalid configuration, nothing written", body = ValidationResult),
               (status = 409, description = "no configuration file (running on defaults)", body = switchyard_api::ErrorBody)))]
-pub async fn save(State(state): State<Arc<ServerState>>, ApiJson(body): ApiJson<ConfigSaveRequest>) -> Response {
+pub async fn save(
+    State(state): State<Arc<ServerState>>,
+    ApiJson(body): ApiJson<ConfigSaveRequest>,
+) -> Response {
     let mut posted = body.config;
     let running = state.config.load().to_json_value().unwrap_or_default();
     unmask(&mut posted, &running);
@@ -137,9 +163,15 @@ pub async fn save(State(state): State<Arc<ServerState>>, ApiJson(body): ApiJson<
         Ok(result) => Json(result).into_response(),
         Err(ConfigError::Invalid(problems)) => {
             let msg = format!("{} problems; nothing was written", problems.len());
-            (StatusCode::BAD_REQUEST, Json(validation(&problems, Some(msg)))).into_response()
+            (
+                StatusCode::BAD_REQUEST,
+                Json(validation(&problems, Some(msg))),
+            )
+                .into_response()
         }
-        Err(e @ ConfigError::NoFile(_)) => ApiError::conflict("NO_CONFIG_FILE", e.to_string()).into_response(),
+        Err(e @ ConfigError::NoFile(_)) => {
+            ApiError::conflict("NO_CONFIG_FILE", e.to_string()).into_response()
+        }
         Err(e) => ApiError::internal(e.to_string()).into_response(),
     }
 }
@@ -147,19 +179,35 @@ pub async fn save(State(state): State<Arc<ServerState>>, ApiJson(body): ApiJson<
 #[utoipa::path(post, path = "/api/v1/config/reload", tag = "config",
     responses((status = 200, body = MessageWithTime), (status = 400, body = switchyard_api::ErrorBody),
               (status = 409, body = switchyard_api::ErrorBody)))]
-pub async fn reload(State(state): State<Arc<ServerState>>) -> Result<Json<MessageWithTime>, ApiError> {
+pub async fn reload(
+    State(state): State<Arc<ServerState>>,
+) -> Result<Json<MessageWithTime>, ApiError> {
     match config_store::reload(&state).await {
         Ok(o) => {
-            let mut message = format!("configuration reloaded; changed sections: [{}]", o.changed_sections.join(", "));
+            let mut message = format!(
+                "configuration reloaded; changed sections: [{}]",
+                o.changed_sections.join(", ")
+            );
             if !o.restart_required.is_empty() {
-                message.push_str(&format!("; restart required for [{}]", o.restart_required.join(", ")));
+                message.push_str(&format!(
+                    "; restart required for [{}]",
+                    o.restart_required.join(", ")
+                ));
             }
             tracing::info!(changed = ?o.changed_sections, "configuration reloaded (API)");
-            Ok(Json(MessageWithTime { message, time: Utc::now() }))
+            Ok(Json(MessageWithTime {
+                message,
+                time: Utc::now(),
+            }))
         }
         Err(e @ ConfigError::NoFile(_)) => Err(ApiError::conflict("NO_CONFIG_FILE", e.to_string())),
-        Err(ConfigError::Invalid(problems)) => Err(super::backends::problems_to_error(&problems, "INVALID_CONFIG")),
-        Err(e @ ConfigError::Load(_)) => Err(ApiError::bad_request("INVALID_CONFIG", e.to_string())),
+        Err(ConfigError::Invalid(problems)) => Err(super::backends::problems_to_error(
+            &problems,
+            "INVALID_CONFIG",
+        )),
+        Err(e @ ConfigError::Load(_)) => {
+            Err(ApiError::bad_request("INVALID_CONFIG", e.to_string()))
+        }
         Err(e) => Err(ApiError::internal(e.to_string())),
     }
 }
@@ -168,7 +216,9 @@ pub async fn reload(State(state): State<Arc<ServerState>>) -> Result<Json<Messag
 pub async fn auth_plugins() -> Json<AuthPluginList> {
     let describe = |mode: AuthMode| match mode {
         AuthMode::None => "no proxy authentication",
-        AuthMode::Native => "users with bcrypt password hashes in the configuration (auth.native.users)",
+        AuthMode::Native => {
+            "users with bcrypt password hashes in the configuration (auth.native.users)"
+        }
         AuthMode::System => "operating-system accounts",
         AuthMode::Ldap => "LDAP bind against a directory (auth.ldap)",
         AuthMode::Oauth => "OAuth 2 / OpenID Connect tokens (auth.oauth)",
@@ -181,9 +231,15 @@ pub async fn auth_plugins() -> Json<AuthPluginList> {
             kind: m.api_name().into(),
             description: describe(m).into(),
             availability: if m.is_available() {
-                PluginAvailability { state: "available".into(), reason: None }
+                PluginAvailability {
+                    state: "available".into(),
+                    reason: None,
+                }
             } else {
-                PluginAvailability { state: "unimplemented".into(), reason: Some("not implemented in this build".into()) }
+                PluginAvailability {
+                    state: "unimplemented".into(),
+                    reason: Some("not implemented in this build".into()),
+                }
             },
         })
         .collect();
@@ -197,7 +253,8 @@ mod tests {
 
     #[test]
     fn unmask_restores_secrets_by_path() {
-        let running = json!({"api": {"token": "real"}, "backends": [{"http_proxy": {"password": "p1"}}]});
+        let running =
+            json!({"api": {"token": "real"}, "backends": [{"http_proxy": {"password": "p1"}}]});
         let mut posted = json!({"api": {"token": "********"}, "backends": [{"http_proxy": {"password": "new"}}]});
         unmask(&mut posted, &running);
         assert_eq!(posted["api"]["token"], "real");
@@ -206,7 +263,7 @@ mod tests {
 
     #[test]
     fn structural_errors_name_the_key() {
-        let err = parse(json!({"server": {"http": {"lisen": ":1"}}})).err().expect("error");
+        let err = parse(json!({"server": {"http": {"lisen": ":1"}}})).expect_err("error");
         assert!(!err.valid);
         assert_eq!(err.errors[0].section, "server");
         assert!(err.errors[0].message.contains("lisen"), "{:?}", err.errors);

@@ -31,7 +31,11 @@ pub async fn list(State(state): State<Arc<ServerState>>) -> Json<ConnectionList>
             bytes_recv: c.bytes_recv.load(Relaxed),
         })
         .collect();
-    Json(ConnectionList { count: connections.len() as u64, connections, time: Utc::now() })
+    Json(ConnectionList {
+        count: connections.len() as u64,
+        connections,
+        time: Utc::now(),
+    })
 }
 
 #[utoipa::path(get, path = "/api/v1/connections/clients", tag = "connections", responses((status = 200, body = ClientList)))]
@@ -53,5 +57,9 @@ pub async fn clients(State(state): State<Arc<ServerState>>) -> Json<ClientList> 
         e.first_seen = e.first_seen.min(started);
     }
     let clients: Vec<ConnectedClient> = by_ip.into_values().collect();
-    Json(ClientList { count: clients.len() as u64, clients, time: Utc::now() })
+    Json(ClientList {
+        count: clients.len() as u64,
+        clients,
+        time: Utc::now(),
+    })
 }

@@ -16,7 +16,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
     }
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
@@ -53,7 +57,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody { error: self.kind().into(), message: self.message, code: self.code.into() };
+        let body = ErrorBody {
+            error: self.kind().into(),
+            message: self.message,
+            code: self.code.into(),
+        };
         (self.status, Json(body)).into_response()
     }
 }
@@ -80,7 +88,11 @@ where
                     _ => "INVALID_JSON",
                 };
                 // Wrong types and missing fields come back as 422 from axum; the API answers 400.
-                let status = if status == StatusCode::UNPROCESSABLE_ENTITY { StatusCode::BAD_REQUEST } else { status };
+                let status = if status == StatusCode::UNPROCESSABLE_ENTITY {
+                    StatusCode::BAD_REQUEST
+                } else {
+                    status
+                };
                 Err(ApiError::new(status, code, rejection.body_text()))
             }
         }

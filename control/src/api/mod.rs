@@ -31,7 +31,10 @@ pub struct Routes {
 
 impl Routes {
     fn new() -> Self {
-        Self { router: Router::new(), served: Vec::new() }
+        Self {
+            router: Router::new(),
+            served: Vec::new(),
+        }
     }
 
     fn add(mut self, method: &'static str, path: &'static str, handler: MethodRouter<S>) -> Self {
@@ -50,7 +53,11 @@ fn protected() -> Routes {
         .add("get", "/api/v1/backends", get(backends::list))
         .add("post", "/api/v1/backends", post(backends::create))
         .add("get", "/api/v1/backends/{name}", get(backends::get_one))
-        .add("delete", "/api/v1/backends/{name}", delete(backends::delete))
+        .add(
+            "delete",
+            "/api/v1/backends/{name}",
+            delete(backends::delete),
+        )
         .add("get", "/api/v1/backends/{name}/stats", get(backends::stats))
         .add("post", "/api/v1/backends/{name}/test", post(backends::test))
         .add("get", "/api/v1/routes", get(routes::list))
@@ -60,7 +67,11 @@ fn protected() -> Routes {
         .add("delete", "/api/v1/requests", delete(requests::clear))
         .add("get", "/api/v1/requests/stats", get(requests::stats))
         .add("get", "/api/v1/connections", get(connections::list))
-        .add("get", "/api/v1/connections/clients", get(connections::clients))
+        .add(
+            "get",
+            "/api/v1/connections/clients",
+            get(connections::clients),
+        )
         .add("get", "/api/v1/config", get(config::get_sanitized))
         .add("put", "/api/v1/config", put(config::save))
         .add("get", "/api/v1/config/full", get(config::get_full))
@@ -90,12 +101,18 @@ pub fn served_routes() -> Vec<(&'static str, &'static str)> {
 pub fn router(state: S) -> Router {
     let protected = protected()
         .router
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
     open()
         .router
         .merge(protected)
         .fallback(|| async {
-            error::ApiError::not_found("NO_SUCH_ENDPOINT", "no such endpoint; see /api/v1/openapi.json")
+            error::ApiError::not_found(
+                "NO_SUCH_ENDPOINT",
+                "no such endpoint; see /api/v1/openapi.json",
+            )
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
@@ -125,11 +142,19 @@ mod tests {
                 }
             }
         }
-        let served: BTreeSet<(String, String)> =
-            served_routes().into_iter().map(|(m, p)| (m.to_owned(), p.to_owned())).collect();
+        let served: BTreeSet<(String, String)> = served_routes()
+            .into_iter()
+            .map(|(m, p)| (m.to_owned(), p.to_owned()))
+            .collect();
         let undocumented: Vec<_> = served.difference(&documented).collect();
         let unserved: Vec<_> = documented.difference(&served).collect();
-        assert!(undocumented.is_empty(), "served but not documented: {undocumented:?}");
-        assert!(unserved.is_empty(), "documented but not served: {unserved:?}");
+        assert!(
+            undocumented.is_empty(),
+            "served but not documented: {undocumented:?}"
+        );
+        assert!(
+            unserved.is_empty(),
+            "documented but not served: {unserved:?}"
+        );
     }
 }

@@ -15,8 +15,19 @@ use switchyard_config::{LoadBalance, RouteConfig};
 fn view(r: &RouteConfig) -> Route {
     // A single backend is listed as `backend`, several as `backends`.
     let names: Vec<String> = r.backend_names().into_iter().map(str::to_owned).collect();
-    let (backend, backends) = if names.len() == 1 { (names.into_iter().next(), None) } else { (None, Some(names)) };
-    Route { name: r.name.clone(), domains: r.domains.clone(), backend, backends, enabled: r.enabled, priority: r.priority }
+    let (backend, backends) = if names.len() == 1 {
+        (names.into_iter().next(), None)
+    } else {
+        (None, Some(names))
+    };
+    Route {
+        name: r.name.clone(),
+        domains: r.domains.clone(),
+        backend,
+        backends,
+        enabled: r.enabled,
+        priority: r.priority,
+    }
 }
 
 #[utoipa::path(get, path = "/api/v1/routes", tag = "routes", responses((status = 200, body = [Route])))]
@@ -58,7 +69,10 @@ pub async fn create(
     };
     mutate(&state, |cfg| {
         if cfg.routes.iter().any(|r| r.name == route.name) {
-            return Err(ApiError::conflict("ROUTE_EXISTS", format!("route {} already exists", route.name)));
+            return Err(ApiError::conflict(
+                "ROUTE_EXISTS",
+                format!("route {} already exists", route.name),
+            ));
         }
         cfg.routes.push(route);
         Ok(())
@@ -71,10 +85,16 @@ pub async fn create(
 
 #[utoipa::path(delete, path = "/api/v1/routes/{name}", tag = "routes", params(("name" = String, Path)),
     responses((status = 200, body = RouteDeleted), (status = 404, body = switchyard_api::ErrorBody)))]
-pub async fn delete(State(state): State<Arc<ServerState>>, Path(name): Path<String>) -> Result<Json<RouteDeleted>, ApiError> {
+pub async fn delete(
+    State(state): State<Arc<ServerState>>,
+    Path(name): Path<String>,
+) -> Result<Json<RouteDeleted>, ApiError> {
     mutate(&state, |cfg| {
         let Some(i) = cfg.routes.iter().position(|r| r.name == name) else {
-            return Err(ApiError::not_found("ROUTE_NOT_FOUND", format!("route {name} does not exist")));
+            return Err(ApiError::not_found(
+                "ROUTE_NOT_FOUND",
+                format!("route {name} does not exist"),
+            ));
         };
         cfg.routes.remove(i);
         Ok(())
@@ -82,5 +102,8 @@ pub async fn delete(State(state): State<Arc<ServerState>>, Path(name): Path<Stri
     .await
     .map_err(|e| mutate_error(e, "INVALID_ROUTE"))?;
     tracing::info!(route = %name, "route deleted through the API");
-    Ok(Json(RouteDeleted { status: "deleted".into(), route: name }))
+    Ok(Json(RouteDeleted {
+        status: "deleted".into(),
+        route: name,
+    }))
 }

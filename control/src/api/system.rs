@@ -10,7 +10,10 @@ use switchyard_api::{BackendCounts, HealthResponse, ServerStats, ServerStatus, V
 #[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()),
     responses((status = 200, body = HealthResponse)))]
 pub async fn health() -> Json<HealthResponse> {
-    Json(HealthResponse { status: "healthy".into(), time: Utc::now() })
+    Json(HealthResponse {
+        status: "healthy".into(),
+        time: Utc::now(),
+    })
 }
 
 pub fn version_info() -> VersionInfo {
@@ -43,13 +46,20 @@ pub async fn status(State(state): State<Arc<ServerState>>) -> Json<ServerStatus>
 pub async fn stats(State(state): State<Arc<ServerState>>) -> Json<ServerStats> {
     let totals = state.counters.totals();
     let snapshot = state.snapshot.load();
-    let healthy = snapshot.backends.iter().filter(|b| super::backends::is_healthy(b)).count();
+    let healthy = snapshot
+        .backends
+        .iter()
+        .filter(|b| super::backends::is_healthy(b))
+        .count();
     Json(ServerStats {
         total_connections: totals.total_connections,
         active_connections: totals.active_connections,
         bytes_sent: totals.bytes_sent,
         bytes_received: totals.bytes_received,
-        backends: BackendCounts { total: snapshot.backends.len() as u64, healthy: healthy as u64 },
+        backends: BackendCounts {
+            total: snapshot.backends.len() as u64,
+            healthy: healthy as u64,
+        },
         time: Utc::now(),
     })
 }
