@@ -27,6 +27,7 @@
 //! # Other helpers
 //!
 //! - [`parse_listen`] / [`ListenAddr`]: listen address syntax and bind addresses.
+//! - [`AllowedOrigins`] / [`OriginPattern`]: the parsed `api.allowed_origins` entries.
 //! - [`changed_sections`] / [`is_hot_reloadable`]: what a config change touches.
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
 //!
@@ -37,6 +38,7 @@ pub mod env;
 pub mod listen;
 pub mod load;
 pub mod model;
+pub mod origin;
 pub mod pkgcache;
 pub mod sections;
 pub mod units;
@@ -45,6 +47,7 @@ pub mod validate;
 pub use listen::{parse_listen, ListenAddr, ListenAddrError};
 pub use load::{LoadError, SerializeError};
 pub use model::*;
+pub use origin::{AllowedOrigins, OriginPattern, OriginPatternError};
 pub use sections::{
     changed_sections, is_hot_reloadable, section_metadata, SectionInfo, HOT_RELOADABLE_SECTIONS,
     SECTIONS,

@@ -693,11 +693,29 @@ pub struct ApiConfig {
     /// `host:port` that `POST /api/v1/backends/{name}/test` connects to when the request names
     /// no target.
     pub backend_test_target: String,
+    /// Period of the `stats.update` WebSocket event; zero (the default) = no such events.
+    pub stats_interval: Duration,
+    /// A WebSocket client that sends nothing (not even `ping`) for this long is closed.
+    pub ws_read_timeout: Duration,
+    /// Serve the API over TLS (rustls) with this certificate and key. Unset = plain HTTP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ApiTlsConfig>,
+}
+
+/// `api.tls:` — PEM files of the API listener's certificate (chain) and private key.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiTlsConfig {
+    /// Certificate chain, leaf first (PEM).
+    pub cert: String,
+    /// Private key: PKCS#8, PKCS#1 (RSA) or SEC1 (EC) PEM.
+    pub key: String,
 }
 
 impl Default for ApiConfig {
     /// enabled, listen `:7082`, no token, request log off with 1000 entries, backend tests
-    /// against `www.google.com:443`.
+    /// against `www.google.com:443`, no `stats.update` events, WebSocket read timeout 60s,
+    /// no TLS.
     fn default() -> Self {
         ApiConfig {
             enabled: true,
@@ -707,6 +725,9 @@ impl Default for ApiConfig {
             enable_request_log: false,
             request_log_size: 1000,
             backend_test_target: "www.google.com:443".into(),
+            stats_interval: Duration::ZERO,
+            ws_read_timeout: Duration::from_secs(60),
+            tls: None,
         }
     }
 }

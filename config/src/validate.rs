@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::listen::{parse_listen, ListenAddr};
 use crate::model::{AuthMode, BackendType, ServerConfig, UpstreamProxyConfig, LOG_LEVELS};
+use crate::origin::AllowedOrigins;
+#[cfg(test)]
+use crate::origin::OriginPattern;
 
 /// One validation problem.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -440,85 +443,48 @@ fn check_api(cfg: &ServerConfig, p: &mut Problems) {
             "empty token; remove the key to run the API without authentication",
         );
     }
-    if a.allowed_origins.iter().any(|o| o == "*") && a.allowed_origins.len() > 1 {
+    if let Err(errors) = AllowedOrigins::parse(&a.allowed_origins) {
+        for (i, e) in errors {
+            match i {
+                Some(i) => p.push(format!("api.allowed_origins[{i}]"), e.to_string()),
+                None => p.push("api.allowed_origins", e.to_string()),
+            }
+        }
+    }
+    if !a.stats_interval.is_zero()
+        && a.stats_interval.as_std() < std::time::Duration::from_millis(100)
+    {
         p.push(
-            "api.allowed_origins",
-            "`*` disables origin checks and must be the only entry",
+            "api.stats_interval",
+            "must be 0s (no stats.update events) or at least 100ms",
         );
     }
-    for (i, o) in a.allowed_origins.iter().enumerate() {
-        if let Err(e) = check_origin_pattern(o) {
-            p.push(format!("api.allowed_origins[{i}]"), e);
+    if a.ws_read_timeout.is_zero() {
+        p.push(
+            "api.ws_read_timeout",
+            "must be greater than 0 (default 60s)",
+        );
+    }
+    if let Some(tls) = &a.tls {
+        if tls.cert.is_empty() {
+            p.push("api.tls.cert", "PEM certificate (chain) path is required");
+        }
+        if tls.key.is_empty() {
+            p.push("api.tls.key", "PEM private key path is required");
         }
     }
 }
 
 /// An `api.allowed_origins` entry: `*`, a host pattern with optional port, or a
-/// scheme-qualified origin; no path, no whitespace, wildcards only in the host.
+/// scheme-qualified origin (see [`crate::origin`]).
+#[cfg(test)]
 fn check_origin_pattern(o: &str) -> Result<(), String> {
     if o == "*" {
         return Ok(());
     }
-    if o.is_empty() {
-        return Err("empty entry".into());
-    }
-    if o.chars().any(char::is_whitespace) {
-        return Err(format!("`{o}` contains whitespace"));
-    }
-    let rest = match o.split_once("://") {
-        Some((scheme, rest)) => {
-            let ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-                && scheme
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
-            if !ok {
-                return Err(format!("`{o}` has an invalid scheme"));
-            }
-            rest
-        }
-        None => o,
-    };
-    if rest.contains(['/', '?', '#']) {
-        return Err(format!(
-            "`{o}` has a path; give only [scheme://]host[:port]"
-        ));
-    }
-    let (host, port) = if let Some(r) = rest.strip_prefix('[') {
-        match r.split_once(']') {
-            Some((h, after)) if h.parse::<std::net::Ipv6Addr>().is_ok() => {
-                (h, after.strip_prefix(':'))
-            }
-            _ => return Err(format!("`{o}` has an invalid IPv6 host")),
-        }
-    } else {
-        match rest.rsplit_once(':') {
-            Some((h, port)) => (h, Some(port)),
-            None => (rest, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(format!("`{o}` has no host"));
-    }
-    if !rest.starts_with('[')
-        && !host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '*' | '?'))
-    {
-        return Err(format!(
-            "`{o}` has an invalid host pattern (letters, digits, `-`, `.`, `_` and the wildcards `*`, `?`)"
-        ));
-    }
-    if let Some(port) = port {
-        if port.is_empty()
-            || !port.bytes().all(|b| b.is_ascii_digit())
-            || port.parse::<u16>().is_err()
-        {
-            return Err(format!(
-                "`{o}` has an invalid port (ports are matched literally)"
-            ));
-        }
-    }
-    Ok(())
+    OriginPattern::parse(o)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 fn check_logging(cfg: &ServerConfig, p: &mut Problems) {
@@ -703,6 +669,32 @@ metrics: {listen: "x"}
             ))),
             ["metrics.listen"]
         );
+    }
+
+    #[test]
+    fn api_tls_and_websocket_keys() {
+        assert!(validate(&load(
+            "api: {tls: {cert: /a.crt, key: /a.key}, stats_interval: 5s, ws_read_timeout: 1s}"
+        ))
+        .is_empty());
+        let p = validate(&load(
+            "api: {tls: {cert: \"\"}, ws_read_timeout: 0s, stats_interval: 10ms}",
+        ));
+        assert_eq!(
+            fields(&p),
+            [
+                "api.stats_interval",
+                "api.ws_read_timeout",
+                "api.tls.cert",
+                "api.tls.key"
+            ]
+        );
+        let p = validate(&load("api: {allowed_origins: [\"*\", \"[a-z].x\"]}"));
+        assert_eq!(
+            fields(&p),
+            ["api.allowed_origins", "api.allowed_origins[1]"]
+        );
+        assert!(p[1].message.contains("invalid wildcard"), "{p:?}");
     }
 
     #[test]

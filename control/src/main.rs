@@ -7,10 +7,13 @@ mod api;
 mod config_store;
 mod hub;
 mod logging;
+mod metrics;
 mod net;
+mod origin;
 mod pac;
 mod request_log;
 mod server;
+mod tls;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};

@@ -41,6 +41,14 @@ pub struct ServerState {
     pub started: Instant,
     /// Successful configuration reloads (SIGHUP, API, saves with hot sections).
     pub reloads: AtomicU64,
+    /// Origin/Host checks of `/api/v1/ws`, from `api.allowed_origins` at startup.
+    pub origin_policy: crate::origin::OriginPolicy,
+    /// API login sessions (`POST /api/v1/login`).
+    pub sessions: crate::api::auth::Sessions,
+    /// `/api/v1/ws` client slots and read timeout.
+    pub ws: crate::api::ws::WsClients,
+    /// The API is served over TLS (`api.tls`): session cookies are `Secure`.
+    pub api_tls: bool,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -66,6 +74,18 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         Some(p) => tracing::info!(config = %p.display(), "configuration loaded"),
         None => tracing::info!("no --config given: running on built-in defaults"),
     }
+    // API security settings are checked before anything starts: a bad entry stops the server.
+    let origin_policy = crate::origin::OriginPolicy::new(&cfg.api.allowed_origins)?;
+    if origin_policy.checks_disabled() {
+        tracing::warn!("api.allowed_origins is \"*\": Origin and Host checks of /api/v1/ws are disabled; any web page a browser visits can open the event stream");
+    }
+    let api_tls = match (&cfg.api.tls, cfg.api.enabled) {
+        (Some(t), true) => Some(
+            crate::tls::acceptor(std::path::Path::new(&t.cert), std::path::Path::new(&t.key))
+                .context("the management API's TLS settings")?,
+        ),
+        _ => None,
+    };
 
     // The control plane: a small tokio runtime on its own threads (one worker is plenty for
     // the APIs; blocking work such as bcrypt goes to its blocking pool).
@@ -126,22 +146,37 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         request_log: RequestLog::new(cfg.api.request_log_size),
         started: Instant::now(),
         reloads: AtomicU64::new(0),
+        origin_policy,
+        sessions: crate::api::auth::Sessions::default(),
+        ws: crate::api::ws::WsClients::new(cfg.api.ws_read_timeout.as_std()),
+        api_tls: api_tls.is_some(),
     });
 
     runtime.block_on(async move {
         tokio::spawn(drain_dataplane(state.clone()));
         tokio::spawn(reload_on_hangup(state.clone()));
+        if !cfg.api.stats_interval.is_zero() {
+            tokio::spawn(crate::api::ws::publish_stats(state.clone(), cfg.api.stats_interval.as_std()));
+        }
+        if cfg.metrics.enabled {
+            let listen = crate::net::parse("metrics", &cfg.metrics.listen)?;
+            let listener = crate::net::bind_tokio(&listen)?;
+            tracing::info!(listen = %listener.local_addr()?, path = "/metrics", "metrics listening");
+            tokio::spawn(crate::metrics::serve(state.clone(), listener));
+        }
         if cfg.api.enabled {
             let listen = crate::net::parse("api", &cfg.api.listen)?;
             let listener = crate::net::bind_tokio(&listen)?;
-            tracing::info!(listen = %listener.local_addr()?, "management API listening");
+            let local = listener.local_addr()?;
+            tracing::info!(listen = %local, tls = api_tls.is_some(), "management API listening");
+            crate::api::auth::warn_if_unauthenticated(&state, local);
             let app = crate::api::router(state.clone());
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .context("management API server")?;
+            match api_tls {
+                Some(acceptor) => crate::tls::serve(listener, acceptor, app).await,
+                None => axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+                    .await
+                    .context("management API server")?,
+            }
         } else {
             tracing::info!("management API disabled (api.enabled: false)");
             std::future::pending::<()>().await;

@@ -91,6 +91,32 @@ impl Counters {
     }
 }
 
+/// One core's share of the load, for per-core metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CoreLoad {
+    pub active_connections: u64,
+    pub total_connections: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub requests: u64,
+}
+
+impl Counters {
+    /// Each core's load, in core order (slot index = data-plane core index).
+    pub fn per_core(&self) -> Vec<CoreLoad> {
+        self.cores
+            .iter()
+            .map(|c| CoreLoad {
+                active_connections: c.active_connections.load(Relaxed).max(0) as u64,
+                total_connections: c.total_connections.load(Relaxed),
+                bytes_sent: c.bytes_sent.load(Relaxed),
+                bytes_received: c.bytes_received.load(Relaxed),
+                requests: c.requests.load(Relaxed),
+            })
+            .collect()
+    }
+}
+
 impl CoreCounters {
     pub fn opened(&self) {
         self.total_connections.fetch_add(1, Relaxed);
@@ -136,6 +162,24 @@ mod tests {
         assert_eq!(t.active_connections, 1);
         assert_eq!(t.bytes_sent, 15);
         assert_eq!(t.bytes_received, 3);
+    }
+
+    #[test]
+    fn per_core_load() {
+        let c = Counters::new(2);
+        c.core(1).opened();
+        c.core(1).add_sent(7);
+        let l = c.per_core();
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0], CoreLoad::default());
+        assert_eq!(
+            (
+                l[1].active_connections,
+                l[1].total_connections,
+                l[1].bytes_sent
+            ),
+            (1, 1, 7)
+        );
     }
 
     #[test]

@@ -1,35 +1,190 @@
-//! API authentication: when `api.token` is set, every endpoint except health and the PAC file
-//! needs it as `Authorization: Bearer <token>` or a `token` query parameter.
+//! API authentication. When `api.token` is set, every endpoint except health, the PAC files,
+//! login and logout needs one of:
+//!
+//! 1. `Authorization: Bearer <token>`;
+//! 2. a `token=<token>` query parameter: [`strip_token_query`] (the router's outermost layer)
+//!    removes it from the URL before any other code sees the request, so it is never logged;
+//! 3. the session cookie from `POST /api/v1/login {token}` (HttpOnly, SameSite=Strict, Secure
+//!    when the API is served over TLS), which is what a browser's WebSocket handshake can carry.
+//!
+//! Tokens are compared in constant time. Sessions are 256 random bits from the OS, stored
+//! server-side only as their SHA-256 (so a lookup's timing says nothing about a valid id),
+//! expire after [`SESSION_TTL`], and end at `POST /api/v1/logout`.
 
-use super::error::ApiError;
+use super::error::{ApiError, ApiJson};
 use crate::server::ServerState;
-use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::uri::PathAndQuery;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::Utc;
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+use switchyard_api::{LoginRequest, MessageWithTime};
+
+/// Name of the session cookie.
+pub const COOKIE_NAME: &str = "switchyard_session";
+/// A session lasts this long after login.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Live sessions kept at most; beyond, the one closest to expiry is dropped.
+pub const MAX_SESSIONS: usize = 1024;
 
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn presented_token(req: &Request) -> Option<String> {
-    if let Some(v) = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        if let Some((scheme, value)) = v.split_once(' ') {
-            if scheme.eq_ignore_ascii_case("bearer") {
-                return Some(value.trim().to_owned());
-            }
+/// The `token` query parameter, moved out of the URL by [`strip_token_query`].
+#[derive(Clone)]
+pub struct QueryToken(pub String);
+
+/// Server-side session store: SHA-256 of the session id → expiry.
+pub struct Sessions {
+    map: Mutex<HashMap<[u8; 32], Instant>>,
+    ttl: Duration,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self::new(SESSION_TTL)
+    }
+}
+
+fn digest(id: &str) -> [u8; 32] {
+    Sha256::digest(id.as_bytes()).into()
+}
+
+impl Sessions {
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+            ttl,
         }
     }
-    let query = req.uri().query()?;
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k == "token").then(|| v.to_owned())
-    })
+
+    /// Starts a session and returns its id (64 hex digits).
+    pub fn create(&self) -> Result<String, getrandom::Error> {
+        let mut raw = [0u8; 32];
+        getrandom::fill(&mut raw)?;
+        let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let now = Instant::now();
+        let mut map = self.map.lock();
+        map.retain(|_, expiry| *expiry > now);
+        if map.len() >= MAX_SESSIONS {
+            if let Some(oldest) = map.iter().min_by_key(|(_, e)| **e).map(|(k, _)| *k) {
+                map.remove(&oldest);
+                tracing::warn!(
+                    max = MAX_SESSIONS,
+                    "API session store full: the oldest session was ended"
+                );
+            }
+        }
+        map.insert(digest(&id), now + self.ttl);
+        Ok(id)
+    }
+
+    pub fn is_valid(&self, id: &str) -> bool {
+        let key = digest(id);
+        let mut map = self.map.lock();
+        match map.get(&key) {
+            Some(expiry) if *expiry > Instant::now() => true,
+            Some(_) => {
+                map.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Ends a session; true when it existed.
+    pub fn remove(&self, id: &str) -> bool {
+        self.map.lock().remove(&digest(id)).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+}
+
+/// Splits a raw query into (the query without `token` pairs, the first token value decoded).
+/// `None` when there is no `token` pair.
+fn split_token_query(query: &str) -> Option<(String, String)> {
+    let mut token = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        let key = form_urlencoded::parse(pair.as_bytes())
+            .next()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()));
+        match key {
+            Some((k, v)) if k == "token" => {
+                token.get_or_insert(v);
+            }
+            _ => kept.push(pair),
+        }
+    }
+    token.map(|t| (kept.join("&"), t))
+}
+
+/// Outermost layer of the API router: moves a `token` query parameter out of the URL into a
+/// [`QueryToken`] extension, before anything else (auth, handlers, logs) sees the request.
+pub async fn strip_token_query(mut req: Request) -> Request {
+    let Some((rest, token)) = req.uri().query().and_then(split_token_query) else {
+        return req;
+    };
+    let path = req.uri().path().to_owned();
+    let pq = if rest.is_empty() {
+        path.clone()
+    } else {
+        format!("{path}?{rest}")
+    };
+    // The remaining pairs came from a valid URI, so this parses; if it did not, the whole
+    // query goes (never the token alone staying behind).
+    let pq = PathAndQuery::try_from(pq)
+        .or_else(|_| PathAndQuery::try_from(path))
+        .unwrap_or_else(|_| PathAndQuery::from_static("/"));
+    let mut parts = req.uri().clone().into_parts();
+    parts.path_and_query = Some(pq.clone());
+    *req.uri_mut() = Uri::from_parts(parts).unwrap_or_else(|_| Uri::from(pq));
+    req.extensions_mut().insert(QueryToken(token));
+    req
+}
+
+/// The session cookie's value, if the request carries one.
+fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE_NAME)
+        .map(|(_, value)| value.trim_matches('"'))
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, value) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| value.trim())
+}
+
+/// True when the request carries a valid token (any of the three forms) or no token is set.
+pub fn is_authorized(state: &ServerState, req: &Request) -> bool {
+    let cfg = state.config.load();
+    let Some(expected) = cfg.api.token.as_deref() else {
+        return true;
+    };
+    let matches = |t: &str| constant_time_eq(t.as_bytes(), expected.as_bytes());
+    bearer(req.headers()).is_some_and(matches)
+        || req
+            .extensions()
+            .get::<QueryToken>()
+            .is_some_and(|t| matches(&t.0))
+        || session_cookie(req.headers()).is_some_and(|id| state.sessions.is_valid(id))
 }
 
 pub async fn require_token(
@@ -37,24 +192,222 @@ pub async fn require_token(
     req: Request,
     next: Next,
 ) -> Response {
+    if is_authorized(&state, &req) {
+        return next.run(req).await;
+    }
+    tracing::debug!(path = %req.uri().path(), "API request refused: no valid token");
+    let mut r = ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "UNAUTHORIZED",
+        "a valid API token is required (Authorization: Bearer <token>, ?token=<token> or the session cookie of POST /api/v1/login)",
+    )
+    .into_response();
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"switchyard\""),
+    );
+    r
+}
+
+fn cookie(value: &str, max_age: u64, secure: bool) -> Result<HeaderValue, ApiError> {
+    let secure = if secure { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!(
+        "{COOKIE_NAME}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+    ))
+    .map_err(|_| ApiError::internal("cannot build the session cookie"))
+}
+
+fn message(text: &str) -> Json<MessageWithTime> {
+    Json(MessageWithTime {
+        message: text.into(),
+        time: Utc::now(),
+    })
+}
+
+/// Exchanges the API token for a session cookie.
+#[utoipa::path(post, path = "/api/v1/login", tag = "auth", security(()), request_body = LoginRequest,
+    responses(
+        (status = 200, description = "session started: the HttpOnly, SameSite=Strict cookie `switchyard_session` is set (Secure over TLS), valid 12 h; without a configured token, nothing to do and no cookie", body = MessageWithTime),
+        (status = 400, description = "body is not {token: string}", body = switchyard_api::ErrorBody),
+        (status = 401, description = "wrong token", body = switchyard_api::ErrorBody),
+    ))]
+pub async fn login(
+    State(state): State<Arc<ServerState>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ApiJson(body): ApiJson<LoginRequest>,
+) -> Result<Response, ApiError> {
     let cfg = state.config.load();
     let Some(expected) = cfg.api.token.as_deref() else {
-        return next.run(req).await;
+        return Ok(message("no API token is configured: the API needs no login").into_response());
     };
-    match presented_token(&req) {
-        Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => next.run(req).await,
-        _ => {
-            let mut r = ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "UNAUTHORIZED",
-                "a valid API token is required (Authorization: Bearer <token>)",
-            )
-            .into_response();
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer realm=\"switchyard\""),
+    if !constant_time_eq(body.token.as_bytes(), expected.as_bytes()) {
+        tracing::warn!(client = %peer.ip(), "API login refused: wrong token");
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            "wrong API token",
+        ));
+    }
+    let id = state.sessions.create().map_err(|e| {
+        tracing::error!(error = %e, "cannot create an API session: no randomness from the OS");
+        ApiError::internal("cannot create a session")
+    })?;
+    tracing::info!(client = %peer.ip(), sessions = state.sessions.len(), "API login: session started");
+    let mut r = message("logged in").into_response();
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        cookie(&id, SESSION_TTL.as_secs(), state.api_tls)?,
+    );
+    Ok(r)
+}
+
+/// Ends the session of the request's cookie and clears the cookie.
+#[utoipa::path(post, path = "/api/v1/logout", tag = "auth", security(()),
+    responses((status = 200, description = "session ended (if there was one); the cookie is cleared", body = MessageWithTime)))]
+pub async fn logout(
+    State(state): State<Arc<ServerState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let ended = session_cookie(&headers).is_some_and(|id| state.sessions.remove(id));
+    if ended {
+        tracing::info!("API logout: session ended");
+    }
+    let mut r = message(if ended { "logged out" } else { "no session" }).into_response();
+    r.headers_mut()
+        .insert(header::SET_COOKIE, cookie("", 0, state.api_tls)?);
+    Ok(r)
+}
+
+/// The startup warning of an API without a token that listens beyond loopback.
+pub fn warn_if_unauthenticated(state: &ServerState, listen: SocketAddr) {
+    if state.config.load().api.token.is_none() && !listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %listen,
+            "api.token is not set: the management API (and /api/v1/ws) has no authentication and listens beyond loopback; set api.token or listen on 127.0.0.1"
+        );
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_query_is_split_out() {
+        let cases = [
+            ("token=abc", Some(("", "abc"))),
+            ("limit=5&token=abc", Some(("limit=5", "abc"))),
+            (
+                "token=abc&limit=5&offset=1",
+                Some(("limit=5&offset=1", "abc")),
+            ),
+            ("token=a%2Bb%3D&x=1", Some(("x=1", "a+b="))),
+            ("to%6Ben=abc", Some(("", "abc"))),
+            ("token=1&token=2", Some(("", "1"))),
+            ("token", Some(("", ""))),
+            ("limit=5", None),
+            ("tokens=5", None),
+            ("", None),
+        ];
+        for (q, want) in cases {
+            let got = split_token_query(q);
+            assert_eq!(
+                got.as_ref().map(|(a, b)| (a.as_str(), b.as_str())),
+                want,
+                "{q}"
             );
-            r
         }
+    }
+
+    #[tokio::test]
+    async fn strip_layer_removes_the_token_from_the_uri() {
+        for (uri, want_uri, want_token) in [
+            (
+                "/api/v1/requests?limit=5&token=s3cret",
+                "/api/v1/requests?limit=5",
+                Some("s3cret"),
+            ),
+            ("/api/v1/ws?token=s3cret", "/api/v1/ws", Some("s3cret")),
+            ("/api/v1/ws?x=1", "/api/v1/ws?x=1", None),
+            ("/api/v1/ws", "/api/v1/ws", None),
+        ] {
+            let req = Request::builder()
+                .uri(uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let req = strip_token_query(req).await;
+            assert_eq!(req.uri().to_string(), want_uri);
+            assert!(!req.uri().to_string().contains("s3cret"));
+            assert_eq!(
+                req.extensions().get::<QueryToken>().map(|t| t.0.as_str()),
+                want_token
+            );
+        }
+    }
+
+    #[test]
+    fn cookies_and_bearer() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("a=b; switchyard_session=xyz; c=d"),
+        );
+        assert_eq!(session_cookie(&h), Some("xyz"));
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, HeaderValue::from_static("a=b"));
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("switchyard_session=\"q\""),
+        );
+        assert_eq!(session_cookie(&h), Some("q"));
+        assert_eq!(session_cookie(&HeaderMap::new()), None);
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer  t0k "),
+        );
+        assert_eq!(bearer(&h), Some("t0k"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic dTpw"),
+        );
+        assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn sessions_expire_and_end() {
+        let s = Sessions::new(Duration::from_secs(60));
+        let a = s.create().unwrap();
+        let b = s.create().unwrap();
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+        assert!(s.is_valid(&a) && s.is_valid(&b));
+        assert!(!s.is_valid("nope"));
+        assert!(s.remove(&a));
+        assert!(!s.is_valid(&a) && s.is_valid(&b));
+        assert!(!s.remove(&a));
+        let expired = Sessions::new(Duration::ZERO);
+        let c = expired.create().unwrap();
+        assert!(!expired.is_valid(&c));
+    }
+
+    #[test]
+    fn session_store_is_bounded() {
+        let s = Sessions::new(Duration::from_secs(60));
+        let first = s.create().unwrap();
+        for _ in 0..MAX_SESSIONS {
+            s.create().unwrap();
+        }
+        assert_eq!(s.len(), MAX_SESSIONS);
+        assert!(!s.is_valid(&first));
+    }
+
+    #[test]
+    fn constant_time_compare() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(constant_time_eq(b"", b""));
     }
 }

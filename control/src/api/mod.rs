@@ -11,6 +11,7 @@ pub mod openapi;
 pub mod requests;
 pub mod routes;
 pub mod system;
+pub mod ws;
 
 use crate::server::ServerState;
 use axum::extract::DefaultBodyLimit;
@@ -80,6 +81,7 @@ fn protected() -> Routes {
         .add("post", "/api/v1/config/reload", post(config::reload))
         .add("get", "/api/v1/auth/plugins", get(config::auth_plugins))
         .add("get", "/api/v1/openapi.json", get(openapi::openapi_json))
+        .add("get", "/api/v1/ws", get(ws::upgrade))
 }
 
 /// Endpoints open to everyone.
@@ -88,6 +90,8 @@ fn open() -> Routes {
         .add("get", "/api/v1/health", get(system::health))
         .add("get", "/proxy.pac", get(crate::pac::serve))
         .add("get", "/wpad.dat", get(crate::pac::serve_wpad))
+        .add("post", "/api/v1/login", post(auth::login))
+        .add("post", "/api/v1/logout", post(auth::logout))
 }
 
 /// Every (method, path) the router serves.
@@ -115,6 +119,8 @@ pub fn router(state: S) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        // Outermost: a `?token=` leaves the URL before anything else sees (or logs) it.
+        .layer(middleware::map_request(auth::strip_token_query))
         .with_state(state)
 }
 

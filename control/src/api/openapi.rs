@@ -19,7 +19,7 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Switchyard server API", version = "1.0.0",
-         description = "Management API of `switchyard server`. With `api.token` set, every endpoint except health and the PAC file needs the token."),
+         description = "Management API of `switchyard server`. With `api.token` set, every endpoint except health, the PAC file, login and logout needs the token: `Authorization: Bearer <token>`, a `token` query parameter, or the session cookie of `POST /api/v1/login`."),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
     paths(
@@ -32,6 +32,7 @@ impl Modify for BearerAuth {
         super::config::get_sanitized, super::config::get_full, super::config::meta, super::config::save,
         super::config::validate, super::config::reload, super::config::auth_plugins,
         crate::pac::serve, crate::pac::serve_wpad, openapi_json,
+        super::auth::login, super::auth::logout, super::ws::upgrade,
     )
 )]
 pub struct ServerApiDoc;

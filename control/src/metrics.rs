@@ -1,0 +1,410 @@
+//! Prometheus metrics of `switchyard server` on `metrics.listen` (path `/metrics`, text
+//! exposition format, no authentication), built with the `prometheus` crate.
+//!
+//! Collected on scrape: [`sample`] reads the data plane's per-core counters (summed), the
+//! backends of the running snapshot, the reload and drop counters and the WebSocket clients;
+//! [`render`] turns a [`Sample`] into a fresh registry's text, so a removed backend disappears
+//! from the next scrape and nothing is kept between scrapes.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `switchyard_connections_total` / `switchyard_connections_active` | counter / gauge | |
+//! | `switchyard_bytes_sent_total` / `switchyard_bytes_received_total` | counter | |
+//! | `switchyard_requests_total` | counter | `protocol` (HTTP, CONNECT, SOCKS5) |
+//! | `switchyard_responses_total` | counter | `class` (1xx … 5xx, `none` = no status) |
+//! | `switchyard_backend_connections_total` / `_active` | counter / gauge | `backend` |
+//! | `switchyard_backend_bytes_sent_total` / `_received_total` | counter | `backend` |
+//! | `switchyard_backend_requests_total` / `switchyard_backend_errors_total` | counter | `backend` |
+//! | `switchyard_backend_up` | gauge (1 healthy, 0 not) | `backend`, `type` |
+//! | `switchyard_config_reloads_total` | counter | |
+//! | `switchyard_events_dropped_total` | counter | `queue` (events, request_log) |
+//! | `switchyard_core_connections_active` / `_total`, `switchyard_core_requests_total` | gauge / counter | `core` |
+//! | `switchyard_websocket_clients` | gauge | |
+//! | `switchyard_uptime_seconds` | gauge | |
+
+use crate::server::ServerState;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus::{
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use switchyard_dataplane::counters::{CoreLoad, CounterTotals};
+
+/// Status-class labels, index = status / 100 (0 = no status, e.g. a failed SOCKS5 connect).
+const CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
+/// Protocol labels, in the counters' order.
+const PROTOCOLS: [&str; 3] = ["HTTP", "CONNECT", "SOCKS5"];
+
+pub struct BackendSample {
+    pub name: String,
+    pub kind: &'static str,
+    pub totals: CounterTotals,
+    pub healthy: bool,
+}
+
+/// Everything one scrape shows.
+pub struct Sample {
+    pub totals: CounterTotals,
+    pub backends: Vec<BackendSample>,
+    pub cores: Vec<CoreLoad>,
+    pub reloads: u64,
+    pub events_dropped: u64,
+    pub records_dropped: u64,
+    pub websocket_clients: usize,
+    pub uptime_secs: u64,
+}
+
+pub fn sample(state: &ServerState) -> Sample {
+    let snapshot = state.snapshot.load();
+    Sample {
+        totals: state.counters.totals(),
+        backends: snapshot
+            .backends
+            .iter()
+            .map(|b| BackendSample {
+                name: b.name.clone(),
+                kind: b.type_name(),
+                totals: b.counters.totals(),
+                healthy: b.health.is_healthy(),
+            })
+            .collect(),
+        cores: state.counters.per_core(),
+        reloads: state.reloads.load(Ordering::Relaxed),
+        events_dropped: state.events.dropped(),
+        records_dropped: state.requests.dropped(),
+        websocket_clients: state.ws.connected(),
+        uptime_secs: state.started.elapsed().as_secs(),
+    }
+}
+
+fn gauge_value(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Registers metrics on a registry as they are made.
+struct Builder {
+    registry: Registry,
+}
+
+impl Builder {
+    fn counter(&self, name: &str, help: &str, value: u64) -> Result<(), prometheus::Error> {
+        let c = IntCounter::new(name, help)?;
+        c.inc_by(value);
+        self.registry.register(Box::new(c))
+    }
+
+    fn gauge(&self, name: &str, help: &str, value: u64) -> Result<(), prometheus::Error> {
+        let g = IntGauge::new(name, help)?;
+        g.set(gauge_value(value));
+        self.registry.register(Box::new(g))
+    }
+
+    fn counter_vec(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<IntCounterVec, prometheus::Error> {
+        let v = IntCounterVec::new(Opts::new(name, help), labels)?;
+        self.registry.register(Box::new(v.clone()))?;
+        Ok(v)
+    }
+
+    fn gauge_vec(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<IntGaugeVec, prometheus::Error> {
+        let v = IntGaugeVec::new(Opts::new(name, help), labels)?;
+        self.registry.register(Box::new(v.clone()))?;
+        Ok(v)
+    }
+}
+
+/// The text exposition of `s`.
+pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
+    let b = Builder {
+        registry: Registry::new(),
+    };
+    let t = &s.totals;
+    b.counter(
+        "switchyard_connections_total",
+        "proxied connections accepted since start",
+        t.total_connections,
+    )?;
+    b.gauge(
+        "switchyard_connections_active",
+        "proxied connections open now",
+        t.active_connections,
+    )?;
+    b.counter(
+        "switchyard_bytes_sent_total",
+        "bytes written to proxy clients",
+        t.bytes_sent,
+    )?;
+    b.counter(
+        "switchyard_bytes_received_total",
+        "bytes read from proxy clients",
+        t.bytes_received,
+    )?;
+    let requests = b.counter_vec(
+        "switchyard_requests_total",
+        "proxied requests by protocol",
+        &["protocol"],
+    )?;
+    for (label, n) in PROTOCOLS.iter().zip(t.requests_by_protocol) {
+        requests.with_label_values(&[*label]).inc_by(n);
+    }
+    let responses = b.counter_vec(
+        "switchyard_responses_total",
+        "answers by status class (none = no HTTP status)",
+        &["class"],
+    )?;
+    for (label, n) in CLASSES.iter().zip(t.responses_by_class) {
+        responses.with_label_values(&[*label]).inc_by(n);
+    }
+
+    let be = ["backend"];
+    let conns = b.counter_vec(
+        "switchyard_backend_connections_total",
+        "connections through the backend",
+        &be,
+    )?;
+    let active = b.gauge_vec(
+        "switchyard_backend_connections_active",
+        "open connections through the backend",
+        &be,
+    )?;
+    let sent = b.counter_vec(
+        "switchyard_backend_bytes_sent_total",
+        "bytes sent to clients via the backend",
+        &be,
+    )?;
+    let received = b.counter_vec(
+        "switchyard_backend_bytes_received_total",
+        "bytes received from clients via the backend",
+        &be,
+    )?;
+    let reqs = b.counter_vec(
+        "switchyard_backend_requests_total",
+        "requests routed to the backend",
+        &be,
+    )?;
+    let errors = b.counter_vec(
+        "switchyard_backend_errors_total",
+        "failed connects and relays through the backend",
+        &be,
+    )?;
+    let up = b.gauge_vec(
+        "switchyard_backend_up",
+        "1 when the backend is healthy (passive health), else 0",
+        &["backend", "type"],
+    )?;
+    for bk in &s.backends {
+        let l = [bk.name.as_str()];
+        conns
+            .with_label_values(&l)
+            .inc_by(bk.totals.total_connections);
+        active
+            .with_label_values(&l)
+            .set(gauge_value(bk.totals.active_connections));
+        sent.with_label_values(&l).inc_by(bk.totals.bytes_sent);
+        received
+            .with_label_values(&l)
+            .inc_by(bk.totals.bytes_received);
+        reqs.with_label_values(&l).inc_by(bk.totals.requests);
+        errors.with_label_values(&l).inc_by(bk.totals.errors);
+        up.with_label_values(&[bk.name.as_str(), bk.kind])
+            .set(i64::from(bk.healthy));
+    }
+
+    b.counter(
+        "switchyard_config_reloads_total",
+        "successful configuration reloads (SIGHUP, API, saves)",
+        s.reloads,
+    )?;
+    let dropped = b.counter_vec(
+        "switchyard_events_dropped_total",
+        "data-plane events and request records dropped because the queue to the control plane was full",
+        &["queue"],
+    )?;
+    dropped
+        .with_label_values(&["events"])
+        .inc_by(s.events_dropped);
+    dropped
+        .with_label_values(&["request_log"])
+        .inc_by(s.records_dropped);
+
+    let core = ["core"];
+    let core_active = b.gauge_vec(
+        "switchyard_core_connections_active",
+        "open connections per data-plane core",
+        &core,
+    )?;
+    let core_total = b.counter_vec(
+        "switchyard_core_connections_total",
+        "connections accepted per data-plane core",
+        &core,
+    )?;
+    let core_reqs = b.counter_vec(
+        "switchyard_core_requests_total",
+        "requests handled per data-plane core",
+        &core,
+    )?;
+    for (i, c) in s.cores.iter().enumerate() {
+        let l = [i.to_string()];
+        let l = [l[0].as_str()];
+        core_active
+            .with_label_values(&l)
+            .set(gauge_value(c.active_connections));
+        core_total.with_label_values(&l).inc_by(c.total_connections);
+        core_reqs.with_label_values(&l).inc_by(c.requests);
+    }
+
+    b.gauge(
+        "switchyard_websocket_clients",
+        "clients connected to /api/v1/ws",
+        s.websocket_clients as u64,
+    )?;
+    b.gauge(
+        "switchyard_uptime_seconds",
+        "seconds since the server started",
+        s.uptime_secs,
+    )?;
+
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&b.registry.gather(), &mut out)?;
+    String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
+
+async fn scrape(
+    axum::extract::State(state): axum::extract::State<Arc<ServerState>>,
+) -> axum::response::Response {
+    match render(&sample(&state)) {
+        Ok(text) => ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "metrics: encoding failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("metrics encoding failed: {e}\n"),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// Serves `/metrics` on `listener` until the process ends.
+pub async fn serve(state: Arc<ServerState>, listener: tokio::net::TcpListener) {
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "metrics are at /metrics\n") })
+        .with_state(state);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!(error = %e, "metrics listener failed; metrics are no longer served");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, series: &str) -> Option<u64> {
+        text.lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[test]
+    fn renders_every_family_with_values() {
+        let totals = CounterTotals {
+            total_connections: 7,
+            active_connections: 2,
+            bytes_sent: 1000,
+            bytes_received: 50,
+            requests: 5,
+            requests_by_protocol: [3, 1, 1],
+            responses_by_class: [1, 0, 3, 0, 1, 0],
+            ..Default::default()
+        };
+        let s = Sample {
+            totals,
+            backends: vec![
+                BackendSample {
+                    name: "direct".into(),
+                    kind: "direct",
+                    totals,
+                    healthy: true,
+                },
+                BackendSample {
+                    name: "up\"stream".into(),
+                    kind: "httpproxy",
+                    totals: CounterTotals {
+                        errors: 4,
+                        ..Default::default()
+                    },
+                    healthy: false,
+                },
+            ],
+            cores: vec![
+                CoreLoad {
+                    active_connections: 2,
+                    total_connections: 5,
+                    ..Default::default()
+                },
+                CoreLoad::default(),
+            ],
+            reloads: 3,
+            events_dropped: 9,
+            records_dropped: 1,
+            websocket_clients: 4,
+            uptime_secs: 12,
+        };
+        let text = render(&s).unwrap();
+        let checks = [
+            ("switchyard_connections_total", 7),
+            ("switchyard_connections_active", 2),
+            ("switchyard_bytes_sent_total", 1000),
+            ("switchyard_bytes_received_total", 50),
+            ("switchyard_requests_total{protocol=\"HTTP\"}", 3),
+            ("switchyard_requests_total{protocol=\"SOCKS5\"}", 1),
+            ("switchyard_responses_total{class=\"2xx\"}", 3),
+            ("switchyard_responses_total{class=\"none\"}", 1),
+            (
+                "switchyard_backend_connections_total{backend=\"direct\"}",
+                7,
+            ),
+            (
+                "switchyard_backend_errors_total{backend=\"up\\\"stream\"}",
+                4,
+            ),
+            (
+                "switchyard_backend_up{backend=\"direct\",type=\"direct\"}",
+                1,
+            ),
+            (
+                "switchyard_backend_up{backend=\"up\\\"stream\",type=\"httpproxy\"}",
+                0,
+            ),
+            ("switchyard_config_reloads_total", 3),
+            ("switchyard_events_dropped_total{queue=\"events\"}", 9),
+            ("switchyard_events_dropped_total{queue=\"request_log\"}", 1),
+            ("switchyard_core_connections_active{core=\"0\"}", 2),
+            ("switchyard_core_connections_total{core=\"0\"}", 5),
+            ("switchyard_core_connections_active{core=\"1\"}", 0),
+            ("switchyard_websocket_clients", 4),
+            ("switchyard_uptime_seconds", 12),
+        ];
+        for (series, want) in checks {
+            assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
+        }
+        assert!(text.contains("# TYPE switchyard_connections_total counter"));
+        assert!(text.contains("# TYPE switchyard_connections_active gauge"));
+    }
+}
