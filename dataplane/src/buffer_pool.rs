@@ -4,8 +4,8 @@
 
 use std::cell::RefCell;
 
-pub const BUFFER_SIZE: usize = 64 * 1024;
-const MAX_POOLED: usize = 256;
+pub const BUFFER_SIZE: usize = 256 * 1024;
+const MAX_POOLED: usize = 32;
 
 thread_local! {
     static POOL: RefCell<Vec<Box<[u8]>>> = const { RefCell::new(Vec::new()) };
