@@ -43,7 +43,7 @@ async fn handle(cmd: Command, ctx: &CoreContext) {
             reply,
         } => {
             let started = Instant::now();
-            let outcome = crate::http_proxy::dial_within(ctx, &backend, &host, port, timeout).await;
+            let outcome = crate::proxied::dial_within(ctx, &backend, &host, port, timeout).await;
             let took = started.elapsed();
             let result = outcome.map(|_| ()).map_err(|e| e.to_string());
             let _ = reply.send((took, result));

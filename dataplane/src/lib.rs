@@ -22,6 +22,7 @@ mod http_proxy;
 pub mod live;
 pub mod offload;
 mod origin_pool;
+mod proxied;
 pub mod rate_limit;
 pub mod resolver;
 pub mod snapshot;

@@ -141,7 +141,7 @@ async fn connect(
     };
     let backend = backend.clone();
     trace.backend = backend.name.clone();
-    let connected = match crate::http_proxy::dial(ctx, snapshot, &backend, &host, port).await {
+    let connected = match crate::proxied::dial(ctx, snapshot, &backend, &host, port).await {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(client = %peer, %host, port, error = %e, "SOCKS5 connect failed");
@@ -159,7 +159,7 @@ async fn connect(
         return;
     }
     trace.status = 200;
-    crate::http_proxy::run_tunnel(
+    crate::proxied::run_tunnel(
         ctx,
         snapshot,
         client,

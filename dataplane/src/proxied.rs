@@ -1,0 +1,182 @@
+//! What every proxied connection shares, whichever protocol brought it: connecting through a
+//! backend (with latency, error and passive-health accounting), registering in the live table
+//! with connection events, and relaying a tunnel (CONNECT and SOCKS5) to its end.
+
+use crate::connector::{Connected, Dialer};
+use crate::engine::CoreContext;
+use crate::error::DataplaneError;
+use crate::events::{Event, Protocol};
+use crate::live::LiveGuard;
+use crate::snapshot::{Backend, BackendKind, Snapshot};
+use crate::trace::Trace;
+use crate::tunnel::{self, Meter};
+use glommio::net::TcpStream;
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The live-table entry and events of one client connection once it is routed somewhere.
+pub(crate) struct Registered<'a> {
+    guard: LiveGuard<'a>,
+    events: &'a crate::events::EventQueue,
+}
+
+impl<'a> Registered<'a> {
+    pub fn new(
+        ctx: &'a CoreContext,
+        peer: SocketAddr,
+        host: String,
+        backend: String,
+        protocol: Protocol,
+    ) -> Self {
+        ctx.events.push(Event::ConnectionNew {
+            protocol,
+            host: host.clone(),
+            backend: backend.clone(),
+            client: peer,
+        });
+        Self {
+            guard: ctx.live.register(ctx.core, peer, host, backend, protocol),
+            events: &ctx.events,
+        }
+    }
+
+    pub fn conn(&self) -> &crate::live::LiveConnection {
+        &self.guard.conn
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        let c = &self.guard.conn;
+        self.events.push(Event::ConnectionClose {
+            protocol: c.protocol,
+            host: c.host.clone(),
+            backend: c.backend.clone(),
+            client: c.client,
+            bytes_sent: c.bytes_sent.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_received: c.bytes_recv.load(std::sync::atomic::Ordering::Relaxed),
+        });
+    }
+}
+
+/// Connects through `backend`, recording latency, errors and passive health.
+pub(crate) async fn dial(
+    ctx: &CoreContext,
+    snapshot: &Snapshot,
+    backend: &Backend,
+    host: &str,
+    port: u16,
+) -> Result<Connected, DataplaneError> {
+    dial_within(ctx, backend, host, port, snapshot.timeouts.connect).await
+}
+
+/// [`dial`] with an explicit timeout (backend tests choose their own).
+pub(crate) async fn dial_within(
+    ctx: &CoreContext,
+    backend: &Backend,
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<Connected, DataplaneError> {
+    let dialer = Dialer {
+        resolver: &ctx.resolver,
+        offload: &ctx.offload,
+        timeout,
+    };
+    let started = std::time::Instant::now();
+    let result = dialer.connect(&backend.kind, host, port).await;
+    let counters = backend.counters.core(ctx.core);
+    match &result {
+        Ok(_) => counters.connected_in(started.elapsed()),
+        Err(_) => {
+            counters
+                .errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    // Only failures that say something about the backend's own path count against its health:
+    // a direct backend is never blamed for an origin, and an upstream proxy that relays an
+    // origin's refusal is working.
+    let judged = match (&backend.kind, &result) {
+        (_, Ok(_)) => Some(true),
+        (BackendKind::Direct, Err(_)) => None,
+        (_, Err(DataplaneError::UpstreamProxy { refused: true, .. })) => None,
+        (_, Err(e)) if e.side() == crate::error::Side::Upstream => Some(false),
+        _ => None,
+    };
+    if let Some(success) = judged {
+        if let Some(healthy) = backend.health.record(success) {
+            tracing::warn!(backend = %backend.name, healthy, "backend health changed");
+            ctx.events.push(Event::BackendHealth {
+                name: backend.name.clone(),
+                healthy,
+            });
+        }
+    }
+    result
+}
+
+/// Relays a CONNECT or SOCKS5 tunnel, reports it, and finishes its trace.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run_tunnel(
+    ctx: &CoreContext,
+    snapshot: &Snapshot,
+    client: RefCell<TcpStream>,
+    connected: Connected,
+    client_early: Vec<u8>,
+    peer: SocketAddr,
+    protocol: Protocol,
+    label: &str,
+    backend: &Backend,
+    trace: Trace,
+) {
+    let upstream = RefCell::new(connected.stream);
+    let core = ctx.counters.core(ctx.core);
+    let bcore = backend.counters.core(ctx.core);
+    bcore.opened();
+    let registered = Registered::new(ctx, peer, label.to_owned(), backend.name.clone(), protocol);
+    let _ = client.borrow_mut().set_read_timeout(None);
+    let mut ok = true;
+    if !client_early.is_empty() {
+        ok &= tunnel::write_all(&upstream, &client_early).await.is_ok();
+    }
+    if ok && !connected.early_data.is_empty() {
+        ok &= tunnel::write_all(&client, &connected.early_data)
+            .await
+            .is_ok();
+    }
+    let client_ip = crate::access_control::canonical(peer.ip());
+    let live = registered.conn();
+    if ok {
+        tunnel::relay(
+            &client,
+            &upstream,
+            Meter {
+                counters: [core, bcore],
+                live: Some(live),
+                upload: true,
+                limiter: snapshot.upload_limit.as_ref(),
+                client: client_ip,
+            },
+            Meter {
+                counters: [core, bcore],
+                live: Some(live),
+                upload: false,
+                limiter: snapshot.download_limit.as_ref(),
+                client: client_ip,
+            },
+            snapshot.timeouts.idle,
+        )
+        .await;
+    }
+    bcore.closed();
+    trace
+        .up
+        .set(live.bytes_recv.load(std::sync::atomic::Ordering::Relaxed));
+    trace
+        .down
+        .set(live.bytes_sent.load(std::sync::atomic::Ordering::Relaxed));
+    drop(registered);
+    trace.finish(ctx, snapshot, client_ip);
+}
