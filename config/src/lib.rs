@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 
 pub mod env;
+pub mod inventory;
 pub mod listen;
 pub mod load;
 pub mod model;

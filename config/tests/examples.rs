@@ -1,9 +1,11 @@
 //! Every `config/examples/*.yaml` loads and validates without a single problem. Files are
-//! dispatched by name: `pkgcache*.yaml` are `switchyard pkgcache` configurations, every other
-//! file is a server configuration.
+//! dispatched by name: `pkgcache*.yaml` are `switchyard pkgcache` configurations,
+//! `inventory*.yaml` are `switchyard inventory` configurations, every other file is a server
+//! configuration.
 
 use std::path::{Path, PathBuf};
 
+use switchyard_config::inventory::{validate_inventory, InventoryConfig};
 use switchyard_config::pkgcache::{validate_pkgcache, PkgcacheConfig};
 use switchyard_config::{validate, AuthMode, ServerConfig};
 
@@ -13,11 +15,17 @@ fn is_pkgcache(p: &Path) -> bool {
         .is_some_and(|n| n.starts_with("pkgcache"))
 }
 
+fn is_inventory(p: &Path) -> bool {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("inventory"))
+}
+
 /// Server configuration examples.
 fn examples() -> Vec<PathBuf> {
     all_examples()
         .into_iter()
-        .filter(|p| !is_pkgcache(p))
+        .filter(|p| !is_pkgcache(p) && !is_inventory(p))
         .collect()
 }
 
@@ -85,6 +93,52 @@ fn pkgcache_examples_load_validate_and_document_real_keys() {
             .unwrap_or_else(|e| panic!("{name} uncommented: {e}"));
         assert!(cfg.storage.s3.url.is_some() && !cfg.auth.users.is_empty());
         check_pkgcache(&format!("{name} (uncommented)"), &cfg);
+    }
+}
+
+fn check_inventory(name: &str, cfg: &InventoryConfig) {
+    let problems = validate_inventory(cfg);
+    assert!(
+        problems.is_empty(),
+        "{name} has problems:\n{}",
+        problems
+            .iter()
+            .map(|p| format!("  {p}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let yaml = cfg.to_yaml_string().expect("to yaml");
+    let back = InventoryConfig::from_yaml_str(&yaml, &|_| None).expect("reload yaml");
+    assert_eq!(&back, cfg, "{name}: YAML round trip\n{yaml}");
+    let json = serde_json::to_value(cfg).expect("to json");
+    let back: InventoryConfig = serde_json::from_value(json).expect("from json");
+    assert_eq!(&back, cfg, "{name}: JSON round trip");
+}
+
+/// `inventory*.yaml`: loads, validates, round-trips, and every `#: ` optional key is real.
+#[test]
+fn inventory_examples_load_validate_and_document_real_keys() {
+    let files: Vec<PathBuf> = all_examples()
+        .into_iter()
+        .filter(|p| is_inventory(p))
+        .collect();
+    assert!(!files.is_empty(), "expected config/examples/inventory.yaml");
+    for path in files {
+        let name = path.display().to_string();
+        let cfg = InventoryConfig::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            cfg,
+            InventoryConfig::default(),
+            "{name}: shows the defaults"
+        );
+        check_inventory(&name, &cfg);
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(text.contains("#: "), "{name}: documents optional keys");
+        let env = |n: &str| Some(format!("value-of-{n}-long-enough-for-a-secret"));
+        let cfg = InventoryConfig::from_yaml_str(&uncomment(&text), &env)
+            .unwrap_or_else(|e| panic!("{name} uncommented: {e}"));
+        assert!(cfg.database.url.is_some() && cfg.session.secret.is_some());
+        check_inventory(&format!("{name} (uncommented)"), &cfg);
     }
 }
 

@@ -47,6 +47,8 @@ enum Command {
     },
     /// Run the vcpkg HTTP binary cache server (default 0.0.0.0:15151, ./data/pkgcache).
     Pkgcache(switchyard_pkgcache::PkgcacheArgs),
+    /// Run the inventory service (default 0.0.0.0:3000, ./data/inventory, SQLite).
+    Inventory(switchyard_inventory::InventoryArgs),
     /// Benchmark switchyard side by side with peer programs (see bench/README).
     Bench(switchyard_bench::BenchArgs),
 }
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
             command: ConfigCommand::Validate { file },
         } => return validate(&file),
         Command::Pkgcache(args) => switchyard_pkgcache::run(args),
+        Command::Inventory(args) => switchyard_inventory::run(args),
         Command::Bench(args) => switchyard_bench::run(args).context("benchmark failed"),
     };
     match result {

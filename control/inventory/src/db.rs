@@ -1,0 +1,216 @@
+//! Storage: one query set for SQLite and PostgreSQL through sqlx's `Any` driver.
+//!
+//! Decision: the schema and every query are written in the SQL both engines accept (TEXT ids,
+//! ISO-8601 UTC timestamps as TEXT that sort lexically, BIGINT, DOUBLE PRECISION, `$n`
+//! placeholders — SQLite understands them too —, `LOWER(…) LIKE … ESCAPE`, `ON CONFLICT … DO
+//! NOTHING`), so one migration directory serves both and no query is duplicated. The `Any`
+//! driver only decodes plain types (text, integers, floats), which is all the schema uses.
+//! SQLite runs in WAL mode with foreign keys on and a busy timeout; migrations run at start.
+
+use std::time::Duration;
+
+use chrono::{SecondsFormat, Utc};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+use crate::error::ApiError;
+
+/// Embedded migrations (control/inventory/migrations).
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Errors opening the database.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("connecting to {url}: {source}")]
+    Connect { url: String, source: sqlx::Error },
+    #[error("running migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("preparing the database: {0}")]
+    Setup(#[from] sqlx::Error),
+}
+
+/// Which engine a pool talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+/// `url` with any password replaced by `***` (for logs).
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Connect, set SQLite pragmas, run migrations.
+pub async fn open(url: &str) -> Result<(AnyPool, Engine), DbError> {
+    sqlx::any::install_default_drivers();
+    let engine = if url.starts_with("sqlite:") {
+        Engine::Sqlite
+    } else {
+        Engine::Postgres
+    };
+    let pool = AnyPoolOptions::new()
+        .max_connections(if engine == Engine::Sqlite { 8 } else { 16 })
+        .acquire_timeout(Duration::from_secs(10))
+        .after_connect(move |conn, _meta| {
+            Box::pin(async move {
+                if engine == Engine::Sqlite {
+                    sqlx::query("PRAGMA foreign_keys = ON")
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query("PRAGMA busy_timeout = 10000")
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await
+        .map_err(|source| DbError::Connect {
+            url: redact(url),
+            source,
+        })?;
+    if engine == Engine::Sqlite {
+        sqlx::query("PRAGMA journal_mode = WAL")
+            .execute(&pool)
+            .await?;
+    }
+    MIGRATOR.run(&pool).await?;
+    Ok((pool, engine))
+}
+
+/// Now as stored: `2026-01-02T03:04:05.678Z`.
+pub fn now_iso() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Today at UTC midnight, the default `buyDate`.
+pub fn today_iso() -> String {
+    format!("{}T00:00:00.000Z", Utc::now().format("%Y-%m-%d"))
+}
+
+/// A new UUID v4 id.
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// Is this a unique-constraint violation?
+pub fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
+}
+
+/// A user row.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub id: String,
+    pub name: Option<String>,
+    pub email: String,
+    pub role: String,
+    pub password_hash: String,
+}
+
+impl User {
+    pub fn is_admin(&self) -> bool {
+        self.role == "ADMIN"
+    }
+
+    pub fn public_json(&self) -> serde_json::Value {
+        serde_json::json!({"id": self.id, "name": self.name, "email": self.email, "role": self.role})
+    }
+}
+
+fn user_from(row: &AnyRow) -> Result<User, sqlx::Error> {
+    Ok(User {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        email: row.try_get("email")?,
+        role: row.try_get("role")?,
+        password_hash: row.try_get("password_hash")?,
+    })
+}
+
+const USER_COLS: &str = "id, name, email, role, password_hash";
+
+pub async fn user_by_email(pool: &AnyPool, email: &str) -> Result<Option<User>, ApiError> {
+    let row = sqlx::query(&format!("SELECT {USER_COLS} FROM users WHERE email = $1"))
+        .bind(email)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.as_ref().map(user_from).transpose()?)
+}
+
+pub async fn user_by_id(pool: &AnyPool, id: &str) -> Result<Option<User>, ApiError> {
+    let row = sqlx::query(&format!("SELECT {USER_COLS} FROM users WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.as_ref().map(user_from).transpose()?)
+}
+
+/// Insert a user; the first one becomes ADMIN. The decision and the insert are one
+/// transaction: claiming the `first_admin` settings row (primary key) is what makes a user
+/// ADMIN, so of two simultaneous first registrations exactly one claims it (the other blocks on
+/// the row/database lock and then finds it taken). A failed insert rolls the claim back.
+pub async fn create_user(
+    pool: &AnyPool,
+    name: Option<&str>,
+    email: &str,
+    password_hash: &str,
+) -> Result<User, ApiError> {
+    let id = new_id();
+    let now = now_iso();
+    let mut tx = pool.begin().await?;
+    let claimed = sqlx::query(
+        "INSERT INTO settings (key, value) VALUES ('first_admin', $1) ON CONFLICT (key) DO NOTHING",
+    )
+    .bind(&id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    let role = if claimed { "ADMIN" } else { "USER" };
+    let res = sqlx::query(
+        "INSERT INTO users (id, name, email, password_hash, role, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $6)",
+    )
+    .bind(&id)
+    .bind(name)
+    .bind(email)
+    .bind(password_hash)
+    .bind(role)
+    .bind(&now)
+    .execute(&mut *tx)
+    .await;
+    match res {
+        Ok(_) => {}
+        Err(e) if is_unique_violation(&e) => {
+            return Err(ApiError::Conflict(
+                "User with this email already exists".into(),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    tx.commit().await?;
+    Ok(User {
+        id,
+        name: name.map(str::to_string),
+        email: email.to_string(),
+        role: role.to_string(),
+        password_hash: password_hash.to_string(),
+    })
+}
+
+/// Owner filter: `None` = admin, sees all.
+pub fn owner_of(user: &User) -> Option<&str> {
+    (!user.is_admin()).then_some(user.id.as_str())
+}

@@ -1,0 +1,216 @@
+//! The router: accounts and sessions ([`crate::auth`]), categories, locations and items
+//! ([`crate::resources`]). Data routes sit behind [`require_session`], which authenticates the
+//! session cookie, enforces CSRF on state-changing methods and renews the cookie.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use parking_lot::Mutex;
+use serde_json::{Map, Value};
+use sqlx::AnyPool;
+use switchyard_config::inventory::InventoryConfig;
+
+use crate::db::{self, User};
+use crate::error::ApiError;
+use crate::limiter::Limiter;
+use crate::session::{self, Claims, Keys, CSRF_COOKIE, SESSION_COOKIE};
+
+/// Shared state of the service.
+pub struct AppState {
+    pub pool: AnyPool,
+    pub keys: Keys,
+    pub cfg: InventoryConfig,
+    pub limiter: Mutex<Limiter>,
+    /// A bcrypt hash checked when the e-mail is unknown, so timing does not reveal accounts.
+    pub dummy_hash: String,
+}
+
+pub type Shared = Arc<AppState>;
+
+/// The authenticated caller, put into request extensions by [`require_session`].
+#[derive(Clone, Debug)]
+pub struct CurrentUser(pub User);
+
+/// Unix seconds now.
+pub fn now_secs() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+impl AppState {
+    pub fn idle_secs(&self) -> i64 {
+        i64::try_from(self.cfg.session.idle_timeout.0.as_secs()).unwrap_or(i64::MAX)
+    }
+
+    pub fn max_secs(&self) -> i64 {
+        i64::try_from(self.cfg.session.max_lifetime.0.as_secs()).unwrap_or(i64::MAX)
+    }
+
+    /// Secure cookies: configured, else when a TLS-terminating proxy says https.
+    pub fn secure(&self, headers: &HeaderMap) -> bool {
+        self.cfg.session.secure_cookies.unwrap_or_else(|| {
+            headers
+                .get("x-forwarded-proto")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.eq_ignore_ascii_case("https"))
+        })
+    }
+
+    /// `Set-Cookie` carrying `claims` (expires with the inactivity expiry).
+    pub fn session_cookie(&self, claims: &Claims, headers: &HeaderMap) -> Result<String, ApiError> {
+        let token = self
+            .keys
+            .seal(claims)
+            .map_err(|e| ApiError::Internal(format!("sealing a session: {e}")))?;
+        Ok(session::set_cookie(
+            SESSION_COOKIE,
+            &token,
+            Some(claims.exp - now_secs()),
+            self.secure(headers),
+            true,
+        ))
+    }
+
+    /// The valid session of a request, if any: claims and the user (who must still exist).
+    pub async fn session_of(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Option<(Claims, User)>, ApiError> {
+        let Some(token) = cookie(headers, SESSION_COOKIE) else {
+            return Ok(None);
+        };
+        let claims = match self.keys.open(token) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!("session cookie refused: {e}");
+                return Ok(None);
+            }
+        };
+        if !claims.valid_at(now_secs()) {
+            return Ok(None);
+        }
+        Ok(db::user_by_id(&self.pool, &claims.sub)
+            .await?
+            .map(|u| (claims, u)))
+    }
+
+    /// Is the CSRF token submitted with this request (header or `field`) the cookie's?
+    pub fn csrf_ok(&self, headers: &HeaderMap, field: Option<&str>) -> bool {
+        let submitted = headers
+            .get("x-csrf-token")
+            .and_then(|v| v.to_str().ok())
+            .or(field);
+        self.keys.csrf_ok(cookie(headers, CSRF_COOKIE), submitted)
+    }
+}
+
+/// Value of cookie `name` of a request.
+pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|h| session::cookie_value(h, name))
+}
+
+/// The client's address (the socket peer; `X-Forwarded-For` is not trusted).
+pub fn client_ip(addr: &SocketAddr) -> String {
+    addr.ip().to_string()
+}
+
+/// A request body as a JSON value: JSON, or (with `allow_form`) a urlencoded form as an object
+/// of strings.
+pub fn parse_body(headers: &HeaderMap, body: &Bytes, allow_form: bool) -> Result<Value, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if allow_form && ct.starts_with("application/x-www-form-urlencoded") {
+        let map: Map<String, Value> = form_urlencoded::parse(body)
+            .map(|(k, v)| (k.into_owned(), Value::String(v.into_owned())))
+            .collect();
+        return Ok(Value::Object(map));
+    }
+    if !(ct.starts_with("application/json") || ct.contains("+json")) {
+        return Err(ApiError::BadRequest(
+            "Content-Type must be application/json".into(),
+        ));
+    }
+    serde_json::from_slice(body).map_err(|_| ApiError::BadRequest("Invalid JSON body".into()))
+}
+
+/// Authenticate data routes: 401 without a valid session, 403 on a state-changing request
+/// without the CSRF token; the response carries the renewed session cookie.
+async fn require_session(State(st): State<Shared>, mut req: Request, next: Next) -> Response {
+    let (claims, user) = match st.session_of(req.headers()).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return ApiError::Unauthorized("Unauthorized".into()).into_response(),
+        Err(e) => return e.into_response(),
+    };
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if !safe && !st.csrf_ok(req.headers(), None) {
+        tracing::info!(user = %user.id, path = %req.uri().path(), "CSRF token missing or wrong");
+        return ApiError::Forbidden("Invalid CSRF token".into()).into_response();
+    }
+    let renewed = claims.renewed(now_secs(), st.idle_secs());
+    let set = st.session_cookie(&renewed, req.headers());
+    req.extensions_mut().insert(CurrentUser(user));
+    let mut resp = next.run(req).await;
+    if let Ok(Ok(v)) = set.map(HeaderValue::try_from) {
+        resp.headers_mut().append(header::SET_COOKIE, v);
+    }
+    resp
+}
+
+/// The whole router.
+pub fn router(state: Shared) -> Router {
+    use crate::{auth, resources as r};
+    let data = Router::new()
+        .route("/api/items", get(r::list_items).post(r::create_item))
+        .route(
+            "/api/items/{id}",
+            get(r::get_item).put(r::update_item).delete(r::delete_item),
+        )
+        .route(
+            "/api/categories",
+            get(r::list_categories).post(r::create_category),
+        )
+        .route(
+            "/api/categories/{id}",
+            axum::routing::put(r::update_category).delete(r::delete_category),
+        )
+        .route(
+            "/api/locations",
+            get(r::list_locations).post(r::create_location),
+        )
+        .route(
+            "/api/locations/{id}",
+            axum::routing::put(r::update_location).delete(r::delete_location),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_session,
+        ));
+    let limit = usize::try_from(state.cfg.limits.max_body_size.0).unwrap_or(usize::MAX);
+    Router::new()
+        .route("/api/auth/register", post(auth::register))
+        .route("/api/auth/csrf", get(auth::csrf))
+        .route("/api/auth/session", get(auth::session))
+        .route("/api/auth/callback/credentials", post(auth::signin))
+        .route("/api/auth/signout", post(auth::signout))
+        .route(
+            "/health",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .merge(data)
+        .fallback(|| async { ApiError::NotFound("Route") })
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .with_state(state)
+}

@@ -1,0 +1,295 @@
+//! `switchyard inventory`: a multi-user inventory service on the tokio control plane.
+//!
+//! Users register and sign in ([`auth`]); the session is an encrypted JWT cookie (JWE `dir` +
+//! `A256GCM`, [`session`]) that expires after inactivity and is renewed on use, with CSRF
+//! double-submit tokens on every state-changing request and bruteforce limits ([`limiter`]).
+//! Each user manages their own items, categories and locations ([`resources`]); the first user
+//! to register is `ADMIN` and sees everyone's data. Storage is SQLite under the data directory by
+//! default or PostgreSQL by URL, through one portable query set ([`db`]). Validation and query
+//! building are runtime-free ([`validate`]).
+//!
+//! Not here yet: item images, export/import, the web UI (see the README's inventory section).
+//! It shares nothing with the data plane: its own router and runtime, started by
+//! `switchyard inventory`.
+//!
+//! Configuration: [`switchyard_config::inventory::InventoryConfig`] from `--config`, overridden by
+//! environment variables and flags ([`InventoryArgs`]).
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod db;
+pub mod error;
+pub mod http;
+pub mod limiter;
+pub mod resources;
+pub mod session;
+pub mod validate;
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _};
+use switchyard_config::inventory::{validate_inventory, InventoryConfig};
+use switchyard_config::{parse_listen, LogFormat, LoggingConfig};
+use tracing_subscriber::EnvFilter;
+
+/// Command-line arguments of `switchyard inventory`. Flags and the environment variables named
+/// beside them override the config file.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct InventoryArgs {
+    /// YAML configuration (every key: config/examples/inventory.yaml); default: built-in
+    #[arg(long, short, env = "SWITCHYARD_INVENTORY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// listen address, e.g. 0.0.0.0:3000, 127.0.0.1:0
+    #[arg(long, env = "SWITCHYARD_INVENTORY_LISTEN")]
+    pub listen: Option<String>,
+    /// data directory: SQLite database, generated session secret (default ./data/inventory)
+    #[arg(long, env = "SWITCHYARD_INVENTORY_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// database URL: sqlite://PATH or postgres://USER:PASS@HOST/DB
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// secret the session key is derived from (at least 32 characters)
+    #[arg(long, env = "AUTH_SECRET", hide_env_values = true)]
+    pub auth_secret: Option<String>,
+}
+
+/// The effective configuration: file (or built-in default), then environment and flags.
+pub fn effective_config(args: &InventoryArgs) -> anyhow::Result<InventoryConfig> {
+    let mut cfg = match &args.config {
+        Some(path) => InventoryConfig::load_file(path)?,
+        None => InventoryConfig::default(),
+    };
+    if let Some(l) = &args.listen {
+        cfg.listen = l.clone();
+    }
+    if let Some(d) = &args.data_dir {
+        cfg.data_dir = d.display().to_string();
+    }
+    if let Some(u) = args.database_url.as_ref().filter(|u| !u.trim().is_empty()) {
+        cfg.database.url = Some(u.trim().to_string());
+    }
+    if let Some(s) = args.auth_secret.as_ref().filter(|s| !s.is_empty()) {
+        cfg.session.secret = Some(s.clone());
+    }
+    let problems = validate_inventory(&cfg);
+    if !problems.is_empty() {
+        let list: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
+        bail!("invalid inventory configuration:\n{}", list.join("\n"));
+    }
+    Ok(cfg)
+}
+
+fn init_logging(cfg: &LoggingConfig) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{},sqlx=warn", cfg.level)));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let result = match (&cfg.output, cfg.format) {
+        (Some(path), format) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening log file {path}"))?;
+            let b = builder
+                .with_writer(std::sync::Mutex::new(file))
+                .with_ansi(false);
+            match format {
+                LogFormat::Json => b.json().try_init(),
+                LogFormat::Text => b.try_init(),
+            }
+        }
+        (None, LogFormat::Json) => builder.json().with_writer(std::io::stderr).try_init(),
+        (None, LogFormat::Text) => builder
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
+    result.map_err(|e| anyhow::anyhow!("initialising logging: {e}"))
+}
+
+/// Runs `switchyard inventory` until SIGINT/SIGTERM. Builds its own tokio runtime.
+pub fn run(args: InventoryArgs) -> anyhow::Result<()> {
+    let cfg = effective_config(&args)?;
+    init_logging(&cfg.logging)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("inventory")
+        .build()
+        .context("building the tokio runtime")?;
+    rt.block_on(serve(cfg))
+}
+
+/// The session secret: configured (`AUTH_SECRET` / `session.secret`), else read from
+/// `DATA_DIR/auth_secret`, else generated there once with mode 0600.
+pub fn load_secret(cfg: &InventoryConfig, data_dir: &Path) -> anyhow::Result<String> {
+    if let Some(s) = &cfg.session.secret {
+        tracing::info!("session key derived from AUTH_SECRET / session.secret");
+        return Ok(s.clone());
+    }
+    let path = data_dir.join("auth_secret");
+    match std::fs::read_to_string(&path) {
+        Ok(s) if s.trim().len() >= 32 => {
+            tracing::info!(path = %path.display(), "session key derived from the stored secret");
+            return Ok(s.trim().to_string());
+        }
+        Ok(_) => bail!(
+            "{} is shorter than 32 characters; remove it to have a new one generated",
+            path.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let secret = session::generate_secret().context("generating the session secret")?;
+    let mut f = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("creating {}", path.display()))?
+    };
+    f.write_all(secret.as_bytes())
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("writing {}", path.display()))?;
+    tracing::warn!(
+        path = %path.display(),
+        "AUTH_SECRET is not set: generated a session secret and stored it (mode 0600); \
+         set AUTH_SECRET to share sessions between instances"
+    );
+    Ok(secret)
+}
+
+async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let addr = parse_listen(listen)?;
+    let mut last = None;
+    for a in addr.socket_addrs_all_interfaces() {
+        match tokio::net::TcpListener::bind(a).await {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some((a, e)),
+        }
+    }
+    match last {
+        Some((a, e)) => Err(anyhow::anyhow!("cannot listen on {a}: {e}")),
+        None => Err(anyhow::anyhow!("no address to listen on for {listen:?}")),
+    }
+}
+
+async fn serve(cfg: InventoryConfig) -> anyhow::Result<()> {
+    let data_dir = PathBuf::from(&cfg.data_dir);
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+    let url = match &cfg.database.url {
+        Some(u) => u.clone(),
+        None => format!(
+            "sqlite://{}?mode=rwc",
+            data_dir.join("inventory.db").display()
+        ),
+    };
+    let (pool, engine) = db::open(&url).await?;
+    tracing::info!(database = %db::redact(&url), ?engine, "database ready (migrations applied)");
+    let secret = load_secret(&cfg, &data_dir)?;
+    let keys = session::Keys::from_secret(secret.as_bytes());
+    let dummy_hash = tokio::task::spawn_blocking(|| {
+        bcrypt::hash("switchyard-inventory-dummy", auth::BCRYPT_COST)
+    })
+    .await
+    .context("hashing task")?
+    .context("bcrypt")?;
+    let listener = bind(&cfg.listen).await?;
+    let local: SocketAddr = listener.local_addr()?;
+    tracing::info!(
+        listen = %local,
+        data_dir = %data_dir.display(),
+        idle_timeout = ?cfg.session.idle_timeout.0,
+        "inventory listening on http://{local}"
+    );
+    let state = Arc::new(http::AppState {
+        pool,
+        keys,
+        cfg,
+        limiter: parking_lot::Mutex::new(limiter::Limiter::default()),
+        dummy_hash,
+    });
+    axum::serve(
+        listener,
+        http::router(state.clone()).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown())
+    .await
+    .context("serving")?;
+    state.pool.close().await;
+    tracing::info!("inventory stopped");
+    Ok(())
+}
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot watch SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_defaults() {
+        let args = InventoryArgs {
+            listen: Some("127.0.0.1:0".into()),
+            data_dir: Some("/tmp/x".into()),
+            database_url: Some("postgres://u:p@h/db".into()),
+            ..InventoryArgs::default()
+        };
+        let cfg = effective_config(&args).unwrap();
+        assert_eq!(cfg.listen, "127.0.0.1:0");
+        assert_eq!(cfg.data_dir, "/tmp/x");
+        assert_eq!(cfg.database.url.as_deref(), Some("postgres://u:p@h/db"));
+        let bad = InventoryArgs {
+            auth_secret: Some("short".into()),
+            ..InventoryArgs::default()
+        };
+        assert!(effective_config(&bad).is_err());
+    }
+
+    #[test]
+    fn secret_is_generated_once_with_mode_0600() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = InventoryConfig::default();
+        let a = load_secret(&cfg, dir.path()).unwrap();
+        let b = load_secret(&cfg, dir.path()).unwrap();
+        assert_eq!(a, b);
+        let mode = std::fs::metadata(dir.path().join("auth_secret"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            db::redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(db::redact("sqlite://./x.db"), "sqlite://./x.db");
+    }
+}
