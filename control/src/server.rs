@@ -188,7 +188,8 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
 /// Moves events and request records out of the data plane's bounded queues (so they never
 /// fill) into the hub and the request log.
 async fn drain_dataplane(state: Arc<ServerState>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    // 25 ms keeps up with ~160k records/s in the 4096-slot queues.
+    let mut tick = tokio::time::interval(Duration::from_millis(25));
     let (mut event_drops, mut record_drops) = (0, 0);
     loop {
         tick.tick().await;
