@@ -143,6 +143,15 @@ fn version_minor(v: Option<u8>) -> Result<u8, HeadError> {
     }
 }
 
+/// An incomplete head: wait for more bytes, unless the limit is already reached.
+fn need_more<T>(at_limit: bool) -> Result<Option<T>, HeadError> {
+    if at_limit {
+        Err(HeadError::TooLarge)
+    } else {
+        Ok(None)
+    }
+}
+
 /// Parses a request head from the start of `buf`.
 ///
 /// `Ok(None)` means more bytes are needed (and `buf` is still under `max_head_bytes`);
@@ -154,22 +163,12 @@ pub fn parse_request_head(
 ) -> Result<Option<(RequestHead, usize)>, HeadError> {
     let (window, at_limit) = limited(buf, limits);
     if !has_head_end(window) {
-        return if at_limit {
-            Err(HeadError::TooLarge)
-        } else {
-            Ok(None)
-        };
+        return need_more(at_limit);
     }
     let mut slots = vec![httparse::EMPTY_HEADER; limits.max_headers];
     let mut req = httparse::Request::new(&mut slots);
     match req.parse(window).map_err(map_httparse_err)? {
-        httparse::Status::Partial => {
-            if at_limit {
-                Err(HeadError::TooLarge)
-            } else {
-                Ok(None)
-            }
-        }
+        httparse::Status::Partial => need_more(at_limit),
         httparse::Status::Complete(len) => {
             let method = req.method.ok_or_else(|| malformed("missing method"))?;
             let target = req
@@ -193,22 +192,12 @@ pub fn parse_response_head(
 ) -> Result<Option<(ResponseHead, usize)>, HeadError> {
     let (window, at_limit) = limited(buf, limits);
     if !has_head_end(window) {
-        return if at_limit {
-            Err(HeadError::TooLarge)
-        } else {
-            Ok(None)
-        };
+        return need_more(at_limit);
     }
     let mut slots = vec![httparse::EMPTY_HEADER; limits.max_headers];
     let mut resp = httparse::Response::new(&mut slots);
     match resp.parse(window).map_err(map_httparse_err)? {
-        httparse::Status::Partial => {
-            if at_limit {
-                Err(HeadError::TooLarge)
-            } else {
-                Ok(None)
-            }
-        }
+        httparse::Status::Partial => need_more(at_limit),
         httparse::Status::Complete(len) => {
             let status = resp.code.ok_or_else(|| malformed("missing status code"))?;
             if !(100..=999).contains(&status) {
