@@ -1,1 +1,1126 @@
-//! placeholder
+//! End-to-end tests of `switchyard inventory`: the real binary on a random loopback port with a
+//! temp data directory (SQLite), driven over HTTP with reqwest and a cookie jar the way a browser
+//! or a NextAuth client drives it. Accounts, the first-admin race, sessions (expiry, renewal,
+//! restart), CSRF, bruteforce limits, every validation message, categories/locations/items,
+//! list search/filter/sort/pagination, user isolation and admin visibility. No test asserts a
+//! wall-clock time; the expiry test sleeps across a short configured idle timeout.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, CONTENT_TYPE, COOKIE, RETRY_AFTER, SET_COOKIE};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use support::{Proc, BIN};
+
+// ------------------------------------------------------------------ helpers
+
+struct Inventory {
+    _proc: Proc,
+    addr: SocketAddr,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Inventory {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    fn logs(&self) -> String {
+        self.logs.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+}
+
+/// Starts `switchyard inventory --listen 127.0.0.1:0 --data-dir DIR` with `yaml` as its config
+/// file (in DIR) and `envs`, waiting for its "listening on" line.
+fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Inventory {
+    let config = dir.join("inventory-test.yaml");
+    std::fs::write(&config, yaml).expect("write config");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["inventory", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .arg("--config")
+        .arg(&config)
+        .env_remove("AUTH_SECRET")
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("start switchyard inventory");
+    let stderr = child.stderr.take().expect("stderr");
+    let proc = Proc {
+        child,
+        name: "switchyard inventory".into(),
+    };
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let sink = logs.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let addr = line
+                .split("listening on http://")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_string);
+            if let Ok(mut l) = sink.lock() {
+                l.push(line);
+            }
+            if let Some(addr) = addr {
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    let Ok(addr) = rx.recv_timeout(Duration::from_secs(30)) else {
+        let l = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+        panic!("inventory did not report its address; log:\n{l}");
+    };
+    Inventory {
+        _proc: proc,
+        addr: addr.parse().expect("listen address"),
+        logs,
+    }
+}
+
+fn fresh(yaml: &str) -> (tempfile::TempDir, Inventory) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inv = start(dir.path(), yaml, &[]);
+    (dir, inv)
+}
+
+/// A browser-like client: cookie jar, no redirect following, the CSRF token it fetched.
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    csrf: String,
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Value,
+}
+
+impl Reply {
+    fn error(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("")
+    }
+}
+
+impl Client {
+    async fn new(inv: &Inventory) -> Client {
+        let http = reqwest::Client::builder()
+            .cookie_store(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client");
+        let mut c = Client {
+            http,
+            base: inv.url(""),
+            csrf: String::new(),
+        };
+        let r = c.call(Method::GET, "/api/auth/csrf", None, false).await;
+        assert_eq!(r.status, 200);
+        c.csrf = r.body["csrfToken"].as_str().expect("csrfToken").to_string();
+        c
+    }
+
+    /// Request with an optional JSON body; `csrf` adds the `X-CSRF-Token` header.
+    async fn call(&self, method: Method, path: &str, body: Option<Value>, csrf: bool) -> Reply {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        if csrf {
+            req = req.header("x-csrf-token", &self.csrf);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.expect("body");
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        self.call(Method::GET, path, None, false).await
+    }
+    async fn post(&self, path: &str, body: Value) -> Reply {
+        self.call(Method::POST, path, Some(body), true).await
+    }
+    async fn put(&self, path: &str, body: Value) -> Reply {
+        self.call(Method::PUT, path, Some(body), true).await
+    }
+    async fn delete(&self, path: &str) -> Reply {
+        self.call(Method::DELETE, path, None, true).await
+    }
+
+    async fn register(&self, email: &str, password: &str) -> Reply {
+        self.call(
+            Method::POST,
+            "/api/auth/register",
+            Some(json!({"name": "Tester", "email": email, "password": password, "confirmPassword": password})),
+            false,
+        )
+        .await
+    }
+
+    async fn sign_in(&self, email: &str, password: &str) -> Reply {
+        self.call(
+            Method::POST,
+            "/api/auth/callback/credentials",
+            Some(json!({"email": email, "password": password, "csrfToken": self.csrf})),
+            false,
+        )
+        .await
+    }
+
+    /// Register and sign in; returns the user record.
+    async fn account(inv: &Inventory, email: &str) -> (Client, Value) {
+        let c = Client::new(inv).await;
+        let r = c.register(email, "correct horse").await;
+        assert_eq!(r.status, 201, "{:?}", r.body);
+        let s = c.sign_in(email, "correct horse").await;
+        assert_eq!(s.status, 302, "{:?}", s.body);
+        (c, r.body)
+    }
+}
+
+fn id(v: &Value) -> String {
+    v["id"].as_str().expect("id").to_string()
+}
+
+fn session_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("inventory.session-token="))
+        .map(str::to_string)
+}
+
+// ------------------------------------------------------------------ accounts and sessions
+
+#[tokio::test(flavor = "multi_thread")]
+async fn registration_validation_roles_and_duplicates() {
+    let (_dir, inv) = fresh("");
+    let c = Client::new(&inv).await;
+    let cases = [
+        (
+            json!({"email": "x@example.org", "password": "short", "confirmPassword": "short"}),
+            "Password must be at least 8 characters",
+        ),
+        (
+            json!({"email": "not-an-email", "password": "12345678", "confirmPassword": "12345678"}),
+            "Invalid email address",
+        ),
+        (
+            json!({"password": "12345678", "confirmPassword": "12345678"}),
+            "Email is required",
+        ),
+        (
+            json!({"email": "x@example.org", "password": "12345678", "confirmPassword": "12345679"}),
+            "Passwords do not match",
+        ),
+        (
+            json!({"name": "n".repeat(101), "email": "x@example.org", "password": "12345678", "confirmPassword": "12345678"}),
+            "Name must be at most 100 characters",
+        ),
+    ];
+    for (body, message) in cases {
+        let r = c
+            .call(Method::POST, "/api/auth/register", Some(body), false)
+            .await;
+        assert_eq!(r.status, 400, "{message}");
+        assert_eq!(r.error(), message);
+    }
+    let r = c
+        .call(
+            Method::POST,
+            "/api/auth/register",
+            Some(Value::String("x".into())),
+            false,
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    let first = c.register("Admin@Example.org", "password-1").await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body["role"], "ADMIN");
+    assert_eq!(first.body["email"], "admin@example.org");
+    assert_eq!(first.body["name"], "Tester");
+    assert!(first.body.get("password").is_none() && first.body.get("passwordHash").is_none());
+    let second = c.register("user@example.org", "password-2").await;
+    assert_eq!(second.body["role"], "USER");
+    // duplicate (any case): 409, and the first account keeps its password
+    let dup = c.register("ADMIN@example.org", "other-password").await;
+    assert_eq!(dup.status, 409);
+    assert_eq!(dup.error(), "User with this email already exists");
+    assert_eq!(
+        c.sign_in("admin@example.org", "other-password")
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        c.sign_in("admin@example.org", "password-1").await.status,
+        302
+    );
+    assert!(!inv.logs().contains("password-1"), "passwords never logged");
+}
+
+/// Two (and then eight) simultaneous first registrations on fresh servers: exactly one ADMIN.
+#[tokio::test(flavor = "multi_thread")]
+async fn first_admin_race_yields_exactly_one_admin() {
+    for n in [2usize, 8] {
+        let (_dir, inv) = fresh("");
+        let c = Arc::new(Client::new(&inv).await);
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    c.register(&format!("racer{i}@example.org"), "12345678")
+                        .await
+                })
+            })
+            .collect();
+        let mut roles = Vec::new();
+        for t in tasks {
+            let r = t.await.expect("task");
+            assert_eq!(r.status, 201, "{:?}", r.body);
+            roles.push(r.body["role"].as_str().unwrap_or("").to_string());
+        }
+        let admins = roles.iter().filter(|r| *r == "ADMIN").count();
+        assert_eq!(admins, 1, "{n} racers: {roles:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sign_in_session_csrf_and_sign_out() {
+    let (_dir, inv) = fresh("");
+    let c = Client::new(&inv).await;
+    assert_eq!(c.register("a@example.org", "12345678").await.status, 201);
+    assert_eq!(c.get("/api/auth/session").await.body, Value::Null);
+    assert_eq!(c.get("/api/items").await.status, 401);
+
+    // sign-in needs the CSRF token (field or header) and its cookie
+    let no_token = c
+        .call(
+            Method::POST,
+            "/api/auth/callback/credentials",
+            Some(json!({"email": "a@example.org", "password": "12345678"})),
+            false,
+        )
+        .await;
+    assert_eq!(no_token.status, 403);
+    let wrong = c
+        .call(
+            Method::POST,
+            "/api/auth/callback/credentials",
+            Some(json!({"email": "a@example.org", "password": "12345678", "csrfToken": "forged"})),
+            false,
+        )
+        .await;
+    assert_eq!(wrong.status, 403);
+    let stranger = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let r = stranger
+        .post(inv.url("/api/auth/callback/credentials"))
+        .json(&json!({"email": "a@example.org", "password": "12345678", "csrfToken": c.csrf}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 403, "a token without its cookie is refused");
+    let bad = c.sign_in("a@example.org", "wrong-password").await;
+    assert_eq!(bad.status, 401);
+    assert_eq!(bad.error(), "Invalid email or password");
+    assert_eq!(
+        c.sign_in("nobody@example.org", "12345678").await.error(),
+        "Invalid email or password"
+    );
+
+    // NextAuth-style form post with a local callbackUrl
+    let form = c
+        .http
+        .post(inv.url("/api/auth/callback/credentials"))
+        .form(&[
+            ("email", "a@example.org"),
+            ("password", "12345678"),
+            ("csrfToken", c.csrf.as_str()),
+            ("callbackUrl", "/items"),
+        ])
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(form.status(), 302);
+    assert_eq!(form.headers()["location"], "/items");
+    let cookie = session_cookie(form.headers()).expect("session cookie");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax") && cookie.contains("Path=/"),
+        "{cookie}"
+    );
+    assert!(!cookie.contains("Secure"), "plain HTTP: not Secure");
+    let token = cookie
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim_start_matches("inventory.session-token=");
+    assert_eq!(token.split('.').count(), 5, "JWE compact serialization");
+    assert_eq!(
+        token.split('.').nth(1),
+        Some(""),
+        "alg dir: empty encrypted key"
+    );
+
+    let open_redirect = c
+        .http
+        .post(inv.url("/api/auth/callback/credentials"))
+        .form(&[
+            ("email", "a@example.org"),
+            ("password", "12345678"),
+            ("csrfToken", c.csrf.as_str()),
+            ("callbackUrl", "https://evil.example/"),
+        ])
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(open_redirect.headers()["location"], "/");
+
+    let s = c.get("/api/auth/session").await;
+    assert_eq!(s.body["user"]["email"], "a@example.org");
+    assert_eq!(s.body["user"]["role"], "ADMIN");
+    assert!(s.body["expires"].as_str().is_some_and(|e| e.ends_with('Z')));
+    assert!(
+        session_cookie(&s.headers).is_some(),
+        "session renewed on use"
+    );
+
+    // state-changing requests with the cookie need X-CSRF-Token
+    let body = json!({"name": "Tools"});
+    let r = c
+        .call(Method::POST, "/api/categories", Some(body.clone()), false)
+        .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(r.error(), "Invalid CSRF token");
+    let r = c
+        .http
+        .post(inv.url("/api/categories"))
+        .header("x-csrf-token", "forged")
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 403);
+    let created = c.post("/api/categories", body).await;
+    assert_eq!(created.status, 201);
+    let r = c
+        .call(
+            Method::DELETE,
+            &format!("/api/categories/{}", id(&created.body)),
+            None,
+            false,
+        )
+        .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        c.get("/api/categories").await.body["categories"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    // non-JSON bodies are refused on the JSON API
+    let r = c
+        .http
+        .post(inv.url("/api/categories"))
+        .header("x-csrf-token", &c.csrf)
+        .header(CONTENT_TYPE, "text/plain")
+        .body("name=x")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 400);
+
+    // sign-out needs the token too, then the session is gone
+    let r = c.call(Method::POST, "/api/auth/signout", None, false).await;
+    assert_eq!(r.status, 403);
+    let r = c
+        .call(
+            Method::POST,
+            "/api/auth/signout",
+            Some(json!({"csrfToken": c.csrf})),
+            false,
+        )
+        .await;
+    assert_eq!(r.status, 302);
+    assert!(session_cookie(&r.headers).is_some_and(|c| c.contains("Max-Age=0")));
+    assert_eq!(c.get("/api/auth/session").await.body, Value::Null);
+    assert_eq!(c.get("/api/categories").await.status, 401);
+}
+
+/// idle_timeout 3s: a used session lives on past 3s of total age, an unused one dies; a
+/// tampered cookie is refused; with the generated secret kept in the data directory a session
+/// survives a restart, with another AUTH_SECRET it does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_expiry_renewal_and_secret() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = "session:\n  idle_timeout: 3s\n  max_lifetime: 1h\n";
+    let inv = start(dir.path(), yaml, &[]);
+    assert!(inv.logs().contains("generated a session secret"));
+    let (c, _) = Client::account(&inv, "e@example.org").await;
+    let raw = |inv: &Inventory, cookie: String| {
+        let url = inv.url("/api/items");
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .header(COOKIE, cookie)
+                .send()
+                .await
+                .expect("send")
+                .status()
+        }
+    };
+    let s = c.get("/api/auth/session").await;
+    let first = session_cookie(&s.headers).expect("cookie");
+    let first = first.split(';').next().unwrap_or("").to_string();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            c.get("/api/items").await.status,
+            200,
+            "renewed on every use"
+        );
+    }
+    // the first cookie was never renewed: 4.5 s old > 3 s idle
+    assert_eq!(raw(&inv, first).await, 401);
+    let mut tampered = session_cookie(&c.get("/api/auth/session").await.headers).expect("cookie");
+    tampered = tampered.split(';').next().unwrap_or("").to_string();
+    tampered.insert(tampered.len() - 3, 'A');
+    assert_eq!(raw(&inv, tampered).await, 401);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(
+        c.get("/api/items").await.status,
+        401,
+        "idle session expired"
+    );
+    assert_eq!(c.get("/api/auth/session").await.body, Value::Null);
+
+    // restart on the same data directory: the stored secret (0600) keeps sessions valid
+    let c2 = Client::new(&inv).await;
+    assert_eq!(
+        c2.sign_in("e@example.org", "correct horse").await.status,
+        302
+    );
+    let live = session_cookie(&c2.get("/api/auth/session").await.headers).expect("cookie");
+    let live = live.split(';').next().unwrap_or("").to_string();
+    drop(inv);
+    let inv = start(dir.path(), yaml, &[]);
+    assert!(!inv.logs().contains("generated a session secret"));
+    assert_eq!(
+        raw(&inv, live.clone()).await,
+        200,
+        "session survives a restart"
+    );
+    drop(inv);
+    let secret = "an-explicit-secret-that-is-long-enough-0123456789";
+    let inv = start(dir.path(), yaml, &[("AUTH_SECRET", secret)]);
+    assert_eq!(raw(&inv, live).await, 401, "another secret, another key");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join("auth_secret"))
+            .expect("secret")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bruteforce_limits_answer_429_with_retry_after() {
+    let yaml = "limits:\n  signin_failures_per_account: 3\n  signin_failures_per_ip: 5\n  registrations_per_ip: 4\n  window: 10m\n";
+    let (_dir, inv) = fresh(yaml);
+    let c = Client::new(&inv).await;
+    assert_eq!(
+        c.register("victim@example.org", "12345678").await.status,
+        201
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            c.sign_in("victim@example.org", "guess-guess").await.status,
+            401
+        );
+    }
+    let r = c.sign_in("victim@example.org", "12345678").await;
+    assert_eq!(r.status, 429, "account locked even with the right password");
+    let retry: u64 = r.headers[RETRY_AFTER]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=600).contains(&retry), "{retry}");
+    // per IP: two more failures on another account reach 5
+    for _ in 0..2 {
+        assert_eq!(
+            c.sign_in("other@example.org", "guess-guess").await.status,
+            401
+        );
+    }
+    assert_eq!(
+        c.sign_in("third@example.org", "guess-guess").await.status,
+        429
+    );
+    // registration attempts per IP (the first registration counted)
+    for i in 0..3 {
+        c.register(&format!("r{i}@example.org"), "12345678").await;
+    }
+    let r = c.register("r9@example.org", "12345678").await;
+    assert_eq!(r.status, 429);
+    assert!(r.headers.contains_key(RETRY_AFTER));
+}
+
+// ------------------------------------------------------------------ categories and locations
+
+#[tokio::test(flavor = "multi_thread")]
+async fn categories_and_locations() {
+    let (_dir, inv) = fresh("");
+    let (c, _) = Client::account(&inv, "cat@example.org").await;
+    let d = c.post("/api/categories", json!({"name": "Tools"})).await;
+    assert_eq!(d.status, 201);
+    assert_eq!(d.body["color"], "#6366f1");
+    assert_eq!(d.body["name"], "Tools");
+    let e = c
+        .post("/api/categories", json!({"name": "Paint", "color": "#F0a"}))
+        .await;
+    assert_eq!(e.body["color"], "#ff00aa");
+    for bad in ["red", "#12", "#1234567", "ff00aa"] {
+        let r = c
+            .post("/api/categories", json!({"name": "X", "color": bad}))
+            .await;
+        assert_eq!(r.status, 400, "{bad}");
+        assert_eq!(r.error(), "Invalid color format");
+    }
+    let r = c.post("/api/categories", json!({"name": "Tools"})).await;
+    assert_eq!(
+        (r.status.as_u16(), r.error()),
+        (400, "Category already exists")
+    );
+    let r = c.post("/api/categories", json!({"color": "#fff"})).await;
+    assert_eq!((r.status.as_u16(), r.error()), (400, "Name is required"));
+    let cat = id(&d.body);
+    let r = c
+        .put(
+            &format!("/api/categories/{cat}"),
+            json!({"name": "Paint", "color": "#000"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.error()),
+        (400, "Category already exists")
+    );
+    let r = c
+        .put(&format!("/api/categories/{cat}"), json!({"color": "#zzz"}))
+        .await;
+    assert_eq!(r.error(), "Invalid color format");
+    let r = c
+        .put(
+            &format!("/api/categories/{cat}"),
+            json!({"name": "Hand tools", "color": "#123"}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        (r.body["name"].as_str(), r.body["color"].as_str()),
+        (Some("Hand tools"), Some("#112233"))
+    );
+
+    let l = c
+        .post(
+            "/api/locations",
+            json!({"name": "Garage", "description": "left shelf"}),
+        )
+        .await;
+    assert_eq!(l.status, 201);
+    assert_eq!(l.body["description"], "left shelf");
+    let r = c.post("/api/locations", json!({"name": "Garage"})).await;
+    assert_eq!(
+        (r.status.as_u16(), r.error()),
+        (400, "Location already exists")
+    );
+    let loc = id(&l.body);
+    let r = c
+        .put(
+            &format!("/api/locations/{loc}"),
+            json!({"name": "Garage", "description": null}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["description"], Value::Null);
+
+    // _count.items, and deleting leaves items uncategorized / without location
+    let item = c
+        .post(
+            "/api/items",
+            json!({"name": "Hammer", "categoryId": cat, "locationId": loc}),
+        )
+        .await;
+    assert_eq!(item.status, 201, "{:?}", item.body);
+    let list = c.get("/api/categories").await.body;
+    let tools = list["categories"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|x| x["id"] == cat.as_str())
+        .expect("cat")
+        .clone();
+    assert_eq!(tools["_count"]["items"], 1);
+    let list = c.get("/api/locations").await.body;
+    assert_eq!(list["locations"][0]["_count"]["items"], 1);
+    assert_eq!(
+        c.delete(&format!("/api/categories/{cat}")).await.body,
+        json!({"success": true})
+    );
+    assert_eq!(
+        c.delete(&format!("/api/locations/{loc}")).await.body,
+        json!({"success": true})
+    );
+    let it = c.get(&format!("/api/items/{}", id(&item.body))).await.body;
+    assert_eq!(
+        (it["categoryId"].clone(), it["category"].clone()),
+        (Value::Null, Value::Null)
+    );
+    assert_eq!(
+        (it["locationId"].clone(), it["location"].clone()),
+        (Value::Null, Value::Null)
+    );
+    assert_eq!(
+        c.delete(&format!("/api/categories/{cat}")).await.status,
+        404
+    );
+}
+
+// ------------------------------------------------------------------ items
+
+#[tokio::test(flavor = "multi_thread")]
+async fn items_defaults_validation_and_updates() {
+    let (_dir, inv) = fresh("");
+    let (c, _) = Client::account(&inv, "items@example.org").await;
+    let r = c.post("/api/items", json!({"name": "Drill"})).await;
+    assert_eq!(r.status, 201);
+    let today = chrono_today();
+    assert_eq!(r.body["quantity"], 1);
+    assert_eq!(r.body["minQuantity"], 0);
+    assert_eq!(r.body["buyPrice"], 0.0);
+    assert_eq!(r.body["buyDate"], format!("{today}T00:00:00.000Z"));
+    assert_eq!(r.body["images"], json!([]));
+    for k in [
+        "description",
+        "manufacturer",
+        "barcode",
+        "categoryId",
+        "locationId",
+        "category",
+        "location",
+    ] {
+        assert_eq!(r.body[k], Value::Null, "{k}");
+    }
+    let drill = id(&r.body);
+    let cases = [
+        (json!({}), "Name is required"),
+        (json!({"name": "  "}), "Name is required"),
+        (
+            json!({"name": "x", "quantity": -1}),
+            "quantity must be a non-negative integer",
+        ),
+        (
+            json!({"name": "x", "quantity": 1.5}),
+            "quantity must be a non-negative integer",
+        ),
+        (
+            json!({"name": "x", "minQuantity": "a"}),
+            "minQuantity must be a non-negative integer",
+        ),
+        (
+            json!({"name": "x", "buyPrice": -3}),
+            "buyPrice must be a non-negative number",
+        ),
+        (
+            json!({"name": "x", "buyDate": "31/12/2024"}),
+            "buyDate must be an ISO date (YYYY-MM-DD)",
+        ),
+        (
+            json!({"name": "x", "categoryId": "nope"}),
+            "categoryId must be a UUID",
+        ),
+        (
+            json!({"name": "x", "categoryId": "5b0c6b4e-1d7e-4e8a-9a51-3c1b2f0b9d11"}),
+            "Category not found",
+        ),
+        (
+            json!({"name": "x", "locationId": "5b0c6b4e-1d7e-4e8a-9a51-3c1b2f0b9d11"}),
+            "Location not found",
+        ),
+    ];
+    for (body, message) in cases {
+        let r = c.post("/api/items", body).await;
+        assert_eq!((r.status.as_u16(), r.error()), (400, message));
+    }
+    let r = c
+        .post("/api/items", json!({"name": "Saw", "barcode": "4006381333931", "buyDate": "2024-02-29", "buyPrice": 12.5, "quantity": 4, "minQuantity": 2, "manufacturer": "Bahco"}))
+        .await;
+    assert_eq!(r.status, 201);
+    assert_eq!(r.body["buyDate"], "2024-02-29T00:00:00.000Z");
+    assert_eq!(r.body["buyPrice"], 12.5);
+    let dup = c
+        .post(
+            "/api/items",
+            json!({"name": "Other", "barcode": "4006381333931"}),
+        )
+        .await;
+    assert_eq!(
+        (dup.status.as_u16(), dup.error()),
+        (409, "Item with this barcode already exists")
+    );
+    let r = c
+        .put(
+            &format!("/api/items/{drill}"),
+            json!({"barcode": "4006381333931"}),
+        )
+        .await;
+    assert_eq!(r.status, 409);
+    // PUT changes only what it names; null clears
+    let r = c
+        .put(
+            &format!("/api/items/{drill}"),
+            json!({"description": "cordless", "quantity": 0}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        (
+            r.body["name"].as_str(),
+            r.body["description"].as_str(),
+            r.body["quantity"].as_i64()
+        ),
+        (Some("Drill"), Some("cordless"), Some(0))
+    );
+    assert!(r.body["updatedAt"].as_str() >= r.body["createdAt"].as_str());
+    let r = c
+        .put(&format!("/api/items/{drill}"), json!({"description": null}))
+        .await;
+    assert_eq!(r.body["description"], Value::Null);
+    let r = c
+        .put(&format!("/api/items/{drill}"), json!({"name": ""}))
+        .await;
+    assert_eq!(r.error(), "Name is required");
+    assert_eq!(
+        c.delete(&format!("/api/items/{drill}")).await.body,
+        json!({"success": true})
+    );
+    assert_eq!(c.get(&format!("/api/items/{drill}")).await.status, 404);
+    assert_eq!(c.delete(&format!("/api/items/{drill}")).await.status, 404);
+}
+
+fn chrono_today() -> String {
+    // Avoids a chrono dev-dependency: `date -u +%F`.
+    let out = Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .expect("date");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_search_filters_sorting_and_pagination() {
+    let (_dir, inv) = fresh("");
+    let (c, _) = Client::account(&inv, "list@example.org").await;
+    let cat = id(&c
+        .post("/api/categories", json!({"name": "Electronics"}))
+        .await
+        .body);
+    let loc = id(&c
+        .post("/api/locations", json!({"name": "Attic"}))
+        .await
+        .body);
+    for i in 0..25 {
+        let mut body =
+            json!({"name": format!("Widget {i:02}"), "quantity": i % 5, "minQuantity": 2});
+        if i % 3 == 0 {
+            body["categoryId"] = json!(cat);
+        }
+        if i % 4 == 0 {
+            body["locationId"] = json!(loc);
+        }
+        assert_eq!(c.post("/api/items", body).await.status, 201);
+    }
+    c.post(
+        "/api/items",
+        json!({"name": "Multimeter", "description": "Measures VOLTAGE", "quantity": 9}),
+    )
+    .await;
+    c.post(
+        "/api/items",
+        json!({"name": "Scope", "manufacturer": "Rigol", "quantity": 9}),
+    )
+    .await;
+    c.post(
+        "/api/items",
+        json!({"name": "Cable", "barcode": "ABC-123_x", "quantity": 9}),
+    )
+    .await;
+    c.post("/api/items", json!({"name": "100% cotton", "quantity": 9}))
+        .await;
+
+    let r = c.get("/api/items").await.body;
+    assert_eq!(
+        r["pagination"],
+        json!({"page": 1, "limit": 20, "total": 29, "totalPages": 2})
+    );
+    assert_eq!(r["items"].as_array().map(Vec::len), Some(20));
+    assert_eq!(
+        r["items"][0]["name"], "100% cotton",
+        "newest first by default"
+    );
+    let r = c.get("/api/items?page=2").await.body;
+    assert_eq!(r["items"].as_array().map(Vec::len), Some(9));
+    let r = c.get("/api/items?page=9").await.body;
+    assert_eq!(r["items"], json!([]));
+    assert_eq!(r["pagination"]["total"], 29);
+
+    let names = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|i| i["name"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for (q, want) in [
+        ("voltage", "Multimeter"),
+        ("rigol", "Scope"),
+        ("abc-123_", "Cable"),
+        ("100%", "100% cotton"),
+    ] {
+        let r = c
+            .get(&format!("/api/items?search={}", urlencode(q)))
+            .await
+            .body;
+        assert_eq!(names(&r), [want], "search {q}");
+    }
+    let r = c.get("/api/items?search=_").await.body;
+    assert_eq!(names(&r), ["Cable"], "LIKE wildcards are literal");
+    let r = c.get("/api/items?search=widget&limit=100").await.body;
+    assert_eq!(r["pagination"]["total"], 25);
+
+    let r = c
+        .get(&format!("/api/items?categoryId={cat}&limit=100"))
+        .await
+        .body;
+    assert_eq!(r["pagination"]["total"], 9);
+    assert!(r["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .all(|i| i["category"]["name"] == "Electronics"));
+    let r = c
+        .get(&format!(
+            "/api/items?locationId={loc}&categoryId={cat}&limit=100"
+        ))
+        .await
+        .body;
+    assert_eq!(r["pagination"]["total"], 3); // 0, 12, 24
+                                             // lowStock: quantity <= minQuantity (2): i % 5 in {0, 1, 2} → 15 widgets
+    let r = c.get("/api/items?lowStock=true&limit=100").await.body;
+    assert_eq!(r["pagination"]["total"], 15);
+    assert!(r["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .all(|i| i["quantity"].as_i64() <= i["minQuantity"].as_i64()));
+
+    let r = c
+        .get("/api/items?sortBy=name&sortOrder=asc&limit=3")
+        .await
+        .body;
+    assert_eq!(names(&r), ["100% cotton", "Cable", "Multimeter"]);
+    assert_eq!(r["pagination"]["totalPages"], 10);
+    let r = c
+        .get("/api/items?sortBy=quantity&sortOrder=desc&limit=1&search=widget")
+        .await
+        .body;
+    assert_eq!(r["items"][0]["quantity"], 4);
+    for bad in [
+        "sortBy=password_hash",
+        "sortBy=name;drop",
+        "sortOrder=sideways",
+        "limit=0",
+        "limit=101",
+        "page=0",
+        "page=abc",
+        "lowStock=perhaps",
+    ] {
+        let r = c.get(&format!("/api/items?{bad}")).await;
+        assert_eq!(r.status, 400, "{bad}");
+    }
+    assert!(c
+        .get("/api/items?sortBy=bogus")
+        .await
+        .error()
+        .starts_with("sortBy must be one of createdAt"));
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------ isolation
+
+/// User B probes every route with user A's ids: always 404 (as for an absent id), never 403,
+/// and nothing of A's changes. The ADMIN (A, first user) sees and edits B's data.
+#[tokio::test(flavor = "multi_thread")]
+async fn users_are_isolated_and_admin_sees_all() {
+    let (_dir, inv) = fresh("");
+    let (a, a_user) = Client::account(&inv, "alice@example.org").await;
+    assert_eq!(a_user["role"], "ADMIN");
+    let (b, b_user) = Client::account(&inv, "bob@example.org").await;
+    assert_eq!(b_user["role"], "USER");
+    let a_cat = id(&a
+        .post("/api/categories", json!({"name": "Tools"}))
+        .await
+        .body);
+    let a_loc = id(&a.post("/api/locations", json!({"name": "Shed"})).await.body);
+    let a_item = id(&a.post("/api/items", json!({"name": "Secret saw", "barcode": "111", "categoryId": a_cat, "locationId": a_loc})).await.body);
+
+    // same names and barcode are fine for another user (uniqueness is per user)
+    assert_eq!(
+        b.post("/api/categories", json!({"name": "Tools"}))
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        b.post("/api/locations", json!({"name": "Shed"}))
+            .await
+            .status,
+        201
+    );
+    let b_item = b
+        .post(
+            "/api/items",
+            json!({"name": "Bob's hammer", "barcode": "111"}),
+        )
+        .await;
+    assert_eq!(b_item.status, 201);
+    let b_item = id(&b_item.body);
+
+    let probes = [
+        (Method::GET, format!("/api/items/{a_item}"), None),
+        (
+            Method::PUT,
+            format!("/api/items/{a_item}"),
+            Some(json!({"name": "mine"})),
+        ),
+        (Method::DELETE, format!("/api/items/{a_item}"), None),
+        (
+            Method::PUT,
+            format!("/api/categories/{a_cat}"),
+            Some(json!({"name": "mine", "color": "#fff"})),
+        ),
+        (Method::DELETE, format!("/api/categories/{a_cat}"), None),
+        (
+            Method::PUT,
+            format!("/api/locations/{a_loc}"),
+            Some(json!({"name": "mine"})),
+        ),
+        (Method::DELETE, format!("/api/locations/{a_loc}"), None),
+    ];
+    for (m, path, body) in probes {
+        let r = b.call(m.clone(), &path, body, true).await;
+        assert_eq!(r.status, 404, "{m} {path}: {:?}", r.body);
+    }
+    // references to A's category/location are refused like unknown ones
+    let r = b
+        .post("/api/items", json!({"name": "x", "categoryId": a_cat}))
+        .await;
+    assert_eq!((r.status.as_u16(), r.error()), (400, "Category not found"));
+    let r = b
+        .put(
+            &format!("/api/items/{b_item}"),
+            json!({"locationId": a_loc}),
+        )
+        .await;
+    assert_eq!((r.status.as_u16(), r.error()), (400, "Location not found"));
+    // B's lists hold only B's rows; filters by A's ids find nothing
+    let r = b.get("/api/items").await.body;
+    assert_eq!(r["pagination"]["total"], 1);
+    let r = b.get(&format!("/api/items?categoryId={a_cat}")).await.body;
+    assert_eq!(r["pagination"]["total"], 0);
+    assert_eq!(
+        b.get("/api/categories").await.body["categories"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(
+        b.get("/api/locations").await.body["locations"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    // nothing of A's changed
+    let it = a.get(&format!("/api/items/{a_item}")).await;
+    assert_eq!(
+        (it.status.as_u16(), it.body["name"].as_str()),
+        (200, Some("Secret saw"))
+    );
+    assert_eq!(it.body["category"]["name"], "Tools");
+
+    // the admin sees and edits everyone's rows
+    assert_eq!(a.get("/api/items").await.body["pagination"]["total"], 2);
+    assert_eq!(
+        a.get("/api/categories").await.body["categories"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    let r = a.get(&format!("/api/items/{b_item}")).await;
+    assert_eq!(
+        (r.status.as_u16(), r.body["userId"].clone()),
+        (200, b_user["id"].clone())
+    );
+    let r = a
+        .put(&format!("/api/items/{b_item}"), json!({"quantity": 7}))
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.body["quantity"].as_i64()),
+        (200, Some(7))
+    );
+    // …but cannot attach their own category to B's item (categories belong to the item's owner)
+    let r = a
+        .put(
+            &format!("/api/items/{b_item}"),
+            json!({"categoryId": a_cat}),
+        )
+        .await;
+    assert_eq!(r.error(), "Category not found");
+    assert_eq!(a.delete(&format!("/api/items/{b_item}")).await.status, 200);
+    assert_eq!(b.get("/api/items").await.body["pagination"]["total"], 0);
+}
