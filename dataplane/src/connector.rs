@@ -132,6 +132,20 @@ pub async fn race_connect(
     deadline: Instant,
     target: &str,
 ) -> Result<TcpStream, DataplaneError> {
+    // One address (an IP literal, or a name with one record): nothing to race.
+    if let [addr] = addrs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(DataplaneError::ConnectTimeout {
+                target: target.to_owned(),
+            });
+        }
+        let stream = attempt(*addr, left)
+            .await
+            .map_err(|e| classify(target, e))?;
+        let _ = stream.set_nodelay(true);
+        return Ok(stream);
+    }
     let mut attempts = FuturesUnordered::new();
     let mut next = 0;
     let mut last_error = None;

@@ -296,17 +296,19 @@ impl Snapshot {
     /// The route for `host` (no port) and the backend chosen by its load-balancing policy.
     pub fn select(&self, host: &str) -> Option<(&RouteTarget, &Arc<Backend>)> {
         let route = self.routes.lookup(host)?;
-        let usable: Vec<usize> = route
-            .backends
-            .iter()
-            .copied()
-            .filter(|&i| self.backends.get(i).is_some_and(|b| b.enabled))
-            .collect();
-        let chosen = match (usable.len(), route.load_balance) {
+        let usable = |i: &usize| self.backends.get(*i).is_some_and(|b| b.enabled);
+        // The common case, one backend, needs no counting or allocation.
+        if let [only] = route.backends.as_slice() {
+            return usable(only).then(|| (route, &self.backends[*only]));
+        }
+        let candidates: Vec<usize> = route.backends.iter().copied().filter(usable).collect();
+        let chosen = match (candidates.len(), route.load_balance) {
             (0, _) => return None,
-            (1, _) => usable[0],
-            (n, LoadBalance::RoundRobin) => usable[route.next.fetch_add(1, Ordering::Relaxed) % n],
-            (_, LoadBalance::LeastConn) => *usable
+            (1, _) => candidates[0],
+            (n, LoadBalance::RoundRobin) => {
+                candidates[route.next.fetch_add(1, Ordering::Relaxed) % n]
+            }
+            (_, LoadBalance::LeastConn) => *candidates
                 .iter()
                 .min_by_key(|&&i| self.backends[i].counters.totals().active_connections)?,
         };
