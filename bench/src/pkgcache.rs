@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::json;
 
 use crate::peers::deb_version;
@@ -167,35 +167,6 @@ fn check_get(url: &str, len: u64) -> Result<()> {
     Ok(())
 }
 
-#[derive(Deserialize)]
-struct Raw {
-    requests: u64,
-    bytes: u64,
-    duration_us: f64,
-    err_connect: u64,
-    err_read: u64,
-    err_write: u64,
-    err_status: u64,
-    err_timeout: u64,
-    p50_us: f64,
-    p90_us: f64,
-    p99_us: f64,
-    mean_us: f64,
-    max_us: f64,
-}
-
-const DONE_LUA: &str = r#"
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    "WRKJSON {\"requests\":%d,\"bytes\":%d,\"duration_us\":%d,\"err_connect\":%d,\"err_read\":%d," ..
-    "\"err_write\":%d,\"err_status\":%d,\"err_timeout\":%d,\"p50_us\":%d,\"p90_us\":%d,\"p99_us\":%d," ..
-    "\"mean_us\":%f,\"max_us\":%d}\n",
-    summary.requests, summary.bytes, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean, latency.max))
-end
-"#;
-
 /// Lua for uploads of `len` bytes to fresh keys under `prefix`.
 fn put_lua(prefix: &str, len: u64) -> String {
     format!(
@@ -225,7 +196,7 @@ fn run_wrk(
     body_len: Option<u64>,
 ) -> Result<HttpFigures> {
     let path = dir.join(format!("{name}.lua"));
-    fs::write(&path, format!("{script}\n{DONE_LUA}"))?;
+    fs::write(&path, format!("{script}\n{}", crate::wrk::DONE_LUA))?;
     let out = Command::new("wrk")
         .arg("-t2")
         .arg(format!("-c{}", connections.max(2)))
@@ -236,43 +207,8 @@ fn run_wrk(
         .output()
         .context("run wrk")?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("WRKJSON "))
-        .with_context(|| {
-            format!(
-                "wrk printed no summary: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )
-        })?;
-    let r: Raw = serde_json::from_str(line).context("parse wrk summary")?;
-    let secs = (r.duration_us / 1e6).max(1e-9);
-    let bytes = match body_len {
-        Some(len) => r.requests * len,
-        None => r.bytes,
-    };
-    Ok(HttpFigures {
-        requests: r.requests,
-        bytes,
-        duration_s: secs,
-        requests_per_sec: r.requests as f64 / secs,
-        transfer_mib_per_sec: bytes as f64 / secs / (1024.0 * 1024.0),
-        p50_ms: r.p50_us / 1e3,
-        p90_ms: r.p90_us / 1e3,
-        p99_ms: r.p99_us / 1e3,
-        mean_ms: r.mean_us / 1e3,
-        max_ms: r.max_us / 1e3,
-        errors_connect: r.err_connect,
-        errors_read: r.err_read,
-        errors_write: r.err_write,
-        errors_timeout: r.err_timeout,
-        non_2xx: r.err_status,
-        bytes_per_response: if r.requests == 0 {
-            0.0
-        } else {
-            bytes as f64 / r.requests as f64
-        },
-    })
+    crate::wrk::parse_summary(&stdout, body_len)
+        .with_context(|| format!("wrk: {}", String::from_utf8_lossy(&out.stderr).trim()))
 }
 
 /// `n` concurrent `curl -T file` uploads to `urls`; figures over the wall time of all of them.

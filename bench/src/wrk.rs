@@ -57,7 +57,8 @@ struct Raw {
     max_us: f64,
 }
 
-const DONE_LUA: &str = r#"
+/// A wrk `done` hook printing the summary as one `WRKJSON {...}` line.
+pub(crate) const DONE_LUA: &str = r#"
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
@@ -116,18 +117,28 @@ pub fn run_wrk(
 
 /// Figures from the `WRKJSON` line our Lua `done` hook prints.
 fn parse(stdout: &str) -> Result<HttpFigures> {
+    parse_summary(stdout, None)
+}
+
+/// Like [`parse`]; with `body_len` the bytes are the requests' uploads (`requests × body_len`)
+/// instead of the responses.
+pub(crate) fn parse_summary(stdout: &str, body_len: Option<u64>) -> Result<HttpFigures> {
     let json = stdout
         .lines()
         .find_map(|l| l.strip_prefix("WRKJSON "))
         .context("wrk printed no summary")?;
     let r: Raw = serde_json::from_str(json).context("parse wrk summary")?;
     let secs = (r.duration_us / 1e6).max(1e-9);
+    let bytes = match body_len {
+        Some(len) => r.requests * len,
+        None => r.bytes,
+    };
     Ok(HttpFigures {
         requests: r.requests,
-        bytes: r.bytes,
+        bytes,
         duration_s: secs,
         requests_per_sec: r.requests as f64 / secs,
-        transfer_mib_per_sec: r.bytes as f64 / secs / (1024.0 * 1024.0),
+        transfer_mib_per_sec: bytes as f64 / secs / (1024.0 * 1024.0),
         p50_ms: r.p50_us / 1e3,
         p90_ms: r.p90_us / 1e3,
         p99_ms: r.p99_us / 1e3,
@@ -141,7 +152,7 @@ fn parse(stdout: &str) -> Result<HttpFigures> {
         bytes_per_response: if r.requests == 0 {
             0.0
         } else {
-            r.bytes as f64 / r.requests as f64
+            bytes as f64 / r.requests as f64
         },
     })
 }
