@@ -1124,3 +1124,174 @@ async fn users_are_isolated_and_admin_sees_all() {
     assert_eq!(a.delete(&format!("/api/items/{b_item}")).await.status, 200);
     assert_eq!(b.get("/api/items").await.body["pagination"]["total"], 0);
 }
+
+// ------------------------------------------------------------------ images
+
+const PNG: &[u8] =
+    b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89";
+const JPEG: &[u8] = &[0xff, 0xd8, 0xff, 0xe0, 0, 0x10, b'J', b'F', b'I', b'F', 0];
+
+impl Client {
+    async fn upload(&self, item: &str, part_name: &str, bytes: Vec<u8>, declared: &str) -> Reply {
+        let file = reqwest::multipart::Part::bytes(bytes)
+            .file_name("photo.png")
+            .mime_str(declared)
+            .expect("mime");
+        let form = reqwest::multipart::Form::new().part(part_name.to_string(), file);
+        let resp = self
+            .http
+            .post(format!("{}/api/items/{item}/images", self.base))
+            .header("x-csrf-token", &self.csrf)
+            .multipart(form)
+            .send()
+            .await
+            .expect("send");
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.expect("body");
+        Reply {
+            status,
+            headers,
+            body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        }
+    }
+
+    async fn bytes(&self, path: &str) -> (StatusCode, String, Vec<u8>) {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("send");
+        let status = resp.status();
+        let ct = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        (status, ct, resp.bytes().await.expect("bytes").to_vec())
+    }
+}
+
+fn image_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("images"))
+        .map(|d| d.filter_map(Result::ok).count())
+        .unwrap_or(0)
+}
+
+/// Upload (type from the bytes, size limit), list, serve, delete; deleting the item deletes its
+/// images; another user gets 404 everywhere.
+#[tokio::test(flavor = "multi_thread")]
+async fn images_upload_list_serve_delete() {
+    let (dir, inv) = fresh("limits:\n  max_image_size: 4KiB\n");
+    let (a, _) = Client::account(&inv, "img@example.org").await;
+    let (b, _) = Client::account(&inv, "other@example.org").await;
+    let item = id(&a.post("/api/items", json!({"name": "Camera"})).await.body);
+
+    let png = a
+        .upload(&item, "file", PNG.to_vec(), "application/octet-stream")
+        .await;
+    assert_eq!(png.status, 201, "{:?}", png.body);
+    assert_eq!(png.body["contentType"], "image/png", "type from the bytes");
+    assert_eq!(png.body["size"], PNG.len());
+    assert_eq!(png.body["filename"], "photo.png");
+    let jpeg = a.upload(&item, "file", JPEG.to_vec(), "image/png").await;
+    assert_eq!(jpeg.body["contentType"], "image/jpeg");
+    let webp = a
+        .upload(
+            &item,
+            "file",
+            b"RIFF\x10\0\0\0WEBPVP8 ".to_vec(),
+            "image/webp",
+        )
+        .await;
+    assert_eq!(webp.body["contentType"], "image/webp");
+
+    let fake = a
+        .upload(
+            &item,
+            "file",
+            b"<svg onload=alert(1)>".to_vec(),
+            "image/png",
+        )
+        .await;
+    assert_eq!(
+        (fake.status.as_u16(), fake.error()),
+        (400, "Unsupported image type (PNG, JPEG, WebP or GIF)")
+    );
+    let mut big = PNG.to_vec();
+    big.resize(4 * 1024 + 1, 0);
+    let r = a.upload(&item, "file", big, "image/png").await;
+    assert_eq!(r.status, 413);
+    let r = a.upload(&item, "photo", PNG.to_vec(), "image/png").await;
+    assert_eq!(
+        (r.status.as_u16(), r.error()),
+        (400, "No file uploaded (part named file)")
+    );
+    let r = a
+        .post(&format!("/api/items/{item}/images"), json!({"file": "x"}))
+        .await;
+    assert_eq!(r.status, 400);
+
+    let list = a.get(&format!("/api/items/{item}/images")).await.body;
+    assert_eq!(list["images"].as_array().map(Vec::len), Some(3));
+    let it = a.get(&format!("/api/items/{item}")).await.body;
+    assert_eq!(it["images"].as_array().map(Vec::len), Some(3));
+    let listed = a.get("/api/items").await.body;
+    assert_eq!(
+        listed["items"][0]["images"].as_array().map(Vec::len),
+        Some(3)
+    );
+
+    let url = png.body["url"].as_str().expect("url").to_string();
+    let (status, ct, bytes) = a.bytes(&url).await;
+    assert_eq!(
+        (status.as_u16(), ct.as_str(), bytes.as_slice()),
+        (200, "image/png", PNG)
+    );
+
+    // another user: 404 on every image route
+    assert_eq!(
+        b.get(&format!("/api/items/{item}/images")).await.status,
+        404
+    );
+    assert_eq!(
+        b.upload(&item, "file", PNG.to_vec(), "image/png")
+            .await
+            .status,
+        404
+    );
+    assert_eq!(b.bytes(&url).await.0, 404);
+    let png_id = id(&png.body);
+    let r = b
+        .delete(&format!("/api/items/{item}/images?imageId={png_id}"))
+        .await;
+    assert_eq!(r.status, 404);
+
+    let r = a.delete(&format!("/api/items/{item}/images")).await;
+    assert_eq!((r.status.as_u16(), r.error()), (400, "imageId is required"));
+    let r = a
+        .delete(&format!("/api/items/{item}/images?imageId={png_id}"))
+        .await;
+    assert_eq!(r.body, json!({"success": true}));
+    assert_eq!(a.bytes(&url).await.0, 404);
+    assert_eq!(
+        a.delete(&format!("/api/items/{item}/images?imageId={png_id}"))
+            .await
+            .status,
+        404
+    );
+    assert_eq!(image_files(dir.path()), 2);
+
+    assert_eq!(a.delete(&format!("/api/items/{item}")).await.status, 200);
+    assert_eq!(
+        image_files(dir.path()),
+        0,
+        "item deletion removes its image files"
+    );
+    assert_eq!(
+        a.bytes(&format!("/api/images/{}", id(&jpeg.body))).await.0,
+        404
+    );
+}

@@ -25,6 +25,8 @@ use crate::session::{self, Claims, Keys, CSRF_COOKIE, SESSION_COOKIE};
 /// Shared state of the service.
 pub struct AppState {
     pub pool: AnyPool,
+    /// Data directory (images live in `images/` under it).
+    pub data_dir: std::path::PathBuf,
     pub keys: Keys,
     pub cfg: InventoryConfig,
     pub limiter: Mutex<Limiter>,
@@ -171,13 +173,24 @@ async fn require_session(State(st): State<Shared>, mut req: Request, next: Next)
 
 /// The whole router.
 pub fn router(state: Shared) -> Router {
-    use crate::{auth, resources as r};
+    use crate::{auth, images, resources as r};
+    // multipart framing on top of the largest image
+    let upload_limit = usize::try_from(state.cfg.limits.max_image_size.0.saturating_add(64 * 1024))
+        .unwrap_or(usize::MAX);
     let data = Router::new()
         .route("/api/items", get(r::list_items).post(r::create_item))
         .route(
             "/api/items/{id}",
             get(r::get_item).put(r::update_item).delete(r::delete_item),
         )
+        .route(
+            "/api/items/{id}/images",
+            get(images::list)
+                .post(images::upload)
+                .layer(axum::extract::DefaultBodyLimit::max(upload_limit))
+                .delete(images::delete),
+        )
+        .route("/api/images/{id}", get(images::serve))
         .route(
             "/api/categories",
             get(r::list_categories).post(r::create_category),

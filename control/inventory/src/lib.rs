@@ -8,7 +8,9 @@
 //! default or PostgreSQL by URL, through one portable query set ([`db`]). Validation and query
 //! building are runtime-free ([`validate`]).
 //!
-//! Not here yet: item images, export/import, the web UI (see the README's inventory section).
+//! Item images ([`images`]) are sniffed, size-limited and stored under the data directory.
+//!
+//! Not here yet: export/import, S3 image storage, the web UI (see the README's inventory section).
 //! It shares nothing with the data plane: its own router and runtime, started by
 //! `switchyard inventory`.
 //!
@@ -20,6 +22,7 @@ pub mod auth;
 pub mod db;
 pub mod error;
 pub mod http;
+pub mod images;
 pub mod limiter;
 pub mod resources;
 pub mod session;
@@ -207,8 +210,10 @@ async fn serve(cfg: InventoryConfig) -> anyhow::Result<()> {
         idle_timeout = ?cfg.session.idle_timeout.0,
         "inventory listening on http://{local}"
     );
+    clean_image_dir(&images::dir(&data_dir))?;
     let state = Arc::new(http::AppState {
         pool,
+        data_dir,
         keys,
         cfg,
         limiter: parking_lot::Mutex::new(limiter::Limiter::default()),
@@ -223,6 +228,24 @@ async fn serve(cfg: InventoryConfig) -> anyhow::Result<()> {
     .context("serving")?;
     state.pool.close().await;
     tracing::info!("inventory stopped");
+    Ok(())
+}
+
+/// Create `DATA_DIR/images` and drop temporary files a crash may have left there.
+fn clean_image_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let temporary = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with('.') && n.ends_with(".tmp"));
+        if temporary {
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(path = %path.display(), "cannot remove a leftover upload: {e}");
+            }
+        }
+    }
     Ok(())
 }
 

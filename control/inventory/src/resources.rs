@@ -15,6 +15,7 @@ use crate::auth::body_or_error;
 use crate::db::{self, is_unique_violation, new_id, now_iso, owner_of, User};
 use crate::error::ApiError;
 use crate::http::{parse_body, CurrentUser, Shared};
+use crate::images;
 use crate::validate::{self, Bind};
 
 type Res = Result<Response, ApiError>;
@@ -370,7 +371,36 @@ async fn item_by_id(st: &Shared, id: &str) -> Result<Value, ApiError> {
         .fetch_optional(&st.pool)
         .await?
         .ok_or(ApiError::NotFound("Item"))?;
-    Ok(item_json(&row)?)
+    let mut items = vec![item_json(&row)?];
+    attach_images(st, &mut items).await?;
+    Ok(items.pop().unwrap_or(Value::Null))
+}
+
+/// Fill `images` of each item JSON with one query.
+async fn attach_images(st: &Shared, items: &mut [Value]) -> Result<(), ApiError> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let placeholders: Vec<String> = (1..=items.len()).map(|n| format!("${n}")).collect();
+    let sql = format!(
+        "SELECT {} FROM images WHERE item_id IN ({}) ORDER BY created_at, id",
+        images::IMAGE_COLS,
+        placeholders.join(", ")
+    );
+    let mut q = sqlx::query(&sql);
+    for it in items.iter() {
+        q = q.bind(it["id"].as_str().unwrap_or("").to_string());
+    }
+    let rows = q.fetch_all(&st.pool).await?;
+    for row in &rows {
+        let img = images::image_json(row)?;
+        if let Some(it) = items.iter_mut().find(|it| it["id"] == img["itemId"]) {
+            if let Some(list) = it["images"].as_array_mut() {
+                list.push(img);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A category/location reference must name a row of the item's owner.
@@ -433,7 +463,8 @@ pub async fn list_items(
     }
     let total: i64 = count.fetch_one(&st.pool).await?.try_get("n")?;
     let rows = page.fetch_all(&st.pool).await?;
-    let items = rows.iter().map(item_json).collect::<Result<Vec<_>, _>>()?;
+    let mut items = rows.iter().map(item_json).collect::<Result<Vec<_>, _>>()?;
+    attach_images(&st, &mut items).await?;
     let total_pages = (total + q.limit - 1) / q.limit;
     Ok(Json(json!({
         "items": items,
@@ -571,9 +602,25 @@ pub async fn delete_item(
     Path(id): Path<String>,
 ) -> Res {
     owned(&st, &user, "items", &id, "Item").await?;
+    let mut tx = st.pool.begin().await?;
+    let rows = sqlx::query("SELECT id FROM images WHERE item_id = $1")
+        .bind(&id)
+        .fetch_all(&mut *tx)
+        .await?;
+    let image_ids = rows
+        .iter()
+        .map(|r| r.try_get::<String, _>("id"))
+        .collect::<Result<Vec<_>, _>>()?;
+    sqlx::query("DELETE FROM images WHERE item_id = $1")
+        .bind(&id)
+        .execute(&mut *tx)
+        .await?;
     sqlx::query("DELETE FROM items WHERE id = $1")
         .bind(&id)
-        .execute(&st.pool)
+        .execute(&mut *tx)
         .await?;
+    tx.commit().await?;
+    // Files go after the commit: a failed delete leaves both rows and files intact.
+    images::remove_files(&st, &image_ids).await;
     Ok(success())
 }
