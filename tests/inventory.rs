@@ -52,6 +52,9 @@ fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Inventory {
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if let Some(url) = postgres_database(dir) {
+        cmd.env("DATABASE_URL", url);
+    }
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -88,6 +91,45 @@ fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Inventory {
         addr: addr.parse().expect("listen address"),
         logs,
     }
+}
+
+/// With `INVENTORY_TEST_POSTGRES=postgres://USER@HOST:PORT` the whole suite runs against
+/// PostgreSQL: each data directory gets its own new database (kept across restarts of one
+/// test), created with psql. Without it the service uses SQLite in the data directory.
+fn postgres_database(dir: &Path) -> Option<String> {
+    let base = std::env::var("INVENTORY_TEST_POSTGRES")
+        .ok()
+        .filter(|s| !s.is_empty())?;
+    let base = base.trim_end_matches('/').to_string();
+    let marker = dir.join("postgres-database");
+    let name = match std::fs::read_to_string(&marker) {
+        Ok(n) => n,
+        Err(_) => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let name = format!("inventory_test_{}_{nanos}", std::process::id());
+            let out = Command::new("psql")
+                .arg(format!("{base}/postgres"))
+                .args([
+                    "-v",
+                    "ON_ERROR_STOP=1",
+                    "-qc",
+                    &format!("CREATE DATABASE {name}"),
+                ])
+                .output()
+                .expect("run psql");
+            assert!(
+                out.status.success(),
+                "createdb: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::write(&marker, &name).expect("write marker");
+            name
+        }
+    };
+    Some(format!("{base}/{name}"))
 }
 
 fn fresh(yaml: &str) -> (tempfile::TempDir, Inventory) {
