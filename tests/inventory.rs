@@ -1337,3 +1337,176 @@ async fn images_upload_list_serve_delete() {
         404
     );
 }
+
+// ------------------------------------------------------------------ export / import
+
+/// JSON and CSV export; re-importing an export changes nothing; importing into another account
+/// copies it; a file with one bad row, or one that fails inside the transaction, changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn export_import_round_trip_idempotence_and_rollback() {
+    let (_dir, inv) = fresh("");
+    Client::account(&inv, "root@example.org").await; // the ADMIN; the rest are USERs
+    let (a, _) = Client::account(&inv, "exp@example.org").await;
+    let cat = id(&a
+        .post("/api/categories", json!({"name": "Tools", "color": "#0a0"}))
+        .await
+        .body);
+    let loc = id(&a
+        .post(
+            "/api/locations",
+            json!({"name": "Shed", "description": "back"}),
+        )
+        .await
+        .body);
+    a.post("/api/items", json!({"name": "Saw, \"big\"", "barcode": "B1", "categoryId": cat, "locationId": loc, "quantity": 3, "buyPrice": 9.5, "buyDate": "2024-01-02"})).await;
+    a.post(
+        "/api/items",
+        json!({"name": "Tape", "description": "two\nlines"}),
+    )
+    .await;
+
+    let export = a.get("/api/export").await;
+    assert_eq!(export.status, 200);
+    let doc = export.body.clone();
+    assert_eq!(
+        (doc["format"].as_str(), doc["version"].as_i64()),
+        (Some("switchyard-inventory"), Some(1))
+    );
+    assert_eq!(doc["items"].as_array().map(Vec::len), Some(2));
+    let before = a.get("/api/items?sortBy=name&sortOrder=asc").await.body;
+
+    let r = a.post("/api/import", doc.clone()).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.body["items"], json!({"created": 0, "updated": 0}));
+    assert_eq!(r.body["categories"], json!({"created": 0, "updated": 0}));
+    assert_eq!(
+        a.get("/api/items?sortBy=name&sortOrder=asc").await.body,
+        before,
+        "idempotent"
+    );
+
+    // CSV export, and its import into a fresh account; re-import changes nothing
+    let (status, ct, csv) = a.bytes("/api/export?format=csv").await;
+    assert_eq!(
+        (status.as_u16(), ct.as_str()),
+        (200, "text/csv; charset=utf-8")
+    );
+    let csv = String::from_utf8(csv).expect("utf-8");
+    assert!(csv.starts_with("id,name,description,manufacturer,barcode,buyPrice,buyDate,quantity,minQuantity,category,location,createdAt,updatedAt\r\n"));
+    assert!(csv.contains("\"Saw, \"\"big\"\"\""), "{csv}");
+    let (c, _) = Client::account(&inv, "csv@example.org").await;
+    let post_csv = |c: &Client, body: String| {
+        c.http
+            .post(format!("{}/api/import", c.base))
+            .header("x-csrf-token", &c.csrf)
+            .header(CONTENT_TYPE, "text/csv")
+            .body(body)
+            .send()
+    };
+    let r = post_csv(&c, csv.clone()).await.expect("send");
+    assert_eq!(r.status(), 200);
+    let items = c.get("/api/items?sortBy=name&sortOrder=asc").await.body;
+    assert_eq!(items["pagination"]["total"], 2);
+    assert_eq!(items["items"][0]["name"], "Saw, \"big\"");
+    assert_eq!(items["items"][0]["category"]["name"], "Tools");
+    assert_eq!(items["items"][0]["location"]["name"], "Shed");
+    assert_eq!(items["items"][0]["buyDate"], "2024-01-02T00:00:00.000Z");
+    assert_eq!(items["items"][1]["description"], "two\nlines");
+    // re-importing one's own CSV export changes nothing (rows matched by id)
+    let own_csv = String::from_utf8(c.bytes("/api/export?format=csv").await.2).expect("utf-8");
+    let again: Value = post_csv(&c, own_csv)
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(again["items"], json!({"created": 0, "updated": 0}));
+    assert_eq!(c.get("/api/items").await.body["pagination"]["total"], 2);
+    let again: Value = post_csv(&a, csv.clone())
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(again["items"], json!({"created": 0, "updated": 0}));
+    assert_eq!(
+        a.get("/api/items?sortBy=name&sortOrder=asc").await.body,
+        before
+    );
+
+    // JSON import into another account: copies (own ids for rows whose ids are taken)
+    let (b, _) = Client::account(&inv, "imp@example.org").await;
+    let r = b.post("/api/import", doc.clone()).await;
+    assert_eq!(r.body["items"], json!({"created": 2, "updated": 0}));
+    assert_eq!(b.get("/api/items").await.body["pagination"]["total"], 2);
+    assert_eq!(
+        a.get("/api/items").await.body["pagination"]["total"],
+        2,
+        "A untouched"
+    );
+
+    // a bad row: nothing is written, every problem named
+    let mut bad = doc.clone();
+    bad["categories"]
+        .as_array_mut()
+        .expect("array")
+        .push(json!({"name": "New"}));
+    bad["items"]
+        .as_array_mut()
+        .expect("array")
+        .push(json!({"name": "ok"}));
+    bad["items"]
+        .as_array_mut()
+        .expect("array")
+        .push(json!({"name": "x", "quantity": -1}));
+    let r = b.post("/api/import", bad).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.error(),
+        "items[3]: quantity must be a non-negative integer"
+    );
+    assert_eq!(b.get("/api/items").await.body["pagination"]["total"], 2);
+    assert_eq!(
+        b.get("/api/categories").await.body["categories"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    let r = post_csv(&b, "name,quantity\nfine,1\nbad,x\n".into())
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 400);
+    assert_eq!(b.get("/api/items").await.body["pagination"]["total"], 2);
+
+    // valid file, failing inside the transaction (barcode taken by an item not in the file):
+    // rolled back, including the category created earlier in the same import
+    a.post("/api/items", json!({"name": "Other", "barcode": "B2"}))
+        .await;
+    let mut clash = doc.clone();
+    clash["categories"]
+        .as_array_mut()
+        .expect("array")
+        .push(json!({"name": "Rollback"}));
+    let saw = clash["items"]
+        .as_array_mut()
+        .expect("array")
+        .iter_mut()
+        .find(|i| i["barcode"] == "B1")
+        .expect("saw");
+    saw["barcode"] = json!("B2");
+    let r = a.post("/api/import", clash).await;
+    assert_eq!(
+        (r.status.as_u16(), r.error()),
+        (409, "Item with this barcode already exists")
+    );
+    let cats = a.get("/api/categories").await.body;
+    assert!(cats["categories"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .all(|c| c["name"] != "Rollback"));
+    let r = a
+        .post("/api/import", json!({"format": "other", "version": 1}))
+        .await;
+    assert_eq!(r.status, 400);
+}

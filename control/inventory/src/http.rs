@@ -171,9 +171,12 @@ async fn require_session(State(st): State<Shared>, mut req: Request, next: Next)
     resp
 }
 
+/// Largest import body (a JSON export or CSV of ~100,000 items fits).
+pub const IMPORT_LIMIT: usize = 64 * 1024 * 1024;
+
 /// The whole router.
 pub fn router(state: Shared) -> Router {
-    use crate::{auth, images, resources as r};
+    use crate::{auth, images, resources as r, transfer};
     // multipart framing on top of the largest image
     let upload_limit = usize::try_from(state.cfg.limits.max_image_size.0.saturating_add(64 * 1024))
         .unwrap_or(usize::MAX);
@@ -191,6 +194,11 @@ pub fn router(state: Shared) -> Router {
                 .delete(images::delete),
         )
         .route("/api/images/{id}", get(images::serve))
+        .route("/api/export", get(transfer::export))
+        .route(
+            "/api/import",
+            post(transfer::import).layer(axum::extract::DefaultBodyLimit::max(IMPORT_LIMIT)),
+        )
         .route(
             "/api/categories",
             get(r::list_categories).post(r::create_category),

@@ -10,7 +10,9 @@
 //!
 //! Item images ([`images`]) are sniffed, size-limited and stored under the data directory.
 //!
-//! Not here yet: export/import, S3 image storage, the web UI (see the README's inventory section).
+//! Export/import of a user's data (JSON format version 1, CSV items) is [`transfer`].
+//!
+//! Not here yet: S3 image storage, the web UI (see the README's inventory section).
 //! It shares nothing with the data plane: its own router and runtime, started by
 //! `switchyard inventory`.
 //!
@@ -19,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod csv;
 pub mod db;
 pub mod error;
 pub mod http;
@@ -26,6 +29,7 @@ pub mod images;
 pub mod limiter;
 pub mod resources;
 pub mod session;
+pub mod transfer;
 pub mod validate;
 
 use std::io::Write as _;
