@@ -1510,3 +1510,185 @@ async fn export_import_round_trip_idempotence_and_rollback() {
         .await;
     assert_eq!(r.status, 400);
 }
+
+// ------------------------------------------------------------------ PostgreSQL
+
+/// A throwaway PostgreSQL cluster (Debian's server binaries) on a free port in a temp dir,
+/// stopped on drop. As root the server runs as the `postgres` user (it refuses root).
+struct Postgres {
+    bin: std::path::PathBuf,
+    dir: tempfile::TempDir,
+    as_postgres: bool,
+    url: String,
+}
+
+impl Postgres {
+    fn cmd(&self, prog: &str) -> Command {
+        let exe = self.bin.join(prog);
+        if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(exe);
+            c
+        } else {
+            Command::new(exe)
+        }
+    }
+
+    /// `None` (with the reason printed) when no PostgreSQL server is installed.
+    fn start() -> Option<Postgres> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(Result::ok)
+            .map(|e| e.path().join("bin"))
+            .filter(|b| b.join("initdb").exists())
+            .max();
+        let Some(bin) = bin else {
+            eprintln!("SKIP: no PostgreSQL server (apt install postgresql)");
+            return None;
+        };
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        let dir = tempfile::tempdir().expect("tempdir");
+        if root {
+            let ok = Command::new("chown")
+                .arg("postgres")
+                .arg(dir.path())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "chown the cluster directory to postgres");
+        }
+        let port = support::free_port();
+        let mut pg = Postgres {
+            bin,
+            dir,
+            as_postgres: root,
+            url: format!("postgres://postgres@127.0.0.1:{port}"),
+        };
+        let data = pg.dir.path().join("data");
+        let out = pg
+            .cmd("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "--no-sync"])
+            .output()
+            .expect("initdb");
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            pg.dir.path().display()
+        );
+        let out = pg
+            .cmd("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .args(["-o", &opts, "-w", "-l"])
+            .arg(pg.dir.path().join("log"))
+            .arg("start")
+            .output()
+            .expect("pg_ctl start");
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        pg.url = format!("postgres://postgres@127.0.0.1:{port}");
+        Some(pg)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self
+            .cmd("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-m", "immediate", "stop"])
+            .output();
+    }
+}
+
+/// The service on a real PostgreSQL server: migrations (also on a second start), the
+/// first-admin race, CRUD with `_count`, search, isolation, export/import. The whole suite runs
+/// against PostgreSQL with `INVENTORY_TEST_POSTGRES` (see `postgres_database`).
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_backend() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = format!("{}/postgres", pg.url);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inv = start(dir.path(), "", &[("DATABASE_URL", url.as_str())]);
+    assert!(inv.logs().contains("engine=Postgres"), "{}", inv.logs());
+    let c = Arc::new(Client::new(&inv).await);
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.register(&format!("pg{i}@example.org"), "12345678").await })
+        })
+        .collect();
+    let mut admins = 0;
+    for t in tasks {
+        let r = t.await.expect("task");
+        assert_eq!(r.status, 201);
+        admins += usize::from(r.body["role"] == "ADMIN");
+    }
+    assert_eq!(admins, 1);
+    drop(inv);
+    let inv = start(dir.path(), "", &[("DATABASE_URL", url.as_str())]);
+    let (u, _) = Client::account(&inv, "pguser@example.org").await;
+    let (v, _) = Client::account(&inv, "pgother@example.org").await;
+    let cat = id(&u
+        .post("/api/categories", json!({"name": "Tools", "color": "#abc"}))
+        .await
+        .body);
+    let r = u.post("/api/categories", json!({"name": "Tools"})).await;
+    assert_eq!(r.error(), "Category already exists");
+    let item = u
+        .post(
+            "/api/items",
+            json!({"name": "Drill", "barcode": "X1", "categoryId": cat, "quantity": 0}),
+        )
+        .await;
+    assert_eq!(item.status, 201, "{:?}", item.body);
+    let item = id(&item.body);
+    let r = u
+        .get("/api/items?search=DRI&lowStock=true&sortBy=name&sortOrder=asc")
+        .await
+        .body;
+    assert_eq!(r["pagination"]["total"], 1);
+    assert_eq!(r["items"][0]["category"]["color"], "#aabbcc");
+    let cats = u.get("/api/categories").await.body;
+    assert_eq!(cats["categories"][0]["_count"]["items"], 1);
+    assert_eq!(v.get(&format!("/api/items/{item}")).await.status, 404);
+    let r = u
+        .put(
+            &format!("/api/items/{item}"),
+            json!({"description": "cordless", "categoryId": null}),
+        )
+        .await;
+    assert_eq!(
+        (r.body["description"].as_str(), r.body["category"].clone()),
+        (Some("cordless"), Value::Null)
+    );
+    let doc = u.get("/api/export").await.body;
+    let r = u.post("/api/import", doc.clone()).await;
+    assert_eq!(
+        r.body["items"],
+        json!({"created": 0, "updated": 0}),
+        "{:?}",
+        r.body
+    );
+    let r = v.post("/api/import", doc).await;
+    assert_eq!(r.body["items"], json!({"created": 1, "updated": 0}));
+    assert_eq!(
+        u.delete(&format!("/api/categories/{cat}")).await.status,
+        200
+    );
+    assert_eq!(u.delete(&format!("/api/items/{item}")).await.status, 200);
+    assert_eq!(u.get("/api/items").await.body["pagination"]["total"], 0);
+}
