@@ -3,7 +3,6 @@
 //! borrow across an await. Buffers come from [`crate::buffer_pool`] and only while data is in
 //! hand. Half-closes propagate (EOF on one side → FIN on the other); the tunnel ends when both
 //! directions are done, on an error, or after `idle` without traffic either way.
-
 //!
 //! Why copies and not `splice(2)`: glommio 0.9 waits for readiness internally but exposes neither
 //! a readiness wait nor `IORING_OP_SPLICE`, and splicing with non-blocking syscalls needs both a
@@ -11,6 +10,7 @@
 //! raw loopback on 2 cores (bench/results). The next step is a per-core side ring (io-uring crate)
 //! for splice ops whose completions are awaited through an eventfd read on glommio, used only
 //! once a tunnel has moved enough bytes to be "bulk" (idle tunnels stay buffer-free).
+
 use crate::buffer_pool;
 use crate::counters::CoreCounters;
 use crate::rate_limit::{BandwidthLimiter, Take};
