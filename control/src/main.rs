@@ -6,7 +6,6 @@
 mod api;
 mod config_store;
 mod hub;
-mod logging;
 mod metrics;
 mod net;
 mod origin;

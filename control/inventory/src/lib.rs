@@ -39,8 +39,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use switchyard_config::inventory::{validate_inventory, InventoryConfig};
-use switchyard_config::{parse_listen, LogFormat, LoggingConfig};
-use tracing_subscriber::EnvFilter;
+use switchyard_config::parse_listen;
 
 /// Command-line arguments of `switchyard inventory`. Flags and the environment variables named
 /// beside them override the config file.
@@ -89,38 +88,10 @@ pub fn effective_config(args: &InventoryArgs) -> anyhow::Result<InventoryConfig>
     Ok(cfg)
 }
 
-fn init_logging(cfg: &LoggingConfig) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{},sqlx=warn", cfg.level)));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let result = match (&cfg.output, cfg.format) {
-        (Some(path), format) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening log file {path}"))?;
-            let b = builder
-                .with_writer(std::sync::Mutex::new(file))
-                .with_ansi(false);
-            match format {
-                LogFormat::Json => b.json().try_init(),
-                LogFormat::Text => b.try_init(),
-            }
-        }
-        (None, LogFormat::Json) => builder.json().with_writer(std::io::stderr).try_init(),
-        (None, LogFormat::Text) => builder
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-    };
-    result.map_err(|e| anyhow::anyhow!("initialising logging: {e}"))
-}
-
 /// Runs `switchyard inventory` until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn run(args: InventoryArgs) -> anyhow::Result<()> {
     let cfg = effective_config(&args)?;
-    init_logging(&cfg.logging)?;
+    switchyard_logging::init(&cfg.logging, ",sqlx=warn")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("inventory")

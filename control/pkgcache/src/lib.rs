@@ -34,8 +34,7 @@ use anyhow::{bail, Context as _};
 use switchyard_config::pkgcache::{
     validate_pkgcache, PkgcacheBackend, PkgcacheConfig, PkgcacheMode,
 };
-use switchyard_config::{parse_listen, LogFormat, LoggingConfig};
-use tracing_subscriber::EnvFilter;
+use switchyard_config::{parse_listen, LogFormat};
 
 use crate::store::Store;
 
@@ -143,37 +142,10 @@ pub fn effective_config(args: &PkgcacheArgs) -> anyhow::Result<PkgcacheConfig> {
     Ok(cfg)
 }
 
-fn init_logging(cfg: &LoggingConfig) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let result = match (&cfg.output, cfg.format) {
-        (Some(path), format) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening log file {path}"))?;
-            let b = builder
-                .with_writer(std::sync::Mutex::new(file))
-                .with_ansi(false);
-            match format {
-                LogFormat::Json => b.json().try_init(),
-                LogFormat::Text => b.try_init(),
-            }
-        }
-        (None, LogFormat::Json) => builder.json().with_writer(std::io::stderr).try_init(),
-        (None, LogFormat::Text) => builder
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-    };
-    result.map_err(|e| anyhow::anyhow!("initialising logging: {e}"))
-}
-
 /// Runs `switchyard pkgcache` until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn run(args: PkgcacheArgs) -> anyhow::Result<()> {
     let cfg = effective_config(&args)?;
-    init_logging(&cfg.logging)?;
+    switchyard_logging::init(&cfg.logging, "")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("pkgcache")
