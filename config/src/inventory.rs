@@ -12,7 +12,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::env::expand_env;
 use crate::listen::parse_listen;
 use crate::load::LoadError;
 use crate::model::LoggingConfig;
@@ -118,93 +117,18 @@ impl Default for InventoryLimits {
     }
 }
 
-fn blank(text: &str) -> bool {
-    text.lines().all(|l| {
-        let t = l.trim();
-        t.is_empty() || t.starts_with('#') || t == "---" || t == "..."
-    })
-}
-
 impl InventoryConfig {
     /// Parse configuration text: `${NAME}` expansion with `env`, strict YAML, defaults.
     pub fn from_yaml_str(
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<InventoryConfig, LoadError> {
-        let expanded = expand_env(text, env)?;
-        if blank(&expanded) {
-            return Ok(InventoryConfig::default());
-        }
-        let mut inner_err: Option<(String, serde_saphyr::Error)> = None;
-        let result = serde_saphyr::with_deserializer_from_str(&expanded, |de| {
-            match serde_path_to_error::deserialize::<_, InventoryConfig>(de) {
-                Ok(cfg) => Ok(Some(cfg)),
-                Err(e) => {
-                    let path = e.path().to_string();
-                    inner_err = Some((path, e.into_inner()));
-                    Ok(None)
-                }
-            }
-        });
-        let parse = |path: String, err: &serde_saphyr::Error| {
-            let loc = err.location();
-            let full = err.without_snippet().to_string();
-            let first = full.lines().next().unwrap_or("").trim();
-            let message = first.split(" at line ").next().unwrap_or(first).trim();
-            let path = path.trim_end_matches('?').trim_end_matches('.');
-            LoadError::Parse {
-                file: None,
-                path: if path == "." {
-                    String::new()
-                } else {
-                    path.into()
-                },
-                line: loc.map(|l| l.line()).filter(|l| *l > 0),
-                column: loc.map(|l| l.column()).filter(|c| *c > 0),
-                message: message.to_string(),
-            }
-        };
-        match (result, inner_err) {
-            (Ok(Some(cfg)), _) => Ok(cfg),
-            (_, Some((path, err))) => Err(parse(path, &err)),
-            (Err(err), None) => Err(parse(String::new(), &err)),
-            (Ok(None), None) => Ok(InventoryConfig::default()),
-        }
+        crate::load::parse_strict_yaml(text, env)
     }
 
     /// Read and parse a file, expanding `${NAME}` from the process environment.
     pub fn load_file(path: &std::path::Path) -> Result<InventoryConfig, LoadError> {
-        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        InventoryConfig::from_yaml_str(&text, &|name| std::env::var(name).ok()).map_err(|e| match e
-        {
-            LoadError::Parse {
-                path: p,
-                line,
-                column,
-                message,
-                ..
-            } => LoadError::Parse {
-                file: Some(path.to_path_buf()),
-                path: p,
-                line,
-                column,
-                message,
-            },
-            LoadError::EnvVarMissing { name, line, .. } => LoadError::EnvVarMissing {
-                file: Some(path.to_path_buf()),
-                name,
-                line,
-            },
-            LoadError::EnvSyntax { line, message, .. } => LoadError::EnvSyntax {
-                file: Some(path.to_path_buf()),
-                line,
-                message,
-            },
-            other => other,
-        })
+        crate::load::load_strict_yaml_file(path)
     }
 
     /// The configuration as YAML, with the same keys it is read with.

@@ -166,6 +166,48 @@ fn is_blank_document(text: &str) -> bool {
     })
 }
 
+/// Strict YAML for any configuration type: `${NAME}` expansion with `env`, unknown keys are
+/// errors naming their path, a blank document is all defaults.
+pub(crate) fn parse_strict_yaml<T: serde::de::DeserializeOwned + Default>(
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<T, LoadError> {
+    let expanded = expand_env(text, env)?;
+    if is_blank_document(&expanded) {
+        return Ok(T::default());
+    }
+    let mut outer_err: Option<(String, serde_saphyr::Error)> = None;
+    let result = serde_saphyr::with_deserializer_from_str(&expanded, |de| {
+        match serde_path_to_error::deserialize::<_, T>(de) {
+            Ok(cfg) => Ok(Some(cfg)),
+            Err(e) => {
+                let path = e.path().to_string();
+                let inner = e.into_inner();
+                outer_err = Some((path, inner));
+                Ok(None)
+            }
+        }
+    });
+    match (result, outer_err) {
+        (Ok(Some(cfg)), _) => Ok(cfg),
+        (_, Some((path, err))) => Err(parse_error(clean_path(&path), &err)),
+        (Err(err), None) => Err(parse_error(String::new(), &err)),
+        (Ok(None), None) => Ok(T::default()),
+    }
+}
+
+/// [`parse_strict_yaml`] of a file, expanding `${NAME}` from the process environment; errors
+/// name the file.
+pub(crate) fn load_strict_yaml_file<T: serde::de::DeserializeOwned + Default>(
+    path: &Path,
+) -> Result<T, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_strict_yaml(&text, &|name| std::env::var(name).ok()).map_err(|e| e.with_file(path))
+}
+
 impl ServerConfig {
     /// Parse configuration text: `${NAME}` expansion with `env`, then strict YAML (unknown keys
     /// are errors naming their path), then defaults for everything missing.
@@ -173,38 +215,12 @@ impl ServerConfig {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<ServerConfig, LoadError> {
-        let expanded = expand_env(text, env)?;
-        if is_blank_document(&expanded) {
-            return Ok(ServerConfig::default());
-        }
-        let mut outer_err: Option<(String, serde_saphyr::Error)> = None;
-        let result = serde_saphyr::with_deserializer_from_str(&expanded, |de| {
-            match serde_path_to_error::deserialize::<_, ServerConfig>(de) {
-                Ok(cfg) => Ok(Some(cfg)),
-                Err(e) => {
-                    let path = e.path().to_string();
-                    let inner = e.into_inner();
-                    outer_err = Some((path, inner));
-                    Ok(None)
-                }
-            }
-        });
-        match (result, outer_err) {
-            (Ok(Some(cfg)), _) => Ok(cfg),
-            (_, Some((path, err))) => Err(parse_error(clean_path(&path), &err)),
-            (Err(err), None) => Err(parse_error(String::new(), &err)),
-            (Ok(None), None) => Ok(ServerConfig::default()),
-        }
+        parse_strict_yaml(text, env)
     }
 
     /// Read and parse a config file, expanding `${NAME}` from the process environment.
     pub fn load_file(path: &Path) -> Result<ServerConfig, LoadError> {
-        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        ServerConfig::from_yaml_str(&text, &|name| std::env::var(name).ok())
-            .map_err(|e| e.with_file(path))
+        load_strict_yaml_file(path)
     }
 
     /// The configuration as YAML, with the same keys it is read with.
