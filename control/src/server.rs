@@ -68,7 +68,7 @@ pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
 
 pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let cfg = load(config_path.as_ref())?;
-    switchyard_logging::init(&cfg.logging, "")?;
+    switchyard_service::init_logging(&cfg.logging, "")?;
     match &config_path {
         Some(p) => tracing::info!(config = %p.display(), "configuration loaded"),
         None => tracing::info!("no --config given: running on built-in defaults"),

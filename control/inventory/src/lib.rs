@@ -39,7 +39,6 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use switchyard_config::inventory::{validate_inventory, InventoryConfig};
-use switchyard_config::parse_listen;
 
 /// Command-line arguments of `switchyard inventory`. Flags and the environment variables named
 /// beside them override the config file.
@@ -91,7 +90,7 @@ pub fn effective_config(args: &InventoryArgs) -> anyhow::Result<InventoryConfig>
 /// Runs `switchyard inventory` until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn run(args: InventoryArgs) -> anyhow::Result<()> {
     let cfg = effective_config(&args)?;
-    switchyard_logging::init(&cfg.logging, ",sqlx=warn")?;
+    switchyard_service::init_logging(&cfg.logging, ",sqlx=warn")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("inventory")
@@ -141,21 +140,6 @@ pub fn load_secret(cfg: &InventoryConfig, data_dir: &Path) -> anyhow::Result<Str
     Ok(secret)
 }
 
-async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
-    let addr = parse_listen(listen)?;
-    let mut last = None;
-    for a in addr.socket_addrs_all_interfaces() {
-        match tokio::net::TcpListener::bind(a).await {
-            Ok(l) => return Ok(l),
-            Err(e) => last = Some((a, e)),
-        }
-    }
-    match last {
-        Some((a, e)) => Err(anyhow::anyhow!("cannot listen on {a}: {e}")),
-        None => Err(anyhow::anyhow!("no address to listen on for {listen:?}")),
-    }
-}
-
 async fn serve(cfg: InventoryConfig) -> anyhow::Result<()> {
     let data_dir = PathBuf::from(&cfg.data_dir);
     std::fs::create_dir_all(&data_dir)
@@ -177,7 +161,7 @@ async fn serve(cfg: InventoryConfig) -> anyhow::Result<()> {
     .await
     .context("hashing task")?
     .context("bcrypt")?;
-    let listener = bind(&cfg.listen).await?;
+    let listener = switchyard_service::bind(&cfg.listen).await?;
     let local: SocketAddr = listener.local_addr()?;
     tracing::info!(
         listen = %local,
@@ -198,7 +182,7 @@ async fn serve(cfg: InventoryConfig) -> anyhow::Result<()> {
         listener,
         http::router(state.clone()).into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown())
+    .with_graceful_shutdown(switchyard_service::shutdown_signal())
     .await
     .context("serving")?;
     state.pool.close().await;
@@ -222,25 +206,6 @@ fn clean_image_dir(dir: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-async fn shutdown() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot watch SIGTERM: {e}");
-                std::future::pending::<()>().await
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term => {},
-    }
-    tracing::info!("shutting down");
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use anyhow::{bail, Context as _};
 use switchyard_config::pkgcache::{
     validate_pkgcache, PkgcacheBackend, PkgcacheConfig, PkgcacheMode,
 };
-use switchyard_config::{parse_listen, LogFormat};
+use switchyard_config::LogFormat;
 
 use crate::store::Store;
 
@@ -145,28 +145,13 @@ pub fn effective_config(args: &PkgcacheArgs) -> anyhow::Result<PkgcacheConfig> {
 /// Runs `switchyard pkgcache` until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn run(args: PkgcacheArgs) -> anyhow::Result<()> {
     let cfg = effective_config(&args)?;
-    switchyard_logging::init(&cfg.logging, "")?;
+    switchyard_service::init_logging(&cfg.logging, "")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("pkgcache")
         .build()
         .context("building the tokio runtime")?;
     rt.block_on(serve(cfg))
-}
-
-async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
-    let addr = parse_listen(listen)?;
-    let mut last = None;
-    for a in addr.socket_addrs_all_interfaces() {
-        match tokio::net::TcpListener::bind(a).await {
-            Ok(l) => return Ok(l),
-            Err(e) => last = Some((a, e)),
-        }
-    }
-    match last {
-        Some((a, e)) => Err(anyhow::anyhow!("cannot listen on {a}: {e}")),
-        None => Err(anyhow::anyhow!("no address to listen on for {listen:?}")),
-    }
 }
 
 async fn serve(cfg: PkgcacheConfig) -> anyhow::Result<()> {
@@ -208,7 +193,7 @@ async fn serve(cfg: PkgcacheConfig) -> anyhow::Result<()> {
     } else {
         tracing::info!("auth off: anyone who reaches the port can read and write");
     }
-    let listener = bind(&cfg.listen).await?;
+    let listener = switchyard_service::bind(&cfg.listen).await?;
     let local: SocketAddr = listener.local_addr()?;
     tracing::info!(
         listen = %local,
@@ -227,30 +212,11 @@ async fn serve(cfg: PkgcacheConfig) -> anyhow::Result<()> {
         started: Instant::now(),
     });
     axum::serve(listener, http::router(state))
-        .with_graceful_shutdown(shutdown())
+        .with_graceful_shutdown(switchyard_service::shutdown_signal())
         .await
         .context("serving")?;
     tracing::info!("pkgcache stopped");
     Ok(())
-}
-
-async fn shutdown() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot watch SIGTERM: {e}");
-                std::future::pending::<()>().await
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term => {},
-    }
-    tracing::info!("shutting down");
 }
 
 #[cfg(test)]

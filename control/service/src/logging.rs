@@ -1,6 +1,5 @@
-//! Log set-up from a `logging` section, shared by every `switchyard` command: level (overridable
-//! with `RUST_LOG`), text or JSON, standard error or a file (appended, no colours).
-#![forbid(unsafe_code)]
+//! Log set-up from a `logging` section: level (overridable with `RUST_LOG`), text or JSON,
+//! standard error or a file (appended, no colours).
 
 use std::io::IsTerminal as _;
 use switchyard_config::{LogFormat, LoggingConfig};
