@@ -42,6 +42,7 @@ pub mod model;
 pub mod origin;
 pub mod pkgcache;
 pub mod sections;
+pub mod subtitles;
 pub mod units;
 pub mod validate;
 

@@ -1,12 +1,13 @@
 //! Every `config/examples/*.yaml` loads and validates without a single problem. Files are
 //! dispatched by name: `pkgcache*.yaml` are `switchyard pkgcache` configurations,
-//! `inventory*.yaml` are `switchyard inventory` configurations, every other file is a server
-//! configuration.
+//! `inventory*.yaml` are `switchyard inventory` configurations, `subtitles*.yaml` are
+//! `switchyard subtitles` configurations, every other file is a server configuration.
 
 use std::path::{Path, PathBuf};
 
 use switchyard_config::inventory::{validate_inventory, InventoryConfig};
 use switchyard_config::pkgcache::{validate_pkgcache, PkgcacheConfig};
+use switchyard_config::subtitles::{validate_subtitles, SubtitlesConfig};
 use switchyard_config::{validate, AuthMode, ServerConfig};
 
 fn is_pkgcache(p: &Path) -> bool {
@@ -21,11 +22,17 @@ fn is_inventory(p: &Path) -> bool {
         .is_some_and(|n| n.starts_with("inventory"))
 }
 
+fn is_subtitles(p: &Path) -> bool {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("subtitles"))
+}
+
 /// Server configuration examples.
 fn examples() -> Vec<PathBuf> {
     all_examples()
         .into_iter()
-        .filter(|p| !is_pkgcache(p) && !is_inventory(p))
+        .filter(|p| !is_pkgcache(p) && !is_inventory(p) && !is_subtitles(p))
         .collect()
 }
 
@@ -139,6 +146,56 @@ fn inventory_examples_load_validate_and_document_real_keys() {
             .unwrap_or_else(|e| panic!("{name} uncommented: {e}"));
         assert!(cfg.database.url.is_some() && cfg.session.secret.is_some());
         check_inventory(&format!("{name} (uncommented)"), &cfg);
+    }
+}
+
+fn check_subtitles(name: &str, cfg: &SubtitlesConfig) {
+    let problems = validate_subtitles(cfg);
+    assert!(
+        problems.is_empty(),
+        "{name} has problems:\n{}",
+        problems
+            .iter()
+            .map(|p| format!("  {p}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let yaml = cfg.to_yaml_string().expect("to yaml");
+    let back = SubtitlesConfig::from_yaml_str(&yaml, &|_| None).expect("reload yaml");
+    assert_eq!(&back, cfg, "{name}: YAML round trip\n{yaml}");
+    let json = serde_json::to_value(cfg).expect("to json");
+    let back: SubtitlesConfig = serde_json::from_value(json).expect("from json");
+    assert_eq!(&back, cfg, "{name}: JSON round trip");
+}
+
+/// `subtitles*.yaml`: loads, validates, round-trips, and every `#: ` optional key is real.
+#[test]
+fn subtitles_examples_load_validate_and_document_real_keys() {
+    let files: Vec<PathBuf> = all_examples()
+        .into_iter()
+        .filter(|p| is_subtitles(p))
+        .collect();
+    assert!(!files.is_empty(), "expected config/examples/subtitles.yaml");
+    for path in files {
+        let name = path.display().to_string();
+        let cfg = SubtitlesConfig::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            cfg,
+            SubtitlesConfig::default(),
+            "{name}: shows the defaults"
+        );
+        check_subtitles(&name, &cfg);
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(text.contains("#: "), "{name}: documents optional keys");
+        let env = |n: &str| Some(format!("value-of-{n}"));
+        let cfg = SubtitlesConfig::from_yaml_str(&uncomment(&text), &env)
+            .unwrap_or_else(|e| panic!("{name} uncommented: {e}"));
+        assert!(
+            cfg.transcription.url.is_some()
+                && cfg.transcription.api_key.is_some()
+                && cfg.translation.server.api_key.is_some()
+        );
+        check_subtitles(&format!("{name} (uncommented)"), &cfg);
     }
 }
 
