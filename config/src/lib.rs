@@ -28,12 +28,15 @@
 //!
 //! - [`parse_listen`] / [`ListenAddr`]: listen address syntax and bind addresses.
 //! - [`AllowedOrigins`] / [`OriginPattern`]: the parsed `api.allowed_origins` entries.
-//! - [`changed_sections`] / [`is_hot_reloadable`]: what a config change touches.
+//! - [`changed_sections`] / [`is_hot_reloadable`]: what a config change touches;
+//!   [`CacheConfig::restart_required`] tells which `cache` changes need a restart.
+//! - [`cache`]: the `cache:` section (storage, presets, rules) and its defaults.
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
 //!
 //! No I/O beyond reading the file.
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod env;
 pub mod inventory;
 pub mod listen;
@@ -46,6 +49,10 @@ pub mod subtitles;
 pub mod units;
 pub mod validate;
 
+pub use cache::{
+    CacheConfig, CacheRuleConfig, CacheStorageConfig, DiskStorageConfig, EvictPolicy,
+    MemoryStorageConfig, StorageType, TieredStorageConfig,
+};
 pub use listen::{parse_listen, ListenAddr, ListenAddrError};
 pub use load::{LoadError, SerializeError};
 pub use model::*;

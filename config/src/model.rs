@@ -13,6 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::CacheConfig;
 use crate::units::{Duration, Size};
 
 fn yes() -> bool {
@@ -21,7 +22,7 @@ fn yes() -> bool {
 
 /// A section written with no content (`pac:` with only comments under it) is YAML null:
 /// treat it like a missing section.
-fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+pub(crate) fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
     T: Deserialize<'de> + Default,
@@ -42,6 +43,7 @@ pub struct ServerConfig {
     pub api: ApiConfig,
     pub logging: LoggingConfig,
     pub metrics: MetricsConfig,
+    pub cache: CacheConfig,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +74,8 @@ struct RawServerConfig {
     logging: LoggingConfig,
     #[serde(deserialize_with = "null_default")]
     metrics: MetricsConfig,
+    #[serde(deserialize_with = "null_default")]
+    cache: CacheConfig,
 }
 
 impl From<RawServerConfig> for ServerConfig {
@@ -101,6 +105,7 @@ impl From<RawServerConfig> for ServerConfig {
             api: raw.api,
             logging: raw.logging,
             metrics: raw.metrics,
+            cache: raw.cache,
         }
     }
 }

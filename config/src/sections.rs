@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::model::ServerConfig;
 
 /// The top-level sections of [`ServerConfig`], in file order.
-pub const SECTIONS: [&str; 9] = [
+pub const SECTIONS: [&str; 10] = [
     "server",
     "backends",
     "routes",
@@ -15,10 +15,12 @@ pub const SECTIONS: [&str; 9] = [
     "api",
     "logging",
     "metrics",
+    "cache",
 ];
 
-/// Sections a running server applies without a restart (`cache` is listed for the cache
-/// rules/presets that a later config section will carry).
+/// Sections a running server applies without a restart. For `cache` that means rules,
+/// presets and TTLs; a storage change or turning caching on needs a restart, see
+/// [`crate::CacheConfig::restart_required`].
 pub const HOT_RELOADABLE_SECTIONS: [&str; 4] = ["routes", "rate_limit", "access_control", "cache"];
 
 /// Whether changes to `section` apply without a restart: exactly `routes`, `rate_limit`
@@ -39,6 +41,7 @@ pub fn changed_sections(old: &ServerConfig, new: &ServerConfig) -> Vec<&'static 
         old.api != new.api,
         old.logging != new.logging,
         old.metrics != new.metrics,
+        old.cache != new.cache,
     ];
     SECTIONS
         .iter()
@@ -74,6 +77,9 @@ pub fn section_metadata() -> Vec<SectionInfo> {
                 "api" => "management API listener, token, origins, request log",
                 "logging" => "log level, format and output",
                 "metrics" => "metrics listener",
+                "cache" => {
+                    "HTTP cache: rules and presets reload live; storage changes and turning caching on need a restart"
+                }
                 _ => "",
             },
         })
@@ -121,9 +127,17 @@ mod tests {
             .push("10.0.0.0/8".parse().unwrap());
         c.api.enable_request_log = true;
         c.logging.level = "debug".into();
+        c.cache.presets.push("steam".into());
         assert_eq!(
             changed_sections(&a, &c),
-            ["backends", "auth", "access_control", "api", "logging"]
+            [
+                "backends",
+                "auth",
+                "access_control",
+                "api",
+                "logging",
+                "cache"
+            ]
         );
     }
 
@@ -131,7 +145,7 @@ mod tests {
     fn metadata() {
         let m = section_metadata();
         assert_eq!(m.len(), SECTIONS.len());
-        assert_eq!(m.iter().filter(|s| s.hot_reloadable).count(), 3);
+        assert_eq!(m.iter().filter(|s| s.hot_reloadable).count(), 4);
         assert!(m.iter().all(|s| !s.description.is_empty()));
     }
 }

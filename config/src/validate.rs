@@ -14,7 +14,7 @@ use crate::origin::OriginPattern;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Problem {
     /// Top-level section: `server`, `backends`, `routes`, `auth`, `access_control`,
-    /// `rate_limit`, `api`, `logging`, `metrics`.
+    /// `rate_limit`, `api`, `logging`, `metrics`, `cache`.
     pub section: String,
     /// Full key path, e.g. `backends[2].http_proxy.address`.
     pub field: String,
@@ -58,6 +58,7 @@ pub fn validate(cfg: &ServerConfig) -> Vec<Problem> {
     check_api(cfg, &mut p);
     check_logging(cfg, &mut p);
     check_metrics(cfg, &mut p);
+    check_cache(cfg, &mut p);
     check_listener_conflicts(cfg, &mut p);
     p.0
 }
@@ -511,6 +512,150 @@ fn check_metrics(cfg: &ServerConfig, p: &mut Problems) {
     check_listen("metrics.listen", &cfg.metrics.listen, p);
 }
 
+fn check_cache(cfg: &ServerConfig, p: &mut Problems) {
+    let c = &cfg.cache;
+    let st = &c.storage;
+    if c.default_ttl.is_zero() {
+        p.push("cache.default_ttl", "must be greater than 0 (default 30d)");
+    }
+    if c.max_file_size.is_zero() {
+        p.push(
+            "cache.max_file_size",
+            "must be greater than 0 (default 50GB); set cache.enabled: false to cache nothing",
+        );
+    }
+    if st.r#type.uses_memory() && st.memory.max_size.is_zero() {
+        p.push(
+            "cache.storage.memory.max_size",
+            format!(
+                "must be greater than 0 with storage type {} (default 256MiB)",
+                st.r#type
+            ),
+        );
+    }
+    if st.r#type.uses_disk() {
+        if st.disk.path.trim().is_empty() {
+            p.push(
+                "cache.storage.disk.path",
+                format!(
+                    "a directory is required with storage type {} (default ./data/cache)",
+                    st.r#type
+                ),
+            );
+        }
+        if st.disk.max_size.is_zero() {
+            p.push(
+                "cache.storage.disk.max_size",
+                format!(
+                    "must be greater than 0 with storage type {} (default 10GB)",
+                    st.r#type
+                ),
+            );
+        }
+        if st.disk.cleanup_interval.is_zero() {
+            p.push(
+                "cache.storage.disk.cleanup_interval",
+                "must be greater than 0 (default 1h)",
+            );
+        }
+    }
+    if st.r#type == crate::cache::StorageType::Tiered
+        && st.tiered.memory_threshold > st.memory.max_size
+    {
+        p.push(
+            "cache.storage.tiered.memory_threshold",
+            format!(
+                "{} is larger than cache.storage.memory.max_size ({}): such entries could never fit in memory",
+                st.tiered.memory_threshold, st.memory.max_size
+            ),
+        );
+    }
+
+    for (i, name) in c.presets.iter().enumerate() {
+        let field = format!("cache.presets[{i}]");
+        if c.presets[..i].contains(name) {
+            p.push(field, format!("preset `{name}` is listed twice"));
+        }
+    }
+
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (i, r) in c.rules.iter().enumerate() {
+        let base = format!("cache.rules[{i}]");
+        check_name(format!("{base}.name"), &r.name, "cache rule", p);
+        if !r.name.is_empty() {
+            if let Some(first) = seen.get(r.name.as_str()) {
+                p.push(
+                    format!("{base}.name"),
+                    format!(
+                        "duplicate cache rule name `{}` (also cache.rules[{first}])",
+                        r.name
+                    ),
+                );
+            } else {
+                seen.insert(&r.name, i);
+            }
+        }
+        if r.domains.is_empty() {
+            p.push(
+                format!("{base}.domains"),
+                "at least one domain pattern is required (`*` matches all)",
+            );
+        }
+        for (j, d) in r.domains.iter().enumerate() {
+            if let Err(e) = switchyard_proto::route_matcher::DomainPattern::parse(d) {
+                p.push(format!("{base}.domains[{j}]"), e.to_string());
+            }
+        }
+        if r.ttl.is_zero() {
+            p.push(
+                format!("{base}.ttl"),
+                "must be greater than 0 (default 30d); set enabled: false to turn the rule off",
+            );
+        }
+        if r.methods.is_empty() {
+            p.push(
+                format!("{base}.methods"),
+                "at least one method is required (default [GET])",
+            );
+        }
+        for (j, m) in r.methods.iter().enumerate() {
+            let field = format!("{base}.methods[{j}]");
+            if !crate::cache::CACHEABLE_METHODS.contains(&m.as_str()) {
+                p.push(
+                    field,
+                    format!(
+                        "method `{m}` is not cacheable (one of {}, upper case)",
+                        crate::cache::CACHEABLE_METHODS.join(", ")
+                    ),
+                );
+            } else if r.methods[..j].contains(m) {
+                p.push(field, format!("method `{m}` is listed twice"));
+            }
+        }
+        for (j, t) in r.content_types.iter().enumerate() {
+            if let Err(e) = check_content_type_filter(t) {
+                p.push(format!("{base}.content_types[{j}]"), e);
+            }
+        }
+    }
+}
+
+/// A `content_types` entry: `type/subtype` (exact) or `type/` (every subtype), token
+/// characters only, no parameters.
+fn check_content_type_filter(t: &str) -> Result<(), String> {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    match t.split_once('/') {
+        Some((ty, sub)) if token(ty) && (sub.is_empty() || token(sub)) => Ok(()),
+        _ => Err(format!(
+            "`{t}` is not a media type filter (write `video/mp4` for one type or `application/` for all subtypes)"
+        )),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -806,5 +951,88 @@ metrics: {listen: "x"}
         ] {
             assert!(check_origin_pattern(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn cache_problems() {
+        let cfg = load(
+            r#"
+cache:
+  default_ttl: 0s
+  max_file_size: 0
+  storage:
+    type: tiered
+    memory: {max_size: 0}
+    disk: {path: "", max_size: 0, cleanup_interval: 0s}
+    tiered: {memory_threshold: 1MiB}
+  presets: [steam, steam]
+  rules:
+    - {name: a, domains: ["*.ok.org", "cdn*.ok.net", "bad domain", ".x.com", "a/b"]}
+    - {name: a, domains: [], ttl: 0s, methods: []}
+    - {name: "", domains: [x.com], methods: [GET, POST, get, GET]}
+    - {name: c, domains: [x.com], content_types: ["video/mp4", "application/", "video", "a b/c", "/x", "text/html; charset=utf-8"]}
+"#,
+        );
+        let problems = validate(&cfg);
+        let f = fields(&problems);
+        let want = [
+            "cache.default_ttl",
+            "cache.max_file_size",
+            "cache.storage.memory.max_size",
+            "cache.storage.disk.path",
+            "cache.storage.disk.max_size",
+            "cache.storage.disk.cleanup_interval",
+            "cache.storage.tiered.memory_threshold",
+            "cache.presets[1]",
+            "cache.rules[0].domains[2]",
+            "cache.rules[0].domains[3]",
+            "cache.rules[0].domains[4]",
+            "cache.rules[1].name",
+            "cache.rules[1].domains",
+            "cache.rules[1].ttl",
+            "cache.rules[1].methods",
+            "cache.rules[2].name",
+            "cache.rules[2].methods[1]",
+            "cache.rules[2].methods[2]",
+            "cache.rules[2].methods[3]",
+            "cache.rules[3].content_types[2]",
+            "cache.rules[3].content_types[3]",
+            "cache.rules[3].content_types[4]",
+            "cache.rules[3].content_types[5]",
+        ];
+        for w in want {
+            assert!(f.contains(&w), "missing {w} in {problems:#?}");
+        }
+        for not in [
+            "cache.rules[0].domains[0]",
+            "cache.rules[0].domains[1]",
+            "cache.rules[2].methods[0]",
+            "cache.rules[3].content_types[0]",
+            "cache.rules[3].content_types[1]",
+            "cache.presets[0]",
+        ] {
+            assert!(!f.contains(&not), "unexpected {not} in {problems:#?}");
+        }
+        assert!(
+            problems.iter().all(|p| p.section == "cache"),
+            "{problems:#?}"
+        );
+        let dup = problems
+            .iter()
+            .find(|p| p.field == "cache.rules[1].name")
+            .unwrap();
+        assert!(dup.message.contains("cache.rules[0]"), "{dup:?}");
+    }
+
+    #[test]
+    fn cache_storage_checks_follow_the_type() {
+        // Memory storage: the disk settings are not used, so they are not checked.
+        let cfg = load("cache: {storage: {type: memory, disk: {path: '', max_size: 0}}}");
+        assert_eq!(validate(&cfg), vec![]);
+        // Disk storage: the memory settings are not used.
+        let cfg = load("cache: {storage: {type: disk, memory: {max_size: 0}}}");
+        assert_eq!(validate(&cfg), vec![]);
+        let cfg = load("cache: {storage: {type: disk, disk: {max_size: 0}}}");
+        assert_eq!(fields(&validate(&cfg)), ["cache.storage.disk.max_size"]);
     }
 }
