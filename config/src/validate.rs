@@ -573,7 +573,17 @@ fn check_cache(cfg: &ServerConfig, p: &mut Problems) {
 
     for (i, name) in c.presets.iter().enumerate() {
         let field = format!("cache.presets[{i}]");
-        if c.presets[..i].contains(name) {
+        if switchyard_proto::cache::presets::find(name).is_none() {
+            p.push(
+                field,
+                format!(
+                    "unknown preset `{name}` (one of {})",
+                    switchyard_proto::cache::presets::names()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        } else if c.presets[..i].contains(name) {
             p.push(field, format!("preset `{name}` is listed twice"));
         }
     }
@@ -593,6 +603,15 @@ fn check_cache(cfg: &ServerConfig, p: &mut Problems) {
                 );
             } else {
                 seen.insert(&r.name, i);
+            }
+            if switchyard_proto::cache::presets::find(&r.name).is_some() {
+                p.push(
+                    format!("{base}.name"),
+                    format!(
+                        "`{}` is the name of a built-in preset; enable it under cache.presets or pick another name",
+                        r.name
+                    ),
+                );
             }
         }
         if r.domains.is_empty() {
@@ -965,9 +984,11 @@ cache:
     memory: {max_size: 0}
     disk: {path: "", max_size: 0, cleanup_interval: 0s}
     tiered: {memory_threshold: 1MiB}
-  presets: [steam, steam]
+  presets: [steam, steam, stean]
   rules:
     - {name: a, domains: ["*.ok.org", "cdn*.ok.net", "bad domain", ".x.com", "a/b"]}
+    - {name: debian, domains: [x.com]}
+    - {name: linux, domains: [x.com]}
     - {name: a, domains: [], ttl: 0s, methods: []}
     - {name: "", domains: [x.com], methods: [GET, POST, get, GET]}
     - {name: c, domains: [x.com], content_types: ["video/mp4", "application/", "video", "a b/c", "/x", "text/html; charset=utf-8"]}
@@ -984,21 +1005,23 @@ cache:
             "cache.storage.disk.cleanup_interval",
             "cache.storage.tiered.memory_threshold",
             "cache.presets[1]",
+            "cache.presets[2]",
+            "cache.rules[2].name",
             "cache.rules[0].domains[2]",
             "cache.rules[0].domains[3]",
             "cache.rules[0].domains[4]",
-            "cache.rules[1].name",
-            "cache.rules[1].domains",
-            "cache.rules[1].ttl",
-            "cache.rules[1].methods",
-            "cache.rules[2].name",
-            "cache.rules[2].methods[1]",
-            "cache.rules[2].methods[2]",
-            "cache.rules[2].methods[3]",
-            "cache.rules[3].content_types[2]",
-            "cache.rules[3].content_types[3]",
-            "cache.rules[3].content_types[4]",
-            "cache.rules[3].content_types[5]",
+            "cache.rules[3].name",
+            "cache.rules[3].domains",
+            "cache.rules[3].ttl",
+            "cache.rules[3].methods",
+            "cache.rules[4].name",
+            "cache.rules[4].methods[1]",
+            "cache.rules[4].methods[2]",
+            "cache.rules[4].methods[3]",
+            "cache.rules[5].content_types[2]",
+            "cache.rules[5].content_types[3]",
+            "cache.rules[5].content_types[4]",
+            "cache.rules[5].content_types[5]",
         ];
         for w in want {
             assert!(f.contains(&w), "missing {w} in {problems:#?}");
@@ -1006,10 +1029,11 @@ cache:
         for not in [
             "cache.rules[0].domains[0]",
             "cache.rules[0].domains[1]",
-            "cache.rules[2].methods[0]",
-            "cache.rules[3].content_types[0]",
-            "cache.rules[3].content_types[1]",
+            "cache.rules[4].methods[0]",
+            "cache.rules[5].content_types[0]",
+            "cache.rules[5].content_types[1]",
             "cache.presets[0]",
+            "cache.rules[1].name",
         ] {
             assert!(!f.contains(&not), "unexpected {not} in {problems:#?}");
         }
@@ -1019,9 +1043,17 @@ cache:
         );
         let dup = problems
             .iter()
-            .find(|p| p.field == "cache.rules[1].name")
+            .find(|p| p.field == "cache.rules[3].name")
             .unwrap();
         assert!(dup.message.contains("cache.rules[0]"), "{dup:?}");
+        let unknown = problems
+            .iter()
+            .find(|p| p.field == "cache.presets[2]")
+            .unwrap();
+        assert!(
+            unknown.message.contains("stean") && unknown.message.contains("steam, epic"),
+            "{unknown:?}"
+        );
     }
 
     #[test]

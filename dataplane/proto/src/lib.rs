@@ -10,6 +10,8 @@
 //! * [`route_matcher`]: domain patterns (`example.com`, `*.example.com`, `cdn*.example.com`, `*`)
 //!   compiled into an indexed table that picks the winning route by priority, then config order.
 //! * [`pac`]: a PAC script (ES5) with exactly the route matcher's semantics, for browsers.
+//! * [`cache`]: the HTTP cache's policy and formats — presets, rules, cache keys, freshness and
+//!   bypass decisions, byte ranges, the on-disk entry header and the eviction index.
 //!
 //! Non-test code may not panic on input: indexing, `unwrap`, `expect` and `panic!` are denied
 //! below and errors are `thiserror` enums that say which status or reply code to send.
@@ -26,6 +28,7 @@
     )
 )]
 
+pub mod cache;
 pub mod http1;
 pub mod pac;
 pub mod route_matcher;
