@@ -5,6 +5,8 @@
 //!
 //! * [`presets`]: the thirteen built-in presets (game stores, consoles, OS updates, app stores,
 //!   Linux repositories).
+//! * [`key`]: the canonical cache key (`http://host[:port]/path?query`) and the stable
+//!   128-bit file-name stem derived from it.
 //!
 //! # Changes to the agreed signatures
 //!
@@ -12,4 +14,5 @@
 //!   rule options a preset fixes (lancache-style keys for all; origin freshness for `linux`,
 //!   whose index files change in place). [`presets::names`] lists the names for messages.
 
+pub mod key;
 pub mod presets;
