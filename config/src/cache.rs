@@ -81,6 +81,16 @@ impl CacheConfig {
     pub fn restart_required(&self, new: &CacheConfig) -> bool {
         self.storage != new.storage || (!self.enabled && new.enabled)
     }
+
+    /// The rules in force, for [`RuleSet::build`](switchyard_proto::cache::rules::RuleSet):
+    /// the custom `rules` in file order, then the enabled `presets` (see
+    /// [`effective_rules`](switchyard_proto::cache::rules::effective_rules)).
+    pub fn effective_rules(&self) -> Vec<switchyard_proto::cache::rules::CacheRule> {
+        switchyard_proto::cache::rules::effective_rules(
+            self.rules.iter().map(CacheRuleConfig::to_rule).collect(),
+            &self.presets,
+        )
+    }
 }
 
 /// `cache.storage.type`.
@@ -267,6 +277,23 @@ impl CacheRuleConfig {
             max_size: Size::ZERO,
         }
     }
+
+    /// The data plane's form of this rule (`preset: None`).
+    pub fn to_rule(&self) -> switchyard_proto::cache::rules::CacheRule {
+        switchyard_proto::cache::rules::CacheRule {
+            name: self.name.clone(),
+            domains: self.domains.clone(),
+            enabled: self.enabled,
+            ttl: self.ttl.as_std(),
+            priority: self.priority,
+            ignore_query: self.ignore_query,
+            content_types: self.content_types.clone(),
+            respect_cache_control: self.respect_cache_control,
+            methods: self.methods.clone(),
+            max_size: self.max_size.as_u64(),
+            preset: None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -369,6 +396,24 @@ cache:
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn effective_rules_and_conversion() {
+        let c = load(
+            "cache: {presets: [linux], rules: [{name: r, domains: [a.com], ttl: 1h, max_size: 1KiB, methods: [GET, HEAD]}]}",
+        )
+        .cache;
+        let rules = c.effective_rules();
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[0].name, "r");
+        assert_eq!(rules[0].ttl, std::time::Duration::from_secs(3600));
+        assert_eq!(rules[0].max_size, 1024);
+        assert_eq!(rules[0].methods, ["GET", "HEAD"]);
+        assert_eq!(rules[0].preset, None);
+        assert_eq!(rules[1].preset.as_deref(), Some("linux"));
+        let set = switchyard_proto::cache::rules::RuleSet::build(rules).unwrap();
+        assert_eq!(set.find("A.com").map(|r| r.name.as_str()), Some("r"));
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //!   Linux repositories).
 //! * [`key`]: the canonical cache key (`http://host[:port]/path?query`) and the stable
 //!   128-bit file-name stem derived from it.
+//! * [`rules`]: [`rules::CacheRule`], the compiled [`rules::RuleSet`] (routing semantics:
+//!   priority, then order) and [`rules::effective_rules`] (custom rules, then presets).
 //!
 //! # Changes to the agreed signatures
 //!
@@ -16,3 +18,4 @@
 
 pub mod key;
 pub mod presets;
+pub mod rules;
