@@ -9,13 +9,22 @@
 //!   128-bit file-name stem derived from it.
 //! * [`rules`]: [`rules::CacheRule`], the compiled [`rules::RuleSet`] (routing semantics:
 //!   priority, then order) and [`rules::effective_rules`] (custom rules, then presets).
+//! * [`policy`]: request and response checks ([`policy::Bypass`] reasons as metric labels),
+//!   freshness lifetimes, `Vary` variant keys, the headers an entry keeps, HTTP dates.
 //!
 //! # Changes to the agreed signatures
 //!
 //! * [`presets::Preset`] has two more fields, `ignore_query` and `respect_cache_control`: the
 //!   rule options a preset fixes (lancache-style keys for all; origin freshness for `linux`,
 //!   whose index files change in place). [`presets::names`] lists the names for messages.
+//! * [`policy::check_response`] takes the request head instead of its method
+//!   (`check_response(request: &RequestHead, response, rule, default_ttl, max_file_size)`): a
+//!   response to a request with `Authorization` is stored only when it is explicitly public,
+//!   which needs the request's headers. Added: [`policy::wants_fresh_copy`],
+//!   [`policy::size_limit`], [`policy::stored_headers`], [`policy::CacheControl`],
+//!   [`policy::parse_http_date`] / [`policy::format_http_date`], `Bypass::ALL`.
 
 pub mod key;
+pub mod policy;
 pub mod presets;
 pub mod rules;
