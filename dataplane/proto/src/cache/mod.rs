@@ -11,6 +11,8 @@
 //!   priority, then order) and [`rules::effective_rules`] (custom rules, then presets).
 //! * [`policy`]: request and response checks ([`policy::Bypass`] reasons as metric labels),
 //!   freshness lifetimes, `Vary` variant keys, the headers an entry keeps, HTTP dates.
+//! * [`range`]: `Range` evaluation (RFC 9110 §14), `Content-Range` values, the
+//!   `multipart/byteranges` layout and `If-Range`.
 //!
 //! # Changes to the agreed signatures
 //!
@@ -22,9 +24,11 @@
 //!   response to a request with `Authorization` is stored only when it is explicitly public,
 //!   which needs the request's headers. Added: [`policy::wants_fresh_copy`],
 //!   [`policy::size_limit`], [`policy::stored_headers`], [`policy::CacheControl`],
-//!   [`policy::parse_http_date`] / [`policy::format_http_date`], `Bypass::ALL`.
+//!   [`policy::parse_http_date`] / [`policy::format_http_date`], `Bypass::ALL`;
+//!   [`range::boundary`], [`range::MAX_RANGES`], `ByteRange::len`.
 
 pub mod key;
 pub mod policy;
 pub mod presets;
+pub mod range;
 pub mod rules;
