@@ -13,6 +13,8 @@
 //!   freshness lifetimes, `Vary` variant keys, the headers an entry keeps, HTTP dates.
 //! * [`range`]: `Range` evaluation (RFC 9110 §14), `Content-Range` values, the
 //!   `multipart/byteranges` layout and `If-Range`.
+//! * [`entry`]: the on-disk entry header (4096-aligned, checksummed, versioned) and the
+//!   incremental CRC-32C of bodies.
 //!
 //! # Changes to the agreed signatures
 //!
@@ -25,8 +27,10 @@
 //!   which needs the request's headers. Added: [`policy::wants_fresh_copy`],
 //!   [`policy::size_limit`], [`policy::stored_headers`], [`policy::CacheControl`],
 //!   [`policy::parse_http_date`] / [`policy::format_http_date`], `Bypass::ALL`;
-//!   [`range::boundary`], [`range::MAX_RANGES`], `ByteRange::len`.
+//!   [`range::boundary`], [`range::MAX_RANGES`], `ByteRange::len`;
+//!   [`entry::EntryMeta::header`], [`entry::BLOCK`], [`entry::MAX_HEADER_LEN`].
 
+pub mod entry;
 pub mod key;
 pub mod policy;
 pub mod presets;
