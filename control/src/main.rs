@@ -48,6 +48,8 @@ enum Command {
     Pkgcache(switchyard_pkgcache::PkgcacheArgs),
     /// Run the inventory service (default 0.0.0.0:3000, ./data/inventory, SQLite).
     Inventory(switchyard_inventory::InventoryArgs),
+    /// Run the subtitle transcription and translation service (default 0.0.0.0:5001, ./data/subtitles).
+    Subtitles(switchyard_subtitles::SubtitlesArgs),
     /// Benchmark switchyard side by side with peer programs (see bench/README).
     Bench(switchyard_bench::BenchArgs),
 }
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         } => return validate(&file),
         Command::Pkgcache(args) => switchyard_pkgcache::run(args),
         Command::Inventory(args) => switchyard_inventory::run(args),
+        Command::Subtitles(args) => switchyard_subtitles::run(args),
         Command::Bench(args) => switchyard_bench::run(args).context("benchmark failed"),
     };
     match result {

@@ -34,6 +34,10 @@ pub enum ErrorCode {
     RateLimited,
     /// 500 (extension): the service's own storage failed.
     InternalError,
+    /// 404 (extension): no such endpoint.
+    NotFound,
+    /// Recorded on a job whose client disconnected (never sent: nobody is listening).
+    Cancelled,
 }
 
 impl ErrorCode {
@@ -43,10 +47,13 @@ impl ErrorCode {
             | ErrorCode::MissingApiKey
             | ErrorCode::InvalidLanguage
             | ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
-            ErrorCode::VideoNotFound | ErrorCode::JobNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::VideoNotFound | ErrorCode::JobNotFound | ErrorCode::NotFound => {
+                StatusCode::NOT_FOUND
+            }
             ErrorCode::TranscriptionFailed
             | ErrorCode::TranslationFailed
-            | ErrorCode::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+            | ErrorCode::InternalError
+            | ErrorCode::Cancelled => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::ApiError => StatusCode::BAD_GATEWAY,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         }
@@ -66,6 +73,8 @@ impl ErrorCode {
             ErrorCode::JobNotFound => "JOB_NOT_FOUND",
             ErrorCode::RateLimited => "RATE_LIMITED",
             ErrorCode::InternalError => "INTERNAL_ERROR",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::Cancelled => "CANCELLED",
         }
     }
 }
