@@ -146,6 +146,17 @@ pub enum EvictPolicy {
     Fifo,
 }
 
+impl From<EvictPolicy> for switchyard_proto::cache::evict::EvictPolicy {
+    fn from(p: EvictPolicy) -> Self {
+        use switchyard_proto::cache::evict::EvictPolicy as P;
+        match p {
+            EvictPolicy::Lru => P::Lru,
+            EvictPolicy::Lfu => P::Lfu,
+            EvictPolicy::Fifo => P::Fifo,
+        }
+    }
+}
+
 /// `cache.storage:`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

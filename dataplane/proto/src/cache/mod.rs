@@ -15,6 +15,7 @@
 //!   `multipart/byteranges` layout and `If-Range`.
 //! * [`entry`]: the on-disk entry header (4096-aligned, checksummed, versioned) and the
 //!   incremental CRC-32C of bodies.
+//! * [`evict`]: the per-tier eviction index (LRU, LFU, FIFO) with byte and entry limits.
 //!
 //! # Changes to the agreed signatures
 //!
@@ -28,9 +29,13 @@
 //!   [`policy::size_limit`], [`policy::stored_headers`], [`policy::CacheControl`],
 //!   [`policy::parse_http_date`] / [`policy::format_http_date`], `Bypass::ALL`;
 //!   [`range::boundary`], [`range::MAX_RANGES`], `ByteRange::len`;
-//!   [`entry::EntryMeta::header`], [`entry::BLOCK`], [`entry::MAX_HEADER_LEN`].
+//!   [`entry::EntryMeta::header`], [`entry::BLOCK`], [`entry::MAX_HEADER_LEN`];
+//!   [`evict::EvictionIndex::evict_one`], `contains`, `size_of`, `is_empty`, `policy`,
+//!   `max_bytes`, [`evict::EvictPolicy::name`]. `EvictionIndex::new`'s `max_entries` 0 means
+//!   no entry limit; `insert` of an entry that doesn't fit returns that entry as the victim.
 
 pub mod entry;
+pub mod evict;
 pub mod key;
 pub mod policy;
 pub mod presets;
