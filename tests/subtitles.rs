@@ -380,7 +380,11 @@ async fn stub_with_site(dir: &Path) -> Stub {
     let stub = Stub::start().await;
     stub.file("/watch.html", "text/html; charset=utf-8", page_html(true));
     stub.file("/media.html", "text/html", page_html(false));
-    stub.file("/empty.html", "text/html", "<html><body><p>nothing here</p></body></html>");
+    stub.file(
+        "/empty.html",
+        "text/html",
+        "<html><body><p>nothing here</p></body></html>",
+    );
     stub.file("/subs/en.vtt", "text/vtt", EN_VTT);
     stub.file("/subs/fr.vtt", "text/vtt", FR_VTT);
     stub.file("/talk.srt", "application/x-subrip", SRT);
@@ -539,7 +543,10 @@ async fn wait_job(svc: &Service, job_id: &str, done: impl Fn(&Value) -> bool) ->
         if done(&job) {
             return job;
         }
-        assert!(Instant::now() < deadline, "job never reached the state: {job}");
+        assert!(
+            Instant::now() < deadline,
+            "job never reached the state: {job}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -639,18 +646,42 @@ async fn health_errors_and_cors_defaults() {
     let ok_url = stub.url("/watch.html");
     let cases = [
         (json!({"target_language": "es"}), 400, "INVALID_URL"),
-        (json!({"video_url": "ftp://x/y", "target_language": "es"}), 400, "INVALID_URL"),
-        (json!({"video_url": "not a url", "target_language": "es"}), 400, "INVALID_URL"),
+        (
+            json!({"video_url": "ftp://x/y", "target_language": "es"}),
+            400,
+            "INVALID_URL",
+        ),
+        (
+            json!({"video_url": "not a url", "target_language": "es"}),
+            400,
+            "INVALID_URL",
+        ),
         (json!({"video_url": ok_url}), 400, "INVALID_LANGUAGE"),
-        (json!({"video_url": ok_url, "target_language": "xx"}), 400, "INVALID_LANGUAGE"),
+        (
+            json!({"video_url": ok_url, "target_language": "xx"}),
+            400,
+            "INVALID_LANGUAGE",
+        ),
         (
             json!({"video_url": ok_url, "target_language": "es", "source_language": "klingon"}),
             400,
             "INVALID_LANGUAGE",
         ),
-        (json!({"video_url": ok_url, "target_language": "es", "tier": 1}), 400, "MISSING_API_KEY"),
-        (json!({"video_url": ok_url, "target_language": "es", "tier": 2, "api_key": ""}), 400, "MISSING_API_KEY"),
-        (json!({"video_url": ok_url, "target_language": "es", "tier": 9}), 400, "INVALID_REQUEST"),
+        (
+            json!({"video_url": ok_url, "target_language": "es", "tier": 1}),
+            400,
+            "MISSING_API_KEY",
+        ),
+        (
+            json!({"video_url": ok_url, "target_language": "es", "tier": 2, "api_key": ""}),
+            400,
+            "MISSING_API_KEY",
+        ),
+        (
+            json!({"video_url": ok_url, "target_language": "es", "tier": 9}),
+            400,
+            "INVALID_REQUEST",
+        ),
         (json!(["not", "an", "object"]), 400, "INVALID_REQUEST"),
     ];
     for (body, status, code) in cases {
@@ -671,7 +702,10 @@ async fn health_errors_and_cors_defaults() {
     assert_error(s, &b, 404, "JOB_NOT_FOUND");
     let (s, b) = svc.get("/nowhere").await;
     assert_error(s, &b, 404, "NOT_FOUND");
-    assert!(stub.chats().is_empty(), "validation failures call no provider");
+    assert!(
+        stub.chats().is_empty(),
+        "validation failures call no provider"
+    );
 
     // CORS: any origin by default
     let resp = svc
@@ -712,13 +746,25 @@ async fn tier1_page_tracks_translated_in_batches_then_cached() {
     assert_eq!(code, 200, "{res}");
     assert_eq!(res["success"], true);
     assert_eq!(res["target_language"], "es");
-    assert_eq!(res["source_language"], "en", "the default <track> is English");
+    assert_eq!(
+        res["source_language"], "en",
+        "the default <track> is English"
+    );
     assert_eq!(
         texts(&res),
-        ["T:Hello", "T:How are\nyou?", "T:Fine & you", "T:Four", "T:Five"]
+        [
+            "T:Hello",
+            "T:How are\nyou?",
+            "T:Fine & you",
+            "T:Four",
+            "T:Five"
+        ]
     );
     let first = &res["subtitles"][0];
-    assert_eq!((first["start"].as_f64(), first["end"].as_f64()), (Some(1.0), Some(2.5)));
+    assert_eq!(
+        (first["start"].as_f64(), first["end"].as_f64()),
+        (Some(1.0), Some(2.5))
+    );
     assert_eq!(res["subtitles"][4]["end"].as_f64(), Some(10.0));
 
     // two batches (size 3), with the caller's key, model and context lines
@@ -731,8 +777,13 @@ async fn tier1_page_tracks_translated_in_batches_then_cached() {
             .as_str()
             .is_some_and(|s| s.contains("from English into Spanish")));
     }
-    let second_user = chats[1].body["messages"][1]["content"].as_str().unwrap_or_default();
-    assert!(second_user.contains("Context before (do not translate):\n- Fine & you\n"), "{second_user}");
+    let second_user = chats[1].body["messages"][1]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        second_user.contains("Context before (do not translate):\n- Fine & you\n"),
+        "{second_user}"
+    );
     assert!(second_user.contains("1. Four\n2. Five\n"), "{second_user}");
 
     let job_id = res["job_id"].as_str().expect("job_id").to_string();
@@ -752,7 +803,10 @@ async fn tier1_page_tracks_translated_in_batches_then_cached() {
         .text()
         .await
         .expect("srt text");
-    assert!(srt.starts_with("1\n00:00:01,000 --> 00:00:02,500\nT:Hello\n\n2\n"), "{srt}");
+    assert!(
+        srt.starts_with("1\n00:00:01,000 --> 00:00:02,500\nT:Hello\n\n2\n"),
+        "{srt}"
+    );
     let vtt = svc
         .http
         .get(svc.url(&format!("/api/status/{job_id}/subtitles?format=vtt")))
@@ -762,7 +816,10 @@ async fn tier1_page_tracks_translated_in_batches_then_cached() {
         .text()
         .await
         .expect("vtt text");
-    assert!(vtt.contains("00:00:05.000 --> 00:00:06.000\nT:Fine &amp; you\n"), "{vtt}");
+    assert!(
+        vtt.contains("00:00:05.000 --> 00:00:06.000\nT:Fine &amp; you\n"),
+        "{vtt}"
+    );
 
     // a repeat costs nothing: same answer, no provider call, new job id
     let (code, again) = svc.translate(body.clone()).await;
@@ -772,21 +829,28 @@ async fn tier1_page_tracks_translated_in_batches_then_cached() {
     assert_eq!(stub.chats().len(), 2, "served from the translation cache");
     // another model is another cache entry
     let (code, _) = svc
-        .translate(json!({"video_url": stub.url("/watch.html"), "target_language": "es",
-                          "api_key": caller_key, "api_url": stub.api(), "model": "other-model"}))
+        .translate(
+            json!({"video_url": stub.url("/watch.html"), "target_language": "es",
+                          "api_key": caller_key, "api_url": stub.api(), "model": "other-model"}),
+        )
         .await;
     assert_eq!(code, 200);
     assert_eq!(stub.chats().len(), 4);
 
     // asking for French picks the French track; the key never lands in logs or the database
     let (code, fr) = svc
-        .translate(json!({"video_url": stub.url("/watch.html"), "target_language": "de",
-                          "source_language": "fr", "api_key": caller_key, "api_url": stub.api()}))
+        .translate(
+            json!({"video_url": stub.url("/watch.html"), "target_language": "de",
+                          "source_language": "fr", "api_key": caller_key, "api_url": stub.api()}),
+        )
         .await;
     assert_eq!(code, 200, "{fr}");
     assert_eq!(texts(&fr), ["T:Bonjour"]);
     assert_eq!(fr["source_language"], "fr");
-    assert_eq!(stub.chats().last().map(|c| c.body["model"].clone()), Some(json!("caller-default-model")));
+    assert_eq!(
+        stub.chats().last().map(|c| c.body["model"].clone()),
+        Some(json!("caller-default-model"))
+    );
     let logs = svc.logs();
     assert!(!logs.contains(caller_key), "{logs}");
     for f in ["subtitles.db", "subtitles.db-wal"] {
@@ -806,8 +870,10 @@ async fn tier2_direct_srt_and_tier3_server_key() {
         &[("SERVER_API_KEY", "sk-server-key-0001")],
     );
     let (code, res) = svc
-        .translate(json!({"video_url": stub.url("/talk.srt"), "target_language": "fr",
-                          "source_language": "en", "api_key": "sk-caller-2", "tier": 2}))
+        .translate(
+            json!({"video_url": stub.url("/talk.srt"), "target_language": "fr",
+                          "source_language": "en", "api_key": "sk-caller-2", "tier": 2}),
+        )
         .await;
     assert_eq!(code, 200, "{res}");
     assert_eq!(texts(&res), ["T:One", "T:Two\nlines"]);
@@ -817,22 +883,29 @@ async fn tier2_direct_srt_and_tier3_server_key() {
 
     // tier 3: the server's key and model; api_url and model from the body are ignored
     let (code, res) = svc
-        .translate(json!({"video_url": stub.url("/talk.srt"), "target_language": "ja",
-                          "api_url": "http://127.0.0.1:9/v1", "model": "caller-choice"}))
+        .translate(
+            json!({"video_url": stub.url("/talk.srt"), "target_language": "ja",
+                          "api_url": "http://127.0.0.1:9/v1", "model": "caller-choice"}),
+        )
         .await;
     assert_eq!(code, 200, "{res}");
     let last = stub.chats().last().cloned().expect("a chat");
     assert_eq!(last.auth.as_deref(), Some("Bearer sk-server-key-0001"));
     assert_eq!(last.body["model"], "server-model");
-    let job = wait_job(&svc, res["job_id"].as_str().unwrap_or_default(), |j| j["status"] == "completed").await;
+    let job = wait_job(&svc, res["job_id"].as_str().unwrap_or_default(), |j| {
+        j["status"] == "completed"
+    })
+    .await;
     assert_eq!(job["tier"], 3);
     assert!(!svc.logs().contains("sk-server-key-0001"));
 
     // same source and target: returned as is, no provider call
     let before = stub.chats().len();
     let (code, res) = svc
-        .translate(json!({"video_url": stub.url("/talk.srt"), "target_language": "en",
-                          "source_language": "en"}))
+        .translate(
+            json!({"video_url": stub.url("/talk.srt"), "target_language": "en",
+                          "source_language": "en"}),
+        )
         .await;
     assert_eq!(code, 200);
     assert_eq!(texts(&res), ["One", "Two\nlines"]);
@@ -843,7 +916,11 @@ async fn tier2_direct_srt_and_tier3_server_key() {
 async fn wrong_line_counts_are_reasked_split_or_fail() {
     let dir = tempfile::tempdir().expect("tempdir");
     let stub = stub_with_site(dir.path()).await;
-    let svc = start(dir.path(), &config(&stub, ""), &[("SERVER_API_KEY", "k-server")]);
+    let svc = start(
+        dir.path(),
+        &config(&stub, ""),
+        &[("SERVER_API_KEY", "k-server")],
+    );
     // batch 1 (3 lines): short, short again → split into 1 + 2, both fine; batch 2 fine
     stub.script_chat(&[Chat::OneLineShort, Chat::OneLineShort]);
     let (code, res) = svc
@@ -852,18 +929,37 @@ async fn wrong_line_counts_are_reasked_split_or_fail() {
     assert_eq!(code, 200, "{res}");
     assert_eq!(
         texts(&res),
-        ["T:Hello", "T:How are\nyou?", "T:Fine & you", "T:Four", "T:Five"]
+        [
+            "T:Hello",
+            "T:How are\nyou?",
+            "T:Fine & you",
+            "T:Four",
+            "T:Five"
+        ]
     );
     let chats = stub.chats();
     let asked: Vec<usize> = chats
         .iter()
-        .map(|c| numbered_lines(c.body["messages"][1]["content"].as_str().unwrap_or_default()).len())
+        .map(|c| {
+            numbered_lines(
+                c.body["messages"][1]["content"]
+                    .as_str()
+                    .unwrap_or_default(),
+            )
+            .len()
+        })
         .collect();
-    assert_eq!(asked, [3, 3, 1, 2, 2], "first, re-ask, two halves, second batch");
+    assert_eq!(
+        asked,
+        [3, 3, 1, 2, 2],
+        "first, re-ask, two halves, second batch"
+    );
     let reask = &chats[1].body["messages"];
     assert_eq!(reask.as_array().map(Vec::len), Some(4));
     assert_eq!(reask[2]["role"], "assistant");
-    assert!(reask[3]["content"].as_str().is_some_and(|s| s.contains("exactly 3")));
+    assert!(reask[3]["content"]
+        .as_str()
+        .is_some_and(|s| s.contains("exactly 3")));
 
     // a provider that never gets the count right: TRANSLATION_FAILED
     stub.script_chat(&[Chat::OneLineShort; 10]);
@@ -871,15 +967,27 @@ async fn wrong_line_counts_are_reasked_split_or_fail() {
         .translate(json!({"video_url": stub.url("/talk.srt"), "target_language": "es"}))
         .await;
     assert_error(code, &res, 500, "TRANSLATION_FAILED");
-    let job = wait_job(&svc, res["job_id"].as_str().unwrap_or_default(), |j| j["status"] == "failed").await;
-    assert!(job["error"].as_str().is_some_and(|e| e.contains("one line")), "{job}");
+    let job = wait_job(&svc, res["job_id"].as_str().unwrap_or_default(), |j| {
+        j["status"] == "failed"
+    })
+    .await;
+    assert!(
+        job["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("one line")),
+        "{job}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_retries_errors_and_outage() {
     let dir = tempfile::tempdir().expect("tempdir");
     let stub = stub_with_site(dir.path()).await;
-    let svc = start(dir.path(), &config(&stub, ""), &[("SERVER_API_KEY", "k-server")]);
+    let svc = start(
+        dir.path(),
+        &config(&stub, ""),
+        &[("SERVER_API_KEY", "k-server")],
+    );
     // 429 then 503, then success: retried with backoff
     stub.script_chat(&[Chat::Status(429), Chat::Status(503)]);
     let (code, res) = svc
@@ -894,7 +1002,10 @@ async fn provider_retries_errors_and_outage() {
         .translate(json!({"video_url": stub.url("/talk.srt"), "target_language": "de"}))
         .await;
     assert_error(code, &res, 502, "API_ERROR");
-    assert!(res["error"].as_str().is_some_and(|e| e.contains("401")), "{res}");
+    assert!(
+        res["error"].as_str().is_some_and(|e| e.contains("401")),
+        "{res}"
+    );
     assert_eq!(stub.chats().len(), 4);
 
     // 5xx every time: retried up to max_attempts (3), then API_ERROR
@@ -904,14 +1015,22 @@ async fn provider_retries_errors_and_outage() {
         .await;
     assert_error(code, &res, 502, "API_ERROR");
     assert_eq!(stub.chats().len(), 7);
-    let job = wait_job(&svc, res["job_id"].as_str().unwrap_or_default(), |j| j["status"] == "failed").await;
-    assert!(job["error"].as_str().is_some_and(|e| e.contains("500")), "{job}");
+    let job = wait_job(&svc, res["job_id"].as_str().unwrap_or_default(), |j| {
+        j["status"] == "failed"
+    })
+    .await;
+    assert!(
+        job["error"].as_str().is_some_and(|e| e.contains("500")),
+        "{job}"
+    );
 
     // provider down (nothing listens): API_ERROR 502
     let down = support::free_port();
     let (code, res) = svc
-        .translate(json!({"video_url": stub.url("/talk.srt"), "target_language": "ko",
-                          "api_key": "sk-x", "api_url": format!("http://127.0.0.1:{down}/v1")}))
+        .translate(
+            json!({"video_url": stub.url("/talk.srt"), "target_language": "ko",
+                          "api_key": "sk-x", "api_url": format!("http://127.0.0.1:{down}/v1")}),
+        )
         .await;
     assert_error(code, &res, 502, "API_ERROR");
 }
@@ -927,7 +1046,9 @@ async fn unreachable_or_missing_videos() {
         format!("http://127.0.0.1:{closed}/watch"),
         stub.url("/empty.html"),
     ] {
-        let (code, res) = svc.translate(json!({"video_url": url, "target_language": "es"})).await;
+        let (code, res) = svc
+            .translate(json!({"video_url": url, "target_language": "es"}))
+            .await;
         assert_error(code, &res, 404, "VIDEO_NOT_FOUND");
         assert!(res["job_id"].is_string(), "{res}");
     }
@@ -941,7 +1062,10 @@ async fn transcription_tiers_and_failures_without_ffmpeg() {
     let svc = start(
         dir.path(),
         &config(&stub, ""),
-        &[("SERVER_API_KEY", "k-server"), ("SERVERLESS_HOST_API_KEY", "gpu-host-key")],
+        &[
+            ("SERVER_API_KEY", "k-server"),
+            ("SERVERLESS_HOST_API_KEY", "gpu-host-key"),
+        ],
     );
     // tier 3, page without tracks: the media is uploaded as fetched (ffmpeg disabled)
     let (code, res) = svc
@@ -955,7 +1079,11 @@ async fn transcription_tiers_and_failures_without_ffmpeg() {
     assert_eq!(t.len(), 1);
     assert_eq!(t[0].auth.as_deref(), Some("Bearer gpu-host-key"));
     assert_eq!(t[0].body["file_name"], "media.wav");
-    assert_eq!(t[0].body["file_head"], json!([82, 73, 70, 70]), "RIFF as served");
+    assert_eq!(
+        t[0].body["file_head"],
+        json!([82, 73, 70, 70]),
+        "RIFF as served"
+    );
     assert_eq!(t[0].body["model"], "whisper-1");
     assert_eq!(t[0].body["response_format"], "verbose_json");
 
@@ -980,7 +1108,10 @@ async fn transcription_tiers_and_failures_without_ffmpeg() {
 
     // no server backend configured: tiers 2-4 cannot transcribe
     let dir2 = tempfile::tempdir().expect("tempdir");
-    let yaml = config(&stub, "").replace(&format!("transcription: {{ url: \"{}\" }}\n", stub.api()), "");
+    let yaml = config(&stub, "").replace(
+        &format!("transcription: {{ url: \"{}\" }}\n", stub.api()),
+        "",
+    );
     let svc2 = start(dir2.path(), &yaml, &[("SERVER_API_KEY", "k-server")]);
     let (_, health) = svc2.get("/health").await;
     assert_eq!(health["capabilities"]["transcription"]["configured"], false);
@@ -1024,11 +1155,16 @@ async fn yt_dlp_reads_video_site_tracks_and_audio() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let stub = stub_with_site(dir.path()).await;
-    let yaml = config(&stub, "")
-        .replace("tools: { yt_dlp: \"\", ffmpeg: \"\" }", "tools: { yt_dlp: yt-dlp, ffmpeg: ffmpeg, video_sites: [localhost] }");
+    let yaml = config(&stub, "").replace(
+        "tools: { yt_dlp: \"\", ffmpeg: \"\" }",
+        "tools: { yt_dlp: yt-dlp, ffmpeg: ffmpeg, video_sites: [localhost] }",
+    );
     let svc = start(dir.path(), &yaml, &[("SERVER_API_KEY", "k-server")]);
     let (_, health) = svc.get("/health").await;
-    assert_eq!(health["capabilities"]["yt_dlp"]["available"], true, "{health}");
+    assert_eq!(
+        health["capabilities"]["yt_dlp"]["available"], true,
+        "{health}"
+    );
     // "localhost" is configured as a video site: pages go through yt-dlp -J
     let page = format!("http://localhost:{}/watch.html", stub.addr.port());
     let (code, res) = svc
@@ -1037,7 +1173,13 @@ async fn yt_dlp_reads_video_site_tracks_and_audio() {
     assert_eq!(code, 200, "{res}\n{}", svc.logs());
     assert_eq!(
         texts(&res),
-        ["T:Hello", "T:How are\nyou?", "T:Fine & you", "T:Four", "T:Five"]
+        [
+            "T:Hello",
+            "T:How are\nyou?",
+            "T:Fine & you",
+            "T:Four",
+            "T:Five"
+        ]
     );
     assert!(stub.transcriptions().is_empty());
     // force_whisper: yt-dlp downloads the media, ffmpeg extracts the audio, it is transcribed
@@ -1049,7 +1191,9 @@ async fn yt_dlp_reads_video_site_tracks_and_audio() {
     assert_eq!(stub.transcriptions().len(), 1);
     // a page yt-dlp cannot read: VIDEO_NOT_FOUND
     let missing = format!("http://localhost:{}/missing.html", stub.addr.port());
-    let (code, res) = svc.translate(json!({"video_url": missing, "target_language": "es"})).await;
+    let (code, res) = svc
+        .translate(json!({"video_url": missing, "target_language": "es"}))
+        .await;
     assert_error(code, &res, 404, "VIDEO_NOT_FOUND");
 }
 
@@ -1057,14 +1201,18 @@ async fn yt_dlp_reads_video_site_tracks_and_audio() {
 async fn stream_events_in_order_job_states_and_cancellation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let stub = stub_with_site(dir.path()).await;
-    let yaml = config(&stub, "jobs: { max_concurrent: 1 }\n").replace("batch_size: 3", "batch_size: 2");
+    let yaml =
+        config(&stub, "jobs: { max_concurrent: 1 }\n").replace("batch_size: 3", "batch_size: 2");
     let svc = start(dir.path(), &yaml, &[("SERVER_API_KEY", "k-server")]);
 
     // a whole stream: progress, subtitles in order, complete
-    let events = Events::open(&svc, json!({"video_url": stub.url("/watch.html"), "target_language": "es"}))
-        .await
-        .all()
-        .await;
+    let events = Events::open(
+        &svc,
+        json!({"video_url": stub.url("/watch.html"), "target_language": "es"}),
+    )
+    .await
+    .all()
+    .await;
     let kinds: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
     assert_eq!(kinds.first(), Some(&"progress"));
     assert_eq!(kinds.last(), Some(&"complete"));
@@ -1085,12 +1233,22 @@ async fn stream_events_in_order_job_states_and_cancellation() {
     // progress arrives as batches finish: between the subtitles, not only at the end
     let first_sub = kinds.iter().position(|k| *k == "subtitle").unwrap_or(0);
     assert!(kinds[first_sub..].contains(&"progress"), "{kinds:?}");
-    assert_eq!(wait_job(&svc, &job_id, |j| j["status"] == "completed").await["subtitles_count"], 5);
+    assert_eq!(
+        wait_job(&svc, &job_id, |j| j["status"] == "completed").await["subtitles_count"],
+        5
+    );
 
     // job A hangs on its second batch; job B waits (max_concurrent 1) as pending
     stub.script_chat(&[Chat::Translate, Chat::Hang]);
-    let mut a = Events::open(&svc, json!({"video_url": stub.url("/watch.html"), "target_language": "fr"})).await;
-    let a_id = a.next().await.expect("first event")["job_id"].as_str().expect("id").to_string();
+    let mut a = Events::open(
+        &svc,
+        json!({"video_url": stub.url("/watch.html"), "target_language": "fr"}),
+    )
+    .await;
+    let a_id = a.next().await.expect("first event")["job_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
     let mut seen = Vec::new();
     while seen.len() < 2 {
         let e = a.next().await.expect("event");
@@ -1102,15 +1260,28 @@ async fn stream_events_in_order_job_states_and_cancellation() {
     // the first stream made 3 requests (batches of 2); A's second batch is the one hanging
     let deadline = Instant::now() + Duration::from_secs(30);
     while stub.chats().len() < 5 {
-        assert!(Instant::now() < deadline, "A's second batch never reached the provider");
+        assert!(
+            Instant::now() < deadline,
+            "A's second batch never reached the provider"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let job_a = wait_job(&svc, &a_id, |j| j["status"] == "processing" && j["subtitles_count"] == 2).await;
+    let job_a = wait_job(&svc, &a_id, |j| {
+        j["status"] == "processing" && j["subtitles_count"] == 2
+    })
+    .await;
     let p = job_a["progress"].as_f64().unwrap_or(0.0);
     assert!(p > 0.0 && p < 100.0, "{job_a}");
 
-    let mut b = Events::open(&svc, json!({"video_url": stub.url("/watch.html"), "target_language": "de"})).await;
-    let b_id = b.next().await.expect("first event")["job_id"].as_str().expect("id").to_string();
+    let mut b = Events::open(
+        &svc,
+        json!({"video_url": stub.url("/watch.html"), "target_language": "de"}),
+    )
+    .await;
+    let b_id = b.next().await.expect("first event")["job_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
     let job_b = wait_job(&svc, &b_id, |_| true).await;
     assert_eq!(job_b["status"], "pending", "{job_b}");
     assert_eq!(job_b["progress"].as_f64(), Some(0.0));
@@ -1120,29 +1291,55 @@ async fn stream_events_in_order_job_states_and_cancellation() {
     drop(a);
     let deadline = Instant::now() + Duration::from_secs(30);
     while stub.aborted() == 0 {
-        assert!(Instant::now() < deadline, "the provider request was not aborted");
+        assert!(
+            Instant::now() < deadline,
+            "the provider request was not aborted"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let job_a = wait_job(&svc, &a_id, |j| j["status"] == "failed").await;
-    assert!(job_a["error"].as_str().is_some_and(|e| e.contains("cancelled")), "{job_a}");
+    assert!(
+        job_a["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cancelled")),
+        "{job_a}"
+    );
     // B now runs to the end; A asked nothing more
     let rest = b.all().await;
-    assert_eq!(rest.last().map(|e| e["type"].clone()), Some(json!("complete")));
-    assert_eq!(wait_job(&svc, &b_id, |j| j["status"] != "pending" && j["status"] != "processing").await["status"], "completed");
+    assert_eq!(
+        rest.last().map(|e| e["type"].clone()),
+        Some(json!("complete"))
+    );
+    assert_eq!(
+        wait_job(&svc, &b_id, |j| j["status"] != "pending"
+            && j["status"] != "processing")
+        .await["status"],
+        "completed"
+    );
     let a_chats = stub
         .chats()
         .iter()
         .skip(chats_at_cancel)
-        .filter(|c| c.body["messages"][0]["content"].as_str().is_some_and(|s| s.contains("French")))
+        .filter(|c| {
+            c.body["messages"][0]["content"]
+                .as_str()
+                .is_some_and(|s| s.contains("French"))
+        })
         .count();
-    assert_eq!(a_chats, 0, "no batch of the cancelled job after the disconnect");
+    assert_eq!(
+        a_chats, 0,
+        "no batch of the cancelled job after the disconnect"
+    );
 
     // errors arrive as an `error` event
     stub.script_chat(&[Chat::Status(403)]);
-    let events = Events::open(&svc, json!({"video_url": stub.url("/talk.srt"), "target_language": "hi"}))
-        .await
-        .all()
-        .await;
+    let events = Events::open(
+        &svc,
+        json!({"video_url": stub.url("/talk.srt"), "target_language": "hi"}),
+    )
+    .await
+    .all()
+    .await;
     let last = events.last().expect("an event");
     assert_eq!(last["type"], "error");
     assert_eq!(last["code"], "API_ERROR");
@@ -1160,8 +1357,15 @@ async fn jobs_and_cache_survive_a_restart() {
     let done_id = done["job_id"].as_str().expect("id").to_string();
 
     stub.script_chat(&[Chat::Hang]);
-    let mut hanging = Events::open(&svc, json!({"video_url": stub.url("/talk.srt"), "target_language": "ar"})).await;
-    let hang_id = hanging.next().await.expect("event")["job_id"].as_str().expect("id").to_string();
+    let mut hanging = Events::open(
+        &svc,
+        json!({"video_url": stub.url("/talk.srt"), "target_language": "ar"}),
+    )
+    .await;
+    let hang_id = hanging.next().await.expect("event")["job_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
     wait_job(&svc, &hang_id, |j| j["status"] == "processing").await;
     svc.kill();
     drop(hanging);
@@ -1169,9 +1373,17 @@ async fn jobs_and_cache_survive_a_restart() {
     let svc = start(dir.path(), &yaml, &[("SERVER_API_KEY", "k-server")]);
     let job = wait_job(&svc, &hang_id, |_| true).await;
     assert_eq!(job["status"], "failed");
-    assert!(job["error"].as_str().is_some_and(|e| e.contains("interrupted")), "{job}");
+    assert!(
+        job["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("interrupted")),
+        "{job}"
+    );
     let job = wait_job(&svc, &done_id, |_| true).await;
-    assert_eq!((job["status"].as_str(), job["subtitles_count"].as_u64()), (Some("completed"), Some(5)));
+    assert_eq!(
+        (job["status"].as_str(), job["subtitles_count"].as_u64()),
+        (Some("completed"), Some(5))
+    );
     let chats = stub.chats().len();
     let (code, again) = svc.translate(body).await;
     assert_eq!(code, 200);
@@ -1185,7 +1397,10 @@ async fn rate_limits_and_cors_origins() {
     let stub = stub_with_site(dir.path()).await;
     let svc = start(
         dir.path(),
-        &config(&stub, "rate_limit: { per_ip: 100, per_key: 2, window: 1h }\n"),
+        &config(
+            &stub,
+            "rate_limit: { per_ip: 100, per_key: 2, window: 1h }\n",
+        ),
         &[("CORS_ORIGINS", "https://app.example")],
     );
     let body = json!({"video_url": stub.url("/talk.srt"), "target_language": "es", "api_key": "sk-limited"});
@@ -1216,9 +1431,15 @@ async fn rate_limits_and_cors_origins() {
     };
     let allowed = preflight("https://app.example").await.expect("preflight");
     assert_eq!(
-        allowed.headers().get("access-control-allow-origin").and_then(|v| v.to_str().ok()),
+        allowed
+            .headers()
+            .get("access-control-allow-origin")
+            .and_then(|v| v.to_str().ok()),
         Some("https://app.example")
     );
     let denied = preflight("https://evil.example").await.expect("preflight");
-    assert!(denied.headers().get("access-control-allow-origin").is_none());
+    assert!(denied
+        .headers()
+        .get("access-control-allow-origin")
+        .is_none());
 }

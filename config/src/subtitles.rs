@@ -453,11 +453,7 @@ pub fn validate_subtitles(cfg: &SubtitlesConfig) -> Vec<Problem> {
         problem("limits", "limits.fetch_timeout", "must be positive".into());
     }
     if cfg.rate_limit.window.0.is_zero() {
-        problem(
-            "rate_limit",
-            "rate_limit.window",
-            "must be positive".into(),
-        );
+        problem("rate_limit", "rate_limit.window", "must be positive".into());
     }
     out
 }
