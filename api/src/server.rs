@@ -495,3 +495,163 @@ mod tests {
         assert_eq!(v["backend"], "direct");
     }
 }
+
+/// Sizes of one cache tier (`memory` / `disk` of [`CacheStats`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct CacheTierStats {
+    pub entries: u64,
+    pub size_bytes: u64,
+    pub max_size_bytes: u64,
+}
+
+/// `GET /api/v1/cache/stats`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CacheStats {
+    pub enabled: bool,
+    /// Hits / (hits + misses), 0 when nothing was asked yet.
+    pub hit_rate: f64,
+    pub total_requests: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// `memory`, `disk` or `tiered`.
+    pub storage_type: String,
+    pub rules_count: u64,
+    pub memory: CacheTierStats,
+    pub disk: CacheTierStats,
+    /// Entries that could not be stored (disk full, unwritable directory, …).
+    pub store_errors: u64,
+    pub evictions: u64,
+}
+
+/// One stored response.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CacheEntry {
+    pub key: String,
+    pub url: String,
+    pub host: String,
+    /// Body bytes.
+    pub size: u64,
+    pub content_type: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// `memory` or `disk`.
+    pub tier: String,
+}
+
+/// `GET /api/v1/cache/entries`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CacheEntryList {
+    pub entries: Vec<CacheEntry>,
+    pub total: u64,
+    pub offset: u64,
+    pub limit: u64,
+}
+
+/// `DELETE /api/v1/cache/entries/{key}`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct CacheEntryDeleted {
+    pub message: String,
+    pub key: String,
+}
+
+/// `DELETE /api/v1/cache/domain/{domain}`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct CacheDomainDeleted {
+    pub message: String,
+    pub domain: String,
+    pub deleted: u64,
+}
+
+/// A cache rule as the API shows it. `ttl` is a duration string (`8760h0m0s`); `preset` is set
+/// when the rule comes from an enabled preset.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CacheRule {
+    pub name: String,
+    pub domains: Vec<String>,
+    pub enabled: bool,
+    pub ttl: String,
+    pub priority: i32,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub preset: Option<String>,
+    pub ignore_query: bool,
+    pub content_types: Vec<String>,
+    pub respect_cache_control: bool,
+    pub methods: Vec<String>,
+    /// Largest cacheable body (size string); `0` is unlimited.
+    pub max_size: String,
+}
+
+/// `GET /api/v1/cache/rules`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CacheRuleList {
+    pub rules: Vec<CacheRule>,
+    pub count: u64,
+}
+
+/// `POST /api/v1/cache/rules` (omitted options take the config defaults) and
+/// `PUT /api/v1/cache/rules/{name}` (every field optional; only those given change).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CacheRuleInput {
+    pub name: Option<String>,
+    pub domains: Option<Vec<String>>,
+    pub enabled: Option<bool>,
+    /// Duration string (`168h`, `30d`) or nanoseconds.
+    #[schema(value_type = Option<String>)]
+    pub ttl: Option<serde_json::Value>,
+    pub priority: Option<i32>,
+    pub ignore_query: Option<bool>,
+    pub content_types: Option<Vec<String>>,
+    pub respect_cache_control: Option<bool>,
+    pub methods: Option<Vec<String>>,
+    /// Size string (`2GB`) or bytes.
+    #[schema(value_type = Option<String>)]
+    pub max_size: Option<serde_json::Value>,
+}
+
+/// `{message, rule}` after a rule was created or changed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CacheRuleSaved {
+    pub message: String,
+    pub rule: CacheRule,
+}
+
+/// `DELETE /api/v1/cache/rules/{name}`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct CacheRuleDeleted {
+    pub message: String,
+    pub rule: String,
+}
+
+/// A built-in preset; `enabled` says whether `cache.presets` lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CachePreset {
+    pub name: String,
+    pub description: String,
+    pub domains: Vec<String>,
+    pub ttl: String,
+    pub priority: i32,
+    pub enabled: bool,
+}
+
+/// `GET /api/v1/cache/presets`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CachePresetList {
+    pub presets: Vec<CachePreset>,
+    pub count: u64,
+}
+
+/// `POST /api/v1/cache/presets/{name}` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CachePresetToggle {
+    pub enabled: bool,
+}
+
+/// `{message, preset}` after a preset was enabled or disabled.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct CachePresetChanged {
+    pub message: String,
+    pub preset: String,
+    pub enabled: bool,
+}

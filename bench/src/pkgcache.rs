@@ -257,7 +257,7 @@ fn parallel_puts(urls: &[String], file: &Path, len: u64) -> Result<HttpFigures> 
 }
 
 /// RSS of `pid` plus its direct children (nginx workers), KiB.
-fn tree_rss_kib(pid: u32) -> u64 {
+pub(crate) fn tree_rss_kib(pid: u32) -> u64 {
     let mut total = rss_kib(pid).unwrap_or(0);
     if let Ok(rd) = fs::read_dir("/proc") {
         for e in rd.flatten() {
@@ -277,13 +277,13 @@ fn tree_rss_kib(pid: u32) -> u64 {
     total
 }
 
-struct Sampler {
+pub(crate) struct Sampler {
     stop: Arc<AtomicBool>,
     handle: std::thread::JoinHandle<()>,
     peaks: Vec<Arc<AtomicU64>>,
 }
 
-fn sample(pids: &[u32]) -> Sampler {
+pub(crate) fn sample(pids: &[u32]) -> Sampler {
     let stop = Arc::new(AtomicBool::new(false));
     let peaks: Vec<Arc<AtomicU64>> = pids.iter().map(|_| Arc::default()).collect();
     let (s, p, pids) = (stop.clone(), peaks.clone(), pids.to_vec());
@@ -303,7 +303,7 @@ fn sample(pids: &[u32]) -> Sampler {
 }
 
 impl Sampler {
-    fn finish(self) -> Vec<u64> {
+    pub(crate) fn finish(self) -> Vec<u64> {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.handle.join();
         self.peaks

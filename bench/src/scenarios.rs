@@ -87,7 +87,7 @@ impl Ctx {
         })
     }
 
-    fn write_json(&self, scenario: &str, mut v: serde_json::Value) -> Result<()> {
+    pub(crate) fn write_json(&self, scenario: &str, mut v: serde_json::Value) -> Result<()> {
         v["scenario"] = json!(scenario);
         v["host"] = self.host();
         let path = self.out.join(format!("{scenario}.json"));
@@ -185,7 +185,7 @@ const FILES: [(&str, &str, usize); 2] = [
     ("1 MiB", "/1m.bin", 1024 * 1024),
 ];
 
-fn content(len: usize) -> Vec<u8> {
+pub(crate) fn content(len: usize) -> Vec<u8> {
     // Deterministic, not compressible by accident: a 64-bit LCG.
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ len as u64;
     (0..len)

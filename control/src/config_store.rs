@@ -53,13 +53,27 @@ fn with_hot_sections(running: &ServerConfig, new: &ServerConfig) -> ServerConfig
     effective.routes = new.routes.clone();
     effective.rate_limit = new.rate_limit.clone();
     effective.access_control = new.access_control.clone();
+    // Cache rules and presets reload; storage and turning caching on wait for a restart.
+    effective.cache.rules = new.cache.rules.clone();
+    effective.cache.presets = new.cache.presets.clone();
+    effective.cache.default_ttl = new.cache.default_ttl;
+    effective.cache.max_file_size = new.cache.max_file_size;
     effective
 }
 
-fn split_sections(changed: &[&'static str]) -> (Vec<&'static str>, Vec<&'static str>) {
-    changed
+/// (applied now, needing a restart). `cache` can be both: its rules reload, its storage not.
+fn split_sections(
+    changed: &[&'static str],
+    running: &ServerConfig,
+    new: &ServerConfig,
+) -> (Vec<&'static str>, Vec<&'static str>) {
+    let (hot, mut restart): (Vec<&'static str>, Vec<&'static str>) = changed
         .iter()
-        .partition(|s| HOT_RELOADABLE_SECTIONS.contains(s))
+        .partition(|s| HOT_RELOADABLE_SECTIONS.contains(s));
+    if hot.contains(&"cache") && running.cache.restart_required(&new.cache) {
+        restart.push("cache");
+    }
+    (hot, restart)
 }
 
 /// Re-reads the file and applies its hot-reloadable sections.
@@ -76,7 +90,7 @@ pub async fn reload(state: &ServerState) -> Result<ReloadOutcome, ConfigError> {
     }
     let running = state.config.load_full();
     let changed = switchyard_config::changed_sections(&running, &new);
-    let (_hot, restart_required) = split_sections(&changed);
+    let (_hot, restart_required) = split_sections(&changed, &running, &new);
     apply(state, with_hot_sections(&running, &new))?;
     state.count_reload();
     state.hub.publish(
@@ -187,7 +201,7 @@ pub async fn save(
 
     let running = state.config.load_full();
     let changed = switchyard_config::changed_sections(&running, &new);
-    let (hot, restart) = split_sections(&changed);
+    let (hot, restart) = split_sections(&changed, &running, &new);
     let mut result = ConfigSaveResult {
         success: true,
         message: "configuration saved".into(),

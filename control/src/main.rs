@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod api;
+mod cache;
 mod config_store;
 mod hub;
 mod metrics;

@@ -21,6 +21,15 @@
 //! | `switchyard_core_connections_active` / `_total`, `switchyard_core_requests_total` | gauge / counter | `core` |
 //! | `switchyard_websocket_clients` | gauge | |
 //! | `switchyard_uptime_seconds` | gauge | |
+//! | `proxy_cache_hits_total` | counter | `domain` |
+//! | `proxy_cache_misses_total` | counter | `domain`, `reason` |
+//! | `proxy_cache_bytes_served_total` | counter | `source` (cache, origin) |
+//! | `proxy_cache_storage_size_bytes` / `proxy_cache_storage_entries` | gauge | `tier` |
+//! | `proxy_cache_evictions_total` | counter | `tier`, `reason` |
+//! | `proxy_cache_operation_duration_seconds` | histogram | `operation` |
+//!
+//! The cache metrics appear when `cache.enabled`; at most 512 distinct `domain` values are kept
+//! (later hosts count as `other`).
 
 use crate::server::ServerState;
 use axum::http::{header, StatusCode};
@@ -56,6 +65,8 @@ pub struct Sample {
     pub records_dropped: u64,
     pub websocket_clients: usize,
     pub uptime_secs: u64,
+    /// The HTTP cache, whose long-lived `proxy_cache_*` collectors join each scrape.
+    pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
 }
 
 pub fn sample(state: &ServerState) -> Sample {
@@ -78,6 +89,7 @@ pub fn sample(state: &ServerState) -> Sample {
         records_dropped: state.requests.dropped(),
         websocket_clients: state.ws.connected(),
         uptime_secs: state.started.elapsed().as_secs(),
+        cache: state.cache.clone(),
     }
 }
 
@@ -277,6 +289,12 @@ pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
         s.uptime_secs,
     )?;
 
+    if let Some(cache) = &s.cache {
+        for collector in cache.stats.collectors() {
+            b.registry.register(collector)?;
+        }
+    }
+
     let mut out = Vec::new();
     TextEncoder::new().encode(&b.registry.gather(), &mut out)?;
     String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
@@ -365,6 +383,7 @@ mod tests {
             records_dropped: 1,
             websocket_clients: 4,
             uptime_secs: 12,
+            cache: None,
         };
         let text = render(&s).unwrap();
         let checks = [

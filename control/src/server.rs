@@ -48,6 +48,8 @@ pub struct ServerState {
     pub ws: crate::api::ws::WsClients,
     /// The API is served over TLS (`api.tls`): session cookies are `Secure`.
     pub api_tls: bool,
+    /// The HTTP cache's store (`cache.enabled` at start; storage changes need a restart).
+    pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -113,12 +115,14 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let snapshot =
         Snapshot::compile(&cfg, None, probe_cores).context("compiling the configuration")?;
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
+    let cache = crate::cache::open(&cfg.cache);
     let dataplane = Dataplane::start(
         snapshot.clone(),
         DataplaneOptions {
             cores: cores_wanted,
             http: Some(crate::net::spec(&http_listen)),
             socks5: socks_listen.as_ref().map(crate::net::spec),
+            cache: cache.clone(),
         },
         runtime.handle().clone(),
     )?;
@@ -148,11 +152,16 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         sessions: crate::api::auth::Sessions::default(),
         ws: crate::api::ws::WsClients::new(cfg.api.ws_read_timeout.as_std()),
         api_tls: api_tls.is_some(),
+        cache,
     });
 
     runtime.block_on(async move {
         tokio::spawn(drain_dataplane(state.clone()));
         tokio::spawn(reload_on_hangup(state.clone()));
+        if let Some(store) = &state.cache {
+            let every = cfg.cache.storage.disk.cleanup_interval.as_std();
+            tokio::spawn(crate::cache::cleanup(store.clone(), every));
+        }
         if !cfg.api.stats_interval.is_zero() {
             tokio::spawn(crate::api::ws::publish_stats(state.clone(), cfg.api.stats_interval.as_std()));
         }

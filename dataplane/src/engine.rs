@@ -33,6 +33,8 @@ pub struct DataplaneOptions {
     pub cores: usize,
     pub http: Option<ListenSpec>,
     pub socks5: Option<ListenSpec>,
+    /// The HTTP cache's store when `cache.enabled` (shared by every core).
+    pub cache: Option<Arc<crate::cache::CacheStore>>,
 }
 
 /// Shared state of one running data plane, readable from the control plane.
@@ -63,6 +65,7 @@ pub(crate) struct CoreContext {
     pub open_connections: Arc<AtomicUsize>,
     /// The SOCKS5 listener's address, used for UDP ASSOCIATE relays.
     pub socks5_ip: Option<IpAddr>,
+    pub cache: Option<Arc<crate::cache::CacheStore>>,
 }
 
 fn listen_socket(spec: ListenSpec, port: u16) -> std::io::Result<Socket> {
@@ -173,14 +176,20 @@ impl Dataplane {
                 resolver.clone(),
                 offload.clone(),
                 open_connections.clone(),
+                opts.cache.clone(),
             );
             // Core 0 serves control-plane commands.
             let command_rx: Option<CommandReceiver> = (index == 0).then(|| command_rx.clone());
             let socks5_ip = socks5_addr.map(|a| a.ip());
             let builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
                 .name(&format!("dataplane-{index}"))
-                // The data plane does no DMA file I/O yet: keep locked memory small.
-                .io_memory(512 << 10)
+                // Registered I/O memory: small without a cache; cache fills write through DMA
+                // buffers (1 MiB, four in flight) and fall back to heap buffers past this.
+                .io_memory(if opts.cache.is_some() {
+                    4 << 20
+                } else {
+                    512 << 10
+                })
                 .ring_depth(512);
             let handle = builder
                 .spawn(move || async move {
@@ -193,6 +202,7 @@ impl Dataplane {
                         resolver,
                         offload,
                         open_connections,
+                        cache,
                     ) = ctx;
                     let ctx = Rc::new(CoreContext {
                         core: index,
@@ -205,6 +215,7 @@ impl Dataplane {
                         offload,
                         open_connections,
                         socks5_ip,
+                        cache,
                     });
                     let mut tasks = Vec::new();
                     if let Some(rx) = command_rx {

@@ -12,7 +12,7 @@ use crate::snapshot::{Backend, Snapshot};
 use crate::trace::Trace;
 use crate::tunnel;
 use glommio::net::TcpStream;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -24,7 +24,7 @@ use switchyard_proto::http1::{
 };
 
 /// Why reading a head stopped without a head.
-enum HeadRead<T> {
+pub(crate) enum HeadRead<T> {
     Head(T),
     /// Clean EOF before any byte of a new message.
     Closed,
@@ -33,7 +33,10 @@ enum HeadRead<T> {
     Io,
 }
 
-async fn with_timeout<T>(d: Duration, fut: impl std::future::Future<Output = T>) -> Option<T> {
+pub(crate) async fn with_timeout<T>(
+    d: Duration,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
     futures_lite::future::or(async { Some(fut.await) }, async {
         glommio::timer::sleep(d).await;
         None
@@ -42,7 +45,7 @@ async fn with_timeout<T>(d: Duration, fut: impl std::future::Future<Output = T>)
 }
 
 /// Reads until `parse` yields a head; `carry` holds bytes read beyond it on return.
-async fn read_head<T>(
+pub(crate) async fn read_head<T>(
     from: &RefCell<TcpStream>,
     carry: &mut Vec<u8>,
     limits: &HeadLimits,
@@ -88,7 +91,7 @@ async fn read_head<T>(
 
 /// How a relayed body ended.
 #[derive(Debug, PartialEq, Eq)]
-enum BodyEnd {
+pub(crate) enum BodyEnd {
     /// Delimited body complete; the source connection can carry another message.
     Complete,
     /// Body ran to EOF (close-delimited); the source is finished.
@@ -97,7 +100,7 @@ enum BodyEnd {
 
 /// Relays one body of `kind` from `from` (whose already-read bytes are in `carry`) to `to`.
 /// Bytes beyond the body stay in `carry` (a pipelined next message).
-async fn relay_body(
+pub(crate) async fn relay_body(
     from: &RefCell<TcpStream>,
     to: &RefCell<TcpStream>,
     carry: &mut Vec<u8>,
@@ -186,7 +189,7 @@ async fn relay_body(
     }
 }
 
-async fn reply(
+pub(crate) async fn reply(
     client: &RefCell<TcpStream>,
     status: u16,
     reason: &str,
@@ -199,7 +202,7 @@ async fn reply(
 }
 
 /// Answers with an error status, recording it in the trace.
-async fn refuse(
+pub(crate) async fn refuse(
     client: &RefCell<TcpStream>,
     trace: &mut Trace,
     status: u16,
@@ -333,13 +336,13 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
 }
 
 /// What the connection does after a request.
-enum Next {
+pub(crate) enum Next {
     KeepAlive,
     Close,
     Tunnel(Box<TunnelJob>),
 }
 
-struct TunnelJob {
+pub(crate) struct TunnelJob {
     connected: Connected,
     label: String,
     backend: Arc<Backend>,
@@ -528,49 +531,83 @@ async fn forward<'c>(
     // Each forwarded request counts as one connection through its backend while it runs.
     let bcore = backend.counters.core(ctx.core);
     bcore.opened();
-    let next = exchange(
-        ctx,
-        snapshot,
-        client,
-        carry,
+    let request = Forwarded {
         head,
         peer,
         host,
         port,
         path_and_query,
-        trace,
-        &backend,
-        conn,
         request_body,
         client_keep_alive,
-    )
-    .await;
+    };
+    let cached = match (&ctx.cache, &snapshot.cache) {
+        (Some(store), Some(policy)) => policy.rules.find(host).map(|rule| (store, policy, rule)),
+        _ => None,
+    };
+    let next = match cached {
+        Some((store, policy, rule)) => {
+            crate::cache::serve::exchange_cached(
+                ctx, snapshot, store, policy, rule, client, carry, request, trace, &backend, conn,
+            )
+            .await
+        }
+        None => exchange(ctx, snapshot, client, carry, request, trace, &backend, conn).await,
+    };
     bcore.closed();
     trace.up.set(conn.bytes_recv.load(Relaxed) - up_before);
     trace.down.set(conn.bytes_sent.load(Relaxed) - down_before);
     next
 }
 
-/// Sends the request to the origin (pooled connection or a new one) and relays the response.
-#[allow(clippy::too_many_arguments)]
-async fn exchange(
-    ctx: &CoreContext,
-    snapshot: &Snapshot,
-    client: &RefCell<TcpStream>,
-    carry: &mut Vec<u8>,
-    mut head: RequestHead,
-    peer: SocketAddr,
+/// Counts the bytes of one forwarded request: per core, per backend and on the live connection.
+pub(crate) struct ByteMeter<'a> {
+    core: &'a crate::counters::CoreCounters,
+    backend: Option<&'a crate::counters::CoreCounters>,
+    conn: &'a crate::live::LiveConnection,
+}
+
+impl<'a> ByteMeter<'a> {
+    pub(crate) fn new(
+        ctx: &'a CoreContext,
+        backend: Option<&'a Backend>,
+        conn: &'a crate::live::LiveConnection,
+    ) -> Self {
+        ByteMeter {
+            core: ctx.counters.core(ctx.core),
+            backend: backend.map(|b| b.counters.core(ctx.core)),
+            conn,
+        }
+    }
+
+    /// Bytes received from the client.
+    pub(crate) fn up(&self, n: u64) {
+        self.core.add_received(n);
+        if let Some(b) = self.backend {
+            b.add_received(n);
+        }
+        self.conn.add_recv(n);
+    }
+
+    /// Bytes sent to the client.
+    pub(crate) fn down(&self, n: u64) {
+        self.core.add_sent(n);
+        if let Some(b) = self.backend {
+            b.add_sent(n);
+        }
+        self.conn.add_sent(n);
+    }
+}
+
+/// Rewrites `head` for the origin — origin-form target, Host from the absolute URI, hop-by-hop
+/// headers (incl. Proxy-Authorization) removed — and returns its bytes and whether the client
+/// expects a `100 Continue`.
+pub(crate) fn origin_request(
+    head: &mut RequestHead,
     host: &str,
     port: u16,
     path_and_query: String,
-    trace: &mut Trace,
-    backend: &Backend,
-    conn: &crate::live::LiveConnection,
     request_body: BodyKind,
-    client_keep_alive: bool,
-) -> Next {
-    // Rewrite the head for the origin: origin-form target, Host from the absolute URI,
-    // hop-by-hop headers (incl. Proxy-Authorization) removed.
+) -> (Vec<u8>, bool) {
     http1::strip_hop_by_hop(&mut head.headers);
     http1::drop_content_length_if_chunked(&mut head.headers, request_body);
     // Answer `Expect: 100-continue` here: the body is relayed before the origin's response is
@@ -582,42 +619,68 @@ async fn exchange(
         head.remove_header("expect");
     }
     head.target = path_and_query;
-    let authority = if port == 80 {
+    head.set_header("Host", origin_authority(host, port).as_bytes());
+    head.version_minor = 1;
+    let mut out = Vec::with_capacity(512);
+    http1::write_request_head(head, &mut out);
+    (out, expects_continue)
+}
+
+/// `host` or `host:port` as the Host header and URLs write it (port 80 elided).
+pub(crate) fn origin_authority(host: &str, port: u16) -> String {
+    if port == 80 {
         http1::format_authority(host, 80)
             .trim_end_matches(":80")
             .to_owned()
     } else {
         http1::format_authority(host, port)
-    };
-    head.set_header("Host", authority.as_bytes());
-    head.version_minor = 1;
-    let mut out = Vec::with_capacity(512);
-    http1::write_request_head(&head, &mut out);
+    }
+}
 
+/// The origin's answer to a forwarded request: its connection, the response head and body bytes
+/// read along with the head.
+pub(crate) struct Upstream {
+    pub origin: RefCell<TcpStream>,
+    pub response: ResponseHead,
+    pub carry: Vec<u8>,
+    pub pool_key: PoolKey,
+}
+
+pub(crate) enum Sent {
+    Answered(Box<Upstream>),
+    /// No usable response: answer the client with this status.
+    Failed(u16, &'static str, String),
+    /// The client went away while interim responses were relayed.
+    ClientGone,
+}
+
+/// Sends the request (head bytes `out`, then the client's body) to the origin over a pooled
+/// connection or a new one, and reads the response head, relaying interim 1xx responses.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn send_request(
+    ctx: &CoreContext,
+    snapshot: &Snapshot,
+    client: &RefCell<TcpStream>,
+    carry: &mut Vec<u8>,
+    out: &[u8],
+    expects_continue: bool,
+    backend: &Backend,
+    host: &str,
+    port: u16,
+    request_body: BodyKind,
+    meter: &ByteMeter<'_>,
+    peer: SocketAddr,
+) -> Sent {
     let key = PoolKey {
         backend: backend.kind.clone(),
         host: host.to_owned(),
         port,
     };
-    let core = ctx.counters.core(ctx.core);
-    let bcore = backend.counters.core(ctx.core);
-    let count_up = |n: u64| {
-        core.add_received(n);
-        bcore.add_received(n);
-        conn.add_recv(n);
-    };
-    let count_down = |n: u64| {
-        core.add_sent(n);
-        bcore.add_sent(n);
-        conn.add_sent(n);
-    };
-
     // A pooled connection may have been closed by the origin just now; a request without a
     // body is retried once on a fresh connection when that happens before any response byte.
     let retryable = matches!(request_body, BodyKind::Empty | BodyKind::Length(0));
     let mut attempt = 0;
-    let failure: Option<(u16, &str, String)>;
-    let (origin, response, mut origin_carry) = 'attempts: loop {
+    loop {
         attempt += 1;
         let pooled = origin_pool::take(&key);
         let reused = pooled.is_some();
@@ -628,24 +691,19 @@ async fn exchange(
                 Err(e) => {
                     tracing::debug!(client = %peer, %host, port, error = %e, "request failed");
                     let (status, reason) = e.http_status();
-                    failure = Some((status, reason, e.to_string()));
-                    break 'attempts (None, None, Vec::new());
+                    return Sent::Failed(status, reason, e.to_string());
                 }
             },
         };
         let _ = stream.set_read_timeout(Some(snapshot.timeouts.read));
         let _ = stream.set_write_timeout(Some(snapshot.timeouts.write));
         let origin = RefCell::new(stream);
-        if tunnel::write_all(&origin, &out).await.is_err() {
+        if tunnel::write_all(&origin, out).await.is_err() {
             if reused && attempt == 1 && retryable {
                 continue;
             }
-            failure = Some((
-                502,
-                "Bad Gateway",
-                format!("{host}:{port} closed the connection"),
-            ));
-            break (None, None, Vec::new());
+            let msg = format!("{host}:{port} closed the connection");
+            return Sent::Failed(502, "Bad Gateway", msg);
         }
         if expects_continue
             && attempt == 1
@@ -654,16 +712,13 @@ async fn exchange(
                 .await
                 .is_err()
         {
-            return Next::Close;
+            return Sent::ClientGone;
         }
+        let count_up = |n: u64| meter.up(n);
         if let Err(e) = relay_body(client, &origin, carry, request_body, &count_up).await {
             tracing::debug!(client = %peer, error = %e, "request body relay failed");
-            failure = Some((
-                502,
-                "Bad Gateway",
-                format!("relaying the request body failed: {e}"),
-            ));
-            break (None, None, Vec::new());
+            let msg = format!("relaying the request body failed: {e}");
+            return Sent::Failed(502, "Bad Gateway", msg);
         }
         let mut origin_carry = early;
         let limits = HeadLimits::default();
@@ -682,57 +737,139 @@ async fn exchange(
                     let mut interim = Vec::new();
                     http1::write_response_head(&r, &mut interim);
                     if tunnel::write_all(client, &interim).await.is_err() {
-                        return Next::Close;
+                        return Sent::ClientGone;
                     }
                 }
                 other => break other,
             }
         };
-        match response {
-            HeadRead::Head(r) => {
-                failure = None;
-                break (Some(origin), Some(r), origin_carry);
-            }
+        return match response {
+            HeadRead::Head(response) => Sent::Answered(Box::new(Upstream {
+                origin,
+                response,
+                carry: origin_carry,
+                pool_key: key,
+            })),
             HeadRead::Closed if reused && attempt == 1 && retryable => continue,
-            HeadRead::TimedOut => {
-                failure = Some((
-                    504,
-                    "Gateway Timeout",
-                    format!("{host}:{port} did not answer in time"),
-                ));
-                break (None, None, Vec::new());
-            }
-            HeadRead::Bad(e) => {
-                failure = Some((
-                    502,
-                    "Bad Gateway",
-                    format!("invalid response from {host}:{port}: {e}"),
-                ));
-                break (None, None, Vec::new());
-            }
-            HeadRead::Closed | HeadRead::Io => {
-                failure = Some((
-                    502,
-                    "Bad Gateway",
-                    format!("{host}:{port} closed the connection without a response"),
-                ));
-                break (None, None, Vec::new());
-            }
+            HeadRead::TimedOut => Sent::Failed(
+                504,
+                "Gateway Timeout",
+                format!("{host}:{port} did not answer in time"),
+            ),
+            HeadRead::Bad(e) => Sent::Failed(
+                502,
+                "Bad Gateway",
+                format!("invalid response from {host}:{port}: {e}"),
+            ),
+            HeadRead::Closed | HeadRead::Io => Sent::Failed(
+                502,
+                "Bad Gateway",
+                format!("{host}:{port} closed the connection without a response"),
+            ),
+        };
+    }
+}
+
+/// One absolute-form request on its way to the origin.
+pub(crate) struct Forwarded<'h> {
+    pub head: RequestHead,
+    pub peer: SocketAddr,
+    pub host: &'h str,
+    pub port: u16,
+    pub path_and_query: String,
+    pub request_body: BodyKind,
+    pub client_keep_alive: bool,
+}
+
+/// Sends the request to the origin (pooled connection or a new one) and relays the response.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn exchange(
+    ctx: &CoreContext,
+    snapshot: &Snapshot,
+    client: &RefCell<TcpStream>,
+    carry: &mut Vec<u8>,
+    request: Forwarded<'_>,
+    trace: &mut Trace,
+    backend: &Backend,
+    conn: &crate::live::LiveConnection,
+) -> Next {
+    let Forwarded {
+        mut head,
+        peer,
+        host,
+        port,
+        path_and_query,
+        request_body,
+        client_keep_alive,
+    } = request;
+    let (out, expects_continue) =
+        origin_request(&mut head, host, port, path_and_query, request_body);
+    let meter = ByteMeter::new(ctx, Some(backend), conn);
+    let upstream = match send_request(
+        ctx,
+        snapshot,
+        client,
+        carry,
+        &out,
+        expects_continue,
+        backend,
+        host,
+        port,
+        request_body,
+        &meter,
+        peer,
+    )
+    .await
+    {
+        Sent::Answered(u) => u,
+        Sent::Failed(status, reason, message) => {
+            refuse(client, trace, status, reason, &[], message).await;
+            return Next::Close;
         }
+        Sent::ClientGone => return Next::Close,
     };
-    let (Some(origin), Some(mut response)) = (origin, response) else {
-        let (status, reason, message) =
-            failure.unwrap_or((502, "Bad Gateway", "no response".into()));
-        refuse(client, trace, status, reason, &[], message).await;
-        return Next::Close;
-    };
-    let response: &mut ResponseHead = &mut response;
-    let response_body = match http1::response_body_kind(&head.method, response) {
+    relay_response(
+        client,
+        *upstream,
+        &head.method,
+        host,
+        port,
+        client_keep_alive,
+        trace,
+        &meter,
+        &[],
+    )
+    .await
+    .0
+}
+
+/// Relays the origin's response to the client (head with `extra` headers added, then the body)
+/// and pools the origin connection when it can carry another request. Also returns the body
+/// bytes relayed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn relay_response(
+    client: &RefCell<TcpStream>,
+    upstream: Upstream,
+    method: &str,
+    host: &str,
+    port: u16,
+    client_keep_alive: bool,
+    trace: &mut Trace,
+    meter: &ByteMeter<'_>,
+    extra: &[(&str, &[u8])],
+) -> (Next, u64) {
+    let Upstream {
+        origin,
+        mut response,
+        carry: mut origin_carry,
+        pool_key,
+    } = upstream;
+    let response_body = match http1::response_body_kind(method, &response) {
         Ok(k) => k,
         Err(e) => {
             let msg = format!("invalid response from {host}:{port}: {e}");
             refuse(client, trace, 502, "Bad Gateway", &[], msg).await;
-            return Next::Close;
+            return (Next::Close, 0);
         }
     };
     trace.status = response.status;
@@ -746,12 +883,20 @@ async fn exchange(
         "Connection",
         if keep_client { b"keep-alive" } else { b"close" },
     );
-    let mut out = Vec::with_capacity(512);
-    http1::write_response_head(response, &mut out);
-    if tunnel::write_all(client, &out).await.is_err() {
-        return Next::Close;
+    for (name, value) in extra {
+        response.set_header(name, value);
     }
-    count_down(out.len() as u64);
+    let mut out = Vec::with_capacity(512);
+    http1::write_response_head(&response, &mut out);
+    if tunnel::write_all(client, &out).await.is_err() {
+        return (Next::Close, 0);
+    }
+    meter.down(out.len() as u64);
+    let body_bytes = Cell::new(0u64);
+    let count_down = |n: u64| {
+        meter.down(n);
+        body_bytes.set(body_bytes.get() + n);
+    };
     match relay_body(
         &origin,
         client,
@@ -763,17 +908,18 @@ async fn exchange(
     {
         Ok(BodyEnd::Complete) if origin_keep_alive && origin_carry.is_empty() => {
             let _ = origin.borrow().set_read_timeout(None);
-            origin_pool::give(key, origin.into_inner());
+            origin_pool::give(pool_key, origin.into_inner());
         }
         Ok(_) => {}
         Err(e) => {
             trace.error = format!("response body relay failed: {e}");
-            return Next::Close;
+            return (Next::Close, body_bytes.get());
         }
     }
-    if keep_client {
+    let next = if keep_client {
         Next::KeepAlive
     } else {
         Next::Close
-    }
+    };
+    (next, body_bytes.get())
 }

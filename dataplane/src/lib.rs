@@ -11,6 +11,7 @@
 
 pub mod access_control;
 pub mod buffer_pool;
+pub mod cache;
 pub mod commands;
 pub mod connector;
 pub mod counters;

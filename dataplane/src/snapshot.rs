@@ -22,6 +22,8 @@ pub enum SnapshotError {
     Route { route: String, message: String },
     #[error("backend {backend}: {message}")]
     Backend { backend: String, message: String },
+    #[error("cache: {0}")]
+    Cache(String),
 }
 
 /// How a backend reaches destinations.
@@ -136,6 +138,8 @@ pub struct Snapshot {
     pub max_connections: usize,
     /// `api.enable_request_log`: the data plane records requests only when on.
     pub request_log: bool,
+    /// Cache rules (with enabled presets) when `cache.enabled`.
+    pub cache: Option<Arc<crate::cache::CachePolicy>>,
 }
 
 fn split_host_port(address: &str) -> Option<(String, u16)> {
@@ -290,6 +294,7 @@ impl Snapshot {
             max_header_size: usize::try_from(http.max_header_size.0).unwrap_or(usize::MAX),
             max_connections: cfg.server.max_connections,
             request_log: cfg.api.enable_request_log,
+            cache: compile_cache(&cfg.cache)?,
         })
     }
 
@@ -314,6 +319,23 @@ impl Snapshot {
         };
         Some((route, &self.backends[chosen]))
     }
+}
+
+/// The cache rules of `cfg` plus its enabled presets, compiled; `None` when caching is off.
+pub fn compile_cache(
+    cfg: &switchyard_config::cache::CacheConfig,
+) -> Result<Option<Arc<crate::cache::CachePolicy>>, SnapshotError> {
+    use switchyard_proto::cache::rules::RuleSet;
+    if !cfg.enabled {
+        return Ok(None);
+    }
+    let rules =
+        RuleSet::build(cfg.effective_rules()).map_err(|e| SnapshotError::Cache(e.to_string()))?;
+    Ok(Some(Arc::new(crate::cache::CachePolicy {
+        rules,
+        default_ttl: cfg.default_ttl.0,
+        max_file_size: cfg.max_file_size.0,
+    })))
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod backends;
+pub mod cache;
 pub mod config;
 pub mod connections;
 pub mod error;
@@ -80,6 +81,44 @@ fn protected() -> Routes {
         .add("post", "/api/v1/config/validate", post(config::validate))
         .add("post", "/api/v1/config/reload", post(config::reload))
         .add("get", "/api/v1/auth/plugins", get(config::auth_plugins))
+        .add("get", "/api/v1/cache/stats", get(cache::stats))
+        .add("get", "/api/v1/cache/entries", get(cache::entries))
+        .add("delete", "/api/v1/cache/entries", delete(cache::clear))
+        .add("get", "/api/v1/cache/entries/{key}", get(cache::entry))
+        .add(
+            "delete",
+            "/api/v1/cache/entries/{key}",
+            delete(cache::delete_entry),
+        )
+        .add(
+            "delete",
+            "/api/v1/cache/domain/{domain}",
+            delete(cache::delete_domain),
+        )
+        .add("get", "/api/v1/cache/rules", get(cache::rules))
+        .add("post", "/api/v1/cache/rules", post(cache::create_rule))
+        .add("put", "/api/v1/cache/rules/{name}", put(cache::update_rule))
+        .add(
+            "delete",
+            "/api/v1/cache/rules/{name}",
+            delete(cache::delete_rule),
+        )
+        .add("get", "/api/v1/cache/presets", get(cache::presets_list))
+        .add(
+            "post",
+            "/api/v1/cache/presets/{name}",
+            post(cache::toggle_preset),
+        )
+        .add(
+            "post",
+            "/api/v1/cache/presets/{name}/enable",
+            post(cache::enable_preset),
+        )
+        .add(
+            "post",
+            "/api/v1/cache/presets/{name}/disable",
+            post(cache::disable_preset),
+        )
         .add("get", "/api/v1/openapi.json", get(openapi::openapi_json))
         .add("get", "/api/v1/ws", get(ws::upgrade))
 }

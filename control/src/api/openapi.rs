@@ -33,6 +33,11 @@ impl Modify for BearerAuth {
         super::config::validate, super::config::reload, super::config::auth_plugins,
         crate::pac::serve, crate::pac::serve_wpad, openapi_json,
         super::auth::login, super::auth::logout, super::ws::upgrade,
+        super::cache::stats, super::cache::entries, super::cache::clear, super::cache::entry,
+        super::cache::delete_entry, super::cache::delete_domain, super::cache::rules,
+        super::cache::create_rule, super::cache::update_rule, super::cache::delete_rule,
+        super::cache::presets_list, super::cache::toggle_preset, super::cache::enable_preset,
+        super::cache::disable_preset,
     )
 )]
 pub struct ServerApiDoc;

@@ -1,0 +1,574 @@
+//! The cache index shared by every core: which keys are stored, in which tier, and their
+//! metadata. Bodies live in memory (`Vec<u8>` behind an `Arc`) or in files under the disk
+//! directory; the index itself is a `Mutex`-guarded map touched only for short, non-blocking
+//! critical sections (lookups and inserts), so a hit on one core and a fill on another share one
+//! copy of every object.
+//!
+//! Disk layout: `<dir>/<ab>/<stem>.entry` where `stem` is the hex hash of the key (proto
+//! `cache::key::file_stem`) and `ab` its first two characters; fills are written to
+//! `<dir>/tmp/<stem>.<n>.tmp` and renamed into place only when complete, so a crash never leaves a
+//! servable half-written entry. [`CacheStore::open`] rebuilds the index from the entry headers and
+//! removes leftovers from `tmp/`.
+
+use super::stats::CacheStats;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use switchyard_proto::cache::entry::{decode_header, header_len_hint, EntryMeta};
+use switchyard_proto::cache::evict::{EvictPolicy, EvictionIndex};
+use switchyard_proto::cache::key::file_stem;
+
+/// How entries are placed (`cache.storage.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageKind {
+    Memory,
+    Disk,
+    Tiered,
+}
+
+impl StorageKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            StorageKind::Memory => "memory",
+            StorageKind::Disk => "disk",
+            StorageKind::Tiered => "tiered",
+        }
+    }
+}
+
+/// Where one entry's body lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Memory,
+    Disk,
+}
+
+impl Tier {
+    pub fn label(self) -> &'static str {
+        match self {
+            Tier::Memory => "memory",
+            Tier::Disk => "disk",
+        }
+    }
+}
+
+/// Storage settings, fixed for the life of the process (changing them needs a restart).
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub kind: StorageKind,
+    pub memory_max_bytes: u64,
+    pub memory_max_entries: u64,
+    pub memory_policy: EvictPolicy,
+    pub disk_dir: PathBuf,
+    pub disk_max_bytes: u64,
+    /// Tiered: bodies of at most this many bytes go to memory, larger ones to disk.
+    pub memory_threshold: u64,
+}
+
+/// A stored body.
+#[derive(Debug)]
+pub enum Body {
+    Memory(Vec<u8>),
+    /// The entry file; the body starts at `offset` (after the header block).
+    Disk {
+        path: PathBuf,
+        offset: u64,
+    },
+}
+
+/// One cached response.
+#[derive(Debug)]
+pub struct Entry {
+    pub meta: EntryMeta,
+    pub body: Body,
+}
+
+impl Entry {
+    pub fn tier(&self) -> Tier {
+        match self.body {
+            Body::Memory(_) => Tier::Memory,
+            Body::Disk { .. } => Tier::Disk,
+        }
+    }
+
+    pub fn expired(&self, now_unix: u64) -> bool {
+        self.meta.expires_unix <= now_unix
+    }
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+struct Index {
+    entries: HashMap<String, Arc<Entry>>,
+    /// Base key → the request headers its stored responses vary on (`respect_cache_control`).
+    vary: HashMap<String, Vec<String>>,
+    memory: EvictionIndex<String>,
+    disk: EvictionIndex<String>,
+}
+
+impl Index {
+    fn tier_index(&mut self, tier: Tier) -> &mut EvictionIndex<String> {
+        match tier {
+            Tier::Memory => &mut self.memory,
+            Tier::Disk => &mut self.disk,
+        }
+    }
+
+    /// Removes `key` from the map and its tier; returns the entry (its file is the caller's to
+    /// delete, outside the lock).
+    fn take(&mut self, key: &str) -> Option<Arc<Entry>> {
+        let entry = self.entries.remove(key)?;
+        self.tier_index(entry.tier()).remove(&key.to_owned());
+        Some(entry)
+    }
+}
+
+/// Why entries left the cache (`proxy_cache_evictions_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictReason {
+    /// Made room for a new entry.
+    Capacity,
+    Expired,
+    /// Removed through the API.
+    Purged,
+    /// Replaced by a fresh copy of the same key.
+    Replaced,
+    /// Its file was unreadable or damaged.
+    Damaged,
+}
+
+impl EvictReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            EvictReason::Capacity => "capacity",
+            EvictReason::Expired => "expired",
+            EvictReason::Purged => "purged",
+            EvictReason::Replaced => "replaced",
+            EvictReason::Damaged => "damaged",
+        }
+    }
+}
+
+/// Metadata of one entry for listings (the API's CacheEntry).
+#[derive(Debug, Clone)]
+pub struct EntryInfo {
+    pub key: String,
+    pub url: String,
+    pub host: String,
+    pub size: u64,
+    pub content_type: String,
+    pub created_unix: u64,
+    pub expires_unix: u64,
+    pub tier: Tier,
+}
+
+fn info(entry: &Entry) -> EntryInfo {
+    EntryInfo {
+        key: entry.meta.key.clone(),
+        url: entry.meta.url.clone(),
+        host: entry.meta.host.clone(),
+        size: entry.meta.body_len,
+        content_type: entry.meta.content_type.clone(),
+        created_unix: entry.meta.created_unix,
+        expires_unix: entry.meta.expires_unix,
+        tier: entry.tier(),
+    }
+}
+
+/// Sizes of one tier.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TierUsage {
+    pub entries: u64,
+    pub size_bytes: u64,
+    pub max_size_bytes: u64,
+}
+
+/// The cache shared by all cores.
+pub struct CacheStore {
+    pub settings: StoreSettings,
+    index: Mutex<Index>,
+    pub(crate) fills: super::fill::Fills,
+    pub stats: CacheStats,
+    temp_seq: AtomicU64,
+}
+
+impl std::fmt::Debug for CacheStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheStore")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`CacheStore::open`] found on disk.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RebuildReport {
+    pub loaded: u64,
+    pub loaded_bytes: u64,
+    pub expired: u64,
+    pub damaged: u64,
+    pub temp_removed: u64,
+}
+
+impl CacheStore {
+    /// Creates the store and, for disk and tiered storage, rebuilds the index from the entry
+    /// files. An unusable directory is reported in the log and by `store_error` counts, never
+    /// fatal: requests are then proxied uncached.
+    pub fn open(settings: StoreSettings) -> (Arc<Self>, RebuildReport) {
+        let memory_bytes = match settings.kind {
+            StorageKind::Disk => 0,
+            _ => settings.memory_max_bytes,
+        };
+        let disk_bytes = match settings.kind {
+            StorageKind::Memory => 0,
+            _ => settings.disk_max_bytes,
+        };
+        let index = Index {
+            entries: HashMap::new(),
+            vary: HashMap::new(),
+            memory: EvictionIndex::new(
+                settings.memory_policy,
+                memory_bytes,
+                settings.memory_max_entries,
+            ),
+            // Disk entries are large and few; LRU keeps the hot set.
+            disk: EvictionIndex::new(EvictPolicy::Lru, disk_bytes, u64::MAX),
+        };
+        let store = Arc::new(CacheStore {
+            settings,
+            index: Mutex::new(index),
+            fills: Default::default(),
+            stats: CacheStats::new(),
+            temp_seq: AtomicU64::new(0),
+        });
+        let mut report = RebuildReport::default();
+        if store.settings.kind != StorageKind::Memory {
+            report = store.rebuild();
+        }
+        store.refresh_gauges();
+        (store, report)
+    }
+
+    /// Tier for a body of `len` bytes, or `None` when no tier can hold it.
+    pub fn tier_for(&self, len: u64) -> Option<Tier> {
+        let tier = match self.settings.kind {
+            StorageKind::Memory => Tier::Memory,
+            StorageKind::Disk => Tier::Disk,
+            StorageKind::Tiered if len <= self.settings.memory_threshold => Tier::Memory,
+            StorageKind::Tiered => Tier::Disk,
+        };
+        let fits = {
+            let mut index = self.index.lock();
+            index.tier_index(tier).fits(len)
+        };
+        fits.then_some(tier)
+    }
+
+    /// The live entry for `key`, counting a use; expired entries are removed on the way.
+    pub fn lookup(&self, key: &str) -> Option<Arc<Entry>> {
+        let now = now_unix();
+        let mut index = self.index.lock();
+        let entry = index.entries.get(key)?.clone();
+        if entry.expired(now) {
+            let gone = index.take(key);
+            drop(index);
+            if let Some(gone) = gone {
+                self.discard(&gone, EvictReason::Expired);
+            }
+            return None;
+        }
+        index.tier_index(entry.tier()).touch(&key.to_owned());
+        Some(entry)
+    }
+
+    /// The request headers responses under `base_key` vary on, if they do.
+    pub fn vary_of(&self, base_key: &str) -> Option<Vec<String>> {
+        let index = self.index.lock();
+        if index.vary.is_empty() {
+            return None;
+        }
+        index.vary.get(base_key).cloned()
+    }
+
+    pub fn set_vary(&self, base_key: &str, names: Vec<String>) {
+        let mut index = self.index.lock();
+        // Bounded: forgetting a mapping only costs a miss for that URL's variants.
+        if index.vary.len() >= 100_000 {
+            index.vary.clear();
+        }
+        index.vary.insert(base_key.to_owned(), names);
+    }
+
+    /// Metadata of `key` without counting a use.
+    pub fn peek(&self, key: &str) -> Option<EntryInfo> {
+        self.index.lock().entries.get(key).map(|e| info(e))
+    }
+
+    /// Adds (or replaces) an entry, evicting others of its tier as needed. Returns false when
+    /// the tier cannot hold it (the body is then dropped, and a disk file deleted).
+    pub fn insert(&self, entry: Entry) -> bool {
+        let key = entry.meta.key.clone();
+        let tier = entry.tier();
+        let size = entry.meta.body_len;
+        let mut index = self.index.lock();
+        let replaced = index.take(&key);
+        if !index.tier_index(tier).fits(size) {
+            drop(index);
+            if let Some(old) = replaced {
+                self.discard(&old, EvictReason::Replaced);
+            }
+            remove_body_file(&entry);
+            return false;
+        }
+        let victims = index.tier_index(tier).insert(key.clone(), size);
+        let victims: Vec<Arc<Entry>> = victims
+            .into_iter()
+            .filter_map(|(k, _)| index.entries.remove(&k))
+            .collect();
+        index.entries.insert(key, Arc::new(entry));
+        drop(index);
+        if let Some(old) = replaced {
+            self.discard(&old, EvictReason::Replaced);
+        }
+        for victim in &victims {
+            self.discard(victim, EvictReason::Capacity);
+        }
+        self.refresh_gauges();
+        true
+    }
+
+    /// Removes one entry; true if it existed.
+    pub fn remove(&self, key: &str, reason: EvictReason) -> bool {
+        let gone = self.index.lock().take(key);
+        match gone {
+            Some(entry) => {
+                self.discard(&entry, reason);
+                self.refresh_gauges();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes every entry whose host matches `matches`; returns how many.
+    pub fn remove_where(&self, matches: impl Fn(&str) -> bool) -> u64 {
+        let gone: Vec<Arc<Entry>> = {
+            let mut index = self.index.lock();
+            let keys: Vec<String> = index
+                .entries
+                .iter()
+                .filter(|(_, e)| matches(&e.meta.host))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.iter().filter_map(|k| index.take(k)).collect()
+        };
+        for entry in &gone {
+            self.discard(entry, EvictReason::Purged);
+        }
+        self.refresh_gauges();
+        gone.len() as u64
+    }
+
+    /// Removes expired entries (the periodic cleanup); returns how many.
+    pub fn purge_expired(&self) -> u64 {
+        let now = now_unix();
+        let gone: Vec<Arc<Entry>> = {
+            let mut index = self.index.lock();
+            let keys: Vec<String> = index
+                .entries
+                .iter()
+                .filter(|(_, e)| e.expired(now))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.iter().filter_map(|k| index.take(k)).collect()
+        };
+        for entry in &gone {
+            self.discard(entry, EvictReason::Expired);
+        }
+        self.refresh_gauges();
+        gone.len() as u64
+    }
+
+    /// Entries whose host matches `matches`, sorted by key: `(page, total)`.
+    pub fn list(
+        &self,
+        matches: impl Fn(&str) -> bool,
+        offset: usize,
+        limit: usize,
+    ) -> (Vec<EntryInfo>, usize) {
+        let mut all: Vec<EntryInfo> = {
+            let index = self.index.lock();
+            index
+                .entries
+                .values()
+                .filter(|e| matches(&e.meta.host))
+                .map(|e| info(e))
+                .collect()
+        };
+        all.sort_by(|a, b| a.key.cmp(&b.key));
+        let total = all.len();
+        let page = all.into_iter().skip(offset).take(limit).collect();
+        (page, total)
+    }
+
+    pub fn usage(&self, tier: Tier) -> TierUsage {
+        let mut index = self.index.lock();
+        let t = index.tier_index(tier);
+        let max = match (tier, self.settings.kind) {
+            (Tier::Memory, StorageKind::Disk) | (Tier::Disk, StorageKind::Memory) => 0,
+            (Tier::Memory, _) => self.settings.memory_max_bytes,
+            (Tier::Disk, _) => self.settings.disk_max_bytes,
+        };
+        TierUsage {
+            entries: t.len() as u64,
+            size_bytes: t.bytes(),
+            max_size_bytes: max,
+        }
+    }
+
+    fn refresh_gauges(&self) {
+        for tier in [Tier::Memory, Tier::Disk] {
+            let usage = self.usage(tier);
+            self.stats.set_usage(tier, usage.entries, usage.size_bytes);
+        }
+    }
+
+    /// Accounts for an entry that left the index and deletes its file.
+    fn discard(&self, entry: &Entry, reason: EvictReason) {
+        self.stats.evicted(entry.tier(), reason);
+        remove_body_file(entry);
+    }
+
+    /// Path of the entry file of `key`.
+    pub fn entry_path(&self, key: &str) -> PathBuf {
+        let stem = file_stem(key);
+        let fan = stem.get(..2).unwrap_or("00").to_owned();
+        self.settings
+            .disk_dir
+            .join(fan)
+            .join(format!("{stem}.entry"))
+    }
+
+    /// A fresh temporary path for a fill of `key` (same filesystem as the entries).
+    pub fn temp_path(&self, key: &str) -> PathBuf {
+        let n = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        self.settings.disk_dir.join("tmp").join(format!(
+            "{}.{}.{n}.tmp",
+            file_stem(key),
+            std::process::id()
+        ))
+    }
+
+    fn rebuild(&self) -> RebuildReport {
+        let mut report = RebuildReport::default();
+        let dir = &self.settings.disk_dir;
+        if let Err(e) = std::fs::create_dir_all(dir.join("tmp")) {
+            tracing::error!(dir = %dir.display(), error = %e, "cache directory unusable; disk entries will not be stored");
+            return report;
+        }
+        if let Ok(tmp) = std::fs::read_dir(dir.join("tmp")) {
+            for f in tmp.flatten() {
+                if std::fs::remove_file(f.path()).is_ok() {
+                    report.temp_removed += 1;
+                }
+            }
+        }
+        let now = now_unix();
+        let Ok(fans) = std::fs::read_dir(dir) else {
+            return report;
+        };
+        for fan in fans.flatten() {
+            let fan_path = fan.path();
+            if fan.file_name() == "tmp" || !fan_path.is_dir() {
+                continue;
+            }
+            let Ok(files) = std::fs::read_dir(&fan_path) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let path = f.path();
+                if path.extension().is_none_or(|e| e != "entry") {
+                    continue;
+                }
+                match read_entry_header(&path) {
+                    Ok((meta, offset)) if meta.expires_unix <= now => {
+                        let _ = std::fs::remove_file(&path);
+                        report.expired += 1;
+                        let _ = (meta, offset);
+                    }
+                    Ok((meta, offset)) => {
+                        let size = meta.body_len;
+                        let entry = Entry {
+                            meta,
+                            body: Body::Disk { path, offset },
+                        };
+                        if self.insert(entry) {
+                            report.loaded += 1;
+                            report.loaded_bytes += size;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(file = %path.display(), error = %e, "removing damaged cache entry");
+                        let _ = std::fs::remove_file(&path);
+                        report.damaged += 1;
+                    }
+                }
+            }
+        }
+        report
+    }
+}
+
+fn remove_body_file(entry: &Entry) {
+    if let Body::Disk { path, .. } = &entry.body {
+        if let Err(e) = std::fs::remove_file(path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(file = %path.display(), error = %e, "cannot delete cache entry file");
+            }
+        }
+    }
+}
+
+/// Reads and checks an entry file's header: the file must be exactly header + body long.
+pub fn read_entry_header(path: &Path) -> Result<(EntryMeta, u64), String> {
+    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let file_len = file.metadata().map_err(|e| e.to_string())?.len();
+    let mut first = vec![0u8; 4096];
+    let n = read_up_to(&mut file, &mut first).map_err(|e| e.to_string())?;
+    first.truncate(n);
+    let want = header_len_hint(&first).ok_or("not a cache entry")?;
+    if want > first.len() {
+        let mut rest = vec![0u8; want - first.len()];
+        let m = read_up_to(&mut file, &mut rest).map_err(|e| e.to_string())?;
+        rest.truncate(m);
+        first.extend_from_slice(&rest);
+    }
+    let (meta, header_len) = decode_header(&first).map_err(|e| e.to_string())?;
+    let expected = header_len as u64 + meta.body_len;
+    if file_len != expected {
+        return Err(format!(
+            "file is {file_len} bytes, header says {expected} (incomplete or truncated)"
+        ));
+    }
+    Ok((meta, header_len as u64))
+}
+
+fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let n = file.read(buf.get_mut(filled..).unwrap_or_default())?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(filled)
+}
