@@ -1,11 +1,21 @@
 //! End-to-end tests of `switchyard inventory`: the real binary on a random loopback port with a
-//! temp data directory (SQLite), driven over HTTP with reqwest and a cookie jar the way a browser
-//! or a NextAuth client drives it. Accounts, the first-admin race, sessions (expiry, renewal,
-//! restart), CSRF, bruteforce limits, every validation message, categories/locations/items,
-//! list search/filter/sort/pagination, user isolation and admin visibility. No test asserts a
-//! wall-clock time; the expiry test sleeps across a short configured idle timeout.
+//! temp data directory, driven over HTTP with reqwest and a cookie jar the way a browser or a
+//! NextAuth client drives it. Accounts, the first-admin race, sessions (expiry, renewal,
+//! restart, server-side revocation), CSRF, bruteforce limits, every validation message,
+//! categories/locations/items, list search/filter/sort/pagination, user isolation, admin
+//! visibility, images, export/import.
+//!
+//! Every test runs twice: `sqlite::NAME` (SQLite in the data directory) and `postgres::NAME`
+//! (a real PostgreSQL server the tests start themselves, one cluster per test binary and one
+//! database per service data directory, see `inventory_pg.rs`). Without PostgreSQL the
+//! `postgres` variants skip with a printed reason; with `CI` set they fail instead.
+//! No test asserts a wall-clock time; the expiry test sleeps across a short configured idle
+//! timeout.
 
 mod support;
+
+#[path = "inventory_pg.rs"]
+mod pg;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -20,6 +30,36 @@ use serde_json::{json, Value};
 use support::{Proc, BIN};
 
 // ------------------------------------------------------------------ helpers
+
+/// The database a test's services use.
+enum Db {
+    Sqlite,
+    Postgres(pg::Lease),
+}
+
+/// Generates `sqlite::NAME` and `postgres::NAME` for each `async fn NAME(db: Db)`. The
+/// PostgreSQL variants sit together in one module so that a runner going through them in order
+/// (nextest lists by name) keeps the shared cluster busy instead of stopping and restarting it.
+macro_rules! on_both_databases {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {$(
+            #[tokio::test(flavor = "multi_thread")]
+            async fn $name() {
+                super::$name(super::Db::Sqlite).await
+            }
+        )*}
+
+        mod postgres {$(
+            #[tokio::test(flavor = "multi_thread")]
+            async fn $name() {
+                let Some(lease) = super::pg::Lease::acquire() else {
+                    return;
+                };
+                super::$name(super::Db::Postgres(lease)).await
+            }
+        )*}
+    };
+}
 
 struct Inventory {
     _proc: Proc,
@@ -38,8 +78,9 @@ impl Inventory {
 }
 
 /// Starts `switchyard inventory --listen 127.0.0.1:0 --data-dir DIR` with `yaml` as its config
-/// file (in DIR) and `envs`, waiting for its "listening on" line.
-fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Inventory {
+/// file (in DIR) and `envs`, waiting for its "listening on" line. On PostgreSQL the data
+/// directory's own database is used (the same one again after a restart).
+fn start(db: &Db, dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Inventory {
     let config = dir.join("inventory-test.yaml");
     std::fs::write(&config, yaml).expect("write config");
     let mut cmd = Command::new(BIN);
@@ -52,8 +93,8 @@ fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Inventory {
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    if let Some(url) = postgres_database(dir) {
-        cmd.env("DATABASE_URL", url);
+    if let Db::Postgres(lease) = db {
+        cmd.env("DATABASE_URL", lease.database(dir));
     }
     for (k, v) in envs {
         cmd.env(k, v);
@@ -86,55 +127,22 @@ fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Inventory {
         let l = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
         panic!("inventory did not report its address; log:\n{l}");
     };
-    Inventory {
+    let inv = Inventory {
         _proc: proc,
         addr: addr.parse().expect("listen address"),
         logs,
-    }
-}
-
-/// With `INVENTORY_TEST_POSTGRES=postgres://USER@HOST:PORT` the whole suite runs against
-/// PostgreSQL: each data directory gets its own new database (kept across restarts of one
-/// test), created with psql. Without it the service uses SQLite in the data directory.
-fn postgres_database(dir: &Path) -> Option<String> {
-    let base = std::env::var("INVENTORY_TEST_POSTGRES")
-        .ok()
-        .filter(|s| !s.is_empty())?;
-    let base = base.trim_end_matches('/').to_string();
-    let marker = dir.join("postgres-database");
-    let name = match std::fs::read_to_string(&marker) {
-        Ok(n) => n,
-        Err(_) => {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            let name = format!("inventory_test_{}_{nanos}", std::process::id());
-            let out = Command::new("psql")
-                .arg(format!("{base}/postgres"))
-                .args([
-                    "-v",
-                    "ON_ERROR_STOP=1",
-                    "-qc",
-                    &format!("CREATE DATABASE {name}"),
-                ])
-                .output()
-                .expect("run psql");
-            assert!(
-                out.status.success(),
-                "createdb: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::fs::write(&marker, &name).expect("write marker");
-            name
-        }
     };
-    Some(format!("{base}/{name}"))
+    let engine = match db {
+        Db::Sqlite => "engine=Sqlite",
+        Db::Postgres(_) => "engine=Postgres",
+    };
+    assert!(inv.logs().contains(engine), "{}", inv.logs());
+    inv
 }
 
-fn fresh(yaml: &str) -> (tempfile::TempDir, Inventory) {
+fn fresh(db: &Db, yaml: &str) -> (tempfile::TempDir, Inventory) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let inv = start(dir.path(), yaml, &[]);
+    let inv = start(db, dir.path(), yaml, &[]);
     (dir, inv)
 }
 
@@ -255,9 +263,8 @@ fn session_cookie(headers: &HeaderMap) -> Option<String> {
 
 // ------------------------------------------------------------------ accounts and sessions
 
-#[tokio::test(flavor = "multi_thread")]
-async fn registration_validation_roles_and_duplicates() {
-    let (_dir, inv) = fresh("");
+async fn registration_validation_roles_and_duplicates(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
     let c = Client::new(&inv).await;
     let cases = [
         (
@@ -323,10 +330,9 @@ async fn registration_validation_roles_and_duplicates() {
 }
 
 /// Two (and then eight) simultaneous first registrations on fresh servers: exactly one ADMIN.
-#[tokio::test(flavor = "multi_thread")]
-async fn first_admin_race_yields_exactly_one_admin() {
+async fn first_admin_race_yields_exactly_one_admin(db: Db) {
     for n in [2usize, 8] {
-        let (_dir, inv) = fresh("");
+        let (_dir, inv) = fresh(&db, "");
         let c = Arc::new(Client::new(&inv).await);
         let tasks: Vec<_> = (0..n)
             .map(|i| {
@@ -348,9 +354,8 @@ async fn first_admin_race_yields_exactly_one_admin() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sign_in_session_csrf_and_sign_out() {
-    let (_dir, inv) = fresh("");
+async fn sign_in_session_csrf_and_sign_out(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
     let c = Client::new(&inv).await;
     assert_eq!(c.register("a@example.org", "12345678").await.status, 201);
     assert_eq!(c.get("/api/auth/session").await.body, Value::Null);
@@ -515,11 +520,10 @@ async fn sign_in_session_csrf_and_sign_out() {
 /// idle_timeout 3s: a used session lives on past 3s of total age, an unused one dies; a
 /// tampered cookie is refused; with the generated secret kept in the data directory a session
 /// survives a restart, with another AUTH_SECRET it does not.
-#[tokio::test(flavor = "multi_thread")]
-async fn session_expiry_renewal_and_secret() {
+async fn session_expiry_renewal_and_secret(db: Db) {
     let dir = tempfile::tempdir().expect("tempdir");
     let yaml = "session:\n  idle_timeout: 3s\n  max_lifetime: 1h\n";
-    let inv = start(dir.path(), yaml, &[]);
+    let inv = start(&db, dir.path(), yaml, &[]);
     assert!(inv.logs().contains("generated a session secret"));
     let (c, _) = Client::account(&inv, "e@example.org").await;
     let raw = |inv: &Inventory, cookie: String| {
@@ -568,7 +572,7 @@ async fn session_expiry_renewal_and_secret() {
     let live = session_cookie(&c2.get("/api/auth/session").await.headers).expect("cookie");
     let live = live.split(';').next().unwrap_or("").to_string();
     drop(inv);
-    let inv = start(dir.path(), yaml, &[]);
+    let inv = start(&db, dir.path(), yaml, &[]);
     assert!(!inv.logs().contains("generated a session secret"));
     assert_eq!(
         raw(&inv, live.clone()).await,
@@ -577,7 +581,7 @@ async fn session_expiry_renewal_and_secret() {
     );
     drop(inv);
     let secret = "an-explicit-secret-that-is-long-enough-0123456789";
-    let inv = start(dir.path(), yaml, &[("AUTH_SECRET", secret)]);
+    let inv = start(&db, dir.path(), yaml, &[("AUTH_SECRET", secret)]);
     assert_eq!(raw(&inv, live).await, 401, "another secret, another key");
     {
         use std::os::unix::fs::PermissionsExt as _;
@@ -589,10 +593,9 @@ async fn session_expiry_renewal_and_secret() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn bruteforce_limits_answer_429_with_retry_after() {
+async fn bruteforce_limits_answer_429_with_retry_after(db: Db) {
     let yaml = "limits:\n  signin_failures_per_account: 3\n  signin_failures_per_ip: 5\n  registrations_per_ip: 4\n  window: 10m\n";
-    let (_dir, inv) = fresh(yaml);
+    let (_dir, inv) = fresh(&db, yaml);
     let c = Client::new(&inv).await;
     assert_eq!(
         c.register("victim@example.org", "12345678").await.status,
@@ -634,9 +637,8 @@ async fn bruteforce_limits_answer_429_with_retry_after() {
 
 // ------------------------------------------------------------------ categories and locations
 
-#[tokio::test(flavor = "multi_thread")]
-async fn categories_and_locations() {
-    let (_dir, inv) = fresh("");
+async fn categories_and_locations(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
     let (c, _) = Client::account(&inv, "cat@example.org").await;
     let d = c.post("/api/categories", json!({"name": "Tools"})).await;
     assert_eq!(d.status, 201);
@@ -754,9 +756,8 @@ async fn categories_and_locations() {
 
 // ------------------------------------------------------------------ items
 
-#[tokio::test(flavor = "multi_thread")]
-async fn items_defaults_validation_and_updates() {
-    let (_dir, inv) = fresh("");
+async fn items_defaults_validation_and_updates(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
     let (c, _) = Client::account(&inv, "items@example.org").await;
     let r = c.post("/api/items", json!({"name": "Drill"})).await;
     assert_eq!(r.status, 201);
@@ -883,9 +884,8 @@ fn chrono_today() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn list_search_filters_sorting_and_pagination() {
-    let (_dir, inv) = fresh("");
+async fn list_search_filters_sorting_and_pagination(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
     let (c, _) = Client::account(&inv, "list@example.org").await;
     let cat = id(&c
         .post("/api/categories", json!({"name": "Electronics"}))
@@ -1037,9 +1037,8 @@ fn urlencode(s: &str) -> String {
 
 /// User B probes every route with user A's ids: always 404 (as for an absent id), never 403,
 /// and nothing of A's changes. The ADMIN (A, first user) sees and edits B's data.
-#[tokio::test(flavor = "multi_thread")]
-async fn users_are_isolated_and_admin_sees_all() {
-    let (_dir, inv) = fresh("");
+async fn users_are_isolated_and_admin_sees_all(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
     let (a, a_user) = Client::account(&inv, "alice@example.org").await;
     assert_eq!(a_user["role"], "ADMIN");
     let (b, b_user) = Client::account(&inv, "bob@example.org").await;
@@ -1224,9 +1223,8 @@ fn image_files(dir: &Path) -> usize {
 
 /// Upload (type from the bytes, size limit), list, serve, delete; deleting the item deletes its
 /// images; another user gets 404 everywhere.
-#[tokio::test(flavor = "multi_thread")]
-async fn images_upload_list_serve_delete() {
-    let (dir, inv) = fresh("limits:\n  max_image_size: 4KiB\n");
+async fn images_upload_list_serve_delete(db: Db) {
+    let (dir, inv) = fresh(&db, "limits:\n  max_image_size: 4KiB\n");
     let (a, _) = Client::account(&inv, "img@example.org").await;
     let (b, _) = Client::account(&inv, "other@example.org").await;
     let item = id(&a.post("/api/items", json!({"name": "Camera"})).await.body);
@@ -1342,9 +1340,8 @@ async fn images_upload_list_serve_delete() {
 
 /// JSON and CSV export; re-importing an export changes nothing; importing into another account
 /// copies it; a file with one bad row, or one that fails inside the transaction, changes nothing.
-#[tokio::test(flavor = "multi_thread")]
-async fn export_import_round_trip_idempotence_and_rollback() {
-    let (_dir, inv) = fresh("");
+async fn export_import_round_trip_idempotence_and_rollback(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
     Client::account(&inv, "root@example.org").await; // the ADMIN; the rest are USERs
     let (a, _) = Client::account(&inv, "exp@example.org").await;
     let cat = id(&a
@@ -1511,184 +1508,16 @@ async fn export_import_round_trip_idempotence_and_rollback() {
     assert_eq!(r.status, 400);
 }
 
-// ------------------------------------------------------------------ PostgreSQL
-
-/// A throwaway PostgreSQL cluster (Debian's server binaries) on a free port in a temp dir,
-/// stopped on drop. As root the server runs as the `postgres` user (it refuses root).
-struct Postgres {
-    bin: std::path::PathBuf,
-    dir: tempfile::TempDir,
-    as_postgres: bool,
-    url: String,
-}
-
-impl Postgres {
-    fn cmd(&self, prog: &str) -> Command {
-        let exe = self.bin.join(prog);
-        if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(exe);
-            c
-        } else {
-            Command::new(exe)
-        }
-    }
-
-    /// `None` (with the reason printed) when no PostgreSQL server is installed.
-    fn start() -> Option<Postgres> {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .ok()?
-            .filter_map(Result::ok)
-            .map(|e| e.path().join("bin"))
-            .filter(|b| b.join("initdb").exists())
-            .max();
-        let Some(bin) = bin else {
-            eprintln!("SKIP: no PostgreSQL server (apt install postgresql)");
-            return None;
-        };
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-            .unwrap_or(false);
-        let dir = tempfile::tempdir().expect("tempdir");
-        if root {
-            let ok = Command::new("chown")
-                .arg("postgres")
-                .arg(dir.path())
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "chown the cluster directory to postgres");
-        }
-        let port = support::free_port();
-        let mut pg = Postgres {
-            bin,
-            dir,
-            as_postgres: root,
-            url: format!("postgres://postgres@127.0.0.1:{port}"),
-        };
-        let data = pg.dir.path().join("data");
-        let out = pg
-            .cmd("initdb")
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "--no-sync"])
-            .output()
-            .expect("initdb");
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let opts = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
-            pg.dir.path().display()
-        );
-        let out = pg
-            .cmd("pg_ctl")
-            .arg("-D")
-            .arg(&data)
-            .args(["-o", &opts, "-w", "-l"])
-            .arg(pg.dir.path().join("log"))
-            .arg("start")
-            .output()
-            .expect("pg_ctl start");
-        assert!(
-            out.status.success(),
-            "pg_ctl start: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        pg.url = format!("postgres://postgres@127.0.0.1:{port}");
-        Some(pg)
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let _ = self
-            .cmd("pg_ctl")
-            .arg("-D")
-            .arg(self.dir.path().join("data"))
-            .args(["-m", "immediate", "stop"])
-            .output();
-    }
-}
-
-/// The service on a real PostgreSQL server: migrations (also on a second start), the
-/// first-admin race, CRUD with `_count`, search, isolation, export/import. The whole suite runs
-/// against PostgreSQL with `INVENTORY_TEST_POSTGRES` (see `postgres_database`).
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_backend() {
-    let Some(pg) = Postgres::start() else { return };
-    let url = format!("{}/postgres", pg.url);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let inv = start(dir.path(), "", &[("DATABASE_URL", url.as_str())]);
-    assert!(inv.logs().contains("engine=Postgres"), "{}", inv.logs());
-    let c = Arc::new(Client::new(&inv).await);
-    let tasks: Vec<_> = (0..4)
-        .map(|i| {
-            let c = c.clone();
-            tokio::spawn(async move { c.register(&format!("pg{i}@example.org"), "12345678").await })
-        })
-        .collect();
-    let mut admins = 0;
-    for t in tasks {
-        let r = t.await.expect("task");
-        assert_eq!(r.status, 201);
-        admins += usize::from(r.body["role"] == "ADMIN");
-    }
-    assert_eq!(admins, 1);
-    drop(inv);
-    let inv = start(dir.path(), "", &[("DATABASE_URL", url.as_str())]);
-    let (u, _) = Client::account(&inv, "pguser@example.org").await;
-    let (v, _) = Client::account(&inv, "pgother@example.org").await;
-    let cat = id(&u
-        .post("/api/categories", json!({"name": "Tools", "color": "#abc"}))
-        .await
-        .body);
-    let r = u.post("/api/categories", json!({"name": "Tools"})).await;
-    assert_eq!(r.error(), "Category already exists");
-    let item = u
-        .post(
-            "/api/items",
-            json!({"name": "Drill", "barcode": "X1", "categoryId": cat, "quantity": 0}),
-        )
-        .await;
-    assert_eq!(item.status, 201, "{:?}", item.body);
-    let item = id(&item.body);
-    let r = u
-        .get("/api/items?search=DRI&lowStock=true&sortBy=name&sortOrder=asc")
-        .await
-        .body;
-    assert_eq!(r["pagination"]["total"], 1);
-    assert_eq!(r["items"][0]["category"]["color"], "#aabbcc");
-    let cats = u.get("/api/categories").await.body;
-    assert_eq!(cats["categories"][0]["_count"]["items"], 1);
-    assert_eq!(v.get(&format!("/api/items/{item}")).await.status, 404);
-    let r = u
-        .put(
-            &format!("/api/items/{item}"),
-            json!({"description": "cordless", "categoryId": null}),
-        )
-        .await;
-    assert_eq!(
-        (r.body["description"].as_str(), r.body["category"].clone()),
-        (Some("cordless"), Value::Null)
-    );
-    let doc = u.get("/api/export").await.body;
-    let r = u.post("/api/import", doc.clone()).await;
-    assert_eq!(
-        r.body["items"],
-        json!({"created": 0, "updated": 0}),
-        "{:?}",
-        r.body
-    );
-    let r = v.post("/api/import", doc).await;
-    assert_eq!(r.body["items"], json!({"created": 1, "updated": 0}));
-    assert_eq!(
-        u.delete(&format!("/api/categories/{cat}")).await.status,
-        200
-    );
-    assert_eq!(u.delete(&format!("/api/items/{item}")).await.status, 200);
-    assert_eq!(u.get("/api/items").await.body["pagination"]["total"], 0);
-}
+on_both_databases!(
+    registration_validation_roles_and_duplicates,
+    first_admin_race_yields_exactly_one_admin,
+    sign_in_session_csrf_and_sign_out,
+    session_expiry_renewal_and_secret,
+    bruteforce_limits_answer_429_with_retry_after,
+    categories_and_locations,
+    items_defaults_validation_and_updates,
+    list_search_filters_sorting_and_pagination,
+    users_are_isolated_and_admin_sees_all,
+    images_upload_list_serve_delete,
+    export_import_round_trip_idempotence_and_rollback,
+);
