@@ -500,6 +500,31 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
         .expect("send");
     assert_eq!(r.status(), 400);
 
+    // a second sign-in of the same user (another device) and a copy of the first cookie
+    let other_device = Client::new(&inv).await;
+    assert_eq!(
+        other_device
+            .sign_in("a@example.org", "12345678")
+            .await
+            .status,
+        302
+    );
+    let copied = session_cookie(&c.get("/api/auth/session").await.headers).expect("cookie");
+    let copied = copied.split(';').next().unwrap_or("").to_string();
+    let with_copy = |path: &'static str| {
+        let url = inv.url(path);
+        let cookie = copied.clone();
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .header(COOKIE, cookie)
+                .send()
+                .await
+                .expect("send")
+        }
+    };
+    assert_eq!(with_copy("/api/categories").await.status(), 200);
+
     // sign-out needs the token too, then the session is gone
     let r = c.call(Method::POST, "/api/auth/signout", None, false).await;
     assert_eq!(r.status, 403);
@@ -515,6 +540,22 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
     assert!(session_cookie(&r.headers).is_some_and(|c| c.contains("Max-Age=0")));
     assert_eq!(c.get("/api/auth/session").await.body, Value::Null);
     assert_eq!(c.get("/api/categories").await.status, 401);
+    // revoked on the server: the copied cookie (still within its expiry) no longer works
+    assert_eq!(with_copy("/api/categories").await.status(), 401);
+    let s = with_copy("/api/auth/session").await;
+    assert_eq!(s.json::<Value>().await.expect("json"), Value::Null);
+    // only that session: the other device stays signed in
+    assert_eq!(other_device.get("/api/categories").await.status, 200);
+    // signing out again (cookie already revoked) is harmless
+    let r = c
+        .call(
+            Method::POST,
+            "/api/auth/signout",
+            Some(json!({"csrfToken": c.csrf})),
+            false,
+        )
+        .await;
+    assert_eq!(r.status, 302);
 }
 
 /// idle_timeout 3s: a used session lives on past 3s of total age, an unused one dies; a

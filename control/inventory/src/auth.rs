@@ -182,7 +182,9 @@ pub async fn signin(
         return Err(ApiError::Unauthorized("Invalid email or password".into()));
     };
     st.limiter.lock().clear(&account_key);
-    let claims = Claims::new(&user.id, now_secs(), st.idle_secs(), st.max_secs());
+    let sid = db::new_id();
+    let claims = Claims::new(&user.id, &sid, now_secs(), st.idle_secs(), st.max_secs());
+    db::create_session(&st.pool, &sid, &user.id, claims.mx).await?;
     let cookie = st.session_cookie(&claims, &headers)?;
     tracing::info!(user = %user.id, "signed in");
     Ok(redirect(
@@ -191,8 +193,9 @@ pub async fn signin(
     ))
 }
 
-/// `POST /api/auth/signout` (CSRF token as header or `csrfToken` field): clears the session
-/// cookie and redirects to `callbackUrl` (local) or `/`.
+/// `POST /api/auth/signout` (CSRF token as header or `csrfToken` field): deletes the session
+/// record (server-side revocation), clears the cookie and redirects to `callbackUrl` (local) or
+/// `/`.
 pub async fn signout(
     State(st): State<Shared>,
     headers: HeaderMap,
@@ -206,6 +209,13 @@ pub async fn signout(
     };
     if !st.csrf_ok(&headers, str_field(&body, "csrfToken")) {
         return Err(ApiError::Forbidden("Invalid CSRF token".into()));
+    }
+    // Revoke the session on the server too, so a copy of the cookie is useless from now on.
+    let signed_in =
+        crate::http::cookie(&headers, SESSION_COOKIE).and_then(|token| st.keys.open(token).ok());
+    if let Some(claims) = signed_in {
+        db::delete_session(&st.pool, &claims.sid).await?;
+        tracing::info!(user = %claims.sub, "signed out");
     }
     let clear = session::set_cookie(SESSION_COOKIE, "", None, st.secure(&headers), true);
     Ok(redirect(

@@ -157,6 +157,60 @@ pub async fn user_by_id(pool: &AnyPool, id: &str) -> Result<Option<User>, ApiErr
     Ok(row.as_ref().map(user_from).transpose()?)
 }
 
+/// The user of live session `sid` (which must belong to `user_id`), if the session row exists.
+pub async fn user_by_session(
+    pool: &AnyPool,
+    sid: &str,
+    user_id: &str,
+) -> Result<Option<User>, ApiError> {
+    let row = sqlx::query(
+        "SELECT u.id, u.name, u.email, u.role, u.password_hash FROM sessions s \
+         JOIN users u ON u.id = s.user_id WHERE s.id = $1 AND s.user_id = $2",
+    )
+    .bind(sid)
+    .bind(user_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.as_ref().map(user_from).transpose()?)
+}
+
+/// Record a new session of `user_id` ending at `expires` (Unix seconds) at the latest; purge
+/// the rows of sessions past their absolute expiry on the way.
+pub async fn create_session(
+    pool: &AnyPool,
+    sid: &str,
+    user_id: &str,
+    expires: i64,
+) -> Result<(), ApiError> {
+    let now = now_iso();
+    sqlx::query("DELETE FROM sessions WHERE expires_at < $1")
+        .bind(&now)
+        .execute(pool)
+        .await?;
+    let expires = chrono::DateTime::from_timestamp(expires, 0)
+        .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
+        .unwrap_or_else(|| "9999-12-31T23:59:59.999Z".into());
+    sqlx::query(
+        "INSERT INTO sessions (id, user_id, created_at, expires_at) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(sid)
+    .bind(user_id)
+    .bind(&now)
+    .bind(expires)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Revoke session `sid` (sign-out).
+pub async fn delete_session(pool: &AnyPool, sid: &str) -> Result<(), ApiError> {
+    sqlx::query("DELETE FROM sessions WHERE id = $1")
+        .bind(sid)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// Insert a user; the first one becomes ADMIN. The decision and the insert are one
 /// transaction: claiming the `first_admin` settings row (primary key) is what makes a user
 /// ADMIN, so of two simultaneous first registrations exactly one claims it (the other blocks on

@@ -79,7 +79,8 @@ impl AppState {
         ))
     }
 
-    /// The valid session of a request, if any: claims and the user (who must still exist).
+    /// The valid session of a request, if any: claims and the user (the session must not be
+    /// signed out, the user must still exist).
     pub async fn session_of(
         &self,
         headers: &HeaderMap,
@@ -97,7 +98,8 @@ impl AppState {
         if !claims.valid_at(now_secs()) {
             return Ok(None);
         }
-        Ok(db::user_by_id(&self.pool, &claims.sub)
+        // The session row must still exist: sign-out deletes it.
+        Ok(db::user_by_session(&self.pool, &claims.sid, &claims.sub)
             .await?
             .map(|u| (claims, u)))
     }

@@ -4,8 +4,10 @@
 //! (RFC 7516/7518): `BASE64URL(header) . "" . BASE64URL(iv) . BASE64URL(ciphertext) .
 //! BASE64URL(tag)`, the protected header as additional authenticated data. The 256-bit key is
 //! derived from the service secret with HKDF-SHA256, so rotating the secret ends every session.
-//! The payload carries the user id, the absolute expiry (`mx`, max lifetime from sign-in) and the
-//! inactivity expiry (`exp`), which every authenticated request pushes forward (renewal).
+//! The payload carries the user id, the session id (`sid`, a row of the `sessions` table, so
+//! signing out revokes the session on the server and a copied cookie stops working), the
+//! absolute expiry (`mx`, max lifetime from sign-in) and the inactivity expiry (`exp`), which
+//! every authenticated request pushes forward (renewal).
 //!
 //! CSRF is a signed double-submit token: `GET /api/auth/csrf` returns a random token and sets a
 //! cookie `TOKEN.HMAC(TOKEN)`; a state-changing request must echo the token (header
@@ -32,6 +34,8 @@ const JWE_HEADER: &str = r#"{"alg":"dir","enc":"A256GCM"}"#;
 pub struct Claims {
     /// User id.
     pub sub: String,
+    /// Session id: the server-side record that sign-out deletes.
+    pub sid: String,
     /// Issued at (Unix seconds, sign-in time).
     pub iat: i64,
     /// Inactivity expiry (Unix seconds).
@@ -41,11 +45,12 @@ pub struct Claims {
 }
 
 impl Claims {
-    /// A fresh session for `user` signed in at `now`.
-    pub fn new(user: &str, now: i64, idle: i64, max: i64) -> Self {
+    /// A fresh session `sid` for `user` signed in at `now`.
+    pub fn new(user: &str, sid: &str, now: i64, idle: i64, max: i64) -> Self {
         let mx = now.saturating_add(max);
         Claims {
             sub: user.to_string(),
+            sid: sid.to_string(),
             iat: now,
             exp: now.saturating_add(idle).min(mx),
             mx,
@@ -263,7 +268,7 @@ mod tests {
     #[test]
     fn jwe_round_trip_and_tamper() {
         let k = Keys::from_secret(b"0123456789abcdef0123456789abcdef");
-        let c = Claims::new("u1", 1000, 60, 3600);
+        let c = Claims::new("u1", "s1", 1000, 60, 3600);
         let t = k.seal(&c).unwrap();
         assert_eq!(t.split('.').count(), 5);
         assert!(t.starts_with("eyJhbGciOiJkaXIiLCJlbmMiOiJBMjU2R0NNIn0.."));
@@ -281,7 +286,7 @@ mod tests {
 
     #[test]
     fn expiry_and_renewal() {
-        let c = Claims::new("u", 0, 10, 25);
+        let c = Claims::new("u", "s", 0, 10, 25);
         assert!(c.valid_at(9) && !c.valid_at(10));
         let r = c.renewed(9, 10);
         assert_eq!(r.exp, 19);
