@@ -17,6 +17,9 @@ mod support;
 #[path = "inventory_pg.rs"]
 mod pg;
 
+#[path = "inventory_ui.rs"]
+mod ui;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;

@@ -1,5 +1,5 @@
-//! The router: accounts and sessions ([`crate::auth`]), categories, locations and items
-//! ([`crate::resources`]). Data routes sit behind [`require_session`], which authenticates the
+//! The router: the web UI ([`crate::ui`]), accounts and sessions ([`crate::auth`]),
+//! categories, locations and items ([`crate::resources`]). Data routes sit behind [`require_session`], which authenticates the
 //! session cookie, enforces CSRF on state-changing methods and renews the cookie.
 
 use std::net::SocketAddr;
@@ -228,6 +228,10 @@ pub fn router(state: Shared) -> Router {
         .route("/api/auth/session", get(auth::session))
         .route("/api/auth/callback/credentials", post(auth::signin))
         .route("/api/auth/signout", post(auth::signout))
+        .route("/", get(crate::ui::index))
+        .route("/index.html", get(crate::ui::index))
+        .route("/assets/app.js", get(crate::ui::app_js))
+        .route("/assets/style.css", get(crate::ui::style_css))
         .route(
             "/health",
             get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),

@@ -12,7 +12,9 @@
 //!
 //! Export/import of a user's data (JSON format version 1, CSV items) is [`transfer`].
 //!
-//! Not here yet: S3 image storage, the web UI (see the README's inventory section).
+//! The web UI ([`ui`]) is one embedded page at `/` over the same JSON API.
+//!
+//! Not here yet: S3 image storage (see the README's inventory section).
 //! It shares nothing with the data plane: its own router and runtime, started by
 //! `switchyard inventory`.
 //!
@@ -30,6 +32,7 @@ pub mod limiter;
 pub mod resources;
 pub mod session;
 pub mod transfer;
+pub mod ui;
 pub mod validate;
 
 use std::io::Write as _;
