@@ -62,6 +62,8 @@ struct StubState {
     requests: Mutex<Vec<Recorded>>,
     aborted: AtomicUsize,
     files: Mutex<HashMap<String, (String, Vec<u8>)>>,
+    /// path → Location of a 302.
+    redirects: Mutex<HashMap<String, String>>,
 }
 
 struct Stub {
@@ -101,6 +103,25 @@ impl Stub {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(path.to_string(), (content_type.to_string(), body.into()));
+    }
+
+    fn redirect(&self, path: &str, location: &str) {
+        self.state
+            .redirects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(path.to_string(), location.to_string());
+    }
+
+    /// Paths of the GET requests the site answered (pages, tracks, media, redirects).
+    fn gets(&self) -> Vec<String> {
+        self.state
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|r| r.path.strip_prefix("GET ").map(str::to_string))
+            .collect()
     }
 
     fn script_chat(&self, steps: &[Chat]) {
@@ -301,8 +322,19 @@ async fn stub_transcribe(
 
 async fn stub_file(
     State(state): State<Arc<StubState>>,
+    headers: HeaderMap,
     axum::extract::Path(path): axum::extract::Path<String>,
 ) -> Response {
+    record(&state, &format!("GET /{path}"), &headers, Value::Null);
+    let location = state
+        .redirects
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&format!("/{path}"))
+        .cloned();
+    if let Some(location) = location {
+        return (StatusCode::FOUND, [("location", location)]).into_response();
+    }
     let files = state.files.lock().unwrap_or_else(|e| e.into_inner());
     match files.get(&format!("/{path}")) {
         Some((ct, body)) => ([("content-type", ct.clone())], body.clone()).into_response(),
@@ -501,10 +533,17 @@ fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Service {
     }
 }
 
-/// A config pointing every provider at the stub, with fast retries.
+/// A config pointing every provider at the stub, with fast retries. The fetch guard refuses
+/// loopback by default, so the stub's address 127.0.0.1 (only that one) is allowed explicitly
+/// unless `extra` has its own `fetch:` section.
 fn config(stub: &Stub, extra: &str) -> String {
+    let fetch = if extra.contains("fetch:") {
+        ""
+    } else {
+        "fetch: { allow_private: false, allow: [\"127.0.0.1\"] }\n"
+    };
     format!(
-        "tools: {{ yt_dlp: \"\", ffmpeg: \"\" }}\n\
+        "{fetch}tools: {{ yt_dlp: \"\", ffmpeg: \"\" }}\n\
          transcription: {{ url: \"{api}\" }}\n\
          translation:\n  default_api_url: \"{api}\"\n  default_model: caller-default-model\n  \
          batch_size: 3\n  context_lines: 1\n  server: {{ api_url: \"{api}\", model: server-model }}\n  \
@@ -1442,4 +1481,215 @@ async fn rate_limits_and_cors_origins() {
         .headers()
         .get("access-control-allow-origin")
         .is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fetch_guard_refuses_internal_addresses_by_default() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stub = stub_with_site(dir.path()).await;
+    let port = stub.addr.port();
+    // no fetch section: the embedded default (allow_private false, nothing allowed)
+    let svc = start(
+        dir.path(),
+        &config(&stub, "").replace(
+            "fetch: { allow_private: false, allow: [\"127.0.0.1\"] }\n",
+            "",
+        ),
+        &[("SERVER_API_KEY", "k-server")],
+    );
+    let (_, health) = svc.get("/health").await;
+    assert_eq!(
+        health["capabilities"]["fetch_guard"],
+        json!({"allow_private": false, "allow": []}),
+        "{health}"
+    );
+    for video_url in [
+        stub.url("/talk.srt"),
+        format!("http://localhost:{port}/talk.srt"),
+        format!("http://[::1]:{port}/talk.srt"),
+        format!("http://[::ffff:127.0.0.1]:{port}/talk.srt"),
+        format!("http://0x7f.1:{port}/talk.srt"),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        "http://10.0.0.1/".to_string(),
+    ] {
+        for path in ["/api/translate", "/api/stream"] {
+            let (code, res) = svc
+                .post(
+                    path,
+                    json!({"video_url": video_url, "target_language": "es"}),
+                )
+                .await;
+            assert_error(code, &res, 400, "INVALID_URL");
+            assert!(
+                res["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("internal address") && e.contains("fetch.allow")),
+                "{video_url}: {res}"
+            );
+            assert!(res.get("job_id").is_none(), "refused before a job: {res}");
+        }
+    }
+    // a tier 1-2 provider URL on loopback: refused before the job (the video URL is a public
+    // documentation address that is never contacted)
+    let (code, res) = svc
+        .translate(
+            json!({"video_url": "http://192.0.2.10/talk.srt", "target_language": "es",
+                          "api_key": "sk-x", "api_url": stub.api()}),
+        )
+        .await;
+    assert_error(code, &res, 400, "INVALID_REQUEST");
+    assert!(
+        res["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("api_url:")),
+        "{res}"
+    );
+    assert!(
+        stub.gets().is_empty(),
+        "nothing was fetched: {:?}",
+        stub.gets()
+    );
+    assert!(stub.chats().is_empty());
+    assert!(stub.transcriptions().is_empty());
+    // the server's own endpoints (from the config) are trusted: tier 3 with the stub as the
+    // configured provider would work, but its video must still be public, so only the
+    // health above shows the service is up
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fetch_guard_checks_tracks_and_redirects_and_allows_listed_addresses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stub = stub_with_site(dir.path()).await;
+    let port = stub.addr.port();
+    // only 127.0.0.1 is allowed; 127.0.0.2 and ::1 stay refused
+    let svc = start(
+        dir.path(),
+        &config(&stub, ""),
+        &[("SERVER_API_KEY", "k-server")],
+    );
+    stub.file(
+        "/internal-track.html",
+        "text/html",
+        format!(
+            r#"<html><video><track kind="subtitles" srclang="en" src="http://127.0.0.2:{port}/subs/en.vtt"></video></html>"#
+        ),
+    );
+    stub.file(
+        "/internal-media.html",
+        "text/html",
+        format!(r#"<html><video src="http://[::1]:{port}/media/talk.wav"></video></html>"#),
+    );
+    stub.redirect(
+        "/redirect-internal.srt",
+        &format!("http://127.0.0.2:{port}/talk.srt"),
+    );
+    stub.redirect("/redirect-ok.srt", "/talk.srt");
+
+    // allowed address, redirect followed: works (so the refusals below are the guard's doing)
+    let (code, res) = svc
+        .translate(json!({"video_url": stub.url("/redirect-ok.srt"), "target_language": "es"}))
+        .await;
+    assert_eq!(code, 200, "{res}");
+    assert_eq!(texts(&res), ["T:One", "T:Two\nlines"]);
+
+    for (page, why) in [
+        ("/internal-track.html", "127.0.0.2 is an internal address"),
+        ("/redirect-internal.srt", "127.0.0.2 is an internal address"),
+        ("/internal-media.html", "is an internal address (loopback)"),
+    ] {
+        let (code, res) = svc
+            .translate(json!({"video_url": stub.url(page), "target_language": "es", "force_whisper": page.contains("media")}))
+            .await;
+        assert_error(code, &res, 400, "INVALID_URL");
+        assert!(
+            res["error"].as_str().is_some_and(|e| e.contains(why)),
+            "{page}: {res}"
+        );
+        let job_id = res["job_id"].as_str().expect("the job had started");
+        let job = wait_job(&svc, job_id, |j| j["status"] == "failed").await;
+        assert_eq!(job["error_code"], "INVALID_URL", "{job}");
+    }
+    // in a stream a refusal is an `error` event
+    let events = Events::open(
+        &svc,
+        json!({"video_url": stub.url("/internal-track.html"), "target_language": "fr"}),
+    )
+    .await
+    .all()
+    .await;
+    let last = events.last().expect("an event");
+    assert_eq!(
+        (last["type"].as_str(), last["code"].as_str()),
+        (Some("error"), Some("INVALID_URL"))
+    );
+    assert!(
+        stub.transcriptions().is_empty(),
+        "the internal media was never fetched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fetch_guard_covers_yt_dlp_through_its_proxy() {
+    if support::require("yt-dlp").is_none() || support::require("ffmpeg").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stub = stub_with_site(dir.path()).await;
+    let port = stub.addr.port();
+    // the page is on an allowed host name; its media is at an IP literal that is not allowed
+    stub.file(
+        "/guarded.html",
+        "text/html",
+        format!(
+            r#"<!doctype html><html><body><video controls><source src="http://127.0.0.1:{port}/media/talk.wav" type="audio/wav"></video></body></html>"#
+        ),
+    );
+    let page = format!("http://localhost:{port}/guarded.html");
+    let with_allow = |allow: &str| {
+        config(&stub, &format!("fetch: {{ allow: [{allow}] }}\n")).replace(
+            "tools: { yt_dlp: \"\", ffmpeg: \"\" }",
+            "tools: { yt_dlp: yt-dlp, ffmpeg: ffmpeg, video_sites: [localhost] }",
+        )
+    };
+
+    let strict_dir = tempfile::tempdir().expect("tempdir");
+    let strict = start(
+        strict_dir.path(),
+        &with_allow("localhost"),
+        &[("SERVER_API_KEY", "k")],
+    );
+    let (code, res) = strict
+        .translate(json!({"video_url": page, "target_language": "es", "force_whisper": true}))
+        .await;
+    assert_error(code, &res, 404, "VIDEO_NOT_FOUND");
+    assert!(
+        stub.gets().contains(&"/guarded.html".to_string()),
+        "{:?}",
+        stub.gets()
+    );
+    assert!(
+        !stub.gets().contains(&"/media/talk.wav".to_string()),
+        "yt-dlp reached a refused address: {:?}\n{}",
+        stub.gets(),
+        strict.logs()
+    );
+    assert!(
+        strict.logs().contains("refused by the fetch guard"),
+        "{}",
+        strict.logs()
+    );
+    assert!(stub.transcriptions().is_empty());
+
+    // the same with the address allowed: yt-dlp downloads it through the proxy
+    let open = start(
+        dir.path(),
+        &with_allow("localhost, 127.0.0.1"),
+        &[("SERVER_API_KEY", "k")],
+    );
+    let (code, res) = open
+        .translate(json!({"video_url": page, "target_language": "es", "force_whisper": true}))
+        .await;
+    assert_eq!(code, 200, "{res}\n{}", open.logs());
+    assert!(stub.gets().contains(&"/media/talk.wav".to_string()));
+    assert_eq!(stub.transcriptions().len(), 1);
 }

@@ -36,6 +36,7 @@ pub struct SubtitlesConfig {
     pub jobs: SubtitlesJobs,
     pub limits: SubtitlesLimits,
     pub rate_limit: SubtitlesRateLimit,
+    pub fetch: SubtitlesFetch,
     pub logging: LoggingConfig,
 }
 
@@ -51,6 +52,7 @@ impl Default for SubtitlesConfig {
             jobs: SubtitlesJobs::default(),
             limits: SubtitlesLimits::default(),
             rate_limit: SubtitlesRateLimit::default(),
+            fetch: SubtitlesFetch::default(),
             logging: LoggingConfig::default(),
         }
     }
@@ -278,6 +280,61 @@ impl Default for SubtitlesRateLimit {
     }
 }
 
+/// `fetch:` — which addresses the service may fetch from when a caller names the URL (the video
+/// page, its caption tracks and media, redirects, yt-dlp's traffic, and a tier 1–2 `api_url`).
+/// By default loopback, private, link-local, unique-local, carrier-grade NAT, multicast and
+/// unspecified addresses are refused, so a caller cannot make the appliance reach its own
+/// services or its LAN. Endpoints from this file (`transcription.url`, `translation.*api_url`)
+/// are trusted and not checked.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SubtitlesFetch {
+    /// `true` = fetch from internal addresses too (only for a service that trusts its callers).
+    pub allow_private: bool,
+    /// Exceptions to the refusal: host names (exact, case-insensitive: every address they
+    /// resolve to is allowed), IP addresses and CIDR networks (`127.0.0.1`, `10.1.0.0/16`,
+    /// `fd00::/8`).
+    pub allow: Vec<String>,
+}
+
+/// An entry of `fetch.allow`: an IP network (an address is its own /32 or /128) or a host name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FetchAllow {
+    Net(ipnet::IpNet),
+    Host(String),
+}
+
+impl FetchAllow {
+    /// Parses one entry; `Err` says why it is neither a network nor a host name.
+    pub fn parse(entry: &str) -> Result<FetchAllow, String> {
+        let e = entry.trim();
+        if let Ok(net) = e.parse::<ipnet::IpNet>() {
+            return Ok(FetchAllow::Net(net.trunc()));
+        }
+        let bare = e.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+            return Ok(FetchAllow::Net(ipnet::IpNet::from(ip)));
+        }
+        let host = e.trim_end_matches('.').to_ascii_lowercase();
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if !host.is_empty()
+            && host.len() <= 253
+            && host.split('.').all(label_ok)
+            && !host.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        {
+            return Ok(FetchAllow::Host(host));
+        }
+        Err(format!(
+            "{entry:?}: expected a host name, an IP address or a CIDR network"
+        ))
+    }
+}
+
 impl SubtitlesConfig {
     /// Parse configuration text: `${NAME}` expansion with `env`, strict YAML, defaults.
     pub fn from_yaml_str(
@@ -455,6 +512,11 @@ pub fn validate_subtitles(cfg: &SubtitlesConfig) -> Vec<Problem> {
     if cfg.rate_limit.window.0.is_zero() {
         problem("rate_limit", "rate_limit.window", "must be positive".into());
     }
+    for (i, entry) in cfg.fetch.allow.iter().enumerate() {
+        if let Err(e) = FetchAllow::parse(entry) {
+            problem("fetch", &format!("fetch.allow[{i}]"), e);
+        }
+    }
     out
 }
 
@@ -500,5 +562,44 @@ mod tests {
             &|_| None
         )
         .is_err());
+    }
+
+    #[test]
+    fn fetch_guard_is_safe_by_default_and_allow_entries_parse() {
+        let cfg = SubtitlesConfig::default();
+        assert!(
+            !cfg.fetch.allow_private,
+            "internal addresses refused by default"
+        );
+        assert!(cfg.fetch.allow.is_empty());
+        let cfg = SubtitlesConfig::from_yaml_str(
+            "fetch: {allow_private: false, allow: ['127.0.0.1', '10.1.2.3/16', '[::1]', 'Media.LAN.', 'fd00::/8', 'not a host', '300.1.1.1', '']}\n",
+            &|_| None,
+        )
+        .unwrap();
+        let parsed: Vec<Result<FetchAllow, String>> = cfg
+            .fetch
+            .allow
+            .iter()
+            .map(|e| FetchAllow::parse(e))
+            .collect();
+        let net = |s: &str| Ok(FetchAllow::Net(s.parse().unwrap()));
+        assert_eq!(parsed[0], net("127.0.0.1/32"));
+        assert_eq!(parsed[1], net("10.1.0.0/16"), "host bits dropped");
+        assert_eq!(parsed[2], net("::1/128"));
+        assert_eq!(parsed[3], Ok(FetchAllow::Host("media.lan".into())));
+        assert_eq!(parsed[4], net("fd00::/8"));
+        assert!(parsed[5].is_err() && parsed[6].is_err() && parsed[7].is_err());
+        let fields: Vec<String> = validate_subtitles(&cfg)
+            .into_iter()
+            .map(|p| p.field)
+            .collect();
+        assert_eq!(
+            fields,
+            ["fetch.allow[5]", "fetch.allow[6]", "fetch.allow[7]"]
+        );
+        assert!(
+            SubtitlesConfig::from_yaml_str("fetch: {allow_privat: true}\n", &|_| None).is_err()
+        );
     }
 }

@@ -85,6 +85,10 @@ async fn health(State(app): State<Arc<App>>) -> Json<Value> {
             },
             "server_key_configured": server_key,
             "tiers": tiers,
+            "fetch_guard": {
+                "allow_private": app.cfg.fetch.allow_private,
+                "allow": app.cfg.fetch.allow,
+            },
             "rate_limit": {
                 "per_ip": app.cfg.rate_limit.per_ip,
                 "per_key": app.cfg.rate_limit.per_key,
@@ -125,6 +129,26 @@ fn prepare(
             .map_err(rate_limited)?;
     }
     Ok(req)
+}
+
+/// The fetch guard's early check of the URLs a caller named, so a refused one is a 400 before
+/// a job exists: `video_url` → INVALID_URL, a tier 1–2 `api_url` → INVALID_REQUEST. (The
+/// connections themselves are checked again where they are made.)
+async fn check_caller_urls(app: &App, req: &Validated) -> Result<(), Error> {
+    let policy = &app.fetch_policy;
+    let video = url::Url::parse(&req.video_url)
+        .map_err(|_| Error::new(ErrorCode::InvalidUrl, "video_url is not a valid URL"))?;
+    crate::fetch_guard::check_url(policy, &video)
+        .await
+        .map_err(|r| Error::new(ErrorCode::InvalidUrl, format!("video_url: {r}")))?;
+    if req.translation.url_from_caller {
+        let api = url::Url::parse(&req.translation.api_url)
+            .map_err(|_| Error::new(ErrorCode::InvalidRequest, "api_url is not a valid URL"))?;
+        crate::fetch_guard::check_url(policy, &api)
+            .await
+            .map_err(|r| Error::new(ErrorCode::InvalidRequest, format!("api_url: {r}")))?;
+    }
+    Ok(())
 }
 
 fn rate_limited(retry_after: u64) -> Error {
@@ -222,6 +246,9 @@ async fn translate(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = check_caller_urls(&app, &req).await {
+        return e.into_response();
+    }
     let job_id = match create_job(&app, &req).await {
         Ok(id) => id,
         Err(e) => return e.into_response(),
@@ -279,6 +306,9 @@ async fn stream(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = check_caller_urls(&app, &req).await {
+        return e.into_response();
+    }
     let job_id = match create_job(&app, &req).await {
         Ok(id) => id,
         Err(e) => return e.into_response(),

@@ -8,8 +8,14 @@
 //! /api/stream`). Jobs and a translation cache persist in SQLite under the data directory.
 //!
 //! Runtime-free parts (unit-tested without sockets): [`formats`] (SRT, WebVTT), [`languages`],
-//! [`request`] (validation, tiers), [`batching`], [`retry`], [`ratelimit`], [`html`].
-//! I/O at the edges: [`providers`], [`source`], [`tools`], [`store`], [`pipeline`], [`http`].
+//! [`request`] (validation, tiers), [`batching`], [`retry`], [`ratelimit`], [`html`], the
+//! address policy of [`fetch_guard`].
+//! I/O at the edges: [`providers`], [`source`], [`tools`], [`store`], [`pipeline`], [`http`],
+//! the guarded resolver of [`fetch_guard`] and yt-dlp's [`guard_proxy`].
+//!
+//! URLs a caller names (the video, what its page links to, a tier 1–2 `api_url`) are fetched
+//! only at public addresses unless `fetch:` allows more ([`fetch_guard`]); endpoints from the
+//! configuration are trusted and use a plain client.
 //!
 //! It shares nothing with the data plane: its own tokio runtime and router, started by
 //! `switchyard subtitles`. Configuration:
@@ -19,7 +25,9 @@
 
 pub mod batching;
 pub mod error;
+pub mod fetch_guard;
 pub mod formats;
+pub mod guard_proxy;
 pub mod html;
 pub mod http;
 pub mod languages;
@@ -113,7 +121,14 @@ pub fn effective_config(
 /// Everything a request handler needs.
 pub struct App {
     pub cfg: SubtitlesConfig,
+    /// For endpoints from the configuration (server provider, transcription backend, default
+    /// provider URL).
     pub http: reqwest::Client,
+    /// For caller-named URLs: guarded resolver and redirects ([`fetch_guard`]).
+    pub fetch_http: reqwest::Client,
+    pub fetch_policy: Arc<fetch_guard::FetchPolicy>,
+    /// yt-dlp's proxy (`None` with `fetch.allow_private`, when there is nothing to guard).
+    pub guard_proxy: Option<guard_proxy::GuardProxy>,
     pub tools: tools::Tools,
     pub store: store::Store,
     pub defaults: ProviderDefaults,
@@ -166,15 +181,36 @@ pub async fn build_app(cfg: SubtitlesConfig) -> anyhow::Result<App> {
         .await
         .with_context(|| format!("opening {}", data_dir.join("subtitles.db").display()))?;
     let tools = tools::Tools::detect(&cfg.tools.yt_dlp, &cfg.tools.ffmpeg).await;
+    let user_agent = concat!("switchyard-subtitles/", env!("CARGO_PKG_VERSION"));
+    let connect_timeout = Duration::from_secs(15);
     let http = reqwest::Client::builder()
-        .user_agent(concat!("switchyard-subtitles/", env!("CARGO_PKG_VERSION")))
-        .connect_timeout(Duration::from_secs(15))
+        .user_agent(user_agent)
+        .connect_timeout(connect_timeout)
         .build()
         .context("building the HTTP client")?;
+    let fetch_policy = Arc::new(fetch_guard::FetchPolicy::from_config(&cfg.fetch));
+    let fetch_http = fetch_guard::guarded_client(fetch_policy.clone(), user_agent, connect_timeout)
+        .context("building the guarded HTTP client")?;
+    let guard_proxy = if fetch_policy.allows_private() || tools.yt_dlp.is_none() {
+        None
+    } else {
+        Some(
+            guard_proxy::GuardProxy::start(fetch_policy.clone(), connect_timeout)
+                .await
+                .context("starting the fetch guard proxy for yt-dlp")?,
+        )
+    };
+    tracing::info!(
+        allow_private = cfg.fetch.allow_private,
+        allow = ?cfg.fetch.allow,
+        "fetch guard: caller-named URLs at internal addresses are {}",
+        if cfg.fetch.allow_private { "allowed" } else { "refused unless listed in fetch.allow" }
+    );
     let server = cfg.translation.server.api_key.as_ref().map(|k| Provider {
         api_url: cfg.translation.server.api_url.clone(),
         model: cfg.translation.server.model.clone(),
         api_key: Some(Secret::new(k.clone())),
+        url_from_caller: false,
     });
     let defaults = ProviderDefaults {
         default_api_url: cfg.translation.default_api_url.clone(),
@@ -187,6 +223,7 @@ pub async fn build_app(cfg: SubtitlesConfig) -> anyhow::Result<App> {
         .as_ref()
         .map(|url| TranscriptionTarget {
             url: url.clone(),
+            url_from_caller: false,
             api_key: cfg.transcription.api_key.clone().map(Secret::new),
             model: cfg.transcription.model.clone(),
             format: cfg.transcription.response_format,
@@ -205,6 +242,9 @@ pub async fn build_app(cfg: SubtitlesConfig) -> anyhow::Result<App> {
     };
     Ok(App {
         http,
+        fetch_http,
+        fetch_policy,
+        guard_proxy,
         tools,
         store,
         defaults,

@@ -125,6 +125,7 @@ pub async fn run_job(
     let transcription = match &req.transcription {
         TranscriptionRoute::Caller(p) => Some(TranscriptionTarget {
             url: p.api_url.clone(),
+            url_from_caller: p.url_from_caller,
             api_key: p.api_key.clone(),
             model: app.cfg.transcription.model.clone(),
             format: app.cfg.transcription.response_format,
@@ -134,6 +135,9 @@ pub async fn run_job(
     };
     let ctx = source::Ctx {
         http: &app.http,
+        fetch_http: &app.fetch_http,
+        policy: &app.fetch_policy,
+        ytdlp_proxy: app.guard_proxy.as_ref().map(|p| p.url()),
         cfg: &app.cfg,
         tools: &app.tools,
         retry: app.retry,
@@ -240,8 +244,13 @@ pub async fn run_job(
             api_key: req.translation.api_key.clone(),
             timeout: app.cfg.translation.timeout.0,
         };
+        let chat_http = if req.translation.url_from_caller {
+            &app.fetch_http
+        } else {
+            &app.http
+        };
         while let Some(ask) = plan.next_ask() {
-            let reply = providers::chat(&app.http, &app.retry, &target, &ask.messages).await?;
+            let reply = providers::chat(chat_http, &app.retry, &target, &ask.messages).await?;
             match plan.answer(&reply) {
                 Outcome::Accepted { range, texts } => {
                     for (i, text) in range.zip(texts) {

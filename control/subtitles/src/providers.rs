@@ -46,6 +46,9 @@ async fn attempt(
     let resp = match request.send().await {
         Ok(r) => r,
         Err(e) => {
+            if let Some(r) = crate::fetch_guard::refused_in(&e) {
+                return Err((Failure::Refused, r.to_string()));
+            }
             let what = if e.is_timeout() {
                 "timed out".to_string()
             } else if e.is_connect() {
@@ -167,6 +170,8 @@ pub async fn chat(
 #[derive(Debug, Clone)]
 pub struct TranscriptionTarget {
     pub url: String,
+    /// `url` came from the request (tier 1's `api_url`): sent through the guarded client.
+    pub url_from_caller: bool,
     pub api_key: Option<Secret>,
     pub model: String,
     pub format: TranscriptionFormat,

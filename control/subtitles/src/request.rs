@@ -58,6 +58,8 @@ pub struct Provider {
     pub api_url: String,
     pub model: String,
     pub api_key: Option<Secret>,
+    /// `api_url` came from the request (tiers 1–2): fetched through the guard.
+    pub url_from_caller: bool,
 }
 
 /// Where speech is transcribed.
@@ -265,7 +267,9 @@ pub fn validate(
             ));
         };
         let key = Secret::new(key);
+        let url_from_caller = api_url.is_some();
         let provider = Provider {
+            url_from_caller,
             api_url: api_url.unwrap_or_else(|| defaults.default_api_url.clone()),
             model: model.unwrap_or_else(|| defaults.default_model.clone()),
             api_key: Some(key.clone()),
@@ -314,6 +318,7 @@ mod tests {
                 api_url: "https://server.example/v1".into(),
                 model: "server-model".into(),
                 api_key: Some(Secret::new("server-secret")),
+                url_from_caller: false,
             }),
         }
     }
@@ -466,6 +471,7 @@ mod tests {
         assert_eq!(v.source_language, None);
         assert_eq!(v.translation.api_url, "https://api.example/v1");
         assert_eq!(v.translation.model, "small");
+        assert!(!v.translation.url_from_caller, "the default URL is trusted");
         assert!(matches!(v.transcription, TranscriptionRoute::Caller(_)));
         assert!(!format!("{v:?}").contains("sk-1"), "keys never print");
 
@@ -480,6 +486,7 @@ mod tests {
             (2, Some("en"), true)
         );
         assert_eq!(v.translation.api_url, "http://127.0.0.1:9/v1");
+        assert!(v.translation.url_from_caller, "a caller's URL is guarded");
         assert_eq!(v.transcription, TranscriptionRoute::Server);
 
         // tiers 3-4 never send the server key where the caller points
@@ -492,6 +499,7 @@ mod tests {
         assert_eq!(v.tier, 4);
         assert_eq!(v.translation.api_url, "https://server.example/v1");
         assert_eq!(v.translation.model, "server-model");
+        assert!(!v.translation.url_from_caller);
         assert_eq!(v.caller_key, None);
         let v = validate(
             &json!({"video_url": "https://v.example/1", "target_language": "es", "tier": 3.0}),

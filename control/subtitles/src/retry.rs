@@ -14,6 +14,8 @@ pub enum Failure {
     },
     /// No connection, reset, or timed out.
     Transport,
+    /// The fetch guard refused the address (a caller's `api_url` or a redirect from it).
+    Refused,
 }
 
 impl Failure {
@@ -24,6 +26,7 @@ impl Failure {
                 matches!(*status, 408 | 429) || (*status >= 500 && *status != 501)
             }
             Failure::Transport => true,
+            Failure::Refused => false,
         }
     }
 }
@@ -94,6 +97,7 @@ mod tests {
             assert!(!status(s).is_retryable(), "{s}");
         }
         assert!(Failure::Transport.is_retryable());
+        assert!(!Failure::Refused.is_retryable());
         assert_eq!(POLICY.next_delay(1, &status(401), 0.0), None);
     }
 

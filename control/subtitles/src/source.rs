@@ -13,6 +13,7 @@ use switchyard_config::subtitles::SubtitlesConfig;
 use url::Url;
 
 use crate::error::{Error, ErrorCode};
+use crate::fetch_guard::{self, FetchPolicy};
 use crate::formats::{self, Cue};
 use crate::html;
 use crate::languages;
@@ -38,7 +39,13 @@ pub enum Stage {
 
 /// What the service needs to obtain a source.
 pub struct Ctx<'a> {
+    /// For configured endpoints (the server's transcription backend).
     pub http: &'a reqwest::Client,
+    /// For caller-named URLs (pages, tracks, media, tier 1's `api_url`): guarded.
+    pub fetch_http: &'a reqwest::Client,
+    pub policy: &'a FetchPolicy,
+    /// `--proxy` for yt-dlp (the guard proxy), when the guard is on.
+    pub ytdlp_proxy: Option<String>,
     pub cfg: &'a SubtitlesConfig,
     pub tools: &'a Tools,
     pub retry: RetryPolicy,
@@ -59,6 +66,38 @@ fn not_found(msg: impl Into<String>) -> Error {
 
 fn transcription_failed(msg: impl Into<String>) -> Error {
     Error::new(ErrorCode::TranscriptionFailed, msg)
+}
+
+fn refused(r: &fetch_guard::Refused) -> Error {
+    Error::new(ErrorCode::InvalidUrl, format!("not fetched: {r}"))
+}
+
+/// GETs a caller-named URL through the guard: the IP-literal check here, names in the
+/// resolver, redirects in the client's policy. A refusal is INVALID_URL; other failures
+/// VIDEO_NOT_FOUND.
+async fn guarded_get(ctx: &Ctx<'_>, url: &Url) -> Result<reqwest::Response, Error> {
+    fetch_guard::check_url_static(ctx.policy, url).map_err(|r| refused(&r))?;
+    ctx.fetch_http
+        .get(url.clone())
+        .timeout(ctx.cfg.limits.fetch_timeout.0)
+        .send()
+        .await
+        .map_err(|e| {
+            if let Some(r) = fetch_guard::refused_in(&e) {
+                return refused(r);
+            }
+            let why = if e.is_timeout() {
+                "timed out"
+            } else if e.is_redirect() {
+                "too many redirects"
+            } else {
+                "cannot connect"
+            };
+            not_found(format!(
+                "video not accessible: {why} ({})",
+                url_for_log(url)
+            ))
+        })
 }
 
 /// Whether the host is (a subdomain of) one of the configured video sites.
@@ -137,23 +176,7 @@ struct Fetched {
 
 /// GETs `url`; media responses are not read (only classified).
 async fn fetch_page(ctx: &Ctx<'_>, url: &Url) -> Result<Fetched, Error> {
-    let resp = ctx
-        .http
-        .get(url.clone())
-        .timeout(ctx.cfg.limits.fetch_timeout.0)
-        .send()
-        .await
-        .map_err(|e| {
-            let why = if e.is_timeout() {
-                "timed out"
-            } else {
-                "cannot connect"
-            };
-            not_found(format!(
-                "video not accessible: {why} ({})",
-                url_for_log(url)
-            ))
-        })?;
+    let resp = guarded_get(ctx, url).await?;
     if !resp.status().is_success() {
         return Err(not_found(format!(
             "video not accessible: {} answered HTTP {}",
@@ -215,18 +238,30 @@ async fn fetch_captions(ctx: &Ctx<'_>, url: &Url) -> Result<Vec<Cue>, Error> {
         .ok_or_else(|| not_found(format!("{} is not SRT or WebVTT", url_for_log(url))))
 }
 
+/// The guard's check of a URL handed to yt-dlp, for a clear INVALID_URL; yt-dlp's own
+/// connections (this URL, redirects, what it extracts) go through the guard proxy.
+async fn check_for_ytdlp(ctx: &Ctx<'_>, url: &str) -> Result<(), Error> {
+    let parsed =
+        Url::parse(url).map_err(|_| Error::new(ErrorCode::InvalidUrl, "invalid video URL"))?;
+    fetch_guard::check_url(ctx.policy, &parsed)
+        .await
+        .map_err(|r| refused(&r))
+}
+
 /// yt-dlp's info JSON for a page.
 async fn ytdlp_info(ctx: &Ctx<'_>, url: &str) -> Result<Value, Error> {
     let Some(tool) = &ctx.tools.yt_dlp else {
         return Err(not_found("yt-dlp is not installed"));
     };
-    let out = tools::run(
-        &tool.path,
-        &["-J", "--no-playlist", "--no-warnings", url],
-        ctx.cfg.tools.timeout.0,
-    )
-    .await
-    .map_err(|e| not_found(format!("video not accessible (yt-dlp: {e})")))?;
+    check_for_ytdlp(ctx, url).await?;
+    let mut args = vec!["-J", "--no-playlist", "--no-warnings"];
+    if let Some(p) = &ctx.ytdlp_proxy {
+        args.extend(["--proxy", p.as_str()]);
+    }
+    args.push(url);
+    let out = tools::run(&tool.path, &args, ctx.cfg.tools.timeout.0)
+        .await
+        .map_err(|e| not_found(format!("video not accessible (yt-dlp: {e})")))?;
     serde_json::from_slice(&out).map_err(|_| not_found("yt-dlp gave no video information"))
 }
 
@@ -400,15 +435,13 @@ pub async fn obtain(
         .await
         .map_err(|e| transcription_failed(format!("reading the audio: {e}")))?;
     drop(work);
-    let t = providers::transcribe(
-        ctx.http,
-        &ctx.retry,
-        target,
-        bytes,
-        &file_name,
-        wanted_language,
-    )
-    .await?;
+    let http = if target.url_from_caller {
+        ctx.fetch_http
+    } else {
+        ctx.http
+    };
+    let t =
+        providers::transcribe(http, &ctx.retry, target, bytes, &file_name, wanted_language).await?;
     let cues: Vec<Cue> = t.cues.into_iter().filter(|c| !c.text.is_empty()).collect();
     if cues.is_empty() {
         return Err(transcription_failed(
@@ -429,18 +462,7 @@ async fn download(
     dir: &Path,
 ) -> Result<(std::path::PathBuf, String), Error> {
     use tokio::io::AsyncWriteExt as _;
-    let resp = ctx
-        .http
-        .get(url.clone())
-        .timeout(ctx.cfg.limits.fetch_timeout.0)
-        .send()
-        .await
-        .map_err(|_| {
-            not_found(format!(
-                "video not accessible: cannot fetch {}",
-                url_for_log(url)
-            ))
-        })?;
+    let resp = guarded_get(ctx, url).await?;
     if !resp.status().is_success() {
         return Err(not_found(format!(
             "video not accessible: {} answered HTTP {}",
@@ -493,25 +515,26 @@ async fn ytdlp_download(
     let Some(template) = template.to_str() else {
         return Err(transcription_failed("work path is not UTF-8"));
     };
+    check_for_ytdlp(ctx, url).await?;
     let max = format!("{}", ctx.cfg.limits.max_media_size.0);
-    tools::run(
-        &tool.path,
-        &[
-            "--no-playlist",
-            "--no-warnings",
-            "--no-progress",
-            "-f",
-            "bestaudio/best",
-            "--max-filesize",
-            &max,
-            "-o",
-            template,
-            url,
-        ],
-        ctx.cfg.tools.timeout.0,
-    )
-    .await
-    .map_err(|e| not_found(format!("video not accessible (yt-dlp: {e})")))?;
+    let mut args = vec![
+        "--no-playlist",
+        "--no-warnings",
+        "--no-progress",
+        "-f",
+        "bestaudio/best",
+        "--max-filesize",
+        &max,
+        "-o",
+        template,
+    ];
+    if let Some(p) = &ctx.ytdlp_proxy {
+        args.extend(["--proxy", p.as_str()]);
+    }
+    args.push(url);
+    tools::run(&tool.path, &args, ctx.cfg.tools.timeout.0)
+        .await
+        .map_err(|e| not_found(format!("video not accessible (yt-dlp: {e})")))?;
     let mut entries = tokio::fs::read_dir(dir)
         .await
         .map_err(|e| transcription_failed(format!("reading the download: {e}")))?;
