@@ -1010,6 +1010,38 @@ async fn list_search_filters_sorting_and_pagination(db: Db) {
     assert_eq!(names(&r), ["Cable"], "LIKE wildcards are literal");
     let r = c.get("/api/items?search=widget&limit=100").await.body;
     assert_eq!(r["pagination"]["total"], 25);
+    // search is case-insensitive beyond ASCII, and follows updates of the searched fields
+    let oil = c
+        .post(
+            "/api/items",
+            json!({"name": "Ölfilter", "manufacturer": "MAHLE", "quantity": 9}),
+        )
+        .await;
+    let r = c
+        .get(&format!("/api/items?search={}", urlencode("ÖLF")))
+        .await
+        .body;
+    assert_eq!(names(&r), ["Ölfilter"]);
+    c.put(
+        &format!("/api/items/{}", id(&oil.body)),
+        json!({"manufacturer": "Bosch", "description": "for the Zündapp"}),
+    )
+    .await;
+    assert_eq!(
+        names(&c.get("/api/items?search=mahle").await.body),
+        Vec::<String>::new()
+    );
+    let r = c
+        .get(&format!("/api/items?search={}", urlencode("zÜnd")))
+        .await
+        .body;
+    assert_eq!(names(&r), ["Ölfilter"]);
+    assert_eq!(
+        c.delete(&format!("/api/items/{}", id(&oil.body)))
+            .await
+            .status,
+        200
+    );
 
     let r = c
         .get(&format!("/api/items?categoryId={cat}&limit=100"))

@@ -86,7 +86,108 @@ pub async fn open(url: &str) -> Result<(AnyPool, Engine), DbError> {
             .await?;
     }
     MIGRATOR.run(&pool).await?;
+    search_index(&pool, engine).await?;
+    backfill_search_text(&pool).await?;
     Ok((pool, engine))
+}
+
+/// The index behind `search` (see migration 0004), per engine because the useful kinds differ:
+/// SQLite scans a covering `(user_id, search_text)` index instead of whole rows; PostgreSQL
+/// answers `LIKE '%…%'` from a trigram GIN index (`pg_trgm`, a trusted extension since 13;
+/// a B-tree would also refuse long descriptions). Without `pg_trgm` search still works, by a
+/// sequential scan, and the log says so.
+async fn search_index(pool: &AnyPool, engine: Engine) -> Result<(), DbError> {
+    match engine {
+        Engine::Sqlite => {
+            sqlx::query(
+                "CREATE INDEX IF NOT EXISTS items_user_search ON items (user_id, search_text)",
+            )
+            .execute(pool)
+            .await?;
+        }
+        Engine::Postgres => {
+            let made = async {
+                sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+                    .execute(pool)
+                    .await?;
+                sqlx::query(
+                    "CREATE INDEX IF NOT EXISTS items_search_trgm ON items \
+                     USING gin (search_text gin_trgm_ops)",
+                )
+                .execute(pool)
+                .await
+            }
+            .await;
+            if let Err(e) = made {
+                tracing::warn!("no trigram index for item search (pg_trgm unavailable?): {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `search_text` of an item: its searchable fields, lower-cased, one per line.
+pub fn search_text(
+    name: &str,
+    description: Option<&str>,
+    manufacturer: Option<&str>,
+    barcode: Option<&str>,
+) -> String {
+    [Some(name), description, manufacturer, barcode]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("\n")
+        .to_lowercase()
+}
+
+/// Recompute `search_text` of item `id` from its stored fields (after a partial update).
+pub async fn refresh_search_text(
+    conn: &mut sqlx::AnyConnection,
+    id: &str,
+) -> Result<(), sqlx::Error> {
+    let row =
+        sqlx::query("SELECT name, description, manufacturer, barcode FROM items WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if let Some(r) = row {
+        let text = search_text(
+            &r.try_get::<String, _>("name")?,
+            r.try_get::<Option<String>, _>("description")?.as_deref(),
+            r.try_get::<Option<String>, _>("manufacturer")?.as_deref(),
+            r.try_get::<Option<String>, _>("barcode")?.as_deref(),
+        );
+        sqlx::query("UPDATE items SET search_text = $1 WHERE id = $2")
+            .bind(text)
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Fill `search_text` of rows written before migration 0004 (once; later starts find none).
+async fn backfill_search_text(pool: &AnyPool) -> Result<(), DbError> {
+    let ids: Vec<String> = sqlx::query("SELECT id FROM items WHERE search_text IS NULL")
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(|r| r.try_get("id"))
+        .collect::<Result<_, _>>()?;
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut tx = pool.begin().await?;
+    for id in &ids {
+        refresh_search_text(&mut tx, id).await?;
+    }
+    tx.commit().await?;
+    tracing::info!(
+        items = ids.len(),
+        "filled the search text of existing items"
+    );
+    Ok(())
 }
 
 /// Now as stored: `2026-01-02T03:04:05.678Z`.
@@ -267,4 +368,18 @@ pub async fn create_user(
 /// Owner filter: `None` = admin, sees all.
 pub fn owner_of(user: &User) -> Option<&str> {
     (!user.is_admin()).then_some(user.id.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn search_text_is_lower_case_unicode_one_field_per_line() {
+        assert_eq!(
+            search_text("Ölfilter XL", None, Some("MAHLE"), Some("B-12")),
+            "ölfilter xl\nmahle\nb-12"
+        );
+        assert_eq!(search_text("A", Some("Größe"), None, None), "a\ngröße");
+    }
 }

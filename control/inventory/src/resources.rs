@@ -509,10 +509,16 @@ pub async fn create_item(
     .await?;
     let id = new_id();
     let now = now_iso();
+    let search = db::search_text(
+        input.name.as_deref().unwrap_or_default(),
+        input.description.clone().flatten().as_deref(),
+        input.manufacturer.clone().flatten().as_deref(),
+        input.barcode.clone().flatten().as_deref(),
+    );
     sqlx::query(
         "INSERT INTO items (id, user_id, name, description, manufacturer, barcode, buy_price, buy_date, \
-         quantity, min_quantity, category_id, location_id, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)",
+         quantity, min_quantity, category_id, location_id, created_at, updated_at, search_text) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14)",
     )
     .bind(&id)
     .bind(&user.id)
@@ -527,6 +533,7 @@ pub async fn create_item(
     .bind(input.category_id.flatten())
     .bind(input.location_id.flatten())
     .bind(&now)
+    .bind(search)
     .execute(&st.pool)
     .await
     .map_err(item_conflict)?;
@@ -562,6 +569,7 @@ pub async fn update_item(
     .await?;
     // Nullable fields: a flag says "set" (1) so that null can clear them.
     let flag = |o: &Option<Option<String>>| i64::from(o.is_some());
+    let mut tx = st.pool.begin().await?;
     sqlx::query(
         "UPDATE items SET name = COALESCE($1, name), \
          description = CASE WHEN $2 = 1 THEN $3 ELSE description END, \
@@ -590,9 +598,11 @@ pub async fn update_item(
     .bind(input.location_id.clone().flatten())
     .bind(now_iso())
     .bind(&id)
-    .execute(&st.pool)
+    .execute(&mut *tx)
     .await
     .map_err(item_conflict)?;
+    db::refresh_search_text(&mut tx, &id).await?;
+    tx.commit().await?;
     Ok(Json(item_by_id(&st, &id).await?).into_response())
 }
 

@@ -588,6 +588,12 @@ async fn apply(st: &Shared, user: &User, plan: Plan) -> Result<[u64; 6], ApiErro
             i.quantity.unwrap_or(1),
             i.min_quantity.unwrap_or(0),
         );
+        let search = crate::db::search_text(
+            &values.0,
+            values.1.as_deref(),
+            values.2.as_deref(),
+            values.3.as_deref(),
+        );
         let res = match existing {
             Some(id) => {
                 // unchanged rows are left alone (idempotent re-import keeps updatedAt)
@@ -609,11 +615,11 @@ async fn apply(st: &Shared, user: &User, plan: Plan) -> Result<[u64; 6], ApiErro
                 n[5] += 1;
                 sqlx::query(
                     "UPDATE items SET name = $1, description = $2, manufacturer = $3, barcode = $4, buy_price = $5, \
-                     buy_date = $6, quantity = $7, min_quantity = $8, category_id = $9, location_id = $10, updated_at = $11 \
-                     WHERE id = $12",
+                     buy_date = $6, quantity = $7, min_quantity = $8, category_id = $9, location_id = $10, updated_at = $11, \
+                     search_text = $13 WHERE id = $12",
                 )
                 .bind(values.0).bind(values.1).bind(values.2).bind(values.3).bind(values.4).bind(values.5)
-                .bind(values.6).bind(values.7).bind(category).bind(location).bind(&now).bind(&id)
+                .bind(values.6).bind(values.7).bind(category).bind(location).bind(&now).bind(&id).bind(search)
                 .execute(&mut *tx)
                 .await
             }
@@ -625,11 +631,12 @@ async fn apply(st: &Shared, user: &User, plan: Plan) -> Result<[u64; 6], ApiErro
                 };
                 sqlx::query(
                     "INSERT INTO items (id, user_id, name, description, manufacturer, barcode, buy_price, buy_date, \
-                     quantity, min_quantity, category_id, location_id, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)",
+                     quantity, min_quantity, category_id, location_id, created_at, updated_at, search_text) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14)",
                 )
                 .bind(id).bind(&user.id).bind(values.0).bind(values.1).bind(values.2).bind(values.3)
                 .bind(values.4).bind(values.5).bind(values.6).bind(values.7).bind(category).bind(location).bind(&now)
+                .bind(search)
                 .execute(&mut *tx)
                 .await
             }

@@ -449,10 +449,8 @@ pub fn list_where(q: &ListQuery, owner: Option<&str>) -> (String, Vec<Bind>) {
     if let Some(s) = &q.search {
         let pattern = format!("%{}%", escape_like(&s.to_lowercase()));
         let p = next(Bind::Text(pattern), &mut binds);
-        clauses.push(format!(
-            "(LOWER(i.name) LIKE {p} ESCAPE '\\' OR LOWER(COALESCE(i.description, '')) LIKE {p} ESCAPE '\\' \
-             OR LOWER(COALESCE(i.manufacturer, '')) LIKE {p} ESCAPE '\\' OR LOWER(COALESCE(i.barcode, '')) LIKE {p} ESCAPE '\\')"
-        ));
+        // one lower-cased column of name, description, manufacturer and barcode (db::search_text)
+        clauses.push(format!("i.search_text LIKE {p} ESCAPE '\\'"));
     }
     if let Some(c) = &q.category_id {
         let p = next(Bind::Text(c.clone()), &mut binds);
@@ -638,7 +636,7 @@ mod tests {
         ))
         .unwrap();
         let (w, b) = list_where(&q, Some("u"));
-        assert!(w.starts_with("WHERE i.user_id = $1 AND (LOWER(i.name) LIKE $2"));
+        assert!(w.starts_with("WHERE i.user_id = $1 AND i.search_text LIKE $2 ESCAPE '\\'"));
         assert!(w.ends_with("AND i.category_id = $3 AND i.quantity <= i.min_quantity"));
         assert_eq!(
             b,
