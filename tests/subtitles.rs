@@ -737,6 +737,16 @@ async fn health_errors_and_cors_defaults() {
         .await
         .expect("post");
     assert_eq!(resp.status(), 400);
+    let too_big =
+        json!({"video_url": ok_url, "target_language": "es", "pad": "x".repeat(100 * 1024)});
+    let (s, b) = svc.post("/api/translate", too_big).await;
+    assert_error(s, &b, 400, "INVALID_REQUEST");
+    assert!(
+        b["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("max_body_size")),
+        "{b}"
+    );
     let (s, b) = svc.get("/api/status/no-such-job").await;
     assert_error(s, &b, 404, "JOB_NOT_FOUND");
     let (s, b) = svc.get("/nowhere").await;
@@ -1272,10 +1282,9 @@ async fn stream_events_in_order_job_states_and_cancellation() {
     // progress arrives as batches finish: between the subtitles, not only at the end
     let first_sub = kinds.iter().position(|k| *k == "subtitle").unwrap_or(0);
     assert!(kinds[first_sub..].contains(&"progress"), "{kinds:?}");
-    assert_eq!(
-        wait_job(&svc, &job_id, |j| j["status"] == "completed").await["subtitles_count"],
-        5
-    );
+    let job = wait_job(&svc, &job_id, |j| j["status"] == "completed").await;
+    assert_eq!(job["subtitles_count"], 5);
+    assert_eq!(job["tier"], 4, "/api/stream without api_key is tier 4");
 
     // job A hangs on its second batch; job B waits (max_concurrent 1) as pending
     stub.script_chat(&[Chat::Translate, Chat::Hang]);
@@ -1692,4 +1701,62 @@ async fn fetch_guard_covers_yt_dlp_through_its_proxy() {
     assert_eq!(code, 200, "{res}\n{}", open.logs());
     assert!(stub.gets().contains(&"/media/talk.wav".to_string()));
     assert_eq!(stub.transcriptions().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn translate_client_disconnect_cancels_the_job() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stub = stub_with_site(dir.path()).await;
+    let svc = start(
+        dir.path(),
+        &config(&stub, ""),
+        &[("SERVER_API_KEY", "k-server")],
+    );
+    stub.script_chat(&[Chat::Hang]);
+    let client = svc.http.clone();
+    let url = svc.url("/api/translate");
+    let video = stub.url("/talk.srt");
+    let request = tokio::spawn(async move {
+        let _ = client
+            .post(url)
+            .json(&json!({"video_url": video, "target_language": "es"}))
+            .send()
+            .await;
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stub.chats().is_empty() {
+        assert!(Instant::now() < deadline, "the provider was never asked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // the job id is only in the (never sent) response; the service logs it at creation
+    let logs = svc.logs();
+    let job_id = logs
+        .lines()
+        .filter(|l| l.contains("job created"))
+        .find_map(|l| l.split("job_id=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(|id| id.trim_matches('"').to_string())
+        .expect("job created log line");
+    let job = wait_job(&svc, &job_id, |_| true).await;
+    assert_eq!(job["status"], "processing", "{job}");
+    assert_eq!(stub.aborted(), 0);
+
+    // the caller goes away: the connection closes, the job stops, the provider request is
+    // aborted and the job is recorded as failed (cancelled)
+    request.abort();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stub.aborted() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the provider request was not aborted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let job = wait_job(&svc, &job_id, |j| j["status"] == "failed").await;
+    assert_eq!(job["error_code"], "CANCELLED", "{job}");
+    assert_eq!(
+        stub.chats().len(),
+        1,
+        "no retry or further batch after the cancel"
+    );
 }

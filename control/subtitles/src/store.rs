@@ -198,7 +198,8 @@ impl Store {
         let result = serde_json::to_string(subtitles).unwrap_or_else(|_| "[]".into());
         sqlx::query(
             "UPDATE jobs SET status = 'completed', progress = 100, subtitles_count = ?, error = NULL, \
-             source_language = COALESCE(source_language, ?), result = ?, updated_at = ? WHERE job_id = ?",
+             source_language = COALESCE(source_language, ?), result = ?, updated_at = ? \
+             WHERE job_id = ? AND status IN ('pending', 'processing')",
         )
         .bind(subtitles.len() as i64)
         .bind(source_language)
@@ -384,8 +385,11 @@ mod tests {
             None
         );
         assert!(store.job("zzz").await.unwrap().is_none());
-        // a failed job stays failed
+        // a failed job stays failed, a completed one completed
         store.set_progress("a", 50.0, 1).await.unwrap();
+        store.complete("a", "en", &[]).await.unwrap();
         assert_eq!(store.job("a").await.unwrap().unwrap().status, "failed");
+        store.fail("b", "CANCELLED", "late").await.unwrap();
+        assert_eq!(store.job("b").await.unwrap().unwrap().status, "completed");
     }
 }

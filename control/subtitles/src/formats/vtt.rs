@@ -33,10 +33,11 @@ pub fn parse(text: &str) -> Vec<Cue> {
         return Vec::new();
     }
     let lines: Vec<&str> = text.lines().collect();
-    // the header block runs to the first blank line
+    // the header block runs to the first blank line; a sloppy file that starts its first cue
+    // right under the header (no blank line) loses only the identifier, not the cue
     let mut i = lines
         .iter()
-        .position(|l| l.trim().is_empty())
+        .position(|l| l.trim().is_empty() || l.contains("-->"))
         .unwrap_or(lines.len());
     let mut cues = Vec::new();
     while i < lines.len() {
@@ -226,6 +227,23 @@ mod tests {
                 cue(2000, 3000, "two"),
                 cue(6000, 7000, "not a note")
             ]
+        );
+    }
+
+    #[test]
+    fn first_cue_right_under_the_header() {
+        assert_eq!(
+            parse("WEBVTT\n00:01.000 --> 00:02.000\nhi\n\n00:03.000 --> 00:04.000\nthere\n"),
+            [cue(1000, 2000, "hi"), cue(3000, 4000, "there")]
+        );
+        assert_eq!(
+            parse("WEBVTT\r\n1\r\n00:01.000 --> 00:02.000\r\nhi\r\n"),
+            [cue(1000, 2000, "hi")]
+        );
+        // a header with metadata lines still ends at the blank line
+        assert_eq!(
+            parse("WEBVTT\nKind: captions\nLanguage: en\n\n00:01.000 --> 00:02.000\nhi\n"),
+            [cue(1000, 2000, "hi")]
         );
     }
 
