@@ -1560,9 +1560,6 @@ async fn fetch_guard_refuses_internal_addresses_by_default() {
     );
     assert!(stub.chats().is_empty());
     assert!(stub.transcriptions().is_empty());
-    // the server's own endpoints (from the config) are trusted: tier 3 with the stub as the
-    // configured provider would work, but its video must still be public, so only the
-    // health above shows the service is up
 }
 
 #[tokio::test(flavor = "multi_thread")]
