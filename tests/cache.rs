@@ -163,8 +163,9 @@ fn fetch(server: &Server, url: &str, extra: &[&str]) -> Fetched {
     let out = curl(&args);
     assert!(
         out.status.success(),
-        "curl {url}: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "curl {url}: {}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.logs.lock().map(|l| l.join("\n")).unwrap_or_default()
     );
     parse_fetched(&head_path, &body_path)
 }
@@ -185,6 +186,23 @@ fn parse_fetched(head_path: &Path, body_path: &Path) -> Fetched {
         status,
         headers,
         body: std::fs::read(body_path).unwrap_or_default(),
+    }
+}
+
+/// Waits until the `tier` holds `entries` (a fill seals its entry just after the client's last
+/// byte).
+fn wait_stored(server: &Server, tier: &str, entries: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let stats = server.api_get("/api/v1/cache/stats");
+        if stats[tier]["entries"] == entries {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{tier} never held {entries}: {stats}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -375,7 +393,8 @@ fn ranges_from_cache_match_the_origin_bytes() {
     assert_eq!(first.headers["content-range"], "bytes 1000-1999/3000000");
     assert_eq!(first.body, &big[1000..2000]);
 
-    // Stored on disk (above the 1 MiB threshold), whole.
+    // Stored on disk (above the 1 MiB threshold), whole — once the fill has sealed it.
+    wait_stored(&server, "disk", 1);
     let list = server.api_get("/api/v1/cache/entries");
     assert_eq!(list["entries"][0]["tier"], "disk");
     assert_eq!(list["entries"][0]["size"], 3_000_000);
@@ -550,7 +569,12 @@ fn eviction_follows_the_configured_policy() {
     // Room for three 100 kB bodies. Fill f0, f1, f2; use f0 twice more and f1 once; add f3.
     for (policy, evicted) in [("lru", "f2"), ("lfu", "f2"), ("fifo", "f0")] {
         let server = start_server(&cache_yaml(&memory_storage("300000", policy)));
-        for f in ["/f0", "/f1", "/f2", "/f0", "/f1", "/f0"] {
+        // Each fill is sealed before the next request, so the use order is exactly this one.
+        for (i, f) in ["/f0", "/f1", "/f2"].iter().enumerate() {
+            fetch(&server, &origin.url(f), &[]);
+            wait_stored(&server, "memory", i as u64 + 1);
+        }
+        for f in ["/f0", "/f1", "/f0"] {
             fetch(&server, &origin.url(f), &[]);
         }
         // LRU order now f2 (oldest use), f1, f0; LFU counts f0:3, f1:2, f2:1; FIFO f0 first in.
@@ -558,6 +582,11 @@ fn eviction_follows_the_configured_policy() {
             fetch(&server, &origin.url("/f1"), &[]);
         }
         fetch(&server, &origin.url("/f3"), &[]);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while server.api_get("/api/v1/cache/stats")["evictions"] != 1 {
+            assert!(Instant::now() < deadline, "{policy}: f3 never stored");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let left = stored(&server);
         assert_eq!(left.len(), 3, "{policy}: {left:?}");
         assert!(
@@ -639,11 +668,7 @@ fn disk_entries_survive_restart_and_a_killed_fill_leaves_nothing_servable() {
     let server = start_server(&yaml);
     assert_eq!(fetch(&server, &origin.url("/done.bin"), &[]).body, done);
     // The entry is sealed (synced, renamed) just after the client has its last byte.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.api_get("/api/v1/cache/stats")["disk"]["entries"] != 1 {
-        assert!(Instant::now() < deadline, "done.bin never stored");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_stored(&server, "disk", 1);
     // Start a slow fill, wait until the client has part of it (the leader writes each piece
     // to the client, then to the file), then kill -9 the server.
     let proxy = format!("http://{}", server.http);
@@ -947,15 +972,52 @@ fn full_disk_still_proxies_and_counts_store_errors() {
     assert!(log.contains("No space left on device"), "{log}");
     // What fits is still cached.
     fetch(&server, &origin.url("/small.bin"), &[]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.api_get("/api/v1/cache/stats")["disk"]["entries"] != 1 {
-        assert!(Instant::now() < deadline, "small.bin never stored");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_stored(&server, "disk", 1);
     assert_eq!(
         x_cache(&fetch(&server, &origin.url("/small.bin"), &[])),
         "HIT"
     );
     drop(server);
     drop(disk);
+}
+
+#[test]
+fn reload_applies_rules_and_reports_storage_changes_as_needing_a_restart() {
+    let Some(_) = require("curl") else { return };
+    let origin = Origin::start(vec![("/a", resource(pattern(2000, 3)))]);
+    let server = start_server(&format!(
+        "cache:\n  enabled: true\n  storage:\n{}\n",
+        memory_storage("1MiB", "lru")
+    ));
+    let url = origin.url("/a");
+    assert_eq!(x_cache(&fetch(&server, &url, &[])), "", "no rule yet");
+    // Same storage, a new rule: hot.
+    let base = std::fs::read_to_string(&server.config_path).expect("config");
+    let with_rule = format!("{base}  rules:\n    - {{ name: lan, domains: [\"127.0.0.1\"] }}\n");
+    std::fs::write(&server.config_path, &with_rule).expect("write");
+    let (status, body) = api_call(&server, "POST", "/api/v1/config/reload", None, None);
+    assert_eq!(status, 200, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cache") && !message.contains("restart"),
+        "{message}"
+    );
+    assert_eq!(x_cache(&fetch(&server, &url, &[])), "MISS");
+    assert_eq!(x_cache(&fetch(&server, &url, &[])), "HIT");
+    // A storage change is reported as needing a restart and not applied.
+    std::fs::write(
+        &server.config_path,
+        with_rule.replace("max_size: 1MiB", "max_size: 2MiB"),
+    )
+    .expect("write");
+    let (status, body) = api_call(&server, "POST", "/api/v1/config/reload", None, None);
+    assert_eq!(status, 200, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("restart required for [cache]"),
+        "{message}"
+    );
+    let stats = server.api_get("/api/v1/cache/stats");
+    assert_eq!(stats["memory"]["max_size_bytes"], 1 << 20);
+    assert_eq!(x_cache(&fetch(&server, &url, &[])), "HIT");
 }

@@ -63,7 +63,7 @@ fn start_switchyard(procs: &mut Procs, ctx: &Ctx, origin: SocketAddr) -> Result<
          api: {{ listen: \"127.0.0.1:{api}\" }}\nlogging: {{ level: warn }}\n\
          cache:\n  enabled: true\n  storage:\n    type: tiered\n    memory: {{ max_size: 512MiB }}\n\
          \x20   disk: {{ path: \"{disk}\", max_size: 4GiB }}\n    tiered: {{ memory_threshold: 2MiB }}\n\
-         \x20 rules:\n    - {{ name: origin, domains: [\"{host}\"], ttl: 1h }}\n",
+         \x20 rules:\n    - {{ name: bench-origin, domains: [\"{host}\"], ttl: 1h }}\n",
         disk = d.join("disk").display(),
         host = origin.ip(),
     );

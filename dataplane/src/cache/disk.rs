@@ -43,7 +43,7 @@ impl DiskFill {
             .await
         {
             let e = io::Error::from(e);
-            if e.raw_os_error() == Some(libc::ENOSPC) {
+            if e.kind() == io::ErrorKind::StorageFull || e.raw_os_error() == Some(libc::ENOSPC) {
                 let _ = file.close().await;
                 let _ = std::fs::remove_file(&temp);
                 return Err(e);
@@ -62,7 +62,7 @@ impl DiskFill {
             written: 0,
         };
         if let Err(e) = writer.write_all(&header).await {
-            let _ = writer.close().await;
+            drop(writer);
             fill.remove_temp();
             return Err(e);
         }
@@ -143,11 +143,11 @@ impl DiskFill {
         Ok((self.final_path.clone(), self.header_len))
     }
 
-    /// Gives up the fill and deletes the temporary file.
-    pub async fn abort(mut self) {
-        if let Some(mut writer) = self.writer.take() {
-            let _ = writer.close().await;
-        }
+    /// Gives up the fill and deletes the temporary file. The writer is dropped, not closed:
+    /// glommio 0.9 asserts in `close` after a write error (e.g. ENOSPC) and would take the core
+    /// down; dropping cancels pending flushes instead.
+    pub fn abort(mut self) {
+        drop(self.writer.take());
         self.remove_temp();
     }
 

@@ -28,6 +28,7 @@ use crate::tunnel;
 use glommio::net::TcpStream;
 use std::cell::RefCell;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
 use switchyard_proto::cache::entry::EntryMeta;
@@ -53,6 +54,9 @@ const FILL_DROPPED_HEADERS: [&str; 6] = [
 
 /// Bytes written to the client per slice of a stored body (bounds one socket write).
 const SERVE_SLICE: usize = 1 << 20;
+/// Bytes written through the stream (which waits for socket room) when `sendfile` finds the
+/// socket full; small, since these are copied.
+const WAIT_SLICE: usize = 16 << 10;
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn exchange_cached(
@@ -312,6 +316,47 @@ impl<'e> BodySource<'e> {
         bytes.get(start..end).unwrap_or_default()
     }
 
+    /// Writes `range` of the body to the client; returns the bytes sent. Disk entries go with
+    /// `sendfile(2)` (no copy through user space); when the socket is full, one small slice is
+    /// written through the stream, which waits for room, then `sendfile` resumes.
+    async fn send(
+        &self,
+        client: &RefCell<TcpStream>,
+        range: ByteRange,
+        meter: &ByteMeter<'_>,
+    ) -> io::Result<u64> {
+        let body = self.slice(range);
+        let mut sent = 0usize;
+        while sent < body.len() {
+            let left = body.get(sent..).unwrap_or_default();
+            let n = match self {
+                BodySource::Mapped { map, offset } => {
+                    let fd = client.borrow().as_raw_fd();
+                    let at = offset + range.start + sent as u64;
+                    match map.send_to(fd, at, left.len().min(SERVE_SLICE)) {
+                        Ok(0) => return Err(io::Error::other("cache file ended early")),
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            let slice = left.get(..left.len().min(WAIT_SLICE)).unwrap_or_default();
+                            tunnel::write_all(client, slice).await?;
+                            slice.len()
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                BodySource::Memory(_) => {
+                    let slice = left.get(..left.len().min(SERVE_SLICE)).unwrap_or_default();
+                    tunnel::write_all(client, slice).await?;
+                    slice.len()
+                }
+            };
+            meter.down(n as u64);
+            sent += n;
+        }
+        Ok(sent as u64)
+    }
+
     /// Hints the kernel to read `range` ahead (disk entries): the copy into the socket then
     /// rarely waits on a page fault.
     fn prefetch(&self, range: ByteRange) {
@@ -465,11 +510,7 @@ async fn serve_entry(
             meter.down(prefix.len() as u64);
         }
         source.prefetch(*range);
-        for slice in source.slice(*range).chunks(SERVE_SLICE) {
-            tunnel::write_all(client, slice).await?;
-            meter.down(slice.len() as u64);
-            body_bytes += slice.len() as u64;
-        }
+        body_bytes += source.send(client, *range, meter).await?;
     }
     if !trailer.is_empty() {
         tunnel::write_all(client, &trailer).await?;
@@ -794,7 +835,7 @@ impl Tee<'_> {
                 tracing::error!(key = %self.key, error = %e, "writing cache entry failed; serving uncached");
                 self.store.stats.store_error();
                 if let Sink::Disk(d) = std::mem::replace(&mut self.sink, Sink::None) {
-                    d.abort().await;
+                    d.abort();
                 }
             }
             pos += len;
@@ -813,7 +854,7 @@ impl Tee<'_> {
             self.store_entry(meta).await
         } else {
             if let Sink::Disk(d) = std::mem::replace(&mut self.sink, Sink::None) {
-                d.abort().await;
+                d.abort();
             }
             false
         };
