@@ -87,7 +87,6 @@ pub fn listener_from_fd(fd: RawFd) -> glommio::net::TcpListener {
 /// into the socket, with no read into a user buffer first.
 pub struct MappedFile {
     map: memmap2::Mmap,
-    file: std::fs::File,
 }
 
 impl MappedFile {
@@ -98,23 +97,7 @@ impl MappedFile {
         // Another process truncating the file would make reads fault (SIGBUS); the cache
         // directory belongs to this service alone.
         let map = unsafe { memmap2::Mmap::map(&file)? };
-        Ok(MappedFile { map, file })
-    }
-
-    /// `sendfile(2)` of up to `count` bytes at `offset` into the non-blocking socket `socket`:
-    /// the kernel moves page-cache pages into the socket without a copy through user space.
-    /// `WouldBlock` when the socket buffer is full.
-    pub fn send_to(&self, socket: RawFd, offset: u64, count: usize) -> io::Result<usize> {
-        use std::os::fd::AsRawFd;
-        let mut off = libc::off_t::try_from(offset)
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: both descriptors are owned by live objects (`self.file`, the caller's
-        // stream) for the duration of the call; `off` is a valid, writable off_t.
-        let n = unsafe { libc::sendfile(socket, self.file.as_raw_fd(), &mut off, count) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
+        Ok(MappedFile { map })
     }
 
     pub fn len(&self) -> usize {

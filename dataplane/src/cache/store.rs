@@ -85,9 +85,37 @@ pub enum Body {
 pub struct Entry {
     pub meta: EntryMeta,
     pub body: Body,
+    /// The head of a full `200` answer up to (not including) `Age`, `Connection` and the final
+    /// empty line, serialised once so the common hit writes it without rebuilding headers.
+    pub full_head: Vec<u8>,
 }
 
 impl Entry {
+    pub fn new(meta: EntryMeta, body: Body) -> Entry {
+        let mut head = switchyard_proto::http1::ResponseHead {
+            version_minor: 1,
+            status: 200,
+            reason: "OK".to_owned(),
+            headers: meta
+                .headers
+                .iter()
+                .map(|(n, v)| switchyard_proto::http1::Header::new(n, v))
+                .collect(),
+        };
+        head.set_header("Content-Length", meta.body_len.to_string().as_bytes());
+        head.set_header("Accept-Ranges", b"bytes");
+        head.set_header("X-Cache", b"HIT");
+        let mut full_head = Vec::with_capacity(256);
+        switchyard_proto::http1::write_response_head(&head, &mut full_head);
+        // Drop the final empty line: Age and Connection follow per response.
+        full_head.truncate(full_head.len().saturating_sub(2));
+        Entry {
+            meta,
+            body,
+            full_head,
+        }
+    }
+
     pub fn tier(&self) -> Tier {
         match self.body {
             Body::Memory(_) => Tier::Memory,
@@ -506,10 +534,7 @@ impl CacheStore {
                     }
                     Ok((meta, offset)) => {
                         let size = meta.body_len;
-                        let entry = Entry {
-                            meta,
-                            body: Body::Disk { path, offset },
-                        };
+                        let entry = Entry::new(meta, Body::Disk { path, offset });
                         if self.insert(entry) {
                             report.loaded += 1;
                             report.loaded_bytes += size;
