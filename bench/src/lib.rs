@@ -15,10 +15,15 @@
 //! - **pkgcache**: `switchyard pkgcache` GET/PUT of 10 KiB, 10 MiB and 1 GiB packages against
 //!   nginx serving the same files from disk (see [`pkgcache`](mod@pkgcache)).
 //!
+//! - **inventory**: `switchyard inventory` list latency (page 1, search, category filter,
+//!   low stock, deep page) for one user with 100,000 items on SQLite and PostgreSQL (see
+//!   [`inventory`](mod@inventory)).
+//!
 //! Results go to `<out>/<scenario>.json` and `<out>/summary.md` (tables, ratios, targets). A peer
 //! that is missing or fails to start is reported as such; every started process is stopped by PID
 //! when its scenario ends, also on error.
 
+mod inventory;
 mod load;
 mod peers;
 mod pkgcache;
@@ -43,7 +48,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, memory, pkgcache
+    /// subset: http, connect, socks5, memory, pkgcache, inventory
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -52,7 +57,14 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 5] = ["http", "connect", "socks5", "memory", "pkgcache"];
+pub const SCENARIOS: [&str; 6] = [
+    "http",
+    "connect",
+    "socks5",
+    "memory",
+    "pkgcache",
+    "inventory",
+];
 
 /// Runs the selected scenarios and writes the results. Synchronous; builds its own tokio runtime.
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -122,6 +134,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         tracing::info!("bench: scenario {s}");
         let result = match s {
             "pkgcache" => pkgcache::run(&ctx),
+            "inventory" => inventory::run(&ctx),
             _ => scenarios::run_one(&ctx, s),
         };
         let section = match result {
