@@ -1,9 +1,10 @@
 //! Scenario `cache`: cache hits of the gateway's HTTP cache against nginx `proxy_cache` and
 //! varnish serving the same files from the same nginx origin, in one run.
 //!
-//! Every program first fetches each file once (the miss that fills it; checked byte for byte),
-//! then `wrk` measures hits: 1 KiB and 1 MiB objects with the run's connection count, the 100 MiB
-//! object with four connections (throughput is the point there). switchyard is a forward proxy
+//! All three run side by side. Each fetches every file once (the miss that fills it, checked
+//! byte for byte), then `wrk` measures hits in turns, three rounds, median reported: 1 KiB and
+//! 1 MiB objects with the run's connection count, the 100 MiB object with four connections
+//! (throughput is the point there). switchyard is a forward proxy
 //! (absolute-form request line); nginx and varnish are reverse proxies (origin-form) — the hit
 //! path is what is compared. Storage as each program is usually run: switchyard tiered (≤ 2 MiB in
 //! memory, larger on disk), nginx on disk (served from the page cache with sendfile), varnish in
@@ -32,6 +33,8 @@ const OBJECTS: [(&str, &str, usize); 3] = [
     ("100 MiB", "/100m.bin", 100 * 1024 * 1024),
 ];
 const LARGE_CONNECTIONS: u32 = 4;
+/// Measurements per program and object (interleaved); the median is reported.
+const ROUNDS: usize = 3;
 
 type Starter = fn(&mut Procs, &Ctx, SocketAddr) -> Result<CacheProgram>;
 
@@ -197,13 +200,19 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         ("nginx proxy_cache", start_nginx_cache),
         ("varnish", start_varnish),
     ];
+    // All three run at once and are measured in turns, ROUNDS times, so a load change on the
+    // machine hits every program alike; each figure is the median round.
+    let mut procs = Procs::default();
+    let mut programs: Vec<CacheProgram> = Vec::new();
     let mut rows: Vec<Row> = Vec::new();
-    let mut memory: Vec<(String, u64, u64)> = Vec::new();
     let mut programs_json = Vec::new();
     for (name, start) in starters {
-        let mut procs = Procs::default();
-        let program = match start(&mut procs, ctx, origin) {
-            Ok(p) => p,
+        match start(&mut procs, ctx, origin) {
+            Ok(p) => {
+                programs_json
+                    .push(json!({"program": p.name, "version": p.version, "storage": p.storage}));
+                programs.push(p);
+            }
             Err(e) => {
                 tracing::warn!("cache: {name} did not start: {e:#}");
                 for (object, _, _) in OBJECTS {
@@ -215,63 +224,77 @@ pub fn run(ctx: &Ctx) -> Result<String> {
                         error: Some(format!("did not start: {e:#}")),
                     });
                 }
-                continue;
             }
+        }
+    }
+    let pids: Vec<u32> = programs.iter().map(|p| p.pid).collect();
+    let sampler = sample(&pids);
+    for ((object, path, len), body) in OBJECTS.iter().zip(&bodies) {
+        let connections = if *len >= 100 << 20 {
+            ctx.connections.min(LARGE_CONNECTIONS)
+        } else {
+            ctx.connections
         };
-        programs_json.push(json!({"program": program.name, "version": program.version, "storage": program.storage}));
-        let sampler = sample(&[program.pid]);
-        for ((object, path, len), body) in OBJECTS.iter().zip(&bodies) {
-            let connections = if *len >= 100 << 20 {
-                ctx.connections.min(LARGE_CONNECTIONS)
-            } else {
-                ctx.connections
-            };
-            let mut row = Row {
-                object,
-                program: program.name,
-                connections,
-                figures: None,
-                error: None,
-            };
-            tracing::info!("cache: {} {object}", program.name);
-            if let Err(e) = warm(&program, origin, path, body) {
-                row.error = Some(format!("fill check failed: {e:#}"));
-                rows.push(row);
-                continue;
+        let mut runs: Vec<Vec<HttpFigures>> = vec![Vec::new(); programs.len()];
+        let mut errors: Vec<Option<String>> = vec![None; programs.len()];
+        for (i, program) in programs.iter().enumerate() {
+            if let Err(e) = warm(program, origin, path, body) {
+                errors[i] = Some(format!("fill check failed: {e:#}"));
             }
-            let (target, proxy) = if program.forward {
-                (origin, Some(program.addr))
-            } else {
-                (program.addr, None)
-            };
-            match wrk::run_wrk(
-                &ctx.env.dir,
-                target,
-                proxy,
-                path,
-                2,
-                connections,
-                ctx.seconds,
-            ) {
-                Ok(fig) => {
-                    if fig.non_2xx > 0 {
-                        row.error = Some(format!("{} non-2xx responses", fig.non_2xx));
-                    } else if fig.requests > 0 && fig.bytes_per_response < *len as f64 {
-                        row.error = Some(format!(
+        }
+        for round in 0..ROUNDS {
+            for (i, program) in programs.iter().enumerate() {
+                if errors[i].is_some() {
+                    continue;
+                }
+                tracing::info!("cache: {} {object} round {}", program.name, round + 1);
+                let (target, proxy) = if program.forward {
+                    (origin, Some(program.addr))
+                } else {
+                    (program.addr, None)
+                };
+                match wrk::run_wrk(
+                    &ctx.env.dir,
+                    target,
+                    proxy,
+                    path,
+                    2,
+                    connections,
+                    ctx.seconds,
+                ) {
+                    Ok(fig) if fig.non_2xx > 0 => {
+                        errors[i] = Some(format!("{} non-2xx responses", fig.non_2xx));
+                    }
+                    Ok(fig) if fig.requests > 0 && fig.bytes_per_response < *len as f64 => {
+                        errors[i] = Some(format!(
                             "only {:.0} bytes per response",
                             fig.bytes_per_response
                         ));
                     }
-                    row.figures = Some(fig);
+                    Ok(fig) => runs[i].push(fig),
+                    Err(e) => errors[i] = Some(format!("wrk: {e:#}")),
                 }
-                Err(e) => row.error = Some(format!("wrk: {e:#}")),
             }
-            rows.push(row);
         }
-        let after = tree_rss_kib(program.pid);
-        let peak = sampler.finish().first().copied().unwrap_or(0);
-        memory.push((program.name.to_owned(), after, peak));
+        for ((program, mut figures), error) in programs.iter().zip(runs).zip(errors) {
+            figures.sort_by(|a, b| a.requests_per_sec.total_cmp(&b.requests_per_sec));
+            let median = figures.get(figures.len() / 2).cloned();
+            rows.push(Row {
+                object,
+                program: program.name,
+                connections,
+                figures: if error.is_none() { median } else { None },
+                error,
+            });
+        }
     }
+    let peaks = sampler.finish();
+    let memory: Vec<(String, u64, u64)> = programs
+        .iter()
+        .zip(peaks)
+        .map(|(p, peak)| (p.name.to_owned(), tree_rss_kib(p.pid), peak))
+        .collect();
+    drop(procs);
     drop(origin_procs);
 
     ctx.write_json(
@@ -303,8 +326,9 @@ fn figure(rows: &[Row], object: &str, program: &str) -> Option<HttpFigures> {
 
 fn report(ctx: &Ctx, rows: &[Row], memory: &[(String, u64, u64)]) -> String {
     let mut md = format!(
-        "## HTTP cache hits (wrk -t2 -c{} -d{}s; 100 MiB with -c{LARGE_CONNECTIONS})\n\n\
-         Same nginx origin; each program filled once (checked byte for byte), then measured on hits.\n\n",
+        "## HTTP cache hits (wrk -t2 -c{} -d{}s; 100 MiB with -c{LARGE_CONNECTIONS}; median of {ROUNDS} interleaved rounds)\n\n\
+         Same nginx origin; all three programs running side by side, each filled once (checked byte \
+         for byte), then measured on hits in turns.\n\n",
         ctx.connections, ctx.seconds
     );
     let table_rows: Vec<Vec<String>> = rows

@@ -14,6 +14,8 @@
 //! - **memory**: switchyard's RSS idle and with thousands of idle CONNECT tunnels held open.
 //! - **pkgcache**: `switchyard pkgcache` GET/PUT of 10 KiB, 10 MiB and 1 GiB packages against
 //!   nginx serving the same files from disk (see [`pkgcache`](mod@pkgcache)).
+//! - **cache**: HTTP cache hits (1 KiB, 1 MiB, 100 MiB) against nginx `proxy_cache` and varnish
+//!   (see [`cache`](mod@cache)).
 //!
 //! - **inventory**: `switchyard inventory` list latency (page 1, search, category filter,
 //!   low stock, deep page) for one user with 100,000 items on SQLite and PostgreSQL (see
@@ -23,6 +25,7 @@
 //! that is missing or fails to start is reported as such; every started process is stopped by PID
 //! when its scenario ends, also on error.
 
+mod cache;
 mod inventory;
 mod load;
 mod peers;
@@ -48,7 +51,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, memory, pkgcache, inventory
+    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -57,12 +60,13 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 6] = [
+pub const SCENARIOS: [&str; 7] = [
     "http",
     "connect",
     "socks5",
     "memory",
     "pkgcache",
+    "cache",
     "inventory",
 ];
 
@@ -135,6 +139,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let result = match s {
             "pkgcache" => pkgcache::run(&ctx),
             "inventory" => inventory::run(&ctx),
+            "cache" => cache::run(&ctx),
             _ => scenarios::run_one(&ctx, s),
         };
         let section = match result {

@@ -54,6 +54,8 @@ const FILL_DROPPED_HEADERS: [&str; 6] = [
     "if-unmodified-since",
 ];
 
+/// Bodies up to this size are written together with the head.
+const INLINE_BODY: u64 = 64 << 10;
 /// Bytes written to the client per slice of a stored body (bounds one socket write).
 const SERVE_SLICE: usize = 1 << 20;
 
@@ -483,12 +485,22 @@ async fn serve_entry(
             }
         }
     }
-    tunnel::write_all(client, &out).await?;
-    meter.down(out.len() as u64);
     if head_only || trace.status == 304 {
+        tunnel::write_all(client, &out).await?;
+        meter.down(out.len() as u64);
         return Ok(0);
     }
     let mut body_bytes = 0u64;
+    // A small single-part body goes out with its head in one write (one syscall per hit).
+    if let [(prefix, range)] = parts.as_slice() {
+        if prefix.is_empty() && range.len() <= INLINE_BODY && trailer.is_empty() {
+            out.extend_from_slice(source.slice(*range));
+            body_bytes = range.len();
+            parts.clear();
+        }
+    }
+    tunnel::write_all(client, &out).await?;
+    meter.down(out.len() as u64);
     for (prefix, range) in &parts {
         if !prefix.is_empty() {
             tunnel::write_all(client, prefix).await?;

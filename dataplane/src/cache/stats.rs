@@ -50,6 +50,8 @@ pub struct CacheStats {
     storage_entries: IntGaugeVec,
     evictions_total: IntCounterVec,
     duration: HistogramVec,
+    /// `bytes_served` children: [cache, origin].
+    served_by_source: [IntCounter; 2],
     /// `duration` children per [`Operation`], resolved once.
     timings: [Histogram; 3],
 }
@@ -81,6 +83,11 @@ impl CacheStats {
             &["operation"],
         )
         .expect("valid metric");
+        let bytes_served = counter(
+            "proxy_cache_bytes_served_total",
+            "Response body bytes of cacheable requests, served from cache or from origin",
+            &["source"],
+        );
         CacheStats {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -97,11 +104,9 @@ impl CacheStats {
                 "Cache misses by domain and reason",
                 &["domain", "reason"],
             ),
-            bytes_served: counter(
-                "proxy_cache_bytes_served_total",
-                "Response body bytes of cacheable requests, served from cache or from origin",
-                &["source"],
-            ),
+            served_by_source: ["cache", "origin"]
+                .map(|source| bytes_served.with_label_values(&[source])),
+            bytes_served,
             storage_size: gauge(
                 "proxy_cache_storage_size_bytes",
                 "Bytes stored by tier",
@@ -163,8 +168,7 @@ impl CacheStats {
     }
 
     pub fn served(&self, from_cache: bool, bytes: u64) {
-        let source = if from_cache { "cache" } else { "origin" };
-        self.bytes_served.with_label_values(&[source]).inc_by(bytes);
+        self.served_by_source[usize::from(!from_cache)].inc_by(bytes);
     }
 
     pub fn evicted(&self, tier: Tier, reason: EvictReason) {
