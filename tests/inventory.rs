@@ -1242,6 +1242,68 @@ async fn users_are_isolated_and_admin_sees_all(db: Db) {
     assert_eq!(b.get("/api/items").await.body["pagination"]["total"], 0);
 }
 
+/// The unfiltered `total` comes from a per-user count kept in the write transactions (not a
+/// COUNT(*)): after concurrent creates, deletes (some of one item twice at once) and an
+/// import, it must equal what a filtered list (counted row by row) and the pages hold.
+async fn unfiltered_total_stays_exact_under_concurrent_writes(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
+    let (a, a_user) = Client::account(&inv, "admin@example.org").await;
+    assert_eq!(a_user["role"], "ADMIN");
+    let (b, _) = Client::account(&inv, "b@example.org").await;
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let c = if i % 4 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move {
+            c.post("/api/items", json!({"name": format!("counted {i}")}))
+                .await
+        }));
+    }
+    let mut b_ids = Vec::new();
+    for t in tasks {
+        let r = t.await.expect("task");
+        assert_eq!(r.status, 201, "{:?}", r.body);
+        if r.body["userId"] != a_user["id"] {
+            b_ids.push(id(&r.body));
+        }
+    }
+    assert_eq!(b_ids.len(), 18);
+    // delete four of B's items, each twice at the same time: one delete removes the row
+    let mut tasks = Vec::new();
+    for item in &b_ids[..4] {
+        for _ in 0..2 {
+            let (b, path) = (b.clone(), format!("/api/items/{item}"));
+            tasks.push(tokio::spawn(async move { b.delete(&path).await }));
+        }
+    }
+    for t in tasks {
+        let status = t.await.expect("task").status.as_u16();
+        assert!(status == 200 || status == 404, "{status}");
+    }
+    let r = b
+        .post(
+            "/api/import",
+            json!({"format": "switchyard-inventory", "version": 1, "items": [{"name": "imported"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+
+    let unfiltered = |c: Arc<Client>| async move {
+        c.get("/api/items?limit=100").await.body["pagination"]["total"].clone()
+    };
+    let counted = |c: Arc<Client>| async move {
+        // a filter every item matches forces the row-by-row COUNT(*)
+        c.get("/api/items?search=e&limit=100").await.body["pagination"]["total"].clone()
+    };
+    assert_eq!(unfiltered(b.clone()).await, json!(15));
+    assert_eq!(counted(b.clone()).await, json!(15));
+    let page = b.get("/api/items?limit=100").await.body;
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(15));
+    // the admin's total is everyone's
+    assert_eq!(unfiltered(a.clone()).await, json!(21));
+    assert_eq!(counted(a.clone()).await, json!(21));
+}
+
 // ------------------------------------------------------------------ images
 
 const PNG: &[u8] =
@@ -1578,6 +1640,8 @@ async fn export_import_round_trip_idempotence_and_rollback(db: Db) {
         .expect("array")
         .iter()
         .all(|c| c["name"] != "Rollback"));
+    // the stored count rolled back with the rows: A's two items and "Other"
+    assert_eq!(a.get("/api/items").await.body["pagination"]["total"], 3);
     let r = a
         .post("/api/import", json!({"format": "other", "version": 1}))
         .await;
@@ -1596,4 +1660,5 @@ on_both_databases!(
     users_are_isolated_and_admin_sees_all,
     images_upload_list_serve_delete,
     export_import_round_trip_idempotence_and_rollback,
+    unfiltered_total_stays_exact_under_concurrent_writes,
 );

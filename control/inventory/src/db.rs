@@ -365,6 +365,44 @@ pub async fn create_user(
     })
 }
 
+/// Move the stored item count of `user_id` by `delta` (migration 0005). Call it in the
+/// transaction that inserts or deletes that user's items, so the count commits or rolls back
+/// with them; the upsert takes the counter row's lock, so concurrent writers add up exactly.
+pub async fn add_item_count(
+    conn: &mut sqlx::AnyConnection,
+    user_id: &str,
+    delta: i64,
+) -> Result<(), sqlx::Error> {
+    if delta == 0 {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO item_counts (user_id, n) VALUES ($1, $2) \
+         ON CONFLICT (user_id) DO UPDATE SET n = item_counts.n + excluded.n",
+    )
+    .bind(user_id)
+    .bind(delta)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Exact number of items of `owner` (`None` = everyone's) from the stored counts.
+pub async fn item_count(pool: &AnyPool, owner: Option<&str>) -> Result<i64, sqlx::Error> {
+    match owner {
+        Some(u) => sqlx::query("SELECT n FROM item_counts WHERE user_id = $1")
+            .bind(u)
+            .fetch_optional(pool)
+            .await?
+            .map_or(Ok(0), |r| r.try_get("n")),
+        // SUM of BIGINT is NUMERIC on PostgreSQL, which the Any driver cannot decode.
+        None => sqlx::query("SELECT CAST(COALESCE(SUM(n), 0) AS BIGINT) AS n FROM item_counts")
+            .fetch_one(pool)
+            .await?
+            .try_get("n"),
+    }
+}
+
 /// Owner filter: `None` = admin, sees all.
 pub fn owner_of(user: &User) -> Option<&str> {
     (!user.is_admin()).then_some(user.id.as_str())

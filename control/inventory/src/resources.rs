@@ -461,7 +461,11 @@ pub async fn list_items(
             }
         }
     }
-    let total: i64 = count.fetch_one(&st.pool).await?.try_get("n")?;
+    let total: i64 = if q.unfiltered() {
+        db::item_count(&st.pool, owner_of(&user)).await?
+    } else {
+        count.fetch_one(&st.pool).await?.try_get("n")?
+    };
     let rows = page.fetch_all(&st.pool).await?;
     let mut items = rows.iter().map(item_json).collect::<Result<Vec<_>, _>>()?;
     attach_images(&st, &mut items).await?;
@@ -515,6 +519,7 @@ pub async fn create_item(
         input.manufacturer.clone().flatten().as_deref(),
         input.barcode.clone().flatten().as_deref(),
     );
+    let mut tx = st.pool.begin().await?;
     sqlx::query(
         "INSERT INTO items (id, user_id, name, description, manufacturer, barcode, buy_price, buy_date, \
          quantity, min_quantity, category_id, location_id, created_at, updated_at, search_text) \
@@ -534,9 +539,11 @@ pub async fn create_item(
     .bind(input.location_id.flatten())
     .bind(&now)
     .bind(search)
-    .execute(&st.pool)
+    .execute(&mut *tx)
     .await
     .map_err(item_conflict)?;
+    db::add_item_count(&mut tx, &user.id, 1).await?;
+    tx.commit().await?;
     Ok((StatusCode::CREATED, Json(item_by_id(&st, &id).await?)).into_response())
 }
 
@@ -611,9 +618,12 @@ pub async fn delete_item(
     Extension(CurrentUser(user)): Extension<CurrentUser>,
     Path(id): Path<String>,
 ) -> Res {
-    owned(&st, &user, "items", &id, "Item").await?;
+    let owner = owned(&st, &user, "items", &id, "Item").await?;
     let mut tx = st.pool.begin().await?;
-    let rows = sqlx::query("SELECT id FROM images WHERE item_id = $1")
+    // The transaction writes first: on SQLite a deferred transaction that reads before it
+    // writes cannot upgrade once a concurrent writer committed (SQLITE_BUSY, not retried by
+    // the busy timeout), which two simultaneous deletes of one item ran into.
+    let rows = sqlx::query("DELETE FROM images WHERE item_id = $1 RETURNING id")
         .bind(&id)
         .fetch_all(&mut *tx)
         .await?;
@@ -621,14 +631,13 @@ pub async fn delete_item(
         .iter()
         .map(|r| r.try_get::<String, _>("id"))
         .collect::<Result<Vec<_>, _>>()?;
-    sqlx::query("DELETE FROM images WHERE item_id = $1")
+    // rows_affected, not 1: a concurrent delete of the same item must not count twice
+    let deleted = sqlx::query("DELETE FROM items WHERE id = $1")
         .bind(&id)
         .execute(&mut *tx)
-        .await?;
-    sqlx::query("DELETE FROM items WHERE id = $1")
-        .bind(&id)
-        .execute(&mut *tx)
-        .await?;
+        .await?
+        .rows_affected();
+    db::add_item_count(&mut tx, &owner, -i64::try_from(deleted).unwrap_or(0)).await?;
     tx.commit().await?;
     // Files go after the commit: a failed delete leaves both rows and files intact.
     images::remove_files(&st, &image_ids).await;

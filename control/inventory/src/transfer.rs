@@ -651,6 +651,7 @@ async fn apply(st: &Shared, user: &User, plan: Plan) -> Result<[u64; 6], ApiErro
             Err(e) => return Err(e.into()),
         }
     }
+    crate::db::add_item_count(&mut tx, &user.id, i64::try_from(n[4]).unwrap_or(0)).await?;
     tx.commit().await?;
     Ok(n)
 }

@@ -358,6 +358,16 @@ pub struct ListQuery {
     pub descending: bool,
 }
 
+impl ListQuery {
+    /// No filter narrows the owner's items, so the stored count is the total.
+    pub fn unfiltered(&self) -> bool {
+        self.search.is_none()
+            && self.category_id.is_none()
+            && self.location_id.is_none()
+            && !self.low_stock
+    }
+}
+
 /// Parse the query pairs of `GET /api/items` (unknown keys are ignored).
 pub fn list_query(pairs: &[(String, String)]) -> Result<ListQuery, ApiError> {
     let get = |k: &str| {
@@ -626,6 +636,15 @@ mod tests {
         assert_eq!(
             (q.page, q.limit, q.sort_column, q.descending, q.low_stock),
             (1, 20, "i.created_at", true, false)
+        );
+        assert!(q.unfiltered());
+        for f in ["search=x", "categoryId=c", "locationId=l", "lowStock=true"] {
+            assert!(!list_query(&pairs(f)).unwrap().unfiltered(), "{f}");
+        }
+        assert!(
+            list_query(&pairs("search=&page=2&sortBy=name&lowStock=false"))
+                .unwrap()
+                .unfiltered()
         );
         assert_eq!(
             list_tail(&q),
