@@ -527,10 +527,9 @@ impl CacheStore {
                     continue;
                 }
                 match read_entry_header(&path) {
-                    Ok((meta, offset)) if meta.expires_unix <= now => {
+                    Ok((meta, _)) if meta.expires_unix <= now => {
                         let _ = std::fs::remove_file(&path);
                         report.expired += 1;
-                        let _ = (meta, offset);
                     }
                     Ok((meta, offset)) => {
                         let size = meta.body_len;
