@@ -1021,3 +1021,39 @@ fn reload_applies_rules_and_reports_storage_changes_as_needing_a_restart() {
     assert_eq!(stats["memory"]["max_size_bytes"], 1 << 20);
     assert_eq!(x_cache(&fetch(&server, &url, &[])), "HIT");
 }
+
+#[test]
+fn cleanup_removes_a_damaged_disk_entry() {
+    let Some(_) = require("curl") else { return };
+    let body = pattern(300_000, 14);
+    let origin = Origin::start(vec![("/rot.bin", resource(body.clone()))]);
+    let disk = tempfile::tempdir().expect("tempdir");
+    let storage = format!(
+        "    type: disk\n    disk: {{ path: \"{}\", max_size: 1GiB, cleanup_interval: 1s }}",
+        disk.path().display()
+    );
+    let server = start_server(&cache_yaml(&storage));
+    let url = origin.url("/rot.bin");
+    fetch(&server, &url, &[]);
+    wait_stored(&server, "disk", 1);
+    // Flip one body byte in the entry file, as bit rot would.
+    let entry = std::fs::read_dir(disk.path())
+        .expect("cache dir")
+        .flatten()
+        .filter(|d| d.file_name() != "tmp")
+        .flat_map(|d| std::fs::read_dir(d.path()).expect("fan-out dir").flatten())
+        .map(|f| f.path())
+        .find(|p| p.extension().is_some_and(|e| e == "entry"))
+        .expect("entry file");
+    let mut bytes = std::fs::read(&entry).expect("read entry");
+    let at = bytes.len() - 10;
+    bytes[at] ^= 0xff;
+    std::fs::write(&entry, &bytes).expect("write entry");
+    wait_stored(&server, "disk", 0);
+    let log = server.logs.lock().expect("logs").join("\n");
+    assert!(log.contains("failed its checksum"), "{log}");
+    let again = fetch(&server, &url, &[]);
+    assert_eq!(x_cache(&again), "MISS");
+    assert_eq!(again.body, body);
+    assert_eq!(origin.count("/rot.bin"), 2);
+}

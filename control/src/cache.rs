@@ -1,7 +1,7 @@
 //! Starting the HTTP cache's store for `switchyard server` and its periodic cleanup. The store
 //! itself (and the request path) lives on the data plane; the control plane opens it, reports
-//! what the index rebuild found, removes expired entries every `cleanup_interval`, and serves the
-//! cache API from it.
+//! what the index rebuild found, removes expired and damaged entries every `cleanup_interval`,
+//! and serves the cache API from it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -53,7 +53,12 @@ pub fn open(cfg: &CacheConfig) -> Option<Arc<CacheStore>> {
     Some(store)
 }
 
-/// Removes expired entries every `interval` (file deletions run on the blocking pool).
+/// Bytes of disk entries whose checksums are verified per cleanup round.
+const SCRUB_BUDGET: u64 = 1 << 30;
+
+/// Every `interval`: removes expired entries, then verifies the checksums of up to 1 GiB of disk
+/// entries (continuing where the last round stopped) and removes damaged ones. Both run on the
+/// blocking pool (file reads and deletions).
 pub async fn cleanup(store: Arc<CacheStore>, interval: Duration) {
     if interval.is_zero() {
         return;
@@ -63,9 +68,17 @@ pub async fn cleanup(store: Arc<CacheStore>, interval: Duration) {
     loop {
         tick.tick().await;
         let store = store.clone();
-        match tokio::task::spawn_blocking(move || store.purge_expired()).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(removed = n, "cache cleanup removed expired entries"),
+        let round =
+            tokio::task::spawn_blocking(move || (store.purge_expired(), store.scrub(SCRUB_BUDGET)))
+                .await;
+        match round {
+            Ok((expired, (checked, damaged))) => {
+                if expired > 0 || damaged > 0 {
+                    tracing::info!(expired, checked, damaged, "cache cleanup removed entries");
+                } else {
+                    tracing::debug!(checked, "cache cleanup: nothing to remove");
+                }
+            }
             Err(e) => tracing::warn!(error = %e, "cache cleanup failed"),
         }
     }
