@@ -546,10 +546,17 @@ async fn forward<'c>(
     };
     let next = match cached {
         Some((store, policy, rule)) => {
-            crate::cache::serve::exchange_cached(
-                ctx, snapshot, store, policy, rule, client, carry, request, trace, &backend, conn,
-            )
-            .await
+            let call = crate::cache::serve::CacheCall {
+                ctx,
+                snapshot,
+                store,
+                policy,
+                rule,
+                client,
+                backend: &backend,
+                conn,
+            };
+            crate::cache::serve::exchange_cached(&call, carry, request, trace).await
         }
         None => exchange(ctx, snapshot, client, carry, request, trace, &backend, conn).await,
     };

@@ -59,28 +59,59 @@ const INLINE_BODY: u64 = 64 << 10;
 /// Bytes written to the client per slice of a stored body (bounds one socket write).
 const SERVE_SLICE: usize = 1 << 20;
 
-#[allow(clippy::too_many_arguments)]
+/// The parts of a cacheable request's handling that stay the same from lookup to fill.
+pub(crate) struct CacheCall<'a> {
+    pub ctx: &'a CoreContext,
+    pub snapshot: &'a Snapshot,
+    pub store: &'a Arc<CacheStore>,
+    pub policy: &'a CachePolicy,
+    pub rule: &'a CacheRule,
+    pub client: &'a RefCell<TcpStream>,
+    pub backend: &'a Backend,
+    pub conn: &'a crate::live::LiveConnection,
+}
+
+impl CacheCall<'_> {
+    /// Forwards the request uncached.
+    async fn bypass(&self, carry: &mut Vec<u8>, request: Forwarded<'_>, trace: &mut Trace) -> Next {
+        exchange(
+            self.ctx,
+            self.snapshot,
+            self.client,
+            carry,
+            request,
+            trace,
+            self.backend,
+            self.conn,
+        )
+        .await
+    }
+}
+
+/// A request `call.rule` covers: answered from the store, from a fill in progress, or fetched
+/// (and stored) as the fill's leader; bypassed to the plain exchange when it may not be cached.
 pub(crate) async fn exchange_cached(
-    ctx: &CoreContext,
-    snapshot: &Snapshot,
-    store: &Arc<CacheStore>,
-    policy: &CachePolicy,
-    rule: &CacheRule,
-    client: &RefCell<TcpStream>,
+    call: &CacheCall<'_>,
     carry: &mut Vec<u8>,
     request: Forwarded<'_>,
     trace: &mut Trace,
-    backend: &Backend,
-    conn: &crate::live::LiveConnection,
 ) -> Next {
+    let CacheCall {
+        ctx,
+        store,
+        rule,
+        client,
+        conn,
+        ..
+    } = *call;
     let host = request.host;
     if let Err(bypass) = check_request(&request.head, rule) {
         store.stats.miss(host, bypass.label());
-        return exchange(ctx, snapshot, client, carry, request, trace, backend, conn).await;
+        return call.bypass(carry, request, trace).await;
     }
     if !matches!(request.request_body, BodyKind::Empty | BodyKind::Length(0)) {
         store.stats.miss(host, "request_body");
-        return exchange(ctx, snapshot, client, carry, request, trace, backend, conn).await;
+        return call.bypass(carry, request, trace).await;
     }
     let base_key = cache_key(
         host,
@@ -109,7 +140,7 @@ pub(crate) async fn exchange_cached(
     if request.head.method.eq_ignore_ascii_case("HEAD") {
         // Only a GET fills the cache.
         store.stats.miss(host, "head_not_cached");
-        return exchange(ctx, snapshot, client, carry, request, trace, backend, conn).await;
+        return call.bypass(carry, request, trace).await;
     }
     let lease = match Fills::claim(store, &base_key) {
         Claim::Leader(lease) => lease,
@@ -131,14 +162,10 @@ pub(crate) async fn exchange_cached(
                 }
             }
             store.stats.miss(host, "fill_failed");
-            return exchange(ctx, snapshot, client, carry, request, trace, backend, conn).await;
+            return call.bypass(carry, request, trace).await;
         }
     };
-    let next = fill(
-        ctx, snapshot, store, policy, rule, client, carry, request, trace, backend, conn, base_key,
-        &lease,
-    )
-    .await;
+    let next = fill(call, carry, request, trace, base_key, &lease).await;
     drop(lease);
     next
 }
@@ -525,22 +552,24 @@ enum Sink {
 }
 
 /// The leader's miss: fetch the whole object, stream it to the client and into the store.
-#[allow(clippy::too_many_arguments)]
 async fn fill(
-    ctx: &CoreContext,
-    snapshot: &Snapshot,
-    store: &Arc<CacheStore>,
-    policy: &CachePolicy,
-    rule: &CacheRule,
-    client: &RefCell<TcpStream>,
+    call: &CacheCall<'_>,
     carry: &mut Vec<u8>,
     request: Forwarded<'_>,
     trace: &mut Trace,
-    backend: &Backend,
-    conn: &crate::live::LiveConnection,
     base_key: String,
     lease: &FillLease,
 ) -> Next {
+    let CacheCall {
+        ctx,
+        snapshot,
+        store,
+        policy,
+        rule,
+        client,
+        backend,
+        conn,
+    } = *call;
     let Forwarded {
         head: client_head,
         peer,
