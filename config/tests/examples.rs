@@ -61,8 +61,17 @@ fn uncomment(text: &str) -> String {
         .join("\n")
 }
 
-fn check_pkgcache(name: &str, cfg: &PkgcacheConfig) {
-    let problems = validate_pkgcache(cfg);
+/// A service configuration has no problems and survives YAML and JSON round trips unchanged.
+fn check_service_config<T, P>(
+    name: &str,
+    cfg: &T,
+    problems: &[P],
+    to_yaml: impl Fn(&T) -> String,
+    from_yaml: impl Fn(&str) -> T,
+) where
+    T: PartialEq + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+    P: std::fmt::Display,
+{
     assert!(
         problems.is_empty(),
         "{name} has problems:\n{}",
@@ -72,12 +81,21 @@ fn check_pkgcache(name: &str, cfg: &PkgcacheConfig) {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    let yaml = cfg.to_yaml_string().expect("to yaml");
-    let back = PkgcacheConfig::from_yaml_str(&yaml, &|_| None).expect("reload yaml");
-    assert_eq!(&back, cfg, "{name}: YAML round trip\n{yaml}");
+    let yaml = to_yaml(cfg);
+    assert_eq!(&from_yaml(&yaml), cfg, "{name}: YAML round trip\n{yaml}");
     let json = serde_json::to_value(cfg).expect("to json");
-    let back: PkgcacheConfig = serde_json::from_value(json).expect("from json");
+    let back: T = serde_json::from_value(json).expect("from json");
     assert_eq!(&back, cfg, "{name}: JSON round trip");
+}
+
+fn check_pkgcache(name: &str, cfg: &PkgcacheConfig) {
+    check_service_config(
+        name,
+        cfg,
+        &validate_pkgcache(cfg),
+        |c| c.to_yaml_string().expect("to yaml"),
+        |y| PkgcacheConfig::from_yaml_str(y, &|_| None).expect("reload yaml"),
+    );
 }
 
 /// `pkgcache*.yaml`: loads, validates, round-trips, and every `#: ` optional key is real.
@@ -104,22 +122,13 @@ fn pkgcache_examples_load_validate_and_document_real_keys() {
 }
 
 fn check_inventory(name: &str, cfg: &InventoryConfig) {
-    let problems = validate_inventory(cfg);
-    assert!(
-        problems.is_empty(),
-        "{name} has problems:\n{}",
-        problems
-            .iter()
-            .map(|p| format!("  {p}"))
-            .collect::<Vec<_>>()
-            .join("\n")
+    check_service_config(
+        name,
+        cfg,
+        &validate_inventory(cfg),
+        |c| c.to_yaml_string().expect("to yaml"),
+        |y| InventoryConfig::from_yaml_str(y, &|_| None).expect("reload yaml"),
     );
-    let yaml = cfg.to_yaml_string().expect("to yaml");
-    let back = InventoryConfig::from_yaml_str(&yaml, &|_| None).expect("reload yaml");
-    assert_eq!(&back, cfg, "{name}: YAML round trip\n{yaml}");
-    let json = serde_json::to_value(cfg).expect("to json");
-    let back: InventoryConfig = serde_json::from_value(json).expect("from json");
-    assert_eq!(&back, cfg, "{name}: JSON round trip");
 }
 
 /// `inventory*.yaml`: loads, validates, round-trips, and every `#: ` optional key is real.
@@ -150,22 +159,13 @@ fn inventory_examples_load_validate_and_document_real_keys() {
 }
 
 fn check_subtitles(name: &str, cfg: &SubtitlesConfig) {
-    let problems = validate_subtitles(cfg);
-    assert!(
-        problems.is_empty(),
-        "{name} has problems:\n{}",
-        problems
-            .iter()
-            .map(|p| format!("  {p}"))
-            .collect::<Vec<_>>()
-            .join("\n")
+    check_service_config(
+        name,
+        cfg,
+        &validate_subtitles(cfg),
+        |c| c.to_yaml_string().expect("to yaml"),
+        |y| SubtitlesConfig::from_yaml_str(y, &|_| None).expect("reload yaml"),
     );
-    let yaml = cfg.to_yaml_string().expect("to yaml");
-    let back = SubtitlesConfig::from_yaml_str(&yaml, &|_| None).expect("reload yaml");
-    assert_eq!(&back, cfg, "{name}: YAML round trip\n{yaml}");
-    let json = serde_json::to_value(cfg).expect("to json");
-    let back: SubtitlesConfig = serde_json::from_value(json).expect("from json");
-    assert_eq!(&back, cfg, "{name}: JSON round trip");
 }
 
 /// `subtitles*.yaml`: loads, validates, round-trips, and every `#: ` optional key is real.
