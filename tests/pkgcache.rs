@@ -6,15 +6,15 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{curl, free_port, require, Proc, BIN};
+use support::{curl, free_port, require, spawn_reporting, Proc, Reported, BIN};
 
 // ------------------------------------------------------------------ helpers
 
@@ -45,45 +45,12 @@ fn start(args: &[&str], envs: &[(&str, &str)]) -> Pkgcache {
     cmd.args(["pkgcache", "--listen", "127.0.0.1:0"])
         .args(args)
         .env_remove("RUST_LOG")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .env("RUST_LOG", "info");
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("start switchyard pkgcache");
-    let stderr = child.stderr.take().expect("stderr");
-    let proc = Proc {
-        child,
-        name: "switchyard pkgcache".into(),
-    };
-    let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = logs.clone();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let addr = line
-                .split("listening on http://")
-                .nth(1)
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string);
-            if let Ok(mut l) = sink.lock() {
-                l.push(line);
-            }
-            if let Some(addr) = addr {
-                let _ = tx.send(addr);
-            }
-        }
-    });
-    let Ok(addr) = rx.recv_timeout(Duration::from_secs(20)) else {
-        let l = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
-        panic!("pkgcache did not report its address; log:\n{l}");
-    };
-    Pkgcache {
-        proc,
-        addr: addr.parse().expect("listen address"),
-        logs,
-    }
+    let Reported { proc, addr, logs } = spawn_reporting(cmd, "switchyard pkgcache");
+    Pkgcache { proc, addr, logs }
 }
 
 fn fs_server(dir: &Path, extra: &[&str]) -> Pkgcache {

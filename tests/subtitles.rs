@@ -11,12 +11,11 @@
 mod support;
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Multipart, State};
@@ -25,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use support::{Proc, BIN};
+use support::{spawn_reporting, Proc, Reported, BIN};
 
 // ------------------------------------------------------------------ the stub provider + site
 
@@ -481,9 +480,7 @@ fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Service {
         .arg(dir)
         .arg("--config")
         .arg(&config)
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .env("RUST_LOG", "debug");
     for v in [
         "SERVER_API_KEY",
         "SERVER_API_URL",
@@ -497,37 +494,10 @@ fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Service {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("start switchyard subtitles");
-    let stderr = child.stderr.take().expect("stderr");
-    let proc = Proc {
-        child,
-        name: "switchyard subtitles".into(),
-    };
-    let logs = Arc::new(Mutex::new(Vec::new()));
-    let sink = logs.clone();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let addr = line
-                .split("listening on http://")
-                .nth(1)
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string);
-            if let Ok(mut l) = sink.lock() {
-                l.push(line);
-            }
-            if let Some(addr) = addr {
-                let _ = tx.send(addr);
-            }
-        }
-    });
-    let Ok(addr) = rx.recv_timeout(Duration::from_secs(30)) else {
-        let l = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
-        panic!("subtitles did not report its address; log:\n{l}");
-    };
+    let Reported { proc, addr, logs } = spawn_reporting(cmd, "switchyard subtitles");
     Service {
         proc: Some(proc),
-        addr: addr.parse().expect("listen address"),
+        addr,
         logs,
         http: reqwest::Client::new(),
     }

@@ -331,3 +331,49 @@ pub fn api_call(
         serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
     )
 }
+
+/// A service started by [`spawn_reporting`]: its process, the address it reported and its log.
+pub struct Reported {
+    pub proc: Proc,
+    pub addr: SocketAddr,
+    pub logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// Starts `cmd` with stderr collected and waits (30 s) for the "listening on http://ADDR" line
+/// that `pkgcache`, `inventory` and `subtitles` log at start.
+pub fn spawn_reporting(mut cmd: Command, name: &str) -> Reported {
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
+    let stderr = child.stderr.take().expect("stderr");
+    let proc = Proc {
+        child,
+        name: name.to_owned(),
+    };
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = logs.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let addr = line
+                .split("listening on http://")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_string);
+            if let Ok(mut l) = sink.lock() {
+                l.push(line);
+            }
+            if let Some(addr) = addr {
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    let Ok(addr) = rx.recv_timeout(Duration::from_secs(30)) else {
+        let l = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+        panic!("{name} did not report its address; log:\n{l}");
+    };
+    Reported {
+        proc,
+        addr: addr.parse().expect("listen address"),
+        logs,
+    }
+}
