@@ -7,6 +7,7 @@
 
 pub mod fs;
 pub mod s3;
+pub mod s3_client;
 
 use std::io;
 use std::pin::Pin;

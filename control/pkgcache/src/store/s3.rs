@@ -16,15 +16,13 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures::StreamExt;
-use object_store::aws::{AmazonS3, AmazonS3Builder, S3ConditionalPut};
+use object_store::aws::AmazonS3;
 use object_store::path::Path;
-use object_store::{
-    ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
-    WriteMultipart,
-};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
-use switchyard_config::pkgcache::{parse_s3_url, PkgcacheS3};
+use switchyard_config::pkgcache::PkgcacheS3;
 
+use super::s3_client::S3Client;
 use super::{body_error, check_limit, ByteStream, PackageBody, PackageMeta, Totals};
 use crate::error::Error;
 use crate::key::{is_package_file_name, PackageKey};
@@ -38,10 +36,8 @@ const PARTS_IN_FLIGHT: usize = 2;
 
 /// The S3 store.
 pub struct S3Store {
+    client: S3Client,
     store: Arc<AmazonS3>,
-    bucket: String,
-    prefix: String,
-    endpoint: String,
     conditional: bool,
     inflight: Arc<Mutex<HashSet<PackageKey>>>,
 }
@@ -67,64 +63,10 @@ fn s3_err(e: object_store::Error) -> Error {
 impl S3Store {
     /// Builds the client from the config; unset values come from the `AWS_*` environment.
     pub fn new(cfg: &PkgcacheS3) -> anyhow::Result<S3Store> {
-        let url = cfg
-            .url
-            .as_deref()
-            .ok_or_else(|| anyhow::anyhow!("storage.s3.url is required with backend s3"))?;
-        let (bucket, prefix) = parse_s3_url(url).map_err(anyhow::Error::msg)?;
-        // Client options first: `with_client_options` replaces allow_http set before it.
-        let mut b = AmazonS3Builder::from_env()
-            .with_client_options(
-                ClientOptions::new()
-                    .with_connect_timeout(Duration::from_secs(5))
-                    .with_timeout(Duration::from_secs(300)),
-            )
-            .with_bucket_name(&bucket);
-        if let Some(ep) = &cfg.endpoint {
-            b = b.with_endpoint(ep);
-            b = b.with_virtual_hosted_style_request(!cfg.path_style.unwrap_or(true));
-            b = b.with_allow_http(cfg.allow_http.unwrap_or(ep.starts_with("http://")));
-        } else {
-            if let Some(ps) = cfg.path_style {
-                b = b.with_virtual_hosted_style_request(!ps);
-            }
-            if let Some(ah) = cfg.allow_http {
-                b = b.with_allow_http(ah);
-            }
-        }
-        if let Some(r) = &cfg.region {
-            b = b.with_region(r);
-        }
-        if let Some(k) = &cfg.access_key_id {
-            b = b.with_access_key_id(k);
-        }
-        if let Some(s) = &cfg.secret_access_key {
-            b = b.with_secret_access_key(s);
-        }
-        if let Some(t) = &cfg.session_token {
-            b = b.with_token(t);
-        }
-        b = b.with_conditional_put(if cfg.conditional_put {
-            S3ConditionalPut::ETagMatch
-        } else {
-            S3ConditionalPut::Disabled
-        });
-        b = b.with_retry(RetryConfig {
-            max_retries: 3,
-            retry_timeout: Duration::from_secs(30),
-            ..RetryConfig::default()
-        });
-        let endpoint = cfg
-            .endpoint
-            .clone()
-            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-            .unwrap_or_else(|| "AWS".into());
-        let store = b.build()?;
+        let client = S3Client::new(cfg, "storage.s3")?;
         Ok(S3Store {
-            store: Arc::new(store),
-            bucket,
-            prefix,
-            endpoint,
+            store: client.store.clone(),
+            client,
             conditional: cfg.conditional_put,
             inflight: Arc::default(),
         })
@@ -132,10 +74,8 @@ impl S3Store {
 
     pub fn describe(&self) -> String {
         format!(
-            "s3://{}/{} at {}{}",
-            self.bucket,
-            self.prefix,
-            self.endpoint,
+            "{}{}",
+            self.client.describe(),
             if self.conditional {
                 " (conditional put)"
             } else {
@@ -145,11 +85,7 @@ impl S3Store {
     }
 
     fn path(&self, rel: &str) -> Path {
-        if self.prefix.is_empty() {
-            Path::from(rel)
-        } else {
-            Path::from(format!("{}/{rel}", self.prefix))
-        }
+        self.client.path(rel)
     }
 
     fn data(&self, key: &PackageKey) -> Path {
@@ -338,7 +274,7 @@ impl S3Store {
     }
 
     pub async fn scan(&self) -> Result<Totals, Error> {
-        let prefix = (!self.prefix.is_empty()).then(|| Path::from(self.prefix.as_str()));
+        let prefix = self.client.prefix_path();
         let mut list = self.store.list(prefix.as_ref());
         let mut totals = Totals::default();
         while let Some(item) = list.next().await {
@@ -369,7 +305,7 @@ impl S3Store {
                     .await
                     .map_err(|e| Error::Storage(format!("store not writable: {e}")))?;
             } else {
-                let prefix = (!self.prefix.is_empty()).then(|| Path::from(self.prefix.as_str()));
+                let prefix = self.client.prefix_path();
                 self.store
                     .list_with_delimiter(prefix.as_ref())
                     .await
