@@ -1474,6 +1474,136 @@ async fn images_upload_list_serve_delete(db: Db) {
     );
 }
 
+// ------------------------------------------------------------------ images on S3
+
+/// A real S3-compatible server (moto, installed from PyPI by tests/run) on a free loopback port.
+struct Moto {
+    _proc: Proc,
+    endpoint: String,
+}
+
+fn start_moto() -> Option<Moto> {
+    let bin = support::require("moto_server")?;
+    for _ in 0..5 {
+        let port = support::free_port();
+        let child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let proc = Proc {
+            child,
+            name: "moto_server".into(),
+        };
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(Moto {
+                    _proc: proc,
+                    endpoint: format!("http://127.0.0.1:{port}"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    panic!("moto_server did not start");
+}
+
+/// Keys of the objects below `prefix` in `bucket` (ListObjectsV2, unsigned: moto allows it).
+async fn s3_keys(moto: &Moto, bucket: &str, prefix: &str) -> Vec<String> {
+    let xml = reqwest::get(format!(
+        "{}/{bucket}?list-type=2&prefix={prefix}",
+        moto.endpoint
+    ))
+    .await
+    .expect("list objects")
+    .text()
+    .await
+    .expect("list body");
+    xml.split("<Key>")
+        .skip(1)
+        .filter_map(|k| k.split("</Key>").next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// `images.storage: s3` against moto: the bytes go to `BUCKET/PREFIX/<id>` (not the data
+/// directory), are served back with their type, and image and item deletion remove the objects.
+/// Credentials come from `${…}` references and never appear in the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn images_on_s3_storage() {
+    let Some(moto) = start_moto() else { return };
+    let created = reqwest::Client::new()
+        .put(format!("{}/inventory-images", moto.endpoint))
+        .send()
+        .await
+        .expect("create bucket");
+    assert!(created.status().is_success(), "{}", created.status());
+    let yaml = format!(
+        "images:\n  storage: s3\n  s3:\n    url: s3://inventory-images/img\n    endpoint: {}\n    region: us-east-1\n    access_key_id: ${{TEST_S3_KEY}}\n    secret_access_key: ${{TEST_S3_SECRET}}\n",
+        moto.endpoint
+    );
+    let secret = "not-in-the-log-7f3a9c";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inv = start(
+        &Db::Sqlite,
+        dir.path(),
+        &yaml,
+        &[("TEST_S3_KEY", "testing"), ("TEST_S3_SECRET", secret)],
+    );
+    assert!(
+        inv.logs().contains("s3://inventory-images/img"),
+        "{}",
+        inv.logs()
+    );
+    let (a, _) = Client::account(&inv, "s3@example.org").await;
+    let item = id(&a.post("/api/items", json!({"name": "Drone"})).await.body);
+
+    let png = a.upload(&item, "file", PNG.to_vec(), "image/png").await;
+    assert_eq!(png.status, 201, "{:?}", png.body);
+    let jpeg = a.upload(&item, "file", JPEG.to_vec(), "image/png").await;
+    assert_eq!(jpeg.status, 201, "{:?}", jpeg.body);
+    let (png_id, jpeg_id) = (id(&png.body), id(&jpeg.body));
+    let mut keys = s3_keys(&moto, "inventory-images", "img/").await;
+    keys.sort();
+    let mut expected = vec![format!("img/{png_id}"), format!("img/{jpeg_id}")];
+    expected.sort();
+    assert_eq!(keys, expected);
+    assert_eq!(image_files(dir.path()), 0, "nothing under DATA_DIR/images");
+
+    let list = a.get(&format!("/api/items/{item}/images")).await.body;
+    assert_eq!(list["images"].as_array().map(Vec::len), Some(2));
+    let url = png.body["url"].as_str().expect("url").to_string();
+    let (status, ct, bytes) = a.bytes(&url).await;
+    assert_eq!(
+        (status.as_u16(), ct.as_str(), bytes.as_slice()),
+        (200, "image/png", PNG)
+    );
+    let (status, ct, bytes) = a.bytes(&format!("/api/images/{jpeg_id}")).await;
+    assert_eq!(
+        (status.as_u16(), ct.as_str(), bytes.as_slice()),
+        (200, "image/jpeg", JPEG)
+    );
+
+    let r = a
+        .delete(&format!("/api/items/{item}/images?imageId={png_id}"))
+        .await;
+    assert_eq!(r.body, json!({"success": true}));
+    assert_eq!(a.bytes(&url).await.0, 404);
+    assert_eq!(
+        s3_keys(&moto, "inventory-images", "img/").await,
+        [format!("img/{jpeg_id}")]
+    );
+
+    assert_eq!(a.delete(&format!("/api/items/{item}")).await.status, 200);
+    assert!(
+        s3_keys(&moto, "inventory-images", "img/").await.is_empty(),
+        "item deletion removes its objects"
+    );
+    assert_eq!(a.bytes(&format!("/api/images/{jpeg_id}")).await.0, 404);
+    assert!(!inv.logs().contains(secret), "{}", inv.logs());
+}
+
 // ------------------------------------------------------------------ export / import
 
 /// JSON and CSV export; re-importing an export changes nothing; importing into another account

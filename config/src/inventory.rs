@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::listen::parse_listen;
 use crate::load::LoadError;
 use crate::model::LoggingConfig;
+use crate::pkgcache::{parse_s3_url, PkgcacheS3};
 use crate::units::{Duration, Size};
 use crate::validate::Problem;
 
@@ -29,6 +30,7 @@ pub struct InventoryConfig {
     pub database: InventoryDatabase,
     pub session: InventorySession,
     pub limits: InventoryLimits,
+    pub images: InventoryImages,
     pub logging: LoggingConfig,
 }
 
@@ -40,6 +42,7 @@ impl Default for InventoryConfig {
             database: InventoryDatabase::default(),
             session: InventorySession::default(),
             limits: InventoryLimits::default(),
+            images: InventoryImages::default(),
             logging: LoggingConfig::default(),
         }
     }
@@ -115,6 +118,27 @@ impl Default for InventoryLimits {
             window: Duration::from_secs(15 * 60),
         }
     }
+}
+
+/// Where image bytes are kept (`images.storage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageStorage {
+    /// `DATA_DIR/images/<id>`.
+    #[default]
+    Filesystem,
+    /// S3-compatible object storage (`images.s3`), object `<prefix>/<id>`.
+    S3,
+}
+
+/// `images:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct InventoryImages {
+    pub storage: ImageStorage,
+    /// The same keys as the package cache's `storage.s3` (one client serves both);
+    /// `conditional_put` does not apply (image ids are unique).
+    pub s3: PkgcacheS3,
 }
 
 impl InventoryConfig {
@@ -222,6 +246,30 @@ pub fn validate_inventory(cfg: &InventoryConfig) -> Vec<Problem> {
     if l.window.0.is_zero() {
         problem("limits", "limits.window", "must be positive".into());
     }
+    let s3 = &cfg.images.s3;
+    if cfg.images.storage == ImageStorage::S3 {
+        match s3.url.as_deref() {
+            None => problem(
+                "images",
+                "images.s3.url",
+                "required with storage s3 (s3://BUCKET[/PREFIX])".into(),
+            ),
+            Some(url) => {
+                if let Err(m) = parse_s3_url(url) {
+                    problem("images", "images.s3.url", m);
+                }
+            }
+        }
+    }
+    if let Some(ep) = &s3.endpoint {
+        if !(ep.starts_with("http://") || ep.starts_with("https://")) {
+            problem(
+                "images",
+                "images.s3.endpoint",
+                format!("{ep:?}: must start with http:// or https://"),
+            );
+        }
+    }
     out
 }
 
@@ -251,5 +299,31 @@ mod tests {
             .collect();
         assert_eq!(fields, ["listen", "database.url", "session.secret"]);
         assert!(InventoryConfig::from_yaml_str("bogus: 1\n", &|_| None).is_err());
+    }
+
+    #[test]
+    fn image_storage_s3_needs_a_url_and_expands_credentials() {
+        let cfg = InventoryConfig::from_yaml_str("images: {storage: s3}\n", &|_| None).unwrap();
+        let fields: Vec<String> = validate_inventory(&cfg)
+            .into_iter()
+            .map(|p| p.field)
+            .collect();
+        assert_eq!(fields, ["images.s3.url"]);
+        let env = |k: &str| (k == "IMG_SECRET").then(|| "s3cret".to_string());
+        let cfg = InventoryConfig::from_yaml_str(
+            "images:\n  storage: s3\n  s3:\n    url: s3://bucket/img\n    endpoint: 'ftp://x'\n    secret_access_key: ${IMG_SECRET}\n",
+            &env,
+        )
+        .unwrap();
+        assert_eq!(cfg.images.s3.secret_access_key.as_deref(), Some("s3cret"));
+        let fields: Vec<String> = validate_inventory(&cfg)
+            .into_iter()
+            .map(|p| p.field)
+            .collect();
+        assert_eq!(fields, ["images.s3.endpoint"]);
+        assert_eq!(
+            InventoryConfig::default().images.storage,
+            ImageStorage::Filesystem
+        );
     }
 }

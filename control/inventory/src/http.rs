@@ -25,8 +25,10 @@ use crate::session::{self, Claims, Keys, CSRF_COOKIE, SESSION_COOKIE};
 /// Shared state of the service.
 pub struct AppState {
     pub pool: AnyPool,
-    /// Data directory (images live in `images/` under it).
+    /// Data directory.
     pub data_dir: std::path::PathBuf,
+    /// Where image bytes are kept.
+    pub images: crate::image_store::ImageStore,
     pub keys: Keys,
     pub cfg: InventoryConfig,
     pub limiter: Mutex<Limiter>,

@@ -2,11 +2,9 @@
 //!
 //! The type is decided from the bytes, never from the client's header or file name: PNG, JPEG,
 //! WebP and GIF are accepted, anything else is 400. Uploads above `limits.max_image_size` are
-//! 413. Bytes live in `DATA_DIR/images/<id>` (written to a temporary name, synced and renamed, so
-//! a crash never leaves half an image that can be served); metadata in the `images` table.
+//! 413. Bytes live in the configured [`crate::image_store`] (`DATA_DIR/images/<id>` or
+//! S3-compatible storage); metadata in the `images` table.
 //! Access follows the item: whoever may reach the item may reach its images (else 404).
-
-use std::path::{Path, PathBuf};
 
 use axum::extract::{Extension, Multipart, Path as UrlPath, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -15,7 +13,6 @@ use axum::Json;
 use serde_json::{json, Value};
 use sqlx::any::AnyRow;
 use sqlx::Row;
-use tokio::io::AsyncWriteExt as _;
 
 use crate::db::{new_id, now_iso, User};
 use crate::error::ApiError;
@@ -34,15 +31,6 @@ pub fn sniff(bytes: &[u8]) -> Option<&'static str> {
     } else {
         None
     }
-}
-
-/// Directory of image files.
-pub fn dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("images")
-}
-
-fn file_of(st: &Shared, id: &str) -> PathBuf {
-    dir(&st.data_dir).join(id)
 }
 
 /// JSON of an image row.
@@ -161,7 +149,10 @@ pub async fn upload(
             ));
         };
         let id = new_id();
-        store(&st, &id, &bytes).await?;
+        st.images
+            .put(&id, &bytes)
+            .await
+            .map_err(|e| ApiError::Internal(format!("storing {e}")))?;
         let res = sqlx::query(
             "INSERT INTO images (id, item_id, content_type, size, filename, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
         )
@@ -186,25 +177,11 @@ pub async fn upload(
     }
 }
 
-async fn store(st: &Shared, id: &str, bytes: &[u8]) -> Result<(), ApiError> {
-    let io = |e: std::io::Error| ApiError::Internal(format!("storing image {id}: {e}"));
-    let dir = dir(&st.data_dir);
-    tokio::fs::create_dir_all(&dir).await.map_err(io)?;
-    let tmp = dir.join(format!(".{id}.tmp"));
-    let mut f = tokio::fs::File::create(&tmp).await.map_err(io)?;
-    f.write_all(bytes).await.map_err(io)?;
-    f.sync_all().await.map_err(io)?;
-    drop(f);
-    tokio::fs::rename(&tmp, file_of(st, id)).await.map_err(io)
-}
-
-/// Remove image files (missing files are fine; other failures are logged).
+/// Remove stored image bytes (missing ones are fine; other failures are logged).
 pub async fn remove_files(st: &Shared, ids: &[String]) {
     for id in ids {
-        match tokio::fs::remove_file(file_of(st, id)).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(image = %id, "cannot remove image file: {e}"),
+        if let Err(e) = st.images.remove(id).await {
+            tracing::warn!(image = %id, "cannot remove image bytes: {e}");
         }
     }
 }
@@ -229,13 +206,12 @@ pub async fn serve(
         .await?
         .ok_or(ApiError::NotFound("Image"))?;
     let content_type: String = row.try_get("content_type")?;
-    let bytes = match tokio::fs::read(file_of(&st, &image)).await {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ApiError::NotFound("Image"))
-        }
-        Err(e) => return Err(ApiError::Internal(format!("reading image {image}: {e}"))),
-    };
+    let bytes = st
+        .images
+        .get(&image)
+        .await
+        .map_err(|e| ApiError::Internal(format!("reading {e}")))?
+        .ok_or(ApiError::NotFound("Image"))?;
     let mut resp = bytes.into_response();
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::try_from(content_type) {

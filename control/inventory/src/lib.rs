@@ -8,13 +8,13 @@
 //! default or PostgreSQL by URL, through one portable query set ([`db`]). Validation and query
 //! building are runtime-free ([`validate`]).
 //!
-//! Item images ([`images`]) are sniffed, size-limited and stored under the data directory.
+//! Item images ([`images`]) are sniffed, size-limited and stored under the data directory or on
+//! S3-compatible storage ([`image_store`], with the package cache's S3 client).
 //!
 //! Export/import of a user's data (JSON format version 1, CSV items) is [`transfer`].
 //!
 //! The web UI ([`ui`]) is one embedded page at `/` over the same JSON API.
 //!
-//! Not here yet: S3 image storage (see the README's inventory section).
 //! It shares nothing with the data plane: its own router and runtime, started by
 //! `switchyard inventory`.
 //!
@@ -27,6 +27,7 @@ pub mod csv;
 pub mod db;
 pub mod error;
 pub mod http;
+pub mod image_store;
 pub mod images;
 pub mod limiter;
 pub mod resources;
@@ -164,6 +165,15 @@ async fn serve(cfg: InventoryConfig) -> anyhow::Result<()> {
     .await
     .context("hashing task")?
     .context("bcrypt")?;
+    let images = image_store::ImageStore::from_config(&cfg, &data_dir)?;
+    if let image_store::ImageStore::Fs(dir) = &images {
+        clean_image_dir(dir)?;
+    }
+    tracing::info!(
+        backend = images.backend(),
+        location = %images.describe(),
+        "image storage ready"
+    );
     let listener = switchyard_service::bind(&cfg.listen).await?;
     let local: SocketAddr = listener.local_addr()?;
     tracing::info!(
@@ -172,10 +182,10 @@ async fn serve(cfg: InventoryConfig) -> anyhow::Result<()> {
         idle_timeout = ?cfg.session.idle_timeout.0,
         "inventory listening on http://{local}"
     );
-    clean_image_dir(&images::dir(&data_dir))?;
     let state = Arc::new(http::AppState {
         pool,
         data_dir,
+        images,
         keys,
         cfg,
         limiter: parking_lot::Mutex::new(limiter::Limiter::default()),
