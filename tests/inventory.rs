@@ -20,17 +20,16 @@ mod pg;
 #[path = "inventory_ui.rs"]
 mod ui;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, CONTENT_TYPE, COOKIE, RETRY_AFTER, SET_COOKIE};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use support::{Proc, BIN};
+use support::{spawn_reporting, start_moto, Moto, Proc, Reported, BIN};
 
 // ------------------------------------------------------------------ helpers
 
@@ -93,46 +92,17 @@ fn start(db: &Db, dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Inventory {
         .arg(&config)
         .env_remove("AUTH_SECRET")
         .env_remove("DATABASE_URL")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .env("RUST_LOG", "info");
     if let Db::Postgres(lease) = db {
         cmd.env("DATABASE_URL", lease.database(dir));
     }
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("start switchyard inventory");
-    let stderr = child.stderr.take().expect("stderr");
-    let proc = Proc {
-        child,
-        name: "switchyard inventory".into(),
-    };
-    let logs = Arc::new(Mutex::new(Vec::new()));
-    let sink = logs.clone();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let addr = line
-                .split("listening on http://")
-                .nth(1)
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string);
-            if let Ok(mut l) = sink.lock() {
-                l.push(line);
-            }
-            if let Some(addr) = addr {
-                let _ = tx.send(addr);
-            }
-        }
-    });
-    let Ok(addr) = rx.recv_timeout(Duration::from_secs(30)) else {
-        let l = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
-        panic!("inventory did not report its address; log:\n{l}");
-    };
+    let Reported { proc, addr, logs } = spawn_reporting(cmd, "switchyard inventory");
     let inv = Inventory {
         _proc: proc,
-        addr: addr.parse().expect("listen address"),
+        addr,
         logs,
     };
     let engine = match db {
@@ -1475,39 +1445,6 @@ async fn images_upload_list_serve_delete(db: Db) {
 }
 
 // ------------------------------------------------------------------ images on S3
-
-/// A real S3-compatible server (moto, installed from PyPI by tests/run) on a free loopback port.
-struct Moto {
-    _proc: Proc,
-    endpoint: String,
-}
-
-fn start_moto() -> Option<Moto> {
-    let bin = support::require("moto_server")?;
-    for _ in 0..5 {
-        let port = support::free_port();
-        let child = Command::new(&bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
-        let proc = Proc {
-            child,
-            name: "moto_server".into(),
-        };
-        for _ in 0..300 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(Moto {
-                    _proc: proc,
-                    endpoint: format!("http://127.0.0.1:{port}"),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    panic!("moto_server did not start");
-}
 
 /// Keys of the objects below `prefix` in `bucket` (ListObjectsV2, unsigned: moto allows it).
 async fn s3_keys(moto: &Moto, bucket: &str, prefix: &str) -> Vec<String> {

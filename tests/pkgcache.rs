@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{curl, free_port, require, spawn_reporting, Proc, Reported, BIN};
+use support::{curl, spawn_reporting, start_moto, Moto, Proc, Reported, BIN};
 
 // ------------------------------------------------------------------ helpers
 
@@ -711,39 +711,6 @@ fn readiness_fails_when_the_store_is_gone() {
 }
 
 // ------------------------------------------------------------------ S3
-
-struct Moto {
-    _proc: Proc,
-    endpoint: String,
-}
-
-fn start_moto() -> Option<Moto> {
-    let bin = require("moto_server")?;
-    for _ in 0..5 {
-        let port = free_port();
-        let child = Command::new(&bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
-        let proc = Proc {
-            child,
-            name: "moto_server".into(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(Moto {
-                    _proc: proc,
-                    endpoint: format!("http://127.0.0.1:{port}"),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    panic!("moto_server did not start");
-}
 
 const AWS_ENV: [(&str, &str); 3] = [
     ("AWS_ACCESS_KEY_ID", "testing"),

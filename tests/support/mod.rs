@@ -377,3 +377,38 @@ pub fn spawn_reporting(mut cmd: Command, name: &str) -> Reported {
         logs,
     }
 }
+
+/// A real S3-compatible server (moto, installed from PyPI by tests/run) on a free loopback port.
+pub struct Moto {
+    _proc: Proc,
+    pub endpoint: String,
+}
+
+/// Starts `moto_server`, or prints why the test skips (fails under CI) and returns None.
+pub fn start_moto() -> Option<Moto> {
+    let bin = require("moto_server")?;
+    for _ in 0..5 {
+        let port = free_port();
+        let child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let proc = Proc {
+            child,
+            name: "moto_server".into(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(Moto {
+                    _proc: proc,
+                    endpoint: format!("http://127.0.0.1:{port}"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    panic!("moto_server did not start");
+}
