@@ -94,13 +94,8 @@ pub fn effective_config(args: &InventoryArgs) -> anyhow::Result<InventoryConfig>
 /// Runs `switchyard inventory` until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn run(args: InventoryArgs) -> anyhow::Result<()> {
     let cfg = effective_config(&args)?;
-    switchyard_service::init_logging(&cfg.logging, ",sqlx=warn")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("inventory")
-        .build()
-        .context("building the tokio runtime")?;
-    rt.block_on(serve(cfg))
+    let logging = cfg.logging.clone();
+    switchyard_service::run("inventory", &logging, ",sqlx=warn", serve(cfg))?
 }
 
 /// The session secret: configured (`AUTH_SECRET` / `session.secret`), else read from

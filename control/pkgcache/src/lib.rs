@@ -145,13 +145,8 @@ pub fn effective_config(args: &PkgcacheArgs) -> anyhow::Result<PkgcacheConfig> {
 /// Runs `switchyard pkgcache` until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn run(args: PkgcacheArgs) -> anyhow::Result<()> {
     let cfg = effective_config(&args)?;
-    switchyard_service::init_logging(&cfg.logging, "")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("pkgcache")
-        .build()
-        .context("building the tokio runtime")?;
-    rt.block_on(serve(cfg))
+    let logging = cfg.logging.clone();
+    switchyard_service::run("pkgcache", &logging, "", serve(cfg))?
 }
 
 async fn serve(cfg: PkgcacheConfig) -> anyhow::Result<()> {

@@ -1,10 +1,37 @@
 //! What every `switchyard` service command shares at its edges: log set-up from the `logging`
-//! section, binding its listener (`:PORT` = every interface), and waiting for SIGINT/SIGTERM.
+//! section and the runtime they run on, binding its listener (`:PORT` = every interface), and
+//! waiting for SIGINT/SIGTERM.
 #![forbid(unsafe_code)]
 
 pub mod logging;
 
 pub use logging::{init as init_logging, LoggingError};
+
+/// Why a service command could not start its runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Logging(#[from] LoggingError),
+    #[error("building the tokio runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Sets up logging from `logging` (plus `extra_directives`), builds a multi-thread tokio runtime
+/// whose threads are named `name`, and runs `serve` on it to the end.
+pub fn run<T>(
+    name: &str,
+    logging: &switchyard_config::LoggingConfig,
+    extra_directives: &str,
+    serve: impl std::future::Future<Output = T>,
+) -> Result<T, StartError> {
+    init_logging(logging, extra_directives)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name(name)
+        .build()
+        .map_err(StartError::Runtime)?;
+    Ok(rt.block_on(serve))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {

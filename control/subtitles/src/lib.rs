@@ -144,13 +144,13 @@ pub struct App {
 /// Runs `switchyard subtitles` until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn run(args: SubtitlesArgs) -> anyhow::Result<()> {
     let cfg = effective_config(&args, &|name| std::env::var(name).ok())?;
-    switchyard_service::init_logging(&cfg.logging, ",sqlx=warn,reqwest=warn,hyper=warn")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("subtitles")
-        .build()
-        .context("building the tokio runtime")?;
-    rt.block_on(serve(cfg))
+    let logging = cfg.logging.clone();
+    switchyard_service::run(
+        "subtitles",
+        &logging,
+        ",sqlx=warn,reqwest=warn,hyper=warn",
+        serve(cfg),
+    )?
 }
 
 /// Removes what a previous run left in the media directory.
