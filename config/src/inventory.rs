@@ -13,7 +13,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::listen::parse_listen;
-use crate::load::LoadError;
 use crate::model::LoggingConfig;
 use crate::pkgcache::{parse_s3_url, PkgcacheS3};
 use crate::units::{Duration, Size};
@@ -141,25 +140,7 @@ pub struct InventoryImages {
     pub s3: PkgcacheS3,
 }
 
-impl InventoryConfig {
-    /// Parse configuration text: `${NAME}` expansion with `env`, strict YAML, defaults.
-    pub fn from_yaml_str(
-        text: &str,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<InventoryConfig, LoadError> {
-        crate::load::parse_strict_yaml(text, env)
-    }
-
-    /// Read and parse a file, expanding `${NAME}` from the process environment.
-    pub fn load_file(path: &std::path::Path) -> Result<InventoryConfig, LoadError> {
-        crate::load::load_strict_yaml_file(path)
-    }
-
-    /// The configuration as YAML, with the same keys it is read with.
-    pub fn to_yaml_string(&self) -> Result<String, String> {
-        serde_saphyr::to_string(self).map_err(|e| e.to_string())
-    }
-}
+crate::load::strict_yaml_entry_points!(InventoryConfig);
 
 /// Semantic problems of an inventory configuration (empty = valid).
 pub fn validate_inventory(cfg: &InventoryConfig) -> Vec<Problem> {

@@ -234,6 +234,33 @@ impl ServerConfig {
     }
 }
 
+/// `from_yaml_str`, `load_file` and `to_yaml_string` for a service configuration type (the
+/// `pkgcache`, `inventory` and `subtitles` sections), all through the strict loader above.
+macro_rules! strict_yaml_entry_points {
+    ($t:ty) => {
+        impl $t {
+            /// Parse configuration text: `${NAME}` expansion with `env`, strict YAML, defaults.
+            pub fn from_yaml_str(
+                text: &str,
+                env: &dyn Fn(&str) -> Option<String>,
+            ) -> Result<$t, $crate::load::LoadError> {
+                $crate::load::parse_strict_yaml(text, env)
+            }
+
+            /// Read and parse a file, expanding `${NAME}` from the process environment.
+            pub fn load_file(path: &std::path::Path) -> Result<$t, $crate::load::LoadError> {
+                $crate::load::load_strict_yaml_file(path)
+            }
+
+            /// The configuration as YAML, with the same keys it is read with.
+            pub fn to_yaml_string(&self) -> Result<String, String> {
+                serde_saphyr::to_string(self).map_err(|e| e.to_string())
+            }
+        }
+    };
+}
+pub(crate) use strict_yaml_entry_points;
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

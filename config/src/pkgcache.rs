@@ -11,7 +11,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::listen::parse_listen;
-use crate::load::LoadError;
 use crate::model::LoggingConfig;
 use crate::units::Size;
 use crate::validate::Problem;
@@ -235,25 +234,7 @@ impl Default for PkgcacheLimits {
     }
 }
 
-impl PkgcacheConfig {
-    /// Parse configuration text: `${NAME}` expansion with `env`, strict YAML, defaults.
-    pub fn from_yaml_str(
-        text: &str,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<PkgcacheConfig, LoadError> {
-        crate::load::parse_strict_yaml(text, env)
-    }
-
-    /// Read and parse a file, expanding `${NAME}` from the process environment.
-    pub fn load_file(path: &std::path::Path) -> Result<PkgcacheConfig, LoadError> {
-        crate::load::load_strict_yaml_file(path)
-    }
-
-    /// The configuration as YAML, with the same keys it is read with.
-    pub fn to_yaml_string(&self) -> Result<String, String> {
-        serde_saphyr::to_string(self).map_err(|e| e.to_string())
-    }
-}
+crate::load::strict_yaml_entry_points!(PkgcacheConfig);
 
 /// Semantic problems of a pkgcache configuration (empty = valid).
 pub fn validate_pkgcache(cfg: &PkgcacheConfig) -> Vec<Problem> {

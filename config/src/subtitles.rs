@@ -14,7 +14,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::listen::parse_listen;
-use crate::load::LoadError;
 use crate::model::LoggingConfig;
 use crate::units::{Duration, Size};
 use crate::validate::Problem;
@@ -335,25 +334,7 @@ impl FetchAllow {
     }
 }
 
-impl SubtitlesConfig {
-    /// Parse configuration text: `${NAME}` expansion with `env`, strict YAML, defaults.
-    pub fn from_yaml_str(
-        text: &str,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<SubtitlesConfig, LoadError> {
-        crate::load::parse_strict_yaml(text, env)
-    }
-
-    /// Read and parse a file, expanding `${NAME}` from the process environment.
-    pub fn load_file(path: &std::path::Path) -> Result<SubtitlesConfig, LoadError> {
-        crate::load::load_strict_yaml_file(path)
-    }
-
-    /// The configuration as YAML, with the same keys it is read with.
-    pub fn to_yaml_string(&self) -> Result<String, String> {
-        serde_saphyr::to_string(self).map_err(|e| e.to_string())
-    }
-}
+crate::load::strict_yaml_entry_points!(SubtitlesConfig);
 
 fn is_http_url(s: &str) -> bool {
     let lower = s.to_ascii_lowercase();
