@@ -140,8 +140,14 @@ pub fn tinyproxy(procs: &mut Procs, env: &Env) -> Result<Started> {
 
 /// squid with caching off (`cache deny all`, no cache_dir), loopback clients only.
 pub fn squid(procs: &mut Procs, env: &Env) -> Result<Started> {
+    squid_with(procs, env, "squid", "")
+}
+
+/// Like [`squid`], in its own directory `name`, with `extra` configuration lines (e.g. a
+/// `cache_peer` parent for a chain).
+pub fn squid_with(procs: &mut Procs, env: &Env, name: &str, extra: &str) -> Result<Started> {
     let bin = find("squid")?;
-    let d = workdir(env, "squid")?;
+    let d = workdir(env, name)?;
     let port = free_port()?;
     let conf = format!(
         "http_port 127.0.0.1:{port}\n\
@@ -151,7 +157,7 @@ pub fn squid(procs: &mut Procs, env: &Env) -> Result<Started> {
          cache_log {d}/cache.log\ncoredump_dir {d}\n\
          max_filedescriptors {nofile}\nshutdown_lifetime 0 seconds\n\
          visible_hostname switchyard-bench\nicp_port 0\nhtcp_port 0\nnetdb_filename none\n\
-         logfile_rotate 0\n",
+         logfile_rotate 0\n{extra}",
         nofile = env.nofile,
         d = d.display(),
     );
@@ -278,6 +284,57 @@ pub fn switchyard(procs: &mut Procs, env: &Env, bin: &Path) -> Result<Started> {
         addr: http_addr,
         socks5: Some(socks_addr),
         version,
+        notes: vec![],
+    })
+}
+
+/// `switchyard client` whose only server is `server` (an HTTP proxy address), connected at
+/// start; ready when its API's health answers 200 and its HTTP proxy accepts.
+pub fn switchyard_client(
+    procs: &mut Procs,
+    env: &Env,
+    bin: &Path,
+    server: SocketAddr,
+) -> Result<Started> {
+    let d = workdir(env, "switchyard-client")?;
+    let (http, socks, api) = (free_port()?, free_port()?, free_port()?);
+    let conf = format!(
+        "proxy:\n  http: {{ listen: \"127.0.0.1:{http}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks}\" }}\n  cores: 0\n\
+         api: {{ listen: \"127.0.0.1:{api}\" }}\nlogging: {{ level: warn }}\n\
+         servers:\n  - {{ name: bench, address: \"{server}\", protocol: HTTP }}\n"
+    );
+    let conf_path = d.join("client.yaml");
+    fs::write(&conf_path, conf)?;
+    let log = d.join("stderr.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("client")
+        .arg("--config")
+        .arg(&conf_path)
+        .arg("--data-dir")
+        .arg(d.join("data"))
+        .current_dir(&d);
+    let pid = procs.spawn("switchyard-client", cmd, &log)?;
+    let api_addr = loopback(api);
+    let deadline = Instant::now() + START_TIMEOUT;
+    while !matches!(health(api_addr), Ok(true)) {
+        if let Some(reason) = procs.exited(pid) {
+            bail!("{reason}; log: {}", tail(&log, 5));
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "client API health not 200 after {START_TIMEOUT:?}; log: {}",
+                tail(&log, 5)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let addr = loopback(http);
+    wait_ready(procs, pid, addr, &log)?;
+    Ok(Started {
+        pid,
+        addr,
+        socks5: Some(loopback(socks)),
+        version: output_of(&bin.to_string_lossy(), &["--version"]).filter(|v| !v.is_empty()),
         notes: vec![],
     })
 }

@@ -1,4 +1,5 @@
-//! Configuration model for `switchyard server` (and later the other commands).
+//! Configuration model for `switchyard server` and the other commands ([`client`] for
+//! `switchyard client`).
 //!
 //! # Loading
 //!
@@ -37,6 +38,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod client;
 pub mod env;
 pub mod inventory;
 pub mod listen;
@@ -62,4 +64,4 @@ pub use sections::{
     SECTIONS,
 };
 pub use units::{Duration, Size, UnitError};
-pub use validate::{validate, Problem};
+pub use validate::{validate, validate_cache, Problem};

@@ -58,7 +58,7 @@ pub fn validate(cfg: &ServerConfig) -> Vec<Problem> {
     check_api(cfg, &mut p);
     check_logging(cfg, &mut p);
     check_metrics(cfg, &mut p);
-    check_cache(cfg, &mut p);
+    check_cache(&cfg.cache, &mut p);
     check_listener_conflicts(cfg, &mut p);
     p.0
 }
@@ -512,8 +512,14 @@ fn check_metrics(cfg: &ServerConfig, p: &mut Problems) {
     check_listen("metrics.listen", &cfg.metrics.listen, p);
 }
 
-fn check_cache(cfg: &ServerConfig, p: &mut Problems) {
-    let c = &cfg.cache;
+/// The `cache:` section alone (shared by the server and the client configuration).
+pub fn validate_cache(c: &crate::cache::CacheConfig) -> Vec<Problem> {
+    let mut p = Problems(Vec::new());
+    check_cache(c, &mut p);
+    p.0
+}
+
+fn check_cache(c: &crate::cache::CacheConfig, p: &mut Problems) {
     let st = &c.storage;
     if c.default_ttl.is_zero() {
         p.push("cache.default_ttl", "must be greater than 0 (default 30d)");

@@ -1,10 +1,11 @@
 //! Every `config/examples/*.yaml` loads and validates without a single problem. Files are
 //! dispatched by name: `pkgcache*.yaml` are `switchyard pkgcache` configurations,
 //! `inventory*.yaml` are `switchyard inventory` configurations, `subtitles*.yaml` are
-//! `switchyard subtitles` configurations, every other file is a server configuration.
+//! `switchyard subtitles` configurations, `client*.yaml` are `switchyard client` configurations, every other file is a server configuration.
 
 use std::path::{Path, PathBuf};
 
+use switchyard_config::client::{validate_client, ClientConfig};
 use switchyard_config::inventory::{validate_inventory, InventoryConfig};
 use switchyard_config::pkgcache::{validate_pkgcache, PkgcacheConfig};
 use switchyard_config::subtitles::{validate_subtitles, SubtitlesConfig};
@@ -22,6 +23,12 @@ fn is_inventory(p: &Path) -> bool {
         .is_some_and(|n| n.starts_with("inventory"))
 }
 
+fn is_client(p: &Path) -> bool {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("client"))
+}
+
 fn is_subtitles(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())
@@ -32,7 +39,7 @@ fn is_subtitles(p: &Path) -> bool {
 fn examples() -> Vec<PathBuf> {
     all_examples()
         .into_iter()
-        .filter(|p| !is_pkgcache(p) && !is_inventory(p) && !is_subtitles(p))
+        .filter(|p| !is_pkgcache(p) && !is_inventory(p) && !is_subtitles(p) && !is_client(p))
         .collect()
 }
 
@@ -260,4 +267,39 @@ fn full_example_is_what_it_says() {
     assert_eq!(alice.username, "alice");
     assert!(bcrypt::verify("wonderland", &alice.password_hash).expect("bcrypt"));
     assert!(alice.password_hash.starts_with("$2b$10$"));
+}
+
+fn check_client(name: &str, cfg: &ClientConfig) {
+    check_service_config(
+        name,
+        cfg,
+        &validate_client(cfg),
+        |c| c.to_yaml_string().expect("to yaml"),
+        |y| ClientConfig::from_yaml_str(y, &|_| None).expect("reload yaml"),
+    );
+}
+
+/// `client*.yaml`: loads, shows the defaults, validates, round-trips, and every `#: ` optional
+/// key is real.
+#[test]
+fn client_examples_load_validate_and_document_real_keys() {
+    let files: Vec<PathBuf> = all_examples()
+        .into_iter()
+        .filter(|p| is_client(p))
+        .collect();
+    assert!(!files.is_empty(), "expected config/examples/client.yaml");
+    for path in files {
+        let name = path.display().to_string();
+        let cfg = ClientConfig::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cfg, ClientConfig::default(), "{name}: shows the defaults");
+        check_client(&name, &cfg);
+        let text = std::fs::read_to_string(&path).expect("read");
+        let env = |n: &str| Some(format!("value-of-{n}"));
+        let cfg = ClientConfig::from_yaml_str(&uncomment(&text), &env)
+            .unwrap_or_else(|e| panic!("{name} uncommented: {e}"));
+        assert!(
+            cfg.servers.len() == 2 && !cfg.routing.routes.is_empty() && cfg.api.token.is_some()
+        );
+        check_client(&format!("{name} (uncommented)"), &cfg);
+    }
 }

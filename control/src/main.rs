@@ -5,6 +5,7 @@
 
 mod api;
 mod cache;
+mod client;
 mod config_store;
 mod hub;
 mod metrics;
@@ -40,6 +41,9 @@ enum Command {
         #[arg(long, short, env = "SWITCHYARD_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Run the user-side client: local HTTP (127.0.0.1:7380) and SOCKS5 (127.0.0.1:7381) proxies
+    /// routing each destination direct or through the selected server, and the client API (7383).
+    Client(client::ClientArgs),
     /// Configuration tooling.
     Config {
         #[command(subcommand)]
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Server { config } => server::run(config),
+        Command::Client(args) => client::run(args),
         Command::Config {
             command: ConfigCommand::Validate { file },
         } => return validate(&file),

@@ -155,7 +155,7 @@ pub async fn strip_token_query(mut req: Request) -> Request {
 }
 
 /// The session cookie's value, if the request carries one.
-fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn session_cookie(headers: &HeaderMap) -> Option<&str> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -175,7 +175,13 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// True when the request carries a valid token (any of the three forms) or no token is set.
 pub fn is_authorized(state: &ServerState, req: &Request) -> bool {
     let cfg = state.config.load();
-    let Some(expected) = cfg.api.token.as_deref() else {
+    carries_token(cfg.api.token.as_deref(), &state.sessions, req)
+}
+
+/// True when `expected` is `None` or the request carries it (Bearer, `token` query moved out by
+/// [`strip_token_query`], or a session of `sessions`). Shared by the server and client APIs.
+pub fn carries_token(expected: Option<&str>, sessions: &Sessions, req: &Request) -> bool {
+    let Some(expected) = expected else {
         return true;
     };
     let matches = |t: &str| constant_time_eq(t.as_bytes(), expected.as_bytes());
@@ -184,7 +190,7 @@ pub fn is_authorized(state: &ServerState, req: &Request) -> bool {
             .extensions()
             .get::<QueryToken>()
             .is_some_and(|t| matches(&t.0))
-        || session_cookie(req.headers()).is_some_and(|id| state.sessions.is_valid(id))
+        || session_cookie(req.headers()).is_some_and(|id| sessions.is_valid(id))
 }
 
 pub async fn require_token(
@@ -195,6 +201,11 @@ pub async fn require_token(
     if is_authorized(&state, &req) {
         return next.run(req).await;
     }
+    refused(&req)
+}
+
+/// The 401 answer of a request without a valid token.
+pub fn refused(req: &Request) -> Response {
     tracing::debug!(path = %req.uri().path(), "API request refused: no valid token");
     let mut r = ApiError::new(
         StatusCode::UNAUTHORIZED,
@@ -209,7 +220,7 @@ pub async fn require_token(
     r
 }
 
-fn cookie(value: &str, max_age: u64, secure: bool) -> Result<HeaderValue, ApiError> {
+pub(crate) fn cookie(value: &str, max_age: u64, secure: bool) -> Result<HeaderValue, ApiError> {
     let secure = if secure { "; Secure" } else { "" };
     HeaderValue::from_str(&format!(
         "{COOKIE_NAME}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
@@ -217,7 +228,7 @@ fn cookie(value: &str, max_age: u64, secure: bool) -> Result<HeaderValue, ApiErr
     .map_err(|_| ApiError::internal("cannot build the session cookie"))
 }
 
-fn message(text: &str) -> Json<MessageWithTime> {
+pub(crate) fn message(text: &str) -> Json<MessageWithTime> {
     Json(MessageWithTime {
         message: text.into(),
         time: Utc::now(),

@@ -47,7 +47,7 @@ fn entry_view(e: EntryInfo) -> CacheEntry {
     }
 }
 
-fn no_cache() -> ApiError {
+pub(crate) fn no_cache() -> ApiError {
     ApiError::not_found(
         "CACHE_DISABLED",
         "the HTTP cache is off (cache.enabled: false); enabling it needs a restart",
@@ -139,7 +139,15 @@ pub async fn entries(
     State(state): State<Arc<ServerState>>,
     Query(q): Query<EntriesQuery>,
 ) -> Result<Json<CacheEntryList>, ApiError> {
-    let store = state.cache.as_ref().ok_or_else(no_cache)?;
+    list_entries(state.cache.as_ref(), q).map(Json)
+}
+
+/// One page of entries (shared with the client API).
+pub(crate) fn list_entries(
+    store: Option<&Arc<switchyard_dataplane::cache::CacheStore>>,
+    q: EntriesQuery,
+) -> Result<CacheEntryList, ApiError> {
+    let store = store.ok_or_else(no_cache)?;
     let pattern = domain_filter(q.domain.as_deref())?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
     let offset = q.offset.unwrap_or(0);
@@ -148,12 +156,12 @@ pub async fn entries(
         usize::try_from(offset).unwrap_or(usize::MAX),
         usize::try_from(limit).unwrap_or(usize::MAX),
     );
-    Ok(Json(CacheEntryList {
+    Ok(CacheEntryList {
         entries: page.into_iter().map(entry_view).collect(),
         total: total as u64,
         offset,
         limit,
-    }))
+    })
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -204,7 +212,15 @@ pub async fn delete_entry(
     State(state): State<Arc<ServerState>>,
     Path(key): Path<String>,
 ) -> Result<Json<CacheEntryDeleted>, ApiError> {
-    let store = state.cache.clone().ok_or_else(no_cache)?;
+    remove_entry(state.cache.clone(), key).await.map(Json)
+}
+
+/// Removes one entry (shared with the client API).
+pub(crate) async fn remove_entry(
+    store: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
+    key: String,
+) -> Result<CacheEntryDeleted, ApiError> {
+    let store = store.ok_or_else(no_cache)?;
     let k = key.clone();
     let removed = tokio::task::spawn_blocking(move || store.remove(&k, EvictReason::Purged))
         .await
@@ -215,10 +231,10 @@ pub async fn delete_entry(
             format!("no cache entry {key}"),
         ));
     }
-    Ok(Json(CacheEntryDeleted {
+    Ok(CacheEntryDeleted {
         message: "cache entry deleted".into(),
         key,
-    }))
+    })
 }
 
 #[utoipa::path(delete, path = "/api/v1/cache/domain/{domain}", tag = "cache", params(("domain" = String, Path)),

@@ -25,21 +25,27 @@ pub const BODY_LIMIT: usize = 1 << 20;
 
 type S = Arc<ServerState>;
 
-/// A router under construction plus the (method, path) pairs it serves.
-pub struct Routes {
-    router: Router<S>,
+/// A router under construction plus the (method, path) pairs it serves (the server API's, or
+/// with another state type the client API's).
+pub struct Routes<St = S> {
+    pub(crate) router: Router<St>,
     pub served: Vec<(&'static str, &'static str)>,
 }
 
-impl Routes {
-    fn new() -> Self {
+impl<St: Clone + Send + Sync + 'static> Routes<St> {
+    pub(crate) fn new() -> Self {
         Self {
             router: Router::new(),
             served: Vec::new(),
         }
     }
 
-    fn add(mut self, method: &'static str, path: &'static str, handler: MethodRouter<S>) -> Self {
+    pub(crate) fn add(
+        mut self,
+        method: &'static str,
+        path: &'static str,
+        handler: MethodRouter<St>,
+    ) -> Self {
         self.served.push((method, path));
         self.router = self.router.route(path, handler);
         self
@@ -163,43 +169,51 @@ pub fn router(state: S) -> Router {
         .with_state(state)
 }
 
+/// Asserts that `doc` documents exactly the (method, path) pairs of `served`.
+#[cfg(test)]
+pub(crate) fn assert_router_matches_document(
+    doc: &utoipa::openapi::OpenApi,
+    served: Vec<(&'static str, &'static str)>,
+) {
+    use std::collections::BTreeSet;
+    let mut documented = BTreeSet::new();
+    for (path, item) in &doc.paths.paths {
+        let methods = [
+            ("get", item.get.is_some()),
+            ("post", item.post.is_some()),
+            ("put", item.put.is_some()),
+            ("delete", item.delete.is_some()),
+            ("patch", item.patch.is_some()),
+        ];
+        for (m, present) in methods {
+            if present {
+                documented.insert((m.to_owned(), path.clone()));
+            }
+        }
+    }
+    let served: BTreeSet<(String, String)> = served
+        .into_iter()
+        .map(|(m, p)| (m.to_owned(), p.to_owned()))
+        .collect();
+    let undocumented: Vec<_> = served.difference(&documented).collect();
+    let unserved: Vec<_> = documented.difference(&served).collect();
+    assert!(
+        undocumented.is_empty(),
+        "served but not documented: {undocumented:?}"
+    );
+    assert!(
+        unserved.is_empty(),
+        "documented but not served: {unserved:?}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
     use utoipa::OpenApi;
 
     #[test]
     fn router_and_openapi_document_agree() {
-        let doc = openapi::ServerApiDoc::openapi();
-        let mut documented = BTreeSet::new();
-        for (path, item) in &doc.paths.paths {
-            let methods = [
-                ("get", item.get.is_some()),
-                ("post", item.post.is_some()),
-                ("put", item.put.is_some()),
-                ("delete", item.delete.is_some()),
-                ("patch", item.patch.is_some()),
-            ];
-            for (m, present) in methods {
-                if present {
-                    documented.insert((m.to_owned(), path.clone()));
-                }
-            }
-        }
-        let served: BTreeSet<(String, String)> = served_routes()
-            .into_iter()
-            .map(|(m, p)| (m.to_owned(), p.to_owned()))
-            .collect();
-        let undocumented: Vec<_> = served.difference(&documented).collect();
-        let unserved: Vec<_> = documented.difference(&served).collect();
-        assert!(
-            undocumented.is_empty(),
-            "served but not documented: {undocumented:?}"
-        );
-        assert!(
-            unserved.is_empty(),
-            "documented but not served: {unserved:?}"
-        );
+        assert_router_matches_document(&openapi::ServerApiDoc::openapi(), served_routes());
     }
 }

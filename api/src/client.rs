@@ -1,0 +1,402 @@
+//! Client management API (`switchyard client`, default port 7383). Health, version, error and
+//! cache-entry bodies are shared with the server API ([`crate::server`]).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `{status}` answers: `connected`, `disconnected`, `ok`, `updated`, `reloaded`, `cleared`,
+/// `enabled`, `disabled`, `added`, `removed`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct StatusReply {
+    pub status: String,
+}
+
+impl StatusReply {
+    pub fn new(status: &str) -> Self {
+        Self {
+            status: status.into(),
+        }
+    }
+}
+
+/// `GET /api/v1/status`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ClientStatus {
+    /// `running`.
+    pub status: String,
+    pub version: String,
+    pub server_connected: bool,
+    /// `host:port` of the selected server (empty when none).
+    pub server_address: String,
+    /// Address of the local HTTP proxy (empty when off).
+    pub http_proxy: String,
+    /// Address of the local SOCKS5 proxy (empty when off).
+    pub socks5_proxy: String,
+    pub vpn_enabled: bool,
+    pub vpn_status: String,
+    /// Debug entries held in the ring.
+    pub debug_entries: u64,
+    /// Duration string since the client started.
+    pub uptime: String,
+    /// Bytes written back to local proxy clients since start (both listeners).
+    pub bytes_sent: u64,
+    /// Bytes read from local proxy clients since start (both listeners).
+    pub bytes_received: u64,
+    /// Proxy connections being served across both listeners.
+    pub active_connections: u64,
+    pub timestamp: DateTime<Utc>,
+}
+
+/// One entry of `GET /api/v1/servers`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ServerEntry {
+    /// The older form's identifier, used by `POST /api/v1/servers/{id}/select`.
+    pub id: String,
+    pub name: String,
+    /// `host:port`.
+    pub address: String,
+    /// `HTTP` or `SOCKS5`.
+    pub protocol: String,
+    pub is_default: bool,
+    /// Connect latency of the last probe (0 when it failed or none ran yet).
+    pub latency_ms: u64,
+    /// `connected` (selected and connected), `online`, `busy` (slow probe) or `offline`.
+    pub status: String,
+}
+
+/// `POST /api/v1/server/select` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct SelectServer {
+    pub server: String,
+}
+
+/// `POST /api/v1/server/select` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ServerSelected {
+    /// `selected`.
+    pub status: String,
+    pub server: String,
+}
+
+/// Quick settings, `GET`/`POST /api/v1/settings` (persisted in the data directory).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema)]
+#[serde(default)]
+pub struct QuickSettings {
+    pub auto_connect: bool,
+    pub start_minimized: bool,
+    pub show_notifications: bool,
+    pub vpn_enabled: bool,
+    pub system_proxy_enabled: bool,
+    /// Name of the selected server (empty when none).
+    pub current_server: String,
+}
+
+/// `PUT /api/v1/config` and `POST /api/v1/config/import` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ConfigUpdated {
+    /// `updated` or `imported`.
+    pub status: String,
+    pub restart_required: bool,
+    /// Changed keys that apply after a restart (from the spec's list).
+    pub restart_fields: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+/// One validation error.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ConfigError {
+    pub section: String,
+    pub message: String,
+}
+
+/// `POST /api/v1/config/validate` answer; also the 400 body of an invalid PUT or import.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ConfigValidation {
+    pub valid: bool,
+    pub errors: Vec<ConfigError>,
+    pub warnings: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// One client route.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ClientRoute {
+    pub name: String,
+    pub patterns: Vec<String>,
+    /// `direct` or `server`.
+    pub action: String,
+    pub priority: i32,
+}
+
+/// `POST /api/v1/routes` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ClientRouteCreate {
+    pub name: String,
+    pub domains: Vec<String>,
+    pub action: String,
+    #[serde(default)]
+    pub priority: i32,
+}
+
+/// `POST /api/v1/routes` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ClientRouteCreated {
+    /// `created`.
+    pub status: String,
+    pub route: String,
+    pub domains: Vec<String>,
+    pub action: String,
+}
+
+/// `DELETE /api/v1/routes/{name}` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ClientRouteRemoved {
+    /// `removed`.
+    pub status: String,
+    pub route: String,
+}
+
+/// `GET /api/v1/routes/test` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct RouteTestResult {
+    pub domain: String,
+    pub action: String,
+    /// Omitted when no route matched and the default action applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matched_route: Option<String>,
+}
+
+/// One debug entry (a proxied request as the data plane recorded it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct DebugEntry {
+    pub timestamp: DateTime<Utc>,
+    pub method: String,
+    /// `host` or `host:port`.
+    pub host: String,
+    pub path: String,
+    /// 0 for a SOCKS5 connection or a request that never got an answer.
+    pub status_code: u16,
+    /// Duration string.
+    pub duration: String,
+    /// `direct` or `server`.
+    pub action: String,
+    /// `direct` or the server's name.
+    pub backend: String,
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+    /// Empty when the request succeeded.
+    pub error: String,
+}
+
+/// `{message}` answers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MessageReply {
+    pub message: String,
+}
+
+/// `GET /api/v1/cache/stats` (client form).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ClientCacheStats {
+    pub enabled: bool,
+    pub storage_type: String,
+    pub entries: u64,
+    pub total_size_bytes: u64,
+    pub max_size_bytes: u64,
+    pub used_percent: f64,
+    pub hit_count: u64,
+    pub miss_count: u64,
+    pub hit_rate: f64,
+    pub eviction_count: u64,
+    pub store_error_count: u64,
+    pub rules_count: u64,
+    pub presets_count: u64,
+    pub custom_rules_count: u64,
+}
+
+/// `GET /api/v1/vpn/status`. Both spellings of the address fields are sent.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct VpnStatus {
+    /// `disabled`, `connecting`, `connected` or `error`.
+    pub status: String,
+    pub enabled: bool,
+    pub tunnel_type: String,
+    pub interface_name: String,
+    pub mtu: u32,
+    pub port: u16,
+    pub encryption: String,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub gateway: String,
+    pub ip: String,
+    pub local_ip: String,
+    pub dns: Vec<String>,
+    pub dns_servers: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connected_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connected_since: Option<DateTime<Utc>>,
+}
+
+/// One VPN connection.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct VpnConnection {
+    pub id: String,
+    pub remote_addr: String,
+    pub local_addr: String,
+    pub protocol: String,
+    pub started_at: DateTime<Utc>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+/// One app of the split-tunnel rules.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct SplitAppEntry {
+    pub name: String,
+    #[serde(default)]
+    pub path: String,
+}
+
+/// `GET /api/v1/vpn/split/rules`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct SplitRules {
+    /// `exclude` or `include`.
+    pub mode: String,
+    pub apps: Vec<SplitAppEntry>,
+    pub domains: Vec<String>,
+    pub ips: Vec<String>,
+    pub always_bypass: Vec<String>,
+}
+
+/// `PUT /api/v1/vpn/split/mode` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct SplitModeBody {
+    pub mode: String,
+}
+
+/// `PUT /api/v1/vpn/split/mode` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct SplitModeUpdated {
+    /// `updated`.
+    pub status: String,
+    pub mode: String,
+}
+
+/// `POST /api/v1/vpn/split/domains` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct SplitDomainBody {
+    pub pattern: String,
+}
+
+/// `POST /api/v1/vpn/split/ips` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct SplitIpBody {
+    pub cidr: String,
+}
+
+/// `GET /api/v1/vpn/dns/cache` (the interception resolver's cache).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct DnsCacheView {
+    pub enabled: bool,
+    pub entries: Vec<DnsCacheEntry>,
+    pub count: u64,
+}
+
+/// One cached DNS answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct DnsCacheEntry {
+    pub domain: String,
+    pub addresses: Vec<String>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `GET /api/v1/mesh/status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshStatus {
+    /// `disabled` until the mesh peer runs.
+    pub status: String,
+    pub enabled: bool,
+    pub peer_id: String,
+    pub virtual_ip: String,
+    pub network_id: String,
+    pub network_cidr: String,
+    pub peer_name: String,
+    pub peer_count: u64,
+    pub connected_peers: u64,
+    pub direct_connections: u64,
+    pub relayed_connections: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub packets_sent: u64,
+    pub packets_received: u64,
+    pub uptime: String,
+}
+
+/// Mesh endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshEndpointView {
+    pub address: String,
+    pub port: u16,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub priority: i32,
+}
+
+/// Mesh peer (client view).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshPeerView {
+    pub id: String,
+    pub name: String,
+    pub virtual_ip: String,
+    pub virtual_mac: String,
+    pub public_key: String,
+    pub status: String,
+    pub connection_type: String,
+    pub latency_ms: u64,
+    pub last_seen: DateTime<Utc>,
+    pub joined_at: DateTime<Utc>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub endpoints: Vec<MeshEndpointView>,
+    #[schema(value_type = Object)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Mesh route.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshRouteView {
+    pub dest_peer_id: String,
+    pub dest_ip: String,
+    pub next_hop: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub metric: u64,
+    pub latency_ms: u64,
+    pub hop_count: u64,
+    pub last_updated: DateTime<Utc>,
+    pub active: bool,
+}
+
+/// `GET /api/v1/mesh/network`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshNetworkInfo {
+    pub network_id: String,
+    pub network_cidr: String,
+    pub peer_name: String,
+    pub local_peer_id: String,
+    pub virtual_ip: String,
+}
+
+/// `GET /api/v1/mesh/stats`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshStats {
+    pub enabled: bool,
+    pub peer_count: u64,
+    pub connected_peers: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub packets_sent: u64,
+    pub packets_received: u64,
+}

@@ -1,0 +1,842 @@
+//! Configuration of `switchyard client`, the user-side agent: local HTTP and SOCKS5 proxies, the
+//! server list, client routes (`direct` | `server`), the client API and web UI listeners, the
+//! VPN and mesh sections (their features come with later issues; their keys are here so a
+//! configuration can carry them), the local HTTP cache and logging.
+//!
+//! Same loading rules as the server configuration: `${NAME}` expansion, strict YAML (unknown keys
+//! are errors naming their path), defaults for every missing key. Field names equal the YAML keys,
+//! so the JSON of a [`ClientConfig`] (as `GET /api/v1/config` returns it) can be edited and sent
+//! back. Durations are Go-style strings both ways; a bare number on input is nanoseconds.
+//! `config/examples/client.yaml` documents every key. [`validate_client`] reports semantic
+//! problems; [`restart_fields`] names the changed keys that only apply after a restart.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::CacheConfig;
+use crate::listen::parse_listen;
+use crate::model::{null_default, LoggingConfig};
+use crate::units::Duration;
+use crate::validate::{check_domain_pattern, check_host_port, Problem};
+
+/// The whole `switchyard client` configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    #[serde(deserialize_with = "null_default")]
+    pub proxy: ClientProxyConfig,
+    /// How the client talks to its servers (timeouts, probing, auto-connect).
+    #[serde(deserialize_with = "null_default")]
+    pub server: ServerConnectionConfig,
+    /// The servers the client can use; one is selected at a time.
+    #[serde(deserialize_with = "null_default")]
+    pub servers: Vec<ClientServerConfig>,
+    #[serde(deserialize_with = "null_default")]
+    pub routing: RoutingConfig,
+    #[serde(deserialize_with = "null_default")]
+    pub api: ClientApiConfig,
+    #[serde(deserialize_with = "null_default")]
+    pub web_ui: WebUiConfig,
+    #[serde(deserialize_with = "null_default")]
+    pub vpn: VpnConfig,
+    #[serde(deserialize_with = "null_default")]
+    pub mesh: MeshConfig,
+    #[serde(deserialize_with = "null_default")]
+    pub cache: CacheConfig,
+    #[serde(deserialize_with = "null_default")]
+    pub logging: LoggingConfig,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            proxy: ClientProxyConfig::default(),
+            server: ServerConnectionConfig::default(),
+            servers: Vec::new(),
+            routing: RoutingConfig::default(),
+            api: ClientApiConfig::default(),
+            web_ui: WebUiConfig::default(),
+            vpn: VpnConfig::default(),
+            mesh: MeshConfig::default(),
+            cache: CacheConfig::default(),
+            logging: LoggingConfig::default(),
+        }
+    }
+}
+
+crate::load::strict_yaml_entry_points!(ClientConfig);
+
+/// `proxy:` — the local listeners.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientProxyConfig {
+    pub http: ProxyListenerConfig,
+    pub socks5: ProxyListenerConfig,
+    /// Data-plane cores (0 = every CPU this process may use).
+    pub cores: usize,
+    pub read_timeout: Duration,
+    pub write_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+impl Default for ClientProxyConfig {
+    fn default() -> Self {
+        ClientProxyConfig {
+            http: ProxyListenerConfig {
+                enabled: true,
+                listen: "127.0.0.1:7380".into(),
+            },
+            socks5: ProxyListenerConfig {
+                enabled: true,
+                listen: "127.0.0.1:7381".into(),
+            },
+            cores: 1,
+            read_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// One local listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyListenerConfig {
+    pub enabled: bool,
+    pub listen: String,
+}
+
+impl Default for ProxyListenerConfig {
+    fn default() -> Self {
+        ProxyListenerConfig {
+            enabled: true,
+            listen: String::new(),
+        }
+    }
+}
+
+/// `server:` — the connection to the selected server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConnectionConfig {
+    /// Connect to the selected server at start (otherwise everything goes `direct` until
+    /// `POST /api/v1/connect`).
+    pub auto_connect: bool,
+    /// Dial timeout towards a server.
+    pub connect_timeout: Duration,
+    /// How often every listed server is probed (latency and reachability).
+    pub probe_interval: Duration,
+    /// A probe slower than this marks the server `busy`.
+    pub busy_latency: Duration,
+}
+
+impl Default for ServerConnectionConfig {
+    fn default() -> Self {
+        ServerConnectionConfig {
+            auto_connect: true,
+            connect_timeout: Duration::from_secs(10),
+            probe_interval: Duration::from_secs(10),
+            busy_latency: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Protocol the client speaks to a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum ServerProtocol {
+    /// HTTP proxy (CONNECT tunnels).
+    #[default]
+    #[serde(rename = "HTTP", alias = "http")]
+    Http,
+    #[serde(rename = "SOCKS5", alias = "socks5")]
+    Socks5,
+}
+
+impl ServerProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerProtocol::Http => "HTTP",
+            ServerProtocol::Socks5 => "SOCKS5",
+        }
+    }
+}
+
+/// One entry of `servers:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientServerConfig {
+    pub name: String,
+    /// Stable identifier for `POST /api/v1/servers/{id}/select`; defaults to `name`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `host:port` of the server's HTTP proxy or SOCKS5 listener.
+    pub address: String,
+    pub protocol: ServerProtocol,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// Selected at start when no other selection is stored.
+    pub is_default: bool,
+}
+
+impl Default for ClientServerConfig {
+    fn default() -> Self {
+        ClientServerConfig {
+            name: String::new(),
+            id: None,
+            address: String::new(),
+            protocol: ServerProtocol::Http,
+            username: None,
+            password: None,
+            is_default: false,
+        }
+    }
+}
+
+impl ClientServerConfig {
+    /// The id used in API paths: `id` when given, else `name`.
+    pub fn id(&self) -> &str {
+        self.id.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// Where a destination goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteAction {
+    Direct,
+    #[default]
+    Server,
+}
+
+impl RouteAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteAction::Direct => "direct",
+            RouteAction::Server => "server",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "direct" => Some(RouteAction::Direct),
+            "server" => Some(RouteAction::Server),
+            _ => None,
+        }
+    }
+}
+
+/// `routing:`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// Action for destinations no route matches (default `server`).
+    pub default_action: RouteAction,
+    #[serde(deserialize_with = "null_default")]
+    pub routes: Vec<ClientRouteConfig>,
+}
+
+/// One client route.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientRouteConfig {
+    pub name: String,
+    /// Domain patterns (exact, `*.name`, `cdn*.name`, `*`).
+    pub patterns: Vec<String>,
+    pub action: RouteAction,
+    /// Higher first; equal priority keeps list order.
+    pub priority: i32,
+}
+
+/// `api:` — the client API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientApiConfig {
+    pub enabled: bool,
+    pub listen: String,
+    /// When set, every endpoint but `GET /api/v1/health` needs it (Bearer header, `token`
+    /// query or the session cookie of `POST /api/v1/login`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl Default for ClientApiConfig {
+    fn default() -> Self {
+        ClientApiConfig {
+            enabled: true,
+            listen: "127.0.0.1:7383".into(),
+            token: None,
+        }
+    }
+}
+
+/// `web_ui:` — served by a later issue; the listener address is reserved here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebUiConfig {
+    pub enabled: bool,
+    pub listen: String,
+}
+
+impl Default for WebUiConfig {
+    fn default() -> Self {
+        WebUiConfig {
+            enabled: false,
+            listen: "127.0.0.1:7384".into(),
+        }
+    }
+}
+
+/// `vpn:` — TUN mode with split tunnelling and DNS interception (issue 12).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VpnConfig {
+    pub enabled: bool,
+    /// `tun`.
+    pub mode: String,
+    pub interface_name: String,
+    pub mtu: u32,
+    pub tun: VpnTunConfig,
+    pub dns: VpnDnsConfig,
+    pub split: VpnSplitConfig,
+}
+
+impl Default for VpnConfig {
+    fn default() -> Self {
+        VpnConfig {
+            enabled: false,
+            mode: "tun".into(),
+            interface_name: "switchyard0".into(),
+            mtu: 1420,
+            tun: VpnTunConfig::default(),
+            dns: VpnDnsConfig::default(),
+            split: VpnSplitConfig::default(),
+        }
+    }
+}
+
+/// `vpn.tun:` — the TUN device's addresses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VpnTunConfig {
+    /// Address of the device, CIDR form.
+    pub address: String,
+    pub gateway: String,
+}
+
+impl Default for VpnTunConfig {
+    fn default() -> Self {
+        VpnTunConfig {
+            address: "10.255.0.2/24".into(),
+            gateway: "10.255.0.1".into(),
+        }
+    }
+}
+
+/// `vpn.dns:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VpnDnsConfig {
+    pub enabled: bool,
+    pub servers: Vec<String>,
+    pub cache_ttl: Duration,
+    pub intercept_port: u16,
+}
+
+impl Default for VpnDnsConfig {
+    fn default() -> Self {
+        VpnDnsConfig {
+            enabled: true,
+            servers: Vec::new(),
+            cache_ttl: Duration::from_secs(300),
+            intercept_port: 53,
+        }
+    }
+}
+
+/// `exclude`: everything uses the VPN except matches; `include`: only matches do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitMode {
+    #[default]
+    Exclude,
+    Include,
+}
+
+impl SplitMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SplitMode::Exclude => "exclude",
+            SplitMode::Include => "include",
+        }
+    }
+}
+
+/// `vpn.split:`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VpnSplitConfig {
+    pub mode: SplitMode,
+    pub apps: Vec<SplitApp>,
+    pub domains: Vec<String>,
+    pub ips: Vec<String>,
+    pub always_bypass: Vec<String>,
+}
+
+/// One app of `vpn.split.apps`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SplitApp {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bundle_id: Option<String>,
+}
+
+/// `mesh:` — the mesh peer (issue 13). Disabled by default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshConfig {
+    pub enabled: bool,
+    pub network_id: String,
+    pub network_cidr: String,
+    pub peer_name: String,
+    pub device: MeshDeviceConfig,
+    pub discovery: MeshDiscoveryConfig,
+    pub stun: MeshStunConfig,
+    pub turn: MeshTurnConfig,
+    pub connection: MeshConnectionConfig,
+    pub routing: MeshRoutingConfig,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        MeshConfig {
+            enabled: false,
+            network_id: String::new(),
+            network_cidr: "10.100.0.0/24".into(),
+            peer_name: String::new(),
+            device: MeshDeviceConfig::default(),
+            discovery: MeshDiscoveryConfig::default(),
+            stun: MeshStunConfig::default(),
+            turn: MeshTurnConfig::default(),
+            connection: MeshConnectionConfig::default(),
+            routing: MeshRoutingConfig::default(),
+        }
+    }
+}
+
+/// `mesh.device:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshDeviceConfig {
+    /// `tun` (layer 3) or `tap` (layer 2).
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: String,
+    pub mtu: u32,
+    /// Generated when empty.
+    pub mac_address: String,
+}
+
+impl Default for MeshDeviceConfig {
+    fn default() -> Self {
+        MeshDeviceConfig {
+            kind: "tun".into(),
+            name: "symesh0".into(),
+            mtu: 1400,
+            mac_address: String::new(),
+        }
+    }
+}
+
+/// `mesh.discovery:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshDiscoveryConfig {
+    /// Discovery (registry) server address.
+    pub server: String,
+    pub heartbeat_interval: Duration,
+    pub peer_timeout: Duration,
+}
+
+impl Default for MeshDiscoveryConfig {
+    fn default() -> Self {
+        MeshDiscoveryConfig {
+            server: String::new(),
+            heartbeat_interval: Duration::from_secs(30),
+            peer_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// `mesh.stun:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshStunConfig {
+    /// `stun:host:port` URLs.
+    pub servers: Vec<String>,
+    pub timeout: Duration,
+}
+
+impl Default for MeshStunConfig {
+    fn default() -> Self {
+        MeshStunConfig {
+            servers: Vec::new(),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `mesh.turn:`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshTurnConfig {
+    pub servers: Vec<TurnServer>,
+}
+
+/// One TURN relay.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TurnServer {
+    pub url: String,
+    pub username: String,
+    pub password: String,
+}
+
+/// `mesh.connection:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshConnectionConfig {
+    pub direct_connect: bool,
+    pub relay_enabled: bool,
+    pub relay_via_peers: bool,
+    pub connect_timeout: Duration,
+    /// The spec's key tables spell it both ways; `keepalive_interval` is read too.
+    #[serde(alias = "keepalive_interval")]
+    pub keep_alive_interval: Duration,
+}
+
+impl Default for MeshConnectionConfig {
+    fn default() -> Self {
+        MeshConnectionConfig {
+            direct_connect: true,
+            relay_enabled: true,
+            relay_via_peers: false,
+            connect_timeout: Duration::from_secs(30),
+            keep_alive_interval: Duration::from_secs(25),
+        }
+    }
+}
+
+/// `mesh.routing:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshRoutingConfig {
+    pub max_hops: u32,
+    pub route_timeout: Duration,
+    pub split_horizon: bool,
+}
+
+impl Default for MeshRoutingConfig {
+    fn default() -> Self {
+        MeshRoutingConfig {
+            max_hops: 8,
+            route_timeout: Duration::from_secs(300),
+            split_horizon: true,
+        }
+    }
+}
+
+/// Keys whose change only applies after a restart (the spec's list).
+pub const RESTART_FIELDS: [&str; 8] = [
+    "proxy.http.listen",
+    "proxy.socks5.listen",
+    "web_ui.listen",
+    "api.listen",
+    "vpn.enabled",
+    "vpn.tun",
+    "mesh.enabled",
+    "mesh.device",
+];
+
+/// The restart-requiring keys that differ between `old` and `new`, in [`RESTART_FIELDS`] order.
+pub fn restart_fields(old: &ClientConfig, new: &ClientConfig) -> Vec<String> {
+    let changed = [
+        old.proxy.http.listen != new.proxy.http.listen,
+        old.proxy.socks5.listen != new.proxy.socks5.listen,
+        old.web_ui.listen != new.web_ui.listen,
+        old.api.listen != new.api.listen,
+        old.vpn.enabled != new.vpn.enabled,
+        old.vpn.tun != new.vpn.tun,
+        old.mesh.enabled != new.mesh.enabled,
+        old.mesh.device != new.mesh.device,
+    ];
+    RESTART_FIELDS
+        .iter()
+        .zip(changed)
+        .filter(|(_, c)| *c)
+        .map(|(f, _)| f.to_string())
+        .collect()
+}
+
+/// Applies a partial configuration (a JSON object holding only the keys to change) onto `base`:
+/// objects merge key by key, everything else (arrays included) replaces. Unknown keys and wrong
+/// types are errors naming the key path.
+pub fn merge_partial(
+    base: &ClientConfig,
+    partial: &serde_json::Value,
+) -> Result<ClientConfig, String> {
+    fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
+        match (into, from) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    match a.get_mut(k) {
+                        Some(slot) => merge(slot, v),
+                        None => {
+                            a.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            (slot, v) => *slot = v.clone(),
+        }
+    }
+    if !partial.is_object() {
+        return Err("the configuration must be a JSON object".into());
+    }
+    let mut value = serde_json::to_value(base).map_err(|e| e.to_string())?;
+    merge(&mut value, partial);
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        format!("{path}: {}", e.inner())
+    })
+}
+
+/// Every semantic problem of `cfg`; empty means valid.
+pub fn validate_client(cfg: &ClientConfig) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let mut problem = |field: String, message: String| {
+        let section = field
+            .split(['.', '['])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        out.push(Problem {
+            section,
+            field,
+            message,
+        });
+    };
+    let listeners = [
+        (
+            "proxy.http.listen",
+            &cfg.proxy.http.listen,
+            cfg.proxy.http.enabled,
+        ),
+        (
+            "proxy.socks5.listen",
+            &cfg.proxy.socks5.listen,
+            cfg.proxy.socks5.enabled,
+        ),
+        ("api.listen", &cfg.api.listen, cfg.api.enabled),
+        ("web_ui.listen", &cfg.web_ui.listen, cfg.web_ui.enabled),
+    ];
+    let mut bound: Vec<(&str, crate::listen::ListenAddr)> = Vec::new();
+    for (field, value, enabled) in listeners {
+        match parse_listen(value) {
+            Err(e) => problem(field.into(), e.to_string()),
+            Ok(addr) if enabled && addr.port != 0 => {
+                if let Some((other, _)) = bound.iter().find(|(_, a)| a.port == addr.port) {
+                    problem(
+                        field.into(),
+                        format!("port {} is also used by {other}", addr.port),
+                    );
+                }
+                bound.push((field, addr));
+            }
+            Ok(_) => {}
+        }
+    }
+    if cfg.server.connect_timeout.is_zero() {
+        problem(
+            "server.connect_timeout".into(),
+            "must be greater than 0".into(),
+        );
+    }
+    if cfg.server.probe_interval.is_zero() {
+        problem(
+            "server.probe_interval".into(),
+            "must be greater than 0".into(),
+        );
+    }
+    let mut names: Vec<&str> = Vec::new();
+    let mut ids: Vec<&str> = Vec::new();
+    for (i, s) in cfg.servers.iter().enumerate() {
+        let base = format!("servers[{i}]");
+        if s.name.trim().is_empty() {
+            problem(format!("{base}.name"), "a server needs a name".into());
+        } else if names.contains(&s.name.as_str()) {
+            problem(
+                format!("{base}.name"),
+                format!("duplicate server name `{}`", s.name),
+            );
+        }
+        names.push(&s.name);
+        if ids.contains(&s.id()) && s.id.is_some() {
+            problem(
+                format!("{base}.id"),
+                format!("duplicate server id `{}`", s.id()),
+            );
+        }
+        ids.push(s.id());
+        if let Err(e) = check_host_port(&s.address) {
+            problem(format!("{base}.address"), e);
+        }
+    }
+    if cfg.servers.iter().filter(|s| s.is_default).count() > 1 {
+        problem(
+            "servers".into(),
+            "more than one server has is_default: true".into(),
+        );
+    }
+    let mut route_names: Vec<&str> = Vec::new();
+    for (i, r) in cfg.routing.routes.iter().enumerate() {
+        let base = format!("routing.routes[{i}]");
+        if r.name.trim().is_empty() {
+            problem(format!("{base}.name"), "a route needs a name".into());
+        } else if route_names.contains(&r.name.as_str()) {
+            problem(
+                format!("{base}.name"),
+                format!("duplicate route name `{}`", r.name),
+            );
+        }
+        route_names.push(&r.name);
+        if r.patterns.is_empty() {
+            problem(
+                format!("{base}.patterns"),
+                "at least one domain pattern is required (`*` matches all)".into(),
+            );
+        }
+        for (j, p) in r.patterns.iter().enumerate() {
+            if let Err(e) = check_domain_pattern(p) {
+                problem(format!("{base}.patterns[{j}]"), e);
+            }
+        }
+    }
+    if cfg.vpn.mode != "tun" {
+        problem(
+            "vpn.mode".into(),
+            format!("unknown mode {:?} (only `tun`)", cfg.vpn.mode),
+        );
+    }
+    if !(576..=65535).contains(&cfg.vpn.mtu) {
+        problem("vpn.mtu".into(), "must be between 576 and 65535".into());
+    }
+    if !matches!(cfg.mesh.device.kind.as_str(), "tun" | "tap") {
+        problem(
+            "mesh.device.type".into(),
+            format!(
+                "unknown device type {:?} (`tun` or `tap`)",
+                cfg.mesh.device.kind
+            ),
+        );
+    }
+    if !crate::model::LOG_LEVELS.contains(&cfg.logging.level.as_str()) {
+        problem(
+            "logging.level".into(),
+            format!(
+                "unknown level {:?} (one of {})",
+                cfg.logging.level,
+                crate::model::LOG_LEVELS.join(", ")
+            ),
+        );
+    }
+    let mut out = out;
+    out.extend(crate::validate::validate_cache(&cfg.cache));
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_default_and_valid() {
+        let cfg = ClientConfig::from_yaml_str("", &|_| None).unwrap();
+        assert_eq!(cfg, ClientConfig::default());
+        assert!(validate_client(&cfg).is_empty());
+        assert_eq!(cfg.proxy.http.listen, "127.0.0.1:7380");
+        assert_eq!(cfg.api.listen, "127.0.0.1:7383");
+    }
+
+    #[test]
+    fn durations_are_strings_both_ways_and_numbers_are_nanoseconds() {
+        let partial = serde_json::json!({"mesh": {"stun": {"timeout": 1_500_000_000u64},
+            "connection": {"keep_alive_interval": "1m30s"}}});
+        let cfg = merge_partial(&ClientConfig::default(), &partial).unwrap();
+        assert_eq!(cfg.mesh.stun.timeout.as_std().as_millis(), 1500);
+        let json = serde_json::to_value(&cfg).unwrap();
+        assert_eq!(json["mesh"]["stun"]["timeout"], "1.5s");
+        assert_eq!(json["mesh"]["connection"]["keep_alive_interval"], "1m30s");
+        assert_eq!(json["vpn"]["dns"]["cache_ttl"], "5m0s");
+    }
+
+    #[test]
+    fn partial_merge_keeps_other_keys_and_names_bad_paths() {
+        let base = ClientConfig::default();
+        let cfg = merge_partial(
+            &base,
+            &serde_json::json!({"proxy": {"http": {"listen": "127.0.0.1:9"}}}),
+        )
+        .unwrap();
+        assert_eq!(cfg.proxy.http.listen, "127.0.0.1:9");
+        assert_eq!(cfg.proxy.socks5, base.proxy.socks5);
+        assert_eq!(restart_fields(&base, &cfg), ["proxy.http.listen"]);
+        let err = merge_partial(&base, &serde_json::json!({"proxy": {"htp": {}}})).unwrap_err();
+        assert!(err.contains("proxy"), "{err}");
+        let err = merge_partial(
+            &base,
+            &serde_json::json!({"routing": {"default_action": "vpn"}}),
+        )
+        .unwrap_err();
+        assert!(err.contains("routing.default_action"), "{err}");
+    }
+
+    #[test]
+    fn validation_reports_bad_patterns_servers_and_duplicates() {
+        let yaml = r#"
+servers:
+  - {name: a, address: "127.0.0.1:7080", is_default: true}
+  - {name: a, address: "nope", is_default: true}
+routing:
+  routes:
+    - {name: r, patterns: ["bad pattern"], action: direct}
+"#;
+        let cfg = ClientConfig::from_yaml_str(yaml, &|_| None).unwrap();
+        let fields: Vec<String> = validate_client(&cfg).into_iter().map(|p| p.field).collect();
+        assert!(
+            fields.contains(&"servers[1].name".to_string()),
+            "{fields:?}"
+        );
+        assert!(
+            fields.contains(&"servers[1].address".to_string()),
+            "{fields:?}"
+        );
+        assert!(fields.contains(&"servers".to_string()), "{fields:?}");
+        assert!(
+            fields.contains(&"routing.routes[0].patterns[0]".to_string()),
+            "{fields:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        assert!(ClientConfig::from_yaml_str("proxy: {htp: {}}", &|_| None).is_err());
+        assert!(
+            ClientConfig::from_yaml_str("servers: [{name: a, protocol: QUIC}]", &|_| None).is_err()
+        );
+    }
+}

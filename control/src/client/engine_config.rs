@@ -1,0 +1,204 @@
+//! The client role of the one data-plane engine: a client configuration (routes `direct` |
+//! `server`, the selected server) is expressed as the engine's own configuration — two backends,
+//! `direct` and `server/<name>` (an upstream HTTP proxy or SOCKS5 backend with the server's
+//! credentials), and one engine route per client route plus a catch-all for the default action —
+//! and compiled into the engine's [`Snapshot`]. Routing, pooling, keep-alive, counters and request
+//! records then all come from the same engine the server runs.
+
+use switchyard_config::client::{ClientConfig, ClientServerConfig, RouteAction, ServerProtocol};
+use switchyard_config::{
+    BackendConfig, BackendType, LoadBalance, RouteConfig, ServerConfig, UpstreamProxyConfig,
+};
+use switchyard_dataplane::snapshot::SnapshotError;
+use switchyard_dataplane::Snapshot;
+
+/// Name of the direct backend.
+pub const DIRECT: &str = "direct";
+/// Prefix of the server backend's name (`server/<server name>`).
+pub const SERVER_PREFIX: &str = "server/";
+/// Name of the catch-all engine route carrying `routing.default_action`.
+pub const DEFAULT_ROUTE: &str = "(default action)";
+
+/// `direct` / `server` and the backend name of a recorded request's backend.
+pub fn action_of(backend: &str) -> (&'static str, &str) {
+    match backend.strip_prefix(SERVER_PREFIX) {
+        Some(name) => ("server", name),
+        None => ("direct", backend),
+    }
+}
+
+/// The engine configuration of `cfg`. `server` is the selected server while connected; without
+/// one every destination goes direct (routes with action `server` included).
+pub fn engine_config(cfg: &ClientConfig, server: Option<&ClientServerConfig>) -> ServerConfig {
+    let mut backends = vec![BackendConfig::direct(DIRECT)];
+    let server_backend = server.map(|s| {
+        let name = format!("{SERVER_PREFIX}{}", s.name);
+        let upstream = UpstreamProxyConfig {
+            address: s.address.clone(),
+            username: s.username.clone(),
+            password: s.password.clone(),
+        };
+        let (kind, http_proxy, socks5) = match s.protocol {
+            ServerProtocol::Http => (BackendType::HttpProxy, Some(upstream), None),
+            ServerProtocol::Socks5 => (BackendType::Socks5, None, Some(upstream)),
+        };
+        backends.push(BackendConfig {
+            name: name.clone(),
+            kind,
+            enabled: true,
+            http_proxy,
+            socks5,
+            other: None,
+        });
+        name
+    });
+    let target = |action: RouteAction| match (action, &server_backend) {
+        (RouteAction::Server, Some(name)) => name.clone(),
+        _ => DIRECT.to_owned(),
+    };
+    let mut routes: Vec<RouteConfig> = cfg
+        .routing
+        .routes
+        .iter()
+        .map(|r| RouteConfig {
+            name: r.name.clone(),
+            domains: r.patterns.clone(),
+            backend: Some(target(r.action)),
+            backends: Vec::new(),
+            enabled: true,
+            priority: r.priority,
+            load_balance: LoadBalance::RoundRobin,
+        })
+        .collect();
+    routes.push(RouteConfig {
+        name: DEFAULT_ROUTE.into(),
+        domains: vec!["*".into()],
+        backend: Some(target(cfg.routing.default_action)),
+        backends: Vec::new(),
+        enabled: true,
+        priority: i32::MIN,
+        load_balance: LoadBalance::RoundRobin,
+    });
+    let mut engine = ServerConfig {
+        backends,
+        routes,
+        cache: cfg.cache.clone(),
+        ..ServerConfig::default()
+    };
+    engine.server.cores = cfg.proxy.cores;
+    // Local listeners serve one user: no connection cap beyond the process's file limit.
+    engine.server.max_connections = 0;
+    let http = &mut engine.server.http;
+    http.read_timeout = cfg.proxy.read_timeout;
+    http.write_timeout = cfg.proxy.write_timeout;
+    http.idle_timeout = cfg.proxy.idle_timeout;
+    // Debug entries are the engine's request records: always on in the client role.
+    engine.api.enable_request_log = true;
+    engine
+}
+
+/// Compiles the snapshot the client's cores run on.
+pub fn compile(
+    cfg: &ClientConfig,
+    server: Option<&ClientServerConfig>,
+    previous: Option<&Snapshot>,
+    cores: usize,
+) -> Result<Snapshot, SnapshotError> {
+    let mut snapshot = Snapshot::compile(&engine_config(cfg, server), previous, cores)?;
+    snapshot.timeouts.connect = cfg.server.connect_timeout.as_std();
+    Ok(snapshot)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use switchyard_config::client::ClientRouteConfig;
+    use switchyard_dataplane::snapshot::BackendKind;
+
+    fn config() -> ClientConfig {
+        let mut cfg = ClientConfig::default();
+        cfg.routing.routes = vec![
+            ClientRouteConfig {
+                name: "lan".into(),
+                patterns: vec!["*.lan".into()],
+                action: RouteAction::Direct,
+                priority: 5,
+            },
+            ClientRouteConfig {
+                name: "work".into(),
+                patterns: vec!["*.corp.example".into()],
+                action: RouteAction::Server,
+                priority: 0,
+            },
+        ];
+        cfg.servers = vec![ClientServerConfig {
+            name: "home".into(),
+            address: "127.0.0.1:7080".into(),
+            username: Some("u".into()),
+            password: Some("p".into()),
+            ..ClientServerConfig::default()
+        }];
+        cfg
+    }
+
+    #[test]
+    fn routes_choose_direct_or_the_server_backend() {
+        let cfg = config();
+        let snap = compile(&cfg, cfg.servers.first(), None, 1).unwrap();
+        let pick = |host: &str| {
+            let (route, backend) = snap.select(host).unwrap();
+            (route.name.clone(), backend.name.clone())
+        };
+        assert_eq!(pick("nas.lan"), ("lan".into(), "direct".into()));
+        assert_eq!(
+            pick("a.corp.example"),
+            ("work".into(), "server/home".into())
+        );
+        assert_eq!(
+            pick("example.org"),
+            (DEFAULT_ROUTE.into(), "server/home".into())
+        );
+        match &snap.backends[1].kind {
+            BackendKind::HttpProxy {
+                authorization,
+                port,
+                ..
+            } => {
+                assert_eq!(*port, 7080);
+                assert_eq!(authorization.as_deref(), Some("Basic dTpw"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(snap.request_log);
+    }
+
+    #[test]
+    fn without_a_server_everything_goes_direct() {
+        let cfg = config();
+        let snap = compile(&cfg, None, None, 1).unwrap();
+        for host in ["nas.lan", "a.corp.example", "example.org"] {
+            assert_eq!(snap.select(host).unwrap().1.name, "direct", "{host}");
+        }
+        assert_eq!(snap.backends.len(), 1);
+    }
+
+    #[test]
+    fn socks5_servers_and_default_direct() {
+        let mut cfg = config();
+        cfg.servers[0].protocol = ServerProtocol::Socks5;
+        cfg.routing.default_action = RouteAction::Direct;
+        let snap = compile(&cfg, cfg.servers.first(), None, 1).unwrap();
+        assert_eq!(snap.select("example.org").unwrap().1.name, "direct");
+        let (_, b) = snap.select("x.corp.example").unwrap();
+        assert!(matches!(
+            &b.kind,
+            BackendKind::Socks5 {
+                credentials: Some(_),
+                ..
+            }
+        ));
+        assert_eq!(action_of(&b.name), ("server", "home"));
+        assert_eq!(action_of("direct"), ("direct", "direct"));
+    }
+}

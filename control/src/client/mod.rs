@@ -1,0 +1,214 @@
+//! `switchyard client`: the user-side agent. Local HTTP and SOCKS5 proxies run on the same
+//! glommio engine as the server (the client role is compiled into the engine's snapshot by
+//! [`engine_config`]); the tokio control plane holds the server connection ([`state`]), probes the
+//! listed servers ([`servers`]), keeps the debug-entry ring ([`debug_log`]) fed from the engine's
+//! bounded request queue, and serves the client API ([`api`]). VPN and mesh answer `disabled`
+//! until their issues land.
+
+pub mod api;
+pub mod debug_log;
+pub mod engine_config;
+pub mod servers;
+pub mod state;
+
+use anyhow::Context as _;
+use arc_swap::ArcSwap;
+use state::{ClientState, Initial};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_config::client::{validate_client, ClientConfig};
+use switchyard_dataplane::engine::DataplaneOptions;
+use switchyard_dataplane::events::Event;
+use switchyard_dataplane::{Dataplane, SnapshotHandle};
+
+#[derive(clap::Args, Debug)]
+pub struct ClientArgs {
+    /// YAML configuration (changes from the API are saved back to it). Without it the client
+    /// runs from `<data-dir>/config.yaml` when present, else on built-in defaults.
+    #[arg(long, short, env = "SWITCHYARD_CLIENT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Directory of the client's state: quick settings, selected server, saved configuration.
+    #[arg(
+        long,
+        env = "SWITCHYARD_CLIENT_DATA_DIR",
+        default_value = "./data/client"
+    )]
+    pub data_dir: PathBuf,
+}
+
+fn load(path: &std::path::Path) -> anyhow::Result<ClientConfig> {
+    let cfg = if path.exists() {
+        ClientConfig::load_file(path)?
+    } else {
+        ClientConfig::default()
+    };
+    let problems = validate_client(&cfg);
+    if !problems.is_empty() {
+        let list: Vec<String> = problems
+            .iter()
+            .map(|p| format!("[{}] {p}", p.section))
+            .collect();
+        anyhow::bail!(
+            "invalid configuration {}:\n  {}",
+            path.display(),
+            list.join("\n  ")
+        );
+    }
+    Ok(cfg)
+}
+
+pub fn run(args: ClientArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating the data directory {}", args.data_dir.display()))?;
+    let config_given = args.config.is_some();
+    let config_path = args
+        .config
+        .unwrap_or_else(|| args.data_dir.join("config.yaml"));
+    if config_given && !config_path.exists() {
+        anyhow::bail!(
+            "configuration file {} does not exist",
+            config_path.display()
+        );
+    }
+    let cfg = load(&config_path)?;
+    switchyard_service::init_logging(&cfg.logging, "")?;
+    if config_path.exists() {
+        tracing::info!(config = %config_path.display(), "configuration loaded");
+    } else {
+        tracing::info!(saves_to = %config_path.display(), "no configuration file: running on built-in defaults");
+    }
+    let settings = state::load_settings(&args.data_dir, &cfg);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("control")
+        .enable_all()
+        .build()
+        .context("starting the control-plane runtime")?;
+
+    let listener = |what: &str, l: &switchyard_config::client::ProxyListenerConfig| {
+        l.enabled
+            .then(|| crate::net::parse(what, &l.listen).map(|a| crate::net::spec(&a)))
+            .transpose()
+    };
+    let http = listener("proxy.http", &cfg.proxy.http)?;
+    let socks5 = listener("proxy.socks5", &cfg.proxy.socks5)?;
+    let probe_cores = if cfg.proxy.cores == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        cfg.proxy.cores
+    };
+    let connected_at_start = settings.auto_connect && !settings.current_server.is_empty();
+    let first_server = cfg
+        .servers
+        .iter()
+        .find(|s| connected_at_start && s.name == settings.current_server);
+    let snapshot = engine_config::compile(&cfg, first_server, None, probe_cores)
+        .context("compiling the client's routes")?;
+    let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
+    let cache = crate::cache::open(&cfg.cache);
+    let dataplane = Dataplane::start(
+        snapshot,
+        DataplaneOptions {
+            cores: cfg.proxy.cores,
+            http,
+            socks5,
+            cache: cache.clone(),
+        },
+        runtime.handle().clone(),
+    )?;
+    if let Some(a) = dataplane.http_addr {
+        tracing::info!(listen = %a, "client HTTP proxy listening");
+    }
+    if let Some(a) = dataplane.socks5_addr {
+        tracing::info!(listen = %a, "client SOCKS5 proxy listening");
+    }
+    match first_server {
+        Some(s) => tracing::info!(server = %s.name, address = %s.address, protocol = s.protocol.as_str(), "connected to the server"),
+        None if cfg.servers.is_empty() => {
+            tracing::info!("no server configured: every destination goes direct")
+        }
+        None => tracing::info!(
+            "not connected (auto_connect off): every destination goes direct until POST /api/v1/connect"
+        ),
+    }
+    let state = Arc::new(ClientState::new(
+        Initial {
+            config: cfg.clone(),
+            config_path,
+            data_dir: args.data_dir,
+            settings,
+        },
+        &dataplane,
+        cache,
+    ));
+    let events = dataplane.events.clone();
+    let requests = dataplane.requests.clone();
+
+    runtime.block_on(async move {
+        tokio::spawn(drain_dataplane(state.clone(), events, requests));
+        tokio::spawn(servers::probe_loop(state.clone()));
+        if let Some(store) = &state.cache {
+            let every = cfg.cache.storage.disk.cleanup_interval.as_std();
+            tokio::spawn(crate::cache::cleanup(store.clone(), every));
+        }
+        if cfg.api.enabled {
+            let listen = crate::net::parse("api", &cfg.api.listen)?;
+            let listener = crate::net::bind_tokio(&listen)?;
+            let local = listener.local_addr()?;
+            tracing::info!(listen = %local, "client API listening");
+            if cfg.api.token.is_none() && !local.ip().is_loopback() {
+                tracing::warn!(listen = %local, "api.token is not set and the client API listens beyond loopback: anyone who reaches it controls the client");
+            }
+            let app = api::router(state.clone());
+            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+                .await
+                .context("client API server")?;
+        } else {
+            tracing::info!("client API disabled (api.enabled: false)");
+            std::future::pending::<()>().await;
+        }
+        anyhow::Ok(())
+    })?;
+    dataplane.join();
+    Ok(())
+}
+
+/// Moves request records (→ debug entries) and events (→ failed-dial state) out of the data
+/// plane's bounded queues so they never fill.
+async fn drain_dataplane(
+    state: Arc<ClientState>,
+    events: Arc<switchyard_dataplane::events::EventQueue>,
+    requests: Arc<switchyard_dataplane::events::RequestQueue>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(25));
+    let mut record_drops = 0;
+    loop {
+        tick.tick().await;
+        while let Some(event) = events.pop() {
+            if let Event::BackendHealth { name, healthy } = event {
+                if !healthy {
+                    tracing::warn!(backend = %name, "dials through the server keep failing");
+                }
+                state.dial_health(&name, healthy);
+            }
+        }
+        while let Some(record) = requests.pop() {
+            let entry = debug_log::entry_from(&record);
+            if !entry.error.is_empty() {
+                tracing::warn!(host = %entry.host, action = %entry.action, backend = %entry.backend, error = %entry.error, "request failed");
+            }
+            state.debug.push(entry);
+        }
+        let dropped = requests.dropped();
+        if dropped > record_drops {
+            tracing::warn!(
+                dropped = dropped - record_drops,
+                "debug entries dropped (queue full)"
+            );
+            record_drops = dropped;
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! What the client's control plane holds: the running configuration and where it is saved, the
+//! connection to the selected server (connected or not, which server, failed dials), the quick
+//! settings, and the data plane's shared parts. Every change that affects routing re-publishes
+//! the engine snapshot; a core picks it up on its next connection or request.
+
+use super::debug_log::DebugLog;
+use super::engine_config;
+use super::servers::{server_status, Probes};
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+use switchyard_api::client::QuickSettings;
+use switchyard_config::client::{validate_client, ClientConfig, ClientServerConfig};
+use switchyard_config::Problem;
+use switchyard_dataplane::counters::Counters;
+use switchyard_dataplane::SnapshotHandle;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no server named or with id `{0}`")]
+    UnknownServer(String),
+    #[error("no server is configured: add one under `servers`")]
+    NoServer,
+    #[error("invalid configuration")]
+    Invalid(Vec<Problem>),
+    #[error("the data plane refused the configuration: {0}")]
+    Engine(String),
+    #[error("cannot save {path}: {message}")]
+    Save { path: String, message: String },
+}
+
+/// The connection to the selected server.
+#[derive(Debug, Default)]
+struct Connection {
+    connected: bool,
+    /// Name of the selected server.
+    selected: Option<String>,
+    /// The engine reported repeated failed dials to the selected server since its last
+    /// successful probe.
+    dial_failed: bool,
+}
+
+pub struct ClientState {
+    pub config: ArcSwap<ClientConfig>,
+    /// Where configuration changes are saved (`--config`, else `<data-dir>/config.yaml`).
+    pub config_path: PathBuf,
+    pub data_dir: PathBuf,
+    /// Serialises configuration changes (PUT, import, reload, routes).
+    pub config_write: tokio::sync::Mutex<()>,
+    connection: Mutex<Connection>,
+    settings: Mutex<QuickSettings>,
+    pub snapshot: SnapshotHandle,
+    pub counters: Arc<Counters>,
+    pub cores: usize,
+    pub debug: DebugLog,
+    pub probes: Probes,
+    pub http_addr: Option<SocketAddr>,
+    pub socks5_addr: Option<SocketAddr>,
+    pub started: Instant,
+    pub sessions: crate::api::auth::Sessions,
+    pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
+}
+
+/// Parts of the state that exist before the data plane starts.
+pub struct Initial {
+    pub config: ClientConfig,
+    pub config_path: PathBuf,
+    pub data_dir: PathBuf,
+    pub settings: QuickSettings,
+}
+
+fn settings_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("settings.json")
+}
+
+/// The stored quick settings, or the configuration's defaults (auto_connect, the default
+/// server) when none are stored or the stored server no longer exists.
+pub fn load_settings(data_dir: &Path, cfg: &ClientConfig) -> QuickSettings {
+    let stored: Option<QuickSettings> = std::fs::read(settings_path(data_dir)).ok().and_then(|b| {
+        match serde_json::from_slice(&b) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "stored settings unreadable; using the configuration's");
+                None
+            }
+        }
+    });
+    let mut s = stored.unwrap_or_else(|| QuickSettings {
+        auto_connect: cfg.server.auto_connect,
+        ..QuickSettings::default()
+    });
+    if !cfg.servers.iter().any(|srv| srv.name == s.current_server) {
+        s.current_server = default_server(cfg)
+            .map(|d| d.name.clone())
+            .unwrap_or_default();
+    }
+    s
+}
+
+/// The server marked `is_default`, else the first listed.
+pub fn default_server(cfg: &ClientConfig) -> Option<&ClientServerConfig> {
+    cfg.servers
+        .iter()
+        .find(|s| s.is_default)
+        .or_else(|| cfg.servers.first())
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename (never a half file).
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = dir.unwrap_or_else(|| Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+impl ClientState {
+    pub fn new(
+        initial: Initial,
+        dataplane: &switchyard_dataplane::Dataplane,
+        cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
+    ) -> Self {
+        let connected =
+            initial.settings.auto_connect && !initial.settings.current_server.is_empty();
+        let selected = (!initial.settings.current_server.is_empty())
+            .then(|| initial.settings.current_server.clone());
+        Self {
+            config: ArcSwap::from_pointee(initial.config),
+            config_path: initial.config_path,
+            data_dir: initial.data_dir,
+            config_write: tokio::sync::Mutex::new(()),
+            connection: Mutex::new(Connection {
+                connected,
+                selected,
+                dial_failed: false,
+            }),
+            settings: Mutex::new(initial.settings),
+            snapshot: dataplane.snapshot.clone(),
+            counters: dataplane.counters.clone(),
+            cores: dataplane.cores.len(),
+            debug: DebugLog::new(super::debug_log::CAPACITY),
+            probes: Probes::default(),
+            http_addr: dataplane.http_addr,
+            socks5_addr: dataplane.socks5_addr,
+            started: Instant::now(),
+            sessions: crate::api::auth::Sessions::default(),
+            cache,
+        }
+    }
+
+    pub fn selected_name(&self) -> Option<String> {
+        self.connection.lock().selected.clone()
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connection.lock().connected
+    }
+
+    /// The selected server's configuration.
+    pub fn selected_server(&self) -> Option<ClientServerConfig> {
+        let name = self.selected_name()?;
+        self.config
+            .load()
+            .servers
+            .iter()
+            .find(|s| s.name == name)
+            .cloned()
+    }
+
+    /// Compiles and publishes the engine snapshot for the current configuration and connection.
+    pub fn publish(&self) -> Result<(), ClientError> {
+        let cfg = self.config.load();
+        // Held while compiling so two publishes cannot interleave (control plane only).
+        let conn = self.connection.lock();
+        let server = conn
+            .connected
+            .then(|| conn.selected.as_ref())
+            .flatten()
+            .and_then(|name| cfg.servers.iter().find(|s| &s.name == name));
+        let previous = self.snapshot.load();
+        let snapshot = engine_config::compile(&cfg, server, Some(&previous), self.cores)
+            .map_err(|e| ClientError::Engine(e.to_string()))?;
+        self.snapshot.store(Arc::new(snapshot));
+        tracing::info!(
+            server = server.map_or("(none: every destination direct)", |s| s.name.as_str()),
+            routes = cfg.routing.routes.len(),
+            "routing published to the data plane"
+        );
+        Ok(())
+    }
+
+    pub fn connect(&self) -> Result<String, ClientError> {
+        {
+            let mut conn = self.connection.lock();
+            let name = conn.selected.clone().ok_or(ClientError::NoServer)?;
+            conn.connected = true;
+            conn.dial_failed = false;
+            tracing::info!(server = %name, "connected");
+        }
+        self.publish()?;
+        self.selected_name().ok_or(ClientError::NoServer)
+    }
+
+    pub fn disconnect(&self) -> Result<(), ClientError> {
+        self.connection.lock().connected = false;
+        tracing::info!("disconnected: every destination goes direct");
+        self.publish()
+    }
+
+    /// Selects a server by name, or by id when `by_id`; returns its name.
+    pub fn select(&self, key: &str, by_id: bool) -> Result<String, ClientError> {
+        let cfg = self.config.load();
+        let server = cfg
+            .servers
+            .iter()
+            .find(|s| if by_id { s.id() == key } else { s.name == key })
+            .or_else(|| {
+                by_id
+                    .then(|| cfg.servers.iter().find(|s| s.name == key))
+                    .flatten()
+            })
+            .ok_or_else(|| ClientError::UnknownServer(key.to_owned()))?;
+        let name = server.name.clone();
+        {
+            let mut conn = self.connection.lock();
+            conn.selected = Some(name.clone());
+            conn.dial_failed = false;
+        }
+        self.settings.lock().current_server = name.clone();
+        self.save_settings()?;
+        tracing::info!(server = %name, address = %server.address, "server selected");
+        self.publish()?;
+        Ok(name)
+    }
+
+    /// The engine reported the backend `backend` unhealthy (repeated failed dials).
+    pub fn dial_health(&self, backend: &str, healthy: bool) {
+        let (action, name) = engine_config::action_of(backend);
+        let mut conn = self.connection.lock();
+        if action == "server" && conn.selected.as_deref() == Some(name) {
+            conn.dial_failed = !healthy;
+        }
+    }
+
+    pub fn clear_dial_failure(&self) {
+        self.connection.lock().dial_failed = false;
+    }
+
+    /// Connected, and the selected server cannot be reached (its last probe failed, or the
+    /// engine's dials to it keep failing since the last successful probe).
+    pub fn is_degraded(&self) -> bool {
+        let conn = self.connection.lock();
+        let Some(name) = conn.selected.as_deref().filter(|_| conn.connected) else {
+            return false;
+        };
+        let probe_failed = self.probes.get(name).is_some_and(|p| p.latency.is_none());
+        probe_failed || conn.dial_failed
+    }
+
+    /// The list's `status` of the server `name`.
+    pub fn status_of(&self, name: &str) -> &'static str {
+        let cfg = self.config.load();
+        let connected_to_it = {
+            let conn = self.connection.lock();
+            conn.connected && conn.selected.as_deref() == Some(name)
+        };
+        server_status(
+            self.probes.get(name),
+            connected_to_it,
+            cfg.server.busy_latency.as_std(),
+        )
+    }
+
+    pub fn settings(&self) -> QuickSettings {
+        let mut s = self.settings.lock().clone();
+        s.current_server = self.selected_name().unwrap_or_default();
+        s
+    }
+
+    /// Stores new quick settings; a changed `current_server` selects that server.
+    pub fn update_settings(&self, new: QuickSettings) -> Result<(), ClientError> {
+        let current = self.selected_name().unwrap_or_default();
+        if new.current_server != current && !new.current_server.is_empty() {
+            self.select(&new.current_server, false)?;
+        }
+        let mut stored = new;
+        stored.current_server = self.selected_name().unwrap_or_default();
+        *self.settings.lock() = stored;
+        self.save_settings()
+    }
+
+    fn save_settings(&self) -> Result<(), ClientError> {
+        let s = self.settings.lock().clone();
+        let path = settings_path(&self.data_dir);
+        let bytes = serde_json::to_vec_pretty(&s).map_err(|e| ClientError::Save {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        write_atomically(&path, &bytes).map_err(|e| ClientError::Save {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Validates `new`, checks that the engine compiles it, saves it (when `save`; a reload has
+    /// just read it from the file) and makes it the running configuration. Returns the
+    /// restart-requiring keys that changed. Nothing changes on error. Callers hold `config_write`.
+    pub fn apply_config(&self, new: ClientConfig, save: bool) -> Result<Vec<String>, ClientError> {
+        let problems = validate_client(&new);
+        if !problems.is_empty() {
+            return Err(ClientError::Invalid(problems));
+        }
+        engine_config::compile(&new, default_server(&new), None, 1)
+            .map_err(|e| ClientError::Engine(e.to_string()))?;
+        let old = self.config.load_full();
+        if save {
+            let yaml = new.to_yaml_string().map_err(|message| ClientError::Save {
+                path: self.config_path.display().to_string(),
+                message,
+            })?;
+            write_atomically(&self.config_path, yaml.as_bytes()).map_err(|e| {
+                ClientError::Save {
+                    path: self.config_path.display().to_string(),
+                    message: e.to_string(),
+                }
+            })?;
+        }
+        let restart = switchyard_config::client::restart_fields(&old, &new);
+        self.config.store(Arc::new(new));
+        // A selected server that is gone: fall back to the default one (or none).
+        let cfg = self.config.load();
+        {
+            let mut conn = self.connection.lock();
+            let still = conn
+                .selected
+                .as_ref()
+                .is_some_and(|n| cfg.servers.iter().any(|s| &s.name == n));
+            if !still {
+                conn.selected = default_server(&cfg).map(|s| s.name.clone());
+                if conn.selected.is_none() {
+                    conn.connected = false;
+                }
+            }
+        }
+        self.publish()?;
+        Ok(restart)
+    }
+
+    pub fn server_entries(&self) -> Vec<switchyard_api::client::ServerEntry> {
+        let cfg = self.config.load();
+        cfg.servers
+            .iter()
+            .map(|s| {
+                let probe = self.probes.get(&s.name);
+                switchyard_api::client::ServerEntry {
+                    id: s.id().to_owned(),
+                    name: s.name.clone(),
+                    address: s.address.clone(),
+                    protocol: s.protocol.as_str().to_owned(),
+                    is_default: s.is_default,
+                    latency_ms: probe
+                        .and_then(|p| p.latency)
+                        .map_or(0, |l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX)),
+                    status: self.status_of(&s.name).to_owned(),
+                }
+            })
+            .collect()
+    }
+}

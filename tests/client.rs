@@ -1,0 +1,751 @@
+//! End-to-end tests of `switchyard client`: the real binary as client and as server, nginx as the
+//! origin, curl as the proxy client, all on loopback with random ports and temp dirs.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use support::{curl, free_port, start_nginx, start_server_with_file, Nginx, Proc, Server, BIN};
+
+/// A running `switchyard client` and the addresses it reported.
+struct Client {
+    _proc: Proc,
+    http: SocketAddr,
+    socks5: SocketAddr,
+    api: SocketAddr,
+    dir: tempfile::TempDir,
+    logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+fn client_yaml(body: &str) -> String {
+    format!(
+        "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n\
+         api: {{listen: \"127.0.0.1:0\"}}\nlogging: {{level: info, format: json}}\n{body}"
+    )
+}
+
+fn start_client(yaml: &str) -> Client {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("client.yaml"), yaml).expect("write config");
+    start_client_in(dir)
+}
+
+/// Starts a client on `dir/client.yaml` with `dir/data` as its data directory.
+fn start_client_in(dir: tempfile::TempDir) -> Client {
+    let mut child = Command::new(BIN)
+        .arg("client")
+        .arg("--config")
+        .arg(dir.path().join("client.yaml"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start switchyard client");
+    let stderr = child.stderr.take().expect("stderr");
+    let proc = Proc {
+        child,
+        name: "switchyard client".into(),
+    };
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let sink = logs.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                let msg = v["fields"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                if let Some(listen) = v["fields"]["listen"].as_str() {
+                    let _ = tx.send((msg, listen.to_owned()));
+                }
+            }
+            if let Ok(mut l) = sink.lock() {
+                l.push(line);
+            }
+        }
+    });
+    let (mut http, mut socks5, mut api) = (None, None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http.is_none() || socks5.is_none() || api.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((msg, listen)) = rx.recv_timeout(left) else {
+            let logs = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+            panic!("the client did not report its listeners; log:\n{logs}");
+        };
+        let addr: SocketAddr = listen.parse().expect("listen addr");
+        match msg.as_str() {
+            "client HTTP proxy listening" => http = Some(addr),
+            "client SOCKS5 proxy listening" => socks5 = Some(addr),
+            "client API listening" => api = Some(addr),
+            _ => {}
+        }
+    }
+    let (Some(http), Some(socks5), Some(api)) = (http, socks5, api) else {
+        unreachable!()
+    };
+    Client {
+        _proc: proc,
+        http,
+        socks5,
+        api,
+        dir,
+        logs,
+    }
+}
+
+/// (status, body) of a request with curl; the body as JSON when it is JSON.
+fn call_raw(api: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut args: Vec<String> = [
+        "-sS",
+        "--max-time",
+        "30",
+        "-X",
+        method,
+        "-w",
+        "\n%{http_code}",
+    ]
+    .map(String::from)
+    .to_vec();
+    if let Some(b) = body {
+        args.extend([
+            "-H".into(),
+            "Content-Type: application/json".into(),
+            "--data-binary".into(),
+            b.into(),
+        ]);
+    }
+    args.push(format!("http://{api}{path}"));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = curl(&refs);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+fn call(api: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+    let (status, text) = call_raw(api, method, path, body);
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+impl Client {
+    fn get(&self, path: &str) -> serde_json::Value {
+        let (status, v) = call(self.api, "GET", path, None);
+        assert_eq!(status, 200, "GET {path}: {v}");
+        v
+    }
+
+    fn log_text(&self) -> String {
+        self.logs.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// Polls `GET /api/v1/health` until it reports `want` (bounded: 20 s).
+    fn wait_health(&self, want: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = self.get("/api/v1/health")["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if got == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "health stayed {got}, wanted {want}; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Polls the debug entries until one for `host` exists (bounded) and returns them all.
+    fn debug_entries_for(&self, host: &str) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let all = self.get("/api/v1/debug/entries");
+            let found: Vec<serde_json::Value> = all
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["host"].as_str().is_some_and(|h| h.contains(host)))
+                .cloned()
+                .collect();
+            if !found.is_empty() || Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A server on fixed loopback ports with its request log on (restartable on the same ports).
+fn start_gateway(http_port: u16, socks_port: u16) -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_path = dir.path().join("server.yaml");
+    let yaml = format!(
+        "server:\n  http: {{ listen: \"127.0.0.1:{http_port}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks_port}\" }}\n  cores: 1\n\
+         api: {{ listen: \"127.0.0.1:0\", enable_request_log: true }}\nlogging: {{ level: info, format: json }}\n"
+    );
+    std::fs::write(&config_path, yaml).expect("write config");
+    start_server_with_file(dir, config_path)
+}
+
+fn gateway() -> Server {
+    start_gateway(free_port(), free_port())
+}
+
+/// Hosts (`host` field) of the server's request log.
+fn server_requests(server: &Server) -> Vec<String> {
+    server.api_get("/api/v1/requests")["requests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["host"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Waits (bounded) until the server's request log holds `n` entries and returns their hosts.
+fn wait_server_requests(server: &Server, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = server_requests(server);
+        if r.len() >= n || Instant::now() > deadline {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn server_entry(name: &str, server: &Server, protocol: &str) -> String {
+    let addr = if protocol == "SOCKS5" {
+        server.socks5
+    } else {
+        server.http
+    };
+    format!("  - {{name: {name}, id: {name}-id, address: \"{addr}\", protocol: {protocol}}}\n")
+}
+
+fn origin() -> Option<Nginx> {
+    start_nginx(&[("hello.txt", b"hello through switchyard")])
+}
+
+fn curl_via_http(client: &Client, url: &str) -> std::process::Output {
+    curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-x",
+        &format!("http://{}", client.http),
+        url,
+    ])
+}
+
+fn curl_via_socks(client: &Client, url: &str) -> std::process::Output {
+    curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "--socks5-hostname",
+        &client.socks5.to_string(),
+        url,
+    ])
+}
+
+#[test]
+fn http_and_socks5_reach_the_origin_through_the_server() {
+    let Some(nginx) = origin() else { return };
+    let server = gateway();
+    let yaml = client_yaml(&format!(
+        "servers:\n{}{}",
+        server_entry("http-gw", &server, "HTTP"),
+        server_entry("socks-gw", &server, "SOCKS5")
+    ));
+    let client = start_client(&yaml);
+    let url = nginx.url("/hello.txt");
+    for out in [curl_via_http(&client, &url), curl_via_socks(&client, &url)] {
+        assert!(
+            out.status.success(),
+            "curl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"hello through switchyard");
+    }
+    // The server's request log shows both requests: the HTTP server leg speaks CONNECT.
+    let origin_host = format!("127.0.0.1:{}", nginx.port);
+    let seen = wait_server_requests(&server, 2);
+    assert_eq!(
+        seen.iter().filter(|h| h.contains(&origin_host)).count(),
+        2,
+        "server request log: {seen:?}"
+    );
+    let entries = client.debug_entries_for("127.0.0.1");
+    assert!(entries.len() >= 2, "{entries:?}");
+    for e in &entries {
+        assert_eq!(e["action"], "server", "{e}");
+        assert_eq!(e["backend"], "http-gw", "{e}");
+        assert_eq!(e["error"], "", "{e}");
+    }
+    let status = client.get("/api/v1/status");
+    assert_eq!(status["server_connected"], true);
+    assert_eq!(status["server_address"], server.http.to_string());
+    assert!(
+        status["bytes_sent"].as_u64().unwrap_or(0) >= 2 * 24,
+        "{status}"
+    );
+    assert!(
+        status["bytes_received"].as_u64().unwrap_or(0) > 0,
+        "{status}"
+    );
+    assert_eq!(status["http_proxy"], client.http.to_string());
+    let servers = client.get("/api/v1/servers");
+    assert_eq!(servers[0]["status"], "connected", "{servers}");
+    assert_eq!(servers[0]["protocol"], "HTTP");
+    assert_eq!(servers[1]["protocol"], "SOCKS5");
+
+    // Selecting the SOCKS5 entry moves the server leg to SOCKS5 (the server logs a SOCKS5 request).
+    let (st, v) = call(
+        client.api,
+        "POST",
+        "/api/v1/server/select",
+        Some(r#"{"server":"socks-gw"}"#),
+    );
+    assert_eq!(
+        (st, &v["status"]),
+        (200, &serde_json::json!("selected")),
+        "{v}"
+    );
+    let out = curl_via_http(&client, &url);
+    assert!(out.status.success());
+    let requests = server.api_get("/api/v1/requests")["requests"].clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut protocols: Vec<String> = Vec::new();
+    while Instant::now() < deadline {
+        protocols = server.api_get("/api/v1/requests")["requests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["protocol"].as_str().map(str::to_owned))
+            .collect();
+        if protocols.iter().any(|p| p == "SOCKS5") && protocols.len() >= 4 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        protocols.iter().filter(|p| *p == "SOCKS5").count() >= 2,
+        "the SOCKS5 server leg was not used: {protocols:?} (before: {requests})"
+    );
+}
+
+#[test]
+fn direct_routes_bypass_the_server_and_routes_test_answers() {
+    let Some(nginx) = origin() else { return };
+    let server = gateway();
+    let yaml = client_yaml(&format!(
+        "servers:\n{}",
+        server_entry("gw", &server, "HTTP")
+    ));
+    let client = start_client(&yaml);
+
+    // A bad pattern is refused; an unknown route cannot be deleted.
+    let (st, _) = call(
+        client.api,
+        "POST",
+        "/api/v1/routes",
+        Some(r#"{"name":"bad","domains":["bad pattern"],"action":"direct"}"#),
+    );
+    assert_eq!(st, 400);
+    let (st, _) = call(
+        client.api,
+        "POST",
+        "/api/v1/routes",
+        Some(r#"{"name":"bad","domains":["x.example"],"action":"vpn"}"#),
+    );
+    assert_eq!(st, 400);
+    let (st, _) = call(client.api, "DELETE", "/api/v1/routes/nope", None);
+    assert_eq!(st, 404);
+
+    let (st, v) = call(
+        client.api,
+        "POST",
+        "/api/v1/routes",
+        Some(r#"{"name":"local","domains":["127.0.0.1","*.lan"],"action":"direct","priority":5}"#),
+    );
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["status"], "created");
+    let (st, _) = call(
+        client.api,
+        "POST",
+        "/api/v1/routes",
+        Some(r#"{"name":"local","domains":["x.lan"],"action":"direct"}"#),
+    );
+    assert_eq!(st, 409);
+    let routes = client.get("/api/v1/routes");
+    assert_eq!(
+        routes[0]["patterns"],
+        serde_json::json!(["127.0.0.1", "*.lan"])
+    );
+
+    let t = client.get("/api/v1/routes/test?domain=nas.lan");
+    assert_eq!(
+        (t["action"].as_str(), t["matched_route"].as_str()),
+        (Some("direct"), Some("local"))
+    );
+    let t = client.get("/api/v1/routes/test?domain=example.org");
+    assert_eq!(t["action"], "server");
+    assert!(t.get("matched_route").is_none(), "{t}");
+
+    let before = server.api_get("/api/v1/stats")["total_connections"].as_u64();
+    let url = nginx.url("/hello.txt");
+    for out in [curl_via_http(&client, &url), curl_via_socks(&client, &url)] {
+        assert!(
+            out.status.success(),
+            "curl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"hello through switchyard");
+    }
+    let entries = client.debug_entries_for("127.0.0.1");
+    assert!(entries.len() >= 2, "{entries:?}");
+    assert!(
+        entries.iter().all(|e| e["action"] == "direct"),
+        "{entries:?}"
+    );
+    let after = server.api_get("/api/v1/stats")["total_connections"].as_u64();
+    assert_eq!(before, after, "a direct route reached the server");
+    assert!(server_requests(&server).is_empty());
+
+    // Removing the route sends the origin through the server again.
+    let (st, v) = call(client.api, "DELETE", "/api/v1/routes/local", None);
+    assert_eq!((st, &v["status"]), (200, &serde_json::json!("removed")));
+    assert!(curl_via_http(&client, &url).status.success());
+    assert_eq!(wait_server_requests(&server, 1).len(), 1);
+}
+
+#[test]
+fn server_down_is_degraded_with_502_and_socks_failure_then_healthy_again() {
+    let Some(nginx) = origin() else { return };
+    let (http_port, socks_port) = (free_port(), free_port());
+    let server = start_gateway(http_port, socks_port);
+    let yaml = client_yaml(&format!(
+        "server: {{probe_interval: 200ms, connect_timeout: 2s}}\nservers:\n{}",
+        server_entry("gw", &server, "HTTP")
+    ));
+    let client = start_client(&yaml);
+    client.wait_health("healthy");
+    let url = nginx.url("/hello.txt");
+    assert!(curl_via_http(&client, &url).status.success());
+
+    drop(server); // killed by PID
+    client.wait_health("degraded");
+    let servers = client.get("/api/v1/servers");
+    assert_eq!(servers[0]["status"], "offline", "{servers}");
+    let out = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "20",
+        "-x",
+        &format!("http://{}", client.http),
+        &url,
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "502");
+    let out = curl_via_socks(&client, &url);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("SOCKS") || stderr.contains("socks"),
+        "{stderr}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let errors = loop {
+        let e = client.get("/api/v1/debug/errors");
+        if e.as_array().is_some_and(|a| a.len() >= 2) || Instant::now() > deadline {
+            break e;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let errors = errors.as_array().cloned().unwrap_or_default();
+    assert!(errors.len() >= 2, "{errors:?}");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e["action"] == "server" && !e["error"].as_str().unwrap_or("").is_empty()),
+        "{errors:?}"
+    );
+
+    let _server = start_gateway(http_port, socks_port);
+    client.wait_health("healthy");
+    let out = curl_via_http(&client, &url);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn selecting_another_server_moves_traffic() {
+    let Some(nginx) = origin() else { return };
+    let (a, b) = (gateway(), gateway());
+    let yaml = client_yaml(&format!(
+        "servers:\n{}{}",
+        server_entry("a", &a, "HTTP"),
+        server_entry("b", &b, "HTTP")
+    ));
+    let client = start_client(&yaml);
+    let url = nginx.url("/hello.txt");
+    assert!(curl_via_http(&client, &url).status.success());
+    assert_eq!(wait_server_requests(&a, 1).len(), 1);
+
+    let (st, _) = call(
+        client.api,
+        "POST",
+        "/api/v1/server/select",
+        Some(r#"{"server":"nope"}"#),
+    );
+    assert_eq!(st, 404);
+    let (st, _) = call(client.api, "POST", "/api/v1/servers/nope/select", None);
+    assert_eq!(st, 404);
+    let (st, v) = call(
+        client.api,
+        "POST",
+        "/api/v1/server/select",
+        Some(r#"{"server":"b"}"#),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert!(curl_via_http(&client, &url).status.success());
+    assert_eq!(wait_server_requests(&b, 1).len(), 1);
+    assert_eq!(
+        server_requests(&a).len(),
+        1,
+        "a got traffic after b was selected"
+    );
+    assert_eq!(client.get("/api/v1/settings")["current_server"], "b");
+
+    // By the older form's id.
+    let (st, v) = call(client.api, "POST", "/api/v1/servers/a-id/select", None);
+    assert_eq!((st, &v["status"]), (200, &serde_json::json!("ok")));
+    assert!(curl_via_http(&client, &url).status.success());
+    assert_eq!(wait_server_requests(&a, 2).len(), 2);
+
+    // Disconnected: everything goes direct; connected again: through the selected server.
+    let (st, v) = call(client.api, "POST", "/api/v1/disconnect", None);
+    assert_eq!(
+        (st, &v["status"]),
+        (200, &serde_json::json!("disconnected"))
+    );
+    assert_eq!(client.get("/api/v1/status")["server_connected"], false);
+    assert!(curl_via_http(&client, &url).status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(server_requests(&a).len() + server_requests(&b).len(), 3);
+    let (st, v) = call(client.api, "POST", "/api/v1/connect", None);
+    assert_eq!((st, &v["status"]), (200, &serde_json::json!("connected")));
+    assert!(curl_via_http(&client, &url).status.success());
+    assert_eq!(wait_server_requests(&a, 3).len(), 3);
+}
+
+#[test]
+fn config_put_validate_export_import_and_persisted_state() {
+    let server = gateway();
+    let yaml = client_yaml(&format!(
+        "servers:\n{}",
+        server_entry("gw", &server, "HTTP")
+    ));
+    let client = start_client(&yaml);
+    let original = client.get("/api/v1/config");
+    assert_eq!(original["routing"]["default_action"], "server");
+    assert_eq!(original["mesh"]["connection"]["keep_alive_interval"], "25s");
+
+    // Invalid: refused with {valid:false, errors} and nothing changes.
+    for bad in [
+        r#"{"routing":{"routes":[{"name":"r","patterns":["bad pattern"],"action":"direct"}]}}"#,
+        r#"{"proxy":{"htp":{}}}"#,
+        r#"{"servers":[{"name":"x","address":"nowhere"}]}"#,
+        "not json",
+    ] {
+        let (st, v) = call(client.api, "PUT", "/api/v1/config", Some(bad));
+        assert_eq!(st, 400, "{bad}: {v}");
+        assert_eq!(v["valid"], false, "{v}");
+        assert!(!v["errors"].as_array().map_or(true, Vec::is_empty), "{v}");
+    }
+    assert_eq!(client.get("/api/v1/config"), original);
+
+    // Validate warns about restart-required changes and changes nothing.
+    let (st, v) = call(
+        client.api,
+        "POST",
+        "/api/v1/config/validate",
+        Some(r#"{"api":{"listen":"127.0.0.1:1"}}"#),
+    );
+    assert_eq!((st, &v["valid"]), (200, &serde_json::json!(true)), "{v}");
+    assert!(
+        v["warnings"][0]
+            .as_str()
+            .unwrap_or("")
+            .contains("api.listen"),
+        "{v}"
+    );
+
+    // A partial PUT: one restart field, one hot key (durations as strings and nanoseconds).
+    let (st, v) = call(
+        client.api,
+        "PUT",
+        "/api/v1/config",
+        Some(
+            r#"{"proxy":{"socks5":{"listen":"127.0.0.1:1"}},"routing":{"default_action":"direct"},"mesh":{"stun":{"timeout":1500000000}}}"#,
+        ),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["status"], "updated");
+    assert_eq!(v["restart_required"], true);
+    assert_eq!(
+        v["restart_fields"],
+        serde_json::json!(["proxy.socks5.listen"])
+    );
+    let now = client.get("/api/v1/config");
+    assert_eq!(now["routing"]["default_action"], "direct");
+    assert_eq!(now["mesh"]["stun"]["timeout"], "1.5s");
+    assert_eq!(now["servers"], original["servers"]);
+    assert_eq!(
+        client.get("/api/v1/routes/test?domain=a.example")["action"],
+        "direct"
+    );
+    // Saved to the file.
+    let saved = std::fs::read_to_string(client.dir.path().join("client.yaml")).expect("saved");
+    assert!(saved.contains("default_action: direct"), "{saved}");
+
+    // Export → import round trip, YAML and JSON.
+    for format in ["yaml", "json"] {
+        let out = curl(&[
+            "-sS",
+            "-D",
+            "-",
+            "-X",
+            "POST",
+            &format!("http://{}/api/v1/config/export?format={format}", client.api),
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").expect("head");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-disposition: attachment"),
+            "{head}"
+        );
+        let (st, v) = call(
+            client.api,
+            "PUT",
+            "/api/v1/config",
+            Some(r#"{"routing":{"default_action":"server"}}"#),
+        );
+        assert_eq!(st, 200, "{v}");
+        let (st, v) = call_raw(
+            client.api,
+            "POST",
+            &format!("/api/v1/config/import?format={format}"),
+            Some(body),
+        );
+        assert_eq!(st, 200, "{v}");
+        let v: serde_json::Value = serde_json::from_str(&v).expect("json");
+        assert_eq!(v["status"], "imported");
+        assert_eq!(client.get("/api/v1/config"), now, "{format} round trip");
+    }
+    let (st, v) = call_raw(
+        client.api,
+        "POST",
+        "/api/v1/config/import?format=yaml",
+        Some("proxy: [1"),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(client.get("/api/v1/config"), now);
+
+    // Quick settings persist in the data directory across a restart.
+    let (st, _) = call(
+        client.api,
+        "POST",
+        "/api/v1/settings",
+        Some(
+            r#"{"auto_connect":false,"start_minimized":true,"show_notifications":true,"vpn_enabled":false,"system_proxy_enabled":false,"current_server":"gw"}"#,
+        ),
+    );
+    assert_eq!(st, 200);
+    let (st, _) = call(
+        client.api,
+        "POST",
+        "/api/v1/settings",
+        Some(r#"{"current_server":"nope"}"#),
+    );
+    assert_eq!(st, 404);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data: PathBuf = client.dir.path().join("data");
+    assert!(data.join("settings.json").exists());
+    // Restart with the saved configuration file and data directory (listen addresses back to 0).
+    let mut saved: serde_json::Value = client.get("/api/v1/config");
+    saved["proxy"]["socks5"]["listen"] = "127.0.0.1:0".into();
+    std::fs::write(
+        dir.path().join("client.yaml"),
+        serde_json::to_string(&saved).expect("json"),
+    )
+    .expect("write");
+    copy_dir(&data, &dir.path().join("data"));
+    drop(client);
+    let again = start_client_in(dir);
+    let s = again.get("/api/v1/settings");
+    assert_eq!(
+        (s["start_minimized"].as_bool(), s["auto_connect"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(
+        again.get("/api/v1/status")["server_connected"],
+        false,
+        "auto_connect off"
+    );
+    assert_eq!(again.get("/api/v1/vpn/status")["status"], "disabled");
+    assert_eq!(again.get("/api/v1/mesh/status")["status"], "disabled");
+    let (st, _) = call(again.api, "GET", "/api/v1/openapi.json", None);
+    assert_eq!(st, 200);
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read dir").flatten() {
+        std::fs::copy(e.path(), to.join(e.file_name())).expect("copy");
+    }
+}
+
+#[test]
+fn without_servers_everything_goes_direct_and_the_token_guards_the_api() {
+    let Some(nginx) = origin() else { return };
+    let client = start_client(&client_yaml("").replace(
+        "api: {listen: \"127.0.0.1:0\"}",
+        "api: {listen: \"127.0.0.1:0\", token: s3cret}",
+    ));
+    assert!(
+        client.log_text().contains("every destination goes direct"),
+        "{}",
+        client.log_text()
+    );
+    let out = curl_via_http(&client, &nginx.url("/hello.txt"));
+    assert_eq!(out.stdout, b"hello through switchyard");
+    let (st, _) = call(client.api, "GET", "/api/v1/status", None);
+    assert_eq!(st, 401);
+    let (st, v) = call(client.api, "GET", "/api/v1/health", None);
+    assert_eq!((st, &v["status"]), (200, &serde_json::json!("healthy")));
+    let (st, _) = call(client.api, "GET", "/api/v1/status?token=s3cret", None);
+    assert_eq!(st, 200);
+    let (st, _) = call(client.api, "POST", "/api/v1/connect?token=s3cret", None);
+    assert_eq!(st, 409, "no server to connect to");
+}
