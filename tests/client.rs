@@ -168,8 +168,8 @@ impl Client {
         }
     }
 
-    /// Polls the debug entries until one for `host` exists (bounded) and returns them all.
-    fn debug_entries_for(&self, host: &str) -> Vec<serde_json::Value> {
+    /// Polls the debug entries until `n` for `host` exist (bounded) and returns them all.
+    fn debug_entries_for(&self, host: &str, n: usize) -> Vec<serde_json::Value> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let all = self.get("/api/v1/debug/entries");
@@ -180,7 +180,7 @@ impl Client {
                 .filter(|e| e["host"].as_str().is_some_and(|h| h.contains(host)))
                 .cloned()
                 .collect();
-            if !found.is_empty() || Instant::now() > deadline {
+            if found.len() >= n || Instant::now() > deadline {
                 return found;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -204,23 +204,53 @@ fn gateway() -> Server {
     start_gateway(free_port(), free_port())
 }
 
-/// Hosts (`host` field) of the server's request log.
-fn server_requests(server: &Server) -> Vec<String> {
-    server.api_get("/api/v1/requests")["requests"]
-        .as_array()
-        .into_iter()
+/// (host, protocol) of every request the server handled: its request log (a record is written
+/// when the connection closes) plus its live connections (the client keeps tunnels pooled).
+fn server_saw(server: &Server) -> Vec<(String, String)> {
+    let requests = server.api_get("/api/v1/requests")["requests"].clone();
+    let live = server.api_get("/api/v1/connections")["connections"].clone();
+    [requests, live]
+        .iter()
+        .filter_map(|v| v.as_array())
         .flatten()
-        .filter_map(|r| r["host"].as_str().map(str::to_owned))
+        .filter_map(|r| {
+            Some((
+                r["host"].as_str()?.to_owned(),
+                r["protocol"].as_str()?.to_owned(),
+            ))
+        })
         .collect()
 }
 
-/// Waits (bounded) until the server's request log holds `n` entries and returns their hosts.
-fn wait_server_requests(server: &Server, n: usize) -> Vec<String> {
+/// Waits (bounded) until `want` holds for what the server saw, and returns it.
+fn wait_server_saw(
+    server: &Server,
+    want: impl Fn(&[(String, String)]) -> bool,
+) -> Vec<(String, String)> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = server_requests(server);
-        if r.len() >= n || Instant::now() > deadline {
-            return r;
+        let seen = server_saw(server);
+        if want(&seen) || Instant::now() > deadline {
+            return seen;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Client connections the server accepted since it started.
+fn server_connections(server: &Server) -> u64 {
+    server.api_get("/api/v1/stats")["total_connections"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) until the server accepted at least `n` connections; returns the count.
+fn wait_server_connections(server: &Server, n: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = server_connections(server);
+        if c >= n || Instant::now() > deadline {
+            return c;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -280,15 +310,19 @@ fn http_and_socks5_reach_the_origin_through_the_server() {
         );
         assert_eq!(out.stdout, b"hello through switchyard");
     }
-    // The server's request log shows both requests: the HTTP server leg speaks CONNECT.
+    // The server saw both requests (CONNECT tunnels: the client's HTTP server leg).
     let origin_host = format!("127.0.0.1:{}", nginx.port);
-    let seen = wait_server_requests(&server, 2);
-    assert_eq!(
-        seen.iter().filter(|h| h.contains(&origin_host)).count(),
-        2,
-        "server request log: {seen:?}"
+    let seen = wait_server_saw(&server, |s| {
+        s.iter().filter(|(h, _)| *h == origin_host).count() >= 2
+    });
+    assert!(
+        seen.iter()
+            .filter(|(h, p)| *h == origin_host && p == "CONNECT")
+            .count()
+            >= 2,
+        "the server saw: {seen:?}"
     );
-    let entries = client.debug_entries_for("127.0.0.1");
+    let entries = client.debug_entries_for("127.0.0.1", 2);
     assert!(entries.len() >= 2, "{entries:?}");
     for e in &entries {
         assert_eq!(e["action"], "server", "{e}");
@@ -326,24 +360,10 @@ fn http_and_socks5_reach_the_origin_through_the_server() {
     );
     let out = curl_via_http(&client, &url);
     assert!(out.status.success());
-    let requests = server.api_get("/api/v1/requests")["requests"].clone();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut protocols: Vec<String> = Vec::new();
-    while Instant::now() < deadline {
-        protocols = server.api_get("/api/v1/requests")["requests"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r["protocol"].as_str().map(str::to_owned))
-            .collect();
-        if protocols.iter().any(|p| p == "SOCKS5") && protocols.len() >= 4 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let seen = wait_server_saw(&server, |s| s.iter().any(|(_, p)| p == "SOCKS5"));
     assert!(
-        protocols.iter().filter(|p| *p == "SOCKS5").count() >= 2,
-        "the SOCKS5 server leg was not used: {protocols:?} (before: {requests})"
+        seen.iter().any(|(h, p)| *h == origin_host && p == "SOCKS5"),
+        "the SOCKS5 server leg was not used: {seen:?}"
     );
 }
 
@@ -405,7 +425,7 @@ fn direct_routes_bypass_the_server_and_routes_test_answers() {
     assert_eq!(t["action"], "server");
     assert!(t.get("matched_route").is_none(), "{t}");
 
-    let before = server.api_get("/api/v1/stats")["total_connections"].as_u64();
+    let before = server_connections(&server);
     let url = nginx.url("/hello.txt");
     for out in [curl_via_http(&client, &url), curl_via_socks(&client, &url)] {
         assert!(
@@ -415,21 +435,24 @@ fn direct_routes_bypass_the_server_and_routes_test_answers() {
         );
         assert_eq!(out.stdout, b"hello through switchyard");
     }
-    let entries = client.debug_entries_for("127.0.0.1");
+    let entries = client.debug_entries_for("127.0.0.1", 2);
     assert!(entries.len() >= 2, "{entries:?}");
     assert!(
         entries.iter().all(|e| e["action"] == "direct"),
         "{entries:?}"
     );
-    let after = server.api_get("/api/v1/stats")["total_connections"].as_u64();
-    assert_eq!(before, after, "a direct route reached the server");
-    assert!(server_requests(&server).is_empty());
+    assert_eq!(
+        before,
+        server_connections(&server),
+        "a direct route reached the server"
+    );
+    assert!(server_saw(&server).is_empty());
 
     // Removing the route sends the origin through the server again.
     let (st, v) = call(client.api, "DELETE", "/api/v1/routes/local", None);
     assert_eq!((st, &v["status"]), (200, &serde_json::json!("removed")));
-    assert!(curl_via_http(&client, &url).status.success());
-    assert_eq!(wait_server_requests(&server, 1).len(), 1);
+    assert!(curl_via_socks(&client, &url).status.success());
+    assert_eq!(wait_server_connections(&server, before + 1), before + 1);
 }
 
 #[test]
@@ -508,8 +531,10 @@ fn selecting_another_server_moves_traffic() {
     ));
     let client = start_client(&yaml);
     let url = nginx.url("/hello.txt");
-    assert!(curl_via_http(&client, &url).status.success());
-    assert_eq!(wait_server_requests(&a, 1).len(), 1);
+    // SOCKS5 connections are tunnels (never pooled): one server connection each.
+    let (a0, b0) = (server_connections(&a), server_connections(&b));
+    assert!(curl_via_socks(&client, &url).status.success());
+    assert_eq!(wait_server_connections(&a, a0 + 1), a0 + 1);
 
     let (st, _) = call(
         client.api,
@@ -527,11 +552,11 @@ fn selecting_another_server_moves_traffic() {
         Some(r#"{"server":"b"}"#),
     );
     assert_eq!(st, 200, "{v}");
-    assert!(curl_via_http(&client, &url).status.success());
-    assert_eq!(wait_server_requests(&b, 1).len(), 1);
+    assert!(curl_via_socks(&client, &url).status.success());
+    assert_eq!(wait_server_connections(&b, b0 + 1), b0 + 1);
     assert_eq!(
-        server_requests(&a).len(),
-        1,
+        server_connections(&a),
+        a0 + 1,
         "a got traffic after b was selected"
     );
     assert_eq!(client.get("/api/v1/settings")["current_server"], "b");
@@ -539,8 +564,8 @@ fn selecting_another_server_moves_traffic() {
     // By the older form's id.
     let (st, v) = call(client.api, "POST", "/api/v1/servers/a-id/select", None);
     assert_eq!((st, &v["status"]), (200, &serde_json::json!("ok")));
-    assert!(curl_via_http(&client, &url).status.success());
-    assert_eq!(wait_server_requests(&a, 2).len(), 2);
+    assert!(curl_via_socks(&client, &url).status.success());
+    assert_eq!(wait_server_connections(&a, a0 + 2), a0 + 2);
 
     // Disconnected: everything goes direct; connected again: through the selected server.
     let (st, v) = call(client.api, "POST", "/api/v1/disconnect", None);
@@ -549,13 +574,22 @@ fn selecting_another_server_moves_traffic() {
         (200, &serde_json::json!("disconnected"))
     );
     assert_eq!(client.get("/api/v1/status")["server_connected"], false);
-    assert!(curl_via_http(&client, &url).status.success());
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(server_requests(&a).len() + server_requests(&b).len(), 3);
+    assert!(curl_via_socks(&client, &url).status.success());
+    let entries = client.debug_entries_for("127.0.0.1", 4);
+    let actions: Vec<&str> = entries
+        .iter()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    assert_eq!(
+        actions,
+        ["server", "server", "server", "direct"],
+        "{entries:?}"
+    );
+    assert_eq!(server_connections(&a) + server_connections(&b), a0 + b0 + 3);
     let (st, v) = call(client.api, "POST", "/api/v1/connect", None);
     assert_eq!((st, &v["status"]), (200, &serde_json::json!("connected")));
-    assert!(curl_via_http(&client, &url).status.success());
-    assert_eq!(wait_server_requests(&a, 3).len(), 3);
+    assert!(curl_via_socks(&client, &url).status.success());
+    assert_eq!(wait_server_connections(&a, a0 + 3), a0 + 3);
 }
 
 #[test]
