@@ -614,7 +614,7 @@ fn config_put_validate_export_import_and_persisted_state() {
         let (st, v) = call(client.api, "PUT", "/api/v1/config", Some(bad));
         assert_eq!(st, 400, "{bad}: {v}");
         assert_eq!(v["valid"], false, "{v}");
-        assert!(!v["errors"].as_array().map_or(true, Vec::is_empty), "{v}");
+        assert!(v["errors"].as_array().is_some_and(|e| !e.is_empty()), "{v}");
     }
     assert_eq!(client.get("/api/v1/config"), original);
 

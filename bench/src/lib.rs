@@ -21,11 +21,16 @@
 //!   low stock, deep page) for one user with 100,000 items on SQLite and PostgreSQL (see
 //!   [`inventory`](mod@inventory)).
 //!
+//! - **client**: `switchyard client` → `switchyard server` → nginx against nginx direct and a
+//!   two-squid chain (requests/s and transfer, 1 KiB and 1 MiB), and the client's idle RSS (see
+//!   [`client`](mod@client)).
+//!
 //! Results go to `<out>/<scenario>.json` and `<out>/summary.md` (tables, ratios, targets). A peer
 //! that is missing or fails to start is reported as such; every started process is stopped by PID
 //! when its scenario ends, also on error.
 
 mod cache;
+mod client;
 mod inventory;
 mod load;
 mod peers;
@@ -51,7 +56,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory
+    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory, client
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -60,7 +65,7 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 7] = [
+pub const SCENARIOS: [&str; 8] = [
     "http",
     "connect",
     "socks5",
@@ -68,6 +73,7 @@ pub const SCENARIOS: [&str; 7] = [
     "pkgcache",
     "cache",
     "inventory",
+    "client",
 ];
 
 /// Runs the selected scenarios and writes the results. Synchronous; builds its own tokio runtime.
@@ -140,6 +146,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "pkgcache" => pkgcache::run(&ctx),
             "inventory" => inventory::run(&ctx),
             "cache" => cache::run(&ctx),
+            "client" => client::run(&ctx),
             _ => scenarios::run_one(&ctx, s),
         };
         let section = match result {

@@ -19,7 +19,7 @@ use crate::units::Duration;
 use crate::validate::{check_domain_pattern, check_host_port, Problem};
 
 /// The whole `switchyard client` configuration file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
     #[serde(deserialize_with = "null_default")]
@@ -44,23 +44,6 @@ pub struct ClientConfig {
     pub cache: CacheConfig,
     #[serde(deserialize_with = "null_default")]
     pub logging: LoggingConfig,
-}
-
-impl Default for ClientConfig {
-    fn default() -> Self {
-        ClientConfig {
-            proxy: ClientProxyConfig::default(),
-            server: ServerConnectionConfig::default(),
-            servers: Vec::new(),
-            routing: RoutingConfig::default(),
-            api: ClientApiConfig::default(),
-            web_ui: WebUiConfig::default(),
-            vpn: VpnConfig::default(),
-            mesh: MeshConfig::default(),
-            cache: CacheConfig::default(),
-            logging: LoggingConfig::default(),
-        }
-    }
 }
 
 crate::load::strict_yaml_entry_points!(ClientConfig);
@@ -753,7 +736,6 @@ pub fn validate_client(cfg: &ClientConfig) -> Vec<Problem> {
             ),
         );
     }
-    let mut out = out;
     out.extend(crate::validate::validate_cache(&cfg.cache));
     out
 }
