@@ -1,5 +1,5 @@
 //! The tracing layer that captures events for the API: each event becomes a [`LogEntry`]
-//! (level, message, fields) pushed into the [`LogRing`] and offered to the stream subscribers.
+//! (level, message, its fields and those of the spans it happens in) pushed into the [`LogRing`] and offered to the stream subscribers.
 //! It never blocks and never logs, so it is safe on every thread, data-plane cores included.
 
 use crate::log_ring::{LogRing, PageQuery};
@@ -10,8 +10,9 @@ use std::fmt;
 use std::sync::Arc;
 use switchyard_api::diagnostics::{LogEntry, LogLevel, LogPage};
 use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
+use tracing::{span, Event, Level, Subscriber};
 use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
 /// Longest message or string field kept, in bytes; longer ones are cut (at a character
@@ -109,9 +110,47 @@ pub struct CaptureLayer {
     store: LogStore,
 }
 
-impl<S: Subscriber> Layer<S> for CaptureLayer {
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+/// Fields of a span, kept in its extensions so events inside it can carry them.
+struct SpanFields(Map<String, Value>);
+
+impl<S> Layer<S> for CaptureLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        if attrs.fields().is_empty() {
+            return;
+        }
         let mut visitor = FieldVisitor::default();
+        attrs.record(&mut visitor);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(SpanFields(visitor.fields));
+        }
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut visitor = FieldVisitor::default();
+        values.record(&mut visitor);
+        let mut extensions = span.extensions_mut();
+        match extensions.get_mut::<SpanFields>() {
+            Some(SpanFields(fields)) => fields.extend(visitor.fields),
+            None => extensions.insert(SpanFields(visitor.fields)),
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut visitor = FieldVisitor::default();
+        // The enclosing spans' fields first (outermost first), so the event's own win.
+        if let Some(scope) = ctx.event_scope(event) {
+            for span in scope.from_root() {
+                if let Some(SpanFields(fields)) = span.extensions().get::<SpanFields>() {
+                    visitor
+                        .fields
+                        .extend(fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+                }
+            }
+        }
         event.record(&mut visitor);
         self.store.record(LogEntry {
             timestamp: Utc::now(),
@@ -241,6 +280,37 @@ mod tests {
         assert_eq!(err.level, LogLevel::Error);
         assert_eq!(err.fields["error"], "boom");
         assert_eq!(err.fields["host"], "a.test");
+    }
+
+    #[test]
+    fn events_carry_the_fields_of_their_spans() {
+        let store = LogStore::new(10);
+        capture(&store, || {
+            let request = tracing::info_span!(
+                "request",
+                method = "CONNECT",
+                host = "a.test",
+                status_code = tracing::field::Empty
+            );
+            let _in = request.enter();
+            request.record("status_code", 200);
+            let dial = tracing::debug_span!("dial", host = "b.test");
+            let _dial = dial.enter();
+            tracing::info!(action = "server", "forwarded");
+        });
+        tracing::subscriber::with_default(
+            tracing_subscriber::registry().with(store.layer()),
+            || tracing::info!("outside any span"),
+        );
+        let page = store.page(&PageQuery::default());
+        let [outside, inside] = &page.entries[..] else {
+            panic!("two entries expected: {page:?}");
+        };
+        assert_eq!(inside.fields["method"], "CONNECT");
+        assert_eq!(inside.fields["status_code"], 200);
+        assert_eq!(inside.fields["host"], "b.test", "the inner span wins");
+        assert_eq!(inside.fields["action"], "server");
+        assert!(outside.fields.is_empty());
     }
 
     #[test]

@@ -43,7 +43,8 @@
 //!   `level` is a **minimum**: `warn` returns `warn` and `error` entries (`warning` and any case
 //!   accepted); anything else is 400 `INVALID_LEVEL`. `total` counts the retained entries that
 //!   pass the level filter. tracing's `TRACE` is reported as `debug`. `fields` holds the event's
-//!   fields other than `message`, numbers and booleans typed, strings cut at 4096 bytes. Only
+//!   fields other than `message` plus those of the spans it happens in (the innermost wins,
+//!   the event's own win over all), numbers and booleans typed, strings cut at 4096 bytes. Only
 //!   events that pass the process's log filter (`logging.level` / `RUST_LOG`) are captured.
 //! - `GET /api/v1/logs/stream` → `text/event-stream`; the first message is
 //!   `data: {"type":"connected"}`, then `data: <LogEntry JSON>` per entry; `:` keep-alive
