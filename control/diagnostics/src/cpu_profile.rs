@@ -77,6 +77,11 @@ impl CpuProfiler {
         let encoded = tokio::task::spawn_blocking(move || {
             let result = encode(&guard);
             drop(guard);
+            // Symbolising parsed this binary's debug information into a process-wide cache.
+            backtrace::clear_symbol_cache();
+            // The profiler frees a sample table of tens of MiB (and allocates a fresh one it
+            // keeps); hand the freed pages back rather than keep them resident.
+            crate::sys::release_free_heap();
             drop(slot);
             result
         })

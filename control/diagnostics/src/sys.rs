@@ -59,3 +59,16 @@ pub fn clock_ticks_per_second() -> u64 {
         100
     }
 }
+
+/// Returns free memory at the top of the heap and in free arena pages to the system
+/// (glibc `malloc_trim(0)`); a no-op elsewhere.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn release_free_heap() {
+    // SAFETY: malloc_trim only walks the allocator's own arenas under their locks.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn release_free_heap() {}
