@@ -21,6 +21,18 @@ async fn serve(state: DiagnosticsState) -> String {
     format!("http://{addr}")
 }
 
+/// GETs `url` and reads a JSON body of type `T` (any status).
+async fn get_json<T: serde::de::DeserializeOwned>(client: &reqwest::Client, url: String) -> T {
+    client
+        .get(&url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .json()
+        .await
+        .unwrap_or_else(|e| panic!("JSON from {url}: {e}"))
+}
+
 /// Runs `f` with `logs`' capture layer as this thread's subscriber.
 fn emit(logs: &LogStore, f: impl FnOnce()) {
     let subscriber = tracing_subscriber::registry().with(logs.layer());
@@ -76,27 +88,17 @@ async fn logs_page_filters_by_minimum_level_newest_first() {
         tracing::info!("i4");
     });
     let client = reqwest::Client::new();
-    let page: LogPage = client
-        .get(format!("{base}/api/v1/logs"))
-        .send()
-        .await
-        .expect("GET logs")
-        .json()
-        .await
-        .expect("a log page");
+    let page: LogPage = get_json(&client, format!("{base}/api/v1/logs")).await;
     assert_eq!((page.total, page.limit, page.offset), (5, 100, 0));
     let messages: Vec<_> = page.entries.iter().map(|e| e.message.as_str()).collect();
     assert_eq!(messages, ["i4", "e3", "w2", "i1", "d0"]);
     assert_eq!(page.entries[3].fields["status_code"], 200);
 
-    let warn: LogPage = client
-        .get(format!("{base}/api/v1/logs?level=warn&limit=1&offset=1"))
-        .send()
-        .await
-        .expect("GET logs")
-        .json()
-        .await
-        .expect("a log page");
+    let warn: LogPage = get_json(
+        &client,
+        format!("{base}/api/v1/logs?level=warn&limit=1&offset=1"),
+    )
+    .await;
     assert_eq!((warn.total, warn.limit, warn.offset), (2, 1, 1));
     assert_eq!(warn.entries.len(), 1);
     assert_eq!(warn.entries[0].message, "w2");
@@ -178,14 +180,7 @@ async fn the_101st_stream_subscriber_is_refused() {
     assert_eq!(refused.status(), 503);
     let body: ErrorBody = refused.json().await.expect("error body");
     assert_eq!(body.code, "LOG_STREAM_FULL");
-    let memory: MemoryStats = client
-        .get(format!("{base}/api/v1/debug/memory"))
-        .send()
-        .await
-        .expect("GET memory")
-        .json()
-        .await
-        .expect("memory stats");
+    let memory: MemoryStats = get_json(&client, format!("{base}/api/v1/debug/memory")).await;
     assert_eq!(memory.log_subscribers, 100);
     drop(held);
 }
@@ -258,12 +253,11 @@ async fn a_subscriber_that_stops_reading_is_dropped_while_others_keep_receiving(
 async fn memory_stats_are_measured() {
     let logs = LogStore::new(10);
     let base = serve(DiagnosticsState::new(logs)).await;
-    let body: serde_json::Value = reqwest::get(format!("{base}/api/v1/debug/memory"))
-        .await
-        .expect("GET memory")
-        .json()
-        .await
-        .expect("JSON");
+    let body: serde_json::Value = get_json(
+        &reqwest::Client::new(),
+        format!("{base}/api/v1/debug/memory"),
+    )
+    .await;
     for field in [
         "heap_alloc",
         "heap_sys",
