@@ -1,9 +1,11 @@
 //! Wire types of the switchyard management APIs: every JSON body the control plane sends or
 //! accepts, with the field names of the product specification, and their OpenAPI schemas
-//! (utoipa); [`client`] holds the client API's own bodies. No I/O here; the control plane serialises these and the end-to-end tests read them.
+//! (utoipa); [`client`] holds the client API's own bodies. No I/O here; the control plane
+//! serialises these and the end-to-end tests read them.
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod diagnostics;
 pub mod server;
 
 pub use server::*;
