@@ -783,3 +783,182 @@ fn without_servers_everything_goes_direct_and_the_token_guards_the_api() {
     let (st, _) = call(client.api, "POST", "/api/v1/connect?token=s3cret", None);
     assert_eq!(st, 409, "no server to connect to");
 }
+
+/// Opens `GET /api/v1/logs/stream` on a raw socket; returns the reader after the response head
+/// and the status code.
+fn open_log_stream(api: SocketAddr) -> (u16, BufReader<std::net::TcpStream>) {
+    use std::io::Write as _;
+    let mut s = std::net::TcpStream::connect(api).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET /api/v1/logs/stream HTTP/1.1\r\nHost: {api}\r\nAccept: text/event-stream\r\n\r\n"
+    )
+    .expect("request");
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).expect("status line");
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    loop {
+        line.clear();
+        r.read_line(&mut line).expect("head");
+        if line.trim().is_empty() {
+            break;
+        }
+    }
+    (status, r)
+}
+
+/// The next `data:` message of an event stream (chunk sizes and comments skipped).
+fn next_event(r: &mut BufReader<std::net::TcpStream>) -> serde_json::Value {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = r.read_line(&mut line).expect("read event stream");
+        assert!(n > 0, "event stream ended");
+        if let Some(data) = line.trim_end().strip_prefix("data: ") {
+            return serde_json::from_str(data).expect("event JSON");
+        }
+    }
+}
+
+#[test]
+fn log_stream_sends_connected_then_live_entries_and_refuses_the_101st() {
+    let client = start_client(&client_yaml(""));
+    let mut streams = Vec::new();
+    for i in 0..100 {
+        let (status, mut r) = open_log_stream(client.api);
+        assert_eq!(status, 200, "subscriber {i}");
+        assert_eq!(next_event(&mut r), serde_json::json!({"type": "connected"}));
+        streams.push(r);
+    }
+    let (status, _) = open_log_stream(client.api);
+    assert_eq!(status, 503, "the 101st subscriber");
+    let memory = client.get("/api/v1/debug/memory");
+    assert_eq!(memory["log_subscribers"], 100, "{memory}");
+
+    // A live entry: disconnecting logs at info level.
+    let (st, _) = call(client.api, "POST", "/api/v1/disconnect", None);
+    assert_eq!(st, 200);
+    let first = &mut streams[0];
+    let entry = loop {
+        let e = next_event(first);
+        if e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("disconnected"))
+        {
+            break e;
+        }
+    };
+    assert_eq!(entry["level"], "info", "{entry}");
+    let page = client.get("/api/v1/logs?limit=5&level=info");
+    assert!(
+        page["entries"].as_array().is_some_and(|e| !e.is_empty()),
+        "{page}"
+    );
+}
+
+/// Reads a protobuf varint at `*i`.
+fn varint(b: &[u8], i: &mut usize) -> u64 {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = b[*i];
+        *i += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            break;
+        }
+    }
+    v
+}
+
+/// Top-level fields of a protobuf message: (field number, length-delimited payload or empty).
+fn protobuf_fields(b: &[u8]) -> Vec<(u64, Vec<u8>)> {
+    let mut i = 0;
+    let mut out = Vec::new();
+    while i < b.len() {
+        let key = varint(b, &mut i);
+        let payload = match key & 7 {
+            0 => {
+                varint(b, &mut i);
+                Vec::new()
+            }
+            1 => {
+                i += 8;
+                Vec::new()
+            }
+            2 => {
+                let len = usize::try_from(varint(b, &mut i)).expect("len");
+                let p = b[i..i + len].to_vec();
+                i += len;
+                p
+            }
+            5 => {
+                i += 4;
+                Vec::new()
+            }
+            other => panic!("wire type {other} in a pprof profile"),
+        };
+        out.push((key >> 3, payload));
+    }
+    assert_eq!(i, b.len(), "protobuf ends inside a field");
+    out
+}
+
+#[test]
+fn cpu_profile_is_gzipped_pprof_protobuf_with_samples() {
+    let client = start_client(&client_yaml(""));
+    let api = client.api;
+    // Keep the client busy while it is profiled: API requests (bounded in count and time).
+    let busy = std::thread::spawn(move || {
+        let end = Instant::now() + Duration::from_secs(3);
+        let mut n = 0;
+        while Instant::now() < end && n < 5000 {
+            let _ = call_raw(api, "GET", "/api/v1/openapi.json", None);
+            n += 1;
+        }
+    });
+    let file = client.dir.path().join("cpu.pb.gz");
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "60",
+        "-o",
+        file.to_str().expect("path"),
+        "-w",
+        "%{http_code}",
+        &format!("http://{api}/debug/pprof/profile?seconds=2"),
+    ]);
+    busy.join().expect("busy");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    let gz = std::fs::read(&file).expect("profile");
+    assert_eq!(&gz[..2], &[0x1f, 0x8b], "gzip magic");
+    let raw = Command::new("gzip")
+        .arg("-dc")
+        .arg(&file)
+        .output()
+        .expect("gzip");
+    assert!(raw.status.success(), "not gzip");
+    let fields = protobuf_fields(&raw.stdout);
+    // Profile: 1 sample_type, 2 sample, 6 string_table.
+    let samples = fields.iter().filter(|(n, _)| *n == 2).count();
+    assert!(samples > 0, "no samples in the profile");
+    let strings: Vec<String> = fields
+        .iter()
+        .filter(|(n, _)| *n == 6)
+        .map(|(_, s)| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    assert!(
+        strings.iter().any(|s| s == "cpu" || s == "samples"),
+        "{strings:?}"
+    );
+    // The cmdline endpoint reports this process's arguments.
+    let (st, cmdline) = call_raw(api, "GET", "/debug/pprof/cmdline", None);
+    assert_eq!(st, 200);
+    assert!(cmdline.contains("client"), "{cmdline:?}");
+}

@@ -2,7 +2,8 @@
 //! glommio engine as the server (the client role is compiled into the engine's snapshot by
 //! [`engine_config`]); the tokio control plane holds the server connection ([`state`]), probes the
 //! listed servers ([`servers`]), keeps the debug-entry ring ([`debug_log`]) fed from the engine's
-//! bounded request queue, and serves the client API ([`api`]). VPN and mesh answer `disabled`
+//! bounded request queue, and serves the client API ([`api`]) with the diagnostics endpoints of
+//! `switchyard-diagnostics` (captured log, log stream, memory, pprof) mounted behind its token. VPN and mesh answer `disabled`
 //! until their issues land.
 
 pub mod api;
@@ -22,6 +23,9 @@ use switchyard_config::client::{validate_client, ClientConfig};
 use switchyard_dataplane::engine::DataplaneOptions;
 use switchyard_dataplane::events::Event;
 use switchyard_dataplane::{Dataplane, SnapshotHandle};
+
+/// Log records kept for `GET /api/v1/logs`.
+const LOG_ENTRIES: usize = 1000;
 
 #[derive(clap::Args, Debug)]
 pub struct ClientArgs {
@@ -73,7 +77,9 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         );
     }
     let cfg = load(&config_path)?;
-    switchyard_service::init_logging(&cfg.logging, "")?;
+    // Every log record also goes to the diagnostics store (GET /api/v1/logs, logs/stream).
+    let logs = switchyard_diagnostics::LogStore::new(LOG_ENTRIES);
+    switchyard_service::logging::init_with_layer(&cfg.logging, "", Some(Box::new(logs.layer())))?;
     if config_path.exists() {
         tracing::info!(config = %config_path.display(), "configuration loaded");
     } else {
@@ -140,6 +146,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
             config_path,
             data_dir: args.data_dir,
             settings,
+            diagnostics: switchyard_diagnostics::DiagnosticsState::new(logs),
         },
         &dataplane,
         cache,

@@ -62,6 +62,8 @@ pub struct ClientState {
     pub started: Instant,
     pub sessions: crate::api::auth::Sessions,
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
+    /// The captured log and the profiler slot of the diagnostics endpoints.
+    pub diagnostics: switchyard_diagnostics::DiagnosticsState,
 }
 
 /// Parts of the state that exist before the data plane starts.
@@ -70,6 +72,7 @@ pub struct Initial {
     pub config_path: PathBuf,
     pub data_dir: PathBuf,
     pub settings: QuickSettings,
+    pub diagnostics: switchyard_diagnostics::DiagnosticsState,
 }
 
 fn settings_path(data_dir: &Path) -> PathBuf {
@@ -149,6 +152,7 @@ impl ClientState {
             started: Instant::now(),
             sessions: crate::api::auth::Sessions::default(),
             cache,
+            diagnostics: initial.diagnostics,
         }
     }
 

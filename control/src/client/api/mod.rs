@@ -122,6 +122,7 @@ fn open() -> Routes<S> {
 pub fn served_routes() -> Vec<(&'static str, &'static str)> {
     let mut all = protected().served;
     all.extend(open().served);
+    all.extend(switchyard_diagnostics::ROUTES.iter().copied());
     all
 }
 
@@ -134,8 +135,11 @@ async fn require_token(State(state): State<S>, req: Request, next: Next) -> Resp
 }
 
 pub fn router(state: S) -> Router {
+    // The diagnostics endpoints (logs, logs/stream, debug/memory, /debug/pprof/*) sit behind
+    // the same token check.
     let protected = protected()
         .router
+        .merge(switchyard_diagnostics::routes(state.diagnostics.clone()))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     open()
         .router
@@ -203,12 +207,10 @@ impl IntoResponse for ClientError {
 
 #[cfg(test)]
 mod tests {
-    use utoipa::OpenApi;
-
     #[test]
     fn router_and_openapi_document_agree() {
         crate::api::assert_router_matches_document(
-            &super::openapi::ClientApiDoc::openapi(),
+            &super::openapi::document(),
             super::served_routes(),
         );
     }

@@ -31,7 +31,14 @@ use utoipa::OpenApi;
 )]
 pub struct ClientApiDoc;
 
+/// The client API's document with the diagnostics endpoints merged in.
+pub fn document() -> utoipa::openapi::OpenApi {
+    let mut doc = ClientApiDoc::openapi();
+    doc.merge(switchyard_diagnostics::DiagnosticsApiDoc::openapi());
+    doc
+}
+
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "system", responses((status = 200, description = "this document")))]
 pub async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
-    axum::Json(ClientApiDoc::openapi())
+    axum::Json(document())
 }
