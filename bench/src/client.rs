@@ -16,8 +16,8 @@ use serde_json::json;
 use crate::peers::{self, Started};
 use crate::procs::{self, Procs};
 use crate::report::{f, notes, table, version_cell, Entry, Role};
-use crate::scenarios::{content, Ctx};
-use crate::wrk::{self, HttpFigures};
+use crate::scenarios::{content, measure_http_into, Ctx};
+use crate::wrk::HttpFigures;
 
 const FILES: [(&str, &str, usize); 2] = [
     ("1 KiB", "/1k.bin", 1024),
@@ -56,7 +56,9 @@ fn squid_chain(procs: &mut Procs, ctx: &Ctx) -> Result<Chain> {
         &ctx.env,
         "squid-child",
         &format!(
-            "cache_peer {} parent {} 0 no-query no-digest default\nnever_direct allow all\n",
+            // Its own visible_hostname: with the parent's name in Via the parent sees a loop.
+            "cache_peer {} parent {} 0 no-query no-digest default\nnever_direct allow all\n\
+             visible_hostname switchyard-bench-child\n",
             parent.addr.ip(),
             parent.addr.port()
         ),
@@ -122,36 +124,12 @@ pub fn run(ctx: &Ctx) -> Result<String> {
                 rss.push((c.name.to_owned(), c.idle_rss_kib));
             }
         }
-        for (i, ((label, path, len), body)) in FILES.iter().zip(&bodies).enumerate() {
+        for (i, ((label, path, _), body)) in FILES.iter().zip(&bodies).enumerate() {
             let mut e = proto.clone();
             if let Some(c) = &chain {
                 tracing::info!("client: {} {label}", c.name);
                 procs::settle(Duration::from_secs(10));
-                match wrk::verify_fetch(origin, c.proxy, path, body) {
-                    Err(err) => e.error = Some(format!("forwarding check failed: {err:#}")),
-                    Ok(()) => match wrk::run_wrk(
-                        &ctx.env.dir,
-                        origin,
-                        c.proxy,
-                        path,
-                        2,
-                        ctx.connections,
-                        ctx.seconds,
-                    ) {
-                        Err(err) => e.error = Some(format!("wrk: {err:#}")),
-                        Ok(fig) => {
-                            if fig.non_2xx > 0 {
-                                e.error = Some(format!("{} non-2xx responses", fig.non_2xx));
-                            } else if fig.bytes_per_response < *len as f64 {
-                                e.error = Some(format!(
-                                    "only {:.0} bytes per response",
-                                    fig.bytes_per_response
-                                ));
-                            }
-                            e.figures = Some(fig);
-                        }
-                    },
-                }
+                measure_http_into(ctx, origin, c.proxy, path, body, 2, &mut e);
             }
             entries[i].push(e);
         }

@@ -198,6 +198,47 @@ pub(crate) fn content(len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Checks that `proxy` (or the origin itself) returns `body` for `path`, then runs `wrk` and
+/// records its figures, or why they are not valid, in `e`.
+pub(crate) fn measure_http_into(
+    ctx: &Ctx,
+    origin: std::net::SocketAddr,
+    proxy: Option<std::net::SocketAddr>,
+    path: &str,
+    body: &[u8],
+    threads: u32,
+    e: &mut Entry<HttpFigures>,
+) {
+    if let Err(err) = wrk::verify_fetch(origin, proxy, path, body) {
+        e.error = Some(format!("forwarding check failed: {err:#}"));
+        return;
+    }
+    match wrk::run_wrk(
+        &ctx.env.dir,
+        origin,
+        proxy,
+        path,
+        threads,
+        ctx.connections,
+        ctx.seconds,
+    ) {
+        Err(err) => e.error = Some(format!("wrk: {err:#}")),
+        Ok(fig) => {
+            if fig.non_2xx > 0 {
+                e.error = Some(format!("{} non-2xx responses", fig.non_2xx));
+            } else if fig.requests == 0 {
+                e.error = Some("no request completed".into());
+            } else if fig.bytes_per_response < body.len() as f64 {
+                e.error = Some(format!(
+                    "only {:.0} bytes per response",
+                    fig.bytes_per_response
+                ));
+            }
+            e.figures = Some(fig);
+        }
+    }
+}
+
 fn http(ctx: &Ctx) -> Result<String> {
     if procs::which("wrk").is_none() {
         bail!("wrk is not installed");
@@ -229,37 +270,11 @@ fn http(ctx: &Ctx) -> Result<String> {
             (Some(s), Role::Switchyard | Role::Peer) => Some(s.addr),
             _ => None,
         };
-        for (i, ((label, path, len), body)) in FILES.iter().zip(&bodies).enumerate() {
+        for (i, ((label, path, _), body)) in FILES.iter().zip(&bodies).enumerate() {
             let mut e = proto.clone();
             if started.is_some() {
                 tracing::info!("http: {} {label}", p.name);
-                match wrk::verify_fetch(origin, proxy, path, body) {
-                    Err(err) => e.error = Some(format!("forwarding check failed: {err:#}")),
-                    Ok(()) => match wrk::run_wrk(
-                        &ctx.env.dir,
-                        origin,
-                        proxy,
-                        path,
-                        threads,
-                        ctx.connections,
-                        ctx.seconds,
-                    ) {
-                        Err(err) => e.error = Some(format!("wrk: {err:#}")),
-                        Ok(fig) => {
-                            if fig.non_2xx > 0 {
-                                e.error = Some(format!("{} non-2xx responses", fig.non_2xx));
-                            } else if fig.requests == 0 {
-                                e.error = Some("no request completed".into());
-                            } else if fig.bytes_per_response < *len as f64 {
-                                e.error = Some(format!(
-                                    "only {:.0} bytes per response",
-                                    fig.bytes_per_response
-                                ));
-                            }
-                            e.figures = Some(fig);
-                        }
-                    },
-                }
+                measure_http_into(ctx, origin, proxy, path, body, threads, &mut e);
             }
             entries[i].push(e);
         }
