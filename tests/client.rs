@@ -6,10 +6,12 @@ mod support;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
-use support::{curl, free_port, start_nginx, start_server_with_file, Nginx, Proc, Server, BIN};
+use support::{
+    curl, free_port, spawn_with_listeners, start_nginx, start_server_with_file, Nginx, Proc,
+    Server, BIN,
+};
 
 /// A running `switchyard client` and the addresses it reported.
 struct Client {
@@ -36,67 +38,31 @@ fn start_client(yaml: &str) -> Client {
 
 /// Starts a client on `dir/client.yaml` with `dir/data` as its data directory.
 fn start_client_in(dir: tempfile::TempDir) -> Client {
-    let mut child = Command::new(BIN)
-        .arg("client")
+    let mut cmd = Command::new(BIN);
+    cmd.arg("client")
         .arg("--config")
         .arg(dir.path().join("client.yaml"))
         .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start switchyard client");
-    let stderr = child.stderr.take().expect("stderr");
-    let proc = Proc {
-        child,
-        name: "switchyard client".into(),
-    };
-    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (tx, rx) = mpsc::channel();
-    let sink = logs.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                let msg = v["fields"]["message"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                if let Some(listen) = v["fields"]["listen"].as_str() {
-                    let _ = tx.send((msg, listen.to_owned()));
-                }
-            }
-            if let Ok(mut l) = sink.lock() {
-                l.push(line);
-            }
-        }
-    });
-    let (mut http, mut socks5, mut api) = (None, None, None);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http.is_none() || socks5.is_none() || api.is_none() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let Ok((msg, listen)) = rx.recv_timeout(left) else {
-            let logs = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
-            panic!("the client did not report its listeners; log:\n{logs}");
-        };
-        let addr: SocketAddr = listen.parse().expect("listen addr");
-        match msg.as_str() {
-            "client HTTP proxy listening" => http = Some(addr),
-            "client SOCKS5 proxy listening" => socks5 = Some(addr),
-            "client API listening" => api = Some(addr),
-            _ => {}
-        }
-    }
-    let (Some(http), Some(socks5), Some(api)) = (http, socks5, api) else {
+        .arg(dir.path().join("data"));
+    let started = spawn_with_listeners(
+        cmd,
+        "switchyard client",
+        &[
+            "client HTTP proxy listening",
+            "client SOCKS5 proxy listening",
+            "client API listening",
+        ],
+    );
+    let [http, socks5, api] = started.addrs[..] else {
         unreachable!()
     };
     Client {
-        _proc: proc,
+        _proc: started.proc,
         http,
         socks5,
         api,
         dir,
-        logs,
+        logs: started.logs,
     }
 }
 

@@ -94,18 +94,49 @@ pub fn start_server(extra_yaml: &str) -> Server {
 }
 
 pub fn start_server_with_file(dir: tempfile::TempDir, config_path: PathBuf) -> Server {
-    let mut child = Command::new(BIN)
-        .args(["server", "--config"])
-        .arg(&config_path)
+    let mut cmd = Command::new(BIN);
+    cmd.args(["server", "--config"]).arg(&config_path);
+    let started = spawn_with_listeners(
+        cmd,
+        "switchyard",
+        &["HTTP proxy", "SOCKS5", "management API"],
+    );
+    let [http, socks5, api] = started.addrs[..] else {
+        unreachable!()
+    };
+    Server {
+        proc: started.proc,
+        http,
+        socks5,
+        api,
+        dir,
+        config_path,
+        logs: started.logs,
+    }
+}
+
+/// A switchyard command started by [`spawn_with_listeners`].
+pub struct Listening {
+    pub proc: Proc,
+    /// The reported addresses, in the order of the messages asked for.
+    pub addrs: Vec<SocketAddr>,
+    pub logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// Starts `cmd` (a switchyard command logging JSON) with stderr collected and waits (20 s) until
+/// it has logged, for each of `messages`, a line whose message starts with it and that carries a
+/// `listen` address.
+pub fn spawn_with_listeners(mut cmd: Command, name: &str, messages: &[&str]) -> Listening {
+    let mut child = cmd
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start switchyard");
+        .unwrap_or_else(|e| panic!("start {name}: {e}"));
     let stderr = child.stderr.take().expect("stderr");
     let proc = Proc {
         child,
-        name: "switchyard".into(),
+        name: name.into(),
     };
     let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let (tx, rx) = mpsc::channel();
@@ -126,33 +157,21 @@ pub fn start_server_with_file(dir: tempfile::TempDir, config_path: PathBuf) -> S
             }
         }
     });
-    let (mut http, mut socks5, mut api) = (None, None, None);
+    let mut addrs: Vec<Option<SocketAddr>> = vec![None; messages.len()];
     let deadline = Instant::now() + Duration::from_secs(20);
-    while http.is_none() || socks5.is_none() || api.is_none() {
+    while addrs.iter().any(Option::is_none) {
         let left = deadline.saturating_duration_since(Instant::now());
         let Ok((msg, listen)) = rx.recv_timeout(left) else {
             let logs = logs.lock().map(|l| l.join("\n")).unwrap_or_default();
-            panic!("switchyard did not report its listeners; log:\n{logs}");
+            panic!("{name} did not report its listeners; log:\n{logs}");
         };
-        let addr: SocketAddr = listen.parse().expect("listen addr");
-        if msg.starts_with("HTTP proxy") {
-            http = Some(addr);
-        } else if msg.starts_with("SOCKS5") {
-            socks5 = Some(addr);
-        } else if msg.starts_with("management API") {
-            api = Some(addr);
+        if let Some(i) = messages.iter().position(|m| msg.starts_with(m)) {
+            addrs[i] = Some(listen.parse().expect("listen addr"));
         }
     }
-    let (Some(http), Some(socks5), Some(api)) = (http, socks5, api) else {
-        unreachable!()
-    };
-    Server {
+    Listening {
         proc,
-        http,
-        socks5,
-        api,
-        dir,
-        config_path,
+        addrs: addrs.into_iter().flatten().collect(),
         logs,
     }
 }

@@ -39,24 +39,25 @@ fn warnings(old: &ClientConfig, new: &ClientConfig) -> (Vec<String>, Vec<String>
     (restart, warnings)
 }
 
+/// The validation body of a configuration that does not even parse.
+fn unparsable(message: String) -> ConfigValidation {
+    ConfigValidation {
+        valid: false,
+        errors: vec![ConfigError {
+            section: message
+                .split(['.', '[', ':'])
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            message: message.clone(),
+        }],
+        warnings: Vec::new(),
+        message: Some(message),
+    }
+}
+
 fn bad_body(message: String) -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        Json(ConfigValidation {
-            valid: false,
-            errors: vec![ConfigError {
-                section: message
-                    .split(['.', '[', ':'])
-                    .next()
-                    .unwrap_or_default()
-                    .to_owned(),
-                message: message.clone(),
-            }],
-            warnings: Vec::new(),
-            message: Some(message),
-        }),
-    )
-        .into_response()
+    (StatusCode::BAD_REQUEST, Json(unparsable(message))).into_response()
 }
 
 async fn apply(state: &ClientState, new: ClientConfig, status: &str, save: bool) -> Response {
@@ -126,21 +127,7 @@ pub async fn validate(State(state): State<S>, body: axum::body::Bytes) -> Json<C
         .and_then(|partial| merge_partial(&old, &partial));
     let new = match merged {
         Ok(c) => c,
-        Err(message) => {
-            return Json(ConfigValidation {
-                valid: false,
-                errors: vec![ConfigError {
-                    section: message
-                        .split(['.', '[', ':'])
-                        .next()
-                        .unwrap_or_default()
-                        .to_owned(),
-                    message: message.clone(),
-                }],
-                warnings: Vec::new(),
-                message: Some(message),
-            })
-        }
+        Err(message) => return Json(unparsable(message)),
     };
     let problems = validate_client(&new);
     let (_, warnings) = warnings(&old, &new);
