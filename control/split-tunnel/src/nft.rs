@@ -105,7 +105,7 @@ pub fn ruleset(p: &NftParams<'_>) -> String {
     if let Some(dns) = p.dns {
         let _ = writeln!(
             out,
-            "  chain dns {{\n    type nat hook output priority dstnat; policy accept;\n    \
+            "  chain dns {{\n    type nat hook output priority -100; policy accept;\n    \
              meta mark != 0 meta mark != {mark} return\n    {} goto dns_redirect\n  }}",
             cgroup_match(p.scope)
         );

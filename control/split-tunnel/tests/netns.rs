@@ -224,7 +224,10 @@ fn read_result(child: &mut Child) -> String {
     let mut lines = BufReader::new(out).lines();
     loop {
         match lines.next() {
-            Some(Ok(l)) if l.starts_with("RESULT ") => return l["RESULT ".len()..].to_string(),
+            // libtest prints "test helper ... " without a newline before the helper's output
+            Some(Ok(l)) if l.contains("RESULT ") => {
+                return l.split("RESULT ").nth(1).unwrap_or_default().to_string()
+            }
             Some(Ok(_)) => continue,
             _ => panic!("helper ended without a result"),
         }
