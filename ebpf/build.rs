@@ -26,7 +26,10 @@ fn arch_args(arch: &str) -> Vec<String> {
         args.push(format!("-I{include}"));
     } else {
         // a build host of another arch: its own asm headers define the same __u32 types
-        args.push(format!("-I/usr/include/{}-linux-gnu", std::env::consts::ARCH));
+        args.push(format!(
+            "-I/usr/include/{}-linux-gnu",
+            std::env::consts::ARCH
+        ));
     }
     args
 }
@@ -49,7 +52,8 @@ fn compile(clang: &str, src: &Path, out: &Path, arch: &str) -> Result<(), String
 }
 
 fn main() {
-    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let manifest =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into());
     let clang = std::env::var("SWITCHYARD_CLANG").unwrap_or_else(|_| "clang".into());
@@ -70,8 +74,12 @@ fn main() {
             compile(&clang, &src, &out, &arch)
         };
         if let Err(why) = built {
-            println!("cargo:warning=eBPF {name}: using prebuilt object ({})", why.lines().next().unwrap_or(""));
-            std::fs::copy(&prebuilt, &out).unwrap_or_else(|e| panic!("no clang and no {}: {e}", prebuilt.display()));
+            println!(
+                "cargo:warning=eBPF {name}: using prebuilt object ({})",
+                why.lines().next().unwrap_or("")
+            );
+            std::fs::copy(&prebuilt, &out)
+                .unwrap_or_else(|e| panic!("no clang and no {}: {e}", prebuilt.display()));
             source = "prebuilt";
         }
     }

@@ -19,7 +19,9 @@ pub fn fs_type_of(mountinfo: &str, path: &Path) -> Option<String> {
         };
         let mount_point = mount_point.replace("\\040", " ");
         if path.starts_with(&mount_point)
-            && best.as_ref().is_none_or(|(len, _)| mount_point.len() >= *len)
+            && best
+                .as_ref()
+                .is_none_or(|(len, _)| mount_point.len() >= *len)
         {
             best = Some((mount_point.len(), (*fs_type).to_string()));
         }
@@ -85,10 +87,22 @@ mod tests {
 
     #[test]
     fn longest_mount_point_decides() {
-        assert_eq!(fs_type_of(INFO, Path::new("/sys/fs/bpf/switchyard")).as_deref(), Some("bpf"));
-        assert_eq!(fs_type_of(INFO, Path::new("/tmp/other")).as_deref(), Some("tmpfs"));
-        assert_eq!(fs_type_of(INFO, Path::new("/tmp/pins x/a")).as_deref(), Some("bpf"));
-        assert_eq!(fs_type_of(INFO, Path::new("/home")).as_deref(), Some("ext4"));
+        assert_eq!(
+            fs_type_of(INFO, Path::new("/sys/fs/bpf/switchyard")).as_deref(),
+            Some("bpf")
+        );
+        assert_eq!(
+            fs_type_of(INFO, Path::new("/tmp/other")).as_deref(),
+            Some("tmpfs")
+        );
+        assert_eq!(
+            fs_type_of(INFO, Path::new("/tmp/pins x/a")).as_deref(),
+            Some("bpf")
+        );
+        assert_eq!(
+            fs_type_of(INFO, Path::new("/home")).as_deref(),
+            Some("ext4")
+        );
         assert_eq!(fs_type_of("garbage line\n", Path::new("/")), None);
     }
 }

@@ -27,9 +27,9 @@ pub use maps::{host_net, AppClass, ClassifierConfig, DnsRedirect, Mode};
 use maps::{NetKey, RawConfig};
 
 #[cfg(test)]
-mod stamp;
-#[cfg(test)]
 mod prebuilt_tests;
+#[cfg(test)]
+mod stamp;
 
 /// The compiled split-tunnel object linked into the binary.
 pub const SPLIT_TUNNEL_OBJECT: &[u8] =
@@ -200,9 +200,14 @@ impl SplitTunnelProgram {
                 .map_err(|e| Error::Program(SOCK_CREATE_PROGRAM, e))?;
             let wrap = |e| Error::Program(SOCK_CREATE_PROGRAM, e);
             prog.load().map_err(wrap)?;
-            let id = prog.attach(&cgroup, CgroupAttachMode::Single).map_err(wrap)?;
+            let id = prog
+                .attach(&cgroup, CgroupAttachMode::Single)
+                .map_err(wrap)?;
             let link = prog.take_link(id).map_err(wrap)?;
-            pin(SOCK_CREATE_PROGRAM, FdLink::try_from(link).map_err(|e| Error::Link(SOCK_CREATE_PROGRAM, e))?)?;
+            pin(
+                SOCK_CREATE_PROGRAM,
+                FdLink::try_from(link).map_err(|e| Error::Link(SOCK_CREATE_PROGRAM, e))?,
+            )?;
         }
         for name in SOCK_ADDR_PROGRAMS {
             let prog: &mut CgroupSockAddr = ebpf
@@ -212,17 +217,28 @@ impl SplitTunnelProgram {
                 .map_err(|e| Error::Program(name, e))?;
             let wrap = |e| Error::Program(name, e);
             prog.load().map_err(wrap)?;
-            let id = prog.attach(&cgroup, CgroupAttachMode::Single).map_err(wrap)?;
+            let id = prog
+                .attach(&cgroup, CgroupAttachMode::Single)
+                .map_err(wrap)?;
             let link = prog.take_link(id).map_err(wrap)?;
-            pin(name, FdLink::try_from(link).map_err(|e| Error::Link(name, e))?)?;
+            pin(
+                name,
+                FdLink::try_from(link).map_err(|e| Error::Link(name, e))?,
+            )?;
         }
 
-        let mut trie = |name: &'static str| -> Result<aya::maps::Map, Error> { take_map(&mut ebpf, name) };
-        let split_v4 = LpmTrie::try_from(trie("sy_split_v4")?).map_err(|e| Error::Map("sy_split_v4", e))?;
-        let split_v6 = LpmTrie::try_from(trie("sy_split_v6")?).map_err(|e| Error::Map("sy_split_v6", e))?;
-        let bypass_v4 = LpmTrie::try_from(trie("sy_bypass_v4")?).map_err(|e| Error::Map("sy_bypass_v4", e))?;
-        let bypass_v6 = LpmTrie::try_from(trie("sy_bypass_v6")?).map_err(|e| Error::Map("sy_bypass_v6", e))?;
-        let apps = HashMap::try_from(trie("sy_app_cgroups")?).map_err(|e| Error::Map("sy_app_cgroups", e))?;
+        let mut trie =
+            |name: &'static str| -> Result<aya::maps::Map, Error> { take_map(&mut ebpf, name) };
+        let split_v4 =
+            LpmTrie::try_from(trie("sy_split_v4")?).map_err(|e| Error::Map("sy_split_v4", e))?;
+        let split_v6 =
+            LpmTrie::try_from(trie("sy_split_v6")?).map_err(|e| Error::Map("sy_split_v6", e))?;
+        let bypass_v4 =
+            LpmTrie::try_from(trie("sy_bypass_v4")?).map_err(|e| Error::Map("sy_bypass_v4", e))?;
+        let bypass_v6 =
+            LpmTrie::try_from(trie("sy_bypass_v6")?).map_err(|e| Error::Map("sy_bypass_v6", e))?;
+        let apps = HashMap::try_from(trie("sy_app_cgroups")?)
+            .map_err(|e| Error::Map("sy_app_cgroups", e))?;
         tracing::info!(scope = %scope.display(), pins = %pin_dir.display(), object = OBJECT_SOURCE, "eBPF split tunnel attached");
         Ok(SplitTunnelProgram {
             pin_dir: pin_dir.to_path_buf(),
@@ -250,20 +266,40 @@ impl SplitTunnelProgram {
     /// Adds a destination network to one list; applies at once.
     pub fn insert_net(&mut self, list: NetList, net: IpNet) -> Result<(), Error> {
         match (NetKey::from(net), list) {
-            (NetKey::V4 { prefix, addr }, NetList::Split) => self.split_v4.insert(&Key::new(prefix, addr), 1, 0).map_err(|e| Error::Map("sy_split_v4", e)),
-            (NetKey::V4 { prefix, addr }, NetList::Bypass) => self.bypass_v4.insert(&Key::new(prefix, addr), 1, 0).map_err(|e| Error::Map("sy_bypass_v4", e)),
-            (NetKey::V6 { prefix, addr }, NetList::Split) => self.split_v6.insert(&Key::new(prefix, addr), 1, 0).map_err(|e| Error::Map("sy_split_v6", e)),
-            (NetKey::V6 { prefix, addr }, NetList::Bypass) => self.bypass_v6.insert(&Key::new(prefix, addr), 1, 0).map_err(|e| Error::Map("sy_bypass_v6", e)),
+            (NetKey::V4 { prefix, addr }, NetList::Split) => self
+                .split_v4
+                .insert(&Key::new(prefix, addr), 1, 0)
+                .map_err(|e| Error::Map("sy_split_v4", e)),
+            (NetKey::V4 { prefix, addr }, NetList::Bypass) => self
+                .bypass_v4
+                .insert(&Key::new(prefix, addr), 1, 0)
+                .map_err(|e| Error::Map("sy_bypass_v4", e)),
+            (NetKey::V6 { prefix, addr }, NetList::Split) => self
+                .split_v6
+                .insert(&Key::new(prefix, addr), 1, 0)
+                .map_err(|e| Error::Map("sy_split_v6", e)),
+            (NetKey::V6 { prefix, addr }, NetList::Bypass) => self
+                .bypass_v6
+                .insert(&Key::new(prefix, addr), 1, 0)
+                .map_err(|e| Error::Map("sy_bypass_v6", e)),
         }
     }
 
     /// Removes a destination network from one list; absent entries are not an error.
     pub fn remove_net(&mut self, list: NetList, net: IpNet) -> Result<(), Error> {
         let result = match (NetKey::from(net), list) {
-            (NetKey::V4 { prefix, addr }, NetList::Split) => self.split_v4.remove(&Key::new(prefix, addr)),
-            (NetKey::V4 { prefix, addr }, NetList::Bypass) => self.bypass_v4.remove(&Key::new(prefix, addr)),
-            (NetKey::V6 { prefix, addr }, NetList::Split) => self.split_v6.remove(&Key::new(prefix, addr)),
-            (NetKey::V6 { prefix, addr }, NetList::Bypass) => self.bypass_v6.remove(&Key::new(prefix, addr)),
+            (NetKey::V4 { prefix, addr }, NetList::Split) => {
+                self.split_v4.remove(&Key::new(prefix, addr))
+            }
+            (NetKey::V4 { prefix, addr }, NetList::Bypass) => {
+                self.bypass_v4.remove(&Key::new(prefix, addr))
+            }
+            (NetKey::V6 { prefix, addr }, NetList::Split) => {
+                self.split_v6.remove(&Key::new(prefix, addr))
+            }
+            (NetKey::V6 { prefix, addr }, NetList::Bypass) => {
+                self.bypass_v6.remove(&Key::new(prefix, addr))
+            }
         };
         match result {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
@@ -295,7 +331,10 @@ impl SplitTunnelProgram {
     pub fn detach(self) -> Result<(), Error> {
         for link in self.links {
             // unpinning and dropping the last fd detaches the link
-            drop(link.unpin().map_err(|e| Error::Io("unpin link".into(), e))?);
+            drop(
+                link.unpin()
+                    .map_err(|e| Error::Io("unpin link".into(), e))?,
+            );
         }
         remove_pins(&self.pin_dir)?;
         Ok(())

@@ -20,7 +20,11 @@ fn prebuilt_objects_match_their_sources() {
         let stamp_path = crate_dir().join(format!("prebuilt/{name}.bpf.o.stamp"));
         let expected = source_stamp(&source);
         if update {
-            assert_eq!(crate::OBJECT_SOURCE, "built", "refreshing needs clang to have built the object");
+            assert_eq!(
+                crate::OBJECT_SOURCE,
+                "built",
+                "refreshing needs clang to have built the object"
+            );
             std::fs::write(&object_path, crate::SPLIT_TUNNEL_OBJECT).expect("write object");
             std::fs::write(&stamp_path, format!("{expected}\n")).expect("write stamp");
         }
@@ -34,7 +38,11 @@ fn prebuilt_objects_match_their_sources() {
         let object = std::fs::read(&object_path).expect("prebuilt object");
         // ELF, 64-bit, e_machine EM_BPF (247)
         assert_eq!(&object[..4], b"\x7fELF");
-        assert_eq!(u16::from_le_bytes([object[18], object[19]]), 247, "{name} is not a BPF object");
+        assert_eq!(
+            u16::from_le_bytes([object[18], object[19]]),
+            247,
+            "{name} is not a BPF object"
+        );
     }
 }
 

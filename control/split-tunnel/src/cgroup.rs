@@ -112,7 +112,10 @@ pub fn remove_cgroup(cgroup: &Path) -> Result<(), Error> {
     if !cgroup.exists() {
         return Ok(());
     }
-    if let (Some(parent), Ok(procs)) = (cgroup.parent(), std::fs::read_to_string(cgroup.join("cgroup.procs"))) {
+    if let (Some(parent), Ok(procs)) = (
+        cgroup.parent(),
+        std::fs::read_to_string(cgroup.join("cgroup.procs")),
+    ) {
         for pid in procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
             // a process that exited meanwhile is fine
             let _ = move_process(parent, pid);
@@ -129,10 +132,19 @@ mod tests {
     fn finds_cgroup2_on_hybrid_and_unified_hosts() {
         let hybrid = "25 22 0:22 / /sys/fs/cgroup ro - tmpfs tmpfs ro\n\
                       26 25 0:23 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_mount_in(hybrid), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            cgroup2_mount_in(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
         let unified = "25 22 0:22 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_mount_in(unified), Some(PathBuf::from("/sys/fs/cgroup")));
-        assert_eq!(cgroup2_mount_in("1 2 0:1 / / rw - ext4 /dev/sda rw\n"), None);
+        assert_eq!(
+            cgroup2_mount_in(unified),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        assert_eq!(
+            cgroup2_mount_in("1 2 0:1 / / rw - ext4 /dev/sda rw\n"),
+            None
+        );
     }
 
     #[test]

@@ -28,7 +28,11 @@ impl Host {
         let cmdline = format!("{program} {}", args.join(" "));
         let mut cmd = self.command(program);
         cmd.args(args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| Error::Command {
@@ -36,10 +40,11 @@ impl Host {
             stderr: e.to_string(),
         })?;
         if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(text.as_bytes()).map_err(|e| Error::Command {
-                cmd: cmdline.clone(),
-                stderr: e.to_string(),
-            })?;
+            pipe.write_all(text.as_bytes())
+                .map_err(|e| Error::Command {
+                    cmd: cmdline.clone(),
+                    stderr: e.to_string(),
+                })?;
         }
         let out = child.wait_with_output().map_err(|e| Error::Command {
             cmd: cmdline.clone(),
@@ -68,7 +73,9 @@ impl Host {
 /// Whether an `ip`/`nft` error says the object does not exist.
 pub fn is_already_gone(stderr: &str) -> bool {
     let s = stderr.to_ascii_lowercase();
-    s.contains("no such file or directory") || s.contains("does not exist") || s.contains("not found")
+    s.contains("no such file or directory")
+        || s.contains("does not exist")
+        || s.contains("not found")
 }
 
 #[cfg(test)]
@@ -77,8 +84,14 @@ mod tests {
 
     #[test]
     fn missing_objects_are_recognised() {
-        assert!(is_already_gone("RTNETLINK answers: No such file or directory"));
-        assert!(is_already_gone("Error: Could not process rule: No such file or directory"));
-        assert!(!is_already_gone("RTNETLINK answers: Operation not permitted"));
+        assert!(is_already_gone(
+            "RTNETLINK answers: No such file or directory"
+        ));
+        assert!(is_already_gone(
+            "Error: Could not process rule: No such file or directory"
+        ));
+        assert!(!is_already_gone(
+            "RTNETLINK answers: Operation not permitted"
+        ));
     }
 }

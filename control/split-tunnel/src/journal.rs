@@ -128,7 +128,10 @@ mod tests {
         let l = line(&Change::BpfPins {
             dir: "/sys/fs/bpf/switchyard".into(),
         });
-        assert_eq!(l, "{\"change\":\"bpf_pins\",\"dir\":\"/sys/fs/bpf/switchyard\"}\n");
+        assert_eq!(
+            l,
+            "{\"change\":\"bpf_pins\",\"dir\":\"/sys/fs/bpf/switchyard\"}\n"
+        );
     }
 
     #[test]

@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use ipnet::IpNet;
 use switchyard_ebpf::{AppClass, ClassifierConfig, NetList, SplitTunnelProgram};
 
-pub use switchyard_ebpf::DnsRedirect;
 pub use rules::{AppRule, CompiledRules, RuleError, SplitMode, SplitRules};
+pub use switchyard_ebpf::DnsRedirect;
 
 use host::Host;
 use journal::{Change, Journal};
@@ -165,7 +165,10 @@ fn undo(change: &Change) -> Result<(), Error> {
             fwmark,
             table,
             priority,
-        } => Host { netns: netns.clone() }.run_undo(
+        } => Host {
+            netns: netns.clone(),
+        }
+        .run_undo(
             "ip",
             &[
                 &format!("-{family}"),
@@ -183,14 +186,26 @@ fn undo(change: &Change) -> Result<(), Error> {
             netns,
             family,
             table,
-        } => Host { netns: netns.clone() }.run_undo(
-            "ip",
-            &[&format!("-{family}"), "route", "flush", "table", &table.to_string()],
-        ),
-        Change::NftTable { netns, name } => {
-            Host { netns: netns.clone() }.run_undo("nft", &["delete", "table", "inet", name])
+        } => Host {
+            netns: netns.clone(),
         }
-        Change::BpfPins { dir } => switchyard_ebpf::remove_pins(dir).map(|_| ()).map_err(Error::from),
+        .run_undo(
+            "ip",
+            &[
+                &format!("-{family}"),
+                "route",
+                "flush",
+                "table",
+                &table.to_string(),
+            ],
+        ),
+        Change::NftTable { netns, name } => Host {
+            netns: netns.clone(),
+        }
+        .run_undo("nft", &["delete", "table", "inet", name]),
+        Change::BpfPins { dir } => switchyard_ebpf::remove_pins(dir)
+            .map(|_| ())
+            .map_err(Error::from),
         Change::BpffsMount { dir } => {
             switchyard_ebpf::unmount_bpffs(dir)?;
             let _ = std::fs::remove_dir(dir);
@@ -303,7 +318,11 @@ impl SplitTunnel {
         self.install_routing()?;
         self.sync()?;
         self.refresh_apps()?;
-        tracing::info!(mechanism = self.mechanism().as_str(), mode = self.rules.mode.as_str(), "split tunnel active");
+        tracing::info!(
+            mechanism = self.mechanism().as_str(),
+            mode = self.rules.mode.as_str(),
+            "split tunnel active"
+        );
         Ok(())
     }
 
@@ -314,7 +333,8 @@ impl SplitTunnel {
             self.record(Change::BpffsMount { dir: dir.clone() })?;
         }
         self.record(Change::BpfPins { dir: dir.clone() })?;
-        let program = SplitTunnelProgram::attach(&self.config.scope_cgroup, &dir, &self.classifier_config())?;
+        let program =
+            SplitTunnelProgram::attach(&self.config.scope_cgroup, &dir, &self.classifier_config())?;
         Ok(Classifier::Ebpf(Box::new(program), Installed::default()))
     }
 
@@ -340,7 +360,16 @@ impl SplitTunnel {
             })?;
             let dev = self.host.run(
                 "ip",
-                &[&fam, "route", "replace", "default", "dev", &self.config.tun_device, "table", &table],
+                &[
+                    &fam,
+                    "route",
+                    "replace",
+                    "default",
+                    "dev",
+                    &self.config.tun_device,
+                    "table",
+                    &table,
+                ],
                 None,
             );
             if let Err(e) = dev {
@@ -349,8 +378,19 @@ impl SplitTunnel {
                 }
                 // no IPv6 on the device: marked IPv6 must not fall through to the main table
                 tracing::warn!(error = %e, "no IPv6 route via the tunnel; tunnelled IPv6 is blocked");
-                self.host
-                    .run("ip", &[&fam, "route", "replace", "unreachable", "default", "table", &table], None)?;
+                self.host.run(
+                    "ip",
+                    &[
+                        &fam,
+                        "route",
+                        "replace",
+                        "unreachable",
+                        "default",
+                        "table",
+                        &table,
+                    ],
+                    None,
+                )?;
             }
             self.record(Change::IpRule {
                 netns: self.config.netns.clone(),
@@ -406,7 +446,8 @@ impl SplitTunnel {
         self.compiled = CompiledRules::compile(&rules)?;
         self.rules = rules;
         let compiled = &self.compiled;
-        self.resolved.retain(|domain, _| compiled.domain_matches(domain));
+        self.resolved
+            .retain(|domain, _| compiled.domain_matches(domain));
         self.sync()?;
         self.refresh_apps().map(|_| ())
     }
@@ -487,7 +528,12 @@ impl SplitTunnel {
 
     /// Moves processes matching name/path app rules into the apps cgroup. Returns how many moved.
     pub fn refresh_apps(&mut self) -> Result<usize, Error> {
-        let apps: Vec<&AppRule> = self.rules.apps.iter().filter(|a| a.cgroup.is_none()).collect();
+        let apps: Vec<&AppRule> = self
+            .rules
+            .apps
+            .iter()
+            .filter(|a| a.cgroup.is_none())
+            .collect();
         if apps.is_empty() {
             return Ok(0);
         }
@@ -567,7 +613,10 @@ impl SplitTunnel {
                     }
                 };
                 let scope = nft_ref(&self.config.scope_cgroup)?;
-                let apps = app_paths.iter().map(|p| nft_ref(p)).collect::<Result<Vec<_>, _>>()?;
+                let apps = app_paths
+                    .iter()
+                    .map(|p| nft_ref(p))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let bypass_cgroups = self
                     .config
                     .bypass_cgroups

@@ -41,7 +41,10 @@ fn set(out: &mut String, name: &str, kind: &str, nets: &[IpNet], v4: bool) {
         .filter(|n| matches!(n, IpNet::V4(_)) == v4)
         .map(|n| n.to_string())
         .collect();
-    let _ = writeln!(out, "  set {name} {{\n    type {kind}; flags interval; auto-merge;");
+    let _ = writeln!(
+        out,
+        "  set {name} {{\n    type {kind}; flags interval; auto-merge;"
+    );
     if !elements.is_empty() {
         let _ = writeln!(out, "    elements = {{ {} }}", elements.join(", "));
     }
@@ -55,8 +58,7 @@ fn cgroup_match((level, path): &NftCgroup) -> String {
 /// Whether a name can go into the ruleset text unquoted/quoted without breaking it.
 pub fn safe_name(s: &str) -> bool {
     !s.is_empty()
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/' | '@' | ':'))
 }
 
@@ -89,7 +91,10 @@ pub fn ruleset(p: &NftParams<'_>) -> String {
     for cg in p.app_cgroups {
         let _ = writeln!(out, "    {} {on_match}", cgroup_match(cg));
     }
-    let _ = writeln!(out, "    ip daddr @split4 {on_match}\n    ip6 daddr @split6 {on_match}");
+    let _ = writeln!(
+        out,
+        "    ip daddr @split4 {on_match}\n    ip6 daddr @split6 {on_match}"
+    );
     if p.mode == SplitMode::Exclude {
         let _ = writeln!(out, "    meta mark set {mark}");
     }
@@ -169,15 +174,23 @@ mod tests {
     fn include_marks_only_matches() {
         let scope = (1, "unified/s".to_string());
         let apps = [(2, "unified/s/app".to_string())];
-        let nets: Vec<IpNet> = vec!["10.0.0.0/8".parse().expect("n"), "2001:db8::/32".parse().expect("n")];
+        let nets: Vec<IpNet> = vec![
+            "10.0.0.0/8".parse().expect("n"),
+            "2001:db8::/32".parse().expect("n"),
+        ];
         let text = ruleset(&params(SplitMode::Include, &scope, &apps, &nets, None));
         assert!(text.starts_with("table inet syt\ndelete table inet syt\ntable inet syt {\n"));
         assert!(text.contains("socket cgroupv2 level 1 \"unified/s\" goto classify"));
-        assert!(text.contains("socket cgroupv2 level 2 \"unified/s/app\" meta mark set 0x5359 return"));
+        assert!(
+            text.contains("socket cgroupv2 level 2 \"unified/s/app\" meta mark set 0x5359 return")
+        );
         assert!(text.contains("elements = { 10.0.0.0/8 }"));
         assert!(text.contains("elements = { 2001:db8::/32 }"));
         assert!(text.contains("ip daddr @split4 meta mark set 0x5359 return"));
-        assert!(!text.contains("    meta mark set 0x5359\n"), "include must not mark the rest");
+        assert!(
+            !text.contains("    meta mark set 0x5359\n"),
+            "include must not mark the rest"
+        );
         assert!(!text.contains("chain dns"));
     }
 
@@ -192,7 +205,10 @@ mod tests {
         let text = ruleset(&params(SplitMode::Exclude, &scope, &[], &[], Some(dns)));
         assert!(text.contains("ip daddr @split4 return"));
         assert!(text.contains("    meta mark set 0x5359\n"));
-        assert!(!text.contains("elements"), "empty sets carry no elements line");
+        assert!(
+            !text.contains("elements"),
+            "empty sets carry no elements line"
+        );
         assert!(text.contains("udp dport 53 ip daddr != 127.0.0.1 dnat ip to 127.0.0.1:5353"));
         assert!(text.contains("tcp dport 53 ip6 daddr != ::1 dnat ip6 to [::1]:5353"));
         assert!(text.contains("meta mark 0x5359 oifname \"tun0\" masquerade"));

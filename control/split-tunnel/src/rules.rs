@@ -91,7 +91,11 @@ pub struct CompiledRules {
 
 impl CompiledRules {
     pub fn compile(rules: &SplitRules) -> Result<Self, RuleError> {
-        let nets = rules.ips.iter().map(|s| parse_net(s)).collect::<Result<Vec<_>, _>>()?;
+        let nets = rules
+            .ips
+            .iter()
+            .map(|s| parse_net(s))
+            .collect::<Result<Vec<_>, _>>()?;
         let bypass = rules
             .always_bypass
             .iter()
@@ -142,13 +146,34 @@ mod tests {
 
     #[test]
     fn nets_accept_ips_cidrs_and_v6() {
-        assert_eq!(parse_net("10.1.2.3").expect("ip").to_string(), "10.1.2.3/32");
-        assert_eq!(parse_net("10.1.2.3/8").expect("cidr").to_string(), "10.0.0.0/8");
-        assert_eq!(parse_net("2001:db8::1").expect("v6").to_string(), "2001:db8::1/128");
-        assert_eq!(parse_net("[2001:db8::1]").expect("v6").to_string(), "2001:db8::1/128");
-        assert_eq!(parse_net("2001:db8::/32").expect("v6 cidr").to_string(), "2001:db8::/32");
-        assert!(matches!(parse_net("10.0.0.0/33"), Err(RuleError::BadNet(_))));
-        assert!(matches!(parse_net("example.com"), Err(RuleError::BadNet(_))));
+        assert_eq!(
+            parse_net("10.1.2.3").expect("ip").to_string(),
+            "10.1.2.3/32"
+        );
+        assert_eq!(
+            parse_net("10.1.2.3/8").expect("cidr").to_string(),
+            "10.0.0.0/8"
+        );
+        assert_eq!(
+            parse_net("2001:db8::1").expect("v6").to_string(),
+            "2001:db8::1/128"
+        );
+        assert_eq!(
+            parse_net("[2001:db8::1]").expect("v6").to_string(),
+            "2001:db8::1/128"
+        );
+        assert_eq!(
+            parse_net("2001:db8::/32").expect("v6 cidr").to_string(),
+            "2001:db8::/32"
+        );
+        assert!(matches!(
+            parse_net("10.0.0.0/33"),
+            Err(RuleError::BadNet(_))
+        ));
+        assert!(matches!(
+            parse_net("example.com"),
+            Err(RuleError::BadNet(_))
+        ));
     }
 
     #[test]

@@ -35,14 +35,18 @@ fn result(line: String) {
 }
 
 fn tcp_probe(dst: SocketAddr, preset_mark: Option<u32>) -> String {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
     if let Some(m) = preset_mark {
         sock.set_mark(m).expect("set mark");
     }
-    sock.connect_timeout(&dst.into(), Duration::from_secs(5)).expect("connect");
+    sock.connect_timeout(&dst.into(), Duration::from_secs(5))
+        .expect("connect");
     let mark = sock.mark().expect("get mark");
     let mut stream: TcpStream = sock.into();
-    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     let mut seen = String::new();
     stream.read_to_string(&mut seen).expect("read");
     format!("mark={mark:#x} seen={}", seen.trim())
@@ -50,7 +54,8 @@ fn tcp_probe(dst: SocketAddr, preset_mark: Option<u32>) -> String {
 
 fn udp_dns_probe(dst: SocketAddr, connected: bool) -> String {
     let sock = UdpSocket::bind("0.0.0.0:0").expect("bind");
-    sock.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    sock.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     if connected {
         sock.connect(dst).expect("connect");
         sock.send(b"q").expect("send");
@@ -64,12 +69,16 @@ fn udp_dns_probe(dst: SocketAddr, connected: bool) -> String {
     } else {
         "-".into()
     };
-    format!("from={from} peer={peer} reply={}", String::from_utf8_lossy(&buf[..n]))
+    format!(
+        "from={from} peer={peer} reply={}",
+        String::from_utf8_lossy(&buf[..n])
+    )
 }
 
 fn tcp_dns_probe(dst: SocketAddr) -> String {
     let mut s = TcpStream::connect_timeout(&dst, Duration::from_secs(5)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     s.write_all(b"q").expect("write");
     let mut reply = String::new();
     s.read_to_string(&mut reply).expect("read");
@@ -162,7 +171,11 @@ fn root_or_skip(what: &str) -> bool {
         .unwrap_or_default();
     let missing: Vec<&str> = ["ip", "nft", "nsenter", "bpftool", "mount"]
         .into_iter()
-        .filter(|c| !["/usr/sbin", "/usr/bin", "/sbin", "/bin"].iter().any(|d| Path::new(d).join(c).exists()))
+        .filter(|c| {
+            !["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+                .iter()
+                .any(|d| Path::new(d).join(c).exists())
+        })
         .collect();
     let reason = if euid != "0" {
         Some("needs root".to_string())
@@ -173,7 +186,9 @@ fn root_or_skip(what: &str) -> bool {
     };
     match reason {
         None => true,
-        Some(r) if std::env::var_os("CI").is_some() => panic!("{what}: {r} (CI must not skip; tests/run installs the tools)"),
+        Some(r) if std::env::var_os("CI").is_some() => {
+            panic!("{what}: {r} (CI must not skip; tests/run installs the tools)")
+        }
         Some(r) => {
             eprintln!("SKIP {what}: {r}");
             false
@@ -183,7 +198,11 @@ fn root_or_skip(what: &str) -> bool {
 
 fn sh(cmd: &str) -> String {
     let out = Command::new("sh").arg("-c").arg(cmd).output().expect("sh");
-    assert!(out.status.success(), "`{cmd}` failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -318,7 +337,11 @@ impl Topo {
                 cmd.env(k, v);
             }
         }
-        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("probe");
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("probe");
         let r = read_result(&mut child);
         let _ = child.wait();
         r
@@ -348,7 +371,10 @@ impl Topo {
     /// What of the split tunnel is on the host: rule, routes, nft table, pins, cgroup programs.
     fn leftovers(&self) -> Vec<String> {
         let mut left = Vec::new();
-        let rules = sh_quiet(&format!("ip -n {} rule show; ip -n {} -6 rule show", self.lan, self.lan));
+        let rules = sh_quiet(&format!(
+            "ip -n {} rule show; ip -n {} -6 rule show",
+            self.lan, self.lan
+        ));
         if rules.contains(&format!("fwmark {MARK:#x}")) {
             left.push("ip rule".into());
         }
@@ -359,7 +385,10 @@ impl Topo {
         if !routes.trim().is_empty() {
             left.push(format!("routes: {}", routes.trim()));
         }
-        let tables = sh_quiet(&format!("nsenter --net=/run/netns/{} nft list tables", self.lan));
+        let tables = sh_quiet(&format!(
+            "nsenter --net=/run/netns/{} nft list tables",
+            self.lan
+        ));
         if tables.contains(&self.lan.replace('-', "_")) {
             left.push("nft table".into());
         }
@@ -386,9 +415,18 @@ impl Drop for Topo {
         }
         let _ = switchyard_split_tunnel::recover(self.data.path());
         let _ = switchyard_ebpf::unmount_bpffs(&self.pins);
-        let _ = Command::new("ip").args(["netns", "del", &self.lan]).status();
-        let _ = Command::new("ip").args(["netns", "del", &self.net]).status();
-        for dir in [&self.inc, &self.exc, &self.scope.join("switchyard-split-apps"), &self.scope] {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.lan])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.net])
+            .status();
+        for dir in [
+            &self.inc,
+            &self.exc,
+            &self.scope.join("switchyard-split-apps"),
+            &self.scope,
+        ] {
             let _ = std::fs::remove_dir(dir);
         }
     }
@@ -418,7 +456,10 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
     let r = topo.probe(&topo.inc, "tcp", "10.201.9.1:8080");
     assert!(r.ends_with(&format!("seen={TUNNEL}")), "inc app: {r}");
     if expected == Mechanism::Ebpf {
-        assert!(r.starts_with(&format!("mark={MARK:#x}")), "SO_MARK of the app's socket: {r}");
+        assert!(
+            r.starts_with(&format!("mark={MARK:#x}")),
+            "SO_MARK of the app's socket: {r}"
+        );
     }
     let r = topo.probe(&topo.exc, "tcp", "10.201.9.1:8080");
     assert_eq!(r, format!("mark=0x0 seen={DIRECT}"), "other cgroup");
@@ -435,17 +476,29 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
 
     // a domain rule steers the addresses the resolver saw for matching names
     st.add_domain("*.origin.test").expect("add domain");
-    assert!(!st.on_resolved("origin.test", &["10.201.9.3".parse().expect("ip")]).expect("hook"));
+    assert!(!st
+        .on_resolved("origin.test", &["10.201.9.3".parse().expect("ip")])
+        .expect("hook"));
     assert_eq!(topo.seen(&topo.exc, "10.201.9.3"), DIRECT);
-    assert!(st.on_resolved("www.origin.test", &["10.201.9.3".parse().expect("ip")]).expect("hook"));
-    assert_eq!(topo.seen(&topo.exc, "10.201.9.3"), TUNNEL, "domain-derived address");
+    assert!(st
+        .on_resolved("www.origin.test", &["10.201.9.3".parse().expect("ip")])
+        .expect("hook"));
+    assert_eq!(
+        topo.seen(&topo.exc, "10.201.9.3"),
+        TUNNEL,
+        "domain-derived address"
+    );
     assert!(st.remove_domain("*.origin.test").expect("remove domain"));
     assert_eq!(topo.seen(&topo.exc, "10.201.9.3"), DIRECT, "domain removed");
 
     // exclude: everything tunnelled but the matches; always_bypass wins over everything
     st.set_mode(SplitMode::Exclude).expect("mode");
     assert_eq!(topo.seen(&topo.inc, "10.201.9.1"), DIRECT, "excluded app");
-    assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), TUNNEL, "everything else");
+    assert_eq!(
+        topo.seen(&topo.exc, "10.201.9.1"),
+        TUNNEL,
+        "everything else"
+    );
     assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), DIRECT, "excluded ip");
     let mut rules = st.rules().clone();
     rules.always_bypass.push("10.201.9.0/30".into());
@@ -455,15 +508,25 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
     // DNS to any server :53 lands at the resolver, and the answer seems to come from the server
     for cg in [&topo.inc, &topo.exc] {
         let r = topo.probe(cg, "udp-dns", "10.201.9.53:53");
-        assert_eq!(r, "from=10.201.9.53:53 peer=- reply=resolver:q", "UDP sendto/recvfrom");
+        assert_eq!(
+            r, "from=10.201.9.53:53 peer=- reply=resolver:q",
+            "UDP sendto/recvfrom"
+        );
         let r = topo.probe(cg, "udp-dns-connected", "10.201.9.53:53");
-        assert_eq!(r, "from=10.201.9.53:53 peer=10.201.9.53:53 reply=resolver:q", "connected UDP");
+        assert_eq!(
+            r, "from=10.201.9.53:53 peer=10.201.9.53:53 reply=resolver:q",
+            "connected UDP"
+        );
         let r = topo.probe(cg, "tcp-dns", "10.201.9.53:53");
         assert_eq!(r, "peer=10.201.9.53:53 reply=resolver:q", "TCP");
     }
 
     st.disable().expect("disable");
-    assert_eq!(topo.leftovers(), Vec::<String>::new(), "disable leaves nothing");
+    assert_eq!(
+        topo.leftovers(),
+        Vec::<String>::new(),
+        "disable leaves nothing"
+    );
     assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT, "after disable");
 }
 
@@ -495,27 +558,56 @@ fn crash_cleanup(choice: &str, expected: &str) {
     let mut holder = cmd.spawn().expect("holder");
     assert_eq!(read_result(&mut holder), format!("ready {expected}"));
     let before = topo.leftovers();
-    assert!(before.iter().any(|l| l == "ip rule"), "the holder installed its rule: {before:?}");
-    assert!(before.iter().any(|l| l.starts_with("routes")), "and its routes: {before:?}");
+    assert!(
+        before.iter().any(|l| l == "ip rule"),
+        "the holder installed its rule: {before:?}"
+    );
+    assert!(
+        before.iter().any(|l| l.starts_with("routes")),
+        "and its routes: {before:?}"
+    );
     holder.kill().expect("kill -9");
     let _ = holder.wait();
     let after_crash = topo.leftovers();
-    assert!(after_crash.iter().any(|l| l == "ip rule"), "a crash leaves the rule: {after_crash:?}");
+    assert!(
+        after_crash.iter().any(|l| l == "ip rule"),
+        "a crash leaves the rule: {after_crash:?}"
+    );
     if expected == "ebpf" {
-        assert!(after_crash.iter().any(|l| l.starts_with("pins")), "pinned links survive: {after_crash:?}");
-        assert!(after_crash.iter().any(|l| l.starts_with("cgroup programs")), "{after_crash:?}");
+        assert!(
+            after_crash.iter().any(|l| l.starts_with("pins")),
+            "pinned links survive: {after_crash:?}"
+        );
+        assert!(
+            after_crash.iter().any(|l| l.starts_with("cgroup programs")),
+            "{after_crash:?}"
+        );
     } else {
-        assert!(after_crash.iter().any(|l| l == "nft table"), "{after_crash:?}");
+        assert!(
+            after_crash.iter().any(|l| l == "nft table"),
+            "{after_crash:?}"
+        );
     }
     let undone = switchyard_split_tunnel::recover(topo.data.path()).expect("recover");
     assert!(undone > 0);
-    assert_eq!(topo.leftovers(), Vec::<String>::new(), "recovery leaves nothing");
-    assert!(!topo.scope.join("switchyard-split-apps").exists(), "managed cgroup removed");
+    assert_eq!(
+        topo.leftovers(),
+        Vec::<String>::new(),
+        "recovery leaves nothing"
+    );
+    assert!(
+        !topo.scope.join("switchyard-split-apps").exists(),
+        "managed cgroup removed"
+    );
 }
 
 fn config_from_env() -> SplitTunnelConfig {
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset"));
-    let mut c = SplitTunnelConfig::new(Path::new(&var("SYEBPF_DATA")), Path::new(&var("SYEBPF_SCOPE")), &var("SYEBPF_TUN"));
+    let mut c = SplitTunnelConfig::new(
+        Path::new(&var("SYEBPF_DATA")),
+        Path::new(&var("SYEBPF_SCOPE")),
+        &var("SYEBPF_TUN"),
+    );
     c.netns = Some(var("SYEBPF_LAN"));
     c.bpf_pin_dir = PathBuf::from(var("SYEBPF_PINS"));
     c.nft_table = var("SYEBPF_NFT");
