@@ -1,14 +1,15 @@
 //! Split tunnelling in network namespaces, with both mechanisms (root; CI must not skip).
 //!
 //! Topology per test (names prefixed `syebpf`): a "lan" namespace with two veth links to an
-//! "internet" namespace — `d` (main table, 10.201.1.1) and `t` (stands in for the TUN: the tunnel
-//! table routes into it, 10.201.2.1). The internet namespace runs a TCP origin on 10.201.9.1-3:8080
-//! that answers each connection with the peer address it sees, so 10.201.2.1 means "went through
-//! the tunnel" and 10.201.1.1 "went direct". A scope cgroup holds `inc` (an app named by cgroup)
-//! and `exc`. Probes run inside the lan namespace and a cgroup; the resolver is a UDP/TCP responder
-//! on 127.0.0.1:5353 in the lan namespace, and nothing listens on 10.201.9.53 at all, so an answer
-//! to a query sent there proves the interception. The probes and servers are this test binary
-//! re-run in helper mode (`SYEBPF_HELPER`).
+//! "internet" namespace — `d` (main table; 10.201.1.1, fd53:1::1) and `t` (stands in for the TUN:
+//! the tunnel table routes into it; 10.201.2.1, fd53:2::1; static IPv6 neighbours because a TUN is
+//! point-to-point). The internet namespace runs a TCP origin on 10.201.9.1-3 and fd53:9::1-2, port
+//! 8080, that answers each connection with the peer address it sees, so the `t` address means "went
+//! through the tunnel" and the `d` address "went direct". A scope cgroup holds `inc` (an app named
+//! by cgroup) and `exc`. Probes run inside the lan namespace and a cgroup; the resolver is a UDP/TCP
+//! responder on 127.0.0.1:5353 and [::1]:5353 in the lan namespace, and nothing listens on
+//! 10.201.9.53 / fd53:9::53 at all, so an answer to a query sent there proves the interception.
+//! Probes and servers are this test binary re-run in helper mode (`SYEBPF_HELPER`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -24,6 +25,8 @@ use switchyard_split_tunnel::{
 
 const TUNNEL: &str = "10.201.2.1";
 const DIRECT: &str = "10.201.1.1";
+const TUNNEL6: &str = "fd53:2::1";
+const DIRECT6: &str = "fd53:1::1";
 const MARK: u32 = 0x5359;
 const TABLE: u32 = 0x5359;
 
@@ -35,8 +38,12 @@ fn result(line: String) {
 }
 
 fn tcp_probe(dst: SocketAddr, preset_mark: Option<u32>) -> String {
-    let sock =
-        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(dst),
+        socket2::Type::STREAM,
+        None,
+    )
+    .expect("socket");
     if let Some(m) = preset_mark {
         sock.set_mark(m).expect("set mark");
     }
@@ -53,7 +60,7 @@ fn tcp_probe(dst: SocketAddr, preset_mark: Option<u32>) -> String {
 }
 
 fn udp_dns_probe(dst: SocketAddr, connected: bool) -> String {
-    let sock = UdpSocket::bind("0.0.0.0:0").expect("bind");
+    let sock = UdpSocket::bind(if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }).expect("bind");
     sock.set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");
     if connected {
@@ -85,16 +92,37 @@ fn tcp_dns_probe(dst: SocketAddr) -> String {
     format!("peer={} reply={reply}", s.peer_addr().expect("peer"))
 }
 
-fn serve_origin(port: u16) -> ! {
-    let l = std::net::TcpListener::bind(("0.0.0.0", port)).expect("bind origin");
-    result("ready".into());
+fn answer_peers(l: std::net::TcpListener) {
     for conn in l.incoming().flatten() {
         let mut conn = conn;
         if let Ok(peer) = conn.peer_addr() {
             let _ = conn.write_all(peer.ip().to_string().as_bytes());
         }
     }
+}
+
+fn serve_origin(port: u16) -> ! {
+    let l4 = std::net::TcpListener::bind(("0.0.0.0", port)).expect("bind origin");
+    let s6 =
+        socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).expect("socket");
+    s6.set_only_v6(true).expect("v6 only");
+    s6.bind(&SocketAddr::from(([0u16; 8], port)).into())
+        .expect("bind origin v6");
+    s6.listen(64).expect("listen");
+    std::thread::spawn(move || answer_peers(s6.into()));
+    result("ready".into());
+    answer_peers(l4);
     std::process::exit(0)
+}
+
+/// Takes a distinctive process name, waits for a line on stdin, then probes like `tcp`.
+fn app_then_probe(dst: SocketAddr) -> String {
+    let name = std::env::var("SYEBPF_COMM").expect("SYEBPF_COMM");
+    std::fs::write("/proc/self/comm", &name).expect("set comm");
+    result("ready".into());
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    tcp_probe(dst, None)
 }
 
 fn serve_resolver(addr: SocketAddr) -> ! {
@@ -148,6 +176,7 @@ fn helper() {
         "resolver" => serve_resolver(addr()),
         "hold" => hold(),
         "tcp" => result(tcp_probe(addr(), None)),
+        "app-then-tcp" => result(app_then_probe(addr())),
         "tcp-marked" => result(tcp_probe(addr(), Some(0x77))),
         "udp-dns" => result(udp_dns_probe(addr(), false)),
         "udp-dns-connected" => result(udp_dns_probe(addr(), true)),
@@ -239,8 +268,16 @@ fn helper_cmd(action: &str, arg: &str) -> Command {
 }
 
 fn read_result(child: &mut Child) -> String {
-    let out = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(out).lines();
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    next_result(&mut out)
+}
+
+fn wait_ready(out: &mut impl BufRead) {
+    assert_eq!(next_result(out), "ready");
+}
+
+fn next_result(out: &mut impl BufRead) -> String {
+    let mut lines = out.lines();
     loop {
         match lines.next() {
             // libtest prints "test helper ... " without a newline before the helper's output
@@ -287,6 +324,13 @@ impl Topo {
              ip -n {t} addr add 10.201.2.2/24 dev {id}T; ip -n {t} link set {id}T up
              for a in 10.201.9.1 10.201.9.2 10.201.9.3; do ip -n {t} addr add $a/32 dev lo; done
              ip -n {l} route add default via 10.201.1.2
+             ip -n {l} addr add fd53:1::1/64 dev {id}d nodad; ip -n {l} addr add fd53:2::1/64 dev {id}t nodad
+             ip -n {t} addr add fd53:1::2/64 dev {id}D nodad; ip -n {t} addr add fd53:2::2/64 dev {id}T nodad
+             for a in fd53:9::1 fd53:9::2; do ip -n {t} addr add $a/128 dev lo; done
+             ip -n {l} -6 route add default via fd53:1::2
+             ip -n {t} link set {id}T address 02:53:00:00:00:02
+             for a in fd53:9::1 fd53:9::2; do
+               ip -n {l} -6 neigh replace $a lladdr 02:53:00:00:00:02 dev {id}t nud permanent; done
              ip netns exec {l} sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0"
         ));
         topo
@@ -317,10 +361,18 @@ impl Topo {
         let (net, lan) = (self.net.clone(), self.lan.clone());
         self.start_server(&net, "origin", "8080");
         self.start_server(&lan, "resolver", "127.0.0.1:5353");
+        self.start_server(&lan, "resolver", "[::1]:5353");
     }
 
     /// Runs a probe inside the lan namespace as a process of `cgroup`.
     fn probe(&self, cgroup: &Path, action: &str, arg: &str) -> String {
+        let mut child = self.spawn_probe(cgroup, action, arg, &[]);
+        let r = read_result(&mut child);
+        let _ = child.wait();
+        r
+    }
+
+    fn spawn_probe(&self, cgroup: &Path, action: &str, arg: &str, env: &[(&str, &str)]) -> Child {
         let inner = helper_cmd(action, arg);
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
@@ -337,18 +389,17 @@ impl Topo {
                 cmd.env(k, v);
             }
         }
-        let mut child = cmd
+        cmd.envs(env.iter().copied())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("probe");
-        let r = read_result(&mut child);
-        let _ = child.wait();
-        r
+            .expect("probe")
     }
 
     fn seen(&self, cgroup: &Path, dst: &str) -> String {
-        let r = self.probe(cgroup, "tcp", &format!("{dst}:8080"));
+        let dst = SocketAddr::new(dst.parse().expect("ip"), 8080);
+        let r = self.probe(cgroup, "tcp", &dst.to_string());
         r.split("seen=").nth(1).unwrap_or_default().to_string()
     }
 
@@ -363,7 +414,7 @@ impl Topo {
         c.dns = Some(DnsRedirect {
             intercept_port: 53,
             resolver4: Some("127.0.0.1:5353".parse().expect("addr")),
-            resolver6: None,
+            resolver6: Some("[::1]:5353".parse().expect("addr")),
         });
         c
     }
@@ -474,6 +525,53 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
     assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), TUNNEL, "after add_ip");
     assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT);
 
+    // IPv6 the same way: app cgroup tunnelled, a v6 `ips` rule applies at once
+    assert_eq!(topo.seen(&topo.inc, "fd53:9::1"), TUNNEL6, "v6 app");
+    assert_eq!(topo.seen(&topo.exc, "fd53:9::2"), DIRECT6, "v6 other");
+    st.add_ip("fd53:9::2/128").expect("add v6 ip");
+    assert_eq!(
+        topo.seen(&topo.exc, "fd53:9::2"),
+        TUNNEL6,
+        "after v6 add_ip"
+    );
+    assert_eq!(topo.seen(&topo.exc, "fd53:9::1"), DIRECT6);
+
+    // an app by process name is moved into the managed cgroup and then tunnelled
+    let comm = format!("syebpfapp{}", std::process::id() % 100_000);
+    let mut app = topo.spawn_probe(
+        &topo.exc,
+        "app-then-tcp",
+        "10.201.9.1:8080",
+        &[("SYEBPF_COMM", &comm)],
+    );
+    let mut out = BufReader::new(app.stdout.take().expect("stdout"));
+    wait_ready(&mut out);
+    st.add_app(AppRule {
+        name: comm.clone(),
+        ..AppRule::default()
+    })
+    .expect("add app");
+    let cgroup_of_app =
+        std::fs::read_to_string(format!("/proc/{}/cgroup", app.id())).unwrap_or_default();
+    assert!(
+        cgroup_of_app.contains(
+            st.apps_cgroup()
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("?")
+        ),
+        "{cgroup_of_app}"
+    );
+    app.stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("go");
+    let r = next_result(&mut out);
+    let _ = app.wait();
+    assert!(r.ends_with(&format!("seen={TUNNEL}")), "app by name: {r}");
+    assert!(st.remove_app(&comm).expect("remove app"));
+
     // a domain rule steers the addresses the resolver saw for matching names
     st.add_domain("*.origin.test").expect("add domain");
     assert!(!st
@@ -519,6 +617,13 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
         );
         let r = topo.probe(cg, "tcp-dns", "10.201.9.53:53");
         assert_eq!(r, "peer=10.201.9.53:53 reply=resolver:q", "TCP");
+        let r = topo.probe(cg, "udp-dns", "[fd53:9::53]:53");
+        assert_eq!(
+            r, "from=[fd53:9::53]:53 peer=- reply=resolver:q",
+            "UDP over IPv6"
+        );
+        let r = topo.probe(cg, "tcp-dns", "[fd53:9::53]:53");
+        assert_eq!(r, "peer=[fd53:9::53]:53 reply=resolver:q", "TCP over IPv6");
     }
 
     st.disable().expect("disable");
