@@ -186,45 +186,29 @@ impl SplitTunnelProgram {
         let cgroup =
             File::open(scope).map_err(|e| Error::Io(format!("open {}", scope.display()), e))?;
 
-        let mut pinned = Vec::new();
-        let mut pin = |name: &'static str, link: FdLink| -> Result<(), Error> {
-            let path = links.join(name);
-            pinned.push(link.pin(&path).map_err(|e| Error::Pin(path, e))?);
-            Ok(())
-        };
-        {
-            let prog: &mut CgroupSock = ebpf
-                .program_mut(SOCK_CREATE_PROGRAM)
-                .ok_or(Error::Missing(SOCK_CREATE_PROGRAM))?
-                .try_into()
-                .map_err(|e| Error::Program(SOCK_CREATE_PROGRAM, e))?;
-            let wrap = |e| Error::Program(SOCK_CREATE_PROGRAM, e);
-            prog.load().map_err(wrap)?;
-            let id = prog
-                .attach(&cgroup, CgroupAttachMode::Single)
-                .map_err(wrap)?;
-            let link = prog.take_link(id).map_err(wrap)?;
-            pin(
-                SOCK_CREATE_PROGRAM,
-                FdLink::try_from(link).map_err(|e| Error::Link(SOCK_CREATE_PROGRAM, e))?,
-            )?;
+        // CgroupSock and CgroupSockAddr share no trait: one macro loads, attaches and pins either
+        macro_rules! attach_pinned {
+            ($ty:ty, $name:expr) => {{
+                let name: &'static str = $name;
+                let wrap = |e| Error::Program(name, e);
+                let prog: &mut $ty = ebpf
+                    .program_mut(name)
+                    .ok_or(Error::Missing(name))?
+                    .try_into()
+                    .map_err(wrap)?;
+                prog.load().map_err(wrap)?;
+                let id = prog
+                    .attach(&cgroup, CgroupAttachMode::Single)
+                    .map_err(wrap)?;
+                let link = FdLink::try_from(prog.take_link(id).map_err(wrap)?)
+                    .map_err(|e| Error::Link(name, e))?;
+                let path = links.join(name);
+                link.pin(&path).map_err(|e| Error::Pin(path, e))?
+            }};
         }
+        let mut pinned = vec![attach_pinned!(CgroupSock, SOCK_CREATE_PROGRAM)];
         for name in SOCK_ADDR_PROGRAMS {
-            let prog: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or(Error::Missing(name))?
-                .try_into()
-                .map_err(|e| Error::Program(name, e))?;
-            let wrap = |e| Error::Program(name, e);
-            prog.load().map_err(wrap)?;
-            let id = prog
-                .attach(&cgroup, CgroupAttachMode::Single)
-                .map_err(wrap)?;
-            let link = prog.take_link(id).map_err(wrap)?;
-            pin(
-                name,
-                FdLink::try_from(link).map_err(|e| Error::Link(name, e))?,
-            )?;
+            pinned.push(attach_pinned!(CgroupSockAddr, name));
         }
 
         let mut trie =

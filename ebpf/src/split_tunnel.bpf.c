@@ -178,6 +178,21 @@ static __always_inline int has_foreign_mark(struct bpf_sock_addr *ctx, const str
 	return mark != 0 && (__u32)mark != cfg->tunnel_mark;
 }
 
+// The config when this socket is to be classified at all: TCP or UDP, not in a bypass cgroup, no
+// foreign mark. Stores the app class of the current cgroup in *class.
+static __always_inline struct config *classified(struct bpf_sock_addr *ctx, __u32 *class)
+{
+	struct config *cfg = get_config();
+	if (!cfg)
+		return 0;
+	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
+		return 0;
+	*class = app_class();
+	if (*class == APP_BYPASS || has_foreign_mark(ctx, cfg))
+		return 0;
+	return cfg;
+}
+
 SEC("cgroup/sock_create")
 int sy_sock_create(struct bpf_sock *sk)
 {
@@ -215,13 +230,9 @@ static __always_inline int redirect_dns4(struct bpf_sock_addr *ctx, const struct
 
 static __always_inline int classify4(struct bpf_sock_addr *ctx)
 {
-	struct config *cfg = get_config();
+	__u32 class = 0;
+	struct config *cfg = classified(ctx, &class);
 	if (!cfg)
-		return 1;
-	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
-		return 1;
-	__u32 class = app_class();
-	if (class == APP_BYPASS || has_foreign_mark(ctx, cfg))
 		return 1;
 	if (redirect_dns4(ctx, cfg))
 		return 1;
@@ -297,13 +308,9 @@ static __always_inline int redirect_dns6(struct bpf_sock_addr *ctx, const struct
 
 static __always_inline int classify6(struct bpf_sock_addr *ctx)
 {
-	struct config *cfg = get_config();
+	__u32 class = 0;
+	struct config *cfg = classified(ctx, &class);
 	if (!cfg)
-		return 1;
-	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
-		return 1;
-	__u32 class = app_class();
-	if (class == APP_BYPASS || has_foreign_mark(ctx, cfg))
 		return 1;
 	if (redirect_dns6(ctx, cfg))
 		return 1;
