@@ -74,14 +74,6 @@ pub enum Error {
     ZeroMark,
 }
 
-impl Error {
-    /// Whether the failure means "no usable eBPF here" (privileges, kernel), so a caller should
-    /// fall back to another mechanism, as opposed to a bug in the caller's arguments.
-    pub fn is_unsupported(&self) -> bool {
-        !matches!(self, Error::ZeroMark)
-    }
-}
-
 /// The loaded, attached split-tunnel programs and their maps.
 pub struct SplitTunnelProgram {
     pin_dir: PathBuf,

@@ -252,6 +252,8 @@ struct Topo {
     scope: PathBuf,
     inc: PathBuf,
     exc: PathBuf,
+    /// the client's own cgroup: a bypass cgroup, never classified
+    own: PathBuf,
     data: tempfile::TempDir,
     pins: PathBuf,
     servers: Vec<Child>,
@@ -302,6 +304,7 @@ impl Topo {
         let topo = Topo {
             inc: scope.join("inc"),
             exc: scope.join("exc"),
+            own: scope.join("own"),
             lan,
             net,
             scope,
@@ -309,7 +312,7 @@ impl Topo {
             pins,
             servers: Vec::new(),
         };
-        for dir in [&topo.scope, &topo.inc, &topo.exc] {
+        for dir in [&topo.scope, &topo.inc, &topo.exc, &topo.own] {
             std::fs::create_dir_all(dir).expect("cgroup");
         }
         let (l, t) = (&topo.lan, &topo.net);
@@ -411,6 +414,7 @@ impl Topo {
         c.mechanism = mechanism;
         c.tunnel_mark = MARK;
         c.table = TABLE;
+        c.bypass_cgroups = vec![self.own.clone()];
         c.dns = Some(DnsRedirect {
             intercept_port: 53,
             resolver4: Some("127.0.0.1:5353".parse().expect("addr")),
@@ -475,6 +479,7 @@ impl Drop for Topo {
         for dir in [
             &self.inc,
             &self.exc,
+            &self.own,
             &self.scope.join("switchyard-split-apps"),
             &self.scope,
         ] {
@@ -598,6 +603,7 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
         "everything else"
     );
     assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), DIRECT, "excluded ip");
+    assert_eq!(topo.seen(&topo.own, "10.201.9.1"), DIRECT, "bypass cgroup");
     let mut rules = st.rules().clone();
     rules.always_bypass.push("10.201.9.0/30".into());
     st.set_rules(rules).expect("rules");
@@ -647,6 +653,44 @@ fn nftables_fallback_behaves_the_same() {
     if root_or_skip("nftables_fallback_behaves_the_same") {
         split_tunnel_scenario(MechanismChoice::Nftables, Mechanism::Nftables);
     }
+}
+
+#[test]
+fn auto_uses_ebpf_and_falls_back_to_nftables_when_it_cannot_load() {
+    if !root_or_skip("auto_uses_ebpf_and_falls_back_to_nftables_when_it_cannot_load") {
+        return;
+    }
+    let mut topo = Topo::new();
+    topo.start_servers();
+    let rules = SplitRules {
+        mode: SplitMode::Include,
+        ips: vec!["10.201.9.2".into()],
+        ..SplitRules::default()
+    };
+    let st = SplitTunnel::start(topo.config(MechanismChoice::Auto), rules.clone()).expect("start");
+    assert_eq!(st.mechanism(), Mechanism::Ebpf);
+    assert_eq!(st.fallback_reason(), None);
+    st.disable().expect("disable");
+
+    // a pin directory that cannot exist stands in for "no CAP_BPF / no bpffs"
+    let mut config = topo.config(MechanismChoice::Auto);
+    config.bpf_pin_dir = PathBuf::from("/dev/null/syebpf-pins");
+    let st = SplitTunnel::start(config, rules).expect("start with fallback");
+    assert_eq!(st.mechanism(), Mechanism::Nftables);
+    assert!(
+        st.fallback_reason()
+            .is_some_and(|r| r.contains("/dev/null")),
+        "{:?}",
+        st.fallback_reason()
+    );
+    assert_eq!(
+        topo.seen(&topo.exc, "10.201.9.2"),
+        TUNNEL,
+        "the fallback classifies"
+    );
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT);
+    st.disable().expect("disable");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
 }
 
 fn crash_cleanup(choice: &str, expected: &str) {
