@@ -23,6 +23,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
+use serde::Serialize;
 use switchyard_ebpf::{AppClass, ClassifierConfig, NetList, SplitTunnelProgram};
 
 pub use rules::{AppRule, CompiledRules, RuleError, SplitMode, SplitRules};
@@ -110,7 +111,9 @@ pub struct SplitTunnelConfig {
 }
 
 impl SplitTunnelConfig {
-    /// Defaults for a client: mark/table/priority 0x5359 ("SY"), pins under /sys/fs/bpf.
+    /// Defaults for a client: mark/table/priority 0x5359 ("SY"); pins on a bpffs of its own under
+    /// /run (mounted at start, unmounted at cleanup), which works whether or not the host mounts
+    /// /sys/fs/bpf.
     pub fn new(data_dir: &Path, scope_cgroup: &Path, tun_device: &str) -> Self {
         SplitTunnelConfig {
             data_dir: data_dir.to_path_buf(),
@@ -122,12 +125,24 @@ impl SplitTunnelConfig {
             tunnel_mark: 0x5359,
             table: 0x5359,
             rule_priority: 5359,
-            bpf_pin_dir: PathBuf::from("/sys/fs/bpf/switchyard"),
+            bpf_pin_dir: PathBuf::from("/run/switchyard/bpffs"),
             nft_table: "switchyard_split".into(),
             mechanism: MechanismChoice::Auto,
             dns: None,
         }
     }
+}
+
+/// What the API reports about the split tunnel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SplitTunnelStatus {
+    /// `ebpf` or `nftables`
+    pub mechanism: &'static str,
+    /// Why eBPF is not in use, when the fallback was chosen automatically.
+    pub fallback_reason: Option<String>,
+    pub mode: SplitMode,
+    /// Addresses learnt from DNS answers for domain rules.
+    pub resolved_addresses: usize,
 }
 
 /// Undoes every change recorded in `data_dir`'s journal, newest first, then deletes the journal.
@@ -429,6 +444,16 @@ impl SplitTunnel {
     /// Why eBPF was not used, when the fallback is active under [`MechanismChoice::Auto`].
     pub fn fallback_reason(&self) -> Option<&str> {
         self.fallback_reason.as_deref()
+    }
+
+    /// Mechanism, fallback reason, mode and DNS-learnt entries, for the API.
+    pub fn status(&self) -> SplitTunnelStatus {
+        SplitTunnelStatus {
+            mechanism: self.mechanism().as_str(),
+            fallback_reason: self.fallback_reason.clone(),
+            mode: self.rules.mode,
+            resolved_addresses: self.resolved.values().map(BTreeSet::len).sum(),
+        }
     }
 
     /// The rules in force (as the API shows them).

@@ -586,6 +586,7 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
     assert!(st
         .on_resolved("www.origin.test", &["10.201.9.3".parse().expect("ip")])
         .expect("hook"));
+    assert_eq!(st.status().resolved_addresses, 1);
     assert_eq!(
         topo.seen(&topo.exc, "10.201.9.3"),
         TUNNEL,
