@@ -38,7 +38,7 @@ pub const SPLIT_TUNNEL_OBJECT: &[u8] =
 /// `built` when build.rs compiled the C source, `prebuilt` when it used `prebuilt/`.
 pub const OBJECT_SOURCE: &str = env!("SWITCHYARD_EBPF_OBJECT_SOURCE");
 
-/// Programs of the object in attach order, with the section kind they need.
+/// The `cgroup/*4|6` socket-address programs of the object, attached after `sy_sock_create`.
 const SOCK_ADDR_PROGRAMS: &[&str] = &[
     "sy_connect4",
     "sy_sendmsg4",
@@ -155,7 +155,19 @@ impl SplitTunnelProgram {
     /// Loads the programs with `config`, attaches them to the cgroup directory `scope` and pins
     /// maps and links under `pin_dir` (which must be on bpffs, see [`ensure_bpffs`], and should
     /// be empty: call [`remove_pins`] first).
+    /// On failure nothing stays attached or pinned.
     pub fn attach(scope: &Path, pin_dir: &Path, config: &ClassifierConfig) -> Result<Self, Error> {
+        Self::attach_pinned(scope, pin_dir, config).inspect_err(|_| {
+            // links already pinned would keep programs attached after this process exits
+            let _ = remove_pins(pin_dir);
+        })
+    }
+
+    fn attach_pinned(
+        scope: &Path,
+        pin_dir: &Path,
+        config: &ClassifierConfig,
+    ) -> Result<Self, Error> {
         if config.tunnel_mark == 0 {
             return Err(Error::ZeroMark);
         }

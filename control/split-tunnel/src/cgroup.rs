@@ -101,6 +101,26 @@ pub fn processes() -> Vec<ProcessInfo> {
         .collect()
 }
 
+/// The cgroup v2 directory of a process, from `/proc/PID/cgroup` (`0::/path`).
+pub fn cgroup_of(mount: &Path, pid: u32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    parse_v2_cgroup(&text).map(|rel| mount.join(rel))
+}
+
+/// The cgroup v2 path in a `/proc/PID/cgroup` text, relative to the cgroup2 mount.
+pub fn parse_v2_cgroup(text: &str) -> Option<&str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim_start_matches('/'))
+}
+
+/// The processes in a cgroup (not its descendants).
+pub fn members(cgroup: &Path) -> std::collections::BTreeSet<u32> {
+    std::fs::read_to_string(cgroup.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 /// Moves a process into a cgroup.
 pub fn move_process(cgroup: &Path, pid: u32) -> Result<(), Error> {
     std::fs::write(cgroup.join("cgroup.procs"), pid.to_string())
@@ -158,6 +178,14 @@ mod tests {
         assert!(nft_ref(mount, Path::new("/tmp/x")).is_err());
         assert_eq!(resolve(mount, "a/b"), PathBuf::from("/sys/fs/cgroup/a/b"));
         assert_eq!(resolve(mount, "/x/y"), PathBuf::from("/x/y"));
+    }
+
+    #[test]
+    fn reads_the_v2_line_of_proc_pid_cgroup() {
+        let text = "12:pids:/user.slice\n1:name=systemd:/user.slice/x.scope\n0::/syebpf1/inc\n";
+        assert_eq!(parse_v2_cgroup(text), Some("syebpf1/inc"));
+        assert_eq!(parse_v2_cgroup("0::/\n"), Some(""));
+        assert_eq!(parse_v2_cgroup("1:name=systemd:/\n"), None);
     }
 
     #[test]

@@ -256,6 +256,8 @@ pub struct SplitTunnel {
     fallback_reason: Option<String>,
     cgroup_mount: PathBuf,
     apps_cgroup: PathBuf,
+    /// pid → the cgroup a process was in before it was moved into the apps cgroup
+    moved_from: BTreeMap<u32, PathBuf>,
 }
 
 impl SplitTunnel {
@@ -286,6 +288,7 @@ impl SplitTunnel {
             fallback_reason: None,
             cgroup_mount,
             apps_cgroup,
+            moved_from: BTreeMap::new(),
         };
         // from here on, a failure undoes what was done so far
         match tunnel.install() {
@@ -525,8 +528,7 @@ impl SplitTunnel {
         })
     }
 
-    /// Removes an app by name; returns whether it was there. Processes already moved into the
-    /// apps cgroup stay there but no longer match once no name/path app is left.
+    /// Removes an app by name; returns whether it was there. Its processes leave the apps cgroup.
     pub fn remove_app(&mut self, name: &str) -> Result<bool, Error> {
         let present = self.rules.apps.iter().any(|a| a.name == name);
         self.edit(|r| r.apps.retain(|a| a.name != name))?;
@@ -551,7 +553,9 @@ impl SplitTunnel {
         Ok(true)
     }
 
-    /// Moves processes matching name/path app rules into the apps cgroup. Returns how many moved.
+    /// Moves processes matching name/path app rules into the apps cgroup, and processes there that
+    /// no longer match back to where they came from (the scope cgroup after a restart). Returns
+    /// how many moved in.
     pub fn refresh_apps(&mut self) -> Result<usize, Error> {
         let apps: Vec<&AppRule> = self
             .rules
@@ -559,19 +563,32 @@ impl SplitTunnel {
             .iter()
             .filter(|a| a.cgroup.is_none())
             .collect();
-        if apps.is_empty() {
-            return Ok(0);
-        }
+        let inside = cgroup::members(&self.apps_cgroup);
         let own = std::process::id();
         let mut moved = 0;
-        for p in cgroup::processes() {
-            if p.pid != own && apps.iter().any(|a| cgroup::app_matches(a, &p)) {
-                // the process may have exited since the scan
+        let processes = cgroup::processes();
+        for p in &processes {
+            let matches = p.pid != own && apps.iter().any(|a| cgroup::app_matches(a, p));
+            let is_inside = inside.contains(&p.pid);
+            // a process may exit between the scan and the move: failures are skipped
+            if matches && !is_inside {
+                let origin = cgroup::cgroup_of(&self.cgroup_mount, p.pid);
                 if cgroup::move_process(&self.apps_cgroup, p.pid).is_ok() {
+                    if let Some(origin) = origin {
+                        self.moved_from.insert(p.pid, origin);
+                    }
                     moved += 1;
                 }
+            } else if !matches && is_inside {
+                let back = self
+                    .moved_from
+                    .remove(&p.pid)
+                    .unwrap_or_else(|| self.config.scope_cgroup.clone());
+                let _ = cgroup::move_process(&back, p.pid);
             }
         }
+        self.moved_from
+            .retain(|pid, _| processes.iter().any(|p| p.pid == *pid));
         Ok(moved)
     }
 

@@ -115,14 +115,16 @@ fn serve_origin(port: u16) -> ! {
     std::process::exit(0)
 }
 
-/// Takes a distinctive process name, waits for a line on stdin, then probes like `tcp`.
-fn app_then_probe(dst: SocketAddr) -> String {
+/// Takes a distinctive process name, waits for a line on stdin, probes like `tcp`, then stays
+/// until stdin closes.
+fn app_then_probe(dst: SocketAddr) {
     let name = std::env::var("SYEBPF_COMM").expect("SYEBPF_COMM");
     std::fs::write("/proc/self/comm", &name).expect("set comm");
     result("ready".into());
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
-    tcp_probe(dst, None)
+    result(tcp_probe(dst, None));
+    let _ = std::io::stdin().read_line(&mut line);
 }
 
 fn serve_resolver(addr: SocketAddr) -> ! {
@@ -176,7 +178,7 @@ fn helper() {
         "resolver" => serve_resolver(addr()),
         "hold" => hold(),
         "tcp" => result(tcp_probe(addr(), None)),
-        "app-then-tcp" => result(app_then_probe(addr())),
+        "app-then-tcp" => app_then_probe(addr()),
         "tcp-marked" => result(tcp_probe(addr(), Some(0x77))),
         "udp-dns" => result(udp_dns_probe(addr(), false)),
         "udp-dns-connected" => result(udp_dns_probe(addr(), true)),
@@ -556,26 +558,25 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
         ..AppRule::default()
     })
     .expect("add app");
-    let cgroup_of_app =
-        std::fs::read_to_string(format!("/proc/{}/cgroup", app.id())).unwrap_or_default();
-    assert!(
-        cgroup_of_app.contains(
-            st.apps_cgroup()
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("?")
-        ),
-        "{cgroup_of_app}"
+    let mount = cgroup::cgroup2_mount().expect("cgroup2");
+    assert_eq!(
+        cgroup::cgroup_of(&mount, app.id()).as_deref(),
+        Some(st.apps_cgroup()),
+        "moved into the apps cgroup"
     );
-    app.stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"go\n")
-        .expect("go");
+    let mut stdin = app.stdin.take().expect("stdin");
+    stdin.write_all(b"go\n").expect("go");
     let r = next_result(&mut out);
-    let _ = app.wait();
     assert!(r.ends_with(&format!("seen={TUNNEL}")), "app by name: {r}");
+    // removing the app returns its processes to where they were
     assert!(st.remove_app(&comm).expect("remove app"));
+    assert_eq!(
+        cgroup::cgroup_of(&mount, app.id()),
+        Some(topo.exc.clone()),
+        "moved back"
+    );
+    drop(stdin);
+    let _ = app.wait();
 
     // a domain rule steers the addresses the resolver saw for matching names
     st.add_domain("*.origin.test").expect("add domain");
