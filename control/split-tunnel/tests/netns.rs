@@ -478,6 +478,8 @@ impl Drop for Topo {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.net])
             .status();
+        // a probe of a failed test may still run in a test cgroup: only this test's processes
+        // are there; cgroup.kill ends them so the directories can go
         for dir in [
             &self.inc,
             &self.exc,
@@ -485,7 +487,13 @@ impl Drop for Topo {
             &self.scope.join("switchyard-split-apps"),
             &self.scope,
         ] {
-            let _ = std::fs::remove_dir(dir);
+            let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+            for _ in 0..50 {
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
     }
 }
