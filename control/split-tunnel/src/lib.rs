@@ -708,3 +708,27 @@ fn sync_nets(
     *installed = wanted.clone();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_tunnel_can_move_to_the_control_plane_runtime() {
+        // the client keeps it behind an async mutex on tokio worker threads
+        fn send_and_sync<T: Send + Sync>() {}
+        send_and_sync::<SplitTunnel>();
+        send_and_sync::<SplitTunnelStatus>();
+    }
+
+    #[test]
+    fn client_defaults_use_one_mark_for_rule_and_table() {
+        let c =
+            SplitTunnelConfig::new(Path::new("/var/lib/sy"), Path::new("/sys/fs/cgroup"), "sy0");
+        assert_ne!(c.tunnel_mark, 0);
+        assert_eq!(c.table, c.tunnel_mark);
+        assert!(nft::safe_name(&c.nft_table));
+        assert_eq!(Mechanism::Nftables.as_str(), "nftables");
+        assert_eq!(Mechanism::Ebpf.as_str(), "ebpf");
+    }
+}
