@@ -191,7 +191,7 @@ fn helper() {
 // ---------- fixture ----------
 
 fn root_or_skip(what: &str) -> bool {
-    // SAFETY-free check: root owns /proc/self's effective uid in its status line
+    // the effective uid is the second field of the Uid: line
     let euid = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -248,6 +248,9 @@ fn sh_quiet(cmd: &str) -> String {
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// Runs only the `helper` test of this binary, its output uncaptured.
+const HELPER_ARGS: [&str; 4] = ["helper", "--exact", "--nocapture", "--test-threads=1"];
+
 struct Topo {
     lan: String,
     net: String,
@@ -263,12 +266,34 @@ struct Topo {
 
 fn helper_cmd(action: &str, arg: &str) -> Command {
     let mut c = Command::new(std::env::current_exe().expect("test exe"));
-    c.args(["helper", "--exact", "--nocapture", "--test-threads=1"])
+    c.args(HELPER_ARGS)
         .env("SYEBPF_HELPER", action)
         .env("SYEBPF_ARG", arg)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     c
+}
+
+/// This test binary in helper mode, run inside `netns` after joining `cgroup` (when given) so that
+/// its sockets are created there.
+fn helper_in(netns: &str, cgroup: Option<&Path>, action: &str, arg: &str) -> Command {
+    let join = cgroup
+        .map(|cg| format!("echo $$ > '{}/cgroup.procs' && ", cg.display()))
+        .unwrap_or_default();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "{join}exec nsenter --net=/run/netns/{netns} \"$@\""
+        ))
+        .arg("sh")
+        .arg(std::env::current_exe().expect("test exe"))
+        .args(HELPER_ARGS)
+        .env("SYEBPF_HELPER", action)
+        .env("SYEBPF_ARG", arg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    cmd
 }
 
 fn read_result(child: &mut Child) -> String {
@@ -346,18 +371,7 @@ impl Topo {
     }
 
     fn start_server(&mut self, netns: &str, action: &str, arg: &str) {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{netns}"));
-        let mut inner = helper_cmd(action, arg);
-        cmd.arg(inner.get_program()).args(inner.get_args());
-        for (k, v) in inner.get_envs() {
-            if let Some(v) = v {
-                cmd.env(k, v);
-            }
-        }
-        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
-        let _ = &mut inner;
-        let mut child = cmd.spawn().expect("server");
+        let mut child = helper_in(netns, None, action, arg).spawn().expect("server");
         assert_eq!(read_result(&mut child), "ready");
         self.servers.push(child);
     }
@@ -378,26 +392,8 @@ impl Topo {
     }
 
     fn spawn_probe(&self, cgroup: &Path, action: &str, arg: &str, env: &[(&str, &str)]) -> Child {
-        let inner = helper_cmd(action, arg);
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(format!(
-                "echo $$ > '{}/cgroup.procs' && exec nsenter --net=/run/netns/{} \"$@\"",
-                cgroup.display(),
-                self.lan
-            ))
-            .arg("sh")
-            .arg(inner.get_program())
-            .args(inner.get_args());
-        for (k, v) in inner.get_envs() {
-            if let Some(v) = v {
-                cmd.env(k, v);
-            }
-        }
-        cmd.envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+        helper_in(&self.lan, Some(cgroup), action, arg)
+            .envs(env.iter().copied())
             .spawn()
             .expect("probe")
     }
