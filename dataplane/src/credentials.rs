@@ -324,7 +324,8 @@ mod tests {
         let users = Users::new([("dave".to_string(), bcrypt::hash("pw", 4).expect("hash"))]);
         let attacker = ip("192.0.2.7");
         for i in 0..FAILURE_BURST {
-            let v = users.verify(&guard, &offload, attacker, "nobody", &format!("p{i}"));
+            let guess = format!("p{i}");
+            let v = users.verify(&guard, &offload, attacker, "nobody", &guess);
             assert_eq!(futures_lite::future::block_on(v), Verdict::Rejected);
         }
         let right = users.verify(&guard, &offload, attacker, "dave", "pw");
