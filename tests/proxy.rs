@@ -301,33 +301,11 @@ fn proxy_authentication_native_users() {
     let server = start_server(&alice_config());
     let proxy = format!("http://{}", server.http);
     let url = origin.url("/index.html");
-    let out = curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-x",
-        &proxy,
-        &url,
-    ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
+    assert_eq!(http_code(&["-x", &proxy, &url]), "407");
     let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
     let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
     assert!(head.contains("proxy-authenticate: basic"), "{head}");
-    let out = curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-x",
-        &proxy,
-        "-U",
-        "alice:wrong",
-        &url,
-    ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
+    assert_eq!(http_code(&["-x", &proxy, "-U", "alice:wrong", &url]), "407");
     let out = curl(&["-sS", "-x", &proxy, "-U", "alice:wonderland", &url]);
     assert_eq!(out.stdout, PAGE);
     // CONNECT with credentials.
@@ -351,21 +329,7 @@ fn failed_proxy_authentications_are_throttled_per_client() {
     let proxy = format!("http://{}", server.http);
     let url = origin.url("/index.html");
     let status = |source: &str, user: &str| {
-        let out = curl(&[
-            "-s",
-            "--interface",
-            source,
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "-x",
-            &proxy,
-            "-U",
-            user,
-            &url,
-        ]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        http_code(&["--interface", source, "-x", &proxy, "-U", user, &url])
     };
     // Ten wrong guesses (known and unknown users) spend 127.0.0.5's failure budget...
     for i in 0..10 {
@@ -407,19 +371,7 @@ fn rate_limit_budget_survives_a_reload() {
     let limits = "rate_limit:\n  enabled: true\n  requests_per_second: 0.01\n  burst_size: 2\n  per_ip: true\n";
     let server = start_server(limits);
     let proxy = format!("http://{}", server.http);
-    let code = || {
-        let out = curl(&[
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "-x",
-            &proxy,
-            &origin.url("/index.html"),
-        ]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let code = || http_code(&["-x", &proxy, &origin.url("/index.html")]);
     // A CONNECT tunnel opened before the reload keeps the old snapshot.
     let mut tunnel = TcpStream::connect(server.http).expect("connect");
     write!(
@@ -513,19 +465,7 @@ fn rate_limit_answers_429() {
     let server = start_server("rate_limit:\n  enabled: true\n  requests_per_second: 0.01\n  burst_size: 2\n  per_ip: true\n");
     let proxy = format!("http://{}", server.http);
     let codes: Vec<String> = (0..3)
-        .map(|_| {
-            let out = curl(&[
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "-x",
-                &proxy,
-                &origin.url("/index.html"),
-            ]);
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        })
+        .map(|_| http_code(&["-x", &proxy, &origin.url("/index.html")]))
         .collect();
     assert_eq!(codes, ["200", "200", "429"]);
 }
@@ -697,17 +637,7 @@ fn httpproxy_backend_forwards_plain_http_in_absolute_form_with_its_credentials()
     );
     // The upstream refuses a backend without credentials: the client gets a 502, not a 407 it
     // could never answer.
-    let out = curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-x",
-        &proxy,
-        "http://bare.invalid/",
-    ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "502");
+    assert_eq!(http_code(&["-x", &proxy, "http://bare.invalid/"]), "502");
 }
 
 /// A squid configuration with Debian's stock ACLs and http_access rules (squid 5.7,

@@ -80,11 +80,7 @@ pub(crate) async fn dial_for_request(
     host: &str,
     port: u16,
 ) -> Result<Connected, DataplaneError> {
-    let dialer = Dialer {
-        resolver: &ctx.resolver,
-        offload: &ctx.offload,
-        timeout: snapshot.timeouts.connect,
-    };
+    let dialer = dialer(ctx, snapshot.timeouts.connect);
     let result = dialer.connect_for_request(&backend.kind, host, port);
     account(ctx, backend, result).await
 }
@@ -97,12 +93,16 @@ pub(crate) async fn dial_within(
     port: u16,
     timeout: Duration,
 ) -> Result<Connected, DataplaneError> {
-    let dialer = Dialer {
+    let dialer = dialer(ctx, timeout);
+    account(ctx, backend, dialer.connect(&backend.kind, host, port)).await
+}
+
+fn dialer(ctx: &CoreContext, timeout: Duration) -> Dialer<'_> {
+    Dialer {
         resolver: &ctx.resolver,
         offload: &ctx.offload,
         timeout,
-    };
-    account(ctx, backend, dialer.connect(&backend.kind, host, port)).await
+    }
 }
 
 /// Runs a connect through `backend`, recording its latency, errors and passive health.

@@ -487,3 +487,10 @@ impl Recorder {
         self.seen.lock().expect("log").clone()
     }
 }
+
+/// Runs curl with `args`, discarding the body, and returns the HTTP status it printed.
+pub fn http_code(args: &[&str]) -> String {
+    let mut all = vec!["-s", "-o", "/dev/null", "-w", "%{http_code}"];
+    all.extend_from_slice(args);
+    String::from_utf8_lossy(&curl(&all).stdout).into_owned()
+}
