@@ -126,11 +126,22 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         },
         runtime.handle().clone(),
     )?;
+    let admits = cfg.access_control.describe();
     if let Some(a) = dataplane.http_addr {
-        tracing::info!(listen = %a, "HTTP proxy (and CONNECT) listening");
+        tracing::info!(listen = %a, clients = %admits, "HTTP proxy (and CONNECT) listening");
     }
     if let Some(a) = dataplane.socks5_addr {
-        tracing::info!(listen = %a, "SOCKS5 proxy listening");
+        tracing::info!(listen = %a, clients = %admits, "SOCKS5 proxy listening");
+    }
+    let beyond_loopback = [dataplane.http_addr, dataplane.socks5_addr]
+        .iter()
+        .flatten()
+        .any(|a| !a.ip().is_loopback());
+    if cfg.access_control.whitelist.is_empty() && beyond_loopback {
+        tracing::warn!(
+            auth = ?cfg.auth.mode,
+            "access_control.whitelist is empty: the proxy forwards for every address that reaches it"
+        );
     }
     let state = Arc::new(ServerState {
         config: ArcSwap::from_pointee(cfg.clone()),
@@ -175,7 +186,13 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             let listen = crate::net::parse("api", &cfg.api.listen)?;
             let listener = crate::net::bind_tokio(&listen)?;
             let local = listener.local_addr()?;
-            tracing::info!(listen = %local, tls = api_tls.is_some(), "management API listening");
+            tracing::info!(
+                listen = %local,
+                tls = api_tls.is_some(),
+                token = cfg.api.token.is_some(),
+                reachable_from = if local.ip().is_loopback() { "this host only" } else { "the network" },
+                "management API listening"
+            );
             crate::api::auth::warn_if_unauthenticated(&state, local);
             let app = crate::api::router(state.clone());
             match api_tls {

@@ -1,7 +1,9 @@
 //! Opening a TCP stream to `host:port` through a backend: `direct` (resolve, then race the
 //! addresses RFC 8305 style), an upstream HTTP proxy (CONNECT), or an upstream SOCKS5 proxy.
 //! The result is a plain byte stream to the destination, so HTTP, CONNECT and SOCKS5 clients
-//! all use the same connectors.
+//! all use the same connectors. Plain-HTTP requests routed to an upstream HTTP proxy are the
+//! exception: they go to the proxy itself in absolute form ([`Dialer::connect_for_request`]),
+//! as a stock squid allows CONNECT only to TLS ports.
 
 use crate::error::DataplaneError;
 use crate::offload::Offload;
@@ -75,6 +77,26 @@ impl Dialer<'_> {
             BackendKind::Unavailable { type_name } => {
                 Err(DataplaneError::BackendUnavailable((*type_name).into()))
             }
+        }
+    }
+
+    /// The connection an absolute-form HTTP request for `host:port` is written to: the upstream
+    /// HTTP proxy itself for an `httpproxy` backend (no CONNECT), otherwise [`Self::connect`].
+    pub async fn connect_for_request(
+        &self,
+        backend: &BackendKind,
+        host: &str,
+        port: u16,
+    ) -> Result<Connected, DataplaneError> {
+        match backend.http_upstream() {
+            Some((proxy_host, proxy_port, _)) => {
+                let deadline = Instant::now() + self.timeout;
+                Ok(Connected {
+                    stream: self.connect_host(proxy_host, proxy_port, deadline).await?,
+                    early_data: Vec::new(),
+                })
+            }
+            None => self.connect(backend, host, port).await,
         }
     }
 

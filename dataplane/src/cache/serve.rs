@@ -584,7 +584,14 @@ async fn fill(
         head.remove_header(name);
     }
     let url = format!("http://{}{}", origin_authority(host, port), path_and_query);
-    let (out, _) = origin_request(&mut head, host, port, path_and_query, request_body);
+    let (out, _) = origin_request(
+        &mut head,
+        &backend.kind,
+        host,
+        port,
+        path_and_query,
+        request_body,
+    );
     let meter = ByteMeter::new(ctx, Some(backend), conn);
     let upstream = match send_request(
         ctx,
