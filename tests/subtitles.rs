@@ -595,6 +595,15 @@ fn assert_error(status: u16, body: &Value, want_status: u16, want_code: &str) {
     );
 }
 
+/// [`assert_error`], and the message contains `fragment`.
+fn assert_error_says(status: u16, body: &Value, want_status: u16, want_code: &str, fragment: &str) {
+    assert_error(status, body, want_status, want_code);
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains(fragment)),
+        "{fragment:?}: {body}"
+    );
+}
+
 /// Polls the job until `done(status)` holds.
 async fn wait_job(svc: &Service, job_id: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1560,13 +1569,7 @@ async fn fetch_guard_refuses_internal_addresses_by_default() {
                           "api_key": "sk-x", "api_url": stub.api()}),
         )
         .await;
-    assert_error(code, &res, 400, "INVALID_REQUEST");
-    assert!(
-        res["error"]
-            .as_str()
-            .is_some_and(|e| e.starts_with("api_url:")),
-        "{res}"
-    );
+    assert_error_says(code, &res, 400, "INVALID_REQUEST", "api_url:");
     assert!(
         stub.gets().is_empty(),
         "nothing was fetched: {:?}",
@@ -1945,13 +1948,8 @@ async fn media_that_is_a_playlist_never_reaches_ffmpeg_or_the_backend() {
             let (code, res) = svc
                 .translate(json!({"video_url": stub.url(media), "target_language": "es"}))
                 .await;
-            assert_error(code, &res, 404, "VIDEO_NOT_FOUND");
-            assert!(
-                res["error"]
-                    .as_str()
-                    .is_some_and(|e| e.contains("not an audio or video container")),
-                "{name} {media}: {res}"
-            );
+            let why = "not an audio or video container";
+            assert_error_says(code, &res, 404, "VIDEO_NOT_FOUND", why);
         }
         assert_eq!(
             stub.transcriptions().len(),

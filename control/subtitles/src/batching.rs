@@ -1,8 +1,8 @@
 //! Translation batching as a runtime-free state machine: segments go to the provider in
 //! numbered batches with surrounding context; a reply must have exactly one numbered line per
-//! segment ([`reply`](crate::reply) reads it and ignores whatever surrounds the numbers). On a mismatch the same batch is asked again once (with the wrong reply and a
-//! correction); if that fails too the batch is split in halves, each asked on its own, down to
-//! single segments. Batches leave in source order, so results can be streamed as they come.
+//! segment ([`reply`](crate::reply) reads it and ignores whatever surrounds the numbers). On a
+//! mismatch the same batch is asked again once (with the wrong reply and a correction); if that
+//! fails too the batch is split in halves, each asked on its own, down to single segments. Batches leave in source order, so results can be streamed as they come.
 //!
 //! Line breaks inside a segment travel as ` <br> ` and come back as `\n`.
 

@@ -519,8 +519,9 @@ async fn checked_container(fetched: &Path, dir: &Path) -> Result<(PathBuf, Conta
         .map_err(read_failed)?;
     let Some(container) = media::sniff(&head) else {
         return Err(not_found(
-            "the media is not an audio or video container this service accepts (WAV, MP3, AAC, \
-             FLAC, Ogg, Matroska/WebM, MP4/MOV, MPEG-TS/PS, AVI, AIFF, ASF, FLV); playlists are refused",
+            "the media is not an audio or video container this service accepts (WAV, MP3, \
+             AAC, FLAC, Ogg, Matroska/WebM, MP4/MOV, MPEG-TS/PS, AVI, AIFF, ASF, FLV); \
+             playlists are refused",
         ));
     };
     let path = dir.join(container.file_name());
