@@ -167,12 +167,12 @@ impl Drop for TestCgroup {
 #[test]
 fn the_core_count_follows_the_cgroup_cpu_quota() {
     let hierarchy = match cpu_hierarchy() {
-        Some(h) if std::fs::metadata(&h.0).is_ok_and(|m| !m.permissions().readonly()) => h,
+        Some(h) => h,
         _ if std::env::var_os("CI").is_some() => {
-            panic!("CI needs a writable cgroup cpu controller")
+            panic!("CI needs a cgroup cpu controller")
         }
         _ => {
-            eprintln!("SKIP: no writable cgroup cpu controller (needs root)");
+            eprintln!("SKIP: no cgroup cpu controller");
             return;
         }
     };

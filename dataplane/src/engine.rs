@@ -221,6 +221,12 @@ fn describe_core_end(result: glommio::Result<(), ()>) -> String {
                 .unwrap_or_else(|| "unknown panic".to_owned());
             format!("panicked: {text}")
         }
+        // glommio 0.9 wraps the reactor's MemLockLimit into an I/O error on this path.
+        Err(e) if e.to_string().contains("MemLockLimit") => format!(
+            "{e}: the locked-memory limit (RLIMIT_MEMLOCK, `ulimit -l`) is below the 512 KiB \
+             glommio needs for its io_uring buffers: raise the memlock limit (systemd \
+             LimitMEMLOCK=, docker --ulimit memlock=)"
+        ),
         Err(e) => format!("glommio executor failed: {e}"),
     }
 }
