@@ -261,3 +261,57 @@ impl CacheStats {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(stats: &CacheStats, name: &str, labels: &[(&str, &str)]) -> u64 {
+        stats
+            .collectors()
+            .iter()
+            .flat_map(|c| c.collect())
+            .filter(|f| f.name() == name)
+            .flat_map(|f| f.get_metric().to_vec())
+            .filter(|m| {
+                labels.iter().all(|(n, v)| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == *n && l.value() == *v)
+                })
+            })
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum()
+    }
+
+    #[test]
+    fn domains_are_counted_and_bounded() {
+        let stats = CacheStats::new();
+        stats.hit("a.test");
+        stats.hit("a.test");
+        stats.miss("a.test", "not_cached");
+        stats.miss("a.test", "not_cached");
+        stats.miss("a.test", "no_length");
+        for i in 0..MAX_DOMAIN_LABELS + 5 {
+            stats.hit(&format!("h{i}.test"));
+        }
+        assert_eq!(
+            value(&stats, "proxy_cache_hits_total", &[("domain", "a.test")]),
+            2
+        );
+        let misses = |reason| {
+            value(
+                &stats,
+                "proxy_cache_misses_total",
+                &[("domain", "a.test"), ("reason", reason)],
+            )
+        };
+        assert_eq!((misses("not_cached"), misses("no_length")), (2, 1));
+        // a.test took one label: 511 more hosts got their own, the rest count as `other`.
+        assert_eq!(
+            value(&stats, "proxy_cache_hits_total", &[("domain", "other")]),
+            6
+        );
+        assert_eq!(stats.hits.load(Relaxed), MAX_DOMAIN_LABELS as u64 + 7);
+    }
+}

@@ -757,3 +757,78 @@ fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize
     }
     Ok(filled)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::cache::evict::EvictPolicy;
+
+    fn memory_store() -> Arc<CacheStore> {
+        CacheStore::open(StoreSettings {
+            kind: StorageKind::Memory,
+            memory_max_bytes: 1 << 30,
+            memory_max_entries: 100_000,
+            memory_policy: EvictPolicy::Lru,
+            disk_dir: std::env::temp_dir(),
+            disk_max_bytes: 0,
+            memory_threshold: 0,
+        })
+        .0
+    }
+
+    fn entry(key: &str, host: &str, expires_unix: u64) -> Entry {
+        Entry::new(
+            EntryMeta {
+                key: key.to_owned(),
+                url: format!("http://{host}/{key}"),
+                host: host.to_owned(),
+                status: 200,
+                headers: Vec::new(),
+                content_type: String::new(),
+                body_len: 1,
+                body_checksum: 0,
+                created_unix: 1,
+                expires_unix,
+            },
+            Body::Memory(vec![b'x']),
+        )
+    }
+
+    #[test]
+    fn walks_span_chunks_in_key_order() {
+        let store = memory_store();
+        let later = now_unix() + 3600;
+        let n = CHUNK * 2 + 10;
+        for i in 0..n {
+            let host = if i % 2 == 0 { "even.test" } else { "odd.test" };
+            assert!(store.insert(entry(&format!("k{i:05}"), host, later)));
+        }
+        let (page, total) = store.list(|h| h == "even.test", CHUNK - 3, 10);
+        assert_eq!(total, n.div_ceil(2));
+        let keys: Vec<&str> = page.iter().map(|e| e.key.as_str()).collect();
+        let want: Vec<String> = (0..n)
+            .step_by(2)
+            .skip(CHUNK - 3)
+            .take(10)
+            .map(|i| format!("k{i:05}"))
+            .collect();
+        assert_eq!(keys, want);
+        assert_eq!(store.remove_where(|h| h == "odd.test"), (n / 2) as u64);
+        assert_eq!(store.list(|_| true, 0, usize::MAX).1, n.div_ceil(2));
+        assert!(store.insert(entry("expired", "even.test", 1)));
+        assert_eq!(store.purge_expired(), 1);
+        assert!(matches!(store.lookup("k00000"), Lookup::Hit(_)));
+        assert!(matches!(store.lookup("k00001"), Lookup::Miss));
+    }
+
+    #[test]
+    fn a_lookup_does_not_wait_for_a_held_index() {
+        let store = memory_store();
+        assert!(store.insert(entry("k", "h.test", now_unix() + 60)));
+        let held = store.index.lock();
+        assert!(matches!(store.lookup("k"), Lookup::Busy));
+        assert_eq!(store.vary_of("k"), None);
+        drop(held);
+        assert!(matches!(store.lookup("k"), Lookup::Hit(_)));
+    }
+}
