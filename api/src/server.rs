@@ -11,6 +11,15 @@ pub struct HealthResponse {
     /// `healthy` or `degraded`
     pub status: String,
     pub time: DateTime<Utc>,
+    /// Why the status is `degraded`: one line per data-plane core that is down and per backend
+    /// that is unhealthy (absent when healthy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+    /// Data-plane cores running / configured (absent where a service has no data plane).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores_up: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores_total: Option<u64>,
 }
 
 /// `GET /api/v1/version`

@@ -35,6 +35,8 @@ pub struct ServerState {
     pub commands: CommandSender,
     pub http_addr: Option<SocketAddr>,
     pub cores: usize,
+    /// Up/down state of each data-plane core (health, metrics).
+    pub core_health: Arc<switchyard_dataplane::core_health::CoreHealth>,
     pub hub: Hub,
     pub request_log: RequestLog,
     pub started: Instant,
@@ -106,20 +108,18 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     } else {
         None
     };
-    let cores_wanted = cfg.server.cores;
-    let probe_cores = if cores_wanted == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        cores_wanted
-    };
+    // Decided once, from the affinity mask, the cgroup CPU quota and server.cores: the same
+    // number sizes the executors, the per-core counters and the live tables.
+    let plan = switchyard_dataplane::cores::CorePlan::detect(cfg.server.cores);
+    tracing::info!(cores = plan.cpus.len(), cpus = ?plan.cpus, reason = %plan.reason, "data-plane cores decided");
     let snapshot =
-        Snapshot::compile(&cfg, None, probe_cores).context("compiling the configuration")?;
+        Snapshot::compile(&cfg, None, plan.cpus.len()).context("compiling the configuration")?;
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let cache = crate::cache::open(&cfg.cache);
     let dataplane = Dataplane::start(
         snapshot.clone(),
         DataplaneOptions {
-            cores: cores_wanted,
+            plan,
             http: Some(crate::net::spec(&http_listen)),
             socks5: socks_listen.as_ref().map(crate::net::spec),
             cache: cache.clone(),
@@ -155,6 +155,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         commands: dataplane.commands.clone(),
         http_addr: dataplane.http_addr,
         cores: dataplane.cores.len(),
+        core_health: dataplane.core_health.clone(),
         hub: Hub::new(),
         request_log: RequestLog::new(cfg.api.request_log_size),
         started: Instant::now(),

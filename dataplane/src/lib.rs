@@ -14,6 +14,8 @@ pub mod buffer_pool;
 pub mod cache;
 pub mod commands;
 pub mod connector;
+pub mod core_health;
+pub mod cores;
 pub mod counters;
 pub mod credentials;
 pub mod engine;
