@@ -3,6 +3,7 @@
 //! (utoipa). No I/O here; the control plane serialises these and the end-to-end tests read them.
 #![forbid(unsafe_code)]
 
+pub mod diagnostics;
 pub mod server;
 
 pub use server::*;

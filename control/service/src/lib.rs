@@ -5,7 +5,9 @@
 
 pub mod logging;
 
-pub use logging::{init as init_logging, LoggingError};
+pub use logging::{
+    init as init_logging, init_with_layer as init_logging_with_layer, ExtraLayer, LoggingError,
+};
 
 /// Why a service command could not start its runtime.
 #[derive(Debug, thiserror::Error)]

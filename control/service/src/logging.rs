@@ -1,9 +1,12 @@
 //! Log set-up from a `logging` section: level (overridable with `RUST_LOG`), text or JSON,
-//! standard error or a file (appended, no colours).
+//! standard error or a file (appended, no colours), plus optionally one extra layer a command
+//! brings (e.g. the client's in-memory log capture for its API).
 
 use std::io::IsTerminal as _;
 use switchyard_config::{LogFormat, LoggingConfig};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoggingError {
@@ -16,13 +19,26 @@ pub enum LoggingError {
     Init(String),
 }
 
+/// A layer added beside the formatter; it sees the events the level filter lets through.
+pub type ExtraLayer = Box<dyn Layer<Registry> + Send + Sync>;
+
 /// Installs the global subscriber. `extra_directives` (e.g. `",sqlx=warn"`) are appended to the
 /// configured level when `RUST_LOG` is not set.
 pub fn init(cfg: &LoggingConfig, extra_directives: &str) -> Result<(), LoggingError> {
+    init_with_layer(cfg, extra_directives, None)
+}
+
+/// [`init`] plus `extra`, which receives every event that passes the same level filter.
+pub fn init_with_layer(
+    cfg: &LoggingConfig,
+    extra_directives: &str,
+    extra: Option<ExtraLayer>,
+) -> Result<(), LoggingError> {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{}{extra_directives}", cfg.level)));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let result = match (&cfg.output, cfg.format) {
+    let base = tracing_subscriber::registry().with(extra).with(filter);
+    let fmt = tracing_subscriber::fmt::layer();
+    let formatter = match (&cfg.output, cfg.format) {
         (Some(path), format) => {
             let file = std::fs::OpenOptions::new()
                 .create(true)
@@ -32,19 +48,21 @@ pub fn init(cfg: &LoggingConfig, extra_directives: &str) -> Result<(), LoggingEr
                     path: path.clone(),
                     source,
                 })?;
-            let b = builder
+            let f = fmt
                 .with_writer(std::sync::Mutex::new(file))
                 .with_ansi(false);
             match format {
-                LogFormat::Json => b.json().try_init(),
-                LogFormat::Text => b.try_init(),
+                LogFormat::Json => f.json().boxed(),
+                LogFormat::Text => f.boxed(),
             }
         }
-        (None, LogFormat::Json) => builder.json().with_writer(std::io::stderr).try_init(),
-        (None, LogFormat::Text) => builder
+        (None, LogFormat::Json) => fmt.json().with_writer(std::io::stderr).boxed(),
+        (None, LogFormat::Text) => fmt
             .with_writer(std::io::stderr)
             .with_ansi(std::io::stderr().is_terminal())
-            .try_init(),
+            .boxed(),
     };
-    result.map_err(|e| LoggingError::Init(e.to_string()))
+    base.with(formatter)
+        .try_init()
+        .map_err(|e| LoggingError::Init(e.to_string()))
 }
