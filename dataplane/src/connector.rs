@@ -3,6 +3,7 @@
 //! The result is a plain byte stream to the destination, so HTTP, CONNECT and SOCKS5 clients
 //! all use the same connectors.
 
+use crate::backend_stream::BackendStream;
 use crate::error::DataplaneError;
 use crate::offload::Offload;
 use crate::resolver::Resolver;
@@ -21,7 +22,7 @@ const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
 
 /// A connected stream plus bytes the upstream proxy sent after its handshake reply.
 pub struct Connected {
-    pub stream: TcpStream,
+    pub stream: crate::backend_stream::BackendStream,
     pub early_data: Vec<u8>,
 }
 
@@ -41,7 +42,7 @@ impl Dialer<'_> {
         let deadline = Instant::now() + self.timeout;
         match backend {
             BackendKind::Direct => Ok(Connected {
-                stream: self.connect_host(host, port, deadline).await?,
+                stream: BackendStream::Tcp(self.connect_host(host, port, deadline).await?),
                 early_data: Vec::new(),
             }),
             BackendKind::HttpProxy {
@@ -72,6 +73,10 @@ impl Dialer<'_> {
                 )
                 .await
             }
+            BackendKind::Wireguard(tunnel) => Ok(Connected {
+                stream: BackendStream::Wireguard(tunnel.0.open(self, host, port, deadline).await?),
+                early_data: Vec::new(),
+            }),
             BackendKind::Unavailable { type_name } => {
                 Err(DataplaneError::BackendUnavailable((*type_name).into()))
             }
@@ -249,7 +254,7 @@ async fn http_connect(
                     ));
                 }
                 return Ok(Connected {
-                    stream,
+                    stream: BackendStream::Tcp(stream),
                     early_data: buf.split_off(used),
                 });
             }
@@ -353,7 +358,7 @@ async fn socks5_connect(
         ));
     }
     Ok(Connected {
-        stream,
+        stream: BackendStream::Tcp(stream),
         early_data: buf,
     })
 }

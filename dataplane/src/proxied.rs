@@ -84,6 +84,9 @@ pub(crate) async fn dial_within(
         offload: &ctx.offload,
         timeout,
     };
+    if let BackendKind::Wireguard(tunnel) = &backend.kind {
+        tunnel.0.ensure_started(ctx, &backend.health);
+    }
     let started = std::time::Instant::now();
     let result = dialer.connect(&backend.kind, host, port).await;
     let counters = backend.counters.core(ctx.core);

@@ -41,10 +41,30 @@ pub enum BackendKind {
         port: u16,
         credentials: Option<(String, String)>,
     },
+    /// A user-space WireGuard tunnel (shared across snapshots while its settings stay).
+    Wireguard(TunnelRef),
     /// Parsed and validated, but its transport is not in this build yet.
     Unavailable {
         type_name: &'static str,
     },
+}
+
+/// A WireGuard backend's tunnel; two refer to the same tunnel only if they are the same one.
+#[derive(Debug, Clone)]
+pub struct TunnelRef(pub Arc<crate::wireguard::WireguardBackend>);
+
+impl PartialEq for TunnelRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TunnelRef {}
+
+impl std::hash::Hash for TunnelRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state)
+    }
 }
 
 #[derive(Debug)]
@@ -80,6 +100,16 @@ impl BackendHealth {
         self.healthy.load(Ordering::Relaxed)
     }
 
+    /// Sets the state measured by a probe (a tunnel's handshake); returns it when it changed.
+    pub fn set(&self, healthy: bool) -> Option<bool> {
+        if healthy {
+            self.failures.store(0, Ordering::Relaxed);
+        } else {
+            self.failures.store(FAILURES_TO_UNHEALTHY, Ordering::Relaxed);
+        }
+        (self.healthy.swap(healthy, Ordering::AcqRel) != healthy).then_some(healthy)
+    }
+
     /// Records a connect outcome; returns the new state when it changed.
     pub fn record(&self, success: bool) -> Option<bool> {
         if success {
@@ -99,6 +129,7 @@ impl Backend {
             BackendKind::Direct => "direct",
             BackendKind::HttpProxy { .. } => "httpproxy",
             BackendKind::Socks5 { .. } => "socks5",
+            BackendKind::Wireguard(_) => "wireguard",
             BackendKind::Unavailable { type_name } => type_name,
         }
     }
@@ -204,9 +235,25 @@ impl Snapshot {
                         credentials,
                     }
                 }
-                BackendType::Wireguard => BackendKind::Unavailable {
-                    type_name: "wireguard",
-                },
+                BackendType::Wireguard => {
+                    let raw = b
+                        .other
+                        .as_ref()
+                        .ok_or_else(|| bad("wireguard settings missing"))?;
+                    let settings =
+                        switchyard_config::wireguard::WireguardSettings::from_value(raw)
+                            .map_err(|e| bad(&format!("wireguard.{e}")))?;
+                    // Same settings: keep the running tunnel (and its session) across reloads.
+                    let kept = old.and_then(|old| match &old.kind {
+                        BackendKind::Wireguard(t) if t.0.settings == settings => Some(t.clone()),
+                        _ => None,
+                    });
+                    BackendKind::Wireguard(kept.unwrap_or_else(|| {
+                        TunnelRef(Arc::new(crate::wireguard::WireguardBackend::new(
+                            &b.name, settings,
+                        )))
+                    }))
+                }
                 BackendType::Openvpn => BackendKind::Unavailable {
                     type_name: "openvpn",
                 },
