@@ -111,8 +111,8 @@ impl Peer {
         let host_veth = format!("sywgh{id}");
         let ns_veth = format!("sywgn{id}");
         let tun = format!("sywgt{id}");
-        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
-        let _ = Command::new("ip").args(["link", "del", &host_veth]).status();
+        let _ = Command::new("ip").args(["netns", "del", &ns]).stderr(Stdio::null()).status();
+        let _ = Command::new("ip").args(["link", "del", &host_veth]).stderr(Stdio::null()).status();
         sh("ip", &["netns", "add", &ns]);
         sh("ip", &["link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth]);
         sh("ip", &["link", "set", &ns_veth, "netns", &ns]);
