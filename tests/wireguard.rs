@@ -111,16 +111,41 @@ impl Peer {
         let host_veth = format!("sywgh{id}");
         let ns_veth = format!("sywgn{id}");
         let tun = format!("sywgt{id}");
-        let _ = Command::new("ip").args(["netns", "del", &ns]).stderr(Stdio::null()).status();
-        let _ = Command::new("ip").args(["link", "del", &host_veth]).stderr(Stdio::null()).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &ns])
+            .stderr(Stdio::null())
+            .status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &host_veth])
+            .stderr(Stdio::null())
+            .status();
         sh("ip", &["netns", "add", &ns]);
-        sh("ip", &["link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth]);
+        sh(
+            "ip",
+            &[
+                "link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth,
+            ],
+        );
         sh("ip", &["link", "set", &ns_veth, "netns", &ns]);
         let host_ip = format!("10.213.{k}.1");
         let ns_ip = format!("10.213.{k}.2");
-        sh("ip", &["addr", "add", &format!("{host_ip}/30"), "dev", &host_veth]);
+        sh(
+            "ip",
+            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_veth],
+        );
         sh("ip", &["link", "set", &host_veth, "up"]);
-        sh("ip", &["-n", &ns, "addr", "add", &format!("{ns_ip}/30"), "dev", &ns_veth]);
+        sh(
+            "ip",
+            &[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{ns_ip}/30"),
+                "dev",
+                &ns_veth,
+            ],
+        );
         sh("ip", &["-n", &ns, "link", "set", &ns_veth, "up"]);
         sh("ip", &["-n", &ns, "link", "set", "lo", "up"]);
         let (peer_private, peer_public) = keypair();
@@ -181,7 +206,10 @@ impl Peer {
         // nginx is up once its pid file exists.
         let deadline = Instant::now() + Duration::from_secs(10);
         while !peer.dir.path().join("nginx.pid").exists() {
-            assert!(Instant::now() < deadline, "nginx did not start in the namespace");
+            assert!(
+                Instant::now() < deadline,
+                "nginx did not start in the namespace"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         peer
@@ -193,7 +221,14 @@ impl Peer {
         let child = Command::new("ip")
             .args(["netns", "exec", &self.ns])
             .arg(&self.boringtun)
-            .args([&self.tun, "--foreground", "--disable-drop-privileges", "--threads", "1", "-l"])
+            .args([
+                &self.tun,
+                "--foreground",
+                "--disable-drop-privileges",
+                "--threads",
+                "1",
+                "-l",
+            ])
             .arg(&log)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -206,7 +241,10 @@ impl Peer {
         let sock = format!("/var/run/wireguard/{}.sock", self.tun);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !std::path::Path::new(&sock).exists() {
-            assert!(Instant::now() < deadline, "boringtun-cli did not create {sock}");
+            assert!(
+                Instant::now() < deadline,
+                "boringtun-cli did not create {sock}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         let key_file = self.dir.path().join("peer.key");
@@ -216,12 +254,27 @@ impl Peer {
         sh(
             "ip",
             &[
-                "netns", "exec", &self.ns, "wg", "set", &self.tun, "private-key", &key_path,
-                "listen-port", "51820", "peer", &self.client_public, "allowed-ips", &allowed,
+                "netns",
+                "exec",
+                &self.ns,
+                "wg",
+                "set",
+                &self.tun,
+                "private-key",
+                &key_path,
+                "listen-port",
+                "51820",
+                "peer",
+                &self.client_public,
+                "allowed-ips",
+                &allowed,
             ],
         );
         let tun_addr = format!("{}/24", self.origin_ip);
-        sh("ip", &["-n", &self.ns, "addr", "add", &tun_addr, "dev", &self.tun]);
+        sh(
+            "ip",
+            &["-n", &self.ns, "addr", "add", &tun_addr, "dev", &self.tun],
+        );
         sh("ip", &["-n", &self.ns, "link", "set", &self.tun, "up"]);
     }
 
@@ -304,10 +357,23 @@ fn http_connect_and_socks5_go_through_the_tunnel() {
     let connect = curl(&["-sS", "--max-time", "20", "-p", "-x", &proxy, &url]);
     assert_eq!(body(&connect), "hello through the tunnel\n", "{connect:?}");
     let via_socks = curl(&["-sS", "--max-time", "20", "-x", &socks, &url]);
-    assert_eq!(body(&via_socks), "hello through the tunnel\n", "{via_socks:?}");
+    assert_eq!(
+        body(&via_socks),
+        "hello through the tunnel\n",
+        "{via_socks:?}"
+    );
     // A body larger than every buffer on the way (flow channels, smoltcp windows).
     let big = curl(&[
-        "-sS", "--max-time", "60", "-p", "-x", &proxy, "-o", "/dev/null", "-w", "%{size_download}",
+        "-sS",
+        "--max-time",
+        "60",
+        "-p",
+        "-x",
+        &proxy,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{size_download}",
         &format!("http://{}/big.bin", peer.origin_ip),
     ]);
     assert_eq!(body(&big), (3 * 1024 * 1024).to_string(), "{big:?}");
@@ -324,20 +390,41 @@ fn http_connect_and_socks5_go_through_the_tunnel() {
     }
     assert_eq!(backend_healthy(&server, "wg"), Some(true));
     let stats = server.api_get("/api/v1/backends/wg/stats");
-    assert!(stats["total_connections"].as_u64().unwrap_or(0) >= 4, "{stats}");
-    assert!(stats["bytes_sent"].as_u64().unwrap_or(0) >= 3 * 1024 * 1024, "{stats}");
+    assert!(
+        stats["total_connections"].as_u64().unwrap_or(0) >= 4,
+        "{stats}"
+    );
+    assert!(
+        stats["bytes_sent"].as_u64().unwrap_or(0) >= 3 * 1024 * 1024,
+        "{stats}"
+    );
 
     // The connection test of the API goes through the tunnel as well.
     let target = format!(r#"{{"target": "{}:80", "timeout": "10s"}}"#, peer.origin_ip);
-    let (status, result) = api_call(&server, "POST", "/api/v1/backends/wg/test", Some(&target), None);
+    let (status, result) = api_call(
+        &server,
+        "POST",
+        "/api/v1/backends/wg/test",
+        Some(&target),
+        None,
+    );
     assert_eq!(status, 200, "{result}");
     assert_eq!(result["status"], "ok", "{result}");
     // A closed port inside the tunnel is refused by the peer's stack, reported as such.
     let closed = format!(r#"{{"target": "{}:81", "timeout": "10s"}}"#, peer.origin_ip);
-    let (_, result) = api_call(&server, "POST", "/api/v1/backends/wg/test", Some(&closed), None);
+    let (_, result) = api_call(
+        &server,
+        "POST",
+        "/api/v1/backends/wg/test",
+        Some(&closed),
+        None,
+    );
     assert_eq!(result["status"], "failed", "{result}");
     assert!(
-        result["error"].as_str().unwrap_or_default().contains("refused"),
+        result["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("refused"),
         "{result}"
     );
 }
@@ -365,8 +452,22 @@ fn a_lost_peer_turns_the_backend_unhealthy_and_back() {
         .expect("wg listed");
     assert_eq!(wg["healthy"], false, "{listed}");
     assert_eq!(wg["type"], "wireguard");
-    let failed = curl(&["-sS", "--max-time", "30", "-x", &proxy, "-w", "%{http_code}", "-o", "/dev/null", &url]);
-    assert!(matches!(body(&failed).as_str(), "502" | "504"), "{failed:?}");
+    let failed = curl(&[
+        "-sS",
+        "--max-time",
+        "30",
+        "-x",
+        &proxy,
+        "-w",
+        "%{http_code}",
+        "-o",
+        "/dev/null",
+        &url,
+    ]);
+    assert!(
+        matches!(body(&failed).as_str(), "502" | "504"),
+        "{failed:?}"
+    );
 
     peer.start_wireguard();
     wait_health(&server, "wg", true, Duration::from_secs(40));
@@ -384,7 +485,16 @@ fn a_wrong_peer_key_is_a_clear_error() {
     let server = start_server(&server_yaml(&peer, &stranger));
     let proxy = format!("http://{}", server.http);
     let url = format!("http://{}/hello.txt", peer.origin_ip);
-    let out = curl(&["-sS", "--max-time", "30", "-x", &proxy, "-w", "\n%{http_code}", &url]);
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "30",
+        "-x",
+        &proxy,
+        "-w",
+        "\n%{http_code}",
+        &url,
+    ]);
     let text = body(&out);
     assert!(text.ends_with("\n502"), "{text}");
     assert!(
@@ -403,21 +513,46 @@ fn a_wireguard_backend_created_through_the_api_carries_traffic_and_hides_its_key
     let peer = Peer::start(boringtun, nginx);
     let server = start_server("");
     let create = serde_json::json!({"name": "wg-api", "type": "wireguard", "wireguard": peer.settings(&peer.peer_public)});
-    let (status, reply) = api_call(&server, "POST", "/api/v1/backends", Some(&create.to_string()), None);
+    let (status, reply) = api_call(
+        &server,
+        "POST",
+        "/api/v1/backends",
+        Some(&create.to_string()),
+        None,
+    );
     assert_eq!(status, 201, "{reply}");
     assert_eq!(reply["type"], "wireguard");
     let mut bad = create.clone();
     bad["name"] = "wg-bad".into();
     bad["wireguard"]["private_key"] = "not a key".into();
-    let (status, reply) = api_call(&server, "POST", "/api/v1/backends", Some(&bad.to_string()), None);
+    let (status, reply) = api_call(
+        &server,
+        "POST",
+        "/api/v1/backends",
+        Some(&bad.to_string()),
+        None,
+    );
     assert_eq!(status, 400, "{reply}");
     assert!(reply.to_string().contains("private_key"), "{reply}");
 
     let route = serde_json::json!({"name": "tunnel", "domains": [peer.origin_ip], "backend": "wg-api", "priority": 10});
-    let (status, reply) = api_call(&server, "POST", "/api/v1/routes", Some(&route.to_string()), None);
+    let (status, reply) = api_call(
+        &server,
+        "POST",
+        "/api/v1/routes",
+        Some(&route.to_string()),
+        None,
+    );
     assert_eq!(status, 201, "{reply}");
     let url = format!("http://{}/hello.txt", peer.origin_ip);
-    let out = curl(&["-sS", "--max-time", "20", "-x", &format!("http://{}", server.http), &url]);
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-x",
+        &format!("http://{}", server.http),
+        &url,
+    ]);
     assert_eq!(body(&out), "hello through the tunnel\n", "{out:?}");
 
     let config = server.api_get("/api/v1/config");

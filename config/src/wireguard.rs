@@ -116,7 +116,8 @@ fn parse_net(key: &str, text: &str) -> Result<IpNet, SettingsError> {
 impl WireguardSettings {
     /// Reads and checks the raw `wireguard` object.
     pub fn from_value(value: &serde_json::Value) -> Result<Self, SettingsError> {
-        let raw: Raw = serde_json::from_value(value.clone()).map_err(|e| err("wireguard", e.to_string()))?;
+        let raw: Raw =
+            serde_json::from_value(value.clone()).map_err(|e| err("wireguard", e.to_string()))?;
         let address = raw
             .address
             .into_vec()
@@ -148,7 +149,10 @@ impl WireguardSettings {
             })
             .collect::<Result<Vec<_>, _>>()?;
         if crate::validate::check_host_port(&raw.endpoint).is_err() {
-            return Err(err("endpoint", format!("`{}` is not host:port", raw.endpoint)));
+            return Err(err(
+                "endpoint",
+                format!("`{}` is not host:port", raw.endpoint),
+            ));
         }
         let mtu = raw.mtu.unwrap_or(DEFAULT_MTU);
         if !(576..=9000).contains(&mtu) {
@@ -165,7 +169,8 @@ impl WireguardSettings {
                 .filter(|k| !k.is_empty())
                 .map(|k| decode_key("preshared_key", &k))
                 .transpose()?,
-            persistent_keepalive: (raw.persistent_keepalive > 0).then_some(raw.persistent_keepalive),
+            persistent_keepalive: (raw.persistent_keepalive > 0)
+                .then_some(raw.persistent_keepalive),
             mtu,
             dns,
         })
@@ -248,6 +253,9 @@ mod tests {
         }
         let mut v = minimal();
         v["peers"] = json!([]);
-        assert!(WireguardSettings::from_value(&v).is_err(), "unknown keys are refused");
+        assert!(
+            WireguardSettings::from_value(&v).is_err(),
+            "unknown keys are refused"
+        );
     }
 }

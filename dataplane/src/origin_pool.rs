@@ -2,8 +2,8 @@
 //! destination. A connection is reused only if it is young enough and a non-blocking peek shows
 //! no EOF and no stray bytes.
 
-use crate::snapshot::BackendKind;
 use crate::backend_stream::BackendStream;
+use crate::snapshot::BackendKind;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -37,8 +37,7 @@ pub fn take(key: &PoolKey) -> Option<BackendStream> {
         let mut dropped = 0;
         if let Some(list) = p.idle.get_mut(key) {
             while let Some((stream, since)) = list.pop() {
-                if since.elapsed() < MAX_IDLE_AGE && stream.idle_is_clean()
-                {
+                if since.elapsed() < MAX_IDLE_AGE && stream.idle_is_clean() {
                     found = Some(stream);
                     break;
                 }

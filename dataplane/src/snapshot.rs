@@ -105,7 +105,8 @@ impl BackendHealth {
         if healthy {
             self.failures.store(0, Ordering::Relaxed);
         } else {
-            self.failures.store(FAILURES_TO_UNHEALTHY, Ordering::Relaxed);
+            self.failures
+                .store(FAILURES_TO_UNHEALTHY, Ordering::Relaxed);
         }
         (self.healthy.swap(healthy, Ordering::AcqRel) != healthy).then_some(healthy)
     }
@@ -240,9 +241,8 @@ impl Snapshot {
                         .other
                         .as_ref()
                         .ok_or_else(|| bad("wireguard settings missing"))?;
-                    let settings =
-                        switchyard_config::wireguard::WireguardSettings::from_value(raw)
-                            .map_err(|e| bad(&format!("wireguard.{e}")))?;
+                    let settings = switchyard_config::wireguard::WireguardSettings::from_value(raw)
+                        .map_err(|e| bad(&format!("wireguard.{e}")))?;
                     // Same settings: keep the running tunnel (and its session) across reloads.
                     let kept = old.and_then(|old| match &old.kind {
                         BackendKind::Wireguard(t) if t.0.settings == settings => Some(t.clone()),

@@ -293,12 +293,17 @@ impl Tunnel {
             reason,
         };
         if !self.settings.allows(target.ip()) {
-            let e = tunnel_error(format!("{} is outside the tunnel's allowed_ips", target.ip()));
+            let e = tunnel_error(format!(
+                "{} is outside the tunnel's allowed_ips",
+                target.ip()
+            ));
             let _ = reply.send(Err(e));
             return;
         }
         let Some(source) = self.settings.source_for(target.ip()) else {
-            let e = tunnel_error(format!("the tunnel has no address of the family of {target}"));
+            let e = tunnel_error(format!(
+                "the tunnel has no address of the family of {target}"
+            ));
             let _ = reply.send(Err(e));
             return;
         };
@@ -532,8 +537,9 @@ impl Tunnel {
             .last_rx
             .is_none_or(|at| now.duration_since(at) >= LIVENESS_INTERVAL);
         if quiet {
-            if let TunnResult::WriteToNetwork(out) =
-                self.tunn.format_handshake_initiation(&mut self.scratch, true)
+            if let TunnResult::WriteToNetwork(out) = self
+                .tunn
+                .format_handshake_initiation(&mut self.scratch, true)
             {
                 self.outgoing.push(out.to_vec());
             }
