@@ -353,7 +353,14 @@ impl Snapshot {
         if let [only] = route.backends.as_slice() {
             return usable(only).then(|| (route, &self.backends[*only]));
         }
-        let candidates: Vec<usize> = route.backends.iter().copied().filter(usable).collect();
+        // Unhealthy members are skipped while a healthy one is left (and picked again once
+        // they recover); when none is healthy every enabled member stays a candidate, so a
+        // wrong health verdict never takes the route down by itself.
+        let healthy = |i: &usize| usable(i) && self.backends[*i].health.is_healthy();
+        let mut candidates: Vec<usize> = route.backends.iter().copied().filter(healthy).collect();
+        if candidates.is_empty() {
+            candidates = route.backends.iter().copied().filter(usable).collect();
+        }
         let chosen = match (candidates.len(), route.load_balance) {
             (0, _) => return None,
             (1, _) => candidates[0],
@@ -447,6 +454,21 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn balancing_skips_unhealthy_members_and_returns_to_them() {
+        let snap = Snapshot::compile(&config(), None, 1).expect("compile");
+        let pick = || snap.select("a.example.com").expect("route").1.name.clone();
+        snap.backends[1].health.set(false);
+        assert_eq!([pick(), pick(), pick()], ["up2", "up2", "up2"]);
+        snap.backends[2].health.set(false);
+        let both_down: Vec<String> = (0..2).map(|_| pick()).collect();
+        assert!(both_down.contains(&"up".to_owned()) && both_down.contains(&"up2".to_owned()));
+        snap.backends[1].health.set(true);
+        snap.backends[2].health.set(true);
+        let back: Vec<String> = (0..2).map(|_| pick()).collect();
+        assert!(back.contains(&"up".to_owned()) && back.contains(&"up2".to_owned()));
     }
 
     #[test]
