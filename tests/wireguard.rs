@@ -565,3 +565,38 @@ fn a_wireguard_backend_created_through_the_api_carries_traffic_and_hides_its_key
     assert_eq!(wg["wireguard"]["endpoint"], peer.endpoint.as_str(), "{wg}");
     assert!(!config.to_string().contains(&peer.client_private));
 }
+
+#[test]
+fn a_route_fails_over_from_a_dead_tunnel_to_a_live_one() {
+    let Some((boringtun, nginx)) = prerequisites() else {
+        return;
+    };
+    let peer = Peer::start(boringtun, nginx);
+    let (_, stranger) = keypair();
+    let good = serde_json::to_string(&peer.settings(&peer.peer_public)).expect("json");
+    let dead = serde_json::to_string(&peer.settings(&stranger)).expect("json");
+    let server = start_server(&format!(
+        "backends:\n  - {{name: wg-dead, type: wireguard, wireguard: {dead}}}\n  - {{name: wg-good, type: wireguard, wireguard: {good}}}\n\
+         routes:\n  - {{name: tunnel, domains: [\"*\"], backends: [wg-dead, wg-good], load_balance: round_robin}}\n"
+    ));
+    // The connection test starts the dead tunnel; its unanswered handshake marks it unhealthy.
+    let (_, result) = api_call(
+        &server,
+        "POST",
+        "/api/v1/backends/wg-dead/test",
+        Some(&format!(
+            r#"{{"target": "{}:80", "timeout": "10s"}}"#,
+            peer.origin_ip
+        )),
+        None,
+    );
+    assert_eq!(result["status"], "failed", "{result}");
+    wait_health(&server, "wg-dead", false, Duration::from_secs(30));
+    let proxy = format!("http://{}", server.http);
+    let url = format!("http://{}/hello.txt", peer.origin_ip);
+    for _ in 0..4 {
+        let out = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
+        assert_eq!(body(&out), "hello through the tunnel\n", "{out:?}");
+    }
+    assert_eq!(backend_healthy(&server, "wg-good"), Some(true));
+}
