@@ -564,6 +564,20 @@ fn a_wireguard_backend_created_through_the_api_carries_traffic_and_hides_its_key
     assert_eq!(wg["wireguard"]["private_key"], "********", "{wg}");
     assert_eq!(wg["wireguard"]["endpoint"], peer.endpoint.as_str(), "{wg}");
     assert!(!config.to_string().contains(&peer.client_private));
+
+    // The OpenAPI document describes the settings object.
+    let doc = server.api_get("/api/v1/openapi.json");
+    let schema = &doc["components"]["schemas"]["WireguardSettings"];
+    for key in [
+        "private_key",
+        "address",
+        "public_key",
+        "endpoint",
+        "allowed_ips",
+        "dns",
+    ] {
+        assert!(schema["properties"][key].is_object(), "{key} in {schema}");
+    }
 }
 
 #[test]
