@@ -337,6 +337,11 @@ fn wait_health(server: &Server, name: &str, want: bool, within: Duration) {
     }
 }
 
+/// A JSON POST to the management API: (status, body).
+fn post(server: &Server, path: &str, body: &dyn std::fmt::Display) -> (u16, serde_json::Value) {
+    api_call(server, "POST", path, Some(&body.to_string()), None)
+}
+
 fn body(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -401,24 +406,12 @@ fn http_connect_and_socks5_go_through_the_tunnel() {
 
     // The connection test of the API goes through the tunnel as well.
     let target = format!(r#"{{"target": "{}:80", "timeout": "10s"}}"#, peer.origin_ip);
-    let (status, result) = api_call(
-        &server,
-        "POST",
-        "/api/v1/backends/wg/test",
-        Some(&target),
-        None,
-    );
+    let (status, result) = post(&server, "/api/v1/backends/wg/test", &target);
     assert_eq!(status, 200, "{result}");
     assert_eq!(result["status"], "ok", "{result}");
     // A closed port inside the tunnel is refused by the peer's stack, reported as such.
     let closed = format!(r#"{{"target": "{}:81", "timeout": "10s"}}"#, peer.origin_ip);
-    let (_, result) = api_call(
-        &server,
-        "POST",
-        "/api/v1/backends/wg/test",
-        Some(&closed),
-        None,
-    );
+    let (_, result) = post(&server, "/api/v1/backends/wg/test", &closed);
     assert_eq!(result["status"], "failed", "{result}");
     assert!(
         result["error"]
@@ -513,36 +506,18 @@ fn a_wireguard_backend_created_through_the_api_carries_traffic_and_hides_its_key
     let peer = Peer::start(boringtun, nginx);
     let server = start_server("");
     let create = serde_json::json!({"name": "wg-api", "type": "wireguard", "wireguard": peer.settings(&peer.peer_public)});
-    let (status, reply) = api_call(
-        &server,
-        "POST",
-        "/api/v1/backends",
-        Some(&create.to_string()),
-        None,
-    );
+    let (status, reply) = post(&server, "/api/v1/backends", &create);
     assert_eq!(status, 201, "{reply}");
     assert_eq!(reply["type"], "wireguard");
     let mut bad = create.clone();
     bad["name"] = "wg-bad".into();
     bad["wireguard"]["private_key"] = "not a key".into();
-    let (status, reply) = api_call(
-        &server,
-        "POST",
-        "/api/v1/backends",
-        Some(&bad.to_string()),
-        None,
-    );
+    let (status, reply) = post(&server, "/api/v1/backends", &bad);
     assert_eq!(status, 400, "{reply}");
     assert!(reply.to_string().contains("private_key"), "{reply}");
 
     let route = serde_json::json!({"name": "tunnel", "domains": [peer.origin_ip], "backend": "wg-api", "priority": 10});
-    let (status, reply) = api_call(
-        &server,
-        "POST",
-        "/api/v1/routes",
-        Some(&route.to_string()),
-        None,
-    );
+    let (status, reply) = post(&server, "/api/v1/routes", &route);
     assert_eq!(status, 201, "{reply}");
     let url = format!("http://{}/hello.txt", peer.origin_ip);
     let out = curl(&[
@@ -594,16 +569,8 @@ fn a_route_fails_over_from_a_dead_tunnel_to_a_live_one() {
          routes:\n  - {{name: tunnel, domains: [\"*\"], backends: [wg-dead, wg-good], load_balance: round_robin}}\n"
     ));
     // The connection test starts the dead tunnel; its unanswered handshake marks it unhealthy.
-    let (_, result) = api_call(
-        &server,
-        "POST",
-        "/api/v1/backends/wg-dead/test",
-        Some(&format!(
-            r#"{{"target": "{}:80", "timeout": "10s"}}"#,
-            peer.origin_ip
-        )),
-        None,
-    );
+    let target = format!(r#"{{"target": "{}:80", "timeout": "10s"}}"#, peer.origin_ip);
+    let (_, result) = post(&server, "/api/v1/backends/wg-dead/test", &target);
     assert_eq!(result["status"], "failed", "{result}");
     wait_health(&server, "wg-dead", false, Duration::from_secs(30));
     let proxy = format!("http://{}", server.http);

@@ -353,7 +353,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log warn;\n\
              events {{ worker_connections 4096; }}\nhttp {{ access_log off; sendfile on; keepalive_timeout 300s;\n\
              client_header_timeout 300s; client_body_temp_path {d}/b; proxy_temp_path {d}/p; fastcgi_temp_path {d}/f;\n\
-             uwsgi_temp_path {d}/u; scgi_temp_path {d}/s;\n  server {{ listen {ORIGIN}:80 backlog 4096; root {d}/www; }}\n}}\n"
+             uwsgi_temp_path {d}/u; scgi_temp_path {d}/s;\n  server {{ listen {ORIGIN}:80 backlog=4096; root {d}/www; }}\n}}\n"
         ),
     )?;
     let mut cmd = Command::new("ip");
@@ -390,11 +390,20 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     loop {
         let a = download(Some("sywgb-cli"), None, &small);
         let b = download(None, Some(&proxy), &small);
-        if matches!((&a, &b), (Ok((1024, _)), Ok((1024, _)))) {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("tunnels do not carry the test file: reference {a:?}, switchyard {b:?}");
+        match (&a, &b) {
+            (Ok((1024, _)), Ok((1024, _))) => break,
+            _ if Instant::now() > deadline => {
+                let show = |r: &Result<(u64, f64)>| match r {
+                    Ok((n, _)) => format!("{n} bytes"),
+                    Err(e) => format!("{e:#}"),
+                };
+                bail!(
+                    "tunnels do not carry the test file: reference {}, switchyard {}",
+                    show(&a),
+                    show(&b)
+                );
+            }
+            _ => {}
         }
         std::thread::sleep(Duration::from_millis(500));
     }
