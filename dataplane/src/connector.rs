@@ -1,5 +1,6 @@
 //! Opening a TCP stream to `host:port` through a backend: `direct` (resolve, then race the
-//! addresses RFC 8305 style), an upstream HTTP proxy (CONNECT), or an upstream SOCKS5 proxy.
+//! addresses RFC 8305 style), an upstream HTTP proxy (CONNECT), an upstream SOCKS5 proxy, or a
+//! TCP flow inside a user-space WireGuard tunnel ([`crate::wireguard`]).
 //! The result is a plain byte stream to the destination, so HTTP, CONNECT and SOCKS5 clients
 //! all use the same connectors.
 
@@ -22,7 +23,7 @@ const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
 
 /// A connected stream plus bytes the upstream proxy sent after its handshake reply.
 pub struct Connected {
-    pub stream: crate::backend_stream::BackendStream,
+    pub stream: BackendStream,
     pub early_data: Vec<u8>,
 }
 
