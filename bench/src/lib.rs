@@ -17,6 +17,9 @@
 //! - **cache**: HTTP cache hits (1 KiB, 1 MiB, 100 MiB) against nginx `proxy_cache` and varnish
 //!   (see [`cache`](mod@cache)).
 //!
+//! - **wireguard**: the user-space WireGuard backend against boringtun-cli's TUN + kernel TCP
+//!   (1 GiB download, new connections/s, memory per tunnelled connection; needs root; see
+//!   [`wireguard`](mod@wireguard)).
 //! - **inventory**: `switchyard inventory` list latency (page 1, search, category filter,
 //!   low stock, deep page) for one user with 100,000 items on SQLite and PostgreSQL (see
 //!   [`inventory`](mod@inventory)).
@@ -33,6 +36,7 @@ mod pkgcache;
 mod procs;
 mod report;
 mod scenarios;
+mod wireguard;
 mod wrk;
 
 use std::path::PathBuf;
@@ -51,7 +55,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory
+    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory, wireguard
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -60,7 +64,7 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 7] = [
+pub const SCENARIOS: [&str; 8] = [
     "http",
     "connect",
     "socks5",
@@ -68,6 +72,7 @@ pub const SCENARIOS: [&str; 7] = [
     "pkgcache",
     "cache",
     "inventory",
+    "wireguard",
 ];
 
 /// Runs the selected scenarios and writes the results. Synchronous; builds its own tokio runtime.
@@ -140,6 +145,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "pkgcache" => pkgcache::run(&ctx),
             "inventory" => inventory::run(&ctx),
             "cache" => cache::run(&ctx),
+            "wireguard" => wireguard::run(&ctx),
             _ => scenarios::run_one(&ctx, s),
         };
         let section = match result {

@@ -239,12 +239,15 @@ impl BackendType {
         }
     }
 
-    /// Whether this build can run backends of this type. WireGuard and OpenVPN parse and
-    /// validate but are not implemented yet.
+    /// Whether this build can run backends of this type. OpenVPN parses and validates but is
+    /// not implemented yet.
     pub const fn is_available(self) -> bool {
         matches!(
             self,
-            BackendType::Direct | BackendType::HttpProxy | BackendType::Socks5
+            BackendType::Direct
+                | BackendType::HttpProxy
+                | BackendType::Socks5
+                | BackendType::Wireguard
         )
     }
 

@@ -46,8 +46,8 @@ pub(crate) async fn with_timeout<T>(
 }
 
 /// Reads until `parse` yields a head; `carry` holds bytes read beyond it on return.
-pub(crate) async fn read_head<T>(
-    from: &RefCell<TcpStream>,
+pub(crate) async fn read_head<T, S: futures_lite::io::AsyncRead + Unpin>(
+    from: &RefCell<S>,
     carry: &mut Vec<u8>,
     limits: &HeadLimits,
     timeout: Duration,
@@ -101,13 +101,17 @@ pub(crate) enum BodyEnd {
 
 /// Relays one body of `kind` from `from` (whose already-read bytes are in `carry`) to `to`.
 /// Bytes beyond the body stay in `carry` (a pipelined next message).
-pub(crate) async fn relay_body(
-    from: &RefCell<TcpStream>,
-    to: &RefCell<TcpStream>,
+pub(crate) async fn relay_body<F, T>(
+    from: &RefCell<F>,
+    to: &RefCell<T>,
     carry: &mut Vec<u8>,
     kind: BodyKind,
     count: &dyn Fn(u64),
-) -> io::Result<BodyEnd> {
+) -> io::Result<BodyEnd>
+where
+    F: futures_lite::io::AsyncRead + Unpin,
+    T: futures_lite::io::AsyncWrite + Unpin,
+{
     match kind {
         BodyKind::Empty => Ok(BodyEnd::Complete),
         BodyKind::Length(mut left) => {
@@ -693,7 +697,7 @@ pub(crate) fn origin_authority(host: &str, port: u16) -> String {
 /// The origin's answer to a forwarded request: its connection, the response head and body bytes
 /// read along with the head.
 pub(crate) struct Upstream {
-    pub origin: RefCell<TcpStream>,
+    pub origin: RefCell<crate::backend_stream::BackendStream>,
     pub response: ResponseHead,
     pub carry: Vec<u8>,
     pub pool_key: PoolKey,

@@ -10,6 +10,7 @@
 //! never stalls. Protocol parsing lives in the runtime-free `switchyard-proto` crate.
 
 pub mod access_control;
+pub mod backend_stream;
 pub mod buffer_pool;
 pub mod cache;
 pub mod commands;
@@ -33,6 +34,7 @@ mod socks5_server;
 mod sys;
 mod trace;
 mod tunnel;
+pub mod wireguard;
 
 pub use engine::{Dataplane, DataplaneOptions};
 pub use error::DataplaneError;

@@ -111,6 +111,9 @@ async fn account(
     backend: &Backend,
     connect: impl std::future::Future<Output = Result<Connected, DataplaneError>>,
 ) -> Result<Connected, DataplaneError> {
+    if let BackendKind::Wireguard(tunnel) = &backend.kind {
+        tunnel.0.ensure_started(ctx, &backend.health);
+    }
     let started = std::time::Instant::now();
     let result = connect.await;
     let counters = backend.counters.core(ctx.core);

@@ -44,10 +44,30 @@ pub enum BackendKind {
         port: u16,
         credentials: Option<(String, String)>,
     },
+    /// A user-space WireGuard tunnel (shared across snapshots while its settings stay).
+    Wireguard(TunnelRef),
     /// Parsed and validated, but its transport is not in this build yet.
     Unavailable {
         type_name: &'static str,
     },
+}
+
+/// A WireGuard backend's tunnel; two refer to the same tunnel only if they are the same one.
+#[derive(Debug, Clone)]
+pub struct TunnelRef(pub Arc<crate::wireguard::WireguardBackend>);
+
+impl PartialEq for TunnelRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TunnelRef {}
+
+impl std::hash::Hash for TunnelRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state)
+    }
 }
 
 #[derive(Debug)]
@@ -81,6 +101,17 @@ impl Default for BackendHealth {
 impl BackendHealth {
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Sets the state measured by a probe (a tunnel's handshake); returns it when it changed.
+    pub fn set(&self, healthy: bool) -> Option<bool> {
+        if healthy {
+            self.failures.store(0, Ordering::Relaxed);
+        } else {
+            self.failures
+                .store(FAILURES_TO_UNHEALTHY, Ordering::Relaxed);
+        }
+        (self.healthy.swap(healthy, Ordering::AcqRel) != healthy).then_some(healthy)
     }
 
     /// Records a connect outcome; returns the new state when it changed.
@@ -117,6 +148,7 @@ impl Backend {
             BackendKind::Direct => "direct",
             BackendKind::HttpProxy { .. } => "httpproxy",
             BackendKind::Socks5 { .. } => "socks5",
+            BackendKind::Wireguard(_) => "wireguard",
             BackendKind::Unavailable { type_name } => type_name,
         }
     }
@@ -225,9 +257,24 @@ impl Snapshot {
                         credentials,
                     }
                 }
-                BackendType::Wireguard => BackendKind::Unavailable {
-                    type_name: "wireguard",
-                },
+                BackendType::Wireguard => {
+                    let raw = b
+                        .other
+                        .as_ref()
+                        .ok_or_else(|| bad("wireguard settings missing"))?;
+                    let settings = switchyard_config::wireguard::WireguardSettings::from_value(raw)
+                        .map_err(|e| bad(&format!("wireguard.{e}")))?;
+                    // Same settings: keep the running tunnel (and its session) across reloads.
+                    let kept = old.and_then(|old| match &old.kind {
+                        BackendKind::Wireguard(t) if t.0.settings == settings => Some(t.clone()),
+                        _ => None,
+                    });
+                    BackendKind::Wireguard(kept.unwrap_or_else(|| {
+                        TunnelRef(Arc::new(crate::wireguard::WireguardBackend::new(
+                            &b.name, settings,
+                        )))
+                    }))
+                }
                 BackendType::Openvpn => BackendKind::Unavailable {
                     type_name: "openvpn",
                 },
@@ -350,7 +397,14 @@ impl Snapshot {
         if let [only] = route.backends.as_slice() {
             return usable(only).then(|| (route, &self.backends[*only]));
         }
-        let candidates: Vec<usize> = route.backends.iter().copied().filter(usable).collect();
+        // Unhealthy members are skipped while a healthy one is left (and picked again once
+        // they recover); when none is healthy every enabled member stays a candidate, so a
+        // wrong health verdict never takes the route down by itself.
+        let healthy = |i: &usize| usable(i) && self.backends[*i].health.is_healthy();
+        let mut candidates: Vec<usize> = route.backends.iter().copied().filter(healthy).collect();
+        if candidates.is_empty() {
+            candidates = route.backends.iter().copied().filter(usable).collect();
+        }
         let chosen = match (candidates.len(), route.load_balance) {
             (0, _) => return None,
             (1, _) => candidates[0],
@@ -444,6 +498,21 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn balancing_skips_unhealthy_members_and_returns_to_them() {
+        let snap = Snapshot::compile(&config(), None, 1).expect("compile");
+        let pick = || snap.select("a.example.com").expect("route").1.name.clone();
+        snap.backends[1].health.set(false);
+        assert_eq!([pick(), pick(), pick()], ["up2", "up2", "up2"]);
+        snap.backends[2].health.set(false);
+        let both_down: Vec<String> = (0..2).map(|_| pick()).collect();
+        assert!(both_down.contains(&"up".to_owned()) && both_down.contains(&"up2".to_owned()));
+        snap.backends[1].health.set(true);
+        snap.backends[2].health.set(true);
+        let back: Vec<String> = (0..2).map(|_| pick()).collect();
+        assert!(back.contains(&"up".to_owned()) && back.contains(&"up2".to_owned()));
     }
 
     #[test]
