@@ -1057,3 +1057,102 @@ fn cleanup_removes_a_damaged_disk_entry() {
     assert_eq!(again.body, body);
     assert_eq!(origin.count("/rot.bin"), 2);
 }
+
+/// The `.entry` files under a disk cache directory, with their sizes.
+fn entry_files(dir: &Path) -> Vec<(std::path::PathBuf, u64)> {
+    std::fs::read_dir(dir)
+        .expect("cache dir")
+        .flatten()
+        .filter(|d| d.file_name() != "tmp" && d.path().is_dir())
+        .flat_map(|d| std::fs::read_dir(d.path()).expect("fan-out dir").flatten())
+        .map(|f| f.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "entry"))
+        .map(|p| {
+            let len = std::fs::metadata(&p).map_or(0, |m| m.len());
+            (p, len)
+        })
+        .collect()
+}
+
+fn shorten(path: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_len(len))
+        .expect("truncate entry file");
+}
+
+#[test]
+fn a_disk_entry_shortened_outside_the_cache_is_dropped_and_refetched() {
+    let Some(_) = require("curl") else { return };
+    let small = pattern(30_000, 21);
+    let big = pattern(32_000_000, 22);
+    let origin = Origin::start(vec![
+        ("/small.bin", resource(small.clone())),
+        ("/big.bin", resource(big.clone())),
+    ]);
+    let disk = tempfile::tempdir().expect("tempdir");
+    let server = start_server(&cache_yaml(&disk_storage(disk.path())));
+    fetch(&server, &origin.url("/small.bin"), &[]);
+    fetch(&server, &origin.url("/big.bin"), &[]);
+    wait_stored(&server, "disk", 2);
+    let files = entry_files(disk.path());
+    let small_file = files
+        .iter()
+        .find(|(_, l)| *l < 1_000_000)
+        .expect("small entry");
+    let big_file = files
+        .iter()
+        .find(|(_, l)| *l > 1_000_000)
+        .expect("big entry");
+
+    // Shortened before a hit: dropped and fetched again, whole.
+    shorten(&small_file.0, small_file.1 / 2);
+    let again = fetch(&server, &origin.url("/small.bin"), &[]);
+    assert_eq!(x_cache(&again), "MISS");
+    assert_eq!(again.body, small);
+    assert_eq!(origin.count("/small.bin"), 2);
+
+    // Shortened while served: a client with a small receive window reads the head and a little
+    // of the body, the file shrinks, the client reads on.
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.set_recv_buffer_size(32 << 10).expect("rcvbuf");
+    socket
+        .connect(&server.http.into())
+        .expect("connect to the proxy");
+    let mut client: TcpStream = socket.into();
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        client,
+        "GET {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        origin.url("/big.bin"),
+        format_args!("127.0.0.1:{}", origin.port)
+    )
+    .expect("request");
+    let mut first = vec![0u8; 64 << 10];
+    let mut got = 0;
+    while got < first.len() {
+        let n = std::io::Read::read(&mut client, &mut first[got..]).expect("read");
+        assert!(n > 0, "closed early");
+        got += n;
+    }
+    assert!(first.starts_with(b"HTTP/1.1 200"), "a hit answers 200");
+    shorten(&big_file.0, 8_000_000);
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut client, &mut rest);
+    assert!(
+        (got + rest.len()) < big.len(),
+        "the response ends early: {} bytes",
+        got + rest.len()
+    );
+    // The server is still alive, dropped the entry and fetches the object again.
+    let again = fetch(&server, &origin.url("/big.bin"), &[]);
+    assert_eq!(x_cache(&again), "MISS");
+    assert!(again.body == big, "refetched body differs");
+    assert_eq!(origin.count("/big.bin"), 2);
+    let log = server.logs.lock().expect("logs").join("\n");
+    assert!(log.contains("shrank while served"), "{log}");
+}

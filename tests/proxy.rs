@@ -301,33 +301,11 @@ fn proxy_authentication_native_users() {
     let server = start_server(&alice_config());
     let proxy = format!("http://{}", server.http);
     let url = origin.url("/index.html");
-    let out = curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-x",
-        &proxy,
-        &url,
-    ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
+    assert_eq!(http_code(&["-x", &proxy, &url]), "407");
     let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
     let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
     assert!(head.contains("proxy-authenticate: basic"), "{head}");
-    let out = curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-x",
-        &proxy,
-        "-U",
-        "alice:wrong",
-        &url,
-    ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
+    assert_eq!(http_code(&["-x", &proxy, "-U", "alice:wrong", &url]), "407");
     let out = curl(&["-sS", "-x", &proxy, "-U", "alice:wonderland", &url]);
     assert_eq!(out.stdout, PAGE);
     // CONNECT with credentials.
@@ -343,27 +321,140 @@ fn proxy_authentication_native_users() {
 }
 
 #[test]
-fn access_control_denies_unlisted_clients() {
+fn failed_proxy_authentications_are_throttled_per_client() {
     let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
         return;
     };
-    let server = start_server("access_control:\n  whitelist: [\"10.0.0.0/8\"]\n");
+    let server = start_server(&alice_config());
+    let proxy = format!("http://{}", server.http);
+    let url = origin.url("/index.html");
+    let status = |source: &str, user: &str| {
+        http_code(&["--interface", source, "-x", &proxy, "-U", user, &url])
+    };
+    // Ten wrong guesses (known and unknown users) spend 127.0.0.5's failure budget...
+    for i in 0..10 {
+        let user = if i % 2 == 0 {
+            format!("alice:guess{i}")
+        } else {
+            format!("mallory:guess{i}")
+        };
+        assert_eq!(status("127.0.0.5", &user), "407", "guess {i}");
+    }
+    // ...so even the right password is now refused there, unverified, on every protocol...
+    assert_eq!(status("127.0.0.5", "alice:wonderland"), "407");
+    let socks = format!("socks5h://alice:wonderland@{}", server.socks5);
+    let out = curl(&["-sS", "--interface", "127.0.0.5", "-x", &socks, &url]);
+    assert!(!out.status.success(), "SOCKS5 from a throttled client");
     let out = curl(&[
         "-sS",
+        "--interface",
+        "127.0.0.5",
+        "-p",
         "-x",
-        &format!("http://{}", server.http),
-        &origin.url("/index.html"),
+        &proxy,
+        "-U",
+        "alice:wonderland",
+        &url,
     ]);
+    assert!(!out.status.success(), "CONNECT from a throttled client");
+    // ...while another client is not affected.
+    assert_eq!(status("127.0.0.6", "alice:wonderland"), "200");
+    let out = curl(&["-sS", "--interface", "127.0.0.6", "-x", &socks, &url]);
+    assert_eq!(out.stdout, PAGE);
+}
+
+#[test]
+fn rate_limit_budget_survives_a_reload() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let limits = "rate_limit:\n  enabled: true\n  requests_per_second: 0.01\n  burst_size: 2\n  per_ip: true\n";
+    let server = start_server(limits);
+    let proxy = format!("http://{}", server.http);
+    let code = || http_code(&["-x", &proxy, &origin.url("/index.html")]);
+    // A CONNECT tunnel opened before the reload keeps the old snapshot.
+    let mut tunnel = TcpStream::connect(server.http).expect("connect");
+    write!(
+        tunnel,
+        "CONNECT 127.0.0.1:{} HTTP/1.1\r\nHost: x\r\n\r\n",
+        origin.port
+    )
+    .expect("connect req");
+    let mut established = [0u8; 39];
+    tunnel.read_exact(&mut established).expect("established");
+    assert_eq!(code(), "200");
+    assert_eq!(code(), "429", "burst of 2 spent (CONNECT + one request)");
+    // Reload with a changed (still tiny) rate: the spent budget must stay spent.
+    let yaml = std::fs::read_to_string(&server.config_path).expect("config");
+    std::fs::write(
+        &server.config_path,
+        yaml.replace("requests_per_second: 0.01", "requests_per_second: 0.02"),
+    )
+    .expect("write config");
+    let (status, body) = api_call(&server, "POST", "/api/v1/config/reload", None, None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(code(), "429", "a reload must not hand out a fresh budget");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(code(), "429", "nor a SIGHUP");
+    drop(tunnel);
+}
+
+#[test]
+fn access_control_serves_listed_clients_only() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let url = origin.url("/index.html");
+    let fetch = |proxy_flag: &str, proxy: &str, source: &str| {
+        curl(&["-sS", "--interface", source, proxy_flag, proxy, &url])
+    };
+    // Only 127.0.0.2 is listed: it is served, 127.0.0.1 is refused (HTTP and SOCKS5).
+    let server = start_server("access_control:\n  whitelist: [\"127.0.0.2\"]\n");
+    let (http, socks) = (format!("http://{}", server.http), server.socks5.to_string());
+    let out = fetch("-x", &http, "127.0.0.2");
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = fetch("--socks5", &socks, "127.0.0.2");
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = fetch("-x", &http, "127.0.0.1");
     assert!(!out.status.success());
     assert!(out.stdout.is_empty());
-    let server = start_server("access_control:\n  blacklist: [\"127.0.0.1\"]\n");
-    let out = curl(&[
-        "-sS",
-        "--socks5",
-        &server.socks5.to_string(),
-        &origin.url("/index.html"),
-    ]);
+    let out = fetch("--socks5", &socks, "127.0.0.1");
     assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    // The blacklist wins over the default whitelist (local networks).
+    let server = start_server("access_control:\n  blacklist: [\"127.0.0.1\"]\n");
+    let socks = server.socks5.to_string();
+    let out = fetch("--socks5", &socks, "127.0.0.1");
+    assert!(!out.status.success());
+    let out = fetch("--socks5", &socks, "127.0.0.3");
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn default_access_control_is_local_networks_and_logged() {
+    // No access_control section: the start-up log says who the proxies serve.
+    let server = start_server("");
+    let logs = server.logs.lock().expect("logs").join("\n");
+    let listening: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("proxy listening") || l.contains("(and CONNECT) listening"))
+        .collect();
+    assert_eq!(listening.len(), 2, "{logs}");
+    for line in listening {
+        assert!(
+            line.contains("127.0.0.0/8, 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 169.254.0.0/16, ::1/128, fe80::/10, fc00::/7"),
+            "{line}"
+        );
+    }
+    assert!(!logs.contains("forwards for every address"), "{logs}");
+    let server = start_server("access_control: { whitelist: [] }\n");
+    let logs = server.logs.lock().expect("logs").join("\n");
+    assert!(logs.contains("every address"), "{logs}");
 }
 
 #[test]
@@ -374,19 +465,7 @@ fn rate_limit_answers_429() {
     let server = start_server("rate_limit:\n  enabled: true\n  requests_per_second: 0.01\n  burst_size: 2\n  per_ip: true\n");
     let proxy = format!("http://{}", server.http);
     let codes: Vec<String> = (0..3)
-        .map(|_| {
-            let out = curl(&[
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "-x",
-                &proxy,
-                &origin.url("/index.html"),
-            ]);
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        })
+        .map(|_| http_code(&["-x", &proxy, &origin.url("/index.html")]))
         .collect();
     assert_eq!(codes, ["200", "200", "429"]);
 }
@@ -415,6 +494,8 @@ fn routes_to_upstream_http_proxy_and_socks5() {
         &["-d", "-c", tp_conf.to_str().expect("path")],
         tp_port,
     );
+    // microsocks connects out from 127.0.0.3, so the origin below sees which way a request
+    // came: through microsocks (peer=127.0.0.3) or not (peer=127.0.0.1).
     let ms_port = free_port();
     let ms_port_s = ms_port.to_string();
     let _ms = start_peer(
@@ -428,40 +509,42 @@ fn routes_to_upstream_http_proxy_and_socks5() {
             "bob",
             "-P",
             "builder",
+            "-b",
+            "127.0.0.3",
         ],
         ms_port,
     );
+    let peer_origin = start_recorder_on("127.0.0.4", |_| 200);
 
     let port = origin.port;
-    // Route by destination: IPv4 literal via tinyproxy, `localhost` via microsocks (with auth).
+    // Route by destination: 127.0.0.1 via tinyproxy, 127.0.0.4 via microsocks (with auth).
     let server2 = start_server(&format!(
         "backends:\n  - {{ name: tiny, type: httpproxy, http_proxy: {{ address: \"127.0.0.1:{tp_port}\" }} }}\n\
          \x20 - {{ name: micro, type: socks5_proxy, socks5: {{ address: \"127.0.0.1:{ms_port}\", username: bob, password: builder }} }}\n\
          routes:\n  - {{ name: v4, domains: [\"127.0.0.1\"], backend: tiny }}\n\
-         \x20 - {{ name: name, domains: [\"localhost\"], backend: micro }}\n"
+         \x20 - {{ name: other, domains: [\"127.0.0.4\"], backend: micro }}\n"
     ));
     let proxy2 = format!("http://{}", server2.http);
+    // tinyproxy marks what it relays with a Via header.
     let out = curl(&[
         "-sS",
+        "-D",
+        "-",
         "-x",
         &proxy2,
         &format!("http://127.0.0.1:{port}/index.html"),
     ]);
-    assert_eq!(
-        out.stdout,
-        PAGE,
-        "via tinyproxy: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(text.ends_with("hello from nginx\n"), "{text}");
+    assert!(
+        text.contains("\nvia: ") && text.contains("tinyproxy"),
+        "via tinyproxy: {text}"
     );
-    let out = curl(&[
-        "-sS",
-        "-x",
-        &proxy2,
-        &format!("http://localhost:{port}/index.html"),
-    ]);
+    let micro_url = format!("http://127.0.0.4:{}/page", peer_origin.port);
+    let out = curl(&["-sS", "-x", &proxy2, &micro_url]);
     assert_eq!(
-        out.stdout,
-        PAGE,
+        String::from_utf8_lossy(&out.stdout),
+        "peer=127.0.0.3\n",
         "via microsocks: {}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -469,11 +552,202 @@ fn routes_to_upstream_http_proxy_and_socks5() {
         "-sS",
         "--socks5-hostname",
         &server2.socks5.to_string(),
-        &format!("http://localhost:{port}/index.html"),
+        &micro_url,
     ]);
-    assert_eq!(out.stdout, PAGE);
-    let backends_used = server2.api_get("/api/v1/stats");
-    assert!(backends_used["total_connections"].as_u64().unwrap_or(0) >= 3);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "peer=127.0.0.3\n");
+    let backends = server2.api_get("/api/v1/backends");
+    let total = |name: &str| {
+        backends
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(backends["backends"].as_array().into_iter().flatten())
+            .find(|b| b["name"] == name)
+            .and_then(|b| b["stats"]["total_connections"].as_u64())
+            .unwrap_or(0)
+    };
+    assert!(total("tiny") >= 1, "{backends}");
+    assert!(total("micro") >= 2, "{backends}");
+}
+
+/// A stand-in upstream proxy that accepts only the backend's credentials.
+fn wants_backend_credentials(head: &str) -> u16 {
+    let head = head.to_ascii_lowercase();
+    // base64("svc:s3cret"), lower-cased like the head
+    if head.contains("\r\nproxy-authorization: basic c3zjonmzy3jlda==") {
+        200
+    } else {
+        407
+    }
+}
+
+#[test]
+fn httpproxy_backend_forwards_plain_http_in_absolute_form_with_its_credentials() {
+    let upstream = start_recorder(wants_backend_credentials);
+    let server = start_server(&format!(
+        "backends:\n  - {{ name: corp, type: httpproxy, http_proxy: {{ address: \"127.0.0.1:{p}\", username: svc, password: s3cret }} }}\n\
+         \x20 - {{ name: nocreds, type: httpproxy, http_proxy: {{ address: \"127.0.0.1:{p}\" }} }}\n\
+         routes:\n  - {{ name: corp, domains: [\"*.invalid\"], backend: corp }}\n\
+         \x20 - {{ name: bare, domains: [\"bare.invalid\"], backend: nocreds, priority: 10 }}\n",
+        p = upstream.port
+    ));
+    let proxy = format!("http://{}", server.http);
+    // Names that resolve nowhere: only the upstream proxy can "reach" them. Two requests on one
+    // client connection; the client's own Proxy-Authorization must not travel upstream.
+    let out = curl(&[
+        "-sS",
+        "-x",
+        &proxy,
+        "-H",
+        "Proxy-Authorization: Basic Y2xpZW50OnB3",
+        "http://origin.invalid:8080/a?x=1",
+        "http://other.invalid/b",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "peer=127.0.0.1\npeer=127.0.0.1\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen[0]
+            .head
+            .starts_with("GET http://origin.invalid:8080/a?x=1 HTTP/1.1\r\n"),
+        "{seen:?}"
+    );
+    assert!(
+        seen[1]
+            .head
+            .starts_with("GET http://other.invalid/b HTTP/1.1\r\n"),
+        "{seen:?}"
+    );
+    for s in &seen {
+        let head = s.head.to_ascii_lowercase();
+        assert!(head.contains("\r\nhost: "), "{head}");
+        assert!(
+            !head.contains("y2xpzw50onb3"),
+            "client credentials leaked: {head}"
+        );
+    }
+    assert_eq!(
+        seen[0].connection, seen[1].connection,
+        "the second request reuses the pooled upstream connection: {seen:?}"
+    );
+    // The upstream refuses a backend without credentials: the client gets a 502, not a 407 it
+    // could never answer.
+    assert_eq!(http_code(&["-x", &proxy, "http://bare.invalid/"]), "502");
+}
+
+/// A squid configuration with Debian's stock ACLs and http_access rules (squid 5.7,
+/// /etc/squid/squid.conf), on its own port and directory. `ssl_port` is added to SSL_ports as an
+/// administrator would for an HTTPS service on a non-standard port.
+fn stock_squid_conf(dir: &std::path::Path, port: u16, ssl_port: u16) -> String {
+    let d = dir.display();
+    format!(
+        "acl localnet src 0.0.0.1-0.255.255.255\nacl localnet src 10.0.0.0/8\nacl localnet src 100.64.0.0/10\n\
+         acl localnet src 169.254.0.0/16\nacl localnet src 172.16.0.0/12\nacl localnet src 192.168.0.0/16\n\
+         acl localnet src fc00::/7\nacl localnet src fe80::/10\n\
+         acl SSL_ports port 443\nacl SSL_ports port {ssl_port}\n\
+         acl Safe_ports port 80\nacl Safe_ports port 21\nacl Safe_ports port 443\nacl Safe_ports port 70\n\
+         acl Safe_ports port 210\nacl Safe_ports port 1025-65535\nacl Safe_ports port 280\n\
+         acl Safe_ports port 488\nacl Safe_ports port 591\nacl Safe_ports port 777\n\
+         http_access deny !Safe_ports\nhttp_access deny CONNECT !SSL_ports\n\
+         http_access allow localhost manager\nhttp_access deny manager\n\
+         http_access allow localhost\nhttp_access deny all\n\
+         http_port 127.0.0.1:{port}\nvisible_hostname sygw1-squid\ncache deny all\n\
+         access_log stdio:{d}/access.log squid\ncache_log {d}/cache.log\ncache_store_log none\n\
+         pid_filename {d}/squid.pid\ncoredump_dir {d}\npinger_enable off\nshutdown_lifetime 0 seconds\n"
+    )
+}
+
+#[test]
+fn httpproxy_backend_through_stock_squid() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let Some(squid) = require("squid") else {
+        return;
+    };
+    let tls_ish = start_recorder(|_| 200);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // squid drops root privileges to its own user, which must write the logs here.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let squid_port = free_port();
+    let conf = dir.path().join("squid.conf");
+    std::fs::write(
+        &conf,
+        stock_squid_conf(dir.path(), squid_port, tls_ish.port),
+    )
+    .expect("conf");
+    let _squid = start_peer(
+        &squid,
+        &["-N", "-f", conf.to_str().expect("path")],
+        squid_port,
+    );
+    let access_log = || std::fs::read_to_string(dir.path().join("access.log")).unwrap_or_default();
+    let server = start_server(&format!(
+        "backends:\n  - {{ name: corp, type: httpproxy, http_proxy: {{ address: \"127.0.0.1:{squid_port}\" }} }}\n\
+         routes:\n  - {{ name: all, domains: [\"*\"], backend: corp }}\n"
+    ));
+    let proxy = format!("http://{}", server.http);
+
+    // Plain HTTP to a port squid does not allow CONNECT to: forwarded as an absolute-form GET.
+    let url = origin.url("/index.html");
+    let out = curl(&["-sS", "-D", "-", "-x", &proxy, &url]);
+    let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(text.starts_with("http/1.1 200"), "{text}");
+    assert!(text.ends_with("hello from nginx\n"), "{text}");
+    assert!(text.contains("sygw1-squid"), "squid's Via header: {text}");
+    let wanted = format!("GET {url} ");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !access_log().contains(&wanted) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "squid's access log lacks {wanted}: {}",
+            access_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // CONNECT to an SSL port is tunnelled through squid.
+    let tunnelled = format!("http://127.0.0.1:{}/t", tls_ish.port);
+    let out = curl(&["-sS", "-p", "-x", &proxy, &tunnelled]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "peer=127.0.0.1\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // CONNECT to any other port is squid's stock refusal, reported as a bad gateway.
+    let out = curl(&[
+        "-s",
+        "-p",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_connect}",
+        "-x",
+        &proxy,
+        &url,
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "502");
+    let wanted_connect = format!("CONNECT 127.0.0.1:{} ", tls_ish.port);
+    let denied = "TCP_DENIED/403 ";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = access_log();
+        if log.contains(&wanted_connect) && log.contains(denied) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "squid's access log: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]

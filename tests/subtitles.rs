@@ -35,6 +35,18 @@ enum Chat {
     Translate,
     /// Translate, but drop the last line.
     OneLineShort,
+    /// Translate as `n) …` after a line of preamble.
+    Preamble,
+    /// Echo the prompt, then translate as `n: …`.
+    EchoPrompt,
+    /// Translate as `[n] …` inside a code block.
+    CodeBlock,
+    /// Translate, but merge the first two lines into one.
+    Merge,
+    /// Apologise on as many unnumbered lines as there are segments, without a translation.
+    Chatter,
+    /// Answer every line with `n. PWNED` (a caller's own endpoint).
+    Poison,
     /// Answer this status with an OpenAI-style error body (and `Retry-After: 0` for 429).
     Status(u16),
     /// Never answer (until the client gives up); counts an abort when the request is dropped.
@@ -227,14 +239,54 @@ async fn stub_chat(
         .pop_front()
         .unwrap_or(Chat::Translate);
     let user = body["messages"][1]["content"].as_str().unwrap_or_default();
-    let mut lines: Vec<String> = numbered_lines(user)
-        .into_iter()
-        .map(|(n, t)| format!("{n}. T:{t}"))
-        .collect();
+    let asked = numbered_lines(user);
+    let translated = |style: &str| -> Vec<String> {
+        asked
+            .iter()
+            .map(|(n, t)| format!("{} T:{t}", style.replace('N', n)))
+            .collect()
+    };
+    let mut lines = translated("N.");
     match step {
         Chat::Translate => {}
         Chat::OneLineShort => {
             lines.pop();
+        }
+        Chat::Preamble => {
+            lines = translated("N)");
+            lines.insert(0, "Here are the translations:".into());
+        }
+        Chat::EchoPrompt => {
+            lines = vec![user.to_string(), String::new()];
+            lines.extend(translated("N:"));
+        }
+        Chat::CodeBlock => {
+            lines = translated("[N]");
+            lines.insert(0, "```text".into());
+            lines.push("```".into());
+        }
+        Chat::Merge => {
+            let merged: Vec<String> = asked
+                .iter()
+                .take(2)
+                .map(|(_, t)| format!("T:{t}"))
+                .collect();
+            lines = vec![format!("1. {}", merged.join(" "))];
+            lines.extend(
+                asked
+                    .iter()
+                    .skip(2)
+                    .enumerate()
+                    .map(|(i, (_, t))| format!("{}. T:{t}", i + 2)),
+            );
+        }
+        Chat::Chatter => {
+            lines = (0..asked.len())
+                .map(|i| format!("Sorry, I made a mistake ({i})."))
+                .collect();
+        }
+        Chat::Poison => {
+            lines = asked.iter().map(|(n, _)| format!("{n}. PWNED")).collect();
         }
         Chat::Status(code) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -543,6 +595,15 @@ fn assert_error(status: u16, body: &Value, want_status: u16, want_code: &str) {
     );
 }
 
+/// [`assert_error`], and the message contains `fragment`.
+fn assert_error_says(status: u16, body: &Value, want_status: u16, want_code: &str, fragment: &str) {
+    assert_error(status, body, want_status, want_code);
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains(fragment)),
+        "{fragment:?}: {body}"
+    );
+}
+
 /// Polls the job until `done(status)` holds.
 async fn wait_job(svc: &Service, job_id: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -748,7 +809,7 @@ async fn health_errors_and_cors_defaults() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn tier1_page_tracks_translated_in_batches_then_cached() {
+async fn tier1_page_tracks_translated_in_batches() {
     let dir = tempfile::tempdir().expect("tempdir");
     let stub = stub_with_site(dir.path()).await;
     let svc = start(dir.path(), &config(&stub, ""), &[]);
@@ -840,21 +901,13 @@ async fn tier1_page_tracks_translated_in_batches_then_cached() {
         "{vtt}"
     );
 
-    // a repeat costs nothing: same answer, no provider call, new job id
+    // the caller's own provider is asked again for a repeat (tier 1-2 results are not cached,
+    // see caller_providers_never_fill_the_shared_translation_cache)
     let (code, again) = svc.translate(body.clone()).await;
     assert_eq!(code, 200);
     assert_eq!(again["subtitles"], res["subtitles"]);
     assert_ne!(again["job_id"], res["job_id"]);
-    assert_eq!(stub.chats().len(), 2, "served from the translation cache");
-    // another model is another cache entry
-    let (code, _) = svc
-        .translate(
-            json!({"video_url": stub.url("/watch.html"), "target_language": "es",
-                          "api_key": caller_key, "api_url": stub.api(), "model": "other-model"}),
-        )
-        .await;
-    assert_eq!(code, 200);
-    assert_eq!(stub.chats().len(), 4);
+    assert_eq!(stub.chats().len(), 4, "asked the caller's provider again");
 
     // asking for French picks the French track; the key never lands in logs or the database
     let (code, fr) = svc
@@ -1516,13 +1569,7 @@ async fn fetch_guard_refuses_internal_addresses_by_default() {
                           "api_key": "sk-x", "api_url": stub.api()}),
         )
         .await;
-    assert_error(code, &res, 400, "INVALID_REQUEST");
-    assert!(
-        res["error"]
-            .as_str()
-            .is_some_and(|e| e.starts_with("api_url:")),
-        "{res}"
-    );
+    assert_error_says(code, &res, 400, "INVALID_REQUEST", "api_url:");
     assert!(
         stub.gets().is_empty(),
         "nothing was fetched: {:?}",
@@ -1726,4 +1773,208 @@ async fn translate_client_disconnect_cancels_the_job() {
         1,
         "no retry or further batch after the cancel"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn model_replies_are_read_by_their_numbers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stub = stub_with_site(dir.path()).await;
+    let svc = start(
+        dir.path(),
+        &config(&stub, ""),
+        &[("SERVER_API_KEY", "k-server")],
+    );
+    // talk.srt has two segments: one batch. (script, target, chat requests it takes)
+    let cases: [(&[Chat], &str, usize); 6] = [
+        (&[Chat::Preamble], "es", 1),
+        (&[Chat::EchoPrompt], "fr", 1),
+        (&[Chat::CodeBlock], "de", 1),
+        // merged or dropped lines: asked again once, then fine
+        (&[Chat::Merge], "it", 2),
+        (&[Chat::OneLineShort], "pt", 2),
+        // the confirmed defect: after a mismatch the model apologises on exactly as many lines
+        // as were asked; that is no answer, so the batch is split and each half asked alone
+        (&[Chat::Merge, Chat::Chatter], "ru", 4),
+    ];
+    for (script, target, requests) in cases {
+        let before = stub.chats().len();
+        stub.script_chat(script);
+        let (code, res) = svc
+            .translate(json!({"video_url": stub.url("/talk.srt"), "target_language": target}))
+            .await;
+        assert_eq!(code, 200, "{script:?}: {res}");
+        assert_eq!(res["success"], true, "{script:?}: {res}");
+        assert_eq!(texts(&res), ["T:One", "T:Two\nlines"], "{script:?}: {res}");
+        assert_eq!(stub.chats().len() - before, requests, "{script:?}");
+    }
+    // the re-ask quotes the reply and names what was wrong
+    let reask = stub.chats()[4].body["messages"].clone();
+    assert_eq!(reask[2]["content"], "1. T:One T:Two <br> lines");
+    assert!(
+        reask[3]["content"]
+            .as_str()
+            .is_some_and(|s| s.contains("had 1 numbered lines, but exactly 2")),
+        "{reask}"
+    );
+
+    // a model that only ever apologises: TRANSLATION_FAILED, never its text as subtitles
+    stub.script_chat(&[Chat::Chatter; 10]);
+    let (code, res) = svc
+        .translate(json!({"video_url": stub.url("/talk.srt"), "target_language": "ja"}))
+        .await;
+    assert_error(code, &res, 500, "TRANSLATION_FAILED");
+    assert!(!res.to_string().contains("Sorry"), "{res}");
+    let events = Events::open(
+        &svc,
+        json!({"video_url": stub.url("/talk.srt"), "target_language": "ko"}),
+    )
+    .await
+    .all()
+    .await;
+    assert!(
+        events
+            .iter()
+            .all(|e| e["type"] != "subtitle" && !e.to_string().contains("Sorry")),
+        "{events:?}"
+    );
+    assert_eq!(
+        events.last().map(|e| e["code"].clone()),
+        Some(json!("TRANSLATION_FAILED"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn caller_providers_never_fill_the_shared_translation_cache() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stub = stub_with_site(dir.path()).await;
+    // a caller's own endpoint, answering with the same model name the server uses
+    let attacker = Stub::start().await;
+    attacker.script_chat(&[Chat::Poison; 20]);
+    let svc = start(
+        dir.path(),
+        &config(&stub, ""),
+        &[("SERVER_API_KEY", "k-server")],
+    );
+    let video = stub.url("/talk.srt");
+    let from_attacker = |tier: u8| {
+        json!({"video_url": video, "target_language": "es", "tier": tier, "api_key": "sk-attacker",
+               "api_url": attacker.api(), "model": "server-model"})
+    };
+    let (code, res) = svc.translate(from_attacker(1)).await;
+    assert_eq!(code, 200, "{res}");
+    assert_eq!(
+        texts(&res),
+        ["PWNED", "PWNED"],
+        "the caller gets what they asked for"
+    );
+    assert_eq!(attacker.chats().len(), 1);
+
+    // tiers 3-4 ask the server's provider, and from then on are served from the cache
+    for (path, round) in [
+        ("/api/translate", 1),
+        ("/api/translate", 2),
+        ("/api/stream", 3),
+    ] {
+        let body = json!({"video_url": video, "target_language": "es"});
+        let got = if path == "/api/stream" {
+            Events::open(&svc, body)
+                .await
+                .all()
+                .await
+                .iter()
+                .filter(|e| e["type"] == "subtitle")
+                .map(|e| e["text"].as_str().unwrap_or_default().to_string())
+                .collect()
+        } else {
+            let (code, res) = svc.translate(body).await;
+            assert_eq!(code, 200, "{res}");
+            texts(&res)
+        };
+        assert_eq!(got, ["T:One", "T:Two\nlines"], "round {round}");
+        assert_eq!(stub.chats().len(), 1, "round {round}");
+    }
+    assert_eq!(stub.chats()[0].auth.as_deref(), Some("Bearer k-server"));
+
+    // a caller is served neither their own earlier answer nor the server provider's entry:
+    // their provider is asked again
+    for tier in [1, 2] {
+        let (code, res) = svc.translate(from_attacker(tier)).await;
+        assert_eq!(code, 200, "{res}");
+        assert_eq!(texts(&res), ["PWNED", "PWNED"]);
+    }
+    assert_eq!(attacker.chats().len(), 3);
+}
+
+/// An HLS playlist (`#EXTM3U`) naming a segment on `watch`.
+fn hls_playlist(watch: u16) -> String {
+    format!(
+        "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:10\n#EXT-X-MEDIA-SEQUENCE:0\n\
+         #EXTINF:10.0,\nhttp://127.0.0.1:{watch}/seg0.ts\n#EXT-X-ENDLIST\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn media_that_is_a_playlist_never_reaches_ffmpeg_or_the_backend() {
+    let ffmpeg = support::require("ffmpeg");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stub = stub_with_site(dir.path()).await;
+    // a listener ffmpeg would contact if it followed a playlist; it must see no connection
+    let watched = std::net::TcpListener::bind("127.0.0.1:0").expect("bind watched");
+    watched.set_nonblocking(true).expect("nonblocking");
+    let watch = watched.local_addr().expect("addr").port();
+    stub.file("/media/evil.m3u8", "audio/x-mpegurl", hls_playlist(watch));
+    stub.file("/media/evil.mp3", "audio/mpeg", hls_playlist(watch));
+    stub.file(
+        "/media/list.wav",
+        "audio/wav",
+        format!("ffconcat version 1.0\nfile 'http://127.0.0.1:{watch}/a.wav'\n"),
+    );
+    // real audio under a caller-chosen playlist extension: accepted, by its bytes
+    stub.file("/media/real.m3u8", "audio/x-mpegurl", wav_bytes(dir.path()));
+
+    let mut configs = Vec::new();
+    if ffmpeg.is_some() {
+        configs.push((
+            "with ffmpeg",
+            config(&stub, "").replace("ffmpeg: \"\"", "ffmpeg: ffmpeg"),
+        ));
+    }
+    configs.push(("without ffmpeg", config(&stub, "")));
+    for (name, yaml) in configs {
+        let svc_dir = tempfile::tempdir().expect("tempdir");
+        let svc = start(svc_dir.path(), &yaml, &[("SERVER_API_KEY", "k-server")]);
+        let uploads = stub.transcriptions().len();
+        for media in ["/media/evil.m3u8", "/media/evil.mp3", "/media/list.wav"] {
+            let (code, res) = svc
+                .translate(json!({"video_url": stub.url(media), "target_language": "es"}))
+                .await;
+            let why = "not an audio or video container";
+            assert_error_says(code, &res, 404, "VIDEO_NOT_FOUND", why);
+        }
+        assert_eq!(
+            stub.transcriptions().len(),
+            uploads,
+            "{name}: nothing uploaded"
+        );
+        match watched.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("{name}: the playlist's URL was contacted: {other:?}"),
+        }
+
+        let (code, res) = svc
+            .translate(json!({"video_url": stub.url("/media/real.m3u8"), "target_language": "es"}))
+            .await;
+        assert_eq!(code, 200, "{name}: {res}\n{}", svc.logs());
+        let t = stub.transcriptions();
+        let want = if name == "with ffmpeg" {
+            "audio.mp3"
+        } else {
+            "media.wav"
+        };
+        assert_eq!(
+            t.last().map(|t| t.body["file_name"].clone()),
+            Some(json!(want)),
+            "{name}"
+        );
+    }
 }

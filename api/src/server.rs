@@ -11,6 +11,15 @@ pub struct HealthResponse {
     /// `healthy` or `degraded`
     pub status: String,
     pub time: DateTime<Utc>,
+    /// Why the status is `degraded`: one line per data-plane core that is down and per backend
+    /// that is unhealthy (absent when healthy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+    /// Data-plane cores running / configured (absent where a service has no data plane).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores_up: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores_total: Option<u64>,
 }
 
 /// `GET /api/v1/version`
@@ -107,6 +116,38 @@ pub struct UpstreamSettings {
     pub password: Option<String>,
 }
 
+/// Connection settings of a `wireguard` backend (user-space WireGuard on the data plane).
+/// Only documents the shape: the object travels as given and the configuration checks it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WireguardSettings {
+    /// This side's X25519 private key, base64 (`wg genkey`). Masked in `GET /api/v1/config`.
+    pub private_key: String,
+    /// Interface address(es) inside the tunnel (`10.66.0.2/32`, or a list); flows leave from
+    /// the first one of the destination's family.
+    #[schema(value_type = Vec<String>)]
+    pub address: serde_json::Value,
+    /// The peer's public key, base64.
+    pub public_key: String,
+    /// The peer's UDP endpoint `host:port`; a name is resolved again when the tunnel restarts.
+    pub endpoint: String,
+    /// Destinations sent into the tunnel (CIDRs); default `0.0.0.0/0` and `::/0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_ips: Option<Vec<String>>,
+    /// Optional preshared key, base64. Masked in `GET /api/v1/config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preshared_key: Option<String>,
+    /// Keepalive interval in seconds; 0 (default) = off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_keepalive: Option<u16>,
+    /// Tunnel MTU, default 1420.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u16>,
+    /// DNS servers reached through the tunnel for destination names; empty = the host resolves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<Vec<String>>,
+}
+
 /// `POST /api/v1/backends` body. The settings object is named after the type.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -128,8 +169,9 @@ pub struct BackendCreate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub direct: Option<serde_json::Value>,
+    /// Settings of a `wireguard` backend (checked by the configuration's validation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<WireguardSettings>)]
     pub wireguard: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]

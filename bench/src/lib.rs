@@ -17,6 +17,9 @@
 //! - **cache**: HTTP cache hits (1 KiB, 1 MiB, 100 MiB) against nginx `proxy_cache` and varnish
 //!   (see [`cache`](mod@cache)).
 //!
+//! - **wireguard**: the user-space WireGuard backend against boringtun-cli's TUN + kernel TCP
+//!   (1 GiB download, new connections/s, memory per tunnelled connection; needs root; see
+//!   [`wireguard`](mod@wireguard)).
 //! - **inventory**: `switchyard inventory` list latency (page 1, search, category filter,
 //!   low stock, deep page) for one user with 100,000 items on SQLite and PostgreSQL (see
 //!   [`inventory`](mod@inventory)).
@@ -38,6 +41,7 @@ mod pkgcache;
 mod procs;
 mod report;
 mod scenarios;
+mod wireguard;
 mod wrk;
 
 use std::path::PathBuf;
@@ -56,7 +60,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory, client
+    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory, wireguard, client
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -65,7 +69,7 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 8] = [
+pub const SCENARIOS: [&str; 9] = [
     "http",
     "connect",
     "socks5",
@@ -73,6 +77,7 @@ pub const SCENARIOS: [&str; 8] = [
     "pkgcache",
     "cache",
     "inventory",
+    "wireguard",
     "client",
 ];
 
@@ -146,6 +151,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "pkgcache" => pkgcache::run(&ctx),
             "inventory" => inventory::run(&ctx),
             "cache" => cache::run(&ctx),
+            "wireguard" => wireguard::run(&ctx),
             "client" => client::run(&ctx),
             _ => scenarios::run_one(&ctx, s),
         };

@@ -32,6 +32,7 @@
 //! - [`changed_sections`] / [`is_hot_reloadable`]: what a config change touches;
 //!   [`CacheConfig::restart_required`] tells which `cache` changes need a restart.
 //! - [`cache`]: the `cache:` section (storage, presets, rules) and its defaults.
+//! - [`wireguard`]: the typed settings object of `wireguard` backends.
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
 //!
 //! No I/O beyond reading the file.
@@ -50,6 +51,7 @@ pub mod sections;
 pub mod subtitles;
 pub mod units;
 pub mod validate;
+pub mod wireguard;
 
 pub use cache::{
     CacheConfig, CacheRuleConfig, CacheStorageConfig, DiskStorageConfig, EvictPolicy,

@@ -305,7 +305,34 @@ mod tests {
         assert_eq!(cfg.server.cores, 0);
         assert_eq!(cfg.server.max_connections, 10_000);
         assert!(cfg.api.enabled);
-        assert_eq!(cfg.api.listen, ":7082");
+        assert_eq!(cfg.api.listen, "127.0.0.1:7082");
+        // Not an open proxy: local networks only, until the operator says otherwise.
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.31.0.1",
+            "192.168.0.9",
+            "169.254.1.1",
+            "::1",
+        ] {
+            assert!(cfg.access_control.allows(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["fe80::1", "fd00::5", "::ffff:192.168.1.1"] {
+            assert!(cfg.access_control.allows(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["8.8.8.8", "172.32.0.1", "100.64.0.1", "2001:db8::1"] {
+            assert!(!cfg.access_control.allows(ip.parse().unwrap()), "{ip}");
+        }
+        let only_blacklist = load("access_control: {blacklist: [10.9.0.0/16]}\n").unwrap();
+        assert!(!only_blacklist
+            .access_control
+            .allows("8.8.8.8".parse().unwrap()));
+        assert!(!only_blacklist
+            .access_control
+            .allows("10.9.1.1".parse().unwrap()));
+        let open = load("access_control: {whitelist: []}\n").unwrap();
+        assert!(open.access_control.allows("8.8.8.8".parse().unwrap()));
+        assert_eq!(open.access_control.describe(), "every address");
         assert_eq!(cfg.api.request_log_size, 1000);
         assert!(!cfg.api.enable_request_log);
         assert_eq!(cfg.logging.level, "info");

@@ -239,12 +239,15 @@ impl BackendType {
         }
     }
 
-    /// Whether this build can run backends of this type. WireGuard and OpenVPN parse and
-    /// validate but are not implemented yet.
+    /// Whether this build can run backends of this type. OpenVPN parses and validates but is
+    /// not implemented yet.
     pub const fn is_available(self) -> bool {
         matches!(
             self,
-            BackendType::Direct | BackendType::HttpProxy | BackendType::Socks5
+            BackendType::Direct
+                | BackendType::HttpProxy
+                | BackendType::Socks5
+                | BackendType::Wireguard
         )
     }
 
@@ -603,10 +606,14 @@ pub struct OAuthAuthConfig {
 
 /// `access_control:` — client IP filtering. Entries are IPs or CIDRs; a bare IP is a /32
 /// (IPv4) or /128 (IPv6). Host bits of a CIDR are cleared (`10.1.2.3/8` → `10.0.0.0/8`).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+///
+/// Without a `whitelist` key only [`LOCAL_NETWORKS`] are admitted (as squid's `localnet` and
+/// tinyproxy's `Allow` defaults do), so a gateway with a public address is not an open proxy.
+/// An explicit empty list `whitelist: []` admits every address.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AccessControlConfig {
-    /// When non-empty, only these clients are admitted.
+    /// When non-empty, only these clients are admitted. Default [`LOCAL_NETWORKS`].
     #[serde(with = "ip_list")]
     pub whitelist: Vec<ipnet::IpNet>,
     /// These clients are refused (checked after the whitelist).
@@ -614,7 +621,48 @@ pub struct AccessControlConfig {
     pub blacklist: Vec<ipnet::IpNet>,
 }
 
+/// The default proxy clients: loopback, private (RFC 1918), link-local and unique-local ranges.
+pub const LOCAL_NETWORKS: [&str; 8] = [
+    "127.0.0.0/8",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "169.254.0.0/16",
+    "::1/128",
+    "fe80::/10",
+    "fc00::/7",
+];
+
+impl Default for AccessControlConfig {
+    /// whitelist [`LOCAL_NETWORKS`], no blacklist.
+    fn default() -> Self {
+        AccessControlConfig {
+            whitelist: LOCAL_NETWORKS
+                .iter()
+                .filter_map(|n| n.parse().ok())
+                .collect(),
+            blacklist: Vec::new(),
+        }
+    }
+}
+
 impl AccessControlConfig {
+    /// Who the proxy admits, for the start-up log: `everyone`, or the whitelist.
+    pub fn describe(&self) -> String {
+        let admitted = if self.whitelist.is_empty() {
+            "every address".to_owned()
+        } else {
+            let list: Vec<String> = self.whitelist.iter().map(|n| n.to_string()).collect();
+            list.join(", ")
+        };
+        if self.blacklist.is_empty() {
+            admitted
+        } else {
+            let list: Vec<String> = self.blacklist.iter().map(|n| n.to_string()).collect();
+            format!("{admitted} except {}", list.join(", "))
+        }
+    }
+
     /// Whether a client address is admitted: in the whitelist (when non-empty) and not in the
     /// blacklist.
     pub fn allows(&self, ip: std::net::IpAddr) -> bool {
@@ -718,13 +766,14 @@ pub struct ApiTlsConfig {
 }
 
 impl Default for ApiConfig {
-    /// enabled, listen `:7082`, no token, request log off with 1000 entries, backend tests
+    /// enabled, listen `127.0.0.1:7082` (local only: set `api.listen` to reach it from
+    /// elsewhere), no token, request log off with 1000 entries, backend tests
     /// against `www.google.com:443`, no `stats.update` events, WebSocket read timeout 60s,
     /// no TLS.
     fn default() -> Self {
         ApiConfig {
             enabled: true,
-            listen: ":7082".into(),
+            listen: "127.0.0.1:7082".into(),
             token: None,
             allowed_origins: Vec::new(),
             enable_request_log: false,

@@ -172,6 +172,20 @@ fn check_backends(cfg: &ServerConfig, p: &mut Problems) {
         match b.kind {
             BackendType::HttpProxy => check_upstream("http_proxy", &b.http_proxy, p),
             BackendType::Socks5 => check_upstream("socks5", &b.socks5, p),
+            BackendType::Wireguard => match &b.other {
+                None => p.push(
+                    format!("{base}.wireguard"),
+                    format!(
+                        "wireguard backend `{}` needs a `wireguard:` settings object",
+                        b.name
+                    ),
+                ),
+                Some(v) => {
+                    if let Err(e) = crate::wireguard::WireguardSettings::from_value(v) {
+                        p.push(format!("{base}.wireguard.{}", e.key), e.message);
+                    }
+                }
+            },
             _ => {}
         }
         if b.http_proxy.is_some() && b.kind != BackendType::HttpProxy {

@@ -37,7 +37,8 @@ enum Command {
     /// Run the proxy gateway (HTTP proxy, CONNECT, SOCKS5) and its management API.
     Server {
         /// YAML configuration; without it the built-in defaults run
-        /// (HTTP proxy :7080, SOCKS5 :7180, API :7082, every host direct).
+        /// (HTTP proxy :7080 and SOCKS5 :7180 for local networks, API
+        /// 127.0.0.1:7082, every host direct).
         #[arg(long, short, env = "SWITCHYARD_CONFIG")]
         config: Option<PathBuf>,
     },

@@ -19,6 +19,7 @@
 //! | `switchyard_config_reloads_total` | counter | |
 //! | `switchyard_events_dropped_total` | counter | `queue` (events, request_log) |
 //! | `switchyard_core_connections_active` / `_total`, `switchyard_core_requests_total` | gauge / counter | `core` |
+//! | `switchyard_core_up` (1 running, 0 down) / `switchyard_core_failures_total` | gauge / counter | `core` |
 //! | `switchyard_websocket_clients` | gauge | |
 //! | `switchyard_uptime_seconds` | gauge | |
 //! | `proxy_cache_hits_total` | counter | `domain` |
@@ -60,6 +61,8 @@ pub struct Sample {
     pub totals: CounterTotals,
     pub backends: Vec<BackendSample>,
     pub cores: Vec<CoreLoad>,
+    /// Up/down and failures of each core, in core order.
+    pub core_states: Vec<switchyard_dataplane::core_health::CoreState>,
     pub reloads: u64,
     pub events_dropped: u64,
     pub records_dropped: u64,
@@ -84,6 +87,7 @@ pub fn sample(state: &ServerState) -> Sample {
             })
             .collect(),
         cores: state.counters.per_core(),
+        core_states: state.core_health.states(),
         reloads: state.reloads.load(Ordering::Relaxed),
         events_dropped: state.events.dropped(),
         records_dropped: state.requests.dropped(),
@@ -277,6 +281,22 @@ pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
         core_total.with_label_values(&l).inc_by(c.total_connections);
         core_reqs.with_label_values(&l).inc_by(c.requests);
     }
+    let core_up = b.gauge_vec(
+        "switchyard_core_up",
+        "1 while a data-plane core runs, 0 while it is down",
+        &core,
+    )?;
+    let core_failures = b.counter_vec(
+        "switchyard_core_failures_total",
+        "times a data-plane core stopped (failed start, panic)",
+        &core,
+    )?;
+    for c in &s.core_states {
+        let l = [c.index.to_string()];
+        let l = [l[0].as_str()];
+        core_up.with_label_values(&l).set(i64::from(c.up));
+        core_failures.with_label_values(&l).inc_by(c.failures);
+    }
 
     b.gauge(
         "switchyard_websocket_clients",
@@ -378,6 +398,22 @@ mod tests {
                 },
                 CoreLoad::default(),
             ],
+            core_states: vec![
+                switchyard_dataplane::core_health::CoreState {
+                    index: 0,
+                    cpu: 0,
+                    up: true,
+                    failures: 0,
+                    last_failure: None,
+                },
+                switchyard_dataplane::core_health::CoreState {
+                    index: 1,
+                    cpu: 1,
+                    up: false,
+                    failures: 2,
+                    last_failure: Some("panicked".into()),
+                },
+            ],
             reloads: 3,
             events_dropped: 9,
             records_dropped: 1,
@@ -417,6 +453,9 @@ mod tests {
             ("switchyard_core_connections_active{core=\"0\"}", 2),
             ("switchyard_core_connections_total{core=\"0\"}", 5),
             ("switchyard_core_connections_active{core=\"1\"}", 0),
+            ("switchyard_core_up{core=\"0\"}", 1),
+            ("switchyard_core_up{core=\"1\"}", 0),
+            ("switchyard_core_failures_total{core=\"1\"}", 2),
             ("switchyard_websocket_clients", 4),
             ("switchyard_uptime_seconds", 12),
         ];

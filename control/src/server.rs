@@ -35,6 +35,8 @@ pub struct ServerState {
     pub commands: CommandSender,
     pub http_addr: Option<SocketAddr>,
     pub cores: usize,
+    /// Up/down state of each data-plane core (health, metrics).
+    pub core_health: Arc<switchyard_dataplane::core_health::CoreHealth>,
     pub hub: Hub,
     pub request_log: RequestLog,
     pub started: Instant,
@@ -106,31 +108,40 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     } else {
         None
     };
-    let cores_wanted = cfg.server.cores;
-    let probe_cores = if cores_wanted == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        cores_wanted
-    };
+    // Decided once, from the affinity mask, the cgroup CPU quota and server.cores: the same
+    // number sizes the executors, the per-core counters and the live tables.
+    let plan = switchyard_dataplane::cores::CorePlan::detect(cfg.server.cores);
+    tracing::info!(cores = plan.cpus.len(), cpus = ?plan.cpus, reason = %plan.reason, "data-plane cores decided");
     let snapshot =
-        Snapshot::compile(&cfg, None, probe_cores).context("compiling the configuration")?;
+        Snapshot::compile(&cfg, None, plan.cpus.len()).context("compiling the configuration")?;
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let cache = crate::cache::open(&cfg.cache);
     let dataplane = Dataplane::start(
         snapshot.clone(),
         DataplaneOptions {
-            cores: cores_wanted,
+            plan,
             http: Some(crate::net::spec(&http_listen)),
             socks5: socks_listen.as_ref().map(crate::net::spec),
             cache: cache.clone(),
         },
         runtime.handle().clone(),
     )?;
+    let admits = cfg.access_control.describe();
     if let Some(a) = dataplane.http_addr {
-        tracing::info!(listen = %a, "HTTP proxy (and CONNECT) listening");
+        tracing::info!(listen = %a, clients = %admits, "HTTP proxy (and CONNECT) listening");
     }
     if let Some(a) = dataplane.socks5_addr {
-        tracing::info!(listen = %a, "SOCKS5 proxy listening");
+        tracing::info!(listen = %a, clients = %admits, "SOCKS5 proxy listening");
+    }
+    let beyond_loopback = [dataplane.http_addr, dataplane.socks5_addr]
+        .iter()
+        .flatten()
+        .any(|a| !a.ip().is_loopback());
+    if cfg.access_control.whitelist.is_empty() && beyond_loopback {
+        tracing::warn!(
+            auth = ?cfg.auth.mode,
+            "access_control.whitelist is empty: the proxy forwards for every address that reaches it"
+        );
     }
     let state = Arc::new(ServerState {
         config: ArcSwap::from_pointee(cfg.clone()),
@@ -144,6 +155,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         commands: dataplane.commands.clone(),
         http_addr: dataplane.http_addr,
         cores: dataplane.cores.len(),
+        core_health: dataplane.core_health.clone(),
         hub: Hub::new(),
         request_log: RequestLog::new(cfg.api.request_log_size),
         started: Instant::now(),
@@ -175,7 +187,13 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             let listen = crate::net::parse("api", &cfg.api.listen)?;
             let listener = crate::net::bind_tokio(&listen)?;
             let local = listener.local_addr()?;
-            tracing::info!(listen = %local, tls = api_tls.is_some(), "management API listening");
+            tracing::info!(
+                listen = %local,
+                tls = api_tls.is_some(),
+                token = cfg.api.token.is_some(),
+                reachable_from = if local.ip().is_loopback() { "this host only" } else { "the network" },
+                "management API listening"
+            );
             crate::api::auth::warn_if_unauthenticated(&state, local);
             let app = crate::api::router(state.clone());
             match api_tls {

@@ -1,8 +1,12 @@
 //! Opening a TCP stream to `host:port` through a backend: `direct` (resolve, then race the
-//! addresses RFC 8305 style), an upstream HTTP proxy (CONNECT), or an upstream SOCKS5 proxy.
+//! addresses RFC 8305 style), an upstream HTTP proxy (CONNECT), an upstream SOCKS5 proxy, or a
+//! TCP flow inside a user-space WireGuard tunnel ([`crate::wireguard`]).
 //! The result is a plain byte stream to the destination, so HTTP, CONNECT and SOCKS5 clients
-//! all use the same connectors.
+//! all use the same connectors. Plain-HTTP requests routed to an upstream HTTP proxy are the
+//! exception: they go to the proxy itself in absolute form ([`Dialer::connect_for_request`]),
+//! as a stock squid allows CONNECT only to TLS ports.
 
+use crate::backend_stream::BackendStream;
 use crate::error::DataplaneError;
 use crate::offload::Offload;
 use crate::resolver::Resolver;
@@ -21,7 +25,7 @@ const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
 
 /// A connected stream plus bytes the upstream proxy sent after its handshake reply.
 pub struct Connected {
-    pub stream: TcpStream,
+    pub stream: BackendStream,
     pub early_data: Vec<u8>,
 }
 
@@ -41,7 +45,7 @@ impl Dialer<'_> {
         let deadline = Instant::now() + self.timeout;
         match backend {
             BackendKind::Direct => Ok(Connected {
-                stream: self.connect_host(host, port, deadline).await?,
+                stream: BackendStream::Tcp(self.connect_host(host, port, deadline).await?),
                 early_data: Vec::new(),
             }),
             BackendKind::HttpProxy {
@@ -72,9 +76,33 @@ impl Dialer<'_> {
                 )
                 .await
             }
+            BackendKind::Wireguard(tunnel) => Ok(Connected {
+                stream: BackendStream::Wireguard(tunnel.0.open(self, host, port, deadline).await?),
+                early_data: Vec::new(),
+            }),
             BackendKind::Unavailable { type_name } => {
                 Err(DataplaneError::BackendUnavailable((*type_name).into()))
             }
+        }
+    }
+
+    /// The connection an absolute-form HTTP request for `host:port` is written to: the upstream
+    /// HTTP proxy itself for an `httpproxy` backend (no CONNECT), otherwise [`Self::connect`].
+    pub async fn connect_for_request(
+        &self,
+        backend: &BackendKind,
+        host: &str,
+        port: u16,
+    ) -> Result<Connected, DataplaneError> {
+        match backend.http_upstream() {
+            Some((proxy_host, proxy_port, _)) => {
+                let deadline = Instant::now() + self.timeout;
+                Ok(Connected {
+                    stream: self.connect_host(proxy_host, proxy_port, deadline).await?,
+                    early_data: Vec::new(),
+                })
+            }
+            None => self.connect(backend, host, port).await,
         }
     }
 
@@ -249,7 +277,7 @@ async fn http_connect(
                     ));
                 }
                 return Ok(Connected {
-                    stream,
+                    stream: BackendStream::Tcp(stream),
                     early_data: buf.split_off(used),
                 });
             }
@@ -353,7 +381,7 @@ async fn socks5_connect(
         ));
     }
     Ok(Connected {
-        stream,
+        stream: BackendStream::Tcp(stream),
         early_data: buf,
     })
 }

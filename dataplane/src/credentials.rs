@@ -1,17 +1,96 @@
-//! Proxy credentials of native users: `Basic` parsing and bcrypt verification with a per-core
-//! cache of recent successes. bcrypt costs tens of milliseconds, so it runs on the control
-//! plane's blocking pool, and a verified (user, password, hash) is remembered for a bounded time
-//! under a SHA-256 digest (the password itself is never stored).
+//! Proxy credentials of native users: `Basic` parsing and bcrypt verification, hardened against
+//! being used as a CPU attack. bcrypt costs tens of milliseconds, so it runs on the control
+//! plane's blocking pool; per core, recent outcomes — successes *and* failures — are remembered
+//! for a bounded time under a SHA-256 digest (the password itself is never stored), so repeating
+//! a wrong password costs no bcrypt. Across cores, an [`AuthGuard`] bounds how many
+//! verifications run at once (beyond that the caller answers "busy" at once instead of queueing)
+//! and gives every client address a budget of failures: once spent, credentials from that
+//! address are refused without being verified until the budget refills.
 
 use crate::offload::Offload;
+use crate::rate_limit::BucketTable;
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-const CACHE_TTL: Duration = Duration::from_secs(300);
+const SUCCESS_TTL: Duration = Duration::from_secs(300);
+/// Short, so a password changed in the config (new hash, new key anyway) or a typo corrected is
+/// not held against a user for long.
+const FAILURE_TTL: Duration = Duration::from_secs(60);
 const CACHE_CAPACITY: usize = 4096;
+
+/// Failed authentications a client address may make in a burst before it is throttled...
+pub const FAILURE_BURST: u64 = 10;
+/// ...and how often it earns one more attempt after that.
+pub const FAILURE_REFILL: Duration = Duration::from_secs(6);
+
+/// The result of checking one set of credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Accepted,
+    Rejected,
+    /// Refused without verifying: this client address spent its failure budget.
+    Throttled,
+    /// Refused without verifying: as many verifications as allowed are running right now.
+    Busy,
+}
+
+/// Shared by every core and carried over between snapshots (a reload must not reset a client's
+/// failure budget): the per-address failure budgets and the count of running verifications.
+#[derive(Debug)]
+pub struct AuthGuard {
+    failures: BucketTable,
+    verifying: AtomicUsize,
+    max_verifying: usize,
+}
+
+/// Milli-failures per failure, so the refill (one per [`FAILURE_REFILL`]) is exact.
+const MILLI: u64 = 1000;
+
+impl AuthGuard {
+    /// `max_verifying`: bcrypt runs allowed at once (about the number of CPUs: more in
+    /// parallel only queue).
+    pub fn new(max_verifying: usize) -> Self {
+        let per_second = MILLI * 1000 / FAILURE_REFILL.as_millis().max(1) as u64;
+        Self {
+            failures: BucketTable::new(16_384, per_second, FAILURE_BURST * MILLI),
+            verifying: AtomicUsize::new(0),
+            max_verifying,
+        }
+    }
+
+    /// A guard sized for this machine.
+    pub fn for_this_host() -> Self {
+        Self::new(std::thread::available_parallelism().map_or(2, |n| n.get().max(2)))
+    }
+
+    fn throttled(&self, client: IpAddr) -> bool {
+        self.failures.available(Some(client)) < MILLI
+    }
+
+    fn record_failure(&self, client: IpAddr) {
+        let _ = self.failures.take(Some(client), MILLI);
+    }
+
+    fn enter(&self) -> Option<VerifySlot<'_>> {
+        let before = self.verifying.fetch_add(1, Ordering::AcqRel);
+        let slot = VerifySlot(&self.verifying);
+        (before < self.max_verifying).then_some(slot)
+    }
+}
+
+/// One running verification; frees its place when dropped.
+struct VerifySlot<'a>(&'a AtomicUsize);
+
+impl Drop for VerifySlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct Users {
@@ -30,29 +109,55 @@ impl Users {
         self.hashes.is_empty()
     }
 
-    /// Verifies `username`/`password`; unknown users cost no bcrypt work.
-    pub async fn verify(&self, offload: &Offload, username: &str, password: &str) -> bool {
+    /// Verifies `username`/`password` sent from `client`. Unknown users and remembered outcomes
+    /// cost no bcrypt work; every rejection spends from the client's failure budget.
+    pub async fn verify(
+        &self,
+        guard: &AuthGuard,
+        offload: &Offload,
+        client: IpAddr,
+        username: &str,
+        password: &str,
+    ) -> Verdict {
+        if guard.throttled(client) {
+            return Verdict::Throttled;
+        }
         let Some(hash) = self.hashes.get(username) else {
-            return false;
+            guard.record_failure(client);
+            return Verdict::Rejected;
         };
         let key = cache_key(username, password, hash);
-        if cache_hit(&key) {
-            return true;
+        match cached(&key) {
+            Some(true) => return Verdict::Accepted,
+            Some(false) => {
+                guard.record_failure(client);
+                return Verdict::Rejected;
+            }
+            None => {}
         }
+        let Some(_slot) = guard.enter() else {
+            return Verdict::Busy;
+        };
         let (password, hash) = (password.to_owned(), hash.clone());
-        let ok = offload
+        let Ok(ok) = offload
             .blocking(move || bcrypt::verify(password, &hash).unwrap_or(false))
             .await
-            .unwrap_or(false);
+        else {
+            return Verdict::Busy;
+        };
+        remember(key, ok);
         if ok {
-            cache_insert(key);
+            Verdict::Accepted
+        } else {
+            guard.record_failure(client);
+            Verdict::Rejected
         }
-        ok
     }
 }
 
 thread_local! {
-    static VERIFIED: RefCell<HashMap<[u8; 32], Instant>> = RefCell::new(HashMap::new());
+    /// digest → (outcome, when)
+    static OUTCOMES: RefCell<HashMap<[u8; 32], (bool, Instant)>> = RefCell::new(HashMap::new());
 }
 
 fn cache_key(user: &str, password: &str, hash: &str) -> [u8; 32] {
@@ -64,30 +169,44 @@ fn cache_key(user: &str, password: &str, hash: &str) -> [u8; 32] {
     h.finalize().into()
 }
 
-fn cache_hit(key: &[u8; 32]) -> bool {
-    VERIFIED.with(|c| {
+fn ttl(ok: bool) -> Duration {
+    if ok {
+        SUCCESS_TTL
+    } else {
+        FAILURE_TTL
+    }
+}
+
+/// The remembered outcome for `key`, if still fresh.
+fn cached(key: &[u8; 32]) -> Option<bool> {
+    OUTCOMES.with(|c| {
         let mut c = c.borrow_mut();
         match c.get(key) {
-            Some(at) if at.elapsed() < CACHE_TTL => true,
+            Some(&(ok, at)) if at.elapsed() < ttl(ok) => Some(ok),
             Some(_) => {
                 c.remove(key);
-                false
+                None
             }
-            None => false,
+            None => None,
         }
     })
 }
 
-fn cache_insert(key: [u8; 32]) {
-    VERIFIED.with(|c| {
+fn remember(key: [u8; 32], ok: bool) {
+    OUTCOMES.with(|c| {
         let mut c = c.borrow_mut();
         if c.len() >= CACHE_CAPACITY {
-            c.retain(|_, at| at.elapsed() < CACHE_TTL);
+            c.retain(|_, &mut (ok, at)| at.elapsed() < ttl(ok));
+            if c.len() >= CACHE_CAPACITY {
+                // Failures go first: losing them costs one bcrypt each, losing successes costs
+                // every user a slow request.
+                c.retain(|_, &mut (ok, _)| ok);
+            }
             if c.len() >= CACHE_CAPACITY {
                 c.clear();
             }
         }
-        c.insert(key, Instant::now());
+        c.insert(key, (ok, Instant::now()));
     });
 }
 
@@ -140,26 +259,88 @@ mod tests {
     }
 
     #[test]
-    fn cache_expires_and_bounds() {
+    fn cache_remembers_both_outcomes() {
         let k = cache_key("x", "y", "z");
-        assert!(!cache_hit(&k));
-        cache_insert(k);
-        assert!(cache_hit(&k));
+        assert_eq!(cached(&k), None);
+        remember(k, true);
+        assert_eq!(cached(&k), Some(true));
+        let k = cache_key("x", "wrong", "z");
+        remember(k, false);
+        assert_eq!(cached(&k), Some(false));
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("rt")
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
     }
 
     #[test]
     fn verify_uses_bcrypt_off_thread() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("rt");
+        let rt = runtime();
         let offload = Offload::new(rt.handle().clone(), 4);
+        let guard = AuthGuard::new(4);
         let hash = bcrypt::hash("secret", 4).expect("hash");
         let users = Users::new([("bob".to_string(), hash)]);
-        let ok = futures_lite::future::block_on(users.verify(&offload, "bob", "secret"));
-        let bad = futures_lite::future::block_on(users.verify(&offload, "bob", "wrong"));
-        let unknown = futures_lite::future::block_on(users.verify(&offload, "eve", "secret"));
-        assert!(ok && !bad && !unknown);
+        let client = ip("10.0.0.1");
+        let check = |u: &str, p: &str| {
+            futures_lite::future::block_on(users.verify(&guard, &offload, client, u, p))
+        };
+        assert_eq!(check("bob", "secret"), Verdict::Accepted);
+        assert_eq!(check("bob", "wrong"), Verdict::Rejected);
+        assert_eq!(check("eve", "secret"), Verdict::Rejected);
+    }
+
+    #[test]
+    fn failures_are_remembered_and_cost_no_verification() {
+        let rt = runtime();
+        let offload = Offload::new(rt.handle().clone(), 4);
+        let hash = bcrypt::hash("secret", 4).expect("hash");
+        let users = Users::new([("carol".to_string(), hash)]);
+        let client = ip("10.0.0.2");
+        let open = AuthGuard::new(4);
+        let first = users.verify(&open, &offload, client, "carol", "guess");
+        assert_eq!(futures_lite::future::block_on(first), Verdict::Rejected);
+        // No verification may run now: the same wrong password is still answered (from the
+        // cache), a new one is not.
+        let shut = AuthGuard::new(0);
+        let again = users.verify(&shut, &offload, client, "carol", "guess");
+        assert_eq!(futures_lite::future::block_on(again), Verdict::Rejected);
+        let other = users.verify(&shut, &offload, client, "carol", "guess2");
+        assert_eq!(futures_lite::future::block_on(other), Verdict::Busy);
+    }
+
+    #[test]
+    fn a_client_out_of_failures_is_refused_unverified() {
+        let rt = runtime();
+        let offload = Offload::new(rt.handle().clone(), 4);
+        let guard = AuthGuard::new(4);
+        let users = Users::new([("dave".to_string(), bcrypt::hash("pw", 4).expect("hash"))]);
+        let attacker = ip("192.0.2.7");
+        for i in 0..FAILURE_BURST {
+            let guess = format!("p{i}");
+            let v = users.verify(&guard, &offload, attacker, "nobody", &guess);
+            assert_eq!(futures_lite::future::block_on(v), Verdict::Rejected);
+        }
+        let right = users.verify(&guard, &offload, attacker, "dave", "pw");
+        assert_eq!(futures_lite::future::block_on(right), Verdict::Throttled);
+        let neighbour = users.verify(&guard, &offload, ip("192.0.2.8"), "dave", "pw");
+        assert_eq!(futures_lite::future::block_on(neighbour), Verdict::Accepted);
+    }
+
+    #[test]
+    fn verification_slots_are_bounded_and_released() {
+        let guard = AuthGuard::new(1);
+        let slot = guard.enter();
+        assert!(slot.is_some());
+        assert!(guard.enter().is_none());
+        drop(slot);
+        assert!(guard.enter().is_some());
     }
 }

@@ -2,8 +2,22 @@
 //! caller, and port 0 resolves to one port shared by every core), then one pinned glommio
 //! executor per core accepts on its own `SO_REUSEPORT` copy and serves each connection to the
 //! end on that core.
+//!
+//! Start-up is all or nothing: each core reports ready (after its listeners are registered) or
+//! failed (its executor could not start: a memlock limit below glommio's 512 KiB, io_uring
+//! refused by seccomp) through a channel, and [`Dataplane::start`] returns only when every core
+//! is ready. On any failure every listener is shut down and the reason is returned, so the
+//! kernel never completes handshakes for a core nobody serves.
+//!
+//! After start, one supervisor thread per core waits for its executor to end. A core that dies
+//! (a panic in a task unwinds its executor) has its listeners shut down at once through
+//! descriptors the supervisor kept, is marked down in [`CoreHealth`] (health API, metrics) and is
+//! restarted on fresh `SO_REUSEPORT` listeners; after [`MAX_RESTARTS`] the process exits with
+//! status 70 so the service manager restarts it whole.
 
 use crate::commands::{CommandReceiver, CommandSender};
+use crate::core_health::CoreHealth;
+use crate::cores::CorePlan;
 use crate::counters::Counters;
 use crate::error::DataplaneError;
 use crate::events::{EventQueue, RequestQueue};
@@ -17,7 +31,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::IntoRawFd;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Where to listen: `ip: None` means every interface (IPv6 dual-stack, IPv4 if IPv6 is off).
@@ -29,8 +43,8 @@ pub struct ListenSpec {
 
 #[derive(Debug, Clone)]
 pub struct DataplaneOptions {
-    /// Number of cores; 0 = every CPU this process may use.
-    pub cores: usize,
+    /// The cores to run on, decided once at start ([`CorePlan::detect`]).
+    pub plan: CorePlan,
     pub http: Option<ListenSpec>,
     pub socks5: Option<ListenSpec>,
     /// The HTTP cache's store when `cache.enabled` (shared by every core).
@@ -46,6 +60,8 @@ pub struct Dataplane {
     pub live: Arc<LiveTable>,
     pub commands: CommandSender,
     pub cores: Vec<usize>,
+    /// Up/down state and failures of each core.
+    pub core_health: Arc<CoreHealth>,
     pub http_addr: Option<SocketAddr>,
     pub socks5_addr: Option<SocketAddr>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -97,44 +113,267 @@ fn listen_socket(spec: ListenSpec, port: u16) -> std::io::Result<Socket> {
     }
 }
 
+fn describe_listen(spec: ListenSpec, e: std::io::Error) -> DataplaneError {
+    DataplaneError::Start(format!(
+        "cannot listen on {}:{}: {e}",
+        spec.ip.map_or("*".to_string(), |i| i.to_string()),
+        spec.port
+    ))
+}
+
 /// One socket per core, all on the same port (the first one picks it when `port` is 0).
+/// Returns the sockets and the spec with the port filled in.
 fn bind_per_core(
     spec: ListenSpec,
     cores: usize,
-) -> Result<(Vec<Socket>, SocketAddr), DataplaneError> {
-    let describe = |e: std::io::Error| {
-        DataplaneError::Start(format!(
-            "cannot listen on {}:{}: {e}",
-            spec.ip.map_or("*".to_string(), |i| i.to_string()),
-            spec.port
-        ))
-    };
-    let first = listen_socket(spec, spec.port).map_err(describe)?;
+) -> Result<(Vec<Socket>, ListenSpec, SocketAddr), DataplaneError> {
+    let first = listen_socket(spec, spec.port).map_err(|e| describe_listen(spec, e))?;
     let addr = first
         .local_addr()
         .ok()
         .and_then(|a| a.as_socket())
         .ok_or_else(|| DataplaneError::Start("listener has no address".into()))?;
+    let bound = ListenSpec {
+        ip: spec.ip,
+        port: addr.port(),
+    };
     let mut sockets = vec![first];
     for _ in 1..cores {
-        sockets.push(listen_socket(spec, addr.port()).map_err(describe)?);
+        sockets.push(listen_socket(bound, bound.port).map_err(|e| describe_listen(bound, e))?);
     }
-    Ok((sockets, addr))
+    Ok((sockets, bound, addr))
+}
+
+/// What a core reports to [`Dataplane::start`] while it waits for all of them.
+enum CoreReport {
+    Ready,
+    Failed(usize, String),
+}
+
+/// A core's listening sockets, moved into its executor (closed if it never starts).
+#[derive(Default)]
+struct CoreListeners {
+    http: Option<Socket>,
+    socks5: Option<Socket>,
+}
+
+impl CoreListeners {
+    /// Duplicates of the descriptors, kept by the supervisor: shutting one down stops the
+    /// kernel from queueing connections for this core even if the dead executor leaked its copy.
+    fn guards(&self) -> std::io::Result<Vec<Socket>> {
+        [&self.http, &self.socks5]
+            .into_iter()
+            .flatten()
+            .map(|s| s.try_clone())
+            .collect()
+    }
+}
+
+/// Stops listening on every socket (`shutdown(2)` on a listener takes it out of the
+/// `SO_REUSEPORT` group and resets its queued connections).
+fn close_listeners(guards: &[Socket]) {
+    for s in guards {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Everything needed to (re)start a core; cloned into each executor.
+#[derive(Clone)]
+struct CoreSeed {
+    snapshot: SnapshotHandle,
+    counters: Arc<Counters>,
+    events: Arc<EventQueue>,
+    requests: Arc<RequestQueue>,
+    live: Arc<LiveTable>,
+    resolver: Resolver,
+    offload: Offload,
+    open_connections: Arc<AtomicUsize>,
+    cache: Option<Arc<crate::cache::CacheStore>>,
+    commands: CommandReceiver,
+    socks5_ip: Option<IpAddr>,
+    health: Arc<CoreHealth>,
+    http: Option<ListenSpec>,
+    socks5: Option<ListenSpec>,
+}
+
+/// Restarts allowed per core before the process gives up and exits.
+const MAX_RESTARTS: u32 = 3;
+/// How long start-up waits for every core to report.
+const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Why an executor thread ended, in words an operator can act on.
+fn describe_core_end(result: glommio::Result<(), ()>) -> String {
+    use glommio::{BuilderErrorKind, GlommioError, ReactorErrorKind};
+    match result {
+        Ok(()) => "its executor ended".to_owned(),
+        Err(GlommioError::ReactorError(ReactorErrorKind::MemLockLimit(have, need))) => format!(
+            "the locked-memory limit (RLIMIT_MEMLOCK, `ulimit -l`) is {} KiB; glommio needs at \
+             least {} KiB for its io_uring buffers: raise the memlock limit (systemd \
+             LimitMEMLOCK=, docker --ulimit memlock=)",
+            have / 1024,
+            need / 1024
+        ),
+        Err(GlommioError::BuilderError(BuilderErrorKind::ThreadPanic(payload))) => {
+            let text = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            format!("panicked: {text}")
+        }
+        // glommio 0.9 wraps the reactor's MemLockLimit into an I/O error on this path.
+        Err(e) if e.to_string().contains("MemLockLimit") => format!(
+            "{e}: the locked-memory limit (RLIMIT_MEMLOCK, `ulimit -l`) is below the 512 KiB \
+             glommio needs for its io_uring buffers: raise the memlock limit (systemd \
+             LimitMEMLOCK=, docker --ulimit memlock=)"
+        ),
+        Err(e) => format!("glommio executor failed: {e}"),
+    }
+}
+
+impl CoreSeed {
+    fn spawn(
+        &self,
+        index: usize,
+        cpu: usize,
+        listeners: CoreListeners,
+        reports: std::sync::mpsc::Sender<CoreReport>,
+    ) -> Result<glommio::ExecutorJoinHandle<()>, DataplaneError> {
+        let seed = self.clone();
+        // Registered I/O memory: small without a cache; cache fills write through DMA buffers
+        // (1 MiB, four in flight) and fall back to heap buffers past this.
+        let io_memory = if self.cache.is_some() {
+            4 << 20
+        } else {
+            512 << 10
+        };
+        LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("dataplane-{index}"))
+            .io_memory(io_memory)
+            .ring_depth(512)
+            .spawn(move || async move {
+                let ctx = Rc::new(CoreContext {
+                    core: index,
+                    snapshot: seed.snapshot,
+                    counters: seed.counters,
+                    events: seed.events,
+                    requests: seed.requests,
+                    live: seed.live,
+                    resolver: seed.resolver,
+                    offload: seed.offload,
+                    open_connections: seed.open_connections,
+                    socks5_ip: seed.socks5_ip,
+                    cache: seed.cache,
+                });
+                let mut tasks = Vec::new();
+                // Core 0 serves control-plane commands.
+                if index == 0 {
+                    tasks.push(glommio::spawn_local(crate::commands::serve(
+                        seed.commands,
+                        ctx.clone(),
+                    )));
+                }
+                for (socket, service) in [
+                    (listeners.http, Service::Http),
+                    (listeners.socks5, Service::Socks5),
+                ] {
+                    if let Some(socket) = socket {
+                        let listener = crate::sys::listener_from_fd(socket.into_raw_fd());
+                        tasks.push(glommio::spawn_local(accept_loop(
+                            listener,
+                            ctx.clone(),
+                            service,
+                        )));
+                    }
+                }
+                seed.health.mark_up(index);
+                let _ = reports.send(CoreReport::Ready);
+                for t in tasks {
+                    t.await;
+                }
+            })
+            .map_err(|e| DataplaneError::Start(format!("glommio executor on cpu {cpu}: {e}")))
+    }
+
+    /// Fresh listeners for a restarted core, on the ports the data plane already serves.
+    fn rebind(&self) -> Result<CoreListeners, DataplaneError> {
+        let bind = |spec: Option<ListenSpec>| {
+            spec.map(|s| listen_socket(s, s.port).map_err(|e| describe_listen(s, e)))
+                .transpose()
+        };
+        Ok(CoreListeners {
+            http: bind(self.http)?,
+            socks5: bind(self.socks5)?,
+        })
+    }
+
+    /// Runs on its own thread for the life of a core: when the executor ends (start-up
+    /// failure, panic), closes its listeners, records the failure and, once the data plane has
+    /// started, restarts the core — up to [`MAX_RESTARTS`] times, then exits the process.
+    fn supervise(
+        self,
+        index: usize,
+        cpu: usize,
+        mut handle: glommio::ExecutorJoinHandle<()>,
+        mut guards: Vec<Socket>,
+        started: Arc<AtomicBool>,
+        reports: std::sync::mpsc::Sender<CoreReport>,
+    ) {
+        let mut restarts = 0;
+        loop {
+            let reason = describe_core_end(handle.join());
+            close_listeners(&guards);
+            drop(std::mem::take(&mut guards));
+            self.health.mark_failed(index, &reason);
+            if !started.load(Ordering::Acquire) {
+                // Start-up still waits for this core: it reports and the start fails.
+                let _ = reports.send(CoreReport::Failed(index, reason));
+                return;
+            }
+            tracing::error!(core = index, cpu, reason = %reason, "data-plane core stopped; its listeners are closed");
+            restarts += 1;
+            if restarts > MAX_RESTARTS {
+                tracing::error!(core = index, cpu, restarts = MAX_RESTARTS,
+                    "data-plane core keeps failing; exiting so the service manager restarts the server");
+                std::process::exit(70);
+            }
+            let respawned = self.rebind().and_then(|listeners| {
+                let kept = listeners
+                    .guards()
+                    .map_err(|e| DataplaneError::Start(e.to_string()))?;
+                let handle = self.spawn(index, cpu, listeners, reports.clone())?;
+                Ok((handle, kept))
+            });
+            match respawned {
+                Ok((h, kept)) => {
+                    tracing::warn!(
+                        core = index,
+                        cpu,
+                        restart = restarts,
+                        "data-plane core restarted"
+                    );
+                    handle = h;
+                    guards = kept;
+                }
+                Err(e) => {
+                    tracing::error!(core = index, cpu, error = %e, "cannot restart a data-plane core; exiting");
+                    std::process::exit(70);
+                }
+            }
+        }
+    }
 }
 
 impl Dataplane {
+    /// Starts one executor per core of `opts.plan` and waits until every core reports ready.
+    /// If any core fails to start, every listener is closed and the reason is returned.
     pub fn start(
         snapshot: SnapshotHandle,
         opts: DataplaneOptions,
         runtime: tokio::runtime::Handle,
     ) -> Result<Self, DataplaneError> {
         let nofile = crate::sys::raise_nofile_limit().unwrap_or(0);
-        let allowed = crate::sys::allowed_cpus();
-        let cores: Vec<usize> = if opts.cores == 0 {
-            allowed
-        } else {
-            allowed.into_iter().take(opts.cores).collect()
-        };
+        let cores = opts.plan.cpus.clone();
         let counters = Arc::new(Counters::new(cores.len()));
         // Slots are allocated (and touched) up front, so capacity is idle memory: 4096 request
         // records are ~1.2 MiB. The control plane drains both every 25 ms.
@@ -143,116 +382,78 @@ impl Dataplane {
         let live = Arc::new(LiveTable::new(cores.len()));
         let (commands, command_rx) = crate::commands::channel();
         let resolver = Resolver::from_system()?;
-        let offload = Offload::new(runtime, 4096);
-        let open_connections = Arc::new(AtomicUsize::new(0));
+        let health = Arc::new(CoreHealth::new(&cores));
 
-        let mut http = opts
+        let http = opts
             .http
             .map(|spec| bind_per_core(spec, cores.len()))
             .transpose()?;
-        let mut socks = opts
+        let socks = opts
             .socks5
             .map(|spec| bind_per_core(spec, cores.len()))
             .transpose()?;
-        let http_addr = http.as_ref().map(|(_, a)| *a);
-        let socks5_addr = socks.as_ref().map(|(_, a)| *a);
+        let http_addr = http.as_ref().map(|(_, _, a)| *a);
+        let socks5_addr = socks.as_ref().map(|(_, _, a)| *a);
+        let seed = CoreSeed {
+            snapshot: snapshot.clone(),
+            counters: counters.clone(),
+            events: events.clone(),
+            requests: requests.clone(),
+            live: live.clone(),
+            resolver,
+            offload: Offload::new(runtime, 4096),
+            open_connections: Arc::new(AtomicUsize::new(0)),
+            cache: opts.cache.clone(),
+            commands: command_rx,
+            socks5_ip: socks5_addr.map(|a| a.ip()),
+            health: health.clone(),
+            http: http.as_ref().map(|(_, spec, _)| *spec),
+            socks5: socks.as_ref().map(|(_, spec, _)| *spec),
+        };
+        let mut http_sockets = http.map(|(s, _, _)| s).unwrap_or_default();
+        let mut socks_sockets = socks.map(|(s, _, _)| s).unwrap_or_default();
 
+        let started = Arc::new(AtomicBool::new(false));
+        let (report_tx, reports) = std::sync::mpsc::channel();
+        let mut every_listener = Vec::new();
         let mut threads = Vec::new();
+        let mut spawn_failure = None;
         for (index, &cpu) in cores.iter().enumerate() {
-            let http_fd = http
-                .as_mut()
-                .and_then(|(s, _)| s.pop())
-                .map(|s| s.into_raw_fd());
-            let socks_fd = socks
-                .as_mut()
-                .and_then(|(s, _)| s.pop())
-                .map(|s| s.into_raw_fd());
-            let ctx = (
-                snapshot.clone(),
-                counters.clone(),
-                events.clone(),
-                requests.clone(),
-                live.clone(),
-                resolver.clone(),
-                offload.clone(),
-                open_connections.clone(),
-                opts.cache.clone(),
-            );
-            // Core 0 serves control-plane commands.
-            let command_rx: Option<CommandReceiver> = (index == 0).then(|| command_rx.clone());
-            let socks5_ip = socks5_addr.map(|a| a.ip());
-            let builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
-                .name(&format!("dataplane-{index}"))
-                // Registered I/O memory: small without a cache; cache fills write through DMA
-                // buffers (1 MiB, four in flight) and fall back to heap buffers past this.
-                .io_memory(if opts.cache.is_some() {
-                    4 << 20
-                } else {
-                    512 << 10
+            let listeners = CoreListeners {
+                http: http_sockets.pop(),
+                socks5: socks_sockets.pop(),
+            };
+            let guards = listeners
+                .guards()
+                .and_then(|g| {
+                    every_listener.extend(listeners.guards()?);
+                    Ok(g)
                 })
-                .ring_depth(512);
-            let handle = builder
-                .spawn(move || async move {
-                    let (
-                        snapshot,
-                        counters,
-                        events,
-                        requests,
-                        live,
-                        resolver,
-                        offload,
-                        open_connections,
-                        cache,
-                    ) = ctx;
-                    let ctx = Rc::new(CoreContext {
-                        core: index,
-                        snapshot,
-                        counters,
-                        events,
-                        requests,
-                        live,
-                        resolver,
-                        offload,
-                        open_connections,
-                        socks5_ip,
-                        cache,
-                    });
-                    let mut tasks = Vec::new();
-                    if let Some(rx) = command_rx {
-                        tasks.push(glommio::spawn_local(crate::commands::serve(
-                            rx,
-                            ctx.clone(),
-                        )));
-                    }
-                    if let Some(fd) = http_fd {
-                        let listener = crate::sys::listener_from_fd(fd);
-                        tasks.push(glommio::spawn_local(accept_loop(
-                            listener,
-                            ctx.clone(),
-                            Service::Http,
-                        )));
-                    }
-                    if let Some(fd) = socks_fd {
-                        let listener = crate::sys::listener_from_fd(fd);
-                        tasks.push(glommio::spawn_local(accept_loop(
-                            listener,
-                            ctx.clone(),
-                            Service::Socks5,
-                        )));
-                    }
-                    for t in tasks {
-                        t.await;
-                    }
-                })
-                .map_err(|e| {
-                    DataplaneError::Start(format!("glommio executor on cpu {cpu}: {e}"))
-                })?;
-            threads.push(std::thread::spawn(move || {
-                if let Err(e) = handle.join() {
-                    tracing::error!(error = %e, "data-plane core stopped");
+                .map_err(|e| DataplaneError::Start(format!("duplicating a listener: {e}")))?;
+            let handle = match seed.spawn(index, cpu, listeners, report_tx.clone()) {
+                Ok(h) => h,
+                Err(e) => {
+                    spawn_failure = Some(e);
+                    break;
                 }
+            };
+            let supervisor = seed.clone();
+            let (started, reports) = (started.clone(), report_tx.clone());
+            threads.push(std::thread::spawn(move || {
+                supervisor.supervise(index, cpu, handle, guards, started, reports)
             }));
         }
+        drop(report_tx);
+        let failure = spawn_failure.or_else(|| wait_for_cores(&reports, &cores).err());
+        if let Some(e) = failure {
+            // The cores that did start keep running until the process exits; without listeners
+            // they accept nothing, so no connection is queued for a server that is not there.
+            close_listeners(&every_listener);
+            return Err(e);
+        }
+        started.store(true, Ordering::Release);
+        // Late reports (restarted cores) go nowhere.
+        drop(reports);
         tracing::info!(
             engine = "glommio (io_uring)",
             cores = ?cores,
@@ -267,18 +468,48 @@ impl Dataplane {
             live,
             commands,
             cores,
+            core_health: health,
             http_addr,
             socks5_addr,
             threads,
         })
     }
 
-    /// Blocks until every core stops (they run until the process exits).
+    /// Blocks until every core's supervisor stops (they run until the process exits).
     pub fn join(self) {
         for t in self.threads {
             let _ = t.join();
         }
     }
+}
+
+/// Waits until every core reported ready; the first failure (or silence) is the error.
+fn wait_for_cores(
+    reports: &std::sync::mpsc::Receiver<CoreReport>,
+    cores: &[usize],
+) -> Result<(), DataplaneError> {
+    let deadline = std::time::Instant::now() + START_TIMEOUT;
+    let mut ready = 0;
+    while ready < cores.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match reports.recv_timeout(left) {
+            Ok(CoreReport::Ready) => ready += 1,
+            Ok(CoreReport::Failed(index, reason)) => {
+                return Err(DataplaneError::Start(format!(
+                    "data-plane core {index} (cpu {}) failed to start: {reason}",
+                    cores.get(index).copied().unwrap_or_default()
+                )))
+            }
+            Err(_) => {
+                return Err(DataplaneError::Start(format!(
+                    "only {ready} of {} data-plane cores reported ready within {}s",
+                    cores.len(),
+                    START_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy)]
@@ -299,6 +530,12 @@ impl Drop for ConnectionSlot {
     }
 }
 
+/// A fault the supervision tests inject into a running core; compiled into unit tests only, so
+/// no production build can kill a core on purpose.
+#[cfg(test)]
+pub(crate) static PANIC_ON_NEXT_ACCEPT: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Service) {
     loop {
         let stream = match listener.accept().await {
@@ -310,6 +547,10 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Servi
                 continue;
             }
         };
+        #[cfg(test)]
+        if PANIC_ON_NEXT_ACCEPT.swap(false, Ordering::AcqRel) {
+            panic!("fault injected by a test");
+        }
         let Ok(peer) = stream.peer_addr() else {
             continue;
         };
@@ -337,5 +578,77 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Servi
             }
         })
         .detach();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_core_that_panics_is_reported_and_restarted_on_a_fresh_listener() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let cfg = switchyard_config::ServerConfig::default();
+        let snapshot = crate::snapshot::Snapshot::compile(&cfg, None, 1).expect("snapshot");
+        let cpu = crate::sys::allowed_cpus()[0];
+        let dataplane = Dataplane::start(
+            Arc::new(arc_swap::ArcSwap::from_pointee(snapshot)),
+            DataplaneOptions {
+                plan: CorePlan {
+                    cpus: vec![cpu],
+                    reason: "test".into(),
+                },
+                http: Some(ListenSpec {
+                    ip: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+                    port: 0,
+                }),
+                socks5: None,
+                cache: None,
+            },
+            runtime.handle().clone(),
+        )
+        .expect("start");
+        let addr = dataplane.http_addr.expect("http address");
+        assert!(dataplane.core_health.problems().is_empty());
+
+        PANIC_ON_NEXT_ACCEPT.store(true, Ordering::Release);
+        let _victim = std::net::TcpStream::connect(addr).expect("connect");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let state = loop {
+            let state = dataplane.core_health.states()[0].clone();
+            if state.failures == 1 && state.up {
+                break state;
+            }
+            assert!(Instant::now() < deadline, "core not restarted: {state:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            state
+                .last_failure
+                .as_deref()
+                .is_some_and(|r| r.contains("fault injected")),
+            "{state:?}"
+        );
+        // The restarted core accepts on the same port and serves a request.
+        let mut client = std::net::TcpStream::connect(addr).expect("connect again");
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        client
+            .write_all(b"GET http://127.0.0.1:1/ HTTP/1.1\r\nHost: 127.0.0.1:1\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        let mut answer = Vec::new();
+        let _ = client.read_to_end(&mut answer);
+        assert!(
+            answer.starts_with(b"HTTP/1.1 "),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
     }
 }

@@ -29,6 +29,8 @@ pub enum DataplaneError {
         reason: String,
         refused: bool,
     },
+    #[error("WireGuard backend {backend}: {reason}")]
+    Tunnel { backend: String, reason: String },
     #[error("backend {0} is not available in this build")]
     BackendUnavailable(String),
     #[error("no route for {0}")]
@@ -48,7 +50,8 @@ impl DataplaneError {
             | Self::Refused { .. }
             | Self::Connect { .. }
             | Self::ConnectTimeout { .. }
-            | Self::UpstreamProxy { .. } => Side::Upstream,
+            | Self::UpstreamProxy { .. }
+            | Self::Tunnel { .. } => Side::Upstream,
             Self::BackendUnavailable(_) | Self::NoRoute(_) | Self::Overloaded(_) => Side::Internal,
             Self::Start(_) | Self::Io(_) => Side::Internal,
         }

@@ -3,12 +3,13 @@
 //! tunnels, proxy authentication, rate limiting, and the error replies for bad input.
 
 use crate::connector::Connected;
+use crate::credentials::Verdict;
 use crate::engine::CoreContext;
 use crate::error::DataplaneError;
 use crate::events::Protocol;
 use crate::origin_pool::{self, PoolKey};
-use crate::proxied::{dial, run_tunnel, Registered};
-use crate::snapshot::{Backend, Snapshot};
+use crate::proxied::{dial, dial_for_request, run_tunnel, Registered};
+use crate::snapshot::{Backend, BackendKind, Snapshot};
 use crate::trace::Trace;
 use crate::tunnel;
 use glommio::net::TcpStream;
@@ -45,8 +46,8 @@ pub(crate) async fn with_timeout<T>(
 }
 
 /// Reads until `parse` yields a head; `carry` holds bytes read beyond it on return.
-pub(crate) async fn read_head<T>(
-    from: &RefCell<TcpStream>,
+pub(crate) async fn read_head<T, S: futures_lite::io::AsyncRead + Unpin>(
+    from: &RefCell<S>,
     carry: &mut Vec<u8>,
     limits: &HeadLimits,
     timeout: Duration,
@@ -100,13 +101,17 @@ pub(crate) enum BodyEnd {
 
 /// Relays one body of `kind` from `from` (whose already-read bytes are in `carry`) to `to`.
 /// Bytes beyond the body stay in `carry` (a pipelined next message).
-pub(crate) async fn relay_body(
-    from: &RefCell<TcpStream>,
-    to: &RefCell<TcpStream>,
+pub(crate) async fn relay_body<F, T>(
+    from: &RefCell<F>,
+    to: &RefCell<T>,
     carry: &mut Vec<u8>,
     kind: BodyKind,
     count: &dyn Fn(u64),
-) -> io::Result<BodyEnd> {
+) -> io::Result<BodyEnd>
+where
+    F: futures_lite::io::AsyncRead + Unpin,
+    T: futures_lite::io::AsyncWrite + Unpin,
+{
     match kind {
         BodyKind::Empty => Ok(BodyEnd::Complete),
         BodyKind::Length(mut left) => {
@@ -380,14 +385,48 @@ async fn handle_request<'c>(
         let creds = head
             .header("proxy-authorization")
             .and_then(crate::credentials::parse_basic);
-        let ok = match &creds {
-            Some((u, p)) => users.verify(&ctx.offload, u, p).await,
-            None => false,
+        let verdict = match &creds {
+            Some((u, p)) => {
+                users
+                    .verify(&snapshot.auth_guard, &ctx.offload, client_ip, u, p)
+                    .await
+            }
+            None => Verdict::Rejected,
         };
         if let Some((u, _)) = creds {
             trace.username = u;
         }
-        if !ok {
+        match verdict {
+            Verdict::Accepted | Verdict::Rejected => {}
+            Verdict::Throttled => {
+                tracing::debug!(client = %peer, "proxy authentication throttled");
+                let msg = "too many failed authentications from this address; try again later";
+                refuse(
+                    client,
+                    trace,
+                    407,
+                    "Proxy Authentication Required",
+                    &[("Proxy-Authenticate", "Basic realm=\"switchyard\"")],
+                    msg.to_owned(),
+                )
+                .await;
+                return Next::Close;
+            }
+            Verdict::Busy => {
+                let msg = "too many authentications in progress; try again".to_owned();
+                refuse(
+                    client,
+                    trace,
+                    503,
+                    "Service Unavailable",
+                    &[("Retry-After", "1")],
+                    msg,
+                )
+                .await;
+                return Next::Close;
+            }
+        }
+        if verdict != Verdict::Accepted {
             let body_kind = http1::request_body_kind(&head).unwrap_or(BodyKind::UntilClose);
             let close = !matches!(body_kind, BodyKind::Empty | BodyKind::Length(0))
                 || !head.wants_keep_alive();
@@ -605,11 +644,13 @@ impl<'a> ByteMeter<'a> {
     }
 }
 
-/// Rewrites `head` for the origin — origin-form target, Host from the absolute URI, hop-by-hop
-/// headers (incl. Proxy-Authorization) removed — and returns its bytes and whether the client
-/// expects a `100 Continue`.
+/// Rewrites `head` for the next hop — origin-form target for an origin, absolute-form with the
+/// backend's own `Proxy-Authorization` for an upstream HTTP proxy, Host from the absolute URI,
+/// hop-by-hop headers (incl. the client's Proxy-Authorization) removed — and returns its bytes
+/// and whether the client expects a `100 Continue`.
 pub(crate) fn origin_request(
     head: &mut RequestHead,
+    backend: &BackendKind,
     host: &str,
     port: u16,
     path_and_query: String,
@@ -625,8 +666,17 @@ pub(crate) fn origin_request(
     if expects_continue {
         head.remove_header("expect");
     }
-    head.target = path_and_query;
-    head.set_header("Host", origin_authority(host, port).as_bytes());
+    let authority = origin_authority(host, port);
+    head.target = match backend.http_upstream() {
+        Some((_, _, authorization)) => {
+            if let Some(value) = authorization {
+                head.set_header("Proxy-Authorization", value.as_bytes());
+            }
+            format!("http://{authority}{path_and_query}")
+        }
+        None => path_and_query,
+    };
+    head.set_header("Host", authority.as_bytes());
     head.version_minor = 1;
     let mut out = Vec::with_capacity(512);
     http1::write_request_head(head, &mut out);
@@ -647,7 +697,7 @@ pub(crate) fn origin_authority(host: &str, port: u16) -> String {
 /// The origin's answer to a forwarded request: its connection, the response head and body bytes
 /// read along with the head.
 pub(crate) struct Upstream {
-    pub origin: RefCell<TcpStream>,
+    pub origin: RefCell<crate::backend_stream::BackendStream>,
     pub response: ResponseHead,
     pub carry: Vec<u8>,
     pub pool_key: PoolKey,
@@ -678,10 +728,17 @@ pub(crate) async fn send_request(
     meter: &ByteMeter<'_>,
     peer: SocketAddr,
 ) -> Sent {
+    // Requests through an upstream HTTP proxy share its connections whatever the destination.
+    let (pool_host, pool_port) = backend
+        .kind
+        .http_upstream()
+        .map_or((host, port), |(proxy_host, proxy_port, _)| {
+            (proxy_host, proxy_port)
+        });
     let key = PoolKey {
         backend: backend.kind.clone(),
-        host: host.to_owned(),
-        port,
+        host: pool_host.to_owned(),
+        port: pool_port,
     };
     // A pooled connection may have been closed by the origin just now; a request without a
     // body is retried once on a fresh connection when that happens before any response byte.
@@ -693,7 +750,7 @@ pub(crate) async fn send_request(
         let reused = pooled.is_some();
         let (stream, early) = match pooled {
             Some(s) => (s, Vec::new()),
-            None => match dial(ctx, snapshot, backend, host, port).await {
+            None => match dial_for_request(ctx, snapshot, backend, host, port).await {
                 Ok(c) => (c.stream, c.early_data),
                 Err(e) => {
                     tracing::debug!(client = %peer, %host, port, error = %e, "request failed");
@@ -751,6 +808,16 @@ pub(crate) async fn send_request(
             }
         };
         return match response {
+            // The client cannot fix the backend's credentials (and must not be asked for them).
+            HeadRead::Head(response) if response.status == 407 && backend.kind.http_upstream().is_some() => {
+                Sent::Failed(
+                    502,
+                    "Bad Gateway",
+                    format!(
+                        "upstream proxy {pool_host}:{pool_port} refused the backend's credentials (407)"
+                    ),
+                )
+            }
             HeadRead::Head(response) => Sent::Answered(Box::new(Upstream {
                 origin,
                 response,
@@ -809,8 +876,14 @@ pub(crate) async fn exchange(
         request_body,
         client_keep_alive,
     } = request;
-    let (out, expects_continue) =
-        origin_request(&mut head, host, port, path_and_query, request_body);
+    let (out, expects_continue) = origin_request(
+        &mut head,
+        &backend.kind,
+        host,
+        port,
+        path_and_query,
+        request_body,
+    );
     let meter = ByteMeter::new(ctx, Some(backend), conn);
     let upstream = match send_request(
         ctx,

@@ -10,10 +10,13 @@
 //! never stalls. Protocol parsing lives in the runtime-free `switchyard-proto` crate.
 
 pub mod access_control;
+pub mod backend_stream;
 pub mod buffer_pool;
 pub mod cache;
 pub mod commands;
 pub mod connector;
+pub mod core_health;
+pub mod cores;
 pub mod counters;
 pub mod credentials;
 pub mod engine;
@@ -31,6 +34,7 @@ mod socks5_server;
 mod sys;
 mod trace;
 mod tunnel;
+pub mod wireguard;
 
 pub use engine::{Dataplane, DataplaneOptions};
 pub use error::DataplaneError;

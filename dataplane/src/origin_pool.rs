@@ -2,11 +2,10 @@
 //! destination. A connection is reused only if it is young enough and a non-blocking peek shows
 //! no EOF and no stray bytes.
 
+use crate::backend_stream::BackendStream;
 use crate::snapshot::BackendKind;
-use glommio::net::TcpStream;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 const MAX_IDLE_PER_KEY: usize = 32;
@@ -22,7 +21,7 @@ pub struct PoolKey {
 
 #[derive(Default)]
 struct Pool {
-    idle: HashMap<PoolKey, Vec<(TcpStream, Instant)>>,
+    idle: HashMap<PoolKey, Vec<(BackendStream, Instant)>>,
     total: usize,
 }
 
@@ -31,16 +30,14 @@ thread_local! {
 }
 
 /// A reusable connection for `key`, if one is idle and healthy.
-pub fn take(key: &PoolKey) -> Option<TcpStream> {
+pub fn take(key: &PoolKey) -> Option<BackendStream> {
     POOL.with(|p| {
         let mut p = p.borrow_mut();
         let mut found = None;
         let mut dropped = 0;
         if let Some(list) = p.idle.get_mut(key) {
             while let Some((stream, since)) = list.pop() {
-                if since.elapsed() < MAX_IDLE_AGE
-                    && crate::sys::idle_socket_is_clean(stream.as_raw_fd())
-                {
+                if since.elapsed() < MAX_IDLE_AGE && stream.idle_is_clean() {
                     found = Some(stream);
                     break;
                 }
@@ -56,7 +53,7 @@ pub fn take(key: &PoolKey) -> Option<TcpStream> {
 }
 
 /// Parks a connection whose last response was read completely.
-pub fn give(key: PoolKey, stream: TcpStream) {
+pub fn give(key: PoolKey, stream: BackendStream) {
     POOL.with(|p| {
         let mut p = p.borrow_mut();
         if p.total >= MAX_IDLE_TOTAL {

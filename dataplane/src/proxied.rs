@@ -71,6 +71,20 @@ pub(crate) async fn dial(
     dial_within(ctx, backend, host, port, snapshot.timeouts.connect).await
 }
 
+/// The connection a plain-HTTP (absolute-form) request to `host:port` is written to: the
+/// upstream proxy itself for an `httpproxy` backend, the origin (or a tunnel) otherwise.
+pub(crate) async fn dial_for_request(
+    ctx: &CoreContext,
+    snapshot: &Snapshot,
+    backend: &Backend,
+    host: &str,
+    port: u16,
+) -> Result<Connected, DataplaneError> {
+    let dialer = dialer(ctx, snapshot.timeouts.connect);
+    let result = dialer.connect_for_request(&backend.kind, host, port);
+    account(ctx, backend, result).await
+}
+
 /// [`dial`] with an explicit timeout (backend tests choose their own).
 pub(crate) async fn dial_within(
     ctx: &CoreContext,
@@ -79,13 +93,29 @@ pub(crate) async fn dial_within(
     port: u16,
     timeout: Duration,
 ) -> Result<Connected, DataplaneError> {
-    let dialer = Dialer {
+    let dialer = dialer(ctx, timeout);
+    account(ctx, backend, dialer.connect(&backend.kind, host, port)).await
+}
+
+fn dialer(ctx: &CoreContext, timeout: Duration) -> Dialer<'_> {
+    Dialer {
         resolver: &ctx.resolver,
         offload: &ctx.offload,
         timeout,
-    };
+    }
+}
+
+/// Runs a connect through `backend`, recording its latency, errors and passive health.
+async fn account(
+    ctx: &CoreContext,
+    backend: &Backend,
+    connect: impl std::future::Future<Output = Result<Connected, DataplaneError>>,
+) -> Result<Connected, DataplaneError> {
+    if let BackendKind::Wireguard(tunnel) = &backend.kind {
+        tunnel.0.ensure_started(ctx, &backend.health);
+    }
     let started = std::time::Instant::now();
-    let result = dialer.connect(&backend.kind, host, port).await;
+    let result = connect.await;
     let counters = backend.counters.core(ctx.core);
     match &result {
         Ok(_) => counters.connected_in(started.elapsed()),
@@ -156,14 +186,14 @@ pub(crate) async fn run_tunnel(
                 counters: [core, bcore],
                 live: Some(live),
                 upload: true,
-                limiter: snapshot.upload_limit.as_ref(),
+                limiter: snapshot.upload_limit.as_deref(),
                 client: client_ip,
             },
             Meter {
                 counters: [core, bcore],
                 live: Some(live),
                 upload: false,
-                limiter: snapshot.download_limit.as_ref(),
+                limiter: snapshot.download_limit.as_deref(),
                 client: client_ip,
             },
             snapshot.timeouts.idle,

@@ -1,11 +1,13 @@
 //! The compiled, immutable view of the configuration the data plane runs on. The control plane
 //! builds a new [`Snapshot`] on every change and publishes it through `arc_swap`; a core loads
 //! the current one when a connection (or request) starts, so live connections are never
-//! disturbed by a reload. Backend counters carry over between snapshots by backend name.
+//! disturbed by a reload. State that must outlive a snapshot is carried over: backend counters
+//! and health by backend name, the rate limiters and the authentication guard as they are (a
+//! reload reconfigures them in place, so it never resets a client's budgets).
 
 use crate::access_control::AccessControl;
 use crate::counters::Counters;
-use crate::credentials::Users;
+use crate::credentials::{AuthGuard, Users};
 use crate::rate_limit::{BandwidthLimiter, RequestLimiter};
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -30,7 +32,8 @@ pub enum SnapshotError {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum BackendKind {
     Direct,
-    /// Upstream HTTP proxy reached with CONNECT; `authorization` is a ready `Basic …` value.
+    /// Upstream HTTP proxy: CONNECT for tunnels, absolute-form requests for plain HTTP;
+    /// `authorization` is a ready `Basic …` value sent as `Proxy-Authorization`.
     HttpProxy {
         host: String,
         port: u16,
@@ -41,10 +44,30 @@ pub enum BackendKind {
         port: u16,
         credentials: Option<(String, String)>,
     },
+    /// A user-space WireGuard tunnel (shared across snapshots while its settings stay).
+    Wireguard(TunnelRef),
     /// Parsed and validated, but its transport is not in this build yet.
     Unavailable {
         type_name: &'static str,
     },
+}
+
+/// A WireGuard backend's tunnel; two refer to the same tunnel only if they are the same one.
+#[derive(Debug, Clone)]
+pub struct TunnelRef(pub Arc<crate::wireguard::WireguardBackend>);
+
+impl PartialEq for TunnelRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TunnelRef {}
+
+impl std::hash::Hash for TunnelRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state)
+    }
 }
 
 #[derive(Debug)]
@@ -80,6 +103,17 @@ impl BackendHealth {
         self.healthy.load(Ordering::Relaxed)
     }
 
+    /// Sets the state measured by a probe (a tunnel's handshake); returns it when it changed.
+    pub fn set(&self, healthy: bool) -> Option<bool> {
+        if healthy {
+            self.failures.store(0, Ordering::Relaxed);
+        } else {
+            self.failures
+                .store(FAILURES_TO_UNHEALTHY, Ordering::Relaxed);
+        }
+        (self.healthy.swap(healthy, Ordering::AcqRel) != healthy).then_some(healthy)
+    }
+
     /// Records a connect outcome; returns the new state when it changed.
     pub fn record(&self, success: bool) -> Option<bool> {
         if success {
@@ -93,12 +127,28 @@ impl BackendHealth {
     }
 }
 
+impl BackendKind {
+    /// The upstream HTTP proxy (host, port, `Proxy-Authorization` value) that plain-HTTP
+    /// requests are forwarded to in absolute form, for an `httpproxy` backend.
+    pub fn http_upstream(&self) -> Option<(&str, u16, Option<&str>)> {
+        match self {
+            BackendKind::HttpProxy {
+                host,
+                port,
+                authorization,
+            } => Some((host, *port, authorization.as_deref())),
+            _ => None,
+        }
+    }
+}
+
 impl Backend {
     pub fn type_name(&self) -> &'static str {
         match self.kind {
             BackendKind::Direct => "direct",
             BackendKind::HttpProxy { .. } => "httpproxy",
             BackendKind::Socks5 { .. } => "socks5",
+            BackendKind::Wireguard(_) => "wireguard",
             BackendKind::Unavailable { type_name } => type_name,
         }
     }
@@ -130,9 +180,11 @@ pub struct Snapshot {
     /// `Some` when proxy authentication is required.
     pub users: Option<Users>,
     pub access: AccessControl,
-    pub request_limit: Option<RequestLimiter>,
-    pub upload_limit: Option<BandwidthLimiter>,
-    pub download_limit: Option<BandwidthLimiter>,
+    /// Failure budgets and verification slots of proxy authentication.
+    pub auth_guard: Arc<AuthGuard>,
+    pub request_limit: Option<Arc<RequestLimiter>>,
+    pub upload_limit: Option<Arc<BandwidthLimiter>>,
+    pub download_limit: Option<Arc<BandwidthLimiter>>,
     pub timeouts: Timeouts,
     pub max_header_size: usize,
     pub max_connections: usize,
@@ -152,7 +204,8 @@ fn split_host_port(address: &str) -> Option<(String, u16)> {
 }
 
 impl Snapshot {
-    /// Compiles `cfg`. `previous` lends its backend counters to backends of the same name.
+    /// Compiles `cfg`. `previous` lends its backend counters to backends of the same name and
+    /// hands on its limiters and authentication guard.
     pub fn compile(
         cfg: &ServerConfig,
         previous: Option<&Snapshot>,
@@ -204,9 +257,24 @@ impl Snapshot {
                         credentials,
                     }
                 }
-                BackendType::Wireguard => BackendKind::Unavailable {
-                    type_name: "wireguard",
-                },
+                BackendType::Wireguard => {
+                    let raw = b
+                        .other
+                        .as_ref()
+                        .ok_or_else(|| bad("wireguard settings missing"))?;
+                    let settings = switchyard_config::wireguard::WireguardSettings::from_value(raw)
+                        .map_err(|e| bad(&format!("wireguard.{e}")))?;
+                    // Same settings: keep the running tunnel (and its session) across reloads.
+                    let kept = old.and_then(|old| match &old.kind {
+                        BackendKind::Wireguard(t) if t.0.settings == settings => Some(t.clone()),
+                        _ => None,
+                    });
+                    BackendKind::Wireguard(kept.unwrap_or_else(|| {
+                        TunnelRef(Arc::new(crate::wireguard::WireguardBackend::new(
+                            &b.name, settings,
+                        )))
+                    }))
+                }
                 BackendType::Openvpn => BackendKind::Unavailable {
                     type_name: "openvpn",
                 },
@@ -266,11 +334,33 @@ impl Snapshot {
             )),
             _ => None,
         };
+        let cache = compile_cache(&cfg.cache)?;
+        // Nothing below fails: the shared limiters are reconfigured only for a snapshot that
+        // will be published.
         let rl = &cfg.rate_limit;
-        let request_limit = (rl.enabled && rl.requests_per_second > 0.0)
-            .then(|| RequestLimiter::new(rl.requests_per_second, rl.burst_size, rl.per_ip));
-        let bw =
-            |rate: u64| (rl.enabled && rate > 0).then(|| BandwidthLimiter::new(rate, rl.per_ip));
+        let request_limit = RequestLimiter::carry_over(
+            previous.and_then(|p| p.request_limit.as_ref()),
+            rl.enabled,
+            rl.requests_per_second,
+            rl.burst_size,
+            rl.per_ip,
+        );
+        let upload_limit = BandwidthLimiter::carry_over(
+            previous.and_then(|p| p.upload_limit.as_ref()),
+            rl.enabled,
+            rl.bandwidth.upload.0,
+            rl.per_ip,
+        );
+        let download_limit = BandwidthLimiter::carry_over(
+            previous.and_then(|p| p.download_limit.as_ref()),
+            rl.enabled,
+            rl.bandwidth.download.0,
+            rl.per_ip,
+        );
+        let auth_guard = previous.map_or_else(
+            || Arc::new(AuthGuard::for_this_host()),
+            |p| p.auth_guard.clone(),
+        );
         let http = &cfg.server.http;
         Ok(Self {
             generation: previous.map_or(1, |p| p.generation + 1),
@@ -281,9 +371,10 @@ impl Snapshot {
                 cfg.access_control.whitelist.clone(),
                 cfg.access_control.blacklist.clone(),
             ),
+            auth_guard,
             request_limit,
-            upload_limit: bw(rl.bandwidth.upload.0),
-            download_limit: bw(rl.bandwidth.download.0),
+            upload_limit,
+            download_limit,
             timeouts: Timeouts {
                 read: http.read_timeout.0,
                 write: http.write_timeout.0,
@@ -294,7 +385,7 @@ impl Snapshot {
             max_header_size: usize::try_from(http.max_header_size.0).unwrap_or(usize::MAX),
             max_connections: cfg.server.max_connections,
             request_log: cfg.api.enable_request_log,
-            cache: compile_cache(&cfg.cache)?,
+            cache,
         })
     }
 
@@ -306,7 +397,14 @@ impl Snapshot {
         if let [only] = route.backends.as_slice() {
             return usable(only).then(|| (route, &self.backends[*only]));
         }
-        let candidates: Vec<usize> = route.backends.iter().copied().filter(usable).collect();
+        // Unhealthy members are skipped while a healthy one is left (and picked again once
+        // they recover); when none is healthy every enabled member stays a candidate, so a
+        // wrong health verdict never takes the route down by itself.
+        let healthy = |i: &usize| usable(i) && self.backends[*i].health.is_healthy();
+        let mut candidates: Vec<usize> = route.backends.iter().copied().filter(healthy).collect();
+        if candidates.is_empty() {
+            candidates = route.backends.iter().copied().filter(usable).collect();
+        }
         let chosen = match (candidates.len(), route.load_balance) {
             (0, _) => return None,
             (1, _) => candidates[0],
@@ -403,6 +501,21 @@ mod tests {
     }
 
     #[test]
+    fn balancing_skips_unhealthy_members_and_returns_to_them() {
+        let snap = Snapshot::compile(&config(), None, 1).expect("compile");
+        let pick = || snap.select("a.example.com").expect("route").1.name.clone();
+        snap.backends[1].health.set(false);
+        assert_eq!([pick(), pick(), pick()], ["up2", "up2", "up2"]);
+        snap.backends[2].health.set(false);
+        let both_down: Vec<String> = (0..2).map(|_| pick()).collect();
+        assert!(both_down.contains(&"up".to_owned()) && both_down.contains(&"up2".to_owned()));
+        snap.backends[1].health.set(true);
+        snap.backends[2].health.set(true);
+        let back: Vec<String> = (0..2).map(|_| pick()).collect();
+        assert!(back.contains(&"up".to_owned()) && back.contains(&"up2".to_owned()));
+    }
+
+    #[test]
     fn counters_survive_recompile() {
         let first = Snapshot::compile(&config(), None, 1).expect("compile");
         first.backends[0].counters.core(0).opened();
@@ -421,6 +534,40 @@ mod tests {
         assert!(!h.is_healthy());
         assert_eq!(h.record(true), Some(true));
         assert_eq!(h.record(true), None);
+    }
+
+    #[test]
+    fn limiters_and_auth_guard_survive_recompile() {
+        let mut cfg = config();
+        cfg.rate_limit.enabled = true;
+        cfg.rate_limit.requests_per_second = 0.01;
+        cfg.rate_limit.burst_size = 1;
+        cfg.rate_limit.per_ip = true;
+        let first = Snapshot::compile(&cfg, None, 1).expect("compile");
+        let client: std::net::IpAddr = [10, 0, 0, 1].into();
+        let limiter = first.request_limit.as_ref().expect("limiter");
+        assert!(limiter.admit(client));
+        let second = Snapshot::compile(&cfg, Some(&first), 1).expect("compile");
+        let again = second.request_limit.as_ref().expect("limiter");
+        assert!(!again.admit(client), "a reload must not refill the bucket");
+        assert!(Arc::ptr_eq(&first.auth_guard, &second.auth_guard));
+    }
+
+    #[test]
+    fn a_failed_compile_leaves_the_running_limiters_alone() {
+        let mut cfg = config();
+        cfg.rate_limit.enabled = true;
+        cfg.rate_limit.requests_per_second = 1.0;
+        cfg.rate_limit.burst_size = 1;
+        let first = Snapshot::compile(&cfg, None, 1).expect("compile");
+        let mut bad = cfg.clone();
+        bad.rate_limit.enabled = false;
+        bad.routes.push(route("bad", &["x.com"], &["nope"], 0));
+        assert!(Snapshot::compile(&bad, Some(&first), 1).is_err());
+        let limiter = first.request_limit.as_ref().expect("limiter");
+        let client: std::net::IpAddr = [10, 0, 0, 2].into();
+        assert!(limiter.admit(client));
+        assert!(!limiter.admit(client), "still enabled");
     }
 
     #[test]

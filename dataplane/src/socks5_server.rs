@@ -2,6 +2,7 @@
 //! backend, UDP ASSOCIATE relayed directly (only for destinations routed to a `direct`
 //! backend), BIND refused with "command not supported".
 
+use crate::credentials::Verdict;
 use crate::engine::CoreContext;
 use crate::events::Protocol;
 use crate::snapshot::{BackendKind, Snapshot};
@@ -76,12 +77,20 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             let creds = read_msg(&client, &mut carry, socks5::parse_userpass)
                 .await
                 .ok()??;
-            let ok = users
-                .verify(&ctx.offload, &creds.username, &creds.password)
+            let client_ip = crate::access_control::canonical(peer.ip());
+            let verdict = users
+                .verify(
+                    &snapshot.auth_guard,
+                    &ctx.offload,
+                    client_ip,
+                    &creds.username,
+                    &creds.password,
+                )
                 .await;
+            let ok = verdict == Verdict::Accepted;
             let _ = tunnel::write_all(&client, &socks5::encode_userpass_status(ok)).await;
             if !ok {
-                tracing::debug!(client = %peer, user = %creds.username, "SOCKS5 authentication failed");
+                tracing::debug!(client = %peer, user = %creds.username, ?verdict, "SOCKS5 authentication failed");
                 return None;
             }
         }

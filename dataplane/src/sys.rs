@@ -83,48 +83,6 @@ pub fn listener_from_fd(fd: RawFd) -> glommio::net::TcpListener {
     unsafe { glommio::net::TcpListener::from_raw_fd(fd) }
 }
 
-/// A read-only memory map of a cache entry file: hits are copied from the page cache straight
-/// into the socket, with no read into a user buffer first.
-pub struct MappedFile {
-    map: memmap2::Mmap,
-}
-
-impl MappedFile {
-    pub fn open(path: &std::path::Path) -> io::Result<Self> {
-        let file = std::fs::File::open(path)?;
-        // SAFETY: entry files are written under `tmp/` and renamed into place when complete;
-        // nothing writes or truncates them afterwards (deletion keeps an existing mapping valid).
-        // Another process truncating the file would make reads fault (SIGBUS); the cache
-        // directory belongs to this service alone.
-        let map = unsafe { memmap2::Mmap::map(&file)? };
-        Ok(MappedFile { map })
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        &self.map
-    }
-
-    /// Asks the kernel to read `len` bytes at `offset` ahead (MADV_WILLNEED); advisory only.
-    pub fn will_need(&self, offset: u64, len: u64) {
-        let page = 4096u64;
-        let start = offset / page * page;
-        let end = (offset.saturating_add(len)).min(self.map.len() as u64);
-        if start >= end {
-            return;
-        }
-        let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else {
-            return;
-        };
-        let _ = self
-            .map
-            .advise_range(memmap2::Advice::WillNeed, start, end - start);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

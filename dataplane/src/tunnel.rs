@@ -11,16 +11,15 @@
 //! for splice ops whose completions are awaited through an eventfd read on glommio, used only
 //! once a tunnel has moved enough bytes to be "bulk" (idle tunnels stay buffer-free).
 
+use crate::backend_stream::HalfClose;
 use crate::buffer_pool;
 use crate::counters::CoreCounters;
 use crate::rate_limit::{BandwidthLimiter, Take};
 use futures_lite::io::{AsyncRead, AsyncWrite};
-use glommio::net::TcpStream;
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -67,7 +66,9 @@ impl Meter<'_> {
 }
 
 /// Reads into a pooled buffer; the buffer is returned to the pool while the read is pending.
-pub async fn read_pooled(from: &RefCell<TcpStream>) -> io::Result<(Box<[u8]>, usize)> {
+pub async fn read_pooled<S: AsyncRead + Unpin>(
+    from: &RefCell<S>,
+) -> io::Result<(Box<[u8]>, usize)> {
     poll_fn(|cx| {
         let mut buf = buffer_pool::take();
         let r = Pin::new(&mut *from.borrow_mut()).poll_read(cx, &mut buf);
@@ -86,7 +87,7 @@ pub async fn read_pooled(from: &RefCell<TcpStream>) -> io::Result<(Box<[u8]>, us
     .await
 }
 
-pub async fn write_all(to: &RefCell<TcpStream>, mut data: &[u8]) -> io::Result<()> {
+pub async fn write_all<S: AsyncWrite + Unpin>(to: &RefCell<S>, mut data: &[u8]) -> io::Result<()> {
     while !data.is_empty() {
         let n = poll_fn(|cx| Pin::new(&mut *to.borrow_mut()).poll_write(cx, data)).await?;
         if n == 0 {
@@ -97,9 +98,9 @@ pub async fn write_all(to: &RefCell<TcpStream>, mut data: &[u8]) -> io::Result<(
     Ok(())
 }
 
-async fn pump(
-    from: &RefCell<TcpStream>,
-    to: &RefCell<TcpStream>,
+async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + HalfClose + Unpin>(
+    from: &RefCell<R>,
+    to: &RefCell<W>,
     meter: &Meter<'_>,
     last_activity: &Cell<Instant>,
 ) -> io::Result<()> {
@@ -107,7 +108,7 @@ async fn pump(
         let (buf, n) = read_pooled(from).await?;
         if n == 0 {
             buffer_pool::give(buf);
-            crate::sys::shutdown_write(to.borrow().as_raw_fd());
+            to.borrow().shutdown_write();
             return Ok(());
         }
         last_activity.set(Instant::now());
@@ -121,13 +122,16 @@ async fn pump(
 }
 
 /// Relays until both directions finish, one fails, or the tunnel is idle for `idle`.
-pub async fn relay(
-    client: &RefCell<TcpStream>,
-    upstream: &RefCell<TcpStream>,
+pub async fn relay<C, U>(
+    client: &RefCell<C>,
+    upstream: &RefCell<U>,
     up: Meter<'_>,
     down: Meter<'_>,
     idle: Duration,
-) {
+) where
+    C: AsyncRead + AsyncWrite + HalfClose + Unpin,
+    U: AsyncRead + AsyncWrite + HalfClose + Unpin,
+{
     let last = Cell::new(Instant::now());
     let both = async {
         let a = pump(client, upstream, &up, &last);

@@ -431,3 +431,85 @@ pub fn start_moto() -> Option<Moto> {
     }
     panic!("moto_server did not start");
 }
+
+/// One request a [`Recorder`] received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub peer: SocketAddr,
+    /// Which accepted connection (0, 1, …) carried it.
+    pub connection: usize,
+    /// The request head as text (request line and headers).
+    pub head: String,
+}
+
+/// A small HTTP/1.1 server (keep-alive, requests without bodies) that records every request
+/// head and answers `peer=<client IP>` with the status `status(head)` chooses. It stands in
+/// for an upstream proxy or an origin whose view of the traffic a test must check.
+pub struct Recorder {
+    pub port: u16,
+    pub seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+}
+
+pub fn start_recorder(status: fn(&str) -> u16) -> Recorder {
+    start_recorder_on("127.0.0.1", status)
+}
+
+pub fn start_recorder_on(ip: &str, status: fn(&str) -> u16) -> Recorder {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind((ip, 0)).expect("recorder bind");
+    let port = listener.local_addr().expect("addr").port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for (connection, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { continue };
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let Ok(peer) = stream.peer_addr() else { return };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n");
+                    let Some(end) = end else {
+                        match stream.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end + 4);
+                    let code = status(&head);
+                    log.lock().expect("log").push(Seen {
+                        peer,
+                        connection,
+                        head,
+                    });
+                    let body = format!("peer={}\n", peer.ip());
+                    let reply = format!(
+                        "HTTP/1.1 {code} Recorded\r\nContent-Length: {}\r\nX-Recorder: yes\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Recorder { port, seen }
+}
+
+impl Recorder {
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("log").clone()
+    }
+}
+
+/// Runs curl with `args`, discarding the body, and returns the HTTP status it printed.
+pub fn http_code(args: &[&str]) -> String {
+    let mut all = vec!["-s", "-o", "/dev/null", "-w", "%{http_code}"];
+    all.extend_from_slice(args);
+    String::from_utf8_lossy(&curl(&all).stdout).into_owned()
+}

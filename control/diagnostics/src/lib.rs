@@ -80,7 +80,11 @@
 //!   128-frame stacks) in a process-wide static from the first profile on, for the life of the
 //!   process; symbolising also parses the binary's debug information (~130 MiB for a debug
 //!   build), which is released after each profile (`backtrace::clear_symbol_cache` and glibc
-//!   `malloc_trim`). An idle client that is never profiled pays nothing.
+//!   `malloc_trim`). An idle client that is never profiled pays nothing. Wiring notes: a
+//!   request timeout on the API must spare this path (up to 300 s); `SIGPROF` reaches every
+//!   thread, data-plane cores included (the handler is installed with `SA_RESTART`; an
+//!   io_uring wait may still see `EINTR`, which the end-to-end test against the real binary
+//!   should cover).
 //! - `GET /debug/pprof/heap` — text: the allocator's `mallinfo2` figures and the memory lines of
 //!   `/proc/self/status`, headed by the statement that no allocation-site profile exists.
 //! - `GET /debug/pprof/goroutine` — text: the threads (id, state, user/system CPU seconds, name).

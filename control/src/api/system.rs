@@ -7,12 +7,43 @@ use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use switchyard_api::{BackendCounts, HealthResponse, ServerStats, ServerStatus, VersionInfo};
 
+/// Measured health: `degraded` while a data-plane core is down or an enabled backend is
+/// unhealthy (its connects keep failing, or its type is unavailable in this build), with one
+/// line per reason in `problems`.
 #[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()),
     responses((status = 200, body = HealthResponse)))]
-pub async fn health() -> Json<HealthResponse> {
+pub async fn health(State(state): State<Arc<ServerState>>) -> Json<HealthResponse> {
+    let cores = state.core_health.states();
+    let mut problems = state.core_health.problems();
+    let snapshot = state.snapshot.load();
+    for b in snapshot.backends.iter().filter(|b| b.enabled) {
+        if !super::backends::is_healthy(b) {
+            problems.push(format!(
+                "backend {} ({}) is unhealthy: {}",
+                b.name,
+                b.type_name(),
+                match &b.kind {
+                    switchyard_dataplane::snapshot::BackendKind::Unavailable { .. } =>
+                        "not available in this build".to_owned(),
+                    _ => format!(
+                        "its last {} or more connects failed",
+                        switchyard_dataplane::snapshot::FAILURES_TO_UNHEALTHY
+                    ),
+                }
+            ));
+        }
+    }
     Json(HealthResponse {
-        status: "healthy".into(),
+        status: if problems.is_empty() {
+            "healthy"
+        } else {
+            "degraded"
+        }
+        .into(),
         time: Utc::now(),
+        cores_up: Some(cores.iter().filter(|c| c.up).count() as u64),
+        cores_total: Some(cores.len() as u64),
+        problems,
     })
 }
 

@@ -1,8 +1,8 @@
 //! Translation batching as a runtime-free state machine: segments go to the provider in
 //! numbered batches with surrounding context; a reply must have exactly one numbered line per
-//! segment. On a mismatch the same batch is asked again once (with the wrong reply and a
-//! correction); if that fails too the batch is split in halves, each asked on its own, down to
-//! single segments. Batches leave in source order, so results can be streamed as they come.
+//! segment ([`reply`](crate::reply) reads it and ignores whatever surrounds the numbers). On a
+//! mismatch the same batch is asked again once (with the wrong reply and a correction); if that
+//! fails too the batch is split in halves, each asked on its own, down to single segments. Batches leave in source order, so results can be streamed as they come.
 //!
 //! Line breaks inside a segment travel as ` <br> ` and come back as `\n`.
 
@@ -10,6 +10,8 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use serde::Serialize;
+
+use crate::reply::{self, Mismatch};
 
 /// A chat message in the OpenAI wire shape.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -131,7 +133,7 @@ impl BatchPlan {
             return Outcome::Failed { index: 0, got: 0 };
         };
         let expected = work.range.len();
-        match parse_reply(reply, expected) {
+        match reply::parse_reply(reply, expected) {
             Ok(texts) => Outcome::Accepted {
                 range: work.range,
                 texts: texts
@@ -146,7 +148,7 @@ impl BatchPlan {
                     })
                     .collect(),
             },
-            Err(got) if work.previous_reply.is_none() => {
+            Err(Mismatch { numbered: got }) if work.previous_reply.is_none() => {
                 let mut quoted = reply.to_string();
                 if quoted.len() > MAX_QUOTED_REPLY {
                     let mut cut = MAX_QUOTED_REPLY;
@@ -161,7 +163,7 @@ impl BatchPlan {
                 });
                 Outcome::Reask { expected, got }
             }
-            Err(got) if expected > 1 => {
+            Err(Mismatch { numbered: got }) if expected > 1 => {
                 let mid = work.range.start + expected / 2;
                 self.queue.push_front(Work {
                     range: mid..work.range.end,
@@ -173,7 +175,7 @@ impl BatchPlan {
                 });
                 Outcome::Split { expected, got }
             }
-            Err(got) => Outcome::Failed {
+            Err(Mismatch { numbered: got }) => Outcome::Failed {
                 index: work.range.start,
                 got,
             },
@@ -215,67 +217,20 @@ impl BatchPlan {
         }
         let mut messages = vec![Message::new("system", system), Message::new("user", user)];
         if let Some(previous) = &work.previous_reply {
-            let got = count_lines(previous);
+            let got = reply::parse_reply(previous, n)
+                .err()
+                .map_or(n, |m| m.numbered);
             messages.push(Message::new("assistant", previous.clone()));
             messages.push(Message::new(
                 "user",
                 format!(
-                    "Your reply had {got} lines, but exactly {n} are required, one per numbered \
-                     line. Reply again with exactly {n} lines numbered 1 to {n}."
+                    "Your reply had {got} numbered lines, but exactly {n} are required, one per \
+                     numbered line. Reply again with exactly {n} lines numbered 1 to {n}, each \
+                     written as `<number>. <translation>`."
                 ),
             ));
         }
         messages
-    }
-}
-
-fn content_lines(reply: &str) -> Vec<&str> {
-    reply
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("```"))
-        .collect()
-}
-
-fn count_lines(reply: &str) -> usize {
-    content_lines(reply).len()
-}
-
-/// `12. text`, `12) text`, `12: text`, `12 - text` → (12, "text").
-fn numbered(line: &str) -> Option<(usize, &str)> {
-    let digits = line.bytes().take_while(u8::is_ascii_digit).count();
-    if digits == 0 || digits > 6 {
-        return None;
-    }
-    let n: usize = line[..digits].parse().ok()?;
-    let rest = line[digits..].trim_start();
-    let rest = rest.strip_prefix(['.', ')', ':', '-'])?;
-    Some((n, rest.trim()))
-}
-
-/// Checks a reply: exactly `expected` lines numbered 1..=expected in order (or, when no line
-/// is numbered, exactly `expected` plain lines). `Err(lines found)` otherwise.
-pub fn parse_reply(reply: &str, expected: usize) -> Result<Vec<String>, usize> {
-    let lines = content_lines(reply);
-    let parsed: Vec<Option<(usize, &str)>> = lines.iter().map(|l| numbered(l)).collect();
-    let all_numbered = parsed.iter().all(Option::is_some);
-    let none_numbered = parsed.iter().all(Option::is_none);
-    if lines.len() != expected {
-        return Err(lines.len());
-    }
-    if all_numbered {
-        let mut out = Vec::with_capacity(expected);
-        for (i, p) in parsed.into_iter().enumerate() {
-            match p {
-                Some((n, text)) if n == i + 1 => out.push(text.to_string()),
-                _ => return Err(lines.len()),
-            }
-        }
-        Ok(out)
-    } else if none_numbered {
-        Ok(lines.iter().map(|l| l.to_string()).collect())
-    } else {
-        Err(lines.len())
     }
 }
 
@@ -295,30 +250,6 @@ mod tests {
             .map(|(i, s)| format!("{}. T{s}", i + 1))
             .collect::<Vec<_>>()
             .join("\n")
-    }
-
-    #[test]
-    fn replies_are_checked() {
-        assert_eq!(parse_reply("1. a\n2) b\n3: c", 3).unwrap(), ["a", "b", "c"]);
-        assert_eq!(
-            parse_reply("```\n1. a\n\n2. b\n```\n", 2).unwrap(),
-            ["a", "b"]
-        );
-        assert_eq!(parse_reply("a\nb", 2).unwrap(), ["a", "b"]);
-        assert_eq!(parse_reply("1. a\n2. b\n3. c", 2), Err(3));
-        assert_eq!(parse_reply("1. a", 2), Err(1));
-        assert_eq!(
-            parse_reply("1. a\n3. b", 2),
-            Err(2),
-            "numbers must run 1..n"
-        );
-        assert_eq!(parse_reply("2. b\n1. a", 2), Err(2), "in order");
-        assert_eq!(parse_reply("1. a\nb", 2), Err(2), "mixed");
-        assert_eq!(parse_reply("", 1), Err(0));
-        assert_eq!(
-            parse_reply("1. 1990 was a year", 1).unwrap(),
-            ["1990 was a year"]
-        );
     }
 
     #[test]
@@ -373,7 +304,7 @@ mod tests {
         assert_eq!(ask.messages[2].role, "assistant");
         assert!(ask.messages[3]
             .content
-            .contains("had 3 lines, but exactly 4"));
+            .contains("had 3 numbered lines, but exactly 4"));
         assert_eq!(
             plan.answer("1. a"),
             Outcome::Split {

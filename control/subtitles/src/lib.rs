@@ -8,8 +8,8 @@
 //! /api/stream`). Jobs and a translation cache persist in SQLite under the data directory.
 //!
 //! Runtime-free parts (unit-tested without sockets): [`formats`] (SRT, WebVTT), [`languages`],
-//! [`request`] (validation, tiers), [`batching`], [`retry`], [`ratelimit`], [`html`], the
-//! address policy of [`fetch_guard`].
+//! [`request`] (validation, tiers), [`batching`] and [`reply`], [`retry`], [`ratelimit`],
+//! [`html`], [`media`] (container sniffing), the address policy of [`fetch_guard`].
 //! I/O at the edges: [`providers`], [`source`], [`tools`], [`store`], [`pipeline`], [`http`],
 //! the guarded resolver of [`fetch_guard`] and yt-dlp's [`guard_proxy`].
 //!
@@ -31,9 +31,11 @@ pub mod guard_proxy;
 pub mod html;
 pub mod http;
 pub mod languages;
+pub mod media;
 pub mod pipeline;
 pub mod providers;
 pub mod ratelimit;
+pub mod reply;
 pub mod request;
 pub mod retry;
 pub mod source;

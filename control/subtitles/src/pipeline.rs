@@ -2,6 +2,12 @@
 //! subtitles ([`source`](crate::source)), batched translation ([`batching`](crate::batching))
 //! through the chat provider, events for the stream, progress in the job store.
 //!
+//! Only translations by the server's own provider (tiers 3–4) are cached, keyed by that
+//! provider's identity and model: a tier 1–2 caller's endpoint is theirs, and their key can
+//! change what a model name means (gateways map models per key), so what their provider
+//! answered is never served to anyone else, and they are never served what another provider
+//! answered. Tier 1–2 repeats ask their provider again (on their own key).
+//!
 //! Progress (`progress` events and the job's `progress`): `fetching` 2, `transcribing` 10,
 //! then `translating` from 10 (captions) or 40 (transcribed) up to 95 in proportion to the
 //! segments translated; 100 when completed.
@@ -18,7 +24,7 @@ use crate::languages;
 use crate::providers::{self, ChatTarget, TranscriptionTarget};
 use crate::request::{TranscriptionRoute, Validated};
 use crate::source::{self, Stage};
-use crate::store::{CachedTranslation, Segment};
+use crate::store::{CacheKey, CachedTranslation, Segment};
 use crate::App;
 
 /// Where stream events go (`None` for `/api/translate`).
@@ -99,14 +105,19 @@ pub async fn run_job(
     req: &Validated,
     sink: &EventSink,
 ) -> Result<Done, Error> {
-    let cache_source = req.source_language.unwrap_or("auto");
-    let model = req.translation.model.as_str();
-    if !req.force_whisper {
-        if let Some(hit) = app
-            .store
-            .cached(&req.video_url, cache_source, req.target_language, model)
-            .await?
-        {
+    let provider = req
+        .caller_key
+        .is_none()
+        .then(|| providers::provider_identity(&req.translation.api_url));
+    let cache_key = provider.as_deref().map(|provider| CacheKey {
+        video_url: &req.video_url,
+        source_language: req.source_language.unwrap_or("auto"),
+        target_language: req.target_language,
+        provider,
+        model: &req.translation.model,
+    });
+    if let (Some(key), false) = (&cache_key, req.force_whisper) {
+        if let Some(hit) = app.store.cached(key).await? {
             let n = hit.subtitles.len();
             tracing::info!(job_id, segments = n, "translation cache hit");
             progress(app, sink, job_id, "cached", 100.0, n, n).await?;
@@ -293,15 +304,9 @@ pub async fn run_job(
         source_language: source_language.clone(),
         subtitles: out,
     };
-    app.store
-        .store_translation(
-            &req.video_url,
-            cache_source,
-            req.target_language,
-            model,
-            &entry,
-        )
-        .await?;
+    if let Some(key) = &cache_key {
+        app.store.store_translation(key, &entry).await?;
+    }
     Ok(Done {
         subtitles: entry.subtitles,
         source_language,

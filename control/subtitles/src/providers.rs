@@ -23,6 +23,20 @@ pub fn endpoint(base: &str, suffix: &str) -> String {
     }
 }
 
+/// A provider's identity for the translation cache: the SHA-256 (hex) of its normalised
+/// chat-completions endpoint URL (scheme and host lower-cased, default port dropped, trailing
+/// slash and a spelled-out `/chat/completions` folded). A digest, so credentials or tokens in the
+/// URL are never stored; the key itself is not part of it.
+pub fn provider_identity(api_url: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    let url = endpoint(api_url, "chat/completions");
+    let normalised = url::Url::parse(&url).map_or(url, |u| u.to_string());
+    Sha256::digest(normalised.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Replaces every occurrence of the key with `***` and cuts to `max` characters.
 pub fn scrub(text: &str, key: Option<&Secret>, max: usize) -> String {
     let mut s = text.to_string();
@@ -297,6 +311,27 @@ mod tests {
             endpoint("http://h/v1/chat/completions", "chat/completions"),
             "http://h/v1/chat/completions"
         );
+    }
+
+    #[test]
+    fn provider_identities() {
+        let id = provider_identity("https://API.example:443/v1/");
+        assert_eq!(id.len(), 64);
+        assert_eq!(id, provider_identity("https://api.example/v1"));
+        assert_eq!(
+            id,
+            provider_identity("https://api.example/v1/chat/completions")
+        );
+        for other in [
+            "http://api.example/v1",
+            "https://api.example/v2",
+            "https://api.example:8443/v1",
+            "https://evil.example/v1",
+            "https://api.example/v1?tenant=a",
+        ] {
+            assert_ne!(id, provider_identity(other), "{other}");
+        }
+        assert!(!provider_identity("https://u:secret@api.example/v1").contains("secret"));
     }
 
     #[test]

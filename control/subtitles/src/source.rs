@@ -5,7 +5,7 @@
 //! transcribed. Unreachable or missing video → VIDEO_NOT_FOUND; transcription problems →
 //! TRANSCRIPTION_FAILED.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use futures::StreamExt as _;
 use serde_json::Value;
@@ -17,6 +17,7 @@ use crate::fetch_guard::{self, FetchPolicy};
 use crate::formats::{self, Cue};
 use crate::html;
 use crate::languages;
+use crate::media::{self, Container};
 use crate::providers::{self, TranscriptionTarget};
 use crate::retry::RetryPolicy;
 use crate::tools::{self, Tools};
@@ -382,16 +383,21 @@ pub async fn obtain(
         .prefix("job-")
         .tempdir_in(ctx.media_dir)
         .map_err(|e| transcription_failed(format!("cannot create a work directory: {e}")))?;
-    let (media_path, name) = match media {
+    let fetched = match media {
         Media::Url(u) => download(ctx, &u, work.path()).await?,
         Media::YtDlp(u) => ytdlp_download(ctx, &u, work.path()).await?,
     };
+    let (media_path, container) = checked_container(&fetched, work.path()).await?;
     let (audio, file_name) = match &ctx.tools.ffmpeg {
         Some(ffmpeg) => {
             let out = work.path().join("audio.mp3");
             let (Some(input), Some(output)) = (media_path.to_str(), out.to_str()) else {
                 return Err(transcription_failed("work path is not UTF-8"));
             };
+            // local input only, with the demuxer of the sniffed container: no playlist or
+            // concat list can make ffmpeg open what the fetch guard did not check
+            let input = format!("file:{input}");
+            let output = format!("file:{output}");
             tools::run(
                 &ffmpeg.path,
                 &[
@@ -399,8 +405,12 @@ pub async fn obtain(
                     "-v",
                     "error",
                     "-y",
+                    "-protocol_whitelist",
+                    "file",
+                    "-f",
+                    container.demuxer(),
                     "-i",
-                    input,
+                    &input,
                     "-vn",
                     "-ac",
                     "1",
@@ -410,7 +420,9 @@ pub async fn obtain(
                     "libmp3lame",
                     "-b:a",
                     "32k",
-                    output,
+                    "-f",
+                    "mp3",
+                    &output,
                 ],
                 ctx.cfg.tools.timeout.0,
             )
@@ -420,7 +432,7 @@ pub async fn obtain(
             })?;
             (out, "audio.mp3".to_string())
         }
-        None => (media_path, name),
+        None => (media_path, container.file_name().to_string()),
     };
     let size = tokio::fs::metadata(&audio)
         .await
@@ -456,11 +468,7 @@ pub async fn obtain(
 }
 
 /// Streams a media URL to a file in `dir`, within `limits.max_media_size`.
-async fn download(
-    ctx: &Ctx<'_>,
-    url: &Url,
-    dir: &Path,
-) -> Result<(std::path::PathBuf, String), Error> {
+async fn download(ctx: &Ctx<'_>, url: &Url, dir: &Path) -> Result<PathBuf, Error> {
     use tokio::io::AsyncWriteExt as _;
     let resp = guarded_get(ctx, url).await?;
     if !resp.status().is_success() {
@@ -470,14 +478,8 @@ async fn download(
             resp.status().as_u16()
         )));
     }
-    let ext = Path::new(url.path())
-        .extension()
-        .and_then(|e| e.to_str())
-        .filter(|e| e.len() <= 5 && e.chars().all(|c| c.is_ascii_alphanumeric()))
-        .unwrap_or("bin")
-        .to_ascii_lowercase();
-    let name = format!("media.{ext}");
-    let path = dir.join(&name);
+    // never the caller's name or extension: the container is decided by the bytes
+    let path = dir.join("download");
     let mut file = tokio::fs::File::create(&path)
         .await
         .map_err(|e| transcription_failed(format!("cannot store the media: {e}")))?;
@@ -499,19 +501,42 @@ async fn download(
     file.flush()
         .await
         .map_err(|e| transcription_failed(format!("cannot store the media: {e}")))?;
-    Ok((path, name))
+    Ok(path)
+}
+
+/// Checks the downloaded file's container by its first bytes and renames it to the container's
+/// fixed name. Anything else (a playlist, a page, a subtitle file) is refused as not media.
+async fn checked_container(fetched: &Path, dir: &Path) -> Result<(PathBuf, Container), Error> {
+    use tokio::io::AsyncReadExt as _;
+    let read_failed = |e: std::io::Error| transcription_failed(format!("reading the media: {e}"));
+    let mut head = Vec::with_capacity(media::SNIFF_LEN);
+    tokio::fs::File::open(fetched)
+        .await
+        .map_err(read_failed)?
+        .take(media::SNIFF_LEN as u64)
+        .read_to_end(&mut head)
+        .await
+        .map_err(read_failed)?;
+    let Some(container) = media::sniff(&head) else {
+        return Err(not_found(
+            "the media is not an audio or video container this service accepts (WAV, MP3, \
+             AAC, FLAC, Ogg, Matroska/WebM, MP4/MOV, MPEG-TS/PS, AVI, AIFF, ASF, FLV); \
+             playlists are refused",
+        ));
+    };
+    let path = dir.join(container.file_name());
+    tokio::fs::rename(fetched, &path)
+        .await
+        .map_err(|e| transcription_failed(format!("storing the media: {e}")))?;
+    Ok((path, container))
 }
 
 /// `yt-dlp -f bestaudio/best` into `dir`.
-async fn ytdlp_download(
-    ctx: &Ctx<'_>,
-    url: &str,
-    dir: &Path,
-) -> Result<(std::path::PathBuf, String), Error> {
+async fn ytdlp_download(ctx: &Ctx<'_>, url: &str, dir: &Path) -> Result<PathBuf, Error> {
     let Some(tool) = &ctx.tools.yt_dlp else {
         return Err(not_found("yt-dlp is not installed"));
     };
-    let template = dir.join("media.%(ext)s");
+    let template = dir.join("ytdlp.%(ext)s");
     let Some(template) = template.to_str() else {
         return Err(transcription_failed("work path is not UTF-8"));
     };
@@ -540,8 +565,8 @@ async fn ytdlp_download(
         .map_err(|e| transcription_failed(format!("reading the download: {e}")))?;
     while let Ok(Some(e)) = entries.next_entry().await {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("media.") && !name.ends_with(".part") {
-            return Ok((e.path(), name));
+        if name.starts_with("ytdlp.") && !name.ends_with(".part") {
+            return Ok(e.path());
         }
     }
     Err(not_found("yt-dlp downloaded nothing"))

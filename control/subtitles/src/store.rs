@@ -1,7 +1,7 @@
 //! Persistence in one SQLite file under the data directory (WAL): jobs (status, progress,
 //! count, error, result — never a key) and the translation cache keyed by (video, source
-//! language as requested, target language, model). At start, jobs a previous run left
-//! `pending` or `processing` become `failed` with the reason.
+//! language as requested, target language, provider, model) — see [`CacheKey`]. At start, jobs a
+//! previous run left `pending` or `processing` become `failed` with the reason.
 
 use std::path::Path;
 use std::str::FromStr as _;
@@ -96,17 +96,33 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS translations (
+-- the cache of earlier versions was keyed without the provider: any caller's endpoint could
+-- have filled it, so it is dropped rather than trusted
+DROP TABLE IF EXISTS translations;
+CREATE TABLE IF NOT EXISTS translation_cache (
     video_url TEXT NOT NULL,
     source_language TEXT NOT NULL,
     target_language TEXT NOT NULL,
+    provider TEXT NOT NULL,
     model TEXT NOT NULL,
     detected_source_language TEXT NOT NULL,
     subtitles TEXT NOT NULL,
     created_at INTEGER NOT NULL,
-    PRIMARY KEY (video_url, source_language, target_language, model)
+    PRIMARY KEY (video_url, source_language, target_language, provider, model)
 );
 ";
+
+/// Which translation a cache entry holds. `provider` identifies the endpoint that produced it
+/// ([`provider_identity`](crate::providers::provider_identity), a digest, never a key or URL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheKey<'a> {
+    pub video_url: &'a str,
+    /// As requested (`auto` when not given).
+    pub source_language: &'a str,
+    pub target_language: &'a str,
+    pub provider: &'a str,
+    pub model: &'a str,
+}
 
 impl Store {
     /// Opens (creating) `DIR/subtitles.db`, creates the schema and fails interrupted jobs.
@@ -261,21 +277,17 @@ impl Store {
         Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
     }
 
-    pub async fn cached(
-        &self,
-        video_url: &str,
-        source_language: &str,
-        target_language: &str,
-        model: &str,
-    ) -> Result<Option<CachedTranslation>, Error> {
+    pub async fn cached(&self, key: &CacheKey<'_>) -> Result<Option<CachedTranslation>, Error> {
         let row = sqlx::query(
-            "SELECT detected_source_language, subtitles FROM translations \
-             WHERE video_url = ? AND source_language = ? AND target_language = ? AND model = ?",
+            "SELECT detected_source_language, subtitles FROM translation_cache \
+             WHERE video_url = ? AND source_language = ? AND target_language = ? \
+             AND provider = ? AND model = ?",
         )
-        .bind(video_url)
-        .bind(source_language)
-        .bind(target_language)
-        .bind(model)
+        .bind(key.video_url)
+        .bind(key.source_language)
+        .bind(key.target_language)
+        .bind(key.provider)
+        .bind(key.model)
         .fetch_optional(&self.pool)
         .await?;
         let Some(r) = row else { return Ok(None) };
@@ -291,24 +303,23 @@ impl Store {
 
     pub async fn store_translation(
         &self,
-        video_url: &str,
-        source_language: &str,
-        target_language: &str,
-        model: &str,
+        key: &CacheKey<'_>,
         entry: &CachedTranslation,
     ) -> Result<(), Error> {
         let text = serde_json::to_string(&entry.subtitles).unwrap_or_else(|_| "[]".into());
         sqlx::query(
-            "INSERT INTO translations (video_url, source_language, target_language, model, \
-             detected_source_language, subtitles, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (video_url, source_language, target_language, model) DO UPDATE SET \
-             detected_source_language = excluded.detected_source_language, \
+            "INSERT INTO translation_cache (video_url, source_language, target_language, \
+             provider, model, detected_source_language, subtitles, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (video_url, source_language, target_language, provider, model) \
+             DO UPDATE SET detected_source_language = excluded.detected_source_language, \
              subtitles = excluded.subtitles, created_at = excluded.created_at",
         )
-        .bind(video_url)
-        .bind(source_language)
-        .bind(target_language)
-        .bind(model)
+        .bind(key.video_url)
+        .bind(key.source_language)
+        .bind(key.target_language)
+        .bind(key.provider)
+        .bind(key.model)
         .bind(&entry.source_language)
         .bind(text)
         .bind(now())
@@ -349,10 +360,14 @@ mod tests {
             source_language: "en".into(),
             subtitles: vec![seg.clone()],
         };
-        store
-            .store_translation("https://v/2", "auto", "es", "m", &entry)
-            .await
-            .unwrap();
+        let key = CacheKey {
+            video_url: "https://v/2",
+            source_language: "auto",
+            target_language: "es",
+            provider: "p1",
+            model: "m",
+        };
+        store.store_translation(&key, &entry).await.unwrap();
         let a = store.job("a").await.unwrap().unwrap();
         assert_eq!(
             (a.status.as_str(), a.progress, a.subtitles_count),
@@ -370,20 +385,17 @@ mod tests {
             ("completed", 100.0, 1)
         );
         assert_eq!(store.job_result("b").await.unwrap().unwrap(), vec![seg]);
-        assert_eq!(
-            store
-                .cached("https://v/2", "auto", "es", "m")
-                .await
-                .unwrap(),
-            Some(entry)
-        );
-        assert_eq!(
-            store
-                .cached("https://v/2", "auto", "es", "other")
-                .await
-                .unwrap(),
-            None
-        );
+        assert_eq!(store.cached(&key).await.unwrap(), Some(entry));
+        let other_model = CacheKey {
+            model: "other",
+            ..key
+        };
+        assert_eq!(store.cached(&other_model).await.unwrap(), None);
+        let other_provider = CacheKey {
+            provider: "p2",
+            ..key
+        };
+        assert_eq!(store.cached(&other_provider).await.unwrap(), None);
         assert!(store.job("zzz").await.unwrap().is_none());
         // a failed job stays failed, a completed one completed
         store.set_progress("a", 50.0, 1).await.unwrap();

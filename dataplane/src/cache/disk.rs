@@ -5,11 +5,16 @@
 //! closed (which syncs it). Then the final header is written over the placeholder and the file is
 //! renamed to its entry path. Until that rename nothing can serve it; after a crash the index
 //! rebuild deletes whatever is left in `tmp/`.
+//!
+//! Nothing here blocks the core: create, fallocate, writes, sync and rename are io_uring
+//! operations; a missing directory is created on glommio's blocking thread, and temporary
+//! files of failed fills are deleted by the store's [`Janitor`].
 
+use super::janitor::Janitor;
 use futures_lite::AsyncWriteExt;
 use glommio::io::{DmaFile, DmaStreamWriter, DmaStreamWriterBuilder};
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use switchyard_proto::cache::entry::{encode_header, BodyChecksum, EntryMeta};
 
 /// Bytes buffered per DMA write; four in flight (write-behind).
@@ -22,19 +27,40 @@ pub struct DiskFill {
     header_len: u64,
     checksum: BodyChecksum,
     written: u64,
+    janitor: Janitor,
 }
 
 fn to_io(e: glommio::GlommioError<()>) -> io::Error {
-    io::Error::other(e.to_string())
+    io::Error::from(e)
+}
+
+/// Creates `dirs` (and their parents) on glommio's blocking thread, off the core.
+async fn create_dirs(dirs: Vec<PathBuf>) -> io::Result<()> {
+    glommio::executor()
+        .spawn_blocking(move || dirs.iter().try_for_each(std::fs::create_dir_all))
+        .await
+}
+
+fn parent_of(path: &Path) -> Vec<PathBuf> {
+    path.parent().map(Path::to_owned).into_iter().collect()
 }
 
 impl DiskFill {
     /// Creates the temporary file and writes the placeholder header for `meta`.
-    pub async fn create(temp: PathBuf, final_path: PathBuf, meta: &EntryMeta) -> io::Result<Self> {
-        for dir in [temp.parent(), final_path.parent()].into_iter().flatten() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let file = DmaFile::create(&temp).await.map_err(to_io)?;
+    pub async fn create(
+        temp: PathBuf,
+        final_path: PathBuf,
+        meta: &EntryMeta,
+        janitor: Janitor,
+    ) -> io::Result<Self> {
+        let file = match DmaFile::create(&temp).await.map_err(to_io) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // First fill (or the directory was removed): create `tmp/` and try once more.
+                create_dirs(parent_of(&temp)).await?;
+                DmaFile::create(&temp).await.map_err(to_io)?
+            }
+            other => other?,
+        };
         let header = encode_header(meta);
         // Reserve the whole file up front: a full disk fails here, not half-way through.
         // (Filesystems without fallocate just skip the reservation.)
@@ -45,7 +71,7 @@ impl DiskFill {
             let e = io::Error::from(e);
             if e.kind() == io::ErrorKind::StorageFull || e.raw_os_error() == Some(libc::ENOSPC) {
                 let _ = file.close().await;
-                let _ = std::fs::remove_file(&temp);
+                janitor.remove(temp);
                 return Err(e);
             }
         }
@@ -60,6 +86,7 @@ impl DiskFill {
             header_len: header.len() as u64,
             checksum: BodyChecksum::new(),
             written: 0,
+            janitor,
         };
         if let Err(e) = writer.write_all(&header).await {
             drop(writer);
@@ -104,8 +131,9 @@ impl DiskFill {
     /// `meta.body_checksum` is set on the way.
     pub async fn finish(mut self, meta: &mut EntryMeta) -> io::Result<(PathBuf, u64)> {
         let result = self.seal(meta).await;
-        if result.is_err() {
-            self.remove_temp();
+        match result {
+            Ok(_) => self.temp = PathBuf::new(),
+            Err(_) => self.remove_temp(),
         }
         result
     }
@@ -139,7 +167,19 @@ impl DiskFill {
         };
         let _ = file.close().await;
         synced?;
-        std::fs::rename(&self.temp, &self.final_path)?;
+        match glommio::io::rename(&self.temp, &self.final_path)
+            .await
+            .map_err(to_io)
+        {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // The entry's fan-out directory does not exist yet.
+                create_dirs(parent_of(&self.final_path)).await?;
+                glommio::io::rename(&self.temp, &self.final_path)
+                    .await
+                    .map_err(to_io)?;
+            }
+            other => other?,
+        }
         Ok((self.final_path.clone(), self.header_len))
     }
 
@@ -151,8 +191,12 @@ impl DiskFill {
         self.remove_temp();
     }
 
-    fn remove_temp(&self) {
-        let _ = std::fs::remove_file(&self.temp);
+    fn remove_temp(&mut self) {
+        // Once: after a successful rename (or a removal) the temporary name is gone.
+        let temp = std::mem::take(&mut self.temp);
+        if !temp.as_os_str().is_empty() {
+            self.janitor.remove(temp);
+        }
     }
 }
 

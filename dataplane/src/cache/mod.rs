@@ -1,11 +1,12 @@
 //! The LAN HTTP cache on the data plane: plain-HTTP responses covered by a cache rule are stored
-//! in memory, on disk (written through io_uring DMA files, served from a read-only map) or in
+//! in memory, on disk (written through io_uring DMA files, served with io_uring reads) or in
 //! both tiers by size, and answered from there — ranges, conditional requests and coalesced
 //! misses included.
 //!
 //! * [`store`]: the index shared by all cores, tiers, eviction, rebuild from disk at start.
 //! * [`fill`]: one origin fetch per key while others wait (request coalescing).
 //! * [`disk`]: writing an entry file crash-safely (temp name, header, rename).
+//! * [`janitor`]: deleting files on a thread of its own, never on a core.
 //! * [`serve`]: the request path — hit, miss with fill, bypass.
 //! * [`stats`]: counters and the `proxy_cache_*` metrics.
 //!
@@ -15,6 +16,7 @@
 
 pub mod disk;
 pub mod fill;
+pub mod janitor;
 pub(crate) mod serve;
 pub mod stats;
 pub mod store;

@@ -15,7 +15,7 @@
 use super::disk::DiskFill;
 use super::fill::{Advance, Claim, Fill, FillLease, Fills, Streamable};
 use super::stats::Operation;
-use super::store::{now_unix, Body, Entry, EvictReason, Tier};
+use super::store::{now_unix, Body, Entry, EvictReason, Lookup, Tier};
 use super::{CachePolicy, CacheStore};
 use crate::engine::CoreContext;
 use crate::http_proxy::{
@@ -131,10 +131,18 @@ pub(crate) async fn exchange_cached(
         let looked_up = Instant::now();
         let found = store.lookup(&key);
         store.stats.observe(Operation::Lookup, looked_up);
-        if let Some(entry) = found {
-            if let Some(next) = answer_hit(store, client, &request, &entry, trace, &meter).await {
-                return next;
+        match found {
+            Lookup::Hit(entry) => {
+                if let Some(next) = answer_hit(store, client, &request, &entry, trace, &meter).await
+                {
+                    return next;
+                }
             }
+            Lookup::Busy => {
+                store.stats.miss(host, "index_busy");
+                return call.bypass(carry, request, trace).await;
+            }
+            Lookup::Miss => {}
         }
     }
     if request.head.method.eq_ignore_ascii_case("HEAD") {
@@ -155,7 +163,7 @@ pub(crate) async fn exchange_cached(
                 }
             }
             fill.wait().await;
-            if let Some(entry) = store.lookup(&key_now()) {
+            if let Lookup::Hit(entry) = store.lookup(&key_now()) {
                 if let Some(next) = answer_hit(store, client, &request, &entry, trace, &meter).await
                 {
                     return next;
@@ -268,7 +276,7 @@ async fn answer_hit(
     meter: &ByteMeter<'_>,
 ) -> Option<Next> {
     let started = Instant::now();
-    let source = match BodySource::open(entry) {
+    let source = match BodySource::open(entry).await {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(key = %entry.meta.key, error = %e, "cached file unreadable; refetching");
@@ -292,6 +300,13 @@ async fn answer_hit(
     )
     .await;
     store.stats.observe(Operation::ServeHit, started);
+    if let Err(e) = &result {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            // The file shrank under us (changed outside the cache): the next request refetches.
+            tracing::warn!(key = %entry.meta.key, error = %e, "cached file shrank while served; entry dropped");
+            store.remove(&entry.meta.key, EvictReason::Damaged);
+        }
+    }
     Some(match result {
         Ok(body_bytes) => {
             store.stats.served(true, body_bytes);
@@ -308,72 +323,112 @@ async fn answer_hit(
     })
 }
 
-/// A stored body, ready to be sliced: the memory copy or a read-only map of the entry file.
+/// A stored body: the memory copy, or the entry file read with positioned reads through
+/// io_uring. Reads (not a memory map) so that a file shortened by another process while it is
+/// served ends the response with an error instead of a SIGBUS that would kill the process.
 enum BodySource<'e> {
     Memory(&'e [u8]),
-    Mapped {
-        map: crate::sys::MappedFile,
+    File {
+        file: glommio::io::BufferedFile,
         offset: u64,
     },
 }
 
+/// The entry file ended before the bytes its entry announces.
+fn shrunk_file() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "cache entry file is shorter than its entry (changed outside the cache)",
+    )
+}
+
 impl<'e> BodySource<'e> {
-    fn open(entry: &'e Entry) -> io::Result<Self> {
+    async fn open(entry: &'e Entry) -> io::Result<Self> {
         match &entry.body {
             Body::Memory(bytes) => Ok(BodySource::Memory(bytes)),
             Body::Disk { path, offset } => {
-                let map = crate::sys::MappedFile::open(path)?;
-                if map.len() as u64 != offset + entry.meta.body_len {
+                let file = glommio::io::BufferedFile::open(path)
+                    .await
+                    .map_err(io::Error::from)?;
+                let size = file.file_size().await.map_err(io::Error::from)?;
+                if size != offset + entry.meta.body_len {
+                    let _ = file.close().await;
                     return Err(io::Error::other("entry file has the wrong length"));
                 }
-                Ok(BodySource::Mapped {
-                    map,
+                Ok(BodySource::File {
+                    file,
                     offset: *offset,
                 })
             }
         }
     }
 
-    fn slice(&self, range: ByteRange) -> &[u8] {
-        let (bytes, base) = match self {
-            BodySource::Memory(b) => (*b, 0u64),
-            BodySource::Mapped { map, offset } => (map.bytes(), *offset),
-        };
-        let start = usize::try_from(base + range.start).unwrap_or(usize::MAX);
-        let end = usize::try_from(base + range.end + 1).unwrap_or(usize::MAX);
-        bytes.get(start..end).unwrap_or_default()
+    /// Calls `each` with the bytes of `range`, in order, at most [`SERVE_SLICE`] at a time.
+    async fn for_each_piece(
+        &self,
+        range: ByteRange,
+        mut each: impl AsyncFnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        match self {
+            BodySource::Memory(bytes) => {
+                let start = usize::try_from(range.start).unwrap_or(usize::MAX);
+                let end = usize::try_from(range.end + 1).unwrap_or(usize::MAX);
+                each(bytes.get(start..end).ok_or_else(shrunk_file)?).await
+            }
+            BodySource::File { file, offset } => {
+                let mut pos = range.start;
+                while pos <= range.end {
+                    let want = usize::try_from((range.end + 1 - pos).min(SERVE_SLICE as u64))
+                        .unwrap_or(SERVE_SLICE);
+                    let bytes = file
+                        .read_at(offset + pos, want)
+                        .await
+                        .map_err(io::Error::from)?;
+                    if bytes.is_empty() {
+                        return Err(shrunk_file());
+                    }
+                    each(&bytes[..]).await?;
+                    pos += bytes.len() as u64;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Appends `range` of the body to `out` (small bodies, sent with their head).
+    async fn append(&self, range: ByteRange, out: &mut Vec<u8>) -> io::Result<()> {
+        self.for_each_piece(range, async |piece: &[u8]| {
+            out.extend_from_slice(piece);
+            Ok(())
+        })
+        .await
     }
 
     /// Writes `range` of the body to the client; returns the bytes sent. Each write offers
-    /// everything still to send, so one `send(2)` moves as much as the socket takes (copied
-    /// from the map or the memory copy straight into the socket). Measured against
-    /// `sendfile(2)` here: sendfile reached half the throughput on loopback (bench/results).
+    /// everything still to send of a piece, so one `send(2)` moves as much as the socket takes.
     async fn send(
         &self,
         client: &RefCell<TcpStream>,
         range: ByteRange,
         meter: &ByteMeter<'_>,
     ) -> io::Result<u64> {
-        let mut left = self.slice(range);
         let mut sent = 0u64;
-        while !left.is_empty() {
-            let n = poll_fn(|cx| Pin::new(&mut *client.borrow_mut()).poll_write(cx, left)).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
+        self.for_each_piece(range, async |piece: &[u8]| {
+            let mut left = piece;
+            while !left.is_empty() {
+                let n =
+                    poll_fn(|cx| Pin::new(&mut *client.borrow_mut()).poll_write(cx, left)).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                meter.down(n as u64);
+                sent += n as u64;
+                left = left.get(n..).unwrap_or_default();
             }
-            meter.down(n as u64);
-            sent += n as u64;
-            left = left.get(n..).unwrap_or_default();
-        }
+            Ok(())
+        })
+        .await?;
         Ok(sent)
-    }
-
-    /// Hints the kernel to read `range` ahead (disk entries): the copy into the socket then
-    /// rarely waits on a page fault.
-    fn prefetch(&self, range: ByteRange) {
-        if let BodySource::Mapped { map, offset } = self {
-            map.will_need(*offset + range.start, range.end + 1 - range.start);
-        }
     }
 }
 
@@ -521,7 +576,7 @@ async fn serve_entry(
     // A small single-part body goes out with its head in one write (one syscall per hit).
     if let [(prefix, range)] = parts.as_slice() {
         if prefix.is_empty() && range.len() <= INLINE_BODY && trailer.is_empty() {
-            out.extend_from_slice(source.slice(*range));
+            source.append(*range, &mut out).await?;
             body_bytes = range.len();
             parts.clear();
         }
@@ -533,7 +588,6 @@ async fn serve_entry(
             tunnel::write_all(client, prefix).await?;
             meter.down(prefix.len() as u64);
         }
-        source.prefetch(*range);
         body_bytes += source.send(client, *range, meter).await?;
     }
     if !trailer.is_empty() {
@@ -584,7 +638,14 @@ async fn fill(
         head.remove_header(name);
     }
     let url = format!("http://{}{}", origin_authority(host, port), path_and_query);
-    let (out, _) = origin_request(&mut head, host, port, path_and_query, request_body);
+    let (out, _) = origin_request(
+        &mut head,
+        &backend.kind,
+        host,
+        port,
+        path_and_query,
+        request_body,
+    );
     let meter = ByteMeter::new(ctx, Some(backend), conn);
     let upstream = match send_request(
         ctx,
@@ -677,7 +738,14 @@ async fn fill(
     let sink = match tier {
         Tier::Memory => Sink::Memory(Vec::with_capacity(usize::try_from(length).unwrap_or(0))),
         Tier::Disk => {
-            match DiskFill::create(store.temp_path(&key), store.entry_path(&key), &meta).await {
+            match DiskFill::create(
+                store.temp_path(&key),
+                store.entry_path(&key),
+                &meta,
+                store.janitor(),
+            )
+            .await
+            {
                 Ok(d) => {
                     lease.publish(Streamable {
                         meta: meta.clone(),

@@ -3,15 +3,21 @@
 //!
 //! Domain labels are bounded: after [`MAX_DOMAIN_LABELS`] distinct hosts, further hosts are
 //! counted under `other`, so a scan of random hostnames cannot grow the metrics without limit.
+//!
+//! The per-request path takes no lock: the resolved per-domain counters sit in an immutable
+//! map behind an `ArcSwap` (one atomic load and a hash lookup per hit or miss); a host seen for
+//! the first time is added by copy-and-swap (`rcu`), at most [`MAX_DOMAIN_LABELS`] times per
+//! process. The scrape only reads the prometheus collectors.
 
 use super::store::{EvictReason, Tier};
-use parking_lot::Mutex;
+use arc_swap::ArcSwap;
 use prometheus::core::Collector;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 pub const MAX_DOMAIN_LABELS: usize = 512;
 
@@ -41,8 +47,10 @@ pub struct CacheStats {
     pub misses: AtomicU64,
     pub store_errors: AtomicU64,
     pub evictions: AtomicU64,
-    /// Domain label → its hit counter (resolved once: a hit costs one map lookup).
-    domains: Mutex<HashMap<String, IntCounter>>,
+    /// Domain label → its counters (resolved once: a hit costs one map lookup, no lock).
+    domains: ArcSwap<HashMap<String, Arc<DomainCounters>>>,
+    /// The counters of hosts past the label limit.
+    other: std::sync::OnceLock<Arc<DomainCounters>>,
     hits_total: IntCounterVec,
     misses_total: IntCounterVec,
     bytes_served: IntCounterVec,
@@ -59,6 +67,42 @@ pub struct CacheStats {
 impl Default for CacheStats {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// One domain label's counters, resolved from the metric vectors once.
+struct DomainCounters {
+    label: String,
+    hits: IntCounter,
+    /// Miss reason → counter; reasons are a small fixed set of static labels.
+    misses: ArcSwap<Vec<(&'static str, IntCounter)>>,
+}
+
+impl DomainCounters {
+    fn new(stats: &CacheStats, label: &str) -> Self {
+        DomainCounters {
+            label: label.to_owned(),
+            hits: stats.hits_total.with_label_values(&[label]),
+            misses: ArcSwap::from_pointee(Vec::new()),
+        }
+    }
+
+    fn miss(&self, stats: &CacheStats, reason: &'static str) -> IntCounter {
+        if let Some((_, c)) = self.misses.load().iter().find(|(r, _)| *r == reason) {
+            return c.clone();
+        }
+        let counter = stats
+            .misses_total
+            .with_label_values(&[self.label.as_str(), reason]);
+        self.misses.rcu(|known| {
+            if known.iter().any(|(r, _)| *r == reason) {
+                return known.clone();
+            }
+            let mut next = Vec::clone(known);
+            next.push((reason, counter.clone()));
+            Arc::new(next)
+        });
+        counter
     }
 }
 
@@ -93,7 +137,8 @@ impl CacheStats {
             misses: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
-            domains: Mutex::new(HashMap::new()),
+            domains: ArcSwap::from_pointee(HashMap::new()),
+            other: std::sync::OnceLock::new(),
             hits_total: counter(
                 "proxy_cache_hits_total",
                 "Cache hits by domain",
@@ -128,39 +173,50 @@ impl CacheStats {
         }
     }
 
-    /// The hit counter of `host`'s label: the host itself for the first [`MAX_DOMAIN_LABELS`]
-    /// hosts seen (hit or miss), then `other`. Returns the label too.
-    fn domain(&self, host: &str) -> (String, IntCounter) {
-        let mut known = self.domains.lock();
-        if let Some(counter) = known.get(host) {
-            return (host.to_owned(), counter.clone());
+    /// The counters of `host`'s label: the host itself for the first [`MAX_DOMAIN_LABELS`]
+    /// hosts seen (hit or miss), then `other`.
+    fn domain(&self, host: &str) -> Arc<DomainCounters> {
+        let known = self.domains.load();
+        if let Some(c) = known.get(host) {
+            return c.clone();
         }
         if known.len() >= MAX_DOMAIN_LABELS {
-            return (
-                "other".to_owned(),
-                self.hits_total.with_label_values(&["other"]),
-            );
+            return self.other();
         }
-        let counter = self.hits_total.with_label_values(&[host]);
-        known.insert(host.to_owned(), counter.clone());
-        (host.to_owned(), counter)
+        drop(known);
+        let fresh = Arc::new(DomainCounters::new(self, host));
+        let mut chosen = None;
+        self.domains.rcu(|known| {
+            if let Some(c) = known.get(host) {
+                chosen = Some(c.clone());
+                return known.clone();
+            }
+            if known.len() >= MAX_DOMAIN_LABELS {
+                chosen = None;
+                return known.clone();
+            }
+            chosen = Some(fresh.clone());
+            let mut next = HashMap::clone(known);
+            next.insert(host.to_owned(), fresh.clone());
+            Arc::new(next)
+        });
+        chosen.unwrap_or_else(|| self.other())
+    }
+
+    fn other(&self) -> Arc<DomainCounters> {
+        self.other
+            .get_or_init(|| Arc::new(DomainCounters::new(self, "other")))
+            .clone()
     }
 
     pub fn hit(&self, host: &str) {
         self.hits.fetch_add(1, Relaxed);
-        if let Some(counter) = self.domains.lock().get(host) {
-            counter.inc();
-            return;
-        }
-        self.domain(host).1.inc();
+        self.domain(host).hits.inc();
     }
 
-    pub fn miss(&self, host: &str, reason: &str) {
+    pub fn miss(&self, host: &str, reason: &'static str) {
         self.misses.fetch_add(1, Relaxed);
-        let (domain, _) = self.domain(host);
-        self.misses_total
-            .with_label_values(&[domain.as_str(), reason])
-            .inc();
+        self.domain(host).miss(self, reason).inc();
     }
 
     pub fn store_error(&self) {
@@ -203,5 +259,59 @@ impl CacheStats {
             Box::new(self.evictions_total.clone()),
             Box::new(self.duration.clone()),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(stats: &CacheStats, name: &str, labels: &[(&str, &str)]) -> u64 {
+        stats
+            .collectors()
+            .iter()
+            .flat_map(|c| c.collect())
+            .filter(|f| f.name() == name)
+            .flat_map(|f| f.get_metric().to_vec())
+            .filter(|m| {
+                labels.iter().all(|(n, v)| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == *n && l.value() == *v)
+                })
+            })
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum()
+    }
+
+    #[test]
+    fn domains_are_counted_and_bounded() {
+        let stats = CacheStats::new();
+        stats.hit("a.test");
+        stats.hit("a.test");
+        stats.miss("a.test", "not_cached");
+        stats.miss("a.test", "not_cached");
+        stats.miss("a.test", "no_length");
+        for i in 0..MAX_DOMAIN_LABELS + 5 {
+            stats.hit(&format!("h{i}.test"));
+        }
+        assert_eq!(
+            value(&stats, "proxy_cache_hits_total", &[("domain", "a.test")]),
+            2
+        );
+        let misses = |reason| {
+            value(
+                &stats,
+                "proxy_cache_misses_total",
+                &[("domain", "a.test"), ("reason", reason)],
+            )
+        };
+        assert_eq!((misses("not_cached"), misses("no_length")), (2, 1));
+        // a.test took one label: 511 more hosts got their own, the rest count as `other`.
+        assert_eq!(
+            value(&stats, "proxy_cache_hits_total", &[("domain", "other")]),
+            6
+        );
+        assert_eq!(stats.hits.load(Relaxed), MAX_DOMAIN_LABELS as u64 + 7);
     }
 }

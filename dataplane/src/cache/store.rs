@@ -1,19 +1,29 @@
 //! The cache index shared by every core: which keys are stored, in which tier, and their
 //! metadata. Bodies live in memory (`Vec<u8>` behind an `Arc`) or in files under the disk
-//! directory; the index itself is a `Mutex`-guarded map touched only for short, non-blocking
-//! critical sections (lookups and inserts), so a hit on one core and a fill on another share one
-//! copy of every object.
+//! directory, so a hit on one core and a fill on another share one copy of every object.
 //!
-//! Disk layout: `<dir>/<ab>/<stem>.entry` where `stem` is the hex hash of the key (proto
-//! `cache::key::file_stem`) and `ab` its first two characters; fills are written to
-//! `<dir>/tmp/<stem>.<n>.tmp` and renamed into place only when complete, so a crash never leaves a
-//! servable half-written entry. [`CacheStore::open`] rebuilds the index from the entry headers and
-//! removes leftovers from `tmp/`.
+//! Locking, so that no core waits behind the control plane: the index is one mutex-guarded
+//! ordered map, and every holder keeps it for bounded work only. The request path takes it for
+//! O(log n) steps (lookup, insert, eviction of the victims of one insert), and a lookup only
+//! *tries* it for a few spins: if it stays taken the request is proxied uncached (miss reason
+//! `index_busy`) rather than parking the core. The control plane's O(n) walks (API listing,
+//! purges, expiry, checksum scrub) copy entries in chunks of [`CHUNK`] keys in key order, release
+//! the lock between chunks and do their sorting, filtering and file reads outside it. Files are
+//! deleted by the [`Janitor`] thread, never under the lock and never on a core.
+//!
+//! Disk layout: `<dir>/<ab>/<stem>-<unique>.entry` where `stem` is the hex hash of the key
+//! (proto `cache::key::file_stem`) and `ab` its first two characters; each fill gets a fresh
+//! name, so deleting a replaced entry can never remove its successor. Fills are written to
+//! `<dir>/tmp/<stem>.<pid>.<n>.tmp` and renamed into place only when complete, so a crash never
+//! leaves a servable half-written entry. [`CacheStore::open`] rebuilds the index from the entry
+//! headers and removes leftovers from `tmp/`.
 
+use super::janitor::Janitor;
 use super::stats::CacheStats;
-use parking_lot::Mutex;
-use std::collections::HashMap;
+use parking_lot::{Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -134,8 +144,22 @@ pub fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Keys copied per lock hold by the control plane's walks over the index.
+pub const CHUNK: usize = 256;
+/// Attempts of a request-path lookup to take the index before giving up (`index_busy`).
+const LOOKUP_SPINS: u32 = 200;
+
+/// A lookup's answer.
+pub enum Lookup {
+    Hit(Arc<Entry>),
+    Miss,
+    /// The index stayed locked (a control-plane walk); proxy the request uncached.
+    Busy,
+}
+
 struct Index {
-    entries: HashMap<String, Arc<Entry>>,
+    /// Ordered, so the control plane can walk it in chunks from a cursor.
+    entries: BTreeMap<String, Arc<Entry>>,
     /// Base key → the request headers its stored responses vary on (`respect_cache_control`).
     vary: HashMap<String, Vec<String>>,
     memory: EvictionIndex<String>,
@@ -226,6 +250,7 @@ pub struct CacheStore {
     pub(crate) fills: super::fill::Fills,
     pub stats: CacheStats,
     temp_seq: AtomicU64,
+    janitor: Janitor,
     /// Key of the last entry [`CacheStore::scrub`] verified.
     scrub_cursor: Mutex<String>,
 }
@@ -262,7 +287,7 @@ impl CacheStore {
             _ => settings.disk_max_bytes,
         };
         let index = Index {
-            entries: HashMap::new(),
+            entries: BTreeMap::new(),
             vary: HashMap::new(),
             memory: EvictionIndex::new(
                 settings.memory_policy,
@@ -278,6 +303,7 @@ impl CacheStore {
             fills: Default::default(),
             stats: CacheStats::new(),
             temp_seq: AtomicU64::new(0),
+            janitor: Janitor::start(),
             scrub_cursor: Mutex::new(String::new()),
         });
         let mut report = RebuildReport::default();
@@ -303,26 +329,42 @@ impl CacheStore {
         fits.then_some(tier)
     }
 
+    /// The index for the request path: a few attempts without parking, then `None`.
+    fn try_index(&self) -> Option<MutexGuard<'_, Index>> {
+        for _ in 0..LOOKUP_SPINS {
+            if let Some(index) = self.index.try_lock() {
+                return Some(index);
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
     /// The live entry for `key`, counting a use; expired entries are removed on the way.
-    pub fn lookup(&self, key: &str) -> Option<Arc<Entry>> {
+    pub fn lookup(&self, key: &str) -> Lookup {
         let now = now_unix();
-        let mut index = self.index.lock();
-        let entry = index.entries.get(key)?.clone();
+        let Some(mut index) = self.try_index() else {
+            return Lookup::Busy;
+        };
+        let Some(entry) = index.entries.get(key).cloned() else {
+            return Lookup::Miss;
+        };
         if entry.expired(now) {
             let gone = index.take(key);
             drop(index);
             if let Some(gone) = gone {
                 self.discard(&gone, EvictReason::Expired);
             }
-            return None;
+            return Lookup::Miss;
         }
         index.tier_index(entry.tier()).touch(&key.to_owned());
-        Some(entry)
+        Lookup::Hit(entry)
     }
 
-    /// The request headers responses under `base_key` vary on, if they do.
+    /// The request headers responses under `base_key` vary on, if they do (`None` also when
+    /// the index is busy: the lookup then reports it).
     pub fn vary_of(&self, base_key: &str) -> Option<Vec<String>> {
-        let index = self.index.lock();
+        let index = self.try_index()?;
         if index.vary.is_empty() {
             return None;
         }
@@ -356,7 +398,7 @@ impl CacheStore {
             if let Some(old) = replaced {
                 self.discard(&old, EvictReason::Replaced);
             }
-            remove_body_file(&entry);
+            self.remove_body_file(&entry);
             return false;
         }
         let victims = index.tier_index(tier).insert(key.clone(), size);
@@ -389,73 +431,94 @@ impl CacheStore {
         }
     }
 
-    /// Removes every entry whose host matches `matches`; returns how many.
-    pub fn remove_where(&self, matches: impl Fn(&str) -> bool) -> u64 {
-        let gone: Vec<Arc<Entry>> = {
-            let mut index = self.index.lock();
-            let keys: Vec<String> = index
-                .entries
-                .iter()
-                .filter(|(_, e)| matches(&e.meta.host))
-                .map(|(k, _)| k.clone())
-                .collect();
-            keys.iter().filter_map(|k| index.take(k)).collect()
-        };
-        for entry in &gone {
-            self.discard(entry, EvictReason::Purged);
+    /// Visits entries in key order after `after` (from the start when `None`), [`CHUNK`] per
+    /// lock hold; `visit` runs outside the lock and returns false to stop.
+    fn walk(&self, after: Option<&str>, mut visit: impl FnMut(&Arc<Entry>) -> bool) {
+        let mut cursor: Option<String> = after.map(str::to_owned);
+        loop {
+            let chunk: Vec<Arc<Entry>> = {
+                let index = self.index.lock();
+                let from = match &cursor {
+                    Some(c) => Bound::Excluded(c.as_str()),
+                    None => Bound::Unbounded,
+                };
+                index
+                    .entries
+                    .range::<str, _>((from, Bound::Unbounded))
+                    .take(CHUNK)
+                    .map(|(_, e)| e.clone())
+                    .collect()
+            };
+            let Some(last) = chunk.last() else {
+                return;
+            };
+            cursor = Some(last.meta.key.clone());
+            for entry in &chunk {
+                if !visit(entry) {
+                    return;
+                }
+            }
+            if chunk.len() < CHUNK {
+                return;
+            }
+        }
+    }
+
+    /// Removes `keys` (a chunk per lock hold) for `reason`; returns how many were there.
+    fn remove_keys(&self, keys: &[String], reason: EvictReason) -> u64 {
+        let mut removed = 0;
+        for chunk in keys.chunks(CHUNK) {
+            let gone: Vec<Arc<Entry>> = {
+                let mut index = self.index.lock();
+                chunk.iter().filter_map(|k| index.take(k)).collect()
+            };
+            for entry in &gone {
+                self.discard(entry, reason);
+            }
+            removed += gone.len() as u64;
         }
         self.refresh_gauges();
-        gone.len() as u64
+        removed
+    }
+
+    /// Removes every entry whose host matches `matches`; returns how many.
+    pub fn remove_where(&self, matches: impl Fn(&str) -> bool) -> u64 {
+        let mut keys = Vec::new();
+        self.walk(None, |e| {
+            if matches(&e.meta.host) {
+                keys.push(e.meta.key.clone());
+            }
+            true
+        });
+        self.remove_keys(&keys, EvictReason::Purged)
     }
 
     /// Removes expired entries (the periodic cleanup); returns how many.
     pub fn purge_expired(&self) -> u64 {
         let now = now_unix();
-        let gone: Vec<Arc<Entry>> = {
-            let mut index = self.index.lock();
-            let keys: Vec<String> = index
-                .entries
-                .iter()
-                .filter(|(_, e)| e.expired(now))
-                .map(|(k, _)| k.clone())
-                .collect();
-            keys.iter().filter_map(|k| index.take(k)).collect()
-        };
-        for entry in &gone {
-            self.discard(entry, EvictReason::Expired);
-        }
-        self.refresh_gauges();
-        gone.len() as u64
+        let mut keys = Vec::new();
+        self.walk(None, |e| {
+            if e.expired(now) {
+                keys.push(e.meta.key.clone());
+            }
+            true
+        });
+        self.remove_keys(&keys, EvictReason::Expired)
     }
 
     /// Verifies the body checksums of disk entries, in key order from where the previous call
     /// stopped, reading at most `budget` bytes; entries whose file no longer matches (bit rot,
     /// outside edits) are removed. Returns (entries checked, entries removed). Runs on a blocking
-    /// thread: it reads files with plain reads.
+    /// thread: it reads files with plain reads, never while holding the index.
     pub fn scrub(&self, budget: u64) -> (u64, u64) {
-        let candidates: Vec<Arc<Entry>> = {
-            let index = self.index.lock();
-            let mut disk: Vec<&Arc<Entry>> = index
-                .entries
-                .values()
-                .filter(|e| e.tier() == Tier::Disk)
-                .collect();
-            disk.sort_by(|a, b| a.meta.key.cmp(&b.meta.key));
-            let cursor = self.scrub_cursor.lock().clone();
-            let start = disk.partition_point(|e| e.meta.key <= cursor);
-            disk.iter()
-                .skip(start)
-                .chain(disk.iter().take(start))
-                .map(|e| Arc::clone(e))
-                .collect()
-        };
+        let cursor = self.scrub_cursor.lock().clone();
         let (mut checked, mut removed, mut read) = (0, 0, 0u64);
-        for entry in candidates {
+        let mut check = |entry: &Arc<Entry>| -> bool {
             if read >= budget {
-                break;
+                return false;
             }
             let Body::Disk { path, offset } = &entry.body else {
-                continue;
+                return true;
             };
             read += entry.meta.body_len;
             checked += 1;
@@ -470,29 +533,37 @@ impl CacheStore {
                     }
                 }
             }
+            true
+        };
+        // From the cursor to the end, then from the start up to the cursor.
+        let mut wrapped = true;
+        self.walk(Some(&cursor), |e| {
+            wrapped = check(e);
+            wrapped
+        });
+        if wrapped && !cursor.is_empty() {
+            self.walk(None, |e| e.meta.key <= cursor && check(e));
         }
         (checked, removed)
     }
 
-    /// Entries whose host matches `matches`, sorted by key: `(page, total)`.
+    /// Entries whose host matches `matches`, in key order: `(page, total)`.
     pub fn list(
         &self,
         matches: impl Fn(&str) -> bool,
         offset: usize,
         limit: usize,
     ) -> (Vec<EntryInfo>, usize) {
-        let mut all: Vec<EntryInfo> = {
-            let index = self.index.lock();
-            index
-                .entries
-                .values()
-                .filter(|e| matches(&e.meta.host))
-                .map(|e| info(e))
-                .collect()
-        };
-        all.sort_by(|a, b| a.key.cmp(&b.key));
-        let total = all.len();
-        let page = all.into_iter().skip(offset).take(limit).collect();
+        let (mut page, mut total) = (Vec::new(), 0usize);
+        self.walk(None, |e| {
+            if matches(&e.meta.host) {
+                if total >= offset && page.len() < limit {
+                    page.push(info(e));
+                }
+                total += 1;
+            }
+            true
+        });
         (page, total)
     }
 
@@ -518,20 +589,41 @@ impl CacheStore {
         }
     }
 
-    /// Accounts for an entry that left the index and deletes its file.
+    /// Accounts for an entry that left the index and has the janitor delete its file.
     fn discard(&self, entry: &Entry, reason: EvictReason) {
         self.stats.evicted(entry.tier(), reason);
-        remove_body_file(entry);
+        self.remove_body_file(entry);
     }
 
-    /// Path of the entry file of `key`.
+    fn remove_body_file(&self, entry: &Entry) {
+        if let Body::Disk { path, .. } = &entry.body {
+            self.janitor.remove(path.clone());
+        }
+    }
+
+    /// A handle for deleting files off the caller's thread.
+    pub fn janitor(&self) -> Janitor {
+        self.janitor.clone()
+    }
+
+    /// Waits until every file deletion handed to the janitor so far is done.
+    pub fn flush_deletions(&self) {
+        self.janitor.flush();
+    }
+
+    /// A fresh path for the entry file of a fill of `key`: unique per fill (time and
+    /// sequence), so the file of a replaced entry and its successor never share a name.
     pub fn entry_path(&self, key: &str) -> PathBuf {
         let stem = file_stem(key);
         let fan = stem.get(..2).unwrap_or("00").to_owned();
+        let n = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         self.settings
             .disk_dir
             .join(fan)
-            .join(format!("{stem}.entry"))
+            .join(format!("{stem}-{nanos:x}{n:x}.entry"))
     }
 
     /// A fresh temporary path for a fill of `key` (same filesystem as the entries).
@@ -580,6 +672,16 @@ impl CacheStore {
                         let _ = std::fs::remove_file(&path);
                         report.expired += 1;
                     }
+                    Ok((meta, _))
+                        if self
+                            .peek(&meta.key)
+                            .is_some_and(|e| e.created_unix >= meta.created_unix) =>
+                    {
+                        // An older copy of a key whose newer file was already indexed (a crash
+                        // between storing a replacement and deleting its predecessor).
+                        let _ = std::fs::remove_file(&path);
+                        report.expired += 1;
+                    }
                     Ok((meta, offset)) => {
                         let size = meta.body_len;
                         let entry = Entry::new(meta, Body::Disk { path, offset });
@@ -597,16 +699,6 @@ impl CacheStore {
             }
         }
         report
-    }
-}
-
-fn remove_body_file(entry: &Entry) {
-    if let Body::Disk { path, .. } = &entry.body {
-        if let Err(e) = std::fs::remove_file(path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(file = %path.display(), error = %e, "cannot delete cache entry file");
-            }
-        }
     }
 }
 
@@ -664,4 +756,79 @@ fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize
         filled += n;
     }
     Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::cache::evict::EvictPolicy;
+
+    fn memory_store() -> Arc<CacheStore> {
+        CacheStore::open(StoreSettings {
+            kind: StorageKind::Memory,
+            memory_max_bytes: 1 << 30,
+            memory_max_entries: 100_000,
+            memory_policy: EvictPolicy::Lru,
+            disk_dir: std::env::temp_dir(),
+            disk_max_bytes: 0,
+            memory_threshold: 0,
+        })
+        .0
+    }
+
+    fn entry(key: &str, host: &str, expires_unix: u64) -> Entry {
+        Entry::new(
+            EntryMeta {
+                key: key.to_owned(),
+                url: format!("http://{host}/{key}"),
+                host: host.to_owned(),
+                status: 200,
+                headers: Vec::new(),
+                content_type: String::new(),
+                body_len: 1,
+                body_checksum: 0,
+                created_unix: 1,
+                expires_unix,
+            },
+            Body::Memory(vec![b'x']),
+        )
+    }
+
+    #[test]
+    fn walks_span_chunks_in_key_order() {
+        let store = memory_store();
+        let later = now_unix() + 3600;
+        let n = CHUNK * 2 + 10;
+        for i in 0..n {
+            let host = if i % 2 == 0 { "even.test" } else { "odd.test" };
+            assert!(store.insert(entry(&format!("k{i:05}"), host, later)));
+        }
+        let (page, total) = store.list(|h| h == "even.test", CHUNK - 3, 10);
+        assert_eq!(total, n.div_ceil(2));
+        let keys: Vec<&str> = page.iter().map(|e| e.key.as_str()).collect();
+        let want: Vec<String> = (0..n)
+            .step_by(2)
+            .skip(CHUNK - 3)
+            .take(10)
+            .map(|i| format!("k{i:05}"))
+            .collect();
+        assert_eq!(keys, want);
+        assert_eq!(store.remove_where(|h| h == "odd.test"), (n / 2) as u64);
+        assert_eq!(store.list(|_| true, 0, usize::MAX).1, n.div_ceil(2));
+        assert!(store.insert(entry("expired", "even.test", 1)));
+        assert_eq!(store.purge_expired(), 1);
+        assert!(matches!(store.lookup("k00000"), Lookup::Hit(_)));
+        assert!(matches!(store.lookup("k00001"), Lookup::Miss));
+    }
+
+    #[test]
+    fn a_lookup_does_not_wait_for_a_held_index() {
+        let store = memory_store();
+        assert!(store.insert(entry("k", "h.test", now_unix() + 60)));
+        let held = store.index.lock();
+        assert!(matches!(store.lookup("k"), Lookup::Busy));
+        assert_eq!(store.vary_of("k"), None);
+        drop(held);
+        assert!(matches!(store.lookup("k"), Lookup::Hit(_)));
+    }
 }

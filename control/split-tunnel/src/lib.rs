@@ -1,0 +1,734 @@
+//! Host side of VPN split tunnelling for `switchyard client`: which sockets go into the TUN.
+//!
+//! [`SplitTunnel::start`] first undoes whatever a previous run left on the host (the journal, see
+//! [`journal`]), then classifies the scope cgroup's sockets with the eBPF programs of
+//! `switchyard-ebpf` — or, when they cannot load (no CAP_BPF, old kernel), with the nftables
+//! fallback ([`nft`]: `socket cgroupv2` + `meta mark`), which behaves the same; [`SplitTunnel::
+//! mechanism`] says which is active. Tunnelled sockets carry the tunnel mark, and policy routing
+//! (`ip rule fwmark M lookup T`, table T = default route via the TUN device) sends them into the
+//! tunnel; everything else takes the main table. Rules follow the spec's split-tunnel model
+//! ([`rules`]); changes apply live. [`SplitTunnel::on_resolved`] is the DNS path's hook: addresses
+//! of names matching a domain rule join the split set. Every host change is journalled before it
+//! is made, so a crash (`kill -9`) is cleaned up by the next start or by [`recover`]; disable
+//! removes everything. The control plane owns this; the data plane never touches it.
+
+pub mod cgroup;
+pub mod host;
+pub mod journal;
+pub mod nft;
+pub mod rules;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+use serde::Serialize;
+use switchyard_ebpf::{AppClass, ClassifierConfig, NetList, SplitTunnelProgram};
+
+pub use rules::{AppRule, CompiledRules, RuleError, SplitMode, SplitRules};
+pub use switchyard_ebpf::DnsRedirect;
+
+use host::Host;
+use journal::{Change, Journal};
+
+/// Errors of the split tunnel.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Rule(#[from] RuleError),
+    #[error("`{cmd}` failed: {stderr}")]
+    Command { cmd: String, stderr: String },
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+    #[error("eBPF: {0}")]
+    Ebpf(#[from] switchyard_ebpf::Error),
+    #[error("no cgroup2 mount (split tunnelling by app needs cgroup v2)")]
+    NoCgroup2,
+    #[error("cgroup {0} is outside the cgroup2 mount or /sys/fs/cgroup")]
+    CgroupOutside(PathBuf),
+    #[error("`{0}` cannot be used in an nftables ruleset")]
+    UnsafeName(String),
+    #[error("journal {0}: {1}")]
+    Journal(PathBuf, #[source] std::io::Error),
+    #[error("undo left {0} change(s) in place: {1}")]
+    Undo(usize, String),
+}
+
+/// Which classification mechanism to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MechanismChoice {
+    /// eBPF when it loads, else nftables.
+    #[default]
+    Auto,
+    Ebpf,
+    Nftables,
+}
+
+/// The classification mechanism in use (reported by the API).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mechanism {
+    Ebpf,
+    Nftables,
+}
+
+impl Mechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::Ebpf => "ebpf",
+            Mechanism::Nftables => "nftables",
+        }
+    }
+}
+
+/// Where and how the split tunnel acts on the host.
+#[derive(Clone, Debug)]
+pub struct SplitTunnelConfig {
+    /// Holds the journal (`split-tunnel.journal`).
+    pub data_dir: PathBuf,
+    /// Network namespace (`/run/netns/NAME`) for routes, rules and nft; `None` = the current one.
+    pub netns: Option<String>,
+    /// cgroup v2 directory whose processes (and descendants) are classified. Production: the
+    /// cgroup2 root or the user's slice.
+    pub scope_cgroup: PathBuf,
+    /// Managed cgroup (created below the scope) that apps matched by name/path are moved into.
+    pub apps_cgroup_name: String,
+    /// cgroups never classified nor DNS-redirected (the client's own).
+    pub bypass_cgroups: Vec<PathBuf>,
+    /// TUN device that table `table` routes into.
+    pub tun_device: String,
+    /// SO_MARK / packet mark of tunnelled traffic.
+    pub tunnel_mark: u32,
+    pub table: u32,
+    pub rule_priority: u32,
+    /// bpffs directory for pinned maps and links (mounted if it is not bpffs).
+    pub bpf_pin_dir: PathBuf,
+    /// Name of the nftables table of the fallback.
+    pub nft_table: String,
+    pub mechanism: MechanismChoice,
+    /// DNS interception; `None` leaves DNS alone.
+    pub dns: Option<DnsRedirect>,
+}
+
+impl SplitTunnelConfig {
+    /// Defaults for a client: mark/table/priority 0x5359 ("SY"); pins on a bpffs of its own under
+    /// /run (mounted at start, unmounted at cleanup), which works whether or not the host mounts
+    /// /sys/fs/bpf.
+    pub fn new(data_dir: &Path, scope_cgroup: &Path, tun_device: &str) -> Self {
+        SplitTunnelConfig {
+            data_dir: data_dir.to_path_buf(),
+            netns: None,
+            scope_cgroup: scope_cgroup.to_path_buf(),
+            apps_cgroup_name: "switchyard-split-apps".into(),
+            bypass_cgroups: Vec::new(),
+            tun_device: tun_device.into(),
+            tunnel_mark: 0x5359,
+            table: 0x5359,
+            rule_priority: 5359,
+            bpf_pin_dir: PathBuf::from("/run/switchyard/bpffs"),
+            nft_table: "switchyard_split".into(),
+            mechanism: MechanismChoice::Auto,
+            dns: None,
+        }
+    }
+}
+
+/// What the API reports about the split tunnel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SplitTunnelStatus {
+    /// `ebpf` or `nftables`
+    pub mechanism: &'static str,
+    /// Why eBPF is not in use, when the fallback was chosen automatically.
+    pub fallback_reason: Option<String>,
+    pub mode: SplitMode,
+    /// Addresses learnt from DNS answers for domain rules.
+    pub resolved_addresses: usize,
+}
+
+/// Undoes every change recorded in `data_dir`'s journal, newest first, then deletes the journal.
+/// Returns how many entries were undone. Safe to call when there is nothing to undo.
+pub fn recover(data_dir: &Path) -> Result<usize, Error> {
+    let journal = Journal::new(data_dir);
+    let entries = journal
+        .entries()
+        .map_err(|e| Error::Journal(journal.path().to_path_buf(), e))?;
+    let mut failures = Vec::new();
+    for change in entries.iter().rev() {
+        if let Err(e) = undo(change) {
+            tracing::warn!(?change, error = %e, "undoing a split-tunnel change failed");
+            failures.push(e.to_string());
+        }
+    }
+    if !failures.is_empty() {
+        // keep the journal: the next start tries again
+        return Err(Error::Undo(failures.len(), failures.join("; ")));
+    }
+    journal
+        .clear()
+        .map_err(|e| Error::Journal(journal.path().to_path_buf(), e))?;
+    if !entries.is_empty() {
+        tracing::info!(undone = entries.len(), "removed split-tunnel leftovers");
+    }
+    Ok(entries.len())
+}
+
+fn undo(change: &Change) -> Result<(), Error> {
+    match change {
+        Change::IpRule {
+            netns,
+            family,
+            fwmark,
+            table,
+            priority,
+        } => Host {
+            netns: netns.clone(),
+        }
+        .run_undo(
+            "ip",
+            &[
+                &format!("-{family}"),
+                "rule",
+                "del",
+                "fwmark",
+                &format!("{fwmark:#x}"),
+                "lookup",
+                &table.to_string(),
+                "priority",
+                &priority.to_string(),
+            ],
+        ),
+        Change::IpRoutes {
+            netns,
+            family,
+            table,
+        } => Host {
+            netns: netns.clone(),
+        }
+        .run_undo(
+            "ip",
+            &[
+                &format!("-{family}"),
+                "route",
+                "flush",
+                "table",
+                &table.to_string(),
+            ],
+        ),
+        Change::NftTable { netns, name } => Host {
+            netns: netns.clone(),
+        }
+        .run_undo("nft", &["delete", "table", "inet", name]),
+        Change::BpfPins { dir } => switchyard_ebpf::remove_pins(dir)
+            .map(|_| ())
+            .map_err(Error::from),
+        Change::BpffsMount { dir } => {
+            switchyard_ebpf::unmount_bpffs(dir)?;
+            let _ = std::fs::remove_dir(dir);
+            Ok(())
+        }
+        Change::Cgroup { path } => cgroup::remove_cgroup(path),
+    }
+}
+
+/// What the eBPF maps hold now (so updates are diffs).
+#[derive(Default)]
+struct Installed {
+    split: BTreeSet<IpNet>,
+    bypass: BTreeSet<IpNet>,
+    apps: BTreeMap<u64, AppClass>,
+}
+
+enum Classifier {
+    Ebpf(Box<SplitTunnelProgram>, Installed),
+    Nft,
+}
+
+/// An active split tunnel.
+pub struct SplitTunnel {
+    config: SplitTunnelConfig,
+    host: Host,
+    journal: Journal,
+    rules: SplitRules,
+    compiled: CompiledRules,
+    /// domain → addresses it resolved to, for names matching a domain rule
+    resolved: BTreeMap<String, BTreeSet<IpAddr>>,
+    classifier: Classifier,
+    fallback_reason: Option<String>,
+    cgroup_mount: PathBuf,
+    apps_cgroup: PathBuf,
+    /// pid → the cgroup a process was in before it was moved into the apps cgroup
+    moved_from: BTreeMap<u32, PathBuf>,
+}
+
+impl SplitTunnel {
+    /// Cleans up leftovers, chooses the mechanism, installs policy routing and the rules.
+    pub fn start(config: SplitTunnelConfig, rules: SplitRules) -> Result<Self, Error> {
+        recover(&config.data_dir)?;
+        let compiled = CompiledRules::compile(&rules)?;
+        for name in [&config.nft_table, &config.tun_device] {
+            if !nft::safe_name(name) {
+                return Err(Error::UnsafeName(name.clone()));
+            }
+        }
+        let host = Host {
+            netns: config.netns.clone(),
+        };
+        let journal = Journal::new(&config.data_dir);
+        let cgroup_mount = cgroup::cgroup2_mount()?;
+        let apps_cgroup = config.scope_cgroup.join(&config.apps_cgroup_name);
+
+        let mut tunnel = SplitTunnel {
+            config,
+            host,
+            journal,
+            rules,
+            compiled,
+            resolved: BTreeMap::new(),
+            classifier: Classifier::Nft,
+            fallback_reason: None,
+            cgroup_mount,
+            apps_cgroup,
+            moved_from: BTreeMap::new(),
+        };
+        // from here on, a failure undoes what was done so far
+        match tunnel.install() {
+            Ok(()) => Ok(tunnel),
+            Err(e) => {
+                let _ = tunnel.disable();
+                Err(e)
+            }
+        }
+    }
+
+    fn record(&self, change: Change) -> Result<(), Error> {
+        self.journal
+            .record(&change)
+            .map_err(|e| Error::Journal(self.journal.path().to_path_buf(), e))
+    }
+
+    fn install(&mut self) -> Result<(), Error> {
+        if !self.apps_cgroup.exists() {
+            self.record(Change::Cgroup {
+                path: self.apps_cgroup.clone(),
+            })?;
+            std::fs::create_dir(&self.apps_cgroup)
+                .map_err(|e| Error::Io(format!("create {}", self.apps_cgroup.display()), e))?;
+        }
+        self.classifier = match self.config.mechanism {
+            MechanismChoice::Nftables => Classifier::Nft,
+            MechanismChoice::Ebpf => self.load_ebpf()?,
+            MechanismChoice::Auto => match self.load_ebpf() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "eBPF classification unavailable; using the nftables fallback");
+                    let _ = switchyard_ebpf::remove_pins(&self.config.bpf_pin_dir);
+                    self.fallback_reason = Some(e.to_string());
+                    Classifier::Nft
+                }
+            },
+        };
+        if matches!(self.classifier, Classifier::Nft) {
+            self.record(Change::NftTable {
+                netns: self.config.netns.clone(),
+                name: self.config.nft_table.clone(),
+            })?;
+        }
+        self.install_routing()?;
+        self.sync()?;
+        self.refresh_apps()?;
+        tracing::info!(
+            mechanism = self.mechanism().as_str(),
+            mode = self.rules.mode.as_str(),
+            "split tunnel active"
+        );
+        Ok(())
+    }
+
+    fn load_ebpf(&mut self) -> Result<Classifier, Error> {
+        let dir = self.config.bpf_pin_dir.clone();
+        let mounted = switchyard_ebpf::ensure_bpffs(&dir)?;
+        if mounted {
+            self.record(Change::BpffsMount { dir: dir.clone() })?;
+        }
+        self.record(Change::BpfPins { dir: dir.clone() })?;
+        let program =
+            SplitTunnelProgram::attach(&self.config.scope_cgroup, &dir, &self.classifier_config())?;
+        Ok(Classifier::Ebpf(Box::new(program), Installed::default()))
+    }
+
+    fn classifier_config(&self) -> ClassifierConfig {
+        ClassifierConfig {
+            mode: match self.rules.mode {
+                SplitMode::Exclude => switchyard_ebpf::Mode::Exclude,
+                SplitMode::Include => switchyard_ebpf::Mode::Include,
+            },
+            tunnel_mark: self.config.tunnel_mark,
+            dns: self.config.dns,
+        }
+    }
+
+    fn install_routing(&mut self) -> Result<(), Error> {
+        let table = self.config.table.to_string();
+        for family in [4u8, 6] {
+            let fam = format!("-{family}");
+            self.record(Change::IpRoutes {
+                netns: self.config.netns.clone(),
+                family,
+                table: self.config.table,
+            })?;
+            let dev = self.host.run(
+                "ip",
+                &[
+                    &fam,
+                    "route",
+                    "replace",
+                    "default",
+                    "dev",
+                    &self.config.tun_device,
+                    "table",
+                    &table,
+                ],
+                None,
+            );
+            if let Err(e) = dev {
+                if family == 4 {
+                    return Err(e);
+                }
+                // no IPv6 on the device: marked IPv6 must not fall through to the main table
+                tracing::warn!(error = %e, "no IPv6 route via the tunnel; tunnelled IPv6 is blocked");
+                self.host.run(
+                    "ip",
+                    &[
+                        &fam,
+                        "route",
+                        "replace",
+                        "unreachable",
+                        "default",
+                        "table",
+                        &table,
+                    ],
+                    None,
+                )?;
+            }
+            self.record(Change::IpRule {
+                netns: self.config.netns.clone(),
+                family,
+                fwmark: self.config.tunnel_mark,
+                table: self.config.table,
+                priority: self.config.rule_priority,
+            })?;
+            self.host.run(
+                "ip",
+                &[
+                    &fam,
+                    "rule",
+                    "add",
+                    "fwmark",
+                    &format!("{:#x}", self.config.tunnel_mark),
+                    "lookup",
+                    &table,
+                    "priority",
+                    &self.config.rule_priority.to_string(),
+                ],
+                None,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The active mechanism.
+    pub fn mechanism(&self) -> Mechanism {
+        match self.classifier {
+            Classifier::Ebpf(..) => Mechanism::Ebpf,
+            Classifier::Nft => Mechanism::Nftables,
+        }
+    }
+
+    /// Why eBPF was not used, when the fallback is active under [`MechanismChoice::Auto`].
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
+    }
+
+    /// Mechanism, fallback reason, mode and DNS-learnt entries, for the API.
+    pub fn status(&self) -> SplitTunnelStatus {
+        SplitTunnelStatus {
+            mechanism: self.mechanism().as_str(),
+            fallback_reason: self.fallback_reason.clone(),
+            mode: self.rules.mode,
+            resolved_addresses: self.resolved.values().map(BTreeSet::len).sum(),
+        }
+    }
+
+    /// The rules in force (as the API shows them).
+    pub fn rules(&self) -> &SplitRules {
+        &self.rules
+    }
+
+    /// The managed cgroup that apps matched by name/path are moved into.
+    pub fn apps_cgroup(&self) -> &Path {
+        &self.apps_cgroup
+    }
+
+    /// Replaces all rules; applies at once.
+    pub fn set_rules(&mut self, rules: SplitRules) -> Result<(), Error> {
+        self.compiled = CompiledRules::compile(&rules)?;
+        self.rules = rules;
+        let compiled = &self.compiled;
+        self.resolved
+            .retain(|domain, _| compiled.domain_matches(domain));
+        self.sync()?;
+        self.refresh_apps().map(|_| ())
+    }
+
+    fn edit(&mut self, f: impl FnOnce(&mut SplitRules)) -> Result<(), Error> {
+        let mut rules = self.rules.clone();
+        f(&mut rules);
+        self.set_rules(rules)
+    }
+
+    pub fn set_mode(&mut self, mode: SplitMode) -> Result<(), Error> {
+        self.edit(|r| r.mode = mode)
+    }
+
+    pub fn add_ip(&mut self, cidr: &str) -> Result<(), Error> {
+        rules::parse_net(cidr)?;
+        self.edit(|r| {
+            if !r.ips.iter().any(|i| i == cidr) {
+                r.ips.push(cidr.to_string())
+            }
+        })
+    }
+
+    /// Removes an `ips` entry; returns whether it was there.
+    pub fn remove_ip(&mut self, cidr: &str) -> Result<bool, Error> {
+        let present = self.rules.ips.iter().any(|i| i == cidr);
+        self.edit(|r| r.ips.retain(|i| i != cidr))?;
+        Ok(present)
+    }
+
+    pub fn add_domain(&mut self, pattern: &str) -> Result<(), Error> {
+        self.edit(|r| {
+            if !r.domains.iter().any(|d| d == pattern) {
+                r.domains.push(pattern.to_string())
+            }
+        })
+    }
+
+    /// Removes a domain rule and the addresses it contributed; returns whether it was there.
+    pub fn remove_domain(&mut self, pattern: &str) -> Result<bool, Error> {
+        let present = self.rules.domains.iter().any(|d| d == pattern);
+        self.edit(|r| r.domains.retain(|d| d != pattern))?;
+        Ok(present)
+    }
+
+    pub fn add_app(&mut self, app: AppRule) -> Result<(), Error> {
+        self.edit(|r| {
+            r.apps.retain(|a| a.name != app.name);
+            r.apps.push(app)
+        })
+    }
+
+    /// Removes an app by name; returns whether it was there. Its processes leave the apps cgroup.
+    pub fn remove_app(&mut self, name: &str) -> Result<bool, Error> {
+        let present = self.rules.apps.iter().any(|a| a.name == name);
+        self.edit(|r| r.apps.retain(|a| a.name != name))?;
+        Ok(present)
+    }
+
+    /// The resolver hook: when `domain` matches a domain rule, its addresses join the split set
+    /// (at once). Returns whether it matched.
+    pub fn on_resolved(&mut self, domain: &str, ips: &[IpAddr]) -> Result<bool, Error> {
+        if !self.compiled.domain_matches(domain) {
+            return Ok(false);
+        }
+        let entry = self
+            .resolved
+            .entry(domain.trim_end_matches('.').to_ascii_lowercase())
+            .or_default();
+        let before = entry.len();
+        entry.extend(ips.iter().copied());
+        if entry.len() != before {
+            self.sync()?;
+        }
+        Ok(true)
+    }
+
+    /// Moves processes matching name/path app rules into the apps cgroup, and processes there that
+    /// no longer match back to where they came from (the scope cgroup after a restart). Returns
+    /// how many moved in.
+    pub fn refresh_apps(&mut self) -> Result<usize, Error> {
+        let apps: Vec<&AppRule> = self
+            .rules
+            .apps
+            .iter()
+            .filter(|a| a.cgroup.is_none())
+            .collect();
+        let inside = cgroup::members(&self.apps_cgroup);
+        let own = std::process::id();
+        let mut moved = 0;
+        let processes = cgroup::processes();
+        for p in &processes {
+            let matches = p.pid != own && apps.iter().any(|a| cgroup::app_matches(a, p));
+            let is_inside = inside.contains(&p.pid);
+            // a process may exit between the scan and the move: failures are skipped
+            if matches && !is_inside {
+                let origin = cgroup::cgroup_of(&self.cgroup_mount, p.pid);
+                if cgroup::move_process(&self.apps_cgroup, p.pid).is_ok() {
+                    if let Some(origin) = origin {
+                        self.moved_from.insert(p.pid, origin);
+                    }
+                    moved += 1;
+                }
+            } else if !matches && is_inside {
+                let back = self
+                    .moved_from
+                    .remove(&p.pid)
+                    .unwrap_or_else(|| self.config.scope_cgroup.clone());
+                let _ = cgroup::move_process(&back, p.pid);
+            }
+        }
+        self.moved_from
+            .retain(|pid, _| processes.iter().any(|p| p.pid == *pid));
+        Ok(moved)
+    }
+
+    fn split_nets(&self) -> BTreeSet<IpNet> {
+        let mut nets: BTreeSet<IpNet> = self.compiled.nets.iter().copied().collect();
+        for ips in self.resolved.values() {
+            nets.extend(ips.iter().map(|ip| switchyard_ebpf::host_net(*ip)));
+        }
+        nets
+    }
+
+    /// The cgroups whose processes count as selected apps (those that exist).
+    fn app_cgroup_paths(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.apps_cgroup.clone()];
+        for app in &self.rules.apps {
+            if let Some(cg) = &app.cgroup {
+                let path = cgroup::resolve(&self.cgroup_mount, cg);
+                if path.is_dir() {
+                    paths.push(path);
+                } else {
+                    tracing::warn!(app = %app.name, cgroup = %path.display(), "app cgroup does not exist; ignored");
+                }
+            }
+        }
+        paths
+    }
+
+    /// Brings the active mechanism in line with the rules.
+    fn sync(&mut self) -> Result<(), Error> {
+        let split = self.split_nets();
+        let bypass: BTreeSet<IpNet> = self.compiled.bypass.iter().copied().collect();
+        let app_paths = self.app_cgroup_paths();
+        let cfg = self.classifier_config();
+        match &mut self.classifier {
+            Classifier::Ebpf(program, installed) => {
+                program.set_config(&cfg)?;
+                let mut apps = BTreeMap::new();
+                for path in &app_paths {
+                    apps.insert(switchyard_ebpf::cgroup_id(path)?, AppClass::Selected);
+                }
+                for path in &self.config.bypass_cgroups {
+                    apps.insert(switchyard_ebpf::cgroup_id(path)?, AppClass::Bypass);
+                }
+                sync_nets(program, NetList::Split, &mut installed.split, &split)?;
+                sync_nets(program, NetList::Bypass, &mut installed.bypass, &bypass)?;
+                for id in installed.apps.keys().filter(|id| !apps.contains_key(id)) {
+                    program.remove_app_cgroup(*id)?;
+                }
+                for (id, class) in &apps {
+                    if installed.apps.get(id) != Some(class) {
+                        program.set_app_cgroup(*id, *class)?;
+                    }
+                }
+                installed.apps = apps;
+                Ok(())
+            }
+            Classifier::Nft => {
+                let nft_ref = |p: &Path| -> Result<nft::NftCgroup, Error> {
+                    let r = cgroup::nft_ref(&self.cgroup_mount, p)?;
+                    if nft::safe_name(&r.1) {
+                        Ok(r)
+                    } else {
+                        Err(Error::UnsafeName(r.1))
+                    }
+                };
+                let scope = nft_ref(&self.config.scope_cgroup)?;
+                let apps = app_paths
+                    .iter()
+                    .map(|p| nft_ref(p))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let bypass_cgroups = self
+                    .config
+                    .bypass_cgroups
+                    .iter()
+                    .map(|p| nft_ref(p))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let split: Vec<IpNet> = split.into_iter().collect();
+                let bypass: Vec<IpNet> = bypass.into_iter().collect();
+                let text = nft::ruleset(&nft::NftParams {
+                    table: &self.config.nft_table,
+                    mode: self.rules.mode,
+                    mark: self.config.tunnel_mark,
+                    scope: &scope,
+                    app_cgroups: &apps,
+                    bypass_cgroups: &bypass_cgroups,
+                    split: &split,
+                    bypass: &bypass,
+                    tun_device: &self.config.tun_device,
+                    dns: self.config.dns,
+                });
+                self.host.run("nft", &["-f", "-"], Some(&text)).map(|_| ())
+            }
+        }
+    }
+
+    /// Removes everything this split tunnel changed on the host.
+    pub fn disable(self) -> Result<(), Error> {
+        if let Classifier::Ebpf(program, _) = self.classifier {
+            program.detach()?;
+        }
+        recover(&self.config.data_dir).map(|_| ())
+    }
+}
+
+fn sync_nets(
+    program: &mut SplitTunnelProgram,
+    list: NetList,
+    installed: &mut BTreeSet<IpNet>,
+    wanted: &BTreeSet<IpNet>,
+) -> Result<(), Error> {
+    for net in installed.difference(wanted) {
+        program.remove_net(list, *net)?;
+    }
+    for net in wanted.difference(installed) {
+        program.insert_net(list, *net)?;
+    }
+    *installed = wanted.clone();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_tunnel_can_move_to_the_control_plane_runtime() {
+        // the client keeps it behind an async mutex on tokio worker threads
+        fn send_and_sync<T: Send + Sync>() {}
+        send_and_sync::<SplitTunnel>();
+        send_and_sync::<SplitTunnelStatus>();
+    }
+
+    #[test]
+    fn client_defaults_use_one_mark_for_rule_and_table() {
+        let c =
+            SplitTunnelConfig::new(Path::new("/var/lib/sy"), Path::new("/sys/fs/cgroup"), "sy0");
+        assert_ne!(c.tunnel_mark, 0);
+        assert_eq!(c.table, c.tunnel_mark);
+        assert!(nft::safe_name(&c.nft_table));
+        assert_eq!(Mechanism::Nftables.as_str(), "nftables");
+        assert_eq!(Mechanism::Ebpf.as_str(), "ebpf");
+    }
+}

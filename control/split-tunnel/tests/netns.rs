@@ -1,0 +1,790 @@
+//! Split tunnelling in network namespaces, with both mechanisms (root; CI must not skip).
+//!
+//! Topology per test (names prefixed `syebpf`): a "lan" namespace with two veth links to an
+//! "internet" namespace — `d` (main table; 10.201.1.1, fd53:1::1) and `t` (stands in for the TUN:
+//! the tunnel table routes into it; 10.201.2.1, fd53:2::1; static IPv6 neighbours because a TUN is
+//! point-to-point). The internet namespace runs a TCP origin on 10.201.9.1-3 and fd53:9::1-2, port
+//! 8080, that answers each connection with the peer address it sees, so the `t` address means "went
+//! through the tunnel" and the `d` address "went direct". A scope cgroup holds `inc` (an app named
+//! by cgroup) and `exc`. Probes run inside the lan namespace and a cgroup; the resolver is a UDP/TCP
+//! responder on 127.0.0.1:5353 and [::1]:5353 in the lan namespace, and nothing listens on
+//! 10.201.9.53 / fd53:9::53 at all, so an answer to a query sent there proves the interception.
+//! Probes and servers are this test binary re-run in helper mode (`SYEBPF_HELPER`).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use switchyard_split_tunnel::{
+    cgroup, AppRule, DnsRedirect, Mechanism, MechanismChoice, SplitMode, SplitRules, SplitTunnel,
+    SplitTunnelConfig,
+};
+
+const TUNNEL: &str = "10.201.2.1";
+const DIRECT: &str = "10.201.1.1";
+const TUNNEL6: &str = "fd53:2::1";
+const DIRECT6: &str = "fd53:1::1";
+const MARK: u32 = 0x5359;
+const TABLE: u32 = 0x5359;
+
+// ---------- helper mode ----------
+
+fn result(line: String) {
+    println!("RESULT {line}");
+    let _ = std::io::stdout().flush();
+}
+
+fn tcp_probe(dst: SocketAddr, preset_mark: Option<u32>) -> String {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(dst),
+        socket2::Type::STREAM,
+        None,
+    )
+    .expect("socket");
+    if let Some(m) = preset_mark {
+        sock.set_mark(m).expect("set mark");
+    }
+    sock.connect_timeout(&dst.into(), Duration::from_secs(5))
+        .expect("connect");
+    let mark = sock.mark().expect("get mark");
+    let mut stream: TcpStream = sock.into();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut seen = String::new();
+    stream.read_to_string(&mut seen).expect("read");
+    format!("mark={mark:#x} seen={}", seen.trim())
+}
+
+fn udp_dns_probe(dst: SocketAddr, connected: bool) -> String {
+    let sock = UdpSocket::bind(if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }).expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    if connected {
+        sock.connect(dst).expect("connect");
+        sock.send(b"q").expect("send");
+    } else {
+        sock.send_to(b"q", dst).expect("send");
+    }
+    let mut buf = [0u8; 512];
+    let (n, from) = sock.recv_from(&mut buf).expect("recv");
+    let peer = if connected {
+        sock.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+    } else {
+        "-".into()
+    };
+    format!(
+        "from={from} peer={peer} reply={}",
+        String::from_utf8_lossy(&buf[..n])
+    )
+}
+
+fn tcp_dns_probe(dst: SocketAddr) -> String {
+    let mut s = TcpStream::connect_timeout(&dst, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    s.write_all(b"q").expect("write");
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).expect("read");
+    format!("peer={} reply={reply}", s.peer_addr().expect("peer"))
+}
+
+fn answer_peers(l: std::net::TcpListener) {
+    for conn in l.incoming().flatten() {
+        let mut conn = conn;
+        if let Ok(peer) = conn.peer_addr() {
+            let _ = conn.write_all(peer.ip().to_string().as_bytes());
+        }
+    }
+}
+
+fn serve_origin(port: u16) -> ! {
+    let l4 = std::net::TcpListener::bind(("0.0.0.0", port)).expect("bind origin");
+    let s6 =
+        socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).expect("socket");
+    s6.set_only_v6(true).expect("v6 only");
+    s6.bind(&SocketAddr::from(([0u16; 8], port)).into())
+        .expect("bind origin v6");
+    s6.listen(64).expect("listen");
+    std::thread::spawn(move || answer_peers(s6.into()));
+    result("ready".into());
+    answer_peers(l4);
+    std::process::exit(0)
+}
+
+/// Takes a distinctive process name, waits for a line on stdin, probes like `tcp`, then stays
+/// until stdin closes.
+fn app_then_probe(dst: SocketAddr) {
+    let name = std::env::var("SYEBPF_COMM").expect("SYEBPF_COMM");
+    std::fs::write("/proc/self/comm", &name).expect("set comm");
+    result("ready".into());
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    result(tcp_probe(dst, None));
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+fn serve_resolver(addr: SocketAddr) -> ! {
+    let udp = UdpSocket::bind(addr).expect("bind udp");
+    let tcp = std::net::TcpListener::bind(addr).expect("bind tcp");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = udp.recv_from(&mut buf) {
+            let mut reply = b"resolver:".to_vec();
+            reply.extend_from_slice(&buf[..n]);
+            let _ = udp.send_to(&reply, from);
+        }
+    });
+    result("ready".into());
+    for conn in tcp.incoming().flatten() {
+        let mut conn = conn;
+        let mut buf = [0u8; 512];
+        if let Ok(n) = conn.read(&mut buf) {
+            let mut reply = b"resolver:".to_vec();
+            reply.extend_from_slice(&buf[..n]);
+            let _ = conn.write_all(&reply);
+        }
+    }
+    std::process::exit(0)
+}
+
+/// Holds a split tunnel until killed (the crash test).
+fn hold() -> ! {
+    let config = config_from_env();
+    let rules = SplitRules {
+        mode: SplitMode::Include,
+        ips: vec!["10.201.9.2".into()],
+        ..SplitRules::default()
+    };
+    let tunnel = SplitTunnel::start(config, rules).expect("start");
+    result(format!("ready {}", tunnel.mechanism().as_str()));
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+#[test]
+fn helper() {
+    let Ok(action) = std::env::var("SYEBPF_HELPER") else {
+        return; // a plain test run: nothing to do
+    };
+    let arg = std::env::var("SYEBPF_ARG").unwrap_or_default();
+    let addr = || arg.parse::<SocketAddr>().expect("SYEBPF_ARG address");
+    match action.as_str() {
+        "origin" => serve_origin(arg.parse().expect("port")),
+        "resolver" => serve_resolver(addr()),
+        "hold" => hold(),
+        "tcp" => result(tcp_probe(addr(), None)),
+        "app-then-tcp" => app_then_probe(addr()),
+        "tcp-marked" => result(tcp_probe(addr(), Some(0x77))),
+        "udp-dns" => result(udp_dns_probe(addr(), false)),
+        "udp-dns-connected" => result(udp_dns_probe(addr(), true)),
+        "tcp-dns" => result(tcp_dns_probe(addr())),
+        other => panic!("unknown helper action {other}"),
+    }
+    std::process::exit(0)
+}
+
+// ---------- fixture ----------
+
+fn root_or_skip(what: &str) -> bool {
+    // the effective uid is the second field of the Uid: line
+    let euid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(String::from))
+        })
+        .unwrap_or_default();
+    let missing: Vec<&str> = ["ip", "nft", "nsenter", "bpftool", "mount"]
+        .into_iter()
+        .filter(|c| {
+            !["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+                .iter()
+                .any(|d| Path::new(d).join(c).exists())
+        })
+        .collect();
+    let reason = if euid != "0" {
+        Some("needs root".to_string())
+    } else if !missing.is_empty() {
+        Some(format!("missing {}", missing.join(", ")))
+    } else {
+        None
+    };
+    match reason {
+        None => true,
+        Some(r) if std::env::var_os("CI").is_some() => {
+            panic!("{what}: {r} (CI must not skip; tests/run installs the tools)")
+        }
+        Some(r) => {
+            eprintln!("SKIP {what}: {r}");
+            false
+        }
+    }
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().expect("sh");
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sh_quiet(cmd: &str) -> String {
+    Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Runs only the `helper` test of this binary, its output uncaptured.
+const HELPER_ARGS: [&str; 4] = ["helper", "--exact", "--nocapture", "--test-threads=1"];
+
+struct Topo {
+    lan: String,
+    net: String,
+    scope: PathBuf,
+    inc: PathBuf,
+    exc: PathBuf,
+    /// the client's own cgroup: a bypass cgroup, never classified
+    own: PathBuf,
+    data: tempfile::TempDir,
+    pins: PathBuf,
+    servers: Vec<Child>,
+}
+
+fn helper_cmd(action: &str, arg: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().expect("test exe"));
+    c.args(HELPER_ARGS)
+        .env("SYEBPF_HELPER", action)
+        .env("SYEBPF_ARG", arg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    c
+}
+
+/// This test binary in helper mode, run inside `netns` after joining `cgroup` (when given) so that
+/// its sockets are created there.
+fn helper_in(netns: &str, cgroup: Option<&Path>, action: &str, arg: &str) -> Command {
+    let join = cgroup
+        .map(|cg| format!("echo $$ > '{}/cgroup.procs' && ", cg.display()))
+        .unwrap_or_default();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "{join}exec nsenter --net=/run/netns/{netns} \"$@\""
+        ))
+        .arg("sh")
+        .arg(std::env::current_exe().expect("test exe"))
+        .args(HELPER_ARGS)
+        .env("SYEBPF_HELPER", action)
+        .env("SYEBPF_ARG", arg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    cmd
+}
+
+fn read_result(child: &mut Child) -> String {
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    next_result(&mut out)
+}
+
+fn wait_ready(out: &mut impl BufRead) {
+    assert_eq!(next_result(out), "ready");
+}
+
+fn next_result(out: &mut impl BufRead) -> String {
+    let mut lines = out.lines();
+    loop {
+        match lines.next() {
+            // libtest prints "test helper ... " without a newline before the helper's output
+            Some(Ok(l)) if l.contains("RESULT ") => {
+                return l.split("RESULT ").nth(1).unwrap_or_default().to_string()
+            }
+            Some(Ok(_)) => continue,
+            _ => panic!("helper ended without a result"),
+        }
+    }
+}
+
+impl Topo {
+    fn new() -> Topo {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let id = format!("syebpf{}{n}", std::process::id() % 100000);
+        let (lan, net) = (format!("{id}-lan"), format!("{id}-net"));
+        let mount = cgroup::cgroup2_mount().expect("cgroup2");
+        let scope = mount.join(&id);
+        let data = tempfile::tempdir().expect("tempdir");
+        let pins = data.path().join("bpffs");
+        let topo = Topo {
+            inc: scope.join("inc"),
+            exc: scope.join("exc"),
+            own: scope.join("own"),
+            lan,
+            net,
+            scope,
+            data,
+            pins,
+            servers: Vec::new(),
+        };
+        for dir in [&topo.scope, &topo.inc, &topo.exc, &topo.own] {
+            std::fs::create_dir_all(dir).expect("cgroup");
+        }
+        let (l, t) = (&topo.lan, &topo.net);
+        sh(&format!(
+            "set -e; ip netns add {l}; ip netns add {t}
+             ip link add {id}d netns {l} type veth peer name {id}D netns {t}
+             ip link add {id}t netns {l} type veth peer name {id}T netns {t}
+             ip -n {l} link set lo up; ip -n {t} link set lo up
+             ip -n {l} addr add 10.201.1.1/24 dev {id}d; ip -n {l} link set {id}d up
+             ip -n {l} addr add 10.201.2.1/24 dev {id}t; ip -n {l} link set {id}t up
+             ip -n {t} addr add 10.201.1.2/24 dev {id}D; ip -n {t} link set {id}D up
+             ip -n {t} addr add 10.201.2.2/24 dev {id}T; ip -n {t} link set {id}T up
+             for a in 10.201.9.1 10.201.9.2 10.201.9.3; do ip -n {t} addr add $a/32 dev lo; done
+             ip -n {l} route add default via 10.201.1.2
+             ip -n {l} addr add fd53:1::1/64 dev {id}d nodad; ip -n {l} addr add fd53:2::1/64 dev {id}t nodad
+             ip -n {t} addr add fd53:1::2/64 dev {id}D nodad; ip -n {t} addr add fd53:2::2/64 dev {id}T nodad
+             for a in fd53:9::1 fd53:9::2; do ip -n {t} addr add $a/128 dev lo; done
+             ip -n {l} -6 route add default via fd53:1::2
+             ip -n {t} link set {id}T address 02:53:00:00:00:02
+             for a in fd53:9::1 fd53:9::2; do
+               ip -n {l} -6 neigh replace $a lladdr 02:53:00:00:00:02 dev {id}t nud permanent; done
+             ip netns exec {l} sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0"
+        ));
+        topo
+    }
+
+    fn tun_device(&self) -> String {
+        format!("{}t", self.lan.trim_end_matches("-lan"))
+    }
+
+    fn start_server(&mut self, netns: &str, action: &str, arg: &str) {
+        let mut child = helper_in(netns, None, action, arg).spawn().expect("server");
+        assert_eq!(read_result(&mut child), "ready");
+        self.servers.push(child);
+    }
+
+    fn start_servers(&mut self) {
+        let (net, lan) = (self.net.clone(), self.lan.clone());
+        self.start_server(&net, "origin", "8080");
+        self.start_server(&lan, "resolver", "127.0.0.1:5353");
+        self.start_server(&lan, "resolver", "[::1]:5353");
+    }
+
+    /// Runs a probe inside the lan namespace as a process of `cgroup`.
+    fn probe(&self, cgroup: &Path, action: &str, arg: &str) -> String {
+        let mut child = self.spawn_probe(cgroup, action, arg, &[]);
+        let r = read_result(&mut child);
+        let _ = child.wait();
+        r
+    }
+
+    fn spawn_probe(&self, cgroup: &Path, action: &str, arg: &str, env: &[(&str, &str)]) -> Child {
+        helper_in(&self.lan, Some(cgroup), action, arg)
+            .envs(env.iter().copied())
+            .spawn()
+            .expect("probe")
+    }
+
+    fn seen(&self, cgroup: &Path, dst: &str) -> String {
+        let dst = SocketAddr::new(dst.parse().expect("ip"), 8080);
+        let r = self.probe(cgroup, "tcp", &dst.to_string());
+        r.split("seen=").nth(1).unwrap_or_default().to_string()
+    }
+
+    fn config(&self, mechanism: MechanismChoice) -> SplitTunnelConfig {
+        let mut c = SplitTunnelConfig::new(self.data.path(), &self.scope, &self.tun_device());
+        c.netns = Some(self.lan.clone());
+        c.bpf_pin_dir = self.pins.clone();
+        c.nft_table = self.lan.replace('-', "_");
+        c.mechanism = mechanism;
+        c.tunnel_mark = MARK;
+        c.table = TABLE;
+        c.bypass_cgroups = vec![self.own.clone()];
+        c.dns = Some(DnsRedirect {
+            intercept_port: 53,
+            resolver4: Some("127.0.0.1:5353".parse().expect("addr")),
+            resolver6: Some("[::1]:5353".parse().expect("addr")),
+        });
+        c
+    }
+
+    /// What of the split tunnel is on the host: rule, routes, nft table, pins, cgroup programs.
+    fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let rules = sh_quiet(&format!(
+            "ip -n {} rule show; ip -n {} -6 rule show",
+            self.lan, self.lan
+        ));
+        if rules.contains(&format!("fwmark {MARK:#x}")) {
+            left.push("ip rule".into());
+        }
+        let routes = sh_quiet(&format!(
+            "ip -n {l} route show table {TABLE}; ip -n {l} -6 route show table {TABLE}",
+            l = self.lan
+        ));
+        if !routes.trim().is_empty() {
+            left.push(format!("routes: {}", routes.trim()));
+        }
+        let tables = sh_quiet(&format!(
+            "nsenter --net=/run/netns/{} nft list tables",
+            self.lan
+        ));
+        if tables.contains(&self.lan.replace('-', "_")) {
+            left.push("nft table".into());
+        }
+        let pins = switchyard_ebpf::list_pins(&self.pins);
+        if !pins.is_empty() {
+            left.push(format!("pins: {pins:?}"));
+        }
+        let attached = sh_quiet(&format!("bpftool cgroup show '{}'", self.scope.display()));
+        if attached.contains("sy_") || attached.lines().count() > 1 {
+            left.push(format!("cgroup programs: {attached}"));
+        }
+        if switchyard_ebpf::is_bpffs(&self.pins) {
+            left.push("bpffs mount".into());
+        }
+        left
+    }
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        for child in &mut self.servers {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = switchyard_split_tunnel::recover(self.data.path());
+        let _ = switchyard_ebpf::unmount_bpffs(&self.pins);
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.lan])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.net])
+            .status();
+        // a probe of a failed test may still run in a test cgroup: only this test's processes
+        // are there; cgroup.kill ends them so the directories can go
+        for dir in [
+            &self.inc,
+            &self.exc,
+            &self.own,
+            &self.scope.join("switchyard-split-apps"),
+            &self.scope,
+        ] {
+            let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+            for _ in 0..50 {
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+// ---------- the scenario, run with each mechanism ----------
+
+fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
+    let mut topo = Topo::new();
+    topo.start_servers();
+    // before the split tunnel, everything goes direct
+    assert_eq!(topo.seen(&topo.inc, "10.201.9.1"), DIRECT);
+
+    let rules = SplitRules {
+        mode: SplitMode::Include,
+        apps: vec![AppRule {
+            name: "inc-app".into(),
+            cgroup: Some(topo.inc.display().to_string()),
+            ..AppRule::default()
+        }],
+        ..SplitRules::default()
+    };
+    let mut st = SplitTunnel::start(topo.config(choice), rules).expect("start");
+    assert_eq!(st.mechanism(), expected);
+
+    // include: the app's cgroup is tunnelled, the other one goes direct
+    let r = topo.probe(&topo.inc, "tcp", "10.201.9.1:8080");
+    assert!(r.ends_with(&format!("seen={TUNNEL}")), "inc app: {r}");
+    if expected == Mechanism::Ebpf {
+        assert!(
+            r.starts_with(&format!("mark={MARK:#x}")),
+            "SO_MARK of the app's socket: {r}"
+        );
+    }
+    let r = topo.probe(&topo.exc, "tcp", "10.201.9.1:8080");
+    assert_eq!(r, format!("mark=0x0 seen={DIRECT}"), "other cgroup");
+
+    // a socket that carries its own mark (the proxy's) is left alone
+    let r = topo.probe(&topo.inc, "tcp-marked", "10.201.9.1:8080");
+    assert_eq!(r, format!("mark=0x77 seen={DIRECT}"), "pre-marked socket");
+
+    // an `ips` rule applies at once
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), DIRECT);
+    st.add_ip("10.201.9.2").expect("add ip");
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), TUNNEL, "after add_ip");
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT);
+
+    // IPv6 the same way: app cgroup tunnelled, a v6 `ips` rule applies at once
+    assert_eq!(topo.seen(&topo.inc, "fd53:9::1"), TUNNEL6, "v6 app");
+    assert_eq!(topo.seen(&topo.exc, "fd53:9::2"), DIRECT6, "v6 other");
+    st.add_ip("fd53:9::2/128").expect("add v6 ip");
+    assert_eq!(
+        topo.seen(&topo.exc, "fd53:9::2"),
+        TUNNEL6,
+        "after v6 add_ip"
+    );
+    assert_eq!(topo.seen(&topo.exc, "fd53:9::1"), DIRECT6);
+
+    // an app by process name is moved into the managed cgroup and then tunnelled
+    let comm = format!("syebpfapp{}", std::process::id() % 100_000);
+    let mut app = topo.spawn_probe(
+        &topo.exc,
+        "app-then-tcp",
+        "10.201.9.1:8080",
+        &[("SYEBPF_COMM", &comm)],
+    );
+    let mut out = BufReader::new(app.stdout.take().expect("stdout"));
+    wait_ready(&mut out);
+    st.add_app(AppRule {
+        name: comm.clone(),
+        ..AppRule::default()
+    })
+    .expect("add app");
+    let mount = cgroup::cgroup2_mount().expect("cgroup2");
+    assert_eq!(
+        cgroup::cgroup_of(&mount, app.id()).as_deref(),
+        Some(st.apps_cgroup()),
+        "moved into the apps cgroup"
+    );
+    let mut stdin = app.stdin.take().expect("stdin");
+    stdin.write_all(b"go\n").expect("go");
+    let r = next_result(&mut out);
+    assert!(r.ends_with(&format!("seen={TUNNEL}")), "app by name: {r}");
+    // removing the app returns its processes to where they were
+    assert!(st.remove_app(&comm).expect("remove app"));
+    assert_eq!(
+        cgroup::cgroup_of(&mount, app.id()),
+        Some(topo.exc.clone()),
+        "moved back"
+    );
+    drop(stdin);
+    let _ = app.wait();
+
+    // a domain rule steers the addresses the resolver saw for matching names
+    st.add_domain("*.origin.test").expect("add domain");
+    assert!(!st
+        .on_resolved("origin.test", &["10.201.9.3".parse().expect("ip")])
+        .expect("hook"));
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.3"), DIRECT);
+    assert!(st
+        .on_resolved("www.origin.test", &["10.201.9.3".parse().expect("ip")])
+        .expect("hook"));
+    assert_eq!(st.status().resolved_addresses, 1);
+    assert_eq!(
+        topo.seen(&topo.exc, "10.201.9.3"),
+        TUNNEL,
+        "domain-derived address"
+    );
+    assert!(st.remove_domain("*.origin.test").expect("remove domain"));
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.3"), DIRECT, "domain removed");
+
+    // exclude: everything tunnelled but the matches; always_bypass wins over everything
+    st.set_mode(SplitMode::Exclude).expect("mode");
+    assert_eq!(topo.seen(&topo.inc, "10.201.9.1"), DIRECT, "excluded app");
+    assert_eq!(
+        topo.seen(&topo.exc, "10.201.9.1"),
+        TUNNEL,
+        "everything else"
+    );
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), DIRECT, "excluded ip");
+    assert_eq!(topo.seen(&topo.own, "10.201.9.1"), DIRECT, "bypass cgroup");
+    let mut rules = st.rules().clone();
+    rules.always_bypass.push("10.201.9.0/30".into());
+    st.set_rules(rules).expect("rules");
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT, "always_bypass");
+
+    // DNS to any server :53 lands at the resolver, and the answer seems to come from the server
+    for cg in [&topo.inc, &topo.exc] {
+        let r = topo.probe(cg, "udp-dns", "10.201.9.53:53");
+        assert_eq!(
+            r, "from=10.201.9.53:53 peer=- reply=resolver:q",
+            "UDP sendto/recvfrom"
+        );
+        let r = topo.probe(cg, "udp-dns-connected", "10.201.9.53:53");
+        assert_eq!(
+            r, "from=10.201.9.53:53 peer=10.201.9.53:53 reply=resolver:q",
+            "connected UDP"
+        );
+        let r = topo.probe(cg, "tcp-dns", "10.201.9.53:53");
+        assert_eq!(r, "peer=10.201.9.53:53 reply=resolver:q", "TCP");
+        let r = topo.probe(cg, "udp-dns", "[fd53:9::53]:53");
+        assert_eq!(
+            r, "from=[fd53:9::53]:53 peer=- reply=resolver:q",
+            "UDP over IPv6"
+        );
+        let r = topo.probe(cg, "tcp-dns", "[fd53:9::53]:53");
+        assert_eq!(r, "peer=[fd53:9::53]:53 reply=resolver:q", "TCP over IPv6");
+    }
+
+    st.disable().expect("disable");
+    assert_eq!(
+        topo.leftovers(),
+        Vec::<String>::new(),
+        "disable leaves nothing"
+    );
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT, "after disable");
+}
+
+#[test]
+fn ebpf_classifies_routes_and_intercepts_dns() {
+    if root_or_skip("ebpf_classifies_routes_and_intercepts_dns") {
+        split_tunnel_scenario(MechanismChoice::Ebpf, Mechanism::Ebpf);
+    }
+}
+
+#[test]
+fn nftables_fallback_behaves_the_same() {
+    if root_or_skip("nftables_fallback_behaves_the_same") {
+        split_tunnel_scenario(MechanismChoice::Nftables, Mechanism::Nftables);
+    }
+}
+
+#[test]
+fn auto_uses_ebpf_and_falls_back_to_nftables_when_it_cannot_load() {
+    if !root_or_skip("auto_uses_ebpf_and_falls_back_to_nftables_when_it_cannot_load") {
+        return;
+    }
+    let mut topo = Topo::new();
+    topo.start_servers();
+    let rules = SplitRules {
+        mode: SplitMode::Include,
+        ips: vec!["10.201.9.2".into()],
+        ..SplitRules::default()
+    };
+    let st = SplitTunnel::start(topo.config(MechanismChoice::Auto), rules.clone()).expect("start");
+    assert_eq!(st.mechanism(), Mechanism::Ebpf);
+    assert_eq!(st.fallback_reason(), None);
+    st.disable().expect("disable");
+
+    // a pin directory that cannot exist stands in for "no CAP_BPF / no bpffs"
+    let mut config = topo.config(MechanismChoice::Auto);
+    config.bpf_pin_dir = PathBuf::from("/dev/null/syebpf-pins");
+    let st = SplitTunnel::start(config, rules).expect("start with fallback");
+    assert_eq!(st.mechanism(), Mechanism::Nftables);
+    assert!(
+        st.fallback_reason()
+            .is_some_and(|r| r.contains("/dev/null")),
+        "{:?}",
+        st.fallback_reason()
+    );
+    assert_eq!(
+        topo.seen(&topo.exc, "10.201.9.2"),
+        TUNNEL,
+        "the fallback classifies"
+    );
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT);
+    st.disable().expect("disable");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+fn crash_cleanup(choice: &str, expected: &str) {
+    let topo = Topo::new();
+    let config = topo.config(MechanismChoice::Auto);
+    let mut cmd = helper_cmd("hold", "");
+    cmd.env("SYEBPF_MECH", choice)
+        .env("SYEBPF_LAN", &topo.lan)
+        .env("SYEBPF_SCOPE", &topo.scope)
+        .env("SYEBPF_DATA", topo.data.path())
+        .env("SYEBPF_PINS", &topo.pins)
+        .env("SYEBPF_TUN", topo.tun_device())
+        .env("SYEBPF_NFT", &config.nft_table);
+    let mut holder = cmd.spawn().expect("holder");
+    assert_eq!(read_result(&mut holder), format!("ready {expected}"));
+    let before = topo.leftovers();
+    assert!(
+        before.iter().any(|l| l == "ip rule"),
+        "the holder installed its rule: {before:?}"
+    );
+    assert!(
+        before.iter().any(|l| l.starts_with("routes")),
+        "and its routes: {before:?}"
+    );
+    holder.kill().expect("kill -9");
+    let _ = holder.wait();
+    let after_crash = topo.leftovers();
+    assert!(
+        after_crash.iter().any(|l| l == "ip rule"),
+        "a crash leaves the rule: {after_crash:?}"
+    );
+    if expected == "ebpf" {
+        assert!(
+            after_crash.iter().any(|l| l.starts_with("pins")),
+            "pinned links survive: {after_crash:?}"
+        );
+        assert!(
+            after_crash.iter().any(|l| l.starts_with("cgroup programs")),
+            "{after_crash:?}"
+        );
+    } else {
+        assert!(
+            after_crash.iter().any(|l| l == "nft table"),
+            "{after_crash:?}"
+        );
+    }
+    let undone = switchyard_split_tunnel::recover(topo.data.path()).expect("recover");
+    assert!(undone > 0);
+    assert_eq!(
+        topo.leftovers(),
+        Vec::<String>::new(),
+        "recovery leaves nothing"
+    );
+    assert!(
+        !topo.scope.join("switchyard-split-apps").exists(),
+        "managed cgroup removed"
+    );
+}
+
+fn config_from_env() -> SplitTunnelConfig {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset"));
+    let mut c = SplitTunnelConfig::new(
+        Path::new(&var("SYEBPF_DATA")),
+        Path::new(&var("SYEBPF_SCOPE")),
+        &var("SYEBPF_TUN"),
+    );
+    c.netns = Some(var("SYEBPF_LAN"));
+    c.bpf_pin_dir = PathBuf::from(var("SYEBPF_PINS"));
+    c.nft_table = var("SYEBPF_NFT");
+    c.tunnel_mark = MARK;
+    c.table = TABLE;
+    c.mechanism = match var("SYEBPF_MECH").as_str() {
+        "nftables" => MechanismChoice::Nftables,
+        _ => MechanismChoice::Ebpf,
+    };
+    c
+}
+
+#[test]
+fn kill_9_then_recovery_leaves_nothing_ebpf() {
+    if root_or_skip("kill_9_then_recovery_leaves_nothing_ebpf") {
+        crash_cleanup("ebpf", "ebpf");
+    }
+}
+
+#[test]
+fn kill_9_then_recovery_leaves_nothing_nftables() {
+    if root_or_skip("kill_9_then_recovery_leaves_nothing_nftables") {
+        crash_cleanup("nftables", "nftables");
+    }
+}

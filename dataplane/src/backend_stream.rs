@@ -1,0 +1,111 @@
+//! The stream a backend connector hands back: a kernel TCP socket (direct, upstream proxies)
+//! or a flow inside a user-space WireGuard tunnel. Relays, the origin pool and the cache read
+//! and write it through `AsyncRead`/`AsyncWrite` and [`HalfClose`], whichever it is.
+
+use crate::wireguard::FlowStream;
+use futures_lite::io::{AsyncRead, AsyncWrite};
+use glommio::net::TcpStream;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Ending one direction of a stream (FIN) while the other keeps flowing.
+pub trait HalfClose {
+    fn shutdown_write(&self);
+}
+
+impl HalfClose for TcpStream {
+    fn shutdown_write(&self) {
+        crate::sys::shutdown_write(self.as_raw_fd());
+    }
+}
+
+#[derive(Debug)]
+pub enum BackendStream {
+    Tcp(TcpStream),
+    Wireguard(FlowStream),
+}
+
+impl BackendStream {
+    /// Kernel read timeout; a tunnel flow relies on the callers' own timers.
+    pub fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_read_timeout(d).map_err(io::Error::from),
+            Self::Wireguard(_) => Ok(()),
+        }
+    }
+
+    pub fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_write_timeout(d).map_err(io::Error::from),
+            Self::Wireguard(_) => Ok(()),
+        }
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Self::Tcp(s) => s.local_addr().map_err(io::Error::from),
+            Self::Wireguard(f) => Ok(f.local_addr()),
+        }
+    }
+
+    /// For a pooled idle connection: not closed by the peer and no stray bytes waiting.
+    pub fn idle_is_clean(&self) -> bool {
+        match self {
+            Self::Tcp(s) => crate::sys::idle_socket_is_clean(s.as_raw_fd()),
+            Self::Wireguard(f) => f.idle_is_clean(),
+        }
+    }
+}
+
+impl HalfClose for BackendStream {
+    fn shutdown_write(&self) {
+        match self {
+            Self::Tcp(s) => s.shutdown_write(),
+            Self::Wireguard(f) => f.shutdown_write(),
+        }
+    }
+}
+
+impl AsyncRead for BackendStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Wireguard(f) => Pin::new(f).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for BackendStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Wireguard(f) => Pin::new(f).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Self::Wireguard(f) => Pin::new(f).poll_flush(cx),
+        }
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_close(cx),
+            Self::Wireguard(f) => Pin::new(f).poll_close(cx),
+        }
+    }
+}

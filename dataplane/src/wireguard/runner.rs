@@ -1,0 +1,670 @@
+//! The task that runs one WireGuard tunnel on its owner core: the boringtun session, the
+//! smoltcp interface with one TCP socket per flow (and a DNS socket when the tunnel has DNS
+//! servers), the UDP socket to the endpoint, WireGuard's timers, and the liveness probe that
+//! drives the backend's health. A second task receives datagrams, so a datagram is never lost
+//! to a cancelled receive; both share the state through a `RefCell` on this core only.
+
+use super::device::QueueDevice;
+use super::flow::{self, FlowEnds, FlowStream, Wake, CHUNK, MAX_QUEUED_CHUNKS};
+use super::{Destination, OpenRequest};
+use crate::error::DataplaneError;
+use crate::events::{Event, EventQueue};
+use crate::offload::Offload;
+use crate::resolver::Resolver;
+use crate::snapshot::BackendHealth;
+use boringtun::noise::{Tunn, TunnResult};
+use boringtun::x25519::{PublicKey, StaticSecret};
+use glommio::net::UdpSocket;
+use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
+use smoltcp::socket::{dns, tcp};
+use smoltcp::wire::{DnsQueryType, HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
+use std::cell::RefCell;
+use std::hash::{BuildHasher, Hasher};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use switchyard_config::wireguard::WireguardSettings;
+
+/// A quiet tunnel (nothing received for this long) is probed with a new handshake.
+const LIVENESS_INTERVAL: Duration = Duration::from_secs(10);
+/// WireGuard's REKEY_TIMEOUT: a handshake not answered within it failed.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// boringtun wants `update_timers` every 250 ms or so.
+const TIMER_TICK: Duration = Duration::from_millis(250);
+/// Per-flow smoltcp buffers: large enough for a full window at LAN/WAN rates.
+const RX_BUFFER: usize = 256 * 1024;
+const TX_BUFFER: usize = 256 * 1024;
+/// Datagram scratch: the largest IP packet plus WireGuard's overhead.
+const SCRATCH: usize = 65_536 + 256;
+
+pub(super) struct RunnerArgs {
+    pub name: String,
+    pub settings: WireguardSettings,
+    pub requests: async_channel::Receiver<OpenRequest>,
+    pub wake: Arc<Wake>,
+    pub health: Arc<BackendHealth>,
+    pub events: Arc<EventQueue>,
+    pub resolver: Resolver,
+    pub offload: Offload,
+}
+
+type Reply = futures::channel::oneshot::Sender<Result<FlowStream, DataplaneError>>;
+
+struct Flow {
+    handle: SocketHandle,
+    ends: FlowEnds,
+    target: SocketAddr,
+    /// Client bytes not yet taken by the socket.
+    pending: Vec<u8>,
+    offset: usize,
+    /// Until the connection is established: who waits for it, and what they get.
+    waiting: Option<(Reply, FlowStream)>,
+    opened: Instant,
+    fin_sent: bool,
+    eof_sent: bool,
+    /// Aborted; removed after the next interface poll has sent the reset.
+    finished: bool,
+}
+
+struct PendingName {
+    query: dns::QueryHandle,
+    name: String,
+    port: u16,
+    reply: Reply,
+    started: Instant,
+}
+
+struct Tunnel {
+    name: String,
+    settings: WireguardSettings,
+    endpoint: SocketAddr,
+    tunn: Tunn,
+    iface: Interface,
+    device: QueueDevice,
+    sockets: SocketSet<'static>,
+    dns: Option<SocketHandle>,
+    flows: Vec<Flow>,
+    names: Vec<PendingName>,
+    next_port: u16,
+    scratch: Vec<u8>,
+    /// Encrypted datagrams waiting to be sent to the endpoint.
+    outgoing: Vec<Vec<u8>>,
+    last_rx: Option<Instant>,
+    probe_started: Option<Instant>,
+    last_timers: Instant,
+    alive: Option<bool>,
+    wake: Arc<Wake>,
+    health: Arc<BackendHealth>,
+    events: Arc<EventQueue>,
+}
+
+fn random_u64() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+fn smol_now() -> smoltcp::time::Instant {
+    smoltcp::time::Instant::now()
+}
+
+impl Tunnel {
+    fn new(args: &RunnerArgs, endpoint: SocketAddr) -> Self {
+        let s = &args.settings;
+        let tunn = Tunn::new(
+            StaticSecret::from(s.private_key),
+            PublicKey::from(s.public_key),
+            s.preshared_key,
+            s.persistent_keepalive,
+            // boringtun shifts the index left by 8 bits: keep it within 24.
+            (random_u64() & 0x00ff_ffff) as u32,
+            None,
+        );
+        let mut device = QueueDevice::new(usize::from(s.mtu));
+        let mut config = Config::new(HardwareAddress::Ip);
+        config.random_seed = random_u64();
+        let mut iface = Interface::new(config, &mut device, smol_now());
+        iface.update_ip_addrs(|addrs| {
+            for net in &s.address {
+                let cidr = IpCidr::new(IpAddress::from(net.addr()), net.prefix_len());
+                if addrs.push(cidr).is_err() {
+                    tracing::warn!(backend = %args.name, address = %net, "too many interface addresses; ignored");
+                }
+            }
+        });
+        // Every destination is reached through the peer: default routes via our own address
+        // (an IP-medium interface needs no next hop, only a route).
+        for net in &s.address {
+            match net.addr() {
+                IpAddr::V4(a) => {
+                    let _ = iface.routes_mut().add_default_ipv4_route(a);
+                }
+                IpAddr::V6(a) => {
+                    let _ = iface.routes_mut().add_default_ipv6_route(a);
+                }
+            }
+        }
+        let mut sockets = SocketSet::new(Vec::new());
+        let dns = (!s.dns.is_empty()).then(|| {
+            let servers: Vec<IpAddress> = s.dns.iter().map(|ip| IpAddress::from(*ip)).collect();
+            sockets.add(dns::Socket::new(&servers, Vec::new()))
+        });
+        Self {
+            name: args.name.clone(),
+            settings: s.clone(),
+            endpoint,
+            tunn,
+            iface,
+            device,
+            sockets,
+            dns,
+            flows: Vec::new(),
+            names: Vec::new(),
+            next_port: 49_152 + (random_u64() % 16_000) as u16,
+            scratch: vec![0; SCRATCH],
+            outgoing: Vec::new(),
+            last_rx: None,
+            probe_started: None,
+            last_timers: Instant::now(),
+            alive: None,
+            wake: args.wake.clone(),
+            health: args.health.clone(),
+            events: args.events.clone(),
+        }
+    }
+
+    fn set_alive(&mut self, alive: bool, why: &str) {
+        if self.alive == Some(alive) {
+            return;
+        }
+        self.alive = Some(alive);
+        if alive {
+            tracing::info!(backend = %self.name, endpoint = %self.endpoint, "WireGuard peer answers");
+        } else {
+            tracing::warn!(backend = %self.name, endpoint = %self.endpoint, reason = why, "WireGuard peer lost");
+        }
+        if let Some(healthy) = self.health.set(alive) {
+            self.events.push(Event::BackendHealth {
+                name: self.name.clone(),
+                healthy,
+            });
+        }
+    }
+
+    fn unanswered(&self) -> DataplaneError {
+        DataplaneError::Tunnel {
+            backend: self.name.clone(),
+            reason: format!(
+                "no WireGuard handshake answer from {} (peer down, or the keys do not match)",
+                self.endpoint
+            ),
+        }
+    }
+
+    /// One datagram from the network: decrypt into the interface, or answer handshakes.
+    fn receive_datagram(&mut self, datagram: &[u8], from: SocketAddr) {
+        match self
+            .tunn
+            .decapsulate(Some(from.ip()), datagram, &mut self.scratch)
+        {
+            TunnResult::WriteToNetwork(out) => {
+                self.outgoing.push(out.to_vec());
+                // Packets queued while there was no session go out now.
+                while let TunnResult::WriteToNetwork(out) =
+                    self.tunn.decapsulate(None, &[], &mut self.scratch)
+                {
+                    self.outgoing.push(out.to_vec());
+                }
+            }
+            TunnResult::WriteToTunnelV4(packet, _) | TunnResult::WriteToTunnelV6(packet, _) => {
+                self.device.inbound.push_back(packet.to_vec());
+            }
+            TunnResult::Done => {}
+            TunnResult::Err(e) => {
+                tracing::debug!(backend = %self.name, %from, error = ?e, "WireGuard datagram dropped");
+                return;
+            }
+        }
+        self.last_rx = Some(Instant::now());
+        self.probe_started = None;
+        self.set_alive(true, "");
+    }
+
+    fn allocate_port(&mut self) -> u16 {
+        loop {
+            let port = self.next_port;
+            self.next_port = if port >= 65_000 { 49_152 } else { port + 1 };
+            if !self.flows.iter().any(|f| {
+                self.sockets
+                    .get::<tcp::Socket>(f.handle)
+                    .local_endpoint()
+                    .is_some_and(|e| e.port == port)
+            }) {
+                return port;
+            }
+        }
+    }
+
+    fn open(&mut self, request: OpenRequest) {
+        match request.destination {
+            Destination::Addr(addr) => self.connect(addr, request.reply),
+            Destination::Name(name, port) => {
+                let Some(dns_handle) = self.dns else {
+                    let _ = request.reply.send(Err(DataplaneError::Resolve {
+                        host: name,
+                        reason: "the tunnel has no DNS servers".into(),
+                    }));
+                    return;
+                };
+                let kind = if self.settings.address.iter().any(|a| a.addr().is_ipv4()) {
+                    DnsQueryType::A
+                } else {
+                    DnsQueryType::Aaaa
+                };
+                let socket = self.sockets.get_mut::<dns::Socket>(dns_handle);
+                match socket.start_query(self.iface.context(), &name, kind) {
+                    Ok(query) => self.names.push(PendingName {
+                        query,
+                        name,
+                        port,
+                        reply: request.reply,
+                        started: Instant::now(),
+                    }),
+                    Err(e) => {
+                        let _ = request.reply.send(Err(DataplaneError::Resolve {
+                            host: name,
+                            reason: format!("DNS query through the tunnel: {e}"),
+                        }));
+                    }
+                }
+            }
+        }
+    }
+
+    fn connect(&mut self, target: SocketAddr, reply: Reply) {
+        let name = self.name.clone();
+        let tunnel_error = |reason: String| DataplaneError::Tunnel {
+            backend: name.clone(),
+            reason,
+        };
+        if !self.settings.allows(target.ip()) {
+            let e = tunnel_error(format!(
+                "{} is outside the tunnel's allowed_ips",
+                target.ip()
+            ));
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let Some(source) = self.settings.source_for(target.ip()) else {
+            let e = tunnel_error(format!(
+                "the tunnel has no address of the family of {target}"
+            ));
+            let _ = reply.send(Err(e));
+            return;
+        };
+        let port = self.allocate_port();
+        let mut socket = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0; RX_BUFFER]),
+            tcp::SocketBuffer::new(vec![0; TX_BUFFER]),
+        );
+        socket.set_congestion_control(tcp::CongestionControl::Cubic);
+        socket.set_nagle_enabled(false);
+        let local = IpListenEndpoint {
+            addr: Some(IpAddress::from(source)),
+            port,
+        };
+        if let Err(e) = socket.connect(
+            self.iface.context(),
+            (IpAddress::from(target.ip()), target.port()),
+            local,
+        ) {
+            let e = tunnel_error(format!("cannot open a flow to {target}: {e}"));
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let handle = self.sockets.add(socket);
+        let (ends, stream) = flow::pair(self.wake.clone(), SocketAddr::new(source, port));
+        self.flows.push(Flow {
+            handle,
+            ends,
+            target,
+            pending: Vec::new(),
+            offset: 0,
+            waiting: Some((reply, stream)),
+            opened: Instant::now(),
+            fin_sent: false,
+            eof_sent: false,
+            finished: false,
+        });
+    }
+
+    /// Names answered by the tunnel's DNS become connections.
+    fn poll_names(&mut self) {
+        let Some(dns_handle) = self.dns else { return };
+        let mut i = 0;
+        while i < self.names.len() {
+            let query = self.names[i].query;
+            let socket = self.sockets.get_mut::<dns::Socket>(dns_handle);
+            let result = socket.get_query_result(query);
+            let timed_out = self.names[i].started.elapsed() > Duration::from_secs(10);
+            match result {
+                Err(dns::GetQueryResultError::Pending) if !timed_out => {
+                    if self.names[i].reply.is_canceled() {
+                        socket.cancel_query(query);
+                        self.names.swap_remove(i);
+                    } else {
+                        i += 1;
+                    }
+                    continue;
+                }
+                Err(dns::GetQueryResultError::Pending) => socket.cancel_query(query),
+                _ => {}
+            }
+            let pending = self.names.swap_remove(i);
+            match result.ok().and_then(|addrs| addrs.first().copied()) {
+                Some(ip) => {
+                    let ip: IpAddr = ip.into();
+                    self.connect(SocketAddr::new(ip, pending.port), pending.reply);
+                }
+                None => {
+                    let _ = pending.reply.send(Err(DataplaneError::Resolve {
+                        host: pending.name,
+                        reason: "the tunnel's DNS servers gave no address".into(),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Moves bytes between each flow's socket and its channels; false = the flow is over.
+    fn shuttle(&mut self, index: usize) -> bool {
+        let alive = self.alive == Some(true);
+        let unanswered = self.unanswered();
+        let flow = &mut self.flows[index];
+        if flow.finished {
+            self.sockets.remove(flow.handle);
+            return false;
+        }
+        let socket = self.sockets.get_mut::<tcp::Socket>(flow.handle);
+        if let Some((reply, _)) = &flow.waiting {
+            if reply.is_canceled() {
+                socket.abort();
+                flow.finished = true;
+                return true;
+            }
+            match socket.state() {
+                tcp::State::Established | tcp::State::CloseWait => {
+                    if let Some((reply, stream)) = flow.waiting.take() {
+                        if reply.send(Ok(stream)).is_err() {
+                            socket.abort();
+                            flow.finished = true;
+                            return true;
+                        }
+                    }
+                }
+                tcp::State::Closed => {
+                    if let Some((reply, _)) = flow.waiting.take() {
+                        let _ = reply.send(Err(DataplaneError::Refused {
+                            target: flow.target.to_string(),
+                        }));
+                    }
+                    self.sockets.remove(flow.handle);
+                    return false;
+                }
+                _ => {
+                    if !alive && flow.opened.elapsed() > HANDSHAKE_TIMEOUT {
+                        if let Some((reply, _)) = flow.waiting.take() {
+                            let _ = reply.send(Err(unanswered));
+                        }
+                        socket.abort();
+                        flow.finished = true;
+                    }
+                    return true;
+                }
+            }
+        }
+        if flow.ends.to_client.receiver_count() == 0 {
+            // The connection dropped its stream: whatever is still open is reset.
+            if !matches!(socket.state(), tcp::State::Closed | tcp::State::TimeWait) {
+                socket.abort();
+            }
+            flow.finished = true;
+            return true;
+        }
+        // Peer → client, while the client keeps up.
+        while socket.can_recv() && flow.ends.to_client.len() < MAX_QUEUED_CHUNKS {
+            let chunk = socket.recv(|buf| {
+                let n = buf.len().min(CHUNK);
+                (n, buf[..n].to_vec())
+            });
+            match chunk {
+                Ok(c) if !c.is_empty() => {
+                    let _ = flow.ends.to_client.try_send(c);
+                }
+                _ => break,
+            }
+        }
+        if !flow.eof_sent && !socket.may_recv() && !socket.can_recv() {
+            flow.ends.to_client.close();
+            flow.eof_sent = true;
+        }
+        // Client → peer, while the socket has room.
+        loop {
+            if flow.offset >= flow.pending.len() {
+                match flow.ends.from_client.try_recv() {
+                    Ok(chunk) => {
+                        flow.pending = chunk;
+                        flow.offset = 0;
+                        flow.ends.space.notify(1);
+                    }
+                    Err(async_channel::TryRecvError::Empty) => break,
+                    Err(async_channel::TryRecvError::Closed) => {
+                        if !flow.fin_sent {
+                            socket.close();
+                            flow.fin_sent = true;
+                        }
+                        break;
+                    }
+                }
+            }
+            if !socket.can_send() {
+                break;
+            }
+            match socket.send_slice(&flow.pending[flow.offset..]) {
+                Ok(n) if n > 0 => flow.offset += n,
+                _ => break,
+            }
+        }
+        if matches!(socket.state(), tcp::State::Closed | tcp::State::TimeWait) && flow.eof_sent {
+            self.sockets.remove(flow.handle);
+            return false;
+        }
+        true
+    }
+
+    fn step(&mut self) {
+        let now = Instant::now();
+        let t = smol_now();
+        self.iface.poll(t, &mut self.device, &mut self.sockets);
+        self.poll_names();
+        let mut i = 0;
+        while i < self.flows.len() {
+            if self.shuttle(i) {
+                i += 1;
+            } else {
+                self.flows.swap_remove(i);
+            }
+        }
+        self.iface.poll(t, &mut self.device, &mut self.sockets);
+        while let Some(packet) = self.device.outbound.pop_front() {
+            match self.tunn.encapsulate(&packet, &mut self.scratch) {
+                TunnResult::WriteToNetwork(out) => self.outgoing.push(out.to_vec()),
+                TunnResult::Err(e) => {
+                    tracing::debug!(backend = %self.name, error = ?e, "WireGuard packet not sent")
+                }
+                _ => {}
+            }
+        }
+        if now.duration_since(self.last_timers) >= TIMER_TICK {
+            self.last_timers = now;
+            match self.tunn.update_timers(&mut self.scratch) {
+                TunnResult::WriteToNetwork(out) => self.outgoing.push(out.to_vec()),
+                TunnResult::Err(e) => {
+                    tracing::debug!(backend = %self.name, error = ?e, "WireGuard timers")
+                }
+                _ => {}
+            }
+        }
+        self.probe(now);
+    }
+
+    /// A quiet tunnel is asked for a handshake; no answer within the timeout = peer lost.
+    fn probe(&mut self, now: Instant) {
+        if let Some(started) = self.probe_started {
+            if now.duration_since(started) >= HANDSHAKE_TIMEOUT {
+                self.probe_started = None;
+                let reason = self.unanswered().to_string();
+                self.set_alive(false, &reason);
+            }
+            return;
+        }
+        let quiet = self
+            .last_rx
+            .is_none_or(|at| now.duration_since(at) >= LIVENESS_INTERVAL);
+        if quiet {
+            if let TunnResult::WriteToNetwork(out) = self
+                .tunn
+                .format_handshake_initiation(&mut self.scratch, true)
+            {
+                self.outgoing.push(out.to_vec());
+            }
+            self.probe_started = Some(now);
+        }
+    }
+
+    /// How long the loop may sleep before something needs doing.
+    fn next_wake(&mut self) -> Duration {
+        let smol = self
+            .iface
+            .poll_delay(smol_now(), &self.sockets)
+            .map(|d| Duration::from_micros(d.total_micros()))
+            .unwrap_or(TIMER_TICK);
+        let timers = TIMER_TICK.saturating_sub(self.last_timers.elapsed());
+        let names = if self.names.is_empty() {
+            TIMER_TICK
+        } else {
+            Duration::from_millis(50)
+        };
+        smol.min(timers).min(names)
+    }
+}
+
+async fn resolve_endpoint(args: &RunnerArgs) -> Option<SocketAddr> {
+    let endpoint = &args.settings.endpoint;
+    let (host, port) = endpoint.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port: u16 = port.parse().ok()?;
+    match args.resolver.resolve(&args.offload, host, port).await {
+        Ok(addrs) => addrs.first().copied(),
+        Err(e) => {
+            tracing::warn!(backend = %args.name, %endpoint, error = %e, "WireGuard endpoint does not resolve");
+            None
+        }
+    }
+}
+
+async fn send_all(udp: &UdpSocket, to: SocketAddr, datagrams: Vec<Vec<u8>>) {
+    for d in datagrams {
+        if let Err(e) = udp.send_to(&d, to).await {
+            tracing::debug!(%to, error = %e, "WireGuard datagram not sent");
+        }
+    }
+}
+
+async fn receive(udp: Rc<UdpSocket>, tunnel: Rc<RefCell<Tunnel>>, wake: Arc<Wake>) {
+    let mut buf = vec![0u8; SCRATCH];
+    loop {
+        let (n, from) = match udp.recv_from(&mut buf).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "WireGuard receive failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let (out, endpoint) = {
+            let mut t = tunnel.borrow_mut();
+            t.receive_datagram(&buf[..n], from);
+            (std::mem::take(&mut t.outgoing), t.endpoint)
+        };
+        send_all(&udp, endpoint, out).await;
+        wake.notify();
+    }
+}
+
+/// Runs the tunnel until every holder of its backend is gone.
+pub(super) async fn run(args: RunnerArgs) {
+    // The endpoint may not resolve yet (names, DNS down): keep trying, unhealthy meanwhile.
+    let endpoint = loop {
+        if args.requests.sender_count() == 0 {
+            return;
+        }
+        if let Some(a) = resolve_endpoint(&args).await {
+            break a;
+        }
+        if let Some(healthy) = args.health.set(false) {
+            args.events.push(Event::BackendHealth {
+                name: args.name.clone(),
+                healthy,
+            });
+        }
+        while let Ok(req) = args.requests.try_recv() {
+            let _ = req.reply.send(Err(DataplaneError::Tunnel {
+                backend: args.name.clone(),
+                reason: format!("endpoint {} does not resolve", args.settings.endpoint),
+            }));
+        }
+        glommio::timer::sleep(HANDSHAKE_TIMEOUT).await;
+    };
+    let bind: SocketAddr = if endpoint.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let udp = match UdpSocket::bind(bind) {
+        Ok(s) => Rc::new(s),
+        Err(e) => {
+            tracing::error!(backend = %args.name, error = %e, "WireGuard UDP socket");
+            return;
+        }
+    };
+    let tunnel = Rc::new(RefCell::new(Tunnel::new(&args, endpoint)));
+    // Dropping the task handle when this function returns stops the receiver too.
+    let _receiver = glommio::spawn_local(receive(udp.clone(), tunnel.clone(), args.wake.clone()));
+    loop {
+        if args.requests.sender_count() == 0 {
+            tracing::info!(backend = %args.name, "WireGuard tunnel stopped (backend removed or changed)");
+            return;
+        }
+        let listener = args.wake.listen();
+        if !args.wake.take() {
+            let delay = tunnel.borrow_mut().next_wake();
+            futures_lite::future::or(listener, glommio::timer::sleep(delay)).await;
+            args.wake.take();
+        }
+        let out = {
+            let mut t = tunnel.borrow_mut();
+            while let Ok(req) = args.requests.try_recv() {
+                t.open(req);
+            }
+            t.step();
+            std::mem::take(&mut t.outgoing)
+        };
+        send_all(&udp, endpoint, out).await;
+    }
+}

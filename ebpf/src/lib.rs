@@ -1,0 +1,330 @@
+//! eBPF split-tunnel classification and DNS interception for `switchyard client`, and the only
+//! crate that touches raw bpf.
+//!
+//! The programs are C (`src/split_tunnel.bpf.c`), compiled by build.rs with clang when present,
+//! otherwise taken from the checked-in `prebuilt/` object (a test fails when that object is stale).
+//! [`SplitTunnelProgram`] loads them with aya, attaches them to one cgroup (the scope: every
+//! process in it or below is classified), pins maps and links under a bpffs directory so they
+//! outlive a crash and the next start can remove them ([`remove_pins`]), and updates the maps live:
+//! the mode and tunnel mark, the destination LPM tries (split nets and `always_bypass`), the app
+//! cgroups, and the DNS resolver redirect. Policy routing, nftables and the rule model live in
+//! `switchyard-split-tunnel`, which drives this crate.
+
+mod bpffs;
+mod maps;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use aya::maps::lpm_trie::{Key, LpmTrie};
+use aya::maps::{Array, HashMap, MapData};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr};
+use ipnet::IpNet;
+
+pub use bpffs::{ensure_bpffs, fs_type_of, is_bpffs, unmount_bpffs};
+pub use maps::{host_net, AppClass, ClassifierConfig, DnsRedirect, Mode};
+use maps::{NetKey, RawConfig};
+
+#[cfg(test)]
+mod prebuilt_tests;
+#[cfg(test)]
+mod stamp;
+
+/// The compiled split-tunnel object linked into the binary.
+pub const SPLIT_TUNNEL_OBJECT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/split_tunnel.bpf.o"));
+
+/// `built` when build.rs compiled the C source, `prebuilt` when it used `prebuilt/`.
+pub const OBJECT_SOURCE: &str = env!("SWITCHYARD_EBPF_OBJECT_SOURCE");
+
+/// The `cgroup/*4|6` socket-address programs of the object, attached after `sy_sock_create`.
+const SOCK_ADDR_PROGRAMS: &[&str] = &[
+    "sy_connect4",
+    "sy_sendmsg4",
+    "sy_recvmsg4",
+    "sy_getpeername4",
+    "sy_connect6",
+    "sy_sendmsg6",
+    "sy_recvmsg6",
+    "sy_getpeername6",
+];
+const SOCK_CREATE_PROGRAM: &str = "sy_sock_create";
+
+/// Errors of loading, attaching and map updates.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+    #[error("{0} is not on a bpf file system and mounting one failed")]
+    Bpffs(PathBuf),
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {0}: {1}")]
+    Program(&'static str, #[source] aya::programs::ProgramError),
+    #[error("link of {0}: {1}")]
+    Link(&'static str, #[source] aya::programs::links::LinkError),
+    #[error("map {0}: {1}")]
+    Map(&'static str, #[source] aya::maps::MapError),
+    #[error("the object has no {0}")]
+    Missing(&'static str),
+    #[error("pinning {0}: {1}")]
+    Pin(PathBuf, #[source] aya::pin::PinError),
+    #[error("the tunnel mark must not be 0")]
+    ZeroMark,
+}
+
+/// The loaded, attached split-tunnel programs and their maps.
+pub struct SplitTunnelProgram {
+    pin_dir: PathBuf,
+    links: Vec<PinnedLink>,
+    config: Array<MapData, RawConfig>,
+    split_v4: LpmTrie<MapData, u32, u32>,
+    split_v6: LpmTrie<MapData, [u32; 4], u32>,
+    bypass_v4: LpmTrie<MapData, u32, u32>,
+    bypass_v6: LpmTrie<MapData, [u32; 4], u32>,
+    apps: HashMap<MapData, u64, u32>,
+    // keeps the programs loaded for as long as the links need them
+    _ebpf: aya::Ebpf,
+}
+
+/// The destination tries: nets named by the rules, or `always_bypass`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetList {
+    Split,
+    Bypass,
+}
+
+fn maps_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join("maps")
+}
+
+fn links_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join("links")
+}
+
+/// The cgroup v2 id of a cgroup directory (its kernfs inode number), as
+/// `bpf_get_current_cgroup_id()` reports it.
+pub fn cgroup_id(path: &Path) -> Result<u64, Error> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .map(|m| m.ino())
+        .map_err(|e| Error::Io(format!("stat {}", path.display()), e))
+}
+
+/// Removes every pinned map and link under `pin_dir` (left by a crash or a previous run); a
+/// pinned cgroup link detaches when its pin is removed and no process holds it. Returns how many
+/// pins were removed.
+pub fn remove_pins(pin_dir: &Path) -> Result<usize, Error> {
+    let mut removed = 0;
+    for dir in [links_dir(pin_dir), maps_dir(pin_dir)] {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::Io(format!("read {}", dir.display()), e)),
+        };
+        for entry in entries.flatten() {
+            std::fs::remove_file(entry.path())
+                .map_err(|e| Error::Io(format!("unpin {}", entry.path().display()), e))?;
+            removed += 1;
+        }
+        let _ = std::fs::remove_dir(&dir);
+    }
+    Ok(removed)
+}
+
+/// Names of the pins present under `pin_dir` (`links/<program>`, `maps/<map>`).
+pub fn list_pins(pin_dir: &Path) -> Vec<String> {
+    let mut pins = Vec::new();
+    for (kind, dir) in [("links", links_dir(pin_dir)), ("maps", maps_dir(pin_dir))] {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                pins.push(format!("{kind}/{}", entry.file_name().to_string_lossy()));
+            }
+        }
+    }
+    pins.sort();
+    pins
+}
+
+fn take_map(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<aya::maps::Map, Error> {
+    ebpf.take_map(name).ok_or(Error::Missing(name))
+}
+
+impl SplitTunnelProgram {
+    /// Loads the programs with `config`, attaches them to the cgroup directory `scope` and pins
+    /// maps and links under `pin_dir` (which must be on bpffs, see [`ensure_bpffs`], and should
+    /// be empty: call [`remove_pins`] first).
+    /// On failure nothing stays attached or pinned.
+    pub fn attach(scope: &Path, pin_dir: &Path, config: &ClassifierConfig) -> Result<Self, Error> {
+        Self::attach_pinned(scope, pin_dir, config).inspect_err(|_| {
+            // links already pinned would keep programs attached after this process exits
+            let _ = remove_pins(pin_dir);
+        })
+    }
+
+    fn attach_pinned(
+        scope: &Path,
+        pin_dir: &Path,
+        config: &ClassifierConfig,
+    ) -> Result<Self, Error> {
+        if config.tunnel_mark == 0 {
+            return Err(Error::ZeroMark);
+        }
+        let maps = maps_dir(pin_dir);
+        let links = links_dir(pin_dir);
+        for dir in [&maps, &links] {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Io(format!("create {}", dir.display()), e))?;
+        }
+        let mut ebpf = aya::EbpfLoader::new()
+            .default_map_pin_directory(&maps)
+            .load(SPLIT_TUNNEL_OBJECT)?;
+        let mut config_map: Array<MapData, RawConfig> =
+            Array::try_from(take_map(&mut ebpf, "sy_config")?)
+                .map_err(|e| Error::Map("sy_config", e))?;
+        // the config is in place before any program can run
+        config_map
+            .set(0, RawConfig::from(config), 0)
+            .map_err(|e| Error::Map("sy_config", e))?;
+        let cgroup =
+            File::open(scope).map_err(|e| Error::Io(format!("open {}", scope.display()), e))?;
+
+        // CgroupSock and CgroupSockAddr share no trait: one macro loads, attaches and pins either
+        macro_rules! attach_pinned {
+            ($ty:ty, $name:expr) => {{
+                let name: &'static str = $name;
+                let wrap = |e| Error::Program(name, e);
+                let prog: &mut $ty = ebpf
+                    .program_mut(name)
+                    .ok_or(Error::Missing(name))?
+                    .try_into()
+                    .map_err(wrap)?;
+                prog.load().map_err(wrap)?;
+                let id = prog
+                    .attach(&cgroup, CgroupAttachMode::Single)
+                    .map_err(wrap)?;
+                let link = FdLink::try_from(prog.take_link(id).map_err(wrap)?)
+                    .map_err(|e| Error::Link(name, e))?;
+                let path = links.join(name);
+                link.pin(&path).map_err(|e| Error::Pin(path, e))?
+            }};
+        }
+        let mut pinned = vec![attach_pinned!(CgroupSock, SOCK_CREATE_PROGRAM)];
+        for name in SOCK_ADDR_PROGRAMS {
+            pinned.push(attach_pinned!(CgroupSockAddr, name));
+        }
+
+        let mut trie =
+            |name: &'static str| -> Result<aya::maps::Map, Error> { take_map(&mut ebpf, name) };
+        let split_v4 =
+            LpmTrie::try_from(trie("sy_split_v4")?).map_err(|e| Error::Map("sy_split_v4", e))?;
+        let split_v6 =
+            LpmTrie::try_from(trie("sy_split_v6")?).map_err(|e| Error::Map("sy_split_v6", e))?;
+        let bypass_v4 =
+            LpmTrie::try_from(trie("sy_bypass_v4")?).map_err(|e| Error::Map("sy_bypass_v4", e))?;
+        let bypass_v6 =
+            LpmTrie::try_from(trie("sy_bypass_v6")?).map_err(|e| Error::Map("sy_bypass_v6", e))?;
+        let apps = HashMap::try_from(trie("sy_app_cgroups")?)
+            .map_err(|e| Error::Map("sy_app_cgroups", e))?;
+        tracing::info!(scope = %scope.display(), pins = %pin_dir.display(), object = OBJECT_SOURCE, "eBPF split tunnel attached");
+        Ok(SplitTunnelProgram {
+            pin_dir: pin_dir.to_path_buf(),
+            links: pinned,
+            config: config_map,
+            split_v4,
+            split_v6,
+            bypass_v4,
+            bypass_v6,
+            apps,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// Replaces the classification settings; applies to the next connect/send.
+    pub fn set_config(&mut self, config: &ClassifierConfig) -> Result<(), Error> {
+        if config.tunnel_mark == 0 {
+            return Err(Error::ZeroMark);
+        }
+        self.config
+            .set(0, RawConfig::from(config), 0)
+            .map_err(|e| Error::Map("sy_config", e))
+    }
+
+    /// Adds a destination network to one list; applies at once.
+    pub fn insert_net(&mut self, list: NetList, net: IpNet) -> Result<(), Error> {
+        match (NetKey::from(net), list) {
+            (NetKey::V4 { prefix, addr }, NetList::Split) => self
+                .split_v4
+                .insert(&Key::new(prefix, addr), 1, 0)
+                .map_err(|e| Error::Map("sy_split_v4", e)),
+            (NetKey::V4 { prefix, addr }, NetList::Bypass) => self
+                .bypass_v4
+                .insert(&Key::new(prefix, addr), 1, 0)
+                .map_err(|e| Error::Map("sy_bypass_v4", e)),
+            (NetKey::V6 { prefix, addr }, NetList::Split) => self
+                .split_v6
+                .insert(&Key::new(prefix, addr), 1, 0)
+                .map_err(|e| Error::Map("sy_split_v6", e)),
+            (NetKey::V6 { prefix, addr }, NetList::Bypass) => self
+                .bypass_v6
+                .insert(&Key::new(prefix, addr), 1, 0)
+                .map_err(|e| Error::Map("sy_bypass_v6", e)),
+        }
+    }
+
+    /// Removes a destination network from one list; absent entries are not an error.
+    pub fn remove_net(&mut self, list: NetList, net: IpNet) -> Result<(), Error> {
+        let result = match (NetKey::from(net), list) {
+            (NetKey::V4 { prefix, addr }, NetList::Split) => {
+                self.split_v4.remove(&Key::new(prefix, addr))
+            }
+            (NetKey::V4 { prefix, addr }, NetList::Bypass) => {
+                self.bypass_v4.remove(&Key::new(prefix, addr))
+            }
+            (NetKey::V6 { prefix, addr }, NetList::Split) => {
+                self.split_v6.remove(&Key::new(prefix, addr))
+            }
+            (NetKey::V6 { prefix, addr }, NetList::Bypass) => {
+                self.bypass_v6.remove(&Key::new(prefix, addr))
+            }
+        };
+        match result {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(Error::Map("lpm trie", e)),
+        }
+    }
+
+    /// Classifies the sockets of processes in the cgroup with this id.
+    pub fn set_app_cgroup(&mut self, cgroup_id: u64, class: AppClass) -> Result<(), Error> {
+        self.apps
+            .insert(cgroup_id, class as u32, 0)
+            .map_err(|e| Error::Map("sy_app_cgroups", e))
+    }
+
+    /// Forgets a cgroup; absent entries are not an error.
+    pub fn remove_app_cgroup(&mut self, cgroup_id: u64) -> Result<(), Error> {
+        match self.apps.remove(&cgroup_id) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(Error::Map("sy_app_cgroups", e)),
+        }
+    }
+
+    /// The bpffs directory holding this instance's pins.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// Detaches every program and removes every pin.
+    pub fn detach(self) -> Result<(), Error> {
+        for link in self.links {
+            // unpinning and dropping the last fd detaches the link
+            drop(
+                link.unpin()
+                    .map_err(|e| Error::Io("unpin link".into(), e))?,
+            );
+        }
+        remove_pins(&self.pin_dir)?;
+        Ok(())
+    }
+}

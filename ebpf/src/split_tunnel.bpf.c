@@ -1,0 +1,372 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+//
+// Split-tunnel classification and DNS interception for `switchyard client`.
+//
+// Attached to the client's scope cgroup (and so to every cgroup below it):
+//   cgroup/sock_create        first mark of a new socket, by the app cgroup it is created in
+//   cgroup/connect4|6         re-mark by destination (LPM tries) and redirect TCP/UDP :53
+//   cgroup/sendmsg4|6         the same for unconnected UDP
+//   cgroup/recvmsg4|6         replies of a redirected query appear to come from the original server
+//   cgroup/getpeername4|6     a redirected connected socket reports the original peer
+//
+// A marked socket carries `tunnel_mark`; `ip rule fwmark <mark> lookup <table>` sends it into the
+// TUN table. A socket that already carries any other mark (the proxy's own sockets set SO_MARK) or
+// lives in a cgroup listed as BYPASS is never touched. Maps are pinned by name so the loader can find
+// and remove them after a crash. The Rust side (ebpf/src/maps.rs) mirrors every struct here.
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#ifndef SOL_SOCKET
+#define SOL_SOCKET 1
+#endif
+#ifndef SO_MARK
+#define SO_MARK 36
+#endif
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+
+#define MODE_EXCLUDE 0 // everything in scope is tunnelled except matches
+#define MODE_INCLUDE 1 // only matches are tunnelled
+
+#define APP_SELECTED 1 // cgroup of an app named by the split rules
+#define APP_BYPASS 2   // cgroup never classified (the client itself)
+
+#define FLAG_DNS4 1 // redirect IPv4 :dns_port to resolver4
+#define FLAG_DNS6 2 // redirect IPv6 :dns_port to resolver6
+
+struct config {
+	__u32 mode;
+	__u32 tunnel_mark;
+	__u32 flags;
+	__u32 resolver4;        // network order
+	__u32 resolver6[4];     // network order
+	__u16 resolver4_port;   // network order
+	__u16 resolver6_port;   // network order
+	__u16 dns_port;         // network order
+	__u16 _pad;
+};
+
+struct lpm_v4 {
+	__u32 prefixlen;
+	__u32 addr;
+};
+
+struct lpm_v6 {
+	__u32 prefixlen;
+	__u32 addr[4];
+};
+
+// Original destination of a redirected DNS socket, keyed by socket cookie.
+struct orig_dst {
+	__u32 addr[4]; // v4 in addr[0]
+	__u16 port;
+	__u16 family;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_config SEC(".maps");
+
+// Destinations named by the rules (`ips` and domain-derived addresses).
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__type(key, struct lpm_v4);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_split_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__type(key, struct lpm_v6);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_split_v6 SEC(".maps");
+
+// `always_bypass`: never tunnelled, whatever the mode.
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__type(key, struct lpm_v4);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_bypass_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__type(key, struct lpm_v6);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_bypass_v6 SEC(".maps");
+
+// cgroup id -> APP_SELECTED | APP_BYPASS
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_app_cgroups SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct orig_dst);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_dns_orig SEC(".maps");
+
+static __always_inline struct config *get_config(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&sy_config, &zero);
+}
+
+static __always_inline __u32 app_class(void)
+{
+	__u64 cg = bpf_get_current_cgroup_id();
+	__u32 *class = bpf_map_lookup_elem(&sy_app_cgroups, &cg);
+	return class ? *class : 0;
+}
+
+// Whether a socket of this app class to a destination with these LPM hits is tunnelled.
+static __always_inline int wants_tunnel(const struct config *cfg, __u32 class, int split_hit,
+					int bypass_hit)
+{
+	if (bypass_hit)
+		return 0;
+	int matched = class == APP_SELECTED || split_hit;
+	return cfg->mode == MODE_INCLUDE ? matched : !matched;
+}
+
+// Sets or clears the tunnel mark; leaves a foreign mark (the proxy's own) alone.
+static __always_inline void apply_mark(struct bpf_sock_addr *ctx, const struct config *cfg,
+				       int tunnel)
+{
+	int mark = 0;
+	if (bpf_getsockopt(ctx, SOL_SOCKET, SO_MARK, &mark, sizeof(mark)))
+		return;
+	if (mark != 0 && (__u32)mark != cfg->tunnel_mark)
+		return;
+	int want = tunnel ? (int)cfg->tunnel_mark : 0;
+	if (want != mark)
+		bpf_setsockopt(ctx, SOL_SOCKET, SO_MARK, &want, sizeof(want));
+}
+
+static __always_inline int has_foreign_mark(struct bpf_sock_addr *ctx, const struct config *cfg)
+{
+	int mark = 0;
+	if (bpf_getsockopt(ctx, SOL_SOCKET, SO_MARK, &mark, sizeof(mark)))
+		return 0;
+	return mark != 0 && (__u32)mark != cfg->tunnel_mark;
+}
+
+// The config when this socket is to be classified at all: TCP or UDP, not in a bypass cgroup, no
+// foreign mark. Stores the app class of the current cgroup in *class.
+static __always_inline struct config *classified(struct bpf_sock_addr *ctx, __u32 *class)
+{
+	struct config *cfg = get_config();
+	if (!cfg)
+		return 0;
+	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
+		return 0;
+	*class = app_class();
+	if (*class == APP_BYPASS || has_foreign_mark(ctx, cfg))
+		return 0;
+	return cfg;
+}
+
+SEC("cgroup/sock_create")
+int sy_sock_create(struct bpf_sock *sk)
+{
+	struct config *cfg = get_config();
+	if (!cfg || sk->mark != 0)
+		return 1;
+	if (sk->family != AF_INET && sk->family != AF_INET6)
+		return 1;
+	__u32 class = app_class();
+	if (class == APP_BYPASS)
+		return 1;
+	if (wants_tunnel(cfg, class, 0, 0))
+		sk->mark = cfg->tunnel_mark;
+	return 1;
+}
+
+// ---- IPv4 ----
+
+static __always_inline int redirect_dns4(struct bpf_sock_addr *ctx, const struct config *cfg)
+{
+	if (!(cfg->flags & FLAG_DNS4) || ctx->user_port != cfg->dns_port)
+		return 0;
+	if (ctx->user_ip4 == cfg->resolver4 && ctx->user_port == cfg->resolver4_port)
+		return 0;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct orig_dst orig = {};
+	orig.addr[0] = ctx->user_ip4;
+	orig.port = (__u16)ctx->user_port;
+	orig.family = AF_INET;
+	bpf_map_update_elem(&sy_dns_orig, &cookie, &orig, BPF_ANY);
+	ctx->user_ip4 = cfg->resolver4;
+	ctx->user_port = cfg->resolver4_port;
+	return 1;
+}
+
+static __always_inline int classify4(struct bpf_sock_addr *ctx)
+{
+	__u32 class = 0;
+	struct config *cfg = classified(ctx, &class);
+	if (!cfg)
+		return 1;
+	if (redirect_dns4(ctx, cfg))
+		return 1;
+	struct lpm_v4 key = { .prefixlen = 32, .addr = ctx->user_ip4 };
+	int bypass_hit = bpf_map_lookup_elem(&sy_bypass_v4, &key) != 0;
+	int split_hit = bpf_map_lookup_elem(&sy_split_v4, &key) != 0;
+	apply_mark(ctx, cfg, wants_tunnel(cfg, class, split_hit, bypass_hit));
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int sy_connect4(struct bpf_sock_addr *ctx)
+{
+	return classify4(ctx);
+}
+
+SEC("cgroup/sendmsg4")
+int sy_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return classify4(ctx);
+}
+
+static __always_inline int restore_peer4(struct bpf_sock_addr *ctx)
+{
+	struct config *cfg = get_config();
+	if (!cfg || !(cfg->flags & FLAG_DNS4))
+		return 1;
+	if (ctx->user_ip4 != cfg->resolver4 || ctx->user_port != cfg->resolver4_port)
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct orig_dst *orig = bpf_map_lookup_elem(&sy_dns_orig, &cookie);
+	if (!orig || orig->family != AF_INET)
+		return 1;
+	ctx->user_ip4 = orig->addr[0];
+	ctx->user_port = orig->port;
+	return 1;
+}
+
+SEC("cgroup/recvmsg4")
+int sy_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return restore_peer4(ctx);
+}
+
+SEC("cgroup/getpeername4")
+int sy_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return restore_peer4(ctx);
+}
+
+// ---- IPv6 ----
+
+static __always_inline int redirect_dns6(struct bpf_sock_addr *ctx, const struct config *cfg)
+{
+	if (!(cfg->flags & FLAG_DNS6) || ctx->user_port != cfg->dns_port)
+		return 0;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct orig_dst orig = {};
+	orig.addr[0] = ctx->user_ip6[0];
+	orig.addr[1] = ctx->user_ip6[1];
+	orig.addr[2] = ctx->user_ip6[2];
+	orig.addr[3] = ctx->user_ip6[3];
+	orig.port = (__u16)ctx->user_port;
+	orig.family = AF_INET6;
+	bpf_map_update_elem(&sy_dns_orig, &cookie, &orig, BPF_ANY);
+	ctx->user_ip6[0] = cfg->resolver6[0];
+	ctx->user_ip6[1] = cfg->resolver6[1];
+	ctx->user_ip6[2] = cfg->resolver6[2];
+	ctx->user_ip6[3] = cfg->resolver6[3];
+	ctx->user_port = cfg->resolver6_port;
+	return 1;
+}
+
+static __always_inline int classify6(struct bpf_sock_addr *ctx)
+{
+	__u32 class = 0;
+	struct config *cfg = classified(ctx, &class);
+	if (!cfg)
+		return 1;
+	if (redirect_dns6(ctx, cfg))
+		return 1;
+	struct lpm_v6 key = { .prefixlen = 128 };
+	key.addr[0] = ctx->user_ip6[0];
+	key.addr[1] = ctx->user_ip6[1];
+	key.addr[2] = ctx->user_ip6[2];
+	key.addr[3] = ctx->user_ip6[3];
+	int bypass_hit = bpf_map_lookup_elem(&sy_bypass_v6, &key) != 0;
+	int split_hit = bpf_map_lookup_elem(&sy_split_v6, &key) != 0;
+	apply_mark(ctx, cfg, wants_tunnel(cfg, class, split_hit, bypass_hit));
+	return 1;
+}
+
+SEC("cgroup/connect6")
+int sy_connect6(struct bpf_sock_addr *ctx)
+{
+	return classify6(ctx);
+}
+
+SEC("cgroup/sendmsg6")
+int sy_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return classify6(ctx);
+}
+
+static __always_inline int restore_peer6(struct bpf_sock_addr *ctx)
+{
+	struct config *cfg = get_config();
+	if (!cfg || !(cfg->flags & FLAG_DNS6) || ctx->user_port != cfg->resolver6_port)
+		return 1;
+	if (ctx->user_ip6[0] != cfg->resolver6[0] || ctx->user_ip6[1] != cfg->resolver6[1] ||
+	    ctx->user_ip6[2] != cfg->resolver6[2] || ctx->user_ip6[3] != cfg->resolver6[3])
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct orig_dst *orig = bpf_map_lookup_elem(&sy_dns_orig, &cookie);
+	if (!orig || orig->family != AF_INET6)
+		return 1;
+	ctx->user_ip6[0] = orig->addr[0];
+	ctx->user_ip6[1] = orig->addr[1];
+	ctx->user_ip6[2] = orig->addr[2];
+	ctx->user_ip6[3] = orig->addr[3];
+	ctx->user_port = orig->port;
+	return 1;
+}
+
+SEC("cgroup/recvmsg6")
+int sy_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return restore_peer6(ctx);
+}
+
+SEC("cgroup/getpeername6")
+int sy_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return restore_peer6(ctx);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,245 @@
+//! The data-plane engine as an operator meets it: a core that cannot start stops the server
+//! with the reason, the core count follows the cgroup CPU quota, and `/api/v1/health` reports
+//! measured state (a failing backend makes it `degraded`).
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+fn config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("server.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n{extra}\
+             api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n"
+        ),
+    )
+    .expect("write config");
+    path
+}
+
+/// Runs `cmd` until it exits (at most 30 s); returns (exit code, stderr).
+fn run_to_exit(mut cmd: Command) -> (Option<i32>, String) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("switchyard kept running although a core could not start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (status.code(), reader.join().unwrap_or_default())
+}
+
+#[test]
+fn a_memlock_limit_below_glommios_minimum_stops_the_start_with_the_reason() {
+    let Some(prlimit) = require("prlimit") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), "  cores: 2\n");
+    let mut cmd = Command::new(prlimit);
+    // 256 KiB: below the 512 KiB glommio needs for its rings.
+    cmd.args(["--memlock=262144:262144", "--"])
+        .arg(BIN)
+        .args(["server", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG");
+    let (code, log) = run_to_exit(cmd);
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "exit status {code:?}; log:\n{log}"
+    );
+    assert!(log.contains("memlock"), "the reason names memlock:\n{log}");
+    assert!(
+        log.contains("failed to start"),
+        "the failing core is named:\n{log}"
+    );
+    assert!(
+        !log.contains("data plane started"),
+        "never claims to have started:\n{log}"
+    );
+}
+
+#[test]
+fn health_is_degraded_while_a_backend_fails_and_says_why() {
+    let Some(_) = require("curl") else { return };
+    let dead = free_port();
+    let server = start_server(&format!(
+        "backends:\n  - name: direct\n    type: direct\n  - name: up\n    type: httpproxy\n    \
+         http_proxy: {{ address: \"127.0.0.1:{dead}\" }}\n"
+    ));
+    let health = server.api_get("/api/v1/health");
+    assert_eq!(health["status"], "healthy", "{health}");
+    assert_eq!(
+        (health["cores_up"].as_u64(), health["cores_total"].as_u64()),
+        (Some(2), Some(2)),
+        "{health}"
+    );
+    assert!(health.get("problems").is_none(), "{health}");
+
+    // Three real connects through the backend to a closed port.
+    let target = format!(
+        r#"{{"target":"127.0.0.1:{}","timeout":"5s"}}"#,
+        server.api.port()
+    );
+    for _ in 0..3 {
+        let (status, v) = api_call(
+            &server,
+            "POST",
+            "/api/v1/backends/up/test",
+            Some(&target),
+            None,
+        );
+        assert_eq!(
+            (status, &v["healthy"]),
+            (200, &serde_json::json!(false)),
+            "{v}"
+        );
+    }
+    let health = server.api_get("/api/v1/health");
+    assert_eq!(health["status"], "degraded", "{health}");
+    let problems = health["problems"].to_string();
+    assert!(problems.contains("backend up"), "{health}");
+    assert!(!problems.contains("backend direct"), "{health}");
+
+    // A successful connect makes it healthy again.
+    let target = format!(
+        r#"{{"target":"127.0.0.1:{}","timeout":"5s"}}"#,
+        server.api.port()
+    );
+    let (status, v) = api_call(
+        &server,
+        "POST",
+        "/api/v1/backends/direct/test",
+        Some(&target),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+}
+
+/// The cpu controller directory of a cgroup hierarchy this test can create children in.
+fn cpu_hierarchy() -> Option<(PathBuf, bool)> {
+    let v1 = Path::new("/sys/fs/cgroup/cpu");
+    if v1.join("cpu.cfs_quota_us").exists() {
+        return Some((v1.to_owned(), true));
+    }
+    let v2 = Path::new("/sys/fs/cgroup");
+    let controls = std::fs::read_to_string(v2.join("cgroup.subtree_control")).unwrap_or_default();
+    controls
+        .split_whitespace()
+        .any(|c| c == "cpu")
+        .then(|| (v2.to_owned(), false))
+}
+
+/// A cgroup of this test (named `sygw2-…`), removed on drop.
+struct TestCgroup(PathBuf);
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn the_core_count_follows_the_cgroup_cpu_quota() {
+    let hierarchy = match cpu_hierarchy() {
+        Some(h) => h,
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("CI needs a cgroup cpu controller")
+        }
+        _ => {
+            eprintln!("SKIP: no cgroup cpu controller");
+            return;
+        }
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("SKIP: one CPU: a quota of one CPU changes nothing");
+        return;
+    }
+    let (root, v1) = hierarchy;
+    let group = TestCgroup(root.join(format!("sygw2-engine-{}", std::process::id())));
+    if let Err(e) = std::fs::create_dir(&group.0) {
+        if std::env::var_os("CI").is_some() {
+            panic!("cannot create {}: {e}", group.0.display());
+        }
+        eprintln!("SKIP: cannot create {}: {e}", group.0.display());
+        return;
+    }
+    // One CPU's worth of time per period.
+    if v1 {
+        std::fs::write(group.0.join("cpu.cfs_period_us"), "100000").expect("period");
+        std::fs::write(group.0.join("cpu.cfs_quota_us"), "100000").expect("quota");
+    } else {
+        std::fs::write(group.0.join("cpu.max"), "100000 100000").expect("cpu.max");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), "");
+    // The shell moves itself into the cgroup, then becomes the server.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"echo $$ > "$1/cgroup.procs" && shift && exec "$@""#)
+        .arg("sh")
+        .arg(&group.0)
+        .arg(BIN)
+        .args(["server", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let proc = Proc {
+        child,
+        name: "switchyard".into(),
+    };
+    let mut decided = None;
+    let mut log = String::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        log.push_str(&line);
+        log.push('\n');
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if v["fields"]["message"] == "data-plane cores decided" {
+            decided = Some(v["fields"].clone());
+        }
+        if v["fields"]["message"] == "data plane started" || log.len() > 100_000 {
+            break;
+        }
+    }
+    drop(proc);
+    let decided = decided.unwrap_or_else(|| panic!("no core decision logged:\n{log}"));
+    assert_eq!(decided["cores"], 1, "{decided}");
+    let reason = decided["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("quota") && reason.contains("sygw2-engine"),
+        "{decided}"
+    );
+    assert!(log.contains("data plane started"), "{log}");
+}
