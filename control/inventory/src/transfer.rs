@@ -107,10 +107,10 @@ pub fn plan_json(doc: &Value) -> Result<Plan, ApiError> {
             format!("unsupported version (this service reads {VERSION})"),
         ));
     }
-    let list = |k: &str| -> Result<Vec<Value>, ApiError> {
+    let list = |k: &str| -> Result<&[Value], ApiError> {
         match doc.get(k) {
-            None | Some(Value::Null) => Ok(Vec::new()),
-            Some(Value::Array(a)) => Ok(a.clone()),
+            None | Some(Value::Null) => Ok(&[]),
+            Some(Value::Array(a)) => Ok(a.as_slice()),
             Some(_) => Err(ApiError::BadRequest(format!("{k} must be an array"))),
         }
     };
