@@ -1108,6 +1108,7 @@ fn tokens_come_from_a_file_or_the_environment_never_argv() {
         &["--data-dir", dir.path().join("store").to_str().expect("p")],
         &[("SWITCHYARD_PKGCACHE_TOKENS", "from-env,second")],
     );
+    let url = srv.url(&format!("/zlib/1/{}", sha(7)));
     assert_eq!(status(&["-o", "/dev/null"], &url), 401);
     assert_eq!(
         status(&["-o", "/dev/null", "-H", "Authorization: Bearer second"], &url),
