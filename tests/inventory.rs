@@ -1740,7 +1740,6 @@ async fn export_import_round_trip_idempotence_and_rollback(db: Db) {
     assert_eq!(r.status, 400);
 }
 
-
 // ------------------------------------------------------------------ hardening (issue 19)
 
 /// The value of cookie `name` set by a response (`name=VALUE; …` → `VALUE`).
@@ -1815,7 +1814,10 @@ async fn csrf_tokens_are_bound_to_the_session(db: Db) {
         .as_str()
         .expect("token")
         .to_string();
-    for (who, cookie, token) in [("anonymous", &anon_cookie, &anon_token), ("bob's", &bob_cookie, &bob_token)] {
+    for (who, cookie, token) in [
+        ("anonymous", &anon_cookie, &anon_token),
+        ("bob's", &bob_cookie, &bob_token),
+    ] {
         let r = raw(
             &inv,
             Method::POST,
@@ -1852,27 +1854,41 @@ async fn csrf_tokens_are_bound_to_the_session(db: Db) {
     let before = c.token();
     let r = c.sign_in("alice@example.org", "correct horse").await;
     assert_eq!(r.status, 302);
-    let after = r.body["csrfToken"].as_str().expect("new token in the reply").to_string();
+    let after = r.body["csrfToken"]
+        .as_str()
+        .expect("new token in the reply")
+        .to_string();
     assert_ne!(before, after);
     c.set_token(&before);
-    assert_eq!(c.post("/api/categories", json!({"name": "x"})).await.status, 403);
+    assert_eq!(
+        c.post("/api/categories", json!({"name": "x"})).await.status,
+        403
+    );
     c.set_token(&after);
-    assert_eq!(c.post("/api/categories", json!({"name": "x"})).await.status, 201);
+    assert_eq!(
+        c.post("/api/categories", json!({"name": "x"})).await.status,
+        201
+    );
     c.refresh_csrf().await;
     assert_eq!(c.token(), after, "/api/auth/csrf gives the session's token");
 
     // over TLS (a TLS-terminating proxy says https): __Host- cookies, only those are read
     let https = [("x-forwarded-proto", "https")];
     let r = raw(&inv, Method::GET, "/api/auth/csrf", "", &https, None).await;
-    let csrf_cookie = set_cookie_value(r.headers(), "__Host-inventory.csrf-token")
-        .expect("__Host- csrf cookie");
+    let csrf_cookie =
+        set_cookie_value(r.headers(), "__Host-inventory.csrf-token").expect("__Host- csrf cookie");
     let raw_set: Vec<String> = r
         .headers()
         .get_all(SET_COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok().map(str::to_string))
         .collect();
-    assert!(raw_set.iter().all(|c| c.contains("Secure") && c.contains("Path=/") && !c.contains("Domain")), "{raw_set:?}");
+    assert!(
+        raw_set
+            .iter()
+            .all(|c| c.contains("Secure") && c.contains("Path=/") && !c.contains("Domain")),
+        "{raw_set:?}"
+    );
     let token = r.json::<Value>().await.expect("json")["csrfToken"]
         .as_str()
         .expect("token")
@@ -1883,16 +1899,38 @@ async fn csrf_tokens_are_bound_to_the_session(db: Db) {
         "/api/auth/callback/credentials",
         &format!("__Host-inventory.csrf-token={csrf_cookie}"),
         &https,
-        Some(json!({"email": "alice@example.org", "password": "correct horse", "csrfToken": token})),
+        Some(
+            json!({"email": "alice@example.org", "password": "correct horse", "csrfToken": token}),
+        ),
     )
     .await;
     assert_eq!(r.status(), 302);
     let secure_session = set_cookie_value(r.headers(), "__Host-inventory.session-token")
         .expect("__Host- session cookie");
-    let ok = raw(&inv, Method::GET, "/api/items", &format!("__Host-inventory.session-token={secure_session}"), &https, None).await;
+    let ok = raw(
+        &inv,
+        Method::GET,
+        "/api/items",
+        &format!("__Host-inventory.session-token={secure_session}"),
+        &https,
+        None,
+    )
+    .await;
     assert_eq!(ok.status(), 200);
-    let plain_name = raw(&inv, Method::GET, "/api/items", &format!("inventory.session-token={secure_session}"), &https, None).await;
-    assert_eq!(plain_name.status(), 401, "over TLS only the __Host- name counts");
+    let plain_name = raw(
+        &inv,
+        Method::GET,
+        "/api/items",
+        &format!("inventory.session-token={secure_session}"),
+        &https,
+        None,
+    )
+    .await;
+    assert_eq!(
+        plain_name.status(),
+        401,
+        "over TLS only the __Host- name counts"
+    );
 }
 
 /// callbackUrl: only same-origin relative paths are followed; tabs and newlines (which
@@ -1917,8 +1955,10 @@ async fn sign_in_callback_urls_stay_on_the_site(db: Db) {
             .call(
                 Method::POST,
                 "/api/auth/callback/credentials",
-                Some(json!({"email": "cb@example.org", "password": "correct horse",
-                            "csrfToken": c.token(), "callbackUrl": given})),
+                Some(
+                    json!({"email": "cb@example.org", "password": "correct horse",
+                            "csrfToken": c.token(), "callbackUrl": given}),
+                ),
                 false,
             )
             .await;
@@ -1954,9 +1994,9 @@ async fn sign_in_from(
         .json()
         .await
         .expect("json");
-    let mut req = http.post(inv.url("/api/auth/callback/credentials")).json(
-        &json!({"email": email, "password": password, "csrfToken": t["csrfToken"]}),
-    );
+    let mut req = http
+        .post(inv.url("/api/auth/callback/credentials"))
+        .json(&json!({"email": email, "password": password, "csrfToken": t["csrfToken"]}));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -1970,10 +2010,16 @@ async fn sign_in_backoff_is_per_account_and_client_and_trusts_only_configured_pr
     let yaml = "limits:\n  signin_failures_per_account: 3\n  signin_failures_per_ip: 50\n  window: 10m\ntrusted_proxies: [\"127.0.0.3/32\"]\n";
     let (_dir, inv) = fresh(&db, yaml);
     let c = Client::new(&inv).await;
-    assert_eq!(c.register("owner@example.org", "12345678").await.status, 201);
+    assert_eq!(
+        c.register("owner@example.org", "12345678").await.status,
+        201
+    );
     let attacker = client_from("127.0.0.1");
     for _ in 0..3 {
-        assert_eq!(sign_in_from(&inv, &attacker, "owner@example.org", "guess-guess", &[]).await, 401);
+        assert_eq!(
+            sign_in_from(&inv, &attacker, "owner@example.org", "guess-guess", &[]).await,
+            401
+        );
     }
     assert_eq!(
         sign_in_from(&inv, &attacker, "owner@example.org", "12345678", &[]).await,
@@ -1982,29 +2028,60 @@ async fn sign_in_backoff_is_per_account_and_client_and_trusts_only_configured_pr
     );
     // the owner, from another address, is not locked out
     let owner = client_from("127.0.0.2");
-    assert_eq!(sign_in_from(&inv, &owner, "owner@example.org", "12345678", &[]).await, 302);
+    assert_eq!(
+        sign_in_from(&inv, &owner, "owner@example.org", "12345678", &[]).await,
+        302
+    );
 
     // behind the trusted proxy 127.0.0.3, clients are told apart by X-Forwarded-For
     let proxy = client_from("127.0.0.3");
     let via = |ip: &'static str| [("x-forwarded-for", ip)];
     for _ in 0..3 {
         assert_eq!(
-            sign_in_from(&inv, &proxy, "owner@example.org", "guess-guess", &via("198.51.100.1")).await,
+            sign_in_from(
+                &inv,
+                &proxy,
+                "owner@example.org",
+                "guess-guess",
+                &via("198.51.100.1")
+            )
+            .await,
             401
         );
     }
     assert_eq!(
-        sign_in_from(&inv, &proxy, "owner@example.org", "12345678", &via("198.51.100.1")).await,
+        sign_in_from(
+            &inv,
+            &proxy,
+            "owner@example.org",
+            "12345678",
+            &via("198.51.100.1")
+        )
+        .await,
         429
     );
     assert_eq!(
-        sign_in_from(&inv, &proxy, "owner@example.org", "12345678", &via("198.51.100.2")).await,
+        sign_in_from(
+            &inv,
+            &proxy,
+            "owner@example.org",
+            "12345678",
+            &via("198.51.100.2")
+        )
+        .await,
         302,
         "another client behind the proxy"
     );
     // from an untrusted peer the header is ignored: 127.0.0.1 is still backed off whatever it claims
     assert_eq!(
-        sign_in_from(&inv, &attacker, "owner@example.org", "12345678", &via("198.51.100.77")).await,
+        sign_in_from(
+            &inv,
+            &attacker,
+            "owner@example.org",
+            "12345678",
+            &via("198.51.100.77")
+        )
+        .await,
         429
     );
 }
@@ -2037,7 +2114,11 @@ async fn import_under_concurrent_writes_never_answers_500(db: Db) {
                 .await
                 .expect("send");
             let status = r.status();
-            (format!("import {i}"), status, r.text().await.unwrap_or_default())
+            (
+                format!("import {i}"),
+                status,
+                r.text().await.unwrap_or_default(),
+            )
         }));
     }
     for w in 0..4 {
@@ -2055,7 +2136,11 @@ async fn import_under_concurrent_writes_never_answers_500(db: Db) {
                     .expect("send");
                 if r.status() != StatusCode::CREATED {
                     let status = r.status();
-                    return (format!("writer {w}"), status, r.text().await.unwrap_or_default());
+                    return (
+                        format!("writer {w}"),
+                        status,
+                        r.text().await.unwrap_or_default(),
+                    );
                 }
             }
             (format!("writer {w}"), StatusCode::CREATED, String::new())
@@ -2075,10 +2160,21 @@ async fn import_under_concurrent_writes_never_answers_500(db: Db) {
 #[tokio::test(flavor = "multi_thread")]
 async fn auth_secret_comes_from_a_file_or_the_environment_never_argv() {
     let secret = "a-secret-from-a-file-that-is-long-enough-0123456789";
-    let out = Command::new(BIN)
-        .args(["inventory", "--listen", "127.0.0.1:0", "--auth-secret", secret])
+    // `timeout`: a server that accepted the flag would keep running (a failure, not a hang).
+    let out = Command::new("timeout")
+        .args([
+            "20",
+            BIN,
+            "inventory",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(tempfile::tempdir().expect("tempdir").path())
+        .args(["--auth-secret", secret])
         .output()
         .expect("run");
+    assert_ne!(out.status.code(), Some(124), "--auth-secret was accepted");
     assert!(!out.status.success(), "--auth-secret was accepted");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--auth-secret"));
 
@@ -2100,11 +2196,16 @@ async fn auth_secret_comes_from_a_file_or_the_environment_never_argv() {
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "info");
     let Reported { proc, addr, logs } = spawn_reporting(cmd, "switchyard inventory");
-    let inv = Inventory { _proc: proc, addr, logs };
+    let inv = Inventory {
+        _proc: proc,
+        addr,
+        logs,
+    };
     assert!(inv.logs().contains("configured secret"), "{}", inv.logs());
     assert!(!inv.logs().contains("generated a session secret"));
     assert!(!dir.path().join("auth_secret").exists());
-    let cmdline = std::fs::read(format!("/proc/{}/cmdline", inv._proc.child.id())).expect("cmdline");
+    let cmdline =
+        std::fs::read(format!("/proc/{}/cmdline", inv._proc.child.id())).expect("cmdline");
     assert!(!String::from_utf8_lossy(&cmdline).contains(secret));
     let (c, _) = Client::account(&inv, "s@example.org").await;
     let live = session_cookie(&c.get("/api/auth/session").await.headers).expect("cookie");

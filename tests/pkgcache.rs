@@ -877,7 +877,15 @@ fn auth_follows_the_route_that_matched_for_every_reserved_segment() {
     let f = file.to_str().expect("p");
     let bearer = format!("Authorization: Bearer {TOKEN}");
     let reserved = [
-        "health", "metrics", "api", "docs", "redoc", "openapi.json", "live", "ready", "details",
+        "health",
+        "metrics",
+        "api",
+        "docs",
+        "redoc",
+        "openapi.json",
+        "live",
+        "ready",
+        "details",
     ];
     for (i, name) in reserved.iter().enumerate() {
         for path in [
@@ -890,13 +898,25 @@ fn auth_follows_the_route_that_matched_for_every_reserved_segment() {
             assert_eq!(status(&["-X", "PUT", "-T", f], &url), 401, "PUT {path}");
             assert_eq!(status(&["-o", "/dev/null"], &url), 401, "GET {path}");
             assert_eq!(status(&["-X", "DELETE"], &url), 401, "DELETE {path}");
-            assert_eq!(head(&url, &[]).0, 404, "HEAD {path}: anonymous, nothing stored");
+            assert_eq!(
+                head(&url, &[]).0,
+                404,
+                "HEAD {path}: anonymous, nothing stored"
+            );
         }
         let path = format!("/{name}/1/abcdef012{i}");
         let url = srv.url(&path);
-        assert_eq!(status(&["-X", "PUT", "-T", f, "-H", &bearer], &url), 200, "{path}");
+        assert_eq!(
+            status(&["-X", "PUT", "-T", f, "-H", &bearer], &url),
+            200,
+            "{path}"
+        );
         assert_eq!(status(&["-o", "/dev/null"], &url), 401, "{path}");
-        assert_eq!(status(&["-o", "/dev/null", "-H", &bearer], &url), 200, "{path}");
+        assert_eq!(
+            status(&["-o", "/dev/null", "-H", &bearer], &url),
+            200,
+            "{path}"
+        );
         assert_eq!(head(&url, &[]).0, 200, "{path}");
     }
     let endpoints = [
@@ -919,10 +939,7 @@ fn auth_follows_the_route_that_matched_for_every_reserved_segment() {
     drop(srv);
 
     // every scope protected: each endpoint needs the token, and packages still do
-    let srv = auth_server(
-        dir.path(),
-        "  protect: [packages, health, metrics, docs]\n",
-    );
+    let srv = auth_server(dir.path(), "  protect: [packages, health, metrics, docs]\n");
     for e in endpoints {
         assert_eq!(status(&["-o", "/dev/null"], &srv.url(e)), 401, "{e}");
         assert_eq!(
@@ -947,7 +964,10 @@ fn auth_follows_the_route_that_matched_for_every_reserved_segment() {
 fn unknown_methods_are_counted_as_other() {
     let dir = tempfile::tempdir().expect("tempdir");
     let srv = fs_server(&dir.path().join("store"), &[]);
-    for (i, m) in ["FOOBAR", "BREW", "X-EVIL-1", "PROPFIND"].iter().enumerate() {
+    for (i, m) in ["FOOBAR", "BREW", "X-EVIL-1", "PROPFIND"]
+        .iter()
+        .enumerate()
+    {
         let code = status(&["-X", m], &srv.url(&format!("/zlib/1/ab{i}")));
         assert_eq!(code, 405, "{m}");
         assert_eq!(status(&["-X", m], &srv.url("/health")), 405, "{m}");
@@ -1017,7 +1037,14 @@ fn new_package_directories_are_fsynced() {
     let srv = fs_server(&store, &[]);
     let log = dir.path().join("strace.log");
     let mut tracer = Command::new(strace)
-        .args(["-f", "-y", "-qq", "-e", "trace=mkdir,mkdirat,fsync,fdatasync", "-o"])
+        .args([
+            "-f",
+            "-y",
+            "-qq",
+            "-e",
+            "trace=mkdir,mkdirat,fsync,fdatasync",
+            "-o",
+        ])
         .arg(&log)
         .args(["-p", &srv.pid().to_string()])
         .stdout(Stdio::null())
@@ -1034,9 +1061,9 @@ fn new_package_directories_are_fsynced() {
         head(&probe, &[]);
         let tasks = files_in(Path::new(&format!("/proc/{}/task", srv.pid())));
         !tasks.is_empty()
-            && tasks.iter().all(|t| {
-                traced(std::fs::read_to_string(t.join("status")).unwrap_or_default())
-            })
+            && tasks
+                .iter()
+                .all(|t| traced(std::fs::read_to_string(t.join("status")).unwrap_or_default()))
     });
     let file = dir.path().join("pkg");
     std::fs::write(&file, content(10_000, 9)).expect("write");
@@ -1087,12 +1114,41 @@ fn new_package_directories_are_fsynced() {
 #[test]
 fn tokens_come_from_a_file_or_the_environment_never_argv() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = Command::new(BIN)
-        .args(["pkgcache", "--listen", "127.0.0.1:0", "--tokens", "s3cret"])
-        .output()
+    let mut child = Command::new(BIN)
+        .args([
+            "pkgcache",
+            "--listen",
+            "127.0.0.1:0",
+            "--tokens",
+            "s3cret",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("argv-store"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run");
-    assert!(!out.status.success(), "--tokens was accepted");
-    let err = String::from_utf8_lossy(&out.stderr);
+    // A server that accepted the flag keeps running: that is the failure, not a hang.
+    let mut exited = None;
+    for _ in 0..200 {
+        if let Ok(Some(st)) = child.try_wait() {
+            exited = Some(st);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if exited.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(
+        exited.is_some_and(|s| !s.success()),
+        "--tokens was accepted"
+    );
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
     assert!(err.contains("--tokens"), "{err}");
 
     let srv = auth_server(dir.path(), "");
@@ -1111,7 +1167,10 @@ fn tokens_come_from_a_file_or_the_environment_never_argv() {
     let url = srv.url(&format!("/zlib/1/{}", sha(7)));
     assert_eq!(status(&["-o", "/dev/null"], &url), 401);
     assert_eq!(
-        status(&["-o", "/dev/null", "-H", "Authorization: Bearer second"], &url),
+        status(
+            &["-o", "/dev/null", "-H", "Authorization: Bearer second"],
+            &url
+        ),
         200
     );
 }

@@ -325,15 +325,33 @@ mod tests {
         let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
         let h = xff("203.0.113.9, 198.51.100.7");
         // an untrusted peer: the header is ignored
-        assert_eq!(forwarded_client(ip("192.0.2.1"), &h, &trusted), ip("192.0.2.1"));
+        assert_eq!(
+            forwarded_client(ip("192.0.2.1"), &h, &trusted),
+            ip("192.0.2.1")
+        );
         assert_eq!(forwarded_client(ip("10.1.1.1"), &h, &[]), ip("10.1.1.1"));
         // a trusted peer: the rightmost untrusted hop (a client-written left part is not believed)
-        assert_eq!(forwarded_client(ip("10.1.1.1"), &h, &trusted), ip("198.51.100.7"));
+        assert_eq!(
+            forwarded_client(ip("10.1.1.1"), &h, &trusted),
+            ip("198.51.100.7")
+        );
         let chain = xff("6.6.6.6, 198.51.100.7, 10.2.2.2");
-        assert_eq!(forwarded_client(ip("10.1.1.1"), &chain, &trusted), ip("198.51.100.7"));
+        assert_eq!(
+            forwarded_client(ip("10.1.1.1"), &chain, &trusted),
+            ip("198.51.100.7")
+        );
         // malformed hop: stop at the last good address; no header: the proxy itself
-        assert_eq!(forwarded_client(ip("10.1.1.1"), &xff("junk"), &trusted), ip("10.1.1.1"));
-        assert_eq!(forwarded_client(ip("10.1.1.1"), &HeaderMap::new(), &trusted), ip("10.1.1.1"));
-        assert_eq!(forwarded_client(ip("::ffff:10.1.1.1"), &h, &trusted), ip("198.51.100.7"));
+        assert_eq!(
+            forwarded_client(ip("10.1.1.1"), &xff("junk"), &trusted),
+            ip("10.1.1.1")
+        );
+        assert_eq!(
+            forwarded_client(ip("10.1.1.1"), &HeaderMap::new(), &trusted),
+            ip("10.1.1.1")
+        );
+        assert_eq!(
+            forwarded_client(ip("::ffff:10.1.1.1"), &h, &trusted),
+            ip("198.51.100.7")
+        );
     }
 }

@@ -117,7 +117,9 @@ pub fn run(mut args: InventoryArgs) -> anyhow::Result<()> {
 /// `DATA_DIR/auth_secret`, else generated there once with mode 0600.
 pub fn load_secret(cfg: &InventoryConfig, data_dir: &Path) -> anyhow::Result<String> {
     if let Some(s) = &cfg.session.secret {
-        tracing::info!("session key derived from the configured secret (file, AUTH_SECRET or session.secret)");
+        tracing::info!(
+            "session key derived from the configured secret (file, AUTH_SECRET or session.secret)"
+        );
         return Ok(s.clone());
     }
     let path = data_dir.join("auth_secret");
@@ -263,7 +265,11 @@ mod tests {
             ..InventoryArgs::default()
         };
         let cfg = effective_config(&from_file).unwrap();
-        assert_eq!(cfg.session.secret, Some("s".repeat(40)), "the file wins over the variable");
+        assert_eq!(
+            cfg.session.secret,
+            Some("s".repeat(40)),
+            "the file wins over the variable"
+        );
     }
 
     #[test]

@@ -226,8 +226,7 @@ impl Keys {
     /// The token inside a CSRF cookie value, if its signature is ours for session `sid`.
     pub fn csrf_from_cookie(&self, cookie: &str, sid: &str) -> Option<String> {
         let (token, sig) = cookie.split_once('.')?;
-        if token.is_empty() || !constant_eq(sig.as_bytes(), self.csrf_sig(sid, token).as_bytes())
-        {
+        if token.is_empty() || !constant_eq(sig.as_bytes(), self.csrf_sig(sid, token).as_bytes()) {
             return None;
         }
         Some(token.to_string())
@@ -235,7 +234,10 @@ impl Keys {
 
     /// Does `submitted` match the token of a CSRF cookie bound to session `sid`?
     pub fn csrf_ok(&self, cookie: Option<&str>, submitted: Option<&str>, sid: &str) -> bool {
-        match (cookie.and_then(|c| self.csrf_from_cookie(c, sid)), submitted) {
+        match (
+            cookie.and_then(|c| self.csrf_from_cookie(c, sid)),
+            submitted,
+        ) {
             (Some(expected), Some(got)) => constant_eq(expected.as_bytes(), got.as_bytes()),
             _ => false,
         }

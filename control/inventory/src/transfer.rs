@@ -26,9 +26,9 @@ use sqlx::Row;
 use futures::{StreamExt as _, TryStreamExt as _};
 
 use crate::csv;
-use crate::http::IMPORT_LIMIT;
 use crate::db::{is_unique_violation, new_id, now_iso, today_iso, User};
 use crate::error::{ApiError, FieldError};
+use crate::http::IMPORT_LIMIT;
 use crate::http::{CurrentUser, Shared};
 use crate::validate::{self, ItemInput};
 

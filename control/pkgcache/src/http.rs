@@ -332,7 +332,10 @@ async fn do_delete(st: &AppState, key: Result<PackageKey, Error>) -> Result<Resp
     responses((status = 200, description = "exists"), (status = 404, description = "absent"),
               (status = 400, description = "invalid path"), (status = 403, description = "write-only mode"),
               (status = 401, description = "credentials required (only with auth.anonymous_head false)")))]
-pub async fn head_package(st: &AppState, key: Result<PackageKey, Error>) -> Result<Response, Error> {
+pub async fn head_package(
+    st: &AppState,
+    key: Result<PackageKey, Error>,
+) -> Result<Response, Error> {
     do_head(st, key).await
 }
 

@@ -170,8 +170,21 @@ mod tests {
         assert_eq!(resolve("/health/details"), Endpoint::Details);
         assert_eq!(resolve("/metrics"), Endpoint::Metrics);
         assert_eq!(resolve("/api/docs"), Endpoint::Doc(DocPage::SwaggerUi));
-        assert_eq!(resolve("/api/openapi.json"), Endpoint::Doc(DocPage::OpenApiJson));
-        for p in ["", "/", "/health/", "/metrics/x", "/api", "/api/x", "/a/b", "health", "/%68ealth"] {
+        assert_eq!(
+            resolve("/api/openapi.json"),
+            Endpoint::Doc(DocPage::OpenApiJson)
+        );
+        for p in [
+            "",
+            "/",
+            "/health/",
+            "/metrics/x",
+            "/api",
+            "/api/x",
+            "/a/b",
+            "health",
+            "/%68ealth",
+        ] {
             assert_eq!(resolve(p), Endpoint::NotFound, "{p}");
         }
     }
@@ -179,14 +192,20 @@ mod tests {
     #[test]
     fn reserved_names_are_packages_with_package_scope() {
         for name in ["health", "metrics", "api", "docs", "redoc", "openapi.json"] {
-            for path in [format!("/{name}/1/abcdef0123"), format!("/{name}/docs/ab/x64-linux")] {
+            for path in [
+                format!("/{name}/1/abcdef0123"),
+                format!("/{name}/docs/ab/x64-linux"),
+            ] {
                 let e = resolve(&path);
                 assert!(matches!(e, Endpoint::Package(_)), "{path}: {e:?}");
                 assert_eq!(e.scope(), Some(Scope::Packages), "{path}");
             }
         }
         assert_eq!(resolve("/api/docs/x").scope(), Some(Scope::Packages));
-        assert!(matches!(resolve("/api/docs/x"), Endpoint::InvalidPackage(_)));
+        assert!(matches!(
+            resolve("/api/docs/x"),
+            Endpoint::InvalidPackage(_)
+        ));
         assert_eq!(resolve("/a/b/c/d/e"), Endpoint::NotFound);
     }
 
@@ -196,7 +215,15 @@ mod tests {
             panic!()
         };
         assert_eq!((k.version.as_str(), k.sha.as_str()), ("5.15.2+1", "ab"));
-        for p in ["/%2E%2E/1/ab", "/a%2Fb/1/ab", "/a/1/%zz", "/a/1/ab%", "/a/%ff/ab", "/a//ab", "/a/1/ab/"] {
+        for p in [
+            "/%2E%2E/1/ab",
+            "/a%2Fb/1/ab",
+            "/a/1/%zz",
+            "/a/1/ab%",
+            "/a/%ff/ab",
+            "/a//ab",
+            "/a/1/ab/",
+        ] {
             assert!(matches!(resolve(p), Endpoint::InvalidPackage(_)), "{p}");
         }
     }

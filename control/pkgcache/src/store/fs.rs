@@ -691,8 +691,14 @@ mod tests {
         fs::create_dir_all(dir.path().join("tmp")).unwrap();
         let stale = dir.path().join("tmp/123-0-data.part");
         fs::write(&stale, b"half").unwrap();
-        let old = std::time::SystemTime::now() - STALE_TEMP_AGE - std::time::Duration::from_secs(60);
-        File::options().write(true).open(&stale).unwrap().set_modified(old).unwrap();
+        let old =
+            std::time::SystemTime::now() - STALE_TEMP_AGE - std::time::Duration::from_secs(60);
+        File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
         let fresh = dir.path().join("tmp/another-server-data.part");
         fs::write(&fresh, b"in flight").unwrap();
         let p = dir.path().join("packages/a/1");
@@ -700,7 +706,10 @@ mod tests {
         fs::write(p.join("ff"), b"by hand").unwrap();
         let store = FsStore::open(dir.path()).unwrap();
         assert!(!stale.exists());
-        assert!(fresh.exists(), "a young temp file may be another server's upload");
+        assert!(
+            fresh.exists(),
+            "a young temp file may be another server's upload"
+        );
         let k = PackageKey::parse("a", "1", "ff").unwrap();
         let m = store.head(&k).await.unwrap().unwrap();
         assert_eq!(m.size, 7);
