@@ -43,8 +43,9 @@ const READ_CHUNK: usize = 256 * 1024;
 const WRITE_QUEUE: usize = 4;
 /// Bytes of small packages kept in memory (packages are immutable, so a hit needs no I/O).
 const SMALL_CACHE_BYTES: usize = 64 * 1024 * 1024;
-/// A temp file not written to for this long is a leftover (an upload whose server died); an
-/// upload in flight writes at least every few seconds, so it is never this old.
+/// A temp file not written to for this long is taken for a leftover (an upload whose server
+/// died): an upload in flight modifies its file with every chunk, so only one stalled for an
+/// hour could be mistaken for one (its link then fails and the client gets a retryable 500).
 pub const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Small packages recently stored or served, evicted first-in first-out.
