@@ -119,11 +119,12 @@ fn fresh(db: &Db, yaml: &str) -> (tempfile::TempDir, Inventory) {
     (dir, inv)
 }
 
-/// A browser-like client: cookie jar, no redirect following, the CSRF token it fetched.
+/// A browser-like client: cookie jar, no redirect following, the CSRF token it holds (bound
+/// to its session: sign-in and sign-out hand out a new one, which [`Client::call`] picks up).
 struct Client {
     http: reqwest::Client,
     base: String,
-    csrf: String,
+    csrf: Mutex<String>,
 }
 
 struct Reply {
@@ -145,15 +146,31 @@ impl Client {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("client");
-        let mut c = Client {
+        let c = Client {
             http,
             base: inv.url(""),
-            csrf: String::new(),
+            csrf: Mutex::new(String::new()),
         };
-        let r = c.call(Method::GET, "/api/auth/csrf", None, false).await;
-        assert_eq!(r.status, 200);
-        c.csrf = r.body["csrfToken"].as_str().expect("csrfToken").to_string();
+        c.refresh_csrf().await;
         c
+    }
+
+    /// The CSRF token the client holds.
+    fn token(&self) -> String {
+        self.csrf.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    fn set_token(&self, token: &str) {
+        if let Ok(mut t) = self.csrf.lock() {
+            *t = token.to_string();
+        }
+    }
+
+    /// Fetches the CSRF token for the client's current session (as the web UI does).
+    async fn refresh_csrf(&self) {
+        let r = self.call(Method::GET, "/api/auth/csrf", None, false).await;
+        assert_eq!(r.status, 200);
+        self.set_token(r.body["csrfToken"].as_str().expect("csrfToken"));
     }
 
     /// Request with an optional JSON body; `csrf` adds the `X-CSRF-Token` header.
@@ -163,13 +180,19 @@ impl Client {
             req = req.json(&b);
         }
         if csrf {
-            req = req.header("x-csrf-token", &self.csrf);
+            req = req.header("x-csrf-token", self.token());
         }
         let resp = req.send().await.expect("request");
         let status = resp.status();
         let headers = resp.headers().clone();
         let text = resp.text().await.expect("body");
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        // sign-in and sign-out answer with the token of the new session (or of none)
+        if status == StatusCode::FOUND {
+            if let Some(t) = body["csrfToken"].as_str() {
+                self.set_token(t);
+            }
+        }
         Reply {
             status,
             headers,
@@ -204,7 +227,7 @@ impl Client {
         self.call(
             Method::POST,
             "/api/auth/callback/credentials",
-            Some(json!({"email": email, "password": password, "csrfToken": self.csrf})),
+            Some(json!({"email": email, "password": password, "csrfToken": self.token()})),
             false,
         )
         .await
@@ -359,7 +382,7 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
         .expect("client");
     let r = stranger
         .post(inv.url("/api/auth/callback/credentials"))
-        .json(&json!({"email": "a@example.org", "password": "12345678", "csrfToken": c.csrf}))
+        .json(&json!({"email": "a@example.org", "password": "12345678", "csrfToken": c.token()}))
         .send()
         .await
         .expect("send");
@@ -379,7 +402,7 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
         .form(&[
             ("email", "a@example.org"),
             ("password", "12345678"),
-            ("csrfToken", c.csrf.as_str()),
+            ("csrfToken", c.token().as_str()),
             ("callbackUrl", "/items"),
         ])
         .send()
@@ -387,6 +410,7 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
         .expect("send");
     assert_eq!(form.status(), 302);
     assert_eq!(form.headers()["location"], "/items");
+    c.refresh_csrf().await;
     let cookie = session_cookie(form.headers()).expect("session cookie");
     assert!(
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax") && cookie.contains("Path=/"),
@@ -411,13 +435,14 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
         .form(&[
             ("email", "a@example.org"),
             ("password", "12345678"),
-            ("csrfToken", c.csrf.as_str()),
+            ("csrfToken", c.token().as_str()),
             ("callbackUrl", "https://evil.example/"),
         ])
         .send()
         .await
         .expect("send");
     assert_eq!(open_redirect.headers()["location"], "/");
+    c.refresh_csrf().await;
 
     let s = c.get("/api/auth/session").await;
     assert_eq!(s.body["user"]["email"], "a@example.org");
@@ -465,7 +490,7 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
     let r = c
         .http
         .post(inv.url("/api/categories"))
-        .header("x-csrf-token", &c.csrf)
+        .header("x-csrf-token", c.token())
         .header(CONTENT_TYPE, "text/plain")
         .body("name=x")
         .send()
@@ -505,7 +530,7 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
         .call(
             Method::POST,
             "/api/auth/signout",
-            Some(json!({"csrfToken": c.csrf})),
+            Some(json!({"csrfToken": c.token()})),
             false,
         )
         .await;
@@ -524,7 +549,7 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
         .call(
             Method::POST,
             "/api/auth/signout",
-            Some(json!({"csrfToken": c.csrf})),
+            Some(json!({"csrfToken": c.token()})),
             false,
         )
         .await;
@@ -1290,7 +1315,7 @@ impl Client {
         let resp = self
             .http
             .post(format!("{}/api/items/{item}/images", self.base))
-            .header("x-csrf-token", &self.csrf)
+            .header("x-csrf-token", self.token())
             .multipart(form)
             .send()
             .await
@@ -1600,7 +1625,7 @@ async fn export_import_round_trip_idempotence_and_rollback(db: Db) {
     let post_csv = |c: &Client, body: String| {
         c.http
             .post(format!("{}/api/import", c.base))
-            .header("x-csrf-token", &c.csrf)
+            .header("x-csrf-token", c.token())
             .header(CONTENT_TYPE, "text/csv")
             .body(body)
             .send()
@@ -1715,6 +1740,482 @@ async fn export_import_round_trip_idempotence_and_rollback(db: Db) {
     assert_eq!(r.status, 400);
 }
 
+// ------------------------------------------------------------------ hardening (issue 19)
+
+/// The value of cookie `name` set by a response (`name=VALUE; …` → `VALUE`).
+fn set_cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|v| v.strip_prefix(&format!("{name}=")))
+        .map(|v| v.split(';').next().unwrap_or("").to_string())
+}
+
+/// A request carrying exactly `cookies` (no jar) and optional extra headers.
+async fn raw(
+    inv: &Inventory,
+    method: Method,
+    path: &str,
+    cookies: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> reqwest::Response {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let mut req = http.request(method, inv.url(path));
+    if !cookies.is_empty() {
+        req = req.header(COOKIE, cookies);
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    req.send().await.expect("send")
+}
+
+/// CSRF pairs are bound to the session: a pair fetched anonymously or by another user is
+/// refused with a victim's session; sign-in issues a new token (the one from before no longer
+/// works); over TLS both cookies are `__Host-` cookies and only those names are read.
+async fn csrf_tokens_are_bound_to_the_session(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
+    let (alice, _) = Client::account(&inv, "alice@example.org").await;
+    let (bob, _) = Client::account(&inv, "bob@example.org").await;
+    let session_of = |c: &Client| {
+        let c = c.http.clone();
+        let url = inv.url("/api/auth/session");
+        async move {
+            let r = c.get(url).send().await.expect("send");
+            session_cookie(r.headers())
+                .expect("session cookie")
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        }
+    };
+    let alice_session = session_of(&alice).await;
+    let bob_session = session_of(&bob).await;
+
+    // an anonymous pair and bob's own pair, each used with alice's session: refused
+    let anon = raw(&inv, Method::GET, "/api/auth/csrf", "", &[], None).await;
+    let anon_cookie = set_cookie_value(anon.headers(), "inventory.csrf-token").expect("cookie");
+    let anon_token = anon.json::<Value>().await.expect("json")["csrfToken"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let bobs = raw(&inv, Method::GET, "/api/auth/csrf", &bob_session, &[], None).await;
+    let bob_cookie = set_cookie_value(bobs.headers(), "inventory.csrf-token").expect("cookie");
+    let bob_token = bobs.json::<Value>().await.expect("json")["csrfToken"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    for (who, cookie, token) in [
+        ("anonymous", &anon_cookie, &anon_token),
+        ("bob's", &bob_cookie, &bob_token),
+    ] {
+        let r = raw(
+            &inv,
+            Method::POST,
+            "/api/categories",
+            &format!("{alice_session}; inventory.csrf-token={cookie}"),
+            &[("x-csrf-token", token)],
+            Some(json!({"name": format!("forged by {who}")})),
+        )
+        .await;
+        assert_eq!(r.status(), 403, "{who} pair accepted with alice's session");
+    }
+    // the same pair works for the session it was issued to
+    let r = raw(
+        &inv,
+        Method::POST,
+        "/api/categories",
+        &format!("{bob_session}; inventory.csrf-token={bob_cookie}"),
+        &[("x-csrf-token", &bob_token)],
+        Some(json!({"name": "bob's own"})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    // (alice is ADMIN and sees bob's category too, but no forged one exists)
+    let names: Vec<String> = alice.get("/api/categories").await.body["categories"]
+        .as_array()
+        .expect("categories")
+        .iter()
+        .filter_map(|c| c["name"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(names, ["bob's own"]);
+
+    // sign-in rotates the token: the one held before no longer works, the new one does
+    let c = Client::new(&inv).await;
+    let before = c.token();
+    let r = c.sign_in("alice@example.org", "correct horse").await;
+    assert_eq!(r.status, 302);
+    let after = r.body["csrfToken"]
+        .as_str()
+        .expect("new token in the reply")
+        .to_string();
+    assert_ne!(before, after);
+    c.set_token(&before);
+    assert_eq!(
+        c.post("/api/categories", json!({"name": "x"})).await.status,
+        403
+    );
+    c.set_token(&after);
+    assert_eq!(
+        c.post("/api/categories", json!({"name": "x"})).await.status,
+        201
+    );
+    c.refresh_csrf().await;
+    assert_eq!(c.token(), after, "/api/auth/csrf gives the session's token");
+
+    // over TLS (a TLS-terminating proxy says https): __Host- cookies, only those are read
+    let https = [("x-forwarded-proto", "https")];
+    let r = raw(&inv, Method::GET, "/api/auth/csrf", "", &https, None).await;
+    let csrf_cookie =
+        set_cookie_value(r.headers(), "__Host-inventory.csrf-token").expect("__Host- csrf cookie");
+    let raw_set: Vec<String> = r
+        .headers()
+        .get_all(SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    assert!(
+        raw_set
+            .iter()
+            .all(|c| c.contains("Secure") && c.contains("Path=/") && !c.contains("Domain")),
+        "{raw_set:?}"
+    );
+    let token = r.json::<Value>().await.expect("json")["csrfToken"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let r = raw(
+        &inv,
+        Method::POST,
+        "/api/auth/callback/credentials",
+        &format!("__Host-inventory.csrf-token={csrf_cookie}"),
+        &https,
+        Some(
+            json!({"email": "alice@example.org", "password": "correct horse", "csrfToken": token}),
+        ),
+    )
+    .await;
+    assert_eq!(r.status(), 302);
+    let secure_session = set_cookie_value(r.headers(), "__Host-inventory.session-token")
+        .expect("__Host- session cookie");
+    let ok = raw(
+        &inv,
+        Method::GET,
+        "/api/items",
+        &format!("__Host-inventory.session-token={secure_session}"),
+        &https,
+        None,
+    )
+    .await;
+    assert_eq!(ok.status(), 200);
+    let plain_name = raw(
+        &inv,
+        Method::GET,
+        "/api/items",
+        &format!("inventory.session-token={secure_session}"),
+        &https,
+        None,
+    )
+    .await;
+    assert_eq!(
+        plain_name.status(),
+        401,
+        "over TLS only the __Host- name counts"
+    );
+}
+
+/// callbackUrl: only same-origin relative paths are followed; tabs and newlines (which
+/// browsers drop), backslashes (read as `/`) and protocol-relative or absolute URLs go to `/`.
+async fn sign_in_callback_urls_stay_on_the_site(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
+    let (c, _) = Client::account(&inv, "cb@example.org").await;
+    let cases = [
+        ("/items?x=1", "/items?x=1"),
+        ("/\t/evil.example", "/"),
+        ("/\n/evil.example", "/"),
+        ("/\r\n/evil.example", "/"),
+        ("/\\evil.example", "/"),
+        ("/\\/evil.example", "/"),
+        ("//evil.example", "/"),
+        ("\t//evil.example", "/"),
+        ("https://evil.example/", "/"),
+        ("/ /evil.example", "/"),
+    ];
+    for (given, expected) in cases {
+        let r = c
+            .call(
+                Method::POST,
+                "/api/auth/callback/credentials",
+                Some(
+                    json!({"email": "cb@example.org", "password": "correct horse",
+                            "csrfToken": c.token(), "callbackUrl": given}),
+                ),
+                false,
+            )
+            .await;
+        assert_eq!(r.status, 302, "{given:?}");
+        assert_eq!(r.headers["location"], expected, "{given:?}");
+        assert_eq!(r.body["url"], expected, "{given:?}");
+    }
+}
+
+/// A client bound to a source address in 127.0.0.0/8 (all of it is loopback).
+fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .cookie_store(true)
+        .local_address(ip.parse::<std::net::IpAddr>().ok())
+        .build()
+        .expect("client")
+}
+
+/// Signs in `email` from `http` (fetching a CSRF pair first) with extra headers; the status.
+async fn sign_in_from(
+    inv: &Inventory,
+    http: &reqwest::Client,
+    email: &str,
+    password: &str,
+    headers: &[(&str, &str)],
+) -> StatusCode {
+    let t: Value = http
+        .get(inv.url("/api/auth/csrf"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let mut req = http
+        .post(inv.url("/api/auth/callback/credentials"))
+        .json(&json!({"email": email, "password": password, "csrfToken": t["csrfToken"]}));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.expect("send").status()
+}
+
+/// Failed sign-ins back off per account *and* client: an attacker's failures lock out only the
+/// attacker, the owner signs in from elsewhere. X-Forwarded-For counts only from a configured
+/// trusted proxy.
+async fn sign_in_backoff_is_per_account_and_client_and_trusts_only_configured_proxies(db: Db) {
+    let yaml = "limits:\n  signin_failures_per_account: 3\n  signin_failures_per_ip: 50\n  window: 10m\ntrusted_proxies: [\"127.0.0.3/32\"]\n";
+    let (_dir, inv) = fresh(&db, yaml);
+    let c = Client::new(&inv).await;
+    assert_eq!(
+        c.register("owner@example.org", "12345678").await.status,
+        201
+    );
+    let attacker = client_from("127.0.0.1");
+    for _ in 0..3 {
+        assert_eq!(
+            sign_in_from(&inv, &attacker, "owner@example.org", "guess-guess", &[]).await,
+            401
+        );
+    }
+    assert_eq!(
+        sign_in_from(&inv, &attacker, "owner@example.org", "12345678", &[]).await,
+        429,
+        "the attacker's client is backed off"
+    );
+    // the owner, from another address, is not locked out
+    let owner = client_from("127.0.0.2");
+    assert_eq!(
+        sign_in_from(&inv, &owner, "owner@example.org", "12345678", &[]).await,
+        302
+    );
+
+    // behind the trusted proxy 127.0.0.3, clients are told apart by X-Forwarded-For
+    let proxy = client_from("127.0.0.3");
+    let via = |ip: &'static str| [("x-forwarded-for", ip)];
+    for _ in 0..3 {
+        assert_eq!(
+            sign_in_from(
+                &inv,
+                &proxy,
+                "owner@example.org",
+                "guess-guess",
+                &via("198.51.100.1")
+            )
+            .await,
+            401
+        );
+    }
+    assert_eq!(
+        sign_in_from(
+            &inv,
+            &proxy,
+            "owner@example.org",
+            "12345678",
+            &via("198.51.100.1")
+        )
+        .await,
+        429
+    );
+    assert_eq!(
+        sign_in_from(
+            &inv,
+            &proxy,
+            "owner@example.org",
+            "12345678",
+            &via("198.51.100.2")
+        )
+        .await,
+        302,
+        "another client behind the proxy"
+    );
+    // from an untrusted peer the header is ignored: 127.0.0.1 is still backed off whatever it claims
+    assert_eq!(
+        sign_in_from(
+            &inv,
+            &attacker,
+            "owner@example.org",
+            "12345678",
+            &via("198.51.100.77")
+        )
+        .await,
+        429
+    );
+}
+
+/// Imports while other requests write: every import and every write succeeds (an import used
+/// to open its SQLite transaction with reads and fail with SQLITE_BUSY → 500 when a concurrent
+/// write committed first).
+async fn import_under_concurrent_writes_never_answers_500(db: Db) {
+    let (_dir, inv) = fresh(&db, "");
+    let (c, _) = Client::account(&inv, "busy@example.org").await;
+    let token = c.token();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let http = c.http.clone();
+        let url = inv.url("/api/import");
+        let token = token.clone();
+        let doc = json!({
+            "format": "switchyard-inventory", "version": 1,
+            "categories": (0..15).map(|k| json!({"name": format!("cat {i}-{k}")})).collect::<Vec<_>>(),
+            "locations": (0..15).map(|k| json!({"name": format!("loc {i}-{k}")})).collect::<Vec<_>>(),
+            "items": (0..150).map(|k| json!({"name": format!("imported {i}-{k}")}))
+                .collect::<Vec<_>>(),
+        });
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(url)
+                .header("x-csrf-token", token)
+                .json(&doc)
+                .send()
+                .await
+                .expect("send");
+            let status = r.status();
+            (
+                format!("import {i}"),
+                status,
+                r.text().await.unwrap_or_default(),
+            )
+        }));
+    }
+    for w in 0..4 {
+        let http = c.http.clone();
+        let url = inv.url("/api/items");
+        let token = token.clone();
+        tasks.push(tokio::spawn(async move {
+            for k in 0..25 {
+                let r = http
+                    .post(url.clone())
+                    .header("x-csrf-token", token.clone())
+                    .json(&json!({"name": format!("written {w}-{k}")}))
+                    .send()
+                    .await
+                    .expect("send");
+                if r.status() != StatusCode::CREATED {
+                    let status = r.status();
+                    return (
+                        format!("writer {w}"),
+                        status,
+                        r.text().await.unwrap_or_default(),
+                    );
+                }
+            }
+            (format!("writer {w}"), StatusCode::CREATED, String::new())
+        }));
+    }
+    for t in tasks {
+        let (who, status, body) = t.await.expect("task");
+        assert!(status.is_success(), "{who}: {status} {body}");
+    }
+    let list = c.get("/api/items?limit=1").await;
+    assert_eq!(list.body["pagination"]["total"], 6 * 150 + 4 * 25);
+}
+
+/// The session secret never comes from the command line (the process list shows it):
+/// `--auth-secret` is refused; `--auth-secret-file` works and gives the same key as the same
+/// secret in `AUTH_SECRET` (a session made under one is valid under the other).
+#[tokio::test(flavor = "multi_thread")]
+async fn auth_secret_comes_from_a_file_or_the_environment_never_argv() {
+    let secret = "a-secret-from-a-file-that-is-long-enough-0123456789";
+    // `timeout`: a server that accepted the flag would keep running (a failure, not a hang).
+    let out = Command::new("timeout")
+        .args([
+            "20",
+            BIN,
+            "inventory",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(tempfile::tempdir().expect("tempdir").path())
+        .args(["--auth-secret", secret])
+        .output()
+        .expect("run");
+    assert_ne!(out.status.code(), Some(124), "--auth-secret was accepted");
+    assert!(!out.status.success(), "--auth-secret was accepted");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--auth-secret"));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("secret");
+    std::fs::write(&file, format!("{secret}\n")).expect("secret file");
+    let cmd_file = file.to_str().expect("p").to_string();
+    let db = Db::Sqlite;
+    let yaml = "";
+    let config = dir.path().join("inventory-test.yaml");
+    std::fs::write(&config, yaml).expect("config");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["inventory", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .args(["--config"])
+        .arg(&config)
+        .args(["--auth-secret-file", &cmd_file])
+        .env_remove("AUTH_SECRET")
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "info");
+    let Reported { proc, addr, logs } = spawn_reporting(cmd, "switchyard inventory");
+    let inv = Inventory {
+        _proc: proc,
+        addr,
+        logs,
+    };
+    assert!(inv.logs().contains("configured secret"), "{}", inv.logs());
+    assert!(!inv.logs().contains("generated a session secret"));
+    assert!(!dir.path().join("auth_secret").exists());
+    let cmdline =
+        std::fs::read(format!("/proc/{}/cmdline", inv._proc.child.id())).expect("cmdline");
+    assert!(!String::from_utf8_lossy(&cmdline).contains(secret));
+    let (c, _) = Client::account(&inv, "s@example.org").await;
+    let live = session_cookie(&c.get("/api/auth/session").await.headers).expect("cookie");
+    let live = live.split(';').next().unwrap_or("").to_string();
+    drop(inv);
+    let inv = start(&db, dir.path(), yaml, &[("AUTH_SECRET", secret)]);
+    let r = raw(&inv, Method::GET, "/api/items", &live, &[], None).await;
+    assert_eq!(r.status(), 200, "the file's secret is the key");
+}
+
 on_both_databases!(
     registration_validation_roles_and_duplicates,
     first_admin_race_yields_exactly_one_admin,
@@ -1728,4 +2229,8 @@ on_both_databases!(
     images_upload_list_serve_delete,
     export_import_round_trip_idempotence_and_rollback,
     unfiltered_total_stays_exact_under_concurrent_writes,
+    csrf_tokens_are_bound_to_the_session,
+    sign_in_callback_urls_stay_on_the_site,
+    sign_in_backoff_is_per_account_and_client_and_trusts_only_configured_proxies,
+    import_under_concurrent_writes_never_answers_500,
 );

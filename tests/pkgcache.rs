@@ -170,6 +170,16 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Sets the modification time of `path` to `age` ago.
+fn backdate(path: &Path, age: Duration) {
+    let when = std::time::SystemTime::now() - age;
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(when))
+        .expect("backdate");
+}
+
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
@@ -553,13 +563,23 @@ fn dropped_upload_and_kill_9_leave_nothing_visible() {
     proc.child.kill().expect("kill -9");
     proc.child.wait().expect("reap");
     let _ = s.write_all(&body[2 * 1024 * 1024..]);
+    let leftovers = files_in(&store.join("tmp"));
     assert!(
-        !files_in(&store.join("tmp")).is_empty(),
+        !leftovers.is_empty(),
         "the half upload stays in tmp/ after kill -9"
     );
     assert!(!store.join("packages/curl/8.5").join(sha(4)).exists());
 
-    // restart: leftovers removed, nothing served, the upload can be redone
+    // restart at once: the leftover is young (it could be another server's upload in flight)
+    // and stays; nothing is served
+    let srv = fs_server(&store, &[]);
+    assert_eq!(files_in(&store.join("tmp")), leftovers);
+    assert_eq!(head(&srv.url(&path), &[]).0, 404);
+    drop(srv);
+    // once older than the bound (1 h), a restart removes it
+    for f in &leftovers {
+        backdate(f, Duration::from_secs(2 * 3600));
+    }
     let srv = fs_server(&store, &[]);
     assert!(files_in(&store.join("tmp")).is_empty());
     assert_eq!(head(&srv.url(&path), &[]).0, 404);
@@ -813,4 +833,344 @@ fn s3_backend_against_a_real_s3_server() {
     drop(moto);
     let (code, out) = call(&[], &srv.url("/health/ready"));
     assert_eq!(code, 503, "{out}");
+}
+
+// ------------------------------------------------------------------ hardening (issue 19)
+
+const TOKEN: &str = "t0ken-19";
+
+/// A file-system pkgcache with auth on (token [`TOKEN`] from a tokens file) and `extra_auth`
+/// appended to its `auth:` section.
+fn auth_server(dir: &Path, extra_auth: &str) -> Pkgcache {
+    let tokens = dir.join("tokens");
+    std::fs::write(&tokens, format!("# CI uploader\n{TOKEN}\n")).expect("tokens file");
+    let cfg = dir.join("pkgcache-auth.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "storage:\n  path: {}\nauth:\n  enabled: true\n{extra_auth}",
+            dir.join("store").display()
+        ),
+    )
+    .expect("config");
+    start(
+        &[
+            "--config",
+            cfg.to_str().expect("p"),
+            "--tokens-file",
+            tokens.to_str().expect("p"),
+        ],
+        &[],
+    )
+}
+
+/// Every first segment the router reserves for its own endpoints, used as a package name,
+/// needs a package's credentials; and every endpoint needs exactly the credentials of its own
+/// scope. (Auth used to be decided from the path prefix while the router fell back to the
+/// package route: `PUT /health/1/abcdef0123` stored a package without credentials.)
+#[test]
+fn auth_follows_the_route_that_matched_for_every_reserved_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let srv = auth_server(dir.path(), "");
+    let file = dir.path().join("pkg");
+    std::fs::write(&file, content(2000, 19)).expect("write");
+    let f = file.to_str().expect("p");
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let reserved = [
+        "health",
+        "metrics",
+        "api",
+        "docs",
+        "redoc",
+        "openapi.json",
+        "live",
+        "ready",
+        "details",
+    ];
+    for (i, name) in reserved.iter().enumerate() {
+        for path in [
+            format!("/{name}/1/abcdef012{i}"),
+            format!("/{name}/docs/abcdef012{i}/x64-linux"),
+            format!("/api/{name}/abcdef012{i}"),
+            format!("/health/{name}/abcdef012{i}"),
+        ] {
+            let url = srv.url(&path);
+            assert_eq!(status(&["-X", "PUT", "-T", f], &url), 401, "PUT {path}");
+            assert_eq!(status(&["-o", "/dev/null"], &url), 401, "GET {path}");
+            assert_eq!(status(&["-X", "DELETE"], &url), 401, "DELETE {path}");
+            assert_eq!(
+                head(&url, &[]).0,
+                404,
+                "HEAD {path}: anonymous, nothing stored"
+            );
+        }
+        let path = format!("/{name}/1/abcdef012{i}");
+        let url = srv.url(&path);
+        assert_eq!(
+            status(&["-X", "PUT", "-T", f, "-H", &bearer], &url),
+            200,
+            "{path}"
+        );
+        assert_eq!(status(&["-o", "/dev/null"], &url), 401, "{path}");
+        assert_eq!(
+            status(&["-o", "/dev/null", "-H", &bearer], &url),
+            200,
+            "{path}"
+        );
+        assert_eq!(head(&url, &[]).0, 200, "{path}");
+    }
+    let endpoints = [
+        "/health",
+        "/health/live",
+        "/health/ready",
+        "/health/details",
+        "/metrics",
+        "/api/openapi.json",
+        "/api/docs",
+        "/api/redoc",
+        "/api/swagger-ui.css",
+    ];
+    // default protect [packages]: the endpoints stay open
+    for e in endpoints {
+        assert_eq!(status(&["-o", "/dev/null"], &srv.url(e)), 200, "{e}");
+    }
+    let (_, details) = call(&[], &srv.url("/health/details"));
+    assert_eq!(json(&details)["storage"]["total_packages"], reserved.len());
+    drop(srv);
+
+    // every scope protected: each endpoint needs the token, and packages still do
+    let srv = auth_server(dir.path(), "  protect: [packages, health, metrics, docs]\n");
+    for e in endpoints {
+        assert_eq!(status(&["-o", "/dev/null"], &srv.url(e)), 401, "{e}");
+        assert_eq!(
+            status(&["-o", "/dev/null", "-H", &bearer], &srv.url(e)),
+            200,
+            "{e}"
+        );
+    }
+    assert_eq!(
+        status(&["-X", "PUT", "-T", f], &srv.url("/metrics/2/abcdef0123")),
+        401
+    );
+    // paths that name nothing are 404 whatever the credentials
+    for p in ["/health/x", "/api/nothing", "/a/b", "/a/b/c/d/e"] {
+        assert_eq!(status(&[], &srv.url(p)), 404, "{p}");
+    }
+}
+
+/// Request methods outside the known set are counted as `other`, so clients cannot create
+/// metric series at will.
+#[test]
+fn unknown_methods_are_counted_as_other() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let srv = fs_server(&dir.path().join("store"), &[]);
+    for (i, m) in ["FOOBAR", "BREW", "X-EVIL-1", "PROPFIND"]
+        .iter()
+        .enumerate()
+    {
+        let code = status(&["-X", m], &srv.url(&format!("/zlib/1/ab{i}")));
+        assert_eq!(code, 405, "{m}");
+        assert_eq!(status(&["-X", m], &srv.url("/health")), 405, "{m}");
+    }
+    let (_, text) = call(&[], &srv.url("/metrics"));
+    for m in ["FOOBAR", "BREW", "X-EVIL-1", "PROPFIND"] {
+        assert!(!text.contains(m), "{m} became a label:\n{text}");
+    }
+    assert!(
+        text.contains("switchyard_pkgcache_requests_total{method=\"other\",status=\"405\"} 8"),
+        "{text}"
+    );
+}
+
+/// Temp files have random names (not `{pid}-{counter}`, which repeat across containers that
+/// all run as PID 1), and start-up leaves a young temp file alone: it may be another server's
+/// upload in flight in a shared directory.
+#[test]
+fn temp_files_are_random_and_a_shared_directory_keeps_uploads_in_flight() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store");
+    let a = fs_server(&store, &[]);
+    let total = 2 * 1024 * 1024;
+    let body = content(total, 8);
+    let path = format!("/shared/1/{}", sha(8));
+    let mut s = raw_upload(a.addr, &path, total, &body[..total / 2]);
+    wait_until("the upload to reach tmp/", || {
+        !files_in(&store.join("tmp")).is_empty()
+    });
+    let names: Vec<String> = files_in(&store.join("tmp"))
+        .iter()
+        .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_string))
+        .collect();
+    for n in &names {
+        let (random, rest) = n.split_once('-').expect("RANDOM-what.part");
+        assert_eq!(rest, "data.part", "{n}");
+        assert_eq!(random.len(), 32, "{n}");
+        assert!(random.bytes().all(|b| b.is_ascii_hexdigit()), "{n}");
+        assert!(!n.starts_with(&format!("{}-", a.pid())), "{n}");
+    }
+    // a second server starts on the same directory while the upload is in flight
+    let b = fs_server(&store, &[]);
+    assert!(
+        files_in(&store.join("tmp")).len() == names.len(),
+        "the second server removed an upload in flight"
+    );
+    s.write_all(&body[total / 2..]).expect("rest of the body");
+    assert_eq!(read_status(&mut s), 200);
+    let got = dir.path().join("got");
+    assert_eq!(
+        status(&["-o", got.to_str().expect("p")], &b.url(&path)),
+        200
+    );
+    assert_eq!(std::fs::read(&got).expect("read"), body);
+}
+
+/// An upload that creates `name/` and `version/` fsyncs their parents (and `version/` after
+/// the link) before it is acknowledged: strace, attached to the running server, shows each
+/// `mkdir` followed by an fsync of the directory it was made in.
+#[test]
+fn new_package_directories_are_fsynced() {
+    let Some(strace) = support::require("strace") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store");
+    let srv = fs_server(&store, &[]);
+    let log = dir.path().join("strace.log");
+    let mut tracer = Command::new(strace)
+        .args([
+            "-f",
+            "-y",
+            "-qq",
+            "-e",
+            "trace=mkdir,mkdirat,fsync,fdatasync",
+            "-o",
+        ])
+        .arg(&log)
+        .args(["-p", &srv.pid().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("strace");
+    let probe = srv.url(&format!("/probe/1/{}", sha(1)));
+    let traced = |status: String| {
+        status
+            .lines()
+            .any(|l| l.starts_with("TracerPid:") && l.split_whitespace().nth(1) != Some("0"))
+    };
+    wait_until("strace to attach to every thread", || {
+        head(&probe, &[]);
+        let tasks = files_in(Path::new(&format!("/proc/{}/task", srv.pid())));
+        !tasks.is_empty()
+            && tasks
+                .iter()
+                .all(|t| traced(std::fs::read_to_string(t.join("status")).unwrap_or_default()))
+    });
+    let file = dir.path().join("pkg");
+    std::fs::write(&file, content(10_000, 9)).expect("write");
+    let url = srv.url(&format!("/durable/2.0/{}", sha(9)));
+    assert_eq!(
+        status(&["-X", "PUT", "-T", file.to_str().expect("p")], &url),
+        200
+    );
+    // detach (SIGTERM makes strace detach and flush), then read what it saw
+    let _ = Command::new("kill").arg(tracer.id().to_string()).status();
+    let _ = tracer.wait();
+    let text = std::fs::read_to_string(&log).expect("strace log");
+    let lines: Vec<&str> = text.lines().collect();
+    let packages = std::fs::canonicalize(store.join("packages")).expect("canonical");
+    let fsync_of = |dir: &Path, from: usize| {
+        let needle = format!("<{}>)", dir.display());
+        lines[from..]
+            .iter()
+            .position(|l| l.contains("fsync(") && l.contains(&needle))
+            .map(|i| i + from)
+    };
+    let mut at = 0;
+    for (made, parent) in [
+        (packages.join("durable"), packages.clone()),
+        (packages.join("durable/2.0"), packages.join("durable")),
+    ] {
+        let needle = format!("{}\"", made.display());
+        let m = lines[at..]
+            .iter()
+            .position(|l| l.contains("mkdir") && l.contains(&needle))
+            .map(|i| i + at)
+            .unwrap_or_else(|| panic!("no mkdir of {}:\n{text}", made.display()));
+        at = fsync_of(&parent, m).unwrap_or_else(|| {
+            panic!(
+                "no fsync of {} after its new entry:\n{text}",
+                parent.display()
+            )
+        });
+    }
+    assert!(
+        fsync_of(&packages.join("durable/2.0"), at).is_some(),
+        "no fsync of the version directory after the link:\n{text}"
+    );
+}
+
+/// Tokens never come from the command line (the process list shows it): `--tokens` is
+/// refused; a tokens file and the environment variable work.
+#[test]
+fn tokens_come_from_a_file_or_the_environment_never_argv() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(BIN)
+        .args([
+            "pkgcache",
+            "--listen",
+            "127.0.0.1:0",
+            "--tokens",
+            "s3cret",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("argv-store"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    // A server that accepted the flag keeps running: that is the failure, not a hang.
+    let mut exited = None;
+    for _ in 0..200 {
+        if let Ok(Some(st)) = child.try_wait() {
+            exited = Some(st);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if exited.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(
+        exited.is_some_and(|s| !s.success()),
+        "--tokens was accepted"
+    );
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(err.contains("--tokens"), "{err}");
+
+    let srv = auth_server(dir.path(), "");
+    let url = srv.url(&format!("/zlib/1/{}", sha(7)));
+    assert_eq!(status(&["-X", "PUT", "-d", "x"], &url), 401);
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    assert_eq!(status(&["-X", "PUT", "-d", "x", "-H", &bearer], &url), 200);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", srv.pid())).expect("cmdline");
+    assert!(!String::from_utf8_lossy(&cmdline).contains(TOKEN));
+    drop(srv);
+
+    let srv = start(
+        &["--data-dir", dir.path().join("store").to_str().expect("p")],
+        &[("SWITCHYARD_PKGCACHE_TOKENS", "from-env,second")],
+    );
+    let url = srv.url(&format!("/zlib/1/{}", sha(7)));
+    assert_eq!(status(&["-o", "/dev/null"], &url), 401);
+    assert_eq!(
+        status(
+            &["-o", "/dev/null", "-H", "Authorization: Bearer second"],
+            &url
+        ),
+        200
+    );
 }

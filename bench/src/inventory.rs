@@ -452,6 +452,11 @@ fn run_engine(
             String::from_utf8_lossy(&r.body)
         );
     }
+    // The CSRF token is bound to the session: sign-in answers with the new one.
+    let csrf = r.json()?["csrfToken"]
+        .as_str()
+        .context("csrfToken after sign-in")?
+        .to_string();
 
     let seed_start = Instant::now();
     for n in 0..ITEMS / BATCH {

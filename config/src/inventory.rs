@@ -30,6 +30,9 @@ pub struct InventoryConfig {
     pub session: InventorySession,
     pub limits: InventoryLimits,
     pub images: InventoryImages,
+    /// Reverse proxies (CIDRs) whose `X-Forwarded-For` names the client for the per-IP limits.
+    /// Default none: the socket peer is the client, and the header is ignored.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     pub logging: LoggingConfig,
 }
 
@@ -42,6 +45,7 @@ impl Default for InventoryConfig {
             session: InventorySession::default(),
             limits: InventoryLimits::default(),
             images: InventoryImages::default(),
+            trusted_proxies: Vec::new(),
             logging: LoggingConfig::default(),
         }
     }
@@ -98,7 +102,8 @@ pub struct InventoryLimits {
     pub max_body_size: Size,
     /// Failed sign-ins from one IP address within `window` before 429. Default 20.
     pub signin_failures_per_ip: u32,
-    /// Failed sign-ins for one account within `window` before 429. Default 5.
+    /// Failed sign-ins for one account from one client IP within `window` before 429 (per
+    /// account and client, so nobody can lock an account out for everyone). Default 5.
     pub signin_failures_per_account: u32,
     /// Registration attempts from one IP address within `window` before 429. Default 20.
     pub registrations_per_ip: u32,
@@ -265,6 +270,17 @@ mod tests {
         assert_eq!(cfg, InventoryConfig::default());
         assert!(validate_inventory(&cfg).is_empty());
         assert_eq!(cfg.session.idle_timeout.0.as_secs(), 86400);
+    }
+
+    #[test]
+    fn trusted_proxies_are_cidrs() {
+        let cfg = InventoryConfig::from_yaml_str(
+            "trusted_proxies: [\"10.0.0.0/8\", \"::1/128\"]\n",
+            &|_| None,
+        )
+        .unwrap();
+        assert_eq!(cfg.trusted_proxies.len(), 2);
+        assert!(InventoryConfig::from_yaml_str("trusted_proxies: [nope]\n", &|_| None).is_err());
     }
 
     #[test]

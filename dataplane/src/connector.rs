@@ -98,7 +98,9 @@ impl Dialer<'_> {
             Some((proxy_host, proxy_port, _)) => {
                 let deadline = Instant::now() + self.timeout;
                 Ok(Connected {
-                    stream: self.connect_host(proxy_host, proxy_port, deadline).await?,
+                    stream: BackendStream::Tcp(
+                        self.connect_host(proxy_host, proxy_port, deadline).await?,
+                    ),
                     early_data: Vec::new(),
                 })
             }

@@ -1,5 +1,8 @@
 //! Accounts and sessions: register, CSRF token, sign-in (NextAuth-style credentials callback),
-//! session, sign-out. Sign-in and registration are rate limited per IP and per account.
+//! session, sign-out. Registration is rate limited per client IP; failed sign-ins per client
+//! IP and per account *and* client IP, so failures from one client never lock an account out
+//! for its owner elsewhere. The client IP is the socket peer unless it is a trusted proxy
+//! ([`crate::http::forwarded_client`]).
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -14,9 +17,9 @@ use serde_json::{json, Value};
 
 use crate::db;
 use crate::error::ApiError;
-use crate::http::{client_ip, now_secs, parse_body, Shared};
+use crate::http::{now_secs, parse_body, Shared};
 use crate::limiter::retry_after_secs;
-use crate::session::{self, Claims, CSRF_COOKIE, SESSION_COOKIE};
+use crate::session::{self, Claims};
 use crate::validate;
 
 /// bcrypt cost of stored passwords.
@@ -37,16 +40,34 @@ fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(|x| x.as_str())
 }
 
-/// Only local paths are followed after sign-in/out (no open redirect).
+/// Only same-origin relative paths are followed after sign-in/out (no open redirect): one
+/// leading `/` not followed by `/` or `\`, and no backslash, control character or space
+/// anywhere — browsers drop tabs and newlines from URLs and read `\` as `/`, so
+/// `/\t/evil.example` would become `//evil.example`. Anything else goes to `/`.
 pub fn safe_callback(url: Option<&str>) -> String {
-    match url {
-        Some(u) if u.starts_with('/') && !u.starts_with("//") && !u.contains('\\') => u.into(),
-        _ => "/".into(),
+    let Some(u) = url else {
+        return "/".into();
+    };
+    let local = u.starts_with('/')
+        && !u.starts_with("//")
+        && !u.starts_with("/\\")
+        && !u
+            .chars()
+            .any(|c| c == '\\' || c.is_control() || c.is_whitespace());
+    if local {
+        u.into()
+    } else {
+        "/".into()
     }
 }
 
-fn redirect(to: &str, cookies: Vec<String>) -> Response {
-    let mut resp = (StatusCode::FOUND, Json(json!({"url": to}))).into_response();
+/// 302 to `to` with `cookies`; the body names the target and the new CSRF token.
+fn redirect(to: &str, cookies: Vec<String>, csrf_token: &str) -> Response {
+    let mut resp = (
+        StatusCode::FOUND,
+        Json(json!({"url": to, "csrfToken": csrf_token})),
+    )
+        .into_response();
     if let Ok(v) = HeaderValue::try_from(to) {
         resp.headers_mut().insert(header::LOCATION, v);
     }
@@ -79,7 +100,7 @@ pub async fn register(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let ip_key = format!("register:{}", client_ip(&addr));
+    let ip_key = format!("register:{}", st.client_ip(&addr, &headers));
     limited(&st, &ip_key, st.cfg.limits.registrations_per_ip)?;
     record(&st, &ip_key);
     let body = parse_body(&headers, &body_or_error(body)?, false)?;
@@ -99,27 +120,30 @@ pub async fn register(
     Ok((StatusCode::CREATED, Json(user.public_json())).into_response())
 }
 
-/// `GET /api/auth/csrf`: `{csrfToken}`, and the signed cookie it pairs with (an existing valid
-/// cookie keeps its token).
+/// The id of the caller's valid session, empty without one: what CSRF tokens are bound to.
+async fn session_id(st: &Shared, headers: &HeaderMap) -> Result<String, ApiError> {
+    Ok(st
+        .session_of(headers)
+        .await?
+        .map(|(claims, _)| claims.sid)
+        .unwrap_or_default())
+}
+
+/// `GET /api/auth/csrf`: `{csrfToken}`, and the signed cookie it pairs with, bound to the
+/// caller's session (or to none). A cookie valid for that session keeps its token.
 pub async fn csrf(State(st): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let existing = crate::http::cookie(&headers, CSRF_COOKIE)
-        .and_then(|c| st.keys.csrf_from_cookie(c).map(|t| (t, c.to_string())));
-    let (token, value) = match existing {
-        Some(pair) => pair,
-        None => st
-            .keys
-            .new_csrf()
-            .map_err(|e| ApiError::Internal(format!("csrf token: {e}")))?,
+    let sid = session_id(&st, &headers).await?;
+    let existing = crate::http::cookie(&headers, st.cookie_names(&headers).1)
+        .and_then(|c| st.keys.csrf_from_cookie(c, &sid));
+    let (token, cookie) = match existing {
+        Some(token) => (token, None),
+        None => {
+            let (token, cookie) = st.new_csrf(&sid, &headers)?;
+            (token, Some(cookie))
+        }
     };
     let mut resp = Json(json!({"csrfToken": token})).into_response();
-    let c = session::set_cookie(
-        CSRF_COOKIE,
-        &value,
-        Some(st.max_secs()),
-        st.secure(&headers),
-        true,
-    );
-    if let Ok(v) = HeaderValue::try_from(c) {
+    if let Some(v) = cookie.and_then(|c| HeaderValue::try_from(c).ok()) {
         resp.headers_mut().insert(header::SET_COOKIE, v);
     }
     Ok(resp)
@@ -145,8 +169,9 @@ pub async fn session(State(st): State<Shared>, headers: HeaderMap) -> Result<Res
 }
 
 /// `POST /api/auth/callback/credentials` (JSON or form): `{email, password, csrfToken,
-/// callbackUrl?}` → 302 with the session cookie; 401 on wrong credentials, 403 without the
-/// CSRF token, 429 when limited.
+/// callbackUrl?}` → 302 with the session cookie and a new CSRF cookie bound to the new session
+/// (body `{url, csrfToken}`); 401 on wrong credentials, 403 without the CSRF token, 429 when
+/// limited.
 pub async fn signin(
     State(st): State<Shared>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
@@ -154,13 +179,16 @@ pub async fn signin(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = parse_body(&headers, &body_or_error(body)?, true)?;
-    if !st.csrf_ok(&headers, str_field(&body, "csrfToken")) {
+    let current = session_id(&st, &headers).await?;
+    if !st.csrf_ok(&headers, str_field(&body, "csrfToken"), &current) {
         return Err(ApiError::Forbidden("Invalid CSRF token".into()));
     }
     let email = validate::normalize_email(str_field(&body, "email").unwrap_or(""));
     let password = str_field(&body, "password").unwrap_or("").to_string();
-    let ip_key = format!("signin-ip:{}", client_ip(&addr));
-    let account_key = format!("signin-account:{email}");
+    let client = st.client_ip(&addr, &headers);
+    let ip_key = format!("signin-ip:{client}");
+    // Per account *and* client: failures from elsewhere never lock the owner out.
+    let account_key = format!("signin-account:{email} from {client}");
     limited(&st, &ip_key, st.cfg.limits.signin_failures_per_ip)?;
     limited(&st, &account_key, st.cfg.limits.signin_failures_per_account)?;
     let user = if email.is_empty() {
@@ -178,7 +206,7 @@ pub async fn signin(
     let Some(user) = user.filter(|_| ok) else {
         record(&st, &ip_key);
         record(&st, &account_key);
-        tracing::info!(ip = %client_ip(&addr), "sign-in failed");
+        tracing::info!(ip = %client, "sign-in failed");
         return Err(ApiError::Unauthorized("Invalid email or password".into()));
     };
     st.limiter.lock().clear(&account_key);
@@ -187,10 +215,10 @@ pub async fn signin(
     db::create_session(&st.pool, &sid, &user.id, claims.mx).await?;
     let cookie = st.session_cookie(&claims, &headers)?;
     tracing::info!(user = %user.id, "signed in");
-    Ok(redirect(
-        &safe_callback(str_field(&body, "callbackUrl")),
-        vec![cookie],
-    ))
+    let to = safe_callback(str_field(&body, "callbackUrl"));
+    // A new session gets a new CSRF token: one known before sign-in is worthless after it.
+    let (token, csrf_cookie) = st.new_csrf(&sid, &headers)?;
+    Ok(redirect(&to, vec![cookie, csrf_cookie], &token))
 }
 
 /// `POST /api/auth/signout` (CSRF token as header or `csrfToken` field): deletes the session
@@ -207,21 +235,20 @@ pub async fn signout(
     } else {
         parse_body(&headers, &raw, true)?
     };
-    if !st.csrf_ok(&headers, str_field(&body, "csrfToken")) {
+    let current = session_id(&st, &headers).await?;
+    if !st.csrf_ok(&headers, str_field(&body, "csrfToken"), &current) {
         return Err(ApiError::Forbidden("Invalid CSRF token".into()));
     }
     // Revoke the session on the server too, so a copy of the cookie is useless from now on.
-    let signed_in =
-        crate::http::cookie(&headers, SESSION_COOKIE).and_then(|token| st.keys.open(token).ok());
-    if let Some(claims) = signed_in {
-        db::delete_session(&st.pool, &claims.sid).await?;
-        tracing::info!(user = %claims.sub, "signed out");
+    if !current.is_empty() {
+        db::delete_session(&st.pool, &current).await?;
+        tracing::info!(sid = %current, "signed out");
     }
-    let clear = session::set_cookie(SESSION_COOKIE, "", None, st.secure(&headers), true);
-    Ok(redirect(
-        &safe_callback(str_field(&body, "callbackUrl")),
-        vec![clear],
-    ))
+    let (session_name, _) = st.cookie_names(&headers);
+    let clear = session::set_cookie(session_name, "", None, st.secure(&headers), true);
+    let to = safe_callback(str_field(&body, "callbackUrl"));
+    let (token, csrf_cookie) = st.new_csrf("", &headers)?;
+    Ok(redirect(&to, vec![clear, csrf_cookie], &token))
 }
 
 #[cfg(test)]
@@ -231,7 +258,21 @@ mod tests {
     #[test]
     fn callbacks_stay_local() {
         assert_eq!(safe_callback(Some("/items?x=1")), "/items?x=1");
-        for bad in ["//evil.example", "https://evil.example", "/\\evil", ""] {
+        assert_eq!(safe_callback(Some("/a/b#c")), "/a/b#c");
+        for bad in [
+            "//evil.example",
+            "https://evil.example",
+            "/\\evil",
+            "",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/\r\n/evil.example",
+            "/ /evil.example",
+            "/x\\..\\evil",
+            "\t//evil.example",
+            "/\u{7f}/evil.example",
+            "evil.example",
+        ] {
             assert_eq!(safe_callback(Some(bad)), "/", "{bad}");
         }
         assert_eq!(safe_callback(None), "/");

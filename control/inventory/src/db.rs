@@ -91,6 +91,21 @@ pub async fn open(url: &str) -> Result<(AnyPool, Engine), DbError> {
     Ok((pool, engine))
 }
 
+/// A transaction for work that reads before it writes. On SQLite it is `BEGIN IMMEDIATE`: it
+/// takes the write lock at once (waiting for it under the busy timeout), because a deferred
+/// transaction that has read cannot upgrade to a writer once another connection committed —
+/// SQLite answers that with SQLITE_BUSY without consulting the busy timeout. PostgreSQL's
+/// row locks need no such care.
+pub async fn begin_write(
+    pool: &AnyPool,
+    engine: Engine,
+) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+    match engine {
+        Engine::Sqlite => pool.begin_with("BEGIN IMMEDIATE").await,
+        Engine::Postgres => pool.begin().await,
+    }
+}
+
 /// The index behind `search` (see migration 0004), per engine because the useful kinds differ:
 /// SQLite scans a covering `(user_id, search_text)` index instead of whole rows; PostgreSQL
 /// answers `LIKE '%…%'` from a trigram GIN index (`pg_trgm`, a trusted extension since 13;

@@ -2,7 +2,7 @@
 //! categories, locations and items ([`crate::resources`]). Data routes sit behind [`require_session`], which authenticates the
 //! session cookie, enforces CSRF on state-changing methods and renews the cookie.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -12,6 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use ipnet::IpNet;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
 use sqlx::AnyPool;
@@ -20,11 +21,13 @@ use switchyard_config::inventory::InventoryConfig;
 use crate::db::{self, User};
 use crate::error::ApiError;
 use crate::limiter::Limiter;
-use crate::session::{self, Claims, Keys, CSRF_COOKIE, SESSION_COOKIE};
+use crate::session::{self, Claims, Keys};
 
 /// Shared state of the service.
 pub struct AppState {
     pub pool: AnyPool,
+    /// Which database `pool` talks to (write transactions differ, see [`db::begin_write`]).
+    pub engine: db::Engine,
     /// Data directory.
     pub data_dir: std::path::PathBuf,
     /// Where image bytes are kept.
@@ -66,6 +69,11 @@ impl AppState {
         })
     }
 
+    /// Names of the session and CSRF cookies for this request (`__Host-` over TLS).
+    pub fn cookie_names(&self, headers: &HeaderMap) -> (&'static str, &'static str) {
+        session::cookie_names(self.secure(headers))
+    }
+
     /// `Set-Cookie` carrying `claims` (expires with the inactivity expiry).
     pub fn session_cookie(&self, claims: &Claims, headers: &HeaderMap) -> Result<String, ApiError> {
         let token = self
@@ -73,12 +81,34 @@ impl AppState {
             .seal(claims)
             .map_err(|e| ApiError::Internal(format!("sealing a session: {e}")))?;
         Ok(session::set_cookie(
-            SESSION_COOKIE,
+            self.cookie_names(headers).0,
             &token,
             Some(claims.exp - now_secs()),
             self.secure(headers),
             true,
         ))
+    }
+
+    /// A new CSRF token bound to session `sid` (empty: none) and its `Set-Cookie`.
+    pub fn new_csrf(&self, sid: &str, headers: &HeaderMap) -> Result<(String, String), ApiError> {
+        let (token, value) = self
+            .keys
+            .new_csrf(sid)
+            .map_err(|e| ApiError::Internal(format!("csrf token: {e}")))?;
+        let cookie = session::set_cookie(
+            self.cookie_names(headers).1,
+            &value,
+            Some(self.max_secs()),
+            self.secure(headers),
+            true,
+        );
+        Ok((token, cookie))
+    }
+
+    /// The client's address: the socket peer, or — when the peer is one of
+    /// `trusted_proxies` — the address its `X-Forwarded-For` names (see [`forwarded_client`]).
+    pub fn client_ip(&self, peer: &SocketAddr, headers: &HeaderMap) -> IpAddr {
+        forwarded_client(peer.ip(), headers, &self.cfg.trusted_proxies)
     }
 
     /// The valid session of a request, if any: claims and the user (the session must not be
@@ -87,7 +117,7 @@ impl AppState {
         &self,
         headers: &HeaderMap,
     ) -> Result<Option<(Claims, User)>, ApiError> {
-        let Some(token) = cookie(headers, SESSION_COOKIE) else {
+        let Some(token) = cookie(headers, self.cookie_names(headers).0) else {
             return Ok(None);
         };
         let claims = match self.keys.open(token) {
@@ -106,13 +136,15 @@ impl AppState {
             .map(|u| (claims, u)))
     }
 
-    /// Is the CSRF token submitted with this request (header or `field`) the cookie's?
-    pub fn csrf_ok(&self, headers: &HeaderMap, field: Option<&str>) -> bool {
+    /// Is the CSRF token submitted with this request (header or `field`) the one of its cookie,
+    /// and that cookie bound to session `sid` (empty: no session)?
+    pub fn csrf_ok(&self, headers: &HeaderMap, field: Option<&str>, sid: &str) -> bool {
         let submitted = headers
             .get("x-csrf-token")
             .and_then(|v| v.to_str().ok())
             .or(field);
-        self.keys.csrf_ok(cookie(headers, CSRF_COOKIE), submitted)
+        let name = self.cookie_names(headers).1;
+        self.keys.csrf_ok(cookie(headers, name), submitted, sid)
     }
 }
 
@@ -125,9 +157,41 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .find_map(|h| session::cookie_value(h, name))
 }
 
-/// The client's address (the socket peer; `X-Forwarded-For` is not trusted).
-pub fn client_ip(addr: &SocketAddr) -> String {
-    addr.ip().to_string()
+/// The client address of a request from `peer`. `X-Forwarded-For` counts only when `peer` is a
+/// trusted proxy: its addresses are walked from the right (the one the nearest proxy added)
+/// past further trusted proxies, and the first untrusted one is the client. A malformed entry
+/// stops the walk at the last address known good, so a client cannot choose its own address by
+/// sending the header itself.
+pub fn forwarded_client(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(&canonical(*ip)));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let mut client = peer;
+    let hops = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .collect::<Vec<_>>();
+    for hop in hops.iter().rev() {
+        let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+            break;
+        };
+        client = canonical(ip);
+        if !is_trusted(&client) {
+            break;
+        }
+    }
+    client
+}
+
+/// IPv4-mapped IPv6 addresses as IPv4, so `::ffff:10.0.0.1` matches `10.0.0.0/8`.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
 }
 
 /// A request body as a JSON value: JSON, or (with `allow_form`) a urlencoded form as an object
@@ -161,7 +225,7 @@ async fn require_session(State(st): State<Shared>, mut req: Request, next: Next)
         Err(e) => return e.into_response(),
     };
     let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-    if !safe && !st.csrf_ok(req.headers(), None) {
+    if !safe && !st.csrf_ok(req.headers(), None, &claims.sid) {
         tracing::info!(user = %user.id, path = %req.uri().path(), "CSRF token missing or wrong");
         return ApiError::Forbidden("Invalid CSRF token".into()).into_response();
     }
@@ -242,4 +306,52 @@ pub fn router(state: Shared) -> Router {
         .fallback(|| async { ApiError::NotFound("Route") })
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn xff(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn forwarded_for_counts_only_from_trusted_proxies() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let h = xff("203.0.113.9, 198.51.100.7");
+        // an untrusted peer: the header is ignored
+        assert_eq!(
+            forwarded_client(ip("192.0.2.1"), &h, &trusted),
+            ip("192.0.2.1")
+        );
+        assert_eq!(forwarded_client(ip("10.1.1.1"), &h, &[]), ip("10.1.1.1"));
+        // a trusted peer: the rightmost untrusted hop (a client-written left part is not believed)
+        assert_eq!(
+            forwarded_client(ip("10.1.1.1"), &h, &trusted),
+            ip("198.51.100.7")
+        );
+        let chain = xff("6.6.6.6, 198.51.100.7, 10.2.2.2");
+        assert_eq!(
+            forwarded_client(ip("10.1.1.1"), &chain, &trusted),
+            ip("198.51.100.7")
+        );
+        // malformed hop: stop at the last good address; no header: the proxy itself
+        assert_eq!(
+            forwarded_client(ip("10.1.1.1"), &xff("junk"), &trusted),
+            ip("10.1.1.1")
+        );
+        assert_eq!(
+            forwarded_client(ip("10.1.1.1"), &HeaderMap::new(), &trusted),
+            ip("10.1.1.1")
+        );
+        assert_eq!(
+            forwarded_client(ip("::ffff:10.1.1.1"), &h, &trusted),
+            ip("198.51.100.7")
+        );
+    }
 }

@@ -60,10 +60,19 @@ pub struct InventoryArgs {
     /// database URL: sqlite://PATH or postgres://USER:PASS@HOST/DB
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
-    /// secret the session key is derived from (at least 32 characters)
-    #[arg(long, env = "AUTH_SECRET", hide_env_values = true)]
-    pub auth_secret: Option<String>,
+    /// file holding the secret the session key is derived from (at least 32 characters;
+    /// surrounding whitespace ignored). The secret itself is never taken from the command line
+    /// (it is visible in the process list): this file, the variable AUTH_SECRET, or
+    /// `session.secret` in the config file.
+    #[arg(long, env = "AUTH_SECRET_FILE")]
+    pub auth_secret_file: Option<PathBuf>,
+    /// The secret from the environment variable [`AUTH_SECRET_ENV`], filled in by [`run`].
+    #[arg(skip)]
+    pub auth_secret_env: Option<String>,
 }
+
+/// Environment variable holding the session secret.
+pub const AUTH_SECRET_ENV: &str = "AUTH_SECRET";
 
 /// The effective configuration: file (or built-in default), then environment and flags.
 pub fn effective_config(args: &InventoryArgs) -> anyhow::Result<InventoryConfig> {
@@ -80,8 +89,13 @@ pub fn effective_config(args: &InventoryArgs) -> anyhow::Result<InventoryConfig>
     if let Some(u) = args.database_url.as_ref().filter(|u| !u.trim().is_empty()) {
         cfg.database.url = Some(u.trim().to_string());
     }
-    if let Some(s) = args.auth_secret.as_ref().filter(|s| !s.is_empty()) {
+    if let Some(s) = args.auth_secret_env.as_ref().filter(|s| !s.is_empty()) {
         cfg.session.secret = Some(s.clone());
+    }
+    if let Some(path) = &args.auth_secret_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the secret file {}", path.display()))?;
+        cfg.session.secret = Some(text.trim().to_string());
     }
     let problems = validate_inventory(&cfg);
     if !problems.is_empty() {
@@ -92,17 +106,20 @@ pub fn effective_config(args: &InventoryArgs) -> anyhow::Result<InventoryConfig>
 }
 
 /// Runs `switchyard inventory` until SIGINT/SIGTERM. Builds its own tokio runtime.
-pub fn run(args: InventoryArgs) -> anyhow::Result<()> {
+pub fn run(mut args: InventoryArgs) -> anyhow::Result<()> {
+    args.auth_secret_env = std::env::var(AUTH_SECRET_ENV).ok();
     let cfg = effective_config(&args)?;
     let logging = cfg.logging.clone();
     switchyard_service::run("inventory", &logging, ",sqlx=warn", serve(cfg))?
 }
 
-/// The session secret: configured (`AUTH_SECRET` / `session.secret`), else read from
+/// The session secret: configured (`--auth-secret-file`, `AUTH_SECRET`, `session.secret`), else read from
 /// `DATA_DIR/auth_secret`, else generated there once with mode 0600.
 pub fn load_secret(cfg: &InventoryConfig, data_dir: &Path) -> anyhow::Result<String> {
     if let Some(s) = &cfg.session.secret {
-        tracing::info!("session key derived from AUTH_SECRET / session.secret");
+        tracing::info!(
+            "session key derived from the configured secret (file, AUTH_SECRET or session.secret)"
+        );
         return Ok(s.clone());
     }
     let path = data_dir.join("auth_secret");
@@ -179,6 +196,7 @@ async fn serve(cfg: InventoryConfig) -> anyhow::Result<()> {
     );
     let state = Arc::new(http::AppState {
         pool,
+        engine,
         data_dir,
         images,
         keys,
@@ -234,10 +252,24 @@ mod tests {
         assert_eq!(cfg.data_dir, "/tmp/x");
         assert_eq!(cfg.database.url.as_deref(), Some("postgres://u:p@h/db"));
         let bad = InventoryArgs {
-            auth_secret: Some("short".into()),
+            auth_secret_env: Some("short".into()),
             ..InventoryArgs::default()
         };
         assert!(effective_config(&bad).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("secret");
+        std::fs::write(&file, format!("{}\n", "s".repeat(40))).unwrap();
+        let from_file = InventoryArgs {
+            auth_secret_file: Some(file),
+            auth_secret_env: Some("e".repeat(40)),
+            ..InventoryArgs::default()
+        };
+        let cfg = effective_config(&from_file).unwrap();
+        assert_eq!(
+            cfg.session.secret,
+            Some("s".repeat(40)),
+            "the file wins over the variable"
+        );
     }
 
     #[test]

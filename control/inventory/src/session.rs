@@ -9,10 +9,15 @@
 //! absolute expiry (`mx`, max lifetime from sign-in) and the inactivity expiry (`exp`), which
 //! every authenticated request pushes forward (renewal).
 //!
-//! CSRF is a signed double-submit token: `GET /api/auth/csrf` returns a random token and sets a
-//! cookie `TOKEN.HMAC(TOKEN)`; a state-changing request must echo the token (header
-//! `X-CSRF-Token` or field `csrfToken`) and carry a cookie whose signature checks out, so a
-//! cookie planted by a sibling host is useless without the secret.
+//! CSRF is a signed double-submit token bound to the session: `GET /api/auth/csrf` returns a
+//! random token and sets a cookie `TOKEN.HMAC(SID, TOKEN)`, where `SID` is the session id of the
+//! caller's session (empty before sign-in); a state-changing request must echo the token
+//! (header `X-CSRF-Token` or field `csrfToken`) and carry a cookie whose signature checks out
+//! for the session it comes with. So a pair obtained by someone else (anonymously or with their
+//! own session) is useless with a victim's session, and sign-in and sign-out issue a new token.
+//!
+//! Over TLS both cookies carry the `__Host-` prefix ([`cookie_names`]), which browsers accept
+//! only from a secure origin, with `Path=/` and no `Domain`: a sibling host cannot plant them.
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
@@ -22,10 +27,24 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-/// Session cookie name.
+/// Session cookie name (plain HTTP).
 pub const SESSION_COOKIE: &str = "inventory.session-token";
-/// CSRF cookie name.
+/// CSRF cookie name (plain HTTP).
 pub const CSRF_COOKIE: &str = "inventory.csrf-token";
+/// Session cookie name over TLS.
+pub const SECURE_SESSION_COOKIE: &str = "__Host-inventory.session-token";
+/// CSRF cookie name over TLS.
+pub const SECURE_CSRF_COOKIE: &str = "__Host-inventory.csrf-token";
+
+/// Names of the session and CSRF cookies: `__Host-` prefixed when the cookies are `Secure`.
+/// Only these names are read, so a plain cookie planted next to a secure one is ignored.
+pub fn cookie_names(secure: bool) -> (&'static str, &'static str) {
+    if secure {
+        (SECURE_SESSION_COOKIE, SECURE_CSRF_COOKIE)
+    } else {
+        (SESSION_COOKIE, CSRF_COOKIE)
+    }
+}
 /// The JWE protected header (fixed).
 const JWE_HEADER: &str = r#"{"alg":"dir","enc":"A256GCM"}"#;
 
@@ -182,36 +201,43 @@ impl Keys {
         serde_json::from_slice(&plain).map_err(|_| TokenError::Malformed)
     }
 
-    fn csrf_sig(&self, token: &str) -> String {
+    /// HMAC of the token and the session it is bound to (`sid`, empty before sign-in).
+    fn csrf_sig(&self, sid: &str, token: &str) -> String {
         let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(&self.csrf) {
             Ok(m) => m,
             // HMAC accepts keys of any length.
             Err(_) => return String::new(),
         };
+        // Length-prefixed, so no (sid, token) pair can pass for another.
+        mac.update(&(sid.len() as u64).to_be_bytes());
+        mac.update(sid.as_bytes());
         mac.update(token.as_bytes());
         B64.encode(mac.finalize().into_bytes())
     }
 
-    /// A new CSRF token and the cookie value that goes with it.
-    pub fn new_csrf(&self) -> Result<(String, String), TokenError> {
+    /// A new CSRF token bound to session `sid` and the cookie value that goes with it.
+    pub fn new_csrf(&self, sid: &str) -> Result<(String, String), TokenError> {
         let raw: [u8; 32] = random().map_err(|_| TokenError::Random)?;
         let token = B64.encode(raw);
-        let cookie = format!("{token}.{}", self.csrf_sig(&token));
+        let cookie = format!("{token}.{}", self.csrf_sig(sid, &token));
         Ok((token, cookie))
     }
 
-    /// The token inside a CSRF cookie value, if its signature is ours.
-    pub fn csrf_from_cookie(&self, cookie: &str) -> Option<String> {
+    /// The token inside a CSRF cookie value, if its signature is ours for session `sid`.
+    pub fn csrf_from_cookie(&self, cookie: &str, sid: &str) -> Option<String> {
         let (token, sig) = cookie.split_once('.')?;
-        if token.is_empty() || !constant_eq(sig.as_bytes(), self.csrf_sig(token).as_bytes()) {
+        if token.is_empty() || !constant_eq(sig.as_bytes(), self.csrf_sig(sid, token).as_bytes()) {
             return None;
         }
         Some(token.to_string())
     }
 
-    /// Does `submitted` match the token of the CSRF cookie?
-    pub fn csrf_ok(&self, cookie: Option<&str>, submitted: Option<&str>) -> bool {
-        match (cookie.and_then(|c| self.csrf_from_cookie(c)), submitted) {
+    /// Does `submitted` match the token of a CSRF cookie bound to session `sid`?
+    pub fn csrf_ok(&self, cookie: Option<&str>, submitted: Option<&str>, sid: &str) -> bool {
+        match (
+            cookie.and_then(|c| self.csrf_from_cookie(c, sid)),
+            submitted,
+        ) {
             (Some(expected), Some(got)) => constant_eq(expected.as_bytes(), got.as_bytes()),
             _ => false,
         }
@@ -297,17 +323,25 @@ mod tests {
     }
 
     #[test]
-    fn csrf_double_submit() {
+    fn csrf_double_submit_bound_to_the_session() {
         let k = Keys::from_secret(b"secret secret secret secret secret");
-        let (token, cookie) = k.new_csrf().unwrap();
-        assert!(k.csrf_ok(Some(&cookie), Some(&token)));
-        assert!(!k.csrf_ok(Some(&cookie), Some("nope")));
-        assert!(!k.csrf_ok(Some(&cookie), None));
-        assert!(!k.csrf_ok(None, Some(&token)));
+        let (token, cookie) = k.new_csrf("sid-1").unwrap();
+        assert!(k.csrf_ok(Some(&cookie), Some(&token), "sid-1"));
+        assert!(!k.csrf_ok(Some(&cookie), Some("nope"), "sid-1"));
+        assert!(!k.csrf_ok(Some(&cookie), None, "sid-1"));
+        assert!(!k.csrf_ok(None, Some(&token), "sid-1"));
+        // another session, or none, does not accept the pair
+        assert!(!k.csrf_ok(Some(&cookie), Some(&token), "sid-2"));
+        assert!(!k.csrf_ok(Some(&cookie), Some(&token), ""));
+        let (anon, anon_cookie) = k.new_csrf("").unwrap();
+        assert!(k.csrf_ok(Some(&anon_cookie), Some(&anon), ""));
+        assert!(!k.csrf_ok(Some(&anon_cookie), Some(&anon), "sid-1"));
         // a planted cookie with a made-up signature is refused
-        assert!(!k.csrf_ok(Some("abc.def"), Some("abc")));
+        assert!(!k.csrf_ok(Some("abc.def"), Some("abc"), ""));
         let other = Keys::from_secret(b"other other other other other other");
-        assert!(!other.csrf_ok(Some(&cookie), Some(&token)));
+        assert!(!other.csrf_ok(Some(&cookie), Some(&token), "sid-1"));
+        assert_eq!(cookie_names(true).0, "__Host-inventory.session-token");
+        assert_eq!(cookie_names(false).1, "inventory.csrf-token");
     }
 
     #[test]

@@ -15,8 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Extension, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -24,10 +23,12 @@ use axum::Json;
 use serde_json::{json, Value};
 use sqlx::Row;
 
-use crate::auth::body_or_error;
+use futures::{StreamExt as _, TryStreamExt as _};
+
 use crate::csv;
 use crate::db::{is_unique_violation, new_id, now_iso, today_iso, User};
 use crate::error::{ApiError, FieldError};
+use crate::http::IMPORT_LIMIT;
 use crate::http::{CurrentUser, Shared};
 use crate::validate::{self, ItemInput};
 
@@ -106,10 +107,10 @@ pub fn plan_json(doc: &Value) -> Result<Plan, ApiError> {
             format!("unsupported version (this service reads {VERSION})"),
         ));
     }
-    let list = |k: &str| -> Result<Vec<Value>, ApiError> {
+    let list = |k: &str| -> Result<&[Value], ApiError> {
         match doc.get(k) {
-            None | Some(Value::Null) => Ok(Vec::new()),
-            Some(Value::Array(a)) => Ok(a.clone()),
+            None | Some(Value::Null) => Ok(&[]),
+            Some(Value::Array(a)) => Ok(a.as_slice()),
             Some(_) => Err(ApiError::BadRequest(format!("{k} must be an array"))),
         }
     };
@@ -239,7 +240,15 @@ fn check_items(plan: &Plan, errs: &mut Vec<FieldError>) {
 
 /// Validate a CSV item document (header row first) into a [`Plan`].
 pub fn plan_csv(text: &str) -> Result<Plan, ApiError> {
-    let rows = csv::parse(text).map_err(|e| ApiError::BadRequest(format!("Invalid CSV: {e}")))?;
+    plan_csv_records(parse_csv(text)?)
+}
+
+fn parse_csv(text: &str) -> Result<Vec<Vec<String>>, ApiError> {
+    csv::parse(text).map_err(|e| ApiError::BadRequest(format!("Invalid CSV: {e}")))
+}
+
+/// Validate parsed CSV records (header row first) into a [`Plan`].
+fn plan_csv_records(rows: Vec<Vec<String>>) -> Result<Plan, ApiError> {
     let Some((header, rows)) = rows.split_first() else {
         return Err(ApiError::BadRequest("Invalid CSV: no header row".into()));
     };
@@ -442,25 +451,41 @@ pub async fn export(
     Ok(resp)
 }
 
-/// `POST /api/import` (JSON export document, or `text/csv` items).
+/// `POST /api/import` (JSON export document, or `text/csv` items), at most [`IMPORT_LIMIT`]
+/// bytes. The body is never held twice: JSON is parsed while it streams in (only the parsed
+/// document exists), CSV is read into one buffer that is dropped once split into records.
 pub async fn import(
     State(st): State<Shared>,
     Extension(CurrentUser(user)): Extension<CurrentUser>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let body = body_or_error(body)?;
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_ascii_lowercase();
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > IMPORT_LIMIT as u64) {
+        return Err(too_large());
+    }
     let plan = if ct.starts_with("text/csv") {
-        let text = std::str::from_utf8(&body)
+        let bytes = read_limited(body, declared).await?;
+        let text = String::from_utf8(bytes)
             .map_err(|_| ApiError::BadRequest("Invalid CSV: not UTF-8".into()))?;
-        plan_csv(text)?
+        let records = parse_csv(&text)?;
+        drop(text);
+        plan_csv_records(records)?
     } else {
-        plan_json(&crate::http::parse_body(&headers, &body, false)?)?
+        if !(ct.starts_with("application/json") || ct.contains("+json")) {
+            return Err(ApiError::BadRequest(
+                "Content-Type must be application/json".into(),
+            ));
+        }
+        plan_json(&json_from_stream(body).await?)?
     };
     let counts = apply(&st, &user, plan).await?;
     tracing::info!(user = %user.id, ?counts, "import applied");
@@ -473,12 +498,76 @@ pub async fn import(
     .into_response())
 }
 
+fn too_large() -> ApiError {
+    ApiError::TooLarge("Request body too large".into())
+}
+
+/// The whole body in one buffer (sized from `Content-Length` when given), at most
+/// [`IMPORT_LIMIT`] bytes.
+async fn read_limited(body: Body, declared: Option<u64>) -> Result<Vec<u8>, ApiError> {
+    let capacity = declared.map_or(0, |n| n.min(IMPORT_LIMIT as u64) as usize);
+    let mut buf = Vec::with_capacity(capacity);
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::BadRequest(format!("Cannot read the body: {e}")))?;
+        if buf.len() + chunk.len() > IMPORT_LIMIT {
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf)
+}
+
+/// Counts the bytes read through it, so an over-long body is told apart from bad JSON.
+struct Counted<R> {
+    inner: R,
+    read: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// Parses a JSON body as it streams in (on a blocking thread), reading at most
+/// [`IMPORT_LIMIT`] bytes.
+async fn json_from_stream(body: Body) -> Result<Value, ApiError> {
+    use tokio::io::AsyncReadExt as _;
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
+    let limited = tokio_util::io::StreamReader::new(stream).take(IMPORT_LIMIT as u64 + 1);
+    let reader = tokio_util::io::SyncIoBridge::new(limited);
+    tokio::task::spawn_blocking(move || {
+        let mut counted = Counted {
+            inner: std::io::BufReader::with_capacity(64 * 1024, reader),
+            read: 0,
+        };
+        let parsed = serde_json::from_reader::<_, Value>(&mut counted);
+        if counted.read > IMPORT_LIMIT as u64 {
+            return Err(too_large());
+        }
+        parsed.map_err(|e| {
+            if e.is_io() {
+                ApiError::BadRequest(format!("Cannot read the body: {e}"))
+            } else {
+                ApiError::BadRequest("Invalid JSON body".into())
+            }
+        })
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("import parser: {e}")))?
+}
+
 /// Apply a validated plan in one transaction; `[cat created, cat updated, loc created, loc
 /// updated, items created, items updated]`.
 async fn apply(st: &Shared, user: &User, plan: Plan) -> Result<[u64; 6], ApiError> {
     let mut n = [0u64; 6];
     let now = now_iso();
-    let mut tx = st.pool.begin().await?;
+    // Reads (matching by name, id, barcode) come before the writes: take the write lock first.
+    let mut tx = crate::db::begin_write(&st.pool, st.engine).await?;
     let mut cat_ids = HashMap::new();
     for (name, color) in &plan.categories {
         let row = sqlx::query("SELECT id, color FROM categories WHERE user_id = $1 AND name = $2")

@@ -144,7 +144,11 @@ async function boot() {
 }
 
 async function signIn(email, password) {
+  // a token from a session that has since ended is no longer valid: take the current one
+  await refreshCsrf();
   await api("POST", "/api/auth/callback/credentials", { email, password, csrfToken: state.csrf });
+  // the CSRF token is bound to the session: sign-in issued a new one
+  await refreshCsrf();
   const session = await api("GET", "/api/auth/session");
   if (!session || !session.user) throw new Error("Signed in, but no session was created");
   $("#signin-form").reset();
@@ -179,6 +183,7 @@ $("#signup-form").addEventListener("submit", (e) => {
 $("#signout").addEventListener("click", () =>
   guarded(async () => {
     await api("POST", "/api/auth/signout", { csrfToken: state.csrf });
+    await refreshCsrf();
     showSignedOut("You are signed out.");
   }),
 );

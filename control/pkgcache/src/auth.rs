@@ -1,6 +1,7 @@
 //! Authentication: `Authorization: Bearer <token>` or `Basic` (users with bcrypt hashes).
 //!
-//! Which endpoints it covers is `auth.protect` (default: packages only — health probes and
+//! Which endpoints it covers is `auth.protect`, applied to the endpoint the router resolved
+//! ([`crate::route::resolve`]) (default: packages only — health probes and
 //! metrics stay open for load balancers and Prometheus). HEAD on a package passes without
 //! credentials while `auth.anonymous_head` is true (default), because vcpkg's precheck sends its
 //! HEAD without the configured header; GET, PUT and DELETE always need credentials when covered.
@@ -14,19 +15,18 @@ use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use switchyard_config::pkgcache::{PkgcacheAuth, PkgcacheScope};
 
+use crate::route::Scope;
+
 /// Remembered successful Basic credentials (cleared when full).
 const VERIFIED_MAX: usize = 1024;
 
-/// The endpoint group a path belongs to.
-pub fn scope_of(path: &str) -> PkgcacheScope {
-    if path == "/health" || path.starts_with("/health/") {
-        PkgcacheScope::Health
-    } else if path == "/metrics" {
-        PkgcacheScope::Metrics
-    } else if path == "/api" || path.starts_with("/api/") {
-        PkgcacheScope::Docs
-    } else {
-        PkgcacheScope::Packages
+/// The configuration's name of a router scope.
+fn config_scope(scope: Scope) -> PkgcacheScope {
+    match scope {
+        Scope::Packages => PkgcacheScope::Packages,
+        Scope::Health => PkgcacheScope::Health,
+        Scope::Metrics => PkgcacheScope::Metrics,
+        Scope::Docs => PkgcacheScope::Docs,
     }
 }
 
@@ -66,16 +66,17 @@ impl Auth {
         self.enabled
     }
 
-    /// Whether a request to `path` with `method` needs credentials.
-    pub fn required(&self, method: &str, path: &str) -> bool {
-        if !self.enabled {
+    /// Whether a request with `method` to an endpoint of `scope` (the router's answer for the
+    /// path, never a guess from its prefix) needs credentials. Paths that name no endpoint
+    /// (`None`) are answered 404 without looking at credentials.
+    pub fn required(&self, method: &str, scope: Option<Scope>) -> bool {
+        let Some(scope) = scope else {
+            return false;
+        };
+        if !self.enabled || !self.protect.contains(&config_scope(scope)) {
             return false;
         }
-        let scope = scope_of(path);
-        if !self.protect.contains(&scope) {
-            return false;
-        }
-        !(scope == PkgcacheScope::Packages && method == "HEAD" && self.anonymous_head)
+        !(scope == Scope::Packages && method == "HEAD" && self.anonymous_head)
     }
 
     /// Whether the `Authorization` header value is a valid token or user.
@@ -151,23 +152,28 @@ mod tests {
         })
     }
 
+    fn required(a: &Auth, method: &str, path: &str) -> bool {
+        a.required(method, crate::route::resolve(path).scope())
+    }
+
     #[test]
-    fn scopes_and_requirements() {
-        assert_eq!(scope_of("/health/ready"), PkgcacheScope::Health);
-        assert_eq!(scope_of("/metrics"), PkgcacheScope::Metrics);
-        assert_eq!(scope_of("/api/docs"), PkgcacheScope::Docs);
-        assert_eq!(scope_of("/zlib/1/ab"), PkgcacheScope::Packages);
+    fn requirements_follow_the_matched_route() {
         let a = auth(true, vec![PkgcacheScope::Packages]);
-        assert!(!a.required("HEAD", "/zlib/1/ab"));
-        assert!(a.required("GET", "/zlib/1/ab"));
-        assert!(a.required("PUT", "/zlib/1/ab"));
-        assert!(!a.required("GET", "/health"));
-        assert!(!a.required("GET", "/metrics"));
+        assert!(!required(&a, "HEAD", "/zlib/1/ab"));
+        assert!(required(&a, "GET", "/zlib/1/ab"));
+        assert!(required(&a, "PUT", "/zlib/1/ab"));
+        assert!(!required(&a, "GET", "/health"));
+        assert!(!required(&a, "GET", "/metrics"));
+        // reserved first segments as package names are packages
+        assert!(required(&a, "PUT", "/health/1/abcdef0123"));
+        assert!(required(&a, "PUT", "/api/x/abcdef0123"));
+        assert!(required(&a, "GET", "/metrics/1/ab/x64-linux"));
+        assert!(!required(&a, "GET", "/nothing/here"));
         let a = auth(false, vec![PkgcacheScope::Packages, PkgcacheScope::Metrics]);
-        assert!(a.required("HEAD", "/zlib/1/ab"));
-        assert!(a.required("GET", "/metrics"));
+        assert!(required(&a, "HEAD", "/zlib/1/ab"));
+        assert!(required(&a, "GET", "/metrics"));
         let off = Auth::new(&PkgcacheAuth::default());
-        assert!(!off.required("PUT", "/zlib/1/ab"));
+        assert!(!required(&off, "PUT", "/zlib/1/ab"));
     }
 
     #[tokio::test]

@@ -5,11 +5,10 @@
 
 use axum::http::{header, HeaderValue};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
 use utoipa::OpenApi;
 
-use crate::http::{self, Shared};
+use crate::http;
+use crate::route::DocPage;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -75,39 +74,24 @@ fn asset(bytes: &'static [u8], content_type: &'static str) -> Response {
         .into_response()
 }
 
-/// Routes of the documentation (all two segments deep, so they never shadow package paths).
-pub fn routes() -> Router<Shared> {
-    Router::new()
-        .route(
-            "/api/openapi.json",
-            get(|| async {
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    )],
-                    openapi_json(),
-                )
-            }),
+/// The answer for a documentation page or asset.
+pub fn page(page: DocPage) -> Response {
+    match page {
+        DocPage::OpenApiJson => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            openapi_json(),
         )
-        .route("/api/docs", get(|| async { Html(SWAGGER_HTML) }))
-        .route("/api/redoc", get(|| async { Html(REDOC_HTML) }))
-        .route(
-            "/api/swagger-ui-bundle.js",
-            get(|| async { asset(SWAGGER_JS, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/api/swagger-ui.css",
-            get(|| async { asset(SWAGGER_CSS, "text/css; charset=utf-8") }),
-        )
-        .route(
-            "/api/favicon-32x32.png",
-            get(|| async { asset(SWAGGER_ICON, "image/png") }),
-        )
-        .route(
-            "/api/redoc.standalone.js",
-            get(|| async { asset(REDOC_JS, "text/javascript; charset=utf-8") }),
-        )
+            .into_response(),
+        DocPage::SwaggerUi => Html(SWAGGER_HTML).into_response(),
+        DocPage::Redoc => Html(REDOC_HTML).into_response(),
+        DocPage::SwaggerJs => asset(SWAGGER_JS, "text/javascript; charset=utf-8"),
+        DocPage::SwaggerCss => asset(SWAGGER_CSS, "text/css; charset=utf-8"),
+        DocPage::SwaggerIcon => asset(SWAGGER_ICON, "image/png"),
+        DocPage::RedocJs => asset(REDOC_JS, "text/javascript; charset=utf-8"),
+    }
 }
 
 #[cfg(test)]

@@ -1,14 +1,13 @@
-//! The HTTP edge: router, package handlers, health, metrics, docs.
+//! The HTTP edge: dispatch by [`crate::route::resolve`] (authentication decided from the
+//! endpoint it resolved), package handlers, health, metrics, docs.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::{Json, Router};
 use futures::TryStreamExt;
 use serde::Serialize;
@@ -20,6 +19,7 @@ use crate::docs;
 use crate::error::Error;
 use crate::key::PackageKey;
 use crate::metrics::{hit_rate, human_duration, Metrics};
+use crate::route::{self, Endpoint};
 use crate::store::{ByteStream, PackageBody, PackageMeta, Store};
 
 /// Shared state of the server.
@@ -38,57 +38,96 @@ pub type Shared = Arc<AppState>;
 /// The version reported in health responses.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The router of the whole service.
+/// The router of the whole service: every request goes through [`dispatch`].
 pub fn router(state: Shared) -> Router {
-    let pkg = get(get_package)
-        .head(head_package)
-        .put(put_package)
-        .delete(delete_package);
-    let pkg4 = get(get_package4)
-        .head(head_package4)
-        .put(put_package4)
-        .delete(delete_package4);
     Router::new()
-        .route("/health", get(health))
-        .route("/health/live", get(live))
-        .route("/health/ready", get(ready))
-        .route("/health/details", get(details))
-        .route("/metrics", get(metrics))
-        .merge(docs::routes())
-        .route("/{name}/{version}/{sha}", pkg)
-        .route("/{name}/{version}/{sha}/{triplet}", pkg4)
-        .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), edge))
+        .fallback(dispatch)
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
 }
 
-/// Authentication, then per-request metrics.
-async fn edge(State(st): State<Shared>, req: Request, next: Next) -> Response {
+/// Methods counted under their own name in `requests_total`; any other is `other`, so a
+/// client cannot create metric series at will.
+pub fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::POST => "POST",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        _ => "other",
+    }
+}
+
+/// Resolves the path ([`crate::route::resolve`]), authenticates for the endpoint that matched,
+/// runs its handler, counts the request.
+async fn dispatch(State(st): State<Shared>, req: Request) -> Response {
     let method = req.method().clone();
-    let resp = if st.auth.required(method.as_str(), req.uri().path()) {
+    let endpoint = route::resolve(req.uri().path());
+    let resp = if st.auth.required(method.as_str(), endpoint.scope()) {
         let header = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
         if st.auth.check(header).await {
-            next.run(req).await
+            serve(&st, endpoint, req).await
         } else {
             tracing::debug!(method = %method, path = req.uri().path(), "401: missing or wrong credentials");
             Error::Unauthorized.into_response()
         }
     } else {
-        next.run(req).await
+        serve(&st, endpoint, req).await
     };
     st.metrics
         .requests
-        .with_label_values(&[method.as_str(), resp.status().as_str()])
+        .with_label_values(&[method_label(&method), resp.status().as_str()])
         .inc();
     resp
 }
 
-async fn not_found() -> Error {
-    Error::NotFound
+fn method_not_allowed(allow: &'static str) -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, HeaderValue::from_static(allow))],
+    )
+        .into_response()
+}
+
+/// The handler of an endpoint for a method.
+async fn serve(st: &Shared, endpoint: Endpoint, req: Request) -> Response {
+    let method = req.method().clone();
+    let key = match endpoint {
+        Endpoint::Package(key) => Ok(key),
+        Endpoint::InvalidPackage(e) => Err(Error::InvalidKey(e)),
+        Endpoint::NotFound => return Error::NotFound.into_response(),
+        other => {
+            // Fixed endpoints answer GET (and HEAD, whose body hyper drops).
+            if method != Method::GET && method != Method::HEAD {
+                return method_not_allowed("GET, HEAD");
+            }
+            return match other {
+                Endpoint::Health => health().await.into_response(),
+                Endpoint::Live => live().await.into_response(),
+                Endpoint::Ready => ready(st).await,
+                Endpoint::Details => details(st).await.into_response(),
+                Endpoint::Metrics => metrics(st).await,
+                Endpoint::Doc(page) => docs::page(page),
+                Endpoint::Package(_) | Endpoint::InvalidPackage(_) | Endpoint::NotFound => {
+                    Error::NotFound.into_response()
+                }
+            };
+        }
+    };
+    let result = match method {
+        Method::HEAD => head_package(st, key).await,
+        Method::GET => get_package(st, key).await,
+        Method::PUT => put_package(st, key, req).await,
+        Method::DELETE => delete_package(st, key).await,
+        _ => return method_not_allowed("HEAD, GET, PUT, DELETE"),
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
 }
 
 fn timestamp() -> String {
@@ -287,25 +326,17 @@ async fn do_delete(st: &AppState, key: Result<PackageKey, Error>) -> Result<Resp
     }
 }
 
-type P3 = Path<(String, String, String)>;
-type P4 = Path<(String, String, String, String)>;
-
-fn k3(Path((n, v, s)): P3) -> Result<PackageKey, Error> {
-    Ok(PackageKey::parse(&n, &v, &s)?)
-}
-
-fn k4(Path((n, v, s, t)): P4) -> Result<PackageKey, Error> {
-    Ok(PackageKey::parse_with_triplet(&n, &v, &s, &t)?)
-}
-
 /// Whether a package exists (200 with Content-Length and ETag) or not (404).
 #[utoipa::path(head, path = "/{name}/{version}/{sha}", tag = "packages",
     params(("name" = String, Path), ("version" = String, Path), ("sha" = String, Path, description = "ABI hash, hex")),
     responses((status = 200, description = "exists"), (status = 404, description = "absent"),
               (status = 400, description = "invalid path"), (status = 403, description = "write-only mode"),
               (status = 401, description = "credentials required (only with auth.anonymous_head false)")))]
-pub async fn head_package(State(st): State<Shared>, p: P3) -> Result<Response, Error> {
-    do_head(&st, k3(p)).await
+pub async fn head_package(
+    st: &AppState,
+    key: Result<PackageKey, Error>,
+) -> Result<Response, Error> {
+    do_head(st, key).await
 }
 
 /// Download a package (streamed).
@@ -314,8 +345,8 @@ pub async fn head_package(State(st): State<Shared>, p: P3) -> Result<Response, E
     responses((status = 200, description = "the package bytes", content_type = "application/octet-stream"),
               (status = 404, description = "absent", body = ErrorBody), (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody), (status = 403, description = "write-only mode", body = ErrorBody)))]
-pub async fn get_package(State(st): State<Shared>, p: P3) -> Result<Response, Error> {
-    do_get(&st, k3(p)).await
+pub async fn get_package(st: &AppState, key: Result<PackageKey, Error>) -> Result<Response, Error> {
+    do_get(st, key).await
 }
 
 /// Upload a package (Content-Length or chunked body). Packages are immutable.
@@ -326,8 +357,12 @@ pub async fn get_package(State(st): State<Shared>, p: P3) -> Result<Response, Er
               (status = 403, description = "read-only mode", body = ErrorBody), (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody), (status = 413, description = "larger than limits.max_package_size", body = ErrorBody),
               (status = 500, description = "upload failed, nothing stored", body = ErrorBody)))]
-pub async fn put_package(State(st): State<Shared>, p: P3, req: Request) -> Result<Response, Error> {
-    do_put(&st, k3(p), req).await
+pub async fn put_package(
+    st: &AppState,
+    key: Result<PackageKey, Error>,
+    req: Request,
+) -> Result<Response, Error> {
+    do_put(st, key, req).await
 }
 
 /// Delete a package.
@@ -335,24 +370,11 @@ pub async fn put_package(State(st): State<Shared>, p: P3, req: Request) -> Resul
     params(("name" = String, Path), ("version" = String, Path), ("sha" = String, Path, description = "ABI hash, hex")),
     responses((status = 200, body = DeleteResult), (status = 404, body = ErrorBody),
               (status = 403, description = "read-only mode", body = ErrorBody), (status = 401, body = ErrorBody)))]
-pub async fn delete_package(State(st): State<Shared>, p: P3) -> Result<Response, Error> {
-    do_delete(&st, k3(p)).await
-}
-
-async fn head_package4(State(st): State<Shared>, p: P4) -> Result<Response, Error> {
-    do_head(&st, k4(p)).await
-}
-
-async fn get_package4(State(st): State<Shared>, p: P4) -> Result<Response, Error> {
-    do_get(&st, k4(p)).await
-}
-
-async fn put_package4(State(st): State<Shared>, p: P4, req: Request) -> Result<Response, Error> {
-    do_put(&st, k4(p), req).await
-}
-
-async fn delete_package4(State(st): State<Shared>, p: P4) -> Result<Response, Error> {
-    do_delete(&st, k4(p)).await
+pub async fn delete_package(
+    st: &AppState,
+    key: Result<PackageKey, Error>,
+) -> Result<Response, Error> {
+    do_delete(st, key).await
 }
 
 // ------------------------------------------------------------------ health, metrics
@@ -438,7 +460,7 @@ pub async fn live() -> Json<Liveness> {
 /// Readiness probe: 503 while the store is unreachable, or not writable in a writable mode.
 #[utoipa::path(get, path = "/health/ready", tag = "health",
     responses((status = 200, body = Readiness), (status = 503, body = Readiness)))]
-pub async fn ready(State(st): State<Shared>) -> Response {
+pub async fn ready(st: &AppState) -> Response {
     match st.store.probe(st.mode.can_write()).await {
         Ok(()) => Json(Readiness {
             status: "ready".into(),
@@ -463,7 +485,7 @@ pub async fn ready(State(st): State<Shared>) -> Response {
 
 /// Detailed health: uptime, storage totals, cache hit rate.
 #[utoipa::path(get, path = "/health/details", tag = "health", responses((status = 200, body = DetailedHealth)))]
-pub async fn details(State(st): State<Shared>) -> Json<DetailedHealth> {
+pub async fn details(st: &AppState) -> Json<DetailedHealth> {
     let healthy = st.store.probe(st.mode.can_write()).await.is_ok();
     let (hits, misses) = (st.metrics.hits.get(), st.metrics.misses.get());
     Json(DetailedHealth {
@@ -488,7 +510,7 @@ pub async fn details(State(st): State<Shared>) -> Json<DetailedHealth> {
 /// Prometheus metrics (text exposition format).
 #[utoipa::path(get, path = "/metrics", tag = "health",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
-pub async fn metrics(State(st): State<Shared>) -> Response {
+pub async fn metrics(st: &AppState) -> Response {
     (
         [(
             header::CONTENT_TYPE,

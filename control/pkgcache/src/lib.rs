@@ -21,9 +21,10 @@ pub mod auth;
 pub mod docs;
 pub mod error;
 pub mod http;
-pub mod key;
 pub mod metrics;
 pub mod store;
+
+pub use switchyard_pkgcache_route::{key, route};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -66,17 +67,49 @@ pub struct PkgcacheArgs {
     /// endpoint of the S3-compatible service, e.g. http://127.0.0.1:9000
     #[arg(long, env = "SWITCHYARD_PKGCACHE_S3_ENDPOINT")]
     pub s3_endpoint: Option<String>,
-    /// comma-separated Bearer tokens; enables auth
-    #[arg(
-        long,
-        env = "SWITCHYARD_PKGCACHE_TOKENS",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    pub tokens: Vec<String>,
+    /// file of Bearer tokens, one per line (`#` comments and blank lines ignored); enables auth.
+    /// Tokens are never taken from the command line (it is visible in the process list); the
+    /// variable SWITCHYARD_PKGCACHE_TOKENS (comma-separated) is the other way to pass them.
+    #[arg(long, env = "SWITCHYARD_PKGCACHE_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// Tokens from the environment variable [`TOKENS_ENV`], filled in by [`run`].
+    #[arg(skip)]
+    pub tokens_env: Option<String>,
     /// log format: text | json
     #[arg(long, env = "SWITCHYARD_PKGCACHE_LOG_FORMAT", value_parser = parse_log_format)]
     pub log_format: Option<LogFormat>,
+}
+
+/// Environment variable with comma-separated Bearer tokens.
+pub const TOKENS_ENV: &str = "SWITCHYARD_PKGCACHE_TOKENS";
+
+/// Tokens of a tokens file: one per line, `#` comments and blank lines ignored.
+pub fn parse_tokens_file(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+fn read_tokens_file(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the tokens file {}", path.display()))?;
+    if let Ok(md) = std::fs::metadata(path) {
+        if md.permissions().mode() & 0o077 != 0 {
+            // Logging is not set up yet while the configuration is read.
+            eprintln!(
+                "warning: the tokens file {} is readable by group or others (chmod 600 it)",
+                path.display()
+            );
+        }
+    }
+    let tokens = parse_tokens_file(&text);
+    if tokens.is_empty() {
+        bail!("the tokens file {} lists no token", path.display());
+    }
+    Ok(tokens)
 }
 
 fn parse_mode(s: &str) -> Result<PkgcacheMode, String> {
@@ -121,12 +154,16 @@ pub fn effective_config(args: &PkgcacheArgs) -> anyhow::Result<PkgcacheConfig> {
     if let Some(e) = &args.s3_endpoint {
         cfg.storage.s3.endpoint = Some(e.clone());
     }
-    let tokens: Vec<String> = args
-        .tokens
+    let mut tokens: Vec<String> = args
+        .tokens_env
         .iter()
+        .flat_map(|v| v.split(','))
         .map(|t| t.trim().to_string())
         .filter(|t| !t.is_empty())
         .collect();
+    if let Some(path) = &args.tokens_file {
+        tokens.extend(read_tokens_file(path)?);
+    }
     if !tokens.is_empty() {
         cfg.auth.enabled = true;
         cfg.auth.tokens.extend(tokens);
@@ -143,7 +180,8 @@ pub fn effective_config(args: &PkgcacheArgs) -> anyhow::Result<PkgcacheConfig> {
 }
 
 /// Runs `switchyard pkgcache` until SIGINT/SIGTERM. Builds its own tokio runtime.
-pub fn run(args: PkgcacheArgs) -> anyhow::Result<()> {
+pub fn run(mut args: PkgcacheArgs) -> anyhow::Result<()> {
+    args.tokens_env = std::env::var(TOKENS_ENV).ok();
     let cfg = effective_config(&args)?;
     let logging = cfg.logging.clone();
     switchyard_service::run("pkgcache", &logging, "", serve(cfg))?
@@ -225,7 +263,7 @@ mod tests {
             listen: Some("127.0.0.1:0".into()),
             data_dir: Some("/tmp/x".into()),
             read_only: true,
-            tokens: vec!["a".into(), " ".into()],
+            tokens_env: Some("a, ,b".into()),
             ..PkgcacheArgs::default()
         };
         let cfg = effective_config(&args).unwrap();
@@ -233,7 +271,11 @@ mod tests {
         assert_eq!(cfg.storage.path, "/tmp/x");
         assert_eq!(cfg.mode, PkgcacheMode::ReadOnly);
         assert!(cfg.auth.enabled);
-        assert_eq!(cfg.auth.tokens, vec!["a".to_string()]);
+        assert_eq!(cfg.auth.tokens, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(
+            parse_tokens_file("# ci\n  t1 \n\nt2\n"),
+            vec!["t1".to_string(), "t2".to_string()]
+        );
         let bad = PkgcacheArgs {
             listen: Some("nope".into()),
             ..PkgcacheArgs::default()

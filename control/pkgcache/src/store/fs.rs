@@ -3,14 +3,18 @@
 //! Layout under the root directory:
 //! - `packages/<name>/<version>/<sha>`: complete packages;
 //! - `packages/<name>/<version>/<sha>.meta`: sidecar `{"size":…,"sha256":…}`;
-//! - `tmp/`: uploads in progress; emptied at start.
+//! - `tmp/`: uploads in progress, under random names (unique across servers and containers
+//!   sharing the directory, where PIDs repeat). At start, only files untouched for
+//!   [`STALE_TEMP_AGE`] are removed: a younger one may be another server's upload in flight.
 //!
 //! An upload streams into a new file under `tmp/` (one blocking writer per upload, fed through a
 //! bounded channel, hashing as it writes), is fsynced, and is then hard-linked to its final name.
 //! `link(2)` fails when the name exists, so of two concurrent uploads of one package exactly one
 //! wins — also across several servers sharing the directory — and the other gets 409. A dropped
-//! connection or a `kill -9` leaves at most a file in `tmp/`, which is never served. The parent
-//! directory is fsynced after the link, so an acknowledged upload survives a power cut.
+//! connection or a `kill -9` leaves at most a file in `tmp/`, which is never served. Every
+//! directory entry an upload creates is made durable before the upload is acknowledged: a new
+//! `name/` or `version/` directory by an fsync of its parent, the package by an fsync of
+//! `version/` after the link, so an acknowledged upload survives a power cut.
 //!
 //! Packages up to 64 KiB are kept in a 64 MiB in-memory cache once served (packages are
 //! immutable). A DELETE through this server drops the entry; a package deleted behind its back
@@ -20,7 +24,6 @@ use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -40,6 +43,10 @@ const READ_CHUNK: usize = 256 * 1024;
 const WRITE_QUEUE: usize = 4;
 /// Bytes of small packages kept in memory (packages are immutable, so a hit needs no I/O).
 const SMALL_CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// A temp file not written to for this long is taken for a leftover (an upload whose server
+/// died): an upload in flight modifies its file with every chunk, so only one stalled for an
+/// hour could be mistaken for one (its link then fails and the client gets a retryable 500).
+pub const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Small packages recently stored or served, evicted first-in first-out.
 #[derive(Default)]
@@ -85,7 +92,6 @@ pub struct FsStore {
     packages: PathBuf,
     tmp: PathBuf,
     inflight: Arc<Mutex<HashSet<PackageKey>>>,
-    counter: AtomicU64,
     small: Mutex<SmallCache>,
 }
 
@@ -124,26 +130,15 @@ fn read_meta(path: &Path, size: u64) -> Option<String> {
 }
 
 impl FsStore {
-    /// Opens (creating) the store at `root` and removes leftovers of interrupted uploads.
+    /// Opens (creating) the store at `root` and removes leftovers of interrupted uploads that
+    /// are older than [`STALE_TEMP_AGE`].
     pub fn open(root: &Path) -> io::Result<FsStore> {
         let packages = root.join("packages");
         let tmp = root.join("tmp");
         fs::create_dir_all(&packages)?;
         fs::create_dir_all(&tmp)?;
         let root = fs::canonicalize(root)?;
-        let mut removed = 0usize;
-        for entry in fs::read_dir(&tmp)? {
-            let path = entry?.path();
-            let res = if path.is_dir() {
-                fs::remove_dir_all(&path)
-            } else {
-                fs::remove_file(&path)
-            };
-            match res {
-                Ok(()) => removed += 1,
-                Err(e) => tracing::warn!("cannot remove leftover {}: {e}", path.display()),
-            }
-        }
+        let removed = remove_stale_temp_files(&tmp, STALE_TEMP_AGE)?;
         if removed > 0 {
             tracing::info!(
                 removed,
@@ -156,7 +151,6 @@ impl FsStore {
             tmp: root.join("tmp"),
             root,
             inflight: Arc::default(),
-            counter: AtomicU64::new(0),
             small: Mutex::default(),
         })
     }
@@ -175,10 +169,11 @@ impl FsStore {
         PathBuf::from(p)
     }
 
-    fn temp_path(&self, what: &str) -> PathBuf {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        self.tmp
-            .join(format!("{}-{n}-{what}.part", std::process::id()))
+    fn temp_path(&self, what: &str) -> Result<PathBuf, Error> {
+        let mut r = [0u8; 16];
+        getrandom::fill(&mut r)
+            .map_err(|e| Error::Storage(format!("no random temp-file name: {e}")))?;
+        Ok(self.tmp.join(format!("{}-{what}.part", hex::encode(r))))
     }
 
     fn cached(&self, key: &PackageKey) -> Option<(PackageMeta, Bytes)> {
@@ -287,10 +282,13 @@ impl FsStore {
                 key: key.clone(),
             }
         };
-        let tmp = self.temp_path("data");
-        let meta_tmp = self.temp_path("meta");
+        let tmp = self.temp_path("data")?;
+        let meta_tmp = self.temp_path("meta")?;
         let (tx, rx) = mpsc::channel::<Msg>(WRITE_QUEUE);
-        let writer = tokio::task::spawn_blocking(move || write_upload(rx, &tmp, &meta_tmp, &data));
+        let packages = self.packages.clone();
+        let writer = tokio::task::spawn_blocking(move || {
+            write_upload(rx, &tmp, &meta_tmp, &packages, &data)
+        });
         let mut total: u64 = 0;
         let mut failure: Option<Error> = None;
         while let Some(chunk) = body.next().await {
@@ -406,7 +404,7 @@ impl FsStore {
 
     pub async fn probe(&self, writable: bool) -> Result<(), Error> {
         let packages = self.packages.clone();
-        let probe = self.temp_path("probe");
+        let probe = self.temp_path("probe")?;
         blocking(move || {
             if !fs::metadata(&packages).map_err(storage)?.is_dir() {
                 return Err(Error::Storage(format!(
@@ -423,6 +421,49 @@ impl FsStore {
         })
         .await
     }
+}
+
+/// Removes entries of `tmp` not modified for `max_age`; returns how many went.
+fn remove_stale_temp_files(tmp: &Path, max_age: std::time::Duration) -> io::Result<usize> {
+    let mut removed = 0usize;
+    for entry in fs::read_dir(tmp)? {
+        let path = entry?.path();
+        let Ok(md) = fs::symlink_metadata(&path) else {
+            continue; // gone meanwhile (another server finished or removed it)
+        };
+        let age = md.modified().ok().and_then(|m| m.elapsed().ok());
+        if age.is_none_or(|a| a < max_age) {
+            continue;
+        }
+        let res = if md.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        match res {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("cannot remove leftover {}: {e}", path.display()),
+        }
+    }
+    Ok(removed)
+}
+
+/// Creates `dir` below the existing `base` one level at a time, fsyncing the parent of each
+/// directory it creates so that the new entry survives a power cut.
+fn create_dirs_durably(base: &Path, dir: &Path) -> io::Result<()> {
+    let rel = dir.strip_prefix(base).map_err(io::Error::other)?;
+    let mut parent = base.to_path_buf();
+    for part in rel.components() {
+        let child = parent.join(part);
+        match fs::create_dir(&child) {
+            Ok(()) => File::open(&parent)?.sync_all()?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        parent = child;
+    }
+    Ok(())
 }
 
 fn read_dirs(dir: &Path) -> Result<Vec<PathBuf>, Error> {
@@ -469,9 +510,10 @@ fn write_upload(
     mut rx: mpsc::Receiver<Msg>,
     tmp: &Path,
     meta_tmp: &Path,
+    packages: &Path,
     data: &Path,
 ) -> Result<PackageMeta, Error> {
-    let result = write_upload_inner(&mut rx, tmp, meta_tmp, data);
+    let result = write_upload_inner(&mut rx, tmp, meta_tmp, packages, data);
     // The temp name is only ever a temp name: remove it whatever happened.
     let _ = fs::remove_file(tmp);
     if result.is_err() {
@@ -484,6 +526,7 @@ fn write_upload_inner(
     rx: &mut mpsc::Receiver<Msg>,
     tmp: &Path,
     meta_tmp: &Path,
+    packages: &Path,
     data: &Path,
 ) -> Result<PackageMeta, Error> {
     let failed = |what: &str, e: io::Error| Error::UploadFailed(format!("{what}: {e}"));
@@ -514,7 +557,7 @@ fn write_upload_inner(
     let parent = data
         .parent()
         .ok_or_else(|| Error::UploadFailed("package path has no parent".into()))?;
-    fs::create_dir_all(parent).map_err(|e| failed("create directory", e))?;
+    create_dirs_durably(packages, parent).map_err(|e| failed("create directory", e))?;
     match fs::hard_link(tmp, data) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(Error::AlreadyExists),
@@ -527,10 +570,10 @@ fn write_upload_inner(
     if let Err(e) = write_meta(meta_tmp, data, &meta) {
         tracing::warn!("cannot write the sidecar of {}: {e}", data.display());
     }
-    // Make the new directory entries durable.
-    if let Ok(dir) = File::open(parent) {
-        let _ = dir.sync_all();
-    }
+    // Make the package's (and the sidecar's) directory entries durable before acknowledging.
+    File::open(parent)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|e| failed("fsync the package directory", e))?;
     Ok(meta)
 }
 
@@ -644,15 +687,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn leftovers_are_removed_at_open_and_missing_meta_is_tolerated() {
+    async fn stale_leftovers_are_removed_at_open_and_missing_meta_is_tolerated() {
         let dir = tempfile::tempdir().unwrap();
         fs::create_dir_all(dir.path().join("tmp")).unwrap();
-        fs::write(dir.path().join("tmp/123-0-data.part"), b"half").unwrap();
+        let stale = dir.path().join("tmp/123-0-data.part");
+        fs::write(&stale, b"half").unwrap();
+        let old =
+            std::time::SystemTime::now() - STALE_TEMP_AGE - std::time::Duration::from_secs(60);
+        File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let fresh = dir.path().join("tmp/another-server-data.part");
+        fs::write(&fresh, b"in flight").unwrap();
         let p = dir.path().join("packages/a/1");
         fs::create_dir_all(&p).unwrap();
         fs::write(p.join("ff"), b"by hand").unwrap();
         let store = FsStore::open(dir.path()).unwrap();
-        assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+        assert!(!stale.exists());
+        assert!(
+            fresh.exists(),
+            "a young temp file may be another server's upload"
+        );
         let k = PackageKey::parse("a", "1", "ff").unwrap();
         let m = store.head(&k).await.unwrap().unwrap();
         assert_eq!(m.size, 7);
