@@ -277,16 +277,18 @@ fn http_and_socks5_reach_the_origin_through_the_server() {
         );
         assert_eq!(out.stdout, b"hello through switchyard");
     }
-    // The server saw both requests (CONNECT tunnels: the client's HTTP server leg).
+    // The server saw both requests: the plain-HTTP one forwarded as an absolute-form request,
+    // the SOCKS5 one as a CONNECT tunnel (the client's HTTP server leg).
     let origin_host = format!("127.0.0.1:{}", nginx.port);
     let seen = wait_server_saw(&server, |s| {
-        s.iter().filter(|(h, _)| *h == origin_host).count() >= 2
+        s.iter().any(|(h, p)| *h == origin_host && p == "HTTP")
+            && s.iter().any(|(h, p)| *h == origin_host && p == "CONNECT")
     });
     assert!(
-        seen.iter()
-            .filter(|(h, p)| *h == origin_host && p == "CONNECT")
-            .count()
-            >= 2,
+        seen.iter().any(|(h, p)| *h == origin_host && p == "HTTP")
+            && seen
+                .iter()
+                .any(|(h, p)| *h == origin_host && p == "CONNECT"),
         "the server saw: {seen:?}"
     );
     let entries = client.debug_entries_for("127.0.0.1", 2);

@@ -3,8 +3,8 @@
 //! parent squid as `cache_peer`, `never_direct`), in one run: `wrk` requests/s and transfer for a
 //! 1 KiB and a 1 MiB file through each, plus the client's idle RSS after start.
 //!
-//! The client's server leg speaks CONNECT to the server (its HTTP protocol), pooled and kept
-//! alive; squid forwards plain-HTTP requests to its parent as absolute-form requests.
+//! The client's HTTP server leg forwards plain-HTTP requests to the server as absolute-form
+//! requests, pooled and kept alive, as the child squid does to its parent.
 
 use std::fmt::Write as _;
 use std::fs;

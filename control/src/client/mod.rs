@@ -101,11 +101,9 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     };
     let http = listener("proxy.http", &cfg.proxy.http)?;
     let socks5 = listener("proxy.socks5", &cfg.proxy.socks5)?;
-    let probe_cores = if cfg.proxy.cores == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        cfg.proxy.cores
-    };
+    let plan = switchyard_dataplane::cores::CorePlan::detect(cfg.proxy.cores);
+    tracing::info!(cores = plan.cpus.len(), cpus = ?plan.cpus, reason = %plan.reason, "data-plane cores decided");
+    let probe_cores = plan.cpus.len();
     let connected_at_start = settings.auto_connect && !settings.current_server.is_empty();
     let first_server = cfg
         .servers
@@ -118,7 +116,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     let dataplane = Dataplane::start(
         snapshot,
         DataplaneOptions {
-            cores: cfg.proxy.cores,
+            plan,
             http,
             socks5,
             cache: cache.clone(),

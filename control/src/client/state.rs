@@ -55,6 +55,8 @@ pub struct ClientState {
     pub snapshot: SnapshotHandle,
     pub counters: Arc<Counters>,
     pub cores: usize,
+    /// Up/down state of each data-plane core.
+    pub core_health: Arc<switchyard_dataplane::core_health::CoreHealth>,
     pub debug: DebugLog,
     pub probes: Probes,
     pub http_addr: Option<SocketAddr>,
@@ -145,6 +147,7 @@ impl ClientState {
             snapshot: dataplane.snapshot.clone(),
             counters: dataplane.counters.clone(),
             cores: dataplane.cores.len(),
+            core_health: dataplane.core_health.clone(),
             debug: DebugLog::new(super::debug_log::CAPACITY),
             probes: Probes::default(),
             http_addr: dataplane.http_addr,
@@ -254,15 +257,23 @@ impl ClientState {
         self.connection.lock().dial_failed = false;
     }
 
-    /// Connected, and the selected server cannot be reached (its last probe failed, or the
+    /// Why the client is degraded (empty when healthy): data-plane cores that are down, and,
+    /// while connected, a selected server that cannot be reached (its last probe failed, or the
     /// engine's dials to it keep failing since the last successful probe).
-    pub fn is_degraded(&self) -> bool {
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = self.core_health.problems();
         let conn = self.connection.lock();
         let Some(name) = conn.selected.as_deref().filter(|_| conn.connected) else {
-            return false;
+            return problems;
         };
-        let probe_failed = self.probes.get(name).is_some_and(|p| p.latency.is_none());
-        probe_failed || conn.dial_failed
+        if self.probes.get(name).is_some_and(|p| p.latency.is_none()) {
+            problems.push(format!(
+                "server {name} is unreachable (its last probe failed)"
+            ));
+        } else if conn.dial_failed {
+            problems.push(format!("connections through server {name} keep failing"));
+        }
+        problems
     }
 
     /// The list's `status` of the server `name`.

@@ -14,18 +14,24 @@ use switchyard_api::client::{
 };
 use switchyard_api::{HealthResponse, LoginRequest, MessageWithTime, VersionInfo};
 
-/// `healthy`, or `degraded` while connected and the selected server cannot be reached.
+/// `healthy`, or `degraded` (with `problems`) while connected and the selected server cannot be
+/// reached, or while a data-plane core is down.
 #[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()),
     responses((status = 200, body = HealthResponse)))]
 pub async fn health(State(state): State<S>) -> Json<HealthResponse> {
+    let cores = state.core_health.states();
+    let problems = state.problems();
     Json(HealthResponse {
-        status: if state.is_degraded() {
-            "degraded"
-        } else {
+        status: if problems.is_empty() {
             "healthy"
+        } else {
+            "degraded"
         }
         .into(),
         time: Utc::now(),
+        cores_up: Some(cores.iter().filter(|c| c.up).count() as u64),
+        cores_total: Some(cores.len() as u64),
+        problems,
     })
 }
 
