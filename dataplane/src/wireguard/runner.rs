@@ -523,6 +523,18 @@ impl Tunnel {
         self.probe(now);
     }
 
+    /// Resets every established flow of a lost peer: a pooled keep-alive flow would otherwise take
+    /// the next request and wait for an answer that cannot come (flows have no kernel read
+    /// timeout). The reset reads as end-of-stream, so a body-less request is retried on a new flow,
+    /// which fails fast while the peer stays silent.
+    fn reset_established_flows(&mut self) {
+        for flow in &self.flows {
+            if flow.waiting.is_none() && !flow.finished {
+                self.sockets.get_mut::<tcp::Socket>(flow.handle).abort();
+            }
+        }
+    }
+
     /// A quiet tunnel is asked for a handshake; no answer within the timeout = peer lost.
     fn probe(&mut self, now: Instant) {
         if let Some(started) = self.probe_started {
@@ -530,6 +542,7 @@ impl Tunnel {
                 self.probe_started = None;
                 let reason = self.unanswered().to_string();
                 self.set_alive(false, &reason);
+                self.reset_established_flows();
             }
             return;
         }
