@@ -7,23 +7,8 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use switchyard_proto::route_matcher::{DomainPattern, RouteEntry, RouteTable};
 
-/// `exclude`: everything uses the VPN except matches; `include`: only matches use it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SplitMode {
-    #[default]
-    Exclude,
-    Include,
-}
-
-impl SplitMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SplitMode::Exclude => "exclude",
-            SplitMode::Include => "include",
-        }
-    }
-}
+/// The mode is the configuration's own type: one definition for `vpn.split.mode` everywhere.
+pub use switchyard_config::client::SplitMode;
 
 /// One app of `vpn.split.apps`. On Linux an app is matched by process name (`name`, compared with
 /// `/proc/PID/comm`), by executable `path` (`/proc/PID/exe`), or — when `cgroup` is set — is every
