@@ -22,6 +22,25 @@ pub struct HealthResponse {
     pub cores_total: Option<u64>,
 }
 
+impl HealthResponse {
+    /// The health of a process with a data plane, from what was measured now: `degraded` exactly
+    /// when there is a problem to report.
+    pub fn measured(problems: Vec<String>, cores_up: usize, cores_total: usize) -> Self {
+        Self {
+            status: if problems.is_empty() {
+                "healthy"
+            } else {
+                "degraded"
+            }
+            .into(),
+            time: Utc::now(),
+            problems,
+            cores_up: Some(cores_up as u64),
+            cores_total: Some(cores_total as u64),
+        }
+    }
+}
+
 /// `GET /api/v1/version`
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct VersionInfo {

@@ -33,18 +33,11 @@ pub async fn health(State(state): State<Arc<ServerState>>) -> Json<HealthRespons
             ));
         }
     }
-    Json(HealthResponse {
-        status: if problems.is_empty() {
-            "healthy"
-        } else {
-            "degraded"
-        }
-        .into(),
-        time: Utc::now(),
-        cores_up: Some(cores.iter().filter(|c| c.up).count() as u64),
-        cores_total: Some(cores.len() as u64),
+    Json(HealthResponse::measured(
         problems,
-    })
+        cores.iter().filter(|c| c.up).count(),
+        cores.len(),
+    ))
 }
 
 pub fn version_info() -> VersionInfo {

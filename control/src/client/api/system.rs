@@ -21,18 +21,11 @@ use switchyard_api::{HealthResponse, LoginRequest, MessageWithTime, VersionInfo}
 pub async fn health(State(state): State<S>) -> Json<HealthResponse> {
     let cores = state.core_health.states();
     let problems = state.problems();
-    Json(HealthResponse {
-        status: if problems.is_empty() {
-            "healthy"
-        } else {
-            "degraded"
-        }
-        .into(),
-        time: Utc::now(),
-        cores_up: Some(cores.iter().filter(|c| c.up).count() as u64),
-        cores_total: Some(cores.len() as u64),
+    Json(HealthResponse::measured(
         problems,
-    })
+        cores.iter().filter(|c| c.up).count(),
+        cores.len(),
+    ))
 }
 
 #[utoipa::path(get, path = "/api/v1/version", tag = "system", responses((status = 200, body = VersionInfo)))]
