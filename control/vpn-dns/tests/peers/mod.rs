@@ -210,9 +210,12 @@ pub fn records(dig_output: &str) -> Vec<(String, u32, String, String)> {
         .collect()
 }
 
+/// One `on_resolved` call: the name and its addresses.
+type Report = (String, Vec<IpAddr>);
+
 /// Collects what the resolver reports through `on_resolved`.
 #[derive(Clone, Default)]
-pub struct Reports(Arc<Mutex<Vec<(String, Vec<IpAddr>)>>>);
+pub struct Reports(Arc<Mutex<Vec<Report>>>);
 
 impl Reports {
     pub fn hook(&self) -> OnResolved {
