@@ -22,7 +22,7 @@
 //!
 //! Runtime-free parts with unit tests: [`message`] (reading queries, building answers, UDP
 //! truncation, CNAME chains), [`cache`] (TTL policy, expiry with an injected clock), [`name`],
-//! [`server_order`] (failover order).
+//! [`server_order`] (failover order), [`servers`] (`vpn.dns.servers` entries, resolv.conf).
 
 pub mod cache;
 mod listener;
@@ -30,6 +30,7 @@ pub mod message;
 pub mod name;
 mod resolver;
 pub mod server_order;
+pub mod servers;
 pub mod upstream;
 
 use std::net::{IpAddr, SocketAddr};
@@ -89,6 +90,8 @@ pub enum Error {
     },
     #[error("upstream server {0} is the resolver's own address: queries would loop")]
     Loop(SocketAddr),
+    #[error("`{0}` is not a DNS server address (IP or IP:port)")]
+    BadServer(String),
 }
 
 /// The running resolver: a UDP and a TCP listener on one port. Dropping it stops both

@@ -94,7 +94,12 @@ async fn answers_then_serves_repeats_from_the_cache() {
         .entries
         .iter()
         .all(|e| e.domain == "a.test" && e.expires_at > chrono::Utc::now()));
+
+    // Shutdown closes both listeners: the port is free again for UDP and TCP.
+    let addr = dns.local_addr();
     dns.shutdown().await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    UdpSocket::bind(addr).await.expect("UDP port released");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -212,3 +212,19 @@ where
     *slot = Some(conn.clone());
     Ok((conn, true))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::take_frame;
+
+    #[test]
+    fn frames_are_taken_whole_and_in_order() {
+        let mut buf = vec![0, 3, b'a', b'b'];
+        assert_eq!(take_frame(&mut buf), None, "incomplete");
+        buf.extend_from_slice(&[b'c', 0, 0, 0]);
+        assert_eq!(take_frame(&mut buf).as_deref(), Some(&b"abc"[..]));
+        assert_eq!(take_frame(&mut buf).as_deref(), Some(&b""[..]));
+        assert_eq!(take_frame(&mut buf), None);
+        assert_eq!(buf, [0]);
+    }
+}
