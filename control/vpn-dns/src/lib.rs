@@ -90,6 +90,11 @@ pub enum Error {
     },
     #[error("upstream server {0} is the resolver's own address: queries would loop")]
     Loop(SocketAddr),
+    #[error("cannot mark upstream sockets with {mark:#x} (CAP_NET_ADMIN needed): {source}")]
+    Mark {
+        mark: u32,
+        source: upstream::UpstreamError,
+    },
     #[error("`{0}` is not a DNS server address (IP or IP:port)")]
     BadServer(String),
 }
@@ -113,6 +118,11 @@ impl DnsInterceptor {
         })?;
         if let Some(&own) = cfg.servers.iter().find(|s| **s == local_addr) {
             return Err(Error::Loop(own));
+        }
+        if let Upstream::Direct { mark: Some(mark) } = cfg.upstream {
+            // Setting SO_MARK needs CAP_NET_ADMIN: say so now rather than SERVFAIL every query.
+            upstream::udp::socket(local_addr, Some(mark))
+                .map_err(|source| Error::Mark { mark, source })?;
         }
         let resolver = Arc::new(Resolver::new(
             cfg.servers,
@@ -173,6 +183,11 @@ impl DnsInterceptor {
     /// Switches the upstream path (the VPN selected another server). Queries already running
     /// finish on the old path; pooled connections of the old path close.
     pub fn set_upstream(&self, up: Upstream) {
+        if let Upstream::Direct { mark: Some(mark) } = up {
+            if let Err(e) = upstream::udp::socket(self.local_addr, Some(mark)) {
+                tracing::warn!(mark, error = %e, "upstream sockets cannot be marked: queries will fail");
+            }
+        }
         self.resolver.set_upstream(up);
     }
 

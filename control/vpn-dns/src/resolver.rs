@@ -122,24 +122,40 @@ impl Resolver {
             bump(&self.counters.cache_hits);
             return hit;
         }
-        let waiter = {
+        enum Role {
+            Join(oneshot::Receiver<Answer>),
+            Fetch,
+            /// A fetch for the key finished between the cache miss and taking the lock.
+            Cached(Answer),
+        }
+        let role = {
             let mut inflight = self.inflight.lock();
             match inflight.get_mut(&key) {
                 Some(waiters) => {
                     let (tx, rx) = oneshot::channel();
                     waiters.push(tx);
-                    Some(rx)
+                    Role::Join(rx)
                 }
-                None => {
-                    inflight.insert(key.clone(), Vec::new());
-                    None
-                }
+                None => match self.cache.lock().get(&key, Instant::now()) {
+                    Some(hit) => Role::Cached(hit),
+                    None => {
+                        inflight.insert(key.clone(), Vec::new());
+                        Role::Fetch
+                    }
+                },
             }
         };
-        if let Some(rx) = waiter {
-            bump(&self.counters.coalesced);
-            // The fetch's owner went away without an answer (shutdown): SERVFAIL.
-            return rx.await.unwrap_or_else(|_| Answer::servfail());
+        match role {
+            Role::Fetch => {}
+            Role::Cached(hit) => {
+                bump(&self.counters.cache_hits);
+                return hit;
+            }
+            Role::Join(rx) => {
+                bump(&self.counters.coalesced);
+                // The fetch's owner went away without an answer (shutdown): SERVFAIL.
+                return rx.await.unwrap_or_else(|_| Answer::servfail());
+            }
         }
         let fetch = Fetch {
             inflight: &self.inflight,

@@ -448,3 +448,101 @@ async fn malformed_input_gets_formerr_or_nothing_and_the_listeners_survive() {
     assert_eq!(out.trim(), "10.1.2.3");
     assert!(dns.stats().malformed >= 1);
 }
+
+/// An nft table counting the packets sent to one port, by mark; deleted when dropped.
+struct MarkCounter {
+    table: String,
+}
+
+impl MarkCounter {
+    fn new(port: u16, mark: u32) -> Option<MarkCounter> {
+        let nft = peers::require("nft")?;
+        let table = format!("vdns_mark_{port}");
+        let script = format!(
+            "table inet {table} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n\
+             \x20 udp dport {port} meta mark {mark:#x} counter comment \"udp-marked\"\n\
+             \x20 udp dport {port} meta mark != {mark:#x} counter comment \"udp-unmarked\"\n\
+             \x20 tcp dport {port} meta mark {mark:#x} counter comment \"tcp-marked\"\n }}\n}}\n"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("rules.nft");
+        std::fs::write(&file, script).expect("write rules");
+        let ok = std::process::Command::new(nft)
+            .arg("-f")
+            .arg(&file)
+            .status()
+            .expect("run nft")
+            .success();
+        assert!(ok, "nft -f failed");
+        Some(MarkCounter { table })
+    }
+
+    fn packets(&self, comment: &str) -> u64 {
+        let out = std::process::Command::new("nft")
+            .args(["list", "table", "inet", &self.table])
+            .output()
+            .expect("nft list");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("comment \"{comment}\"")))
+            .unwrap_or_else(|| panic!("no rule {comment} in {text}"));
+        line.split("packets ")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no counter in {line}"))
+    }
+}
+
+impl Drop for MarkCounter {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", &self.table])
+            .status();
+    }
+}
+
+/// Direct upstream queries leave from sockets carrying the tunnel's mark (UDP, and the TCP
+/// retry of a truncated answer), which is what policy routing sends into the TUN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_upstream_sockets_carry_the_mark() {
+    // nft and SO_MARK both need CAP_NET_ADMIN.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    if !root {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs the tests as root"
+        );
+        eprintln!("SKIP: not root (SO_MARK and nft need CAP_NET_ADMIN)");
+        return;
+    }
+    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+        return;
+    };
+    if peers::require("dig").is_none() {
+        return;
+    }
+    const MARK: u32 = 0x5359;
+    let Some(counter) = MarkCounter::new(upstream.addr.port(), MARK) else {
+        return;
+    };
+    let (dns, _) = start(vec![upstream.addr], |c| {
+        c.upstream = Upstream::Direct { mark: Some(MARK) }
+    })
+    .await;
+    let out = dig(dns.local_addr(), &["a.test", "+short"]).await;
+    assert_eq!(out.trim(), "10.1.2.3");
+    let out = dig(
+        dns.local_addr(),
+        &["big.test", "TXT", "+tcp", "+noall", "+answer"],
+    )
+    .await;
+    assert_eq!(records(&out).len(), peers::BIG_TXT_RECORDS, "{out}");
+    assert!(counter.packets("udp-marked") >= 2, "UDP queries marked");
+    assert_eq!(counter.packets("udp-unmarked"), 0, "no unmarked UDP query");
+    assert!(counter.packets("tcp-marked") >= 1, "TCP retry marked");
+}
