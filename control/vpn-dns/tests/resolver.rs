@@ -287,6 +287,23 @@ async fn socks5_proxy_upstream_reuses_one_tcp_connection() {
     let pids = upstream.query_pids();
     assert_eq!(pids.len(), 2, "{pids:?}");
     assert_eq!(pids[0], pids[1], "one reused connection: {pids:?}");
+    // Questions asked at once are pipelined on that same connection.
+    let resolver = dns.local_addr();
+    let asks: Vec<_> = (0..4u16)
+        .map(|i| tokio::spawn(async move { ask(resolver, &format!("p{i}.a.test."), i).await }))
+        .collect();
+    for a in asks {
+        assert_eq!(a.await.expect("ask"), [ip("10.1.2.3")]);
+    }
+    for i in 0..4 {
+        upstream.wait_queries("A", &format!("p{i}.a.test"), 1);
+    }
+    let pids = upstream.query_pids();
+    assert_eq!(pids.len(), 6, "{pids:?}");
+    assert!(
+        pids.iter().all(|p| *p == pids[0]),
+        "one connection: {pids:?}"
+    );
 
     // Wrong credentials: the proxy refuses, the client gets SERVFAIL.
     dns.set_upstream(through("wrong"));
