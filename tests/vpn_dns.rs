@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use peers::{dig, status, Dnsmasq, Reports};
+use peers::{dig, status, Reports};
 use support::start_server;
 use switchyard_vpn_dns::{DnsInterceptor, ProxyProtocol, ResolverConfig, Upstream};
 
@@ -19,12 +19,9 @@ fn alice_config() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolver_forwards_through_switchyard_server_connect_and_socks5() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let server = start_server(&alice_config());
     let via = |protocol, address: std::net::SocketAddr, password: &str| Upstream::Proxy {
         address: address.to_string(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, Query, ResponseCode};
 use hickory_proto::rr::{rdata::A, Name, RData, Record, RecordType};
-use peers::{dig, records, status, Dnsmasq, Microsocks, Reports};
+use peers::{dig, records, status, Microsocks, Reports};
 use switchyard_vpn_dns::{DnsInterceptor, ProxyProtocol, ResolverConfig, Upstream};
 use tokio::net::UdpSocket;
 
@@ -43,12 +43,9 @@ fn silent_server() -> std::net::UdpSocket {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_then_serves_repeats_from_the_cache() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, reports) = start(vec![upstream.addr], |_| {}).await;
     let out = dig(dns.local_addr(), &["a.test", "A", "+noall", "+answer"]).await;
     let got = records(&out);
@@ -104,12 +101,9 @@ async fn answers_then_serves_repeats_from_the_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_ttl_caps_ttls_and_expired_answers_are_fetched_again() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, _) = start(vec![upstream.addr], |c| {
         c.cache_ttl = Duration::from_secs(1)
     })
@@ -162,12 +156,9 @@ async fn servfail_when_every_upstream_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fails_over_to_the_next_server() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let silent = silent_server();
     let (dns, _) = start(
         vec![silent.local_addr().expect("addr"), upstream.addr],
@@ -195,12 +186,9 @@ async fn fails_over_to_the_next_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_queries_and_truncated_udp_answers() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, _) = start(vec![upstream.addr], |_| {}).await;
     let out = dig(dns.local_addr(), &["a.test", "+tcp", "+short"]).await;
     assert_eq!(out.trim(), "10.1.2.3");
@@ -230,12 +218,9 @@ async fn tcp_queries_and_truncated_udp_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cname_chains_are_reported_under_every_name() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, reports) = start(vec![upstream.addr], |_| {}).await;
     let out = dig(
         dns.local_addr(),
@@ -256,15 +241,12 @@ async fn cname_chains_are_reported_under_every_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_proxy_upstream_reuses_one_tcp_connection() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
     let Some(proxy) = Microsocks::start("bob", "builder") else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let through = |password: &str| Upstream::Proxy {
         address: proxy.addr.to_string(),
         protocol: ProxyProtocol::Socks5,
@@ -413,12 +395,9 @@ async fn ask(resolver: SocketAddr, name: &str, id: u16) -> Vec<IpAddr> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_input_gets_formerr_or_nothing_and_the_listeners_survive() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, _) = start(vec![upstream.addr], |_| {}).await;
     let resolver = dns.local_addr();
     let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
@@ -537,12 +516,9 @@ async fn direct_upstream_sockets_carry_the_mark() {
         eprintln!("SKIP: not root (SO_MARK and nft need CAP_NET_ADMIN)");
         return;
     }
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     const MARK: u32 = 0x5359;
     let Some(counter) = MarkCounter::new(upstream.addr.port(), MARK) else {
         return;

@@ -169,6 +169,12 @@ pub fn test_records() -> Vec<String> {
     r
 }
 
+/// dnsmasq with [`test_records`], when both it and dig are installed.
+pub fn dnsmasq_and_dig() -> Option<Dnsmasq> {
+    require("dig")?;
+    Dnsmasq::start(&test_records())
+}
+
 /// Output of `dig @resolver args…`, one try with a 5 s limit so a test never hangs.
 pub async fn dig(resolver: SocketAddr, args: &[&str]) -> String {
     let out = tokio::process::Command::new("dig")
