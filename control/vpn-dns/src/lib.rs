@@ -3,7 +3,7 @@
 //! The split tunnel's DNS redirect (eBPF `cgroup/connect4`/`sendmsg4`, or the nftables fallback)
 //! sends port-53 traffic (UDP and TCP) of in-scope sockets to [`DnsInterceptor`]'s listener. It
 //! answers from its cache when fresh (TTLs counted down, capped by `vpn.dns.cache_ttl`; negative
-//! answers kept for the SOA minimum), otherwise forwards to `vpn.dns.servers` in order with
+//! answers kept for the SOA's negative TTL), otherwise forwards to `vpn.dns.servers` in order with
 //! failover and a per-server timeout — through the tunnel ([`Upstream::Proxy`]: DNS over TCP via
 //! the selected server's HTTP CONNECT or SOCKS5 proxy, one pipelined connection per server) or
 //! directly ([`Upstream::Direct`]: UDP, TCP on truncation, optionally from sockets carrying the
