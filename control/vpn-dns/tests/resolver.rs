@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, Query, ResponseCode};
 use hickory_proto::rr::{rdata::A, Name, RData, Record, RecordType};
-use peers::{dig, records, status, Microsocks, Reports};
+use peers::{dig, records, status, Dnsmasq, Microsocks, Reports};
 use switchyard_vpn_dns::{DnsInterceptor, ProxyProtocol, ResolverConfig, Upstream};
 use tokio::net::UdpSocket;
 
@@ -292,6 +292,31 @@ async fn socks5_proxy_upstream_reuses_one_tcp_connection() {
     let out = dig(dns.local_addr(), &["edge.cdn.test", "A"]).await;
     assert_eq!(status(&out), "SERVFAIL", "{out}");
     assert_eq!(upstream.queries("A", "edge.cdn.test"), 0);
+}
+
+/// IPv6 end to end: the resolver on ::1 (the DNS redirect's `resolver6`), dnsmasq on ::1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_listener_and_upstream() {
+    if peers::require("dig").is_none() {
+        return;
+    }
+    let Some(upstream) = Dnsmasq::start_on(ip("::1"), &peers::test_records()) else {
+        return;
+    };
+    let (dns, reports) = start(vec![upstream.addr], |c| {
+        c.listen = "[::1]:0".parse().expect("addr")
+    })
+    .await;
+    assert!(dns.local_addr().is_ipv6());
+    let out = dig(dns.local_addr(), &["a.test", "AAAA", "+short"]).await;
+    assert_eq!(out.trim(), "2001:db8::3");
+    let out = dig(dns.local_addr(), &["a.test", "A", "+short", "+tcp"]).await;
+    assert_eq!(out.trim(), "10.1.2.3");
+    assert_eq!(
+        reports.addresses("a.test"),
+        [ip("10.1.2.3"), ip("2001:db8::3")]
+    );
+    upstream.wait_queries("AAAA", "a.test", 1);
 }
 
 /// A scripted upstream that answers late, and first with spoofed replies: identical questions

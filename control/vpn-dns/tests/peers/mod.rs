@@ -37,12 +37,12 @@ pub fn require(cmd: &str) -> Option<PathBuf> {
     }
 }
 
-/// A port free for both UDP and TCP on 127.0.0.1.
-pub fn free_port() -> u16 {
+/// A port free for both UDP and TCP on `ip`.
+pub fn free_port(ip: IpAddr) -> u16 {
     loop {
-        let udp = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+        let udp = UdpSocket::bind((ip, 0)).expect("bind udp");
         let port = udp.local_addr().expect("addr").port();
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if TcpListener::bind((ip, port)).is_ok() {
             return port;
         }
     }
@@ -86,10 +86,15 @@ impl Dnsmasq {
     /// Starts dnsmasq with `records` (extra options such as `--address=/a.test/10.1.2.3`) and
     /// TTL 600 on its answers, or None when dnsmasq is missing.
     pub fn start(records: &[String]) -> Option<Dnsmasq> {
+        Dnsmasq::start_on(IpAddr::from([127, 0, 0, 1]), records)
+    }
+
+    /// [`Dnsmasq::start`] on another loopback address (`::1`, `127.0.0.2`…).
+    pub fn start_on(ip: IpAddr, records: &[String]) -> Option<Dnsmasq> {
         let bin = require("dnsmasq")?;
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("queries.log");
-        let port = free_port();
+        let port = free_port(ip);
         let mut cmd = Command::new(bin);
         cmd.args([
             "--keep-in-foreground",
@@ -97,19 +102,19 @@ impl Dnsmasq {
             "--no-resolv",
             "--no-hosts",
             "--bind-interfaces",
-            "--listen-address=127.0.0.1",
             "--user=root",
             "--pid-file=",
             "--local-ttl=600",
             "--log-queries",
         ])
+        .arg(format!("--listen-address={ip}"))
         .arg(format!("--port={port}"))
         .arg(format!("--log-facility={}", log.display()))
         .args(records)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
         let proc = Proc(cmd.spawn().expect("start dnsmasq"));
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let addr = SocketAddr::new(ip, port);
         wait_for_tcp(addr);
         Some(Dnsmasq {
             addr,
@@ -263,7 +268,7 @@ pub struct Microsocks {
 impl Microsocks {
     pub fn start(user: &str, pass: &str) -> Option<Microsocks> {
         let bin = require("microsocks")?;
-        let port = free_port();
+        let port = free_port(IpAddr::from([127, 0, 0, 1]));
         let proc = Proc(
             Command::new(bin)
                 .args([
