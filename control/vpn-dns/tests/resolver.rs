@@ -294,6 +294,71 @@ async fn socks5_proxy_upstream_reuses_one_tcp_connection() {
     assert_eq!(upstream.queries("A", "edge.cdn.test"), 0);
 }
 
+/// NXDOMAIN and NODATA answers of an authoritative dnsmasq zone (SOA TTL and MINIMUM 30 s) are
+/// cached for the SOA's negative TTL, capped by cache_ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_answers_are_cached_for_the_soa_ttl() {
+    if peers::require("dig").is_none() {
+        return;
+    }
+    let mut zone = peers::test_records();
+    zone.extend(
+        [
+            "--auth-server=ns.neg.test,127.0.0.1",
+            "--auth-zone=neg.test",
+            "--auth-ttl=30",
+            "--auth-soa=1,hostmaster.neg.test,1200,120,1209600",
+            "--host-record=h.neg.test,10.5.5.5",
+        ]
+        .map(String::from),
+    );
+    let Some(upstream) = Dnsmasq::start(&zone) else {
+        return;
+    };
+    let (dns, reports) = start(vec![upstream.addr], |_| {}).await;
+    for round in 1..=2 {
+        let out = dig(
+            dns.local_addr(),
+            &["nx.neg.test", "A", "+noall", "+comments", "+authority"],
+        )
+        .await;
+        assert_eq!(status(&out), "NXDOMAIN", "{out}");
+        let soa = records(&out)
+            .into_iter()
+            .find(|r| r.2 == "SOA")
+            .unwrap_or_else(|| panic!("SOA: {out}"));
+        assert!(soa.1 <= 30, "round {round}: {out}");
+        let out = dig(
+            dns.local_addr(),
+            &["h.neg.test", "AAAA", "+noall", "+comments", "+answer"],
+        )
+        .await;
+        assert_eq!(status(&out), "NOERROR", "{out}");
+        assert!(records(&out).is_empty(), "NODATA: {out}");
+    }
+    upstream.wait_queries("AAAA", "h.neg.test", 1);
+    assert_eq!(upstream.queries("A", "nx.neg.test"), 1);
+    assert_eq!(upstream.queries("AAAA", "h.neg.test"), 1);
+    assert_eq!(dns.stats().cache_hits, 2);
+    assert!(reports.addresses("nx.neg.test").is_empty());
+
+    // cache_ttl below the SOA's negative TTL caps it.
+    let (dns, _) = start(vec![upstream.addr], |c| {
+        c.cache_ttl = Duration::from_secs(5)
+    })
+    .await;
+    let out = dig(
+        dns.local_addr(),
+        &["other.neg.test", "A", "+noall", "+authority"],
+    )
+    .await;
+    let soa = records(&out)
+        .into_iter()
+        .find(|r| r.2 == "SOA")
+        .unwrap_or_else(|| panic!("SOA: {out}"));
+    assert!(soa.1 <= 5, "{out}");
+}
+
 /// IPv6 end to end: the resolver on ::1 (the DNS redirect's `resolver6`), dnsmasq on ::1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipv6_listener_and_upstream() {

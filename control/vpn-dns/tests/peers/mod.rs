@@ -124,13 +124,17 @@ impl Dnsmasq {
         })
     }
 
-    /// How many queries for `name` of `qtype` dnsmasq has logged (`query[A] name from ...`).
+    /// How many queries for `name` of `qtype` dnsmasq has logged.
     pub fn queries(&self, qtype: &str, name: &str) -> usize {
-        let needle = format!("query[{qtype}] {name} from");
+        // Questions for its own authoritative zones are logged as `auth[A] name from ...`.
+        let needles = [
+            format!("query[{qtype}] {name} from"),
+            format!("auth[{qtype}] {name} from"),
+        ];
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
-            .filter(|l| l.contains(&needle))
+            .filter(|l| needles.iter().any(|n| l.contains(n)))
             .count()
     }
 
