@@ -117,17 +117,15 @@ impl Resolver {
     }
 
     async fn answer(&self, query: &Query) -> Answer {
-        let key = CacheKey::of(query);
-        if let Some(hit) = self.cache.lock().get(&key, Instant::now()) {
-            bump(&self.counters.cache_hits);
-            return hit;
-        }
         enum Role {
+            Cached(Answer),
+            /// Another client's fetch for the same question is running: wait for its answer.
             Join(oneshot::Receiver<Answer>),
             Fetch,
-            /// A fetch for the key finished between the cache miss and taking the lock.
-            Cached(Answer),
         }
+        let key = CacheKey::of(query);
+        // Cache and fetch table are looked at under one lock, so a fetch finishing in between
+        // cannot make this question go upstream a second time.
         let role = {
             let mut inflight = self.inflight.lock();
             match inflight.get_mut(&key) {
