@@ -384,6 +384,39 @@ async fn ipv6_listener_and_upstream() {
     upstream.wait_queries("AAAA", "a.test", 1);
 }
 
+/// A pooled connection that dies (here: the proxy restarts) is replaced by a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_proxied_connection_is_replaced() {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
+        return;
+    };
+    let Some(proxy) = Microsocks::start("bob", "builder") else {
+        return;
+    };
+    let (dns, _) = start(vec![upstream.addr], |c| {
+        c.upstream = Upstream::Proxy {
+            address: proxy.addr.to_string(),
+            protocol: ProxyProtocol::Socks5,
+            username: Some("bob".into()),
+            password: Some("builder".into()),
+        };
+        c.timeout = Duration::from_secs(3);
+    })
+    .await;
+    let out = dig(dns.local_addr(), &["a.test", "+short"]).await;
+    assert_eq!(out.trim(), "10.1.2.3");
+    let Some(_proxy) = proxy.restart("bob", "builder") else {
+        return;
+    };
+    let out = dig(dns.local_addr(), &["edge.cdn.test", "+short"]).await;
+    assert_eq!(out.trim(), "10.9.9.9");
+    upstream.wait_queries("A", "edge.cdn.test", 1);
+    let pids = upstream.query_pids();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert_ne!(pids[0], pids[1], "a new connection: {pids:?}");
+    assert_eq!(dns.stats().servfail, 0);
+}
+
 /// A scripted upstream that answers late, and first with spoofed replies: identical questions
 /// asked at once share one upstream query, and only the reply with the right id and question
 /// is taken.

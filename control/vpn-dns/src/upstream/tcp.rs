@@ -66,6 +66,7 @@ impl Connection {
             close(&o, &p);
         });
         let (p, o) = (pending.clone(), open.clone());
+        let stop_writer = writer.abort_handle();
         let reader = tokio::spawn(async move {
             let mut buf = Vec::with_capacity(4096);
             loop {
@@ -87,6 +88,9 @@ impl Connection {
                 }
             }
             close(&o, &p);
+            // Dropping the write half as well closes the socket now, not when the pool
+            // replaces this connection.
+            stop_writer.abort();
         });
         Connection {
             frames,

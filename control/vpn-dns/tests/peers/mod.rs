@@ -271,8 +271,19 @@ pub struct Microsocks {
 
 impl Microsocks {
     pub fn start(user: &str, pass: &str) -> Option<Microsocks> {
+        Microsocks::start_on(free_port(IpAddr::from([127, 0, 0, 1])), user, pass)
+    }
+
+    /// Kills this proxy (closing every connection through it) and starts a new one on the
+    /// same port.
+    pub fn restart(self, user: &str, pass: &str) -> Option<Microsocks> {
+        let port = self.addr.port();
+        drop(self);
+        Microsocks::start_on(port, user, pass)
+    }
+
+    fn start_on(port: u16, user: &str, pass: &str) -> Option<Microsocks> {
         let bin = require("microsocks")?;
-        let port = free_port(IpAddr::from([127, 0, 0, 1]));
         let proc = Proc(
             Command::new(bin)
                 .args([
