@@ -627,11 +627,7 @@ impl Drop for MarkCounter {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_upstream_sockets_carry_the_mark() {
     // nft and SO_MARK both need CAP_NET_ADMIN.
-    let root = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-    if !root {
+    if !peers::is_root() {
         assert!(
             std::env::var_os("CI").is_none(),
             "CI runs the tests as root"

@@ -37,6 +37,14 @@ pub fn require(cmd: &str) -> Option<PathBuf> {
     }
 }
 
+/// Whether this process runs as root (uid 0).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
 /// A port free for both UDP and TCP on `ip`.
 pub fn free_port(ip: IpAddr) -> u16 {
     loop {
@@ -102,11 +110,12 @@ impl Dnsmasq {
             "--no-resolv",
             "--no-hosts",
             "--bind-interfaces",
-            "--user=root",
             "--pid-file=",
             "--local-ttl=600",
             "--log-queries",
         ])
+        // As root dnsmasq would switch to `nobody`, who cannot write the log in our temp dir.
+        .args(is_root().then_some("--user=root"))
         .arg(format!("--listen-address={ip}"))
         .arg(format!("--port={port}"))
         .arg(format!("--log-facility={}", log.display()))
