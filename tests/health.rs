@@ -2,8 +2,9 @@
 //! two real upstream proxies (tinyproxy); killing one takes it out after its checks fail (seen
 //! in the API, the metrics and by a real WebSocket client as `backend.health`), traffic goes to
 //! the other, and a restarted proxy is checked back in and gets traffic again. A backend that
-//! never answers fails its checks by timeout; bad settings are refused by `config validate` and
-//! by the API.
+//! never answers fails its checks by timeout; without checks, a proxy taken out by failing
+//! connects is tried again and comes back; bad settings are refused by `config validate` and by
+//! the API.
 
 mod support;
 
@@ -222,6 +223,49 @@ async fn a_balanced_route_fails_over_to_the_healthy_proxy_and_back() {
     let stats = server.api_get("/api/v1/stats");
     assert_eq!(stats["backends"]["healthy"], 2, "{stats}");
     assert_eq!(server.api_get("/api/v1/health")["status"], "healthy");
+    let seen = spread(&server, &url, 6);
+    assert!(
+        seen.contains(&"tp-a".to_owned()) && seen.contains(&"tp-b".to_owned()),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn without_checks_a_proxy_out_for_failing_connects_is_retried_and_comes_back() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let Some(program) = require("tinyproxy") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (port_a, port_b) = (support::free_port(), support::free_port());
+    let tp_a = tinyproxy(&program, dir.path(), "tp-a", port_a);
+    let _tp_b = tinyproxy(&program, dir.path(), "tp-b", port_b);
+    let server = start_server(&format!(
+        "backends:\n  - {{ name: a, type: http_proxy, http_proxy: {{ address: \"127.0.0.1:{port_a}\" }} }}\n\
+         \x20 - {{ name: b, type: http_proxy, http_proxy: {{ address: \"127.0.0.1:{port_b}\" }} }}\n\
+         routes:\n  - {{ name: pair, domains: [\"127.0.0.1\"], backends: [a, b] }}\n"
+    ));
+    let url = origin.url("/index.html");
+    let proxy = format!("http://{}", server.http);
+    let fetch = || {
+        curl(&["-s", "--max-time", "20", "-o", "/dev/null", "-x", &proxy, &url]);
+    };
+    drop(tp_a);
+    // Only traffic tells: failed connects through a take it out.
+    wait_until("a taken out by failing connects", || {
+        fetch();
+        !healthy(&server, "a")
+    });
+    assert_eq!(spread(&server, &url, 4), vec!["tp-b"; 4]);
+    // Back on its port: a later connection tries it again, succeeds, and it is back.
+    let _tp_a = tinyproxy(&program, dir.path(), "tp-a", port_a);
+    wait_until("a tried again and healthy", || {
+        fetch();
+        std::thread::sleep(Duration::from_millis(400));
+        healthy(&server, "a")
+    });
     let seen = spread(&server, &url, 6);
     assert!(
         seen.contains(&"tp-a".to_owned()) && seen.contains(&"tp-b".to_owned()),

@@ -2,7 +2,9 @@
 //! that a data-plane core reads on every route selection without a lock.
 //!
 //! - **Passive**: a core reports each connect through the backend; [`FAILURES_TO_UNHEALTHY`]
-//!   consecutive failures take it out, the next success brings it back.
+//!   consecutive failures take it out, the next success brings it back. So that a backend out
+//!   for failing connects is ever tried again when nothing checks it actively, it is offered
+//!   one connection every [`PASSIVE_RETRY`] ([`BackendHealth::claim_retry`]).
 //! - **Tunnel probe**: a tunnel backend (WireGuard) reports whether its peer answers.
 //! - **Active checks**: the control plane's scheduler connects through the backend to a
 //!   target every interval; [`CheckStreak`] turns the results into "checks failing" after
@@ -13,10 +15,23 @@
 //! checks; checks that pass bring back a backend that any source took out; checks that stop
 //! (turned off, backend disabled) release their verdict.
 
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// Consecutive failed connects that take a backend out (passive detection).
 pub const FAILURES_TO_UNHEALTHY: u32 = 3;
+
+/// How long a backend out for failing connects waits before one connection tries it again
+/// (as nginx's `fail_timeout`); each failed try restarts the wait.
+pub const PASSIVE_RETRY: Duration = Duration::from_secs(10);
+
+/// Milliseconds on a process-wide monotonic clock.
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
 
 /// Whether a backend may be picked, and if not, which evidence took it out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +104,8 @@ pub struct BackendHealth {
     verdict: AtomicU8,
     /// Consecutive failed connects (passive).
     failures: AtomicU32,
+    /// While out for failing connects: when (see [`now_ms`]) one connection may try it again.
+    retry_at: AtomicU64,
 }
 
 impl BackendHealth {
@@ -136,18 +153,52 @@ impl BackendHealth {
 
     /// Records a connect outcome (passive); returns the new healthiness when it changed.
     pub fn record(&self, success: bool) -> Option<bool> {
+        self.record_at(success, now_ms())
+    }
+
+    fn record_at(&self, success: bool, now: u64) -> Option<bool> {
         if success {
             self.failures.store(0, Ordering::Relaxed);
-            self.apply(Signal::ConnectSucceeded)
-        } else {
-            let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-            if failures >= FAILURES_TO_UNHEALTHY {
-                self.apply(Signal::ConnectsFailed)
-            } else {
-                None
-            }
+            return self.apply(Signal::ConnectSucceeded);
         }
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if failures < FAILURES_TO_UNHEALTHY {
+            return None;
+        }
+        let changed = self.apply(Signal::ConnectsFailed);
+        if self.verdict() == Verdict::ConnectsFailing {
+            self.retry_at
+                .store(now.saturating_add(retry_ms()), Ordering::Release);
+        }
+        changed
     }
+
+    /// For a backend out for failing connects whose retry time has come: claims the one
+    /// connection that tries it again (true for exactly one caller per [`PASSIVE_RETRY`]).
+    pub fn claim_retry(&self) -> bool {
+        self.verdict() == Verdict::ConnectsFailing && self.claim_retry_at(now_ms())
+    }
+
+    fn claim_retry_at(&self, now: u64) -> bool {
+        if self.verdict() != Verdict::ConnectsFailing {
+            return false;
+        }
+        let at = self.retry_at.load(Ordering::Acquire);
+        now >= at
+            && self
+                .retry_at
+                .compare_exchange(
+                    at,
+                    now.saturating_add(retry_ms()),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+    }
+}
+
+fn retry_ms() -> u64 {
+    u64::try_from(PASSIVE_RETRY.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Thresholds of a backend's active checks.
@@ -218,6 +269,31 @@ mod tests {
         assert_eq!(h.verdict(), Verdict::ConnectsFailing);
         assert_eq!(h.record(true), Some(true));
         assert_eq!(h.record(true), None);
+    }
+
+    #[test]
+    fn a_backend_out_for_failing_connects_is_retried_once_per_period() {
+        let h = BackendHealth::default();
+        let period = retry_ms();
+        assert!(!h.claim_retry_at(0), "healthy: nothing to retry");
+        for _ in 0..3 {
+            h.record_at(false, 1000);
+        }
+        assert!(!h.claim_retry_at(1000 + period - 1), "too early");
+        assert!(h.claim_retry_at(1000 + period));
+        assert!(!h.claim_retry_at(1000 + period), "one try per period");
+        // The try fails: the wait starts over from then.
+        assert_eq!(h.record_at(false, 1000 + period + 5), None);
+        assert!(!h.claim_retry_at(1000 + 2 * period));
+        assert!(h.claim_retry_at(1000 + 2 * period + 5));
+        assert_eq!(h.record_at(true, 1000 + 2 * period + 6), Some(true));
+        assert!(!h.claim_retry_at(u64::MAX), "healthy again");
+        // Out by checks or by the tunnel: those sources decide, no passive retries.
+        h.apply(Signal::ChecksFailed);
+        assert!(!h.claim_retry_at(u64::MAX));
+        h.apply(Signal::ChecksStopped);
+        h.set(false);
+        assert!(!h.claim_retry_at(u64::MAX));
     }
 
     #[test]

@@ -359,6 +359,15 @@ impl Snapshot {
         // anyway, no 503 of our own): a wrong verdict (a check target that is down, not the
         // backends) never takes the route down by itself, and when the backends really are
         // down the client gets the connect's own error (502/504) naming what failed.
+        // A member out for failing connects whose retry time has come takes this one
+        // connection, so that it comes back once it works again (see `PASSIVE_RETRY`).
+        if let Some(&retry) = route
+            .backends
+            .iter()
+            .find(|i| usable(i) && self.backends[**i].health.claim_retry())
+        {
+            return Some((route, &self.backends[retry]));
+        }
         let healthy = |i: &usize| usable(i) && self.backends[*i].health.is_healthy();
         let mut candidates: Vec<usize> = route.backends.iter().copied().filter(healthy).collect();
         if candidates.is_empty() {
