@@ -250,7 +250,16 @@ fn without_checks_a_proxy_out_for_failing_connects_is_retried_and_comes_back() {
     let url = origin.url("/index.html");
     let proxy = format!("http://{}", server.http);
     let fetch = || {
-        curl(&["-s", "--max-time", "20", "-o", "/dev/null", "-x", &proxy, &url]);
+        curl(&[
+            "-s",
+            "--max-time",
+            "20",
+            "-o",
+            "/dev/null",
+            "-x",
+            &proxy,
+            &url,
+        ]);
     };
     drop(tp_a);
     // Only traffic tells: failed connects through a take it out.
