@@ -142,32 +142,70 @@ fn metric(addr: SocketAddr, series: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// An origin (nginx) and two tinyproxies, tp-a and tp-b, in front of it.
+struct ProxyPair {
+    origin: support::Nginx,
+    program: std::path::PathBuf,
+    dir: tempfile::TempDir,
+    port_a: u16,
+    port_b: u16,
+    tp_a: Option<Proc>,
+    _tp_b: Proc,
+}
+
+impl ProxyPair {
+    /// Starts them, or prints why the test skips.
+    fn start() -> Option<ProxyPair> {
+        let origin = start_nginx(&[("index.html", PAGE)])?;
+        let program = require("tinyproxy")?;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (port_a, port_b) = (support::free_port(), support::free_port());
+        let tp_a = tinyproxy(&program, dir.path(), "tp-a", port_a);
+        let tp_b = tinyproxy(&program, dir.path(), "tp-b", port_b);
+        Some(ProxyPair {
+            origin,
+            program,
+            dir,
+            port_a,
+            port_b,
+            tp_a: Some(tp_a),
+            _tp_b: tp_b,
+        })
+    }
+
+    /// Kills (by PID) or restarts tp-a on its port.
+    fn set_a_running(&mut self, running: bool) {
+        self.tp_a = running.then(|| tinyproxy(&self.program, self.dir.path(), "tp-a", self.port_a));
+    }
+
+    /// Backends `a` and `b` (with `extra` settings) and a route balancing over them.
+    fn config(&self, extra: &str) -> String {
+        format!(
+            "backends:\n  - {{ name: a, type: http_proxy, http_proxy: {{ address: \"127.0.0.1:{}\" }}{extra} }}\n\
+             \x20 - {{ name: b, type: http_proxy, http_proxy: {{ address: \"127.0.0.1:{}\" }}{extra} }}\n\
+             routes:\n  - {{ name: pair, domains: [\"127.0.0.1\"], backends: [a, b], load_balance: round_robin }}\n",
+            self.port_a, self.port_b
+        )
+    }
+}
+
 #[tokio::test]
 async fn a_balanced_route_fails_over_to_the_healthy_proxy_and_back() {
-    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+    let Some(mut pair) = ProxyPair::start() else {
         return;
     };
-    let Some(program) = require("tinyproxy") else {
-        return;
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (port_a, port_b) = (support::free_port(), support::free_port());
-    let tp_a = tinyproxy(&program, dir.path(), "tp-a", port_a);
-    let _tp_b = tinyproxy(&program, dir.path(), "tp-b", port_b);
     // Each check is a CONNECT through the proxy to the origin's port.
     let check = format!(
-        "health_check: {{ interval: 1s, timeout: 500ms, target: \"127.0.0.1:{}\", unhealthy_after: 2, healthy_after: 2 }}",
-        origin.port
+        ", health_check: {{ interval: 1s, timeout: 500ms, target: \"127.0.0.1:{}\", unhealthy_after: 2, healthy_after: 2 }}",
+        pair.origin.port
     );
     let server = start_server(&format!(
-        "metrics: {{ enabled: true, listen: \"127.0.0.1:0\" }}\n\
-         backends:\n  - {{ name: a, type: http_proxy, http_proxy: {{ address: \"127.0.0.1:{port_a}\" }}, {check} }}\n\
-         \x20 - {{ name: b, type: http_proxy, http_proxy: {{ address: \"127.0.0.1:{port_b}\" }}, {check} }}\n\
-         routes:\n  - {{ name: pair, domains: [\"127.0.0.1\"], backends: [a, b], load_balance: round_robin }}\n"
+        "metrics: {{ enabled: true, listen: \"127.0.0.1:0\" }}\n{}",
+        pair.config(&check)
     ));
     let metrics = metrics_addr(&server);
     let mut events = ws(server.api).await;
-    let url = origin.url("/index.html");
+    let url = pair.origin.url("/index.html");
 
     // Both are checked and pass; both carry traffic.
     wait_until("passed checks of both proxies", || {
@@ -186,7 +224,7 @@ async fn a_balanced_route_fails_over_to_the_healthy_proxy_and_back() {
     );
 
     // tp-a goes away: its checks fail, it is taken out, everything goes through tp-b.
-    drop(tp_a);
+    pair.set_a_running(false);
     health_event(&mut events, "a", false).await;
     assert!(!healthy(&server, "a"));
     assert!(healthy(&server, "b"));
@@ -217,7 +255,7 @@ async fn a_balanced_route_fails_over_to_the_healthy_proxy_and_back() {
     assert_eq!(spread(&server, &url, 6), vec!["tp-b"; 6]);
 
     // tp-a is back on its port: two passed checks bring it back into the rotation.
-    let _tp_a = tinyproxy(&program, dir.path(), "tp-a", port_a);
+    pair.set_a_running(true);
     health_event(&mut events, "a", true).await;
     assert!(healthy(&server, "a"));
     let stats = server.api_get("/api/v1/stats");
@@ -232,22 +270,11 @@ async fn a_balanced_route_fails_over_to_the_healthy_proxy_and_back() {
 
 #[test]
 fn without_checks_a_proxy_out_for_failing_connects_is_retried_and_comes_back() {
-    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+    let Some(mut pair) = ProxyPair::start() else {
         return;
     };
-    let Some(program) = require("tinyproxy") else {
-        return;
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (port_a, port_b) = (support::free_port(), support::free_port());
-    let tp_a = tinyproxy(&program, dir.path(), "tp-a", port_a);
-    let _tp_b = tinyproxy(&program, dir.path(), "tp-b", port_b);
-    let server = start_server(&format!(
-        "backends:\n  - {{ name: a, type: http_proxy, http_proxy: {{ address: \"127.0.0.1:{port_a}\" }} }}\n\
-         \x20 - {{ name: b, type: http_proxy, http_proxy: {{ address: \"127.0.0.1:{port_b}\" }} }}\n\
-         routes:\n  - {{ name: pair, domains: [\"127.0.0.1\"], backends: [a, b] }}\n"
-    ));
-    let url = origin.url("/index.html");
+    let server = start_server(&pair.config(""));
+    let url = pair.origin.url("/index.html");
     let proxy = format!("http://{}", server.http);
     let fetch = || {
         curl(&[
@@ -261,7 +288,7 @@ fn without_checks_a_proxy_out_for_failing_connects_is_retried_and_comes_back() {
             &url,
         ]);
     };
-    drop(tp_a);
+    pair.set_a_running(false);
     // Only traffic tells: failed connects through a take it out.
     wait_until("a taken out by failing connects", || {
         fetch();
@@ -269,7 +296,7 @@ fn without_checks_a_proxy_out_for_failing_connects_is_retried_and_comes_back() {
     });
     assert_eq!(spread(&server, &url, 4), vec!["tp-b"; 4]);
     // Back on its port: a later connection tries it again, succeeds, and it is back.
-    let _tp_a = tinyproxy(&program, dir.path(), "tp-a", port_a);
+    pair.set_a_running(true);
     wait_until("a tried again and healthy", || {
         fetch();
         std::thread::sleep(Duration::from_millis(400));
@@ -420,6 +447,19 @@ async fn backends_created_through_the_api_are_checked() {
     assert_eq!(health["status"], "degraded", "{health}");
 }
 
+/// `switchyard config validate FILE`: (valid, output).
+fn validate(file: &Path) -> (bool, String) {
+    let out = std::process::Command::new(BIN)
+        .args(["config", "validate"])
+        .arg(file)
+        .output()
+        .expect("run");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 #[test]
 fn bad_health_check_settings_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -432,13 +472,8 @@ fn bad_health_check_settings_are_refused() {
          \x20 - { name: c, type: direct, health_check: { target: \"no-port\" } }\n",
     )
     .expect("write");
-    let out = std::process::Command::new(BIN)
-        .args(["config", "validate"])
-        .arg(&bad)
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (valid, text) = validate(&bad);
+    assert!(!valid);
     for wanted in [
         "server.health_check.timeout",
         "server.health_check.healthy_after",
@@ -454,15 +489,7 @@ fn bad_health_check_settings_are_refused() {
         "backends:\n  - { name: a, type: direct, health_check: { intervall: 5s } }\n",
     )
     .expect("write");
-    let out = std::process::Command::new(BIN)
-        .args(["config", "validate"])
-        .arg(&unknown)
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("intervall"),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let (valid, text) = validate(&unknown);
+    assert!(!valid);
+    assert!(text.contains("intervall"), "{text}");
 }
