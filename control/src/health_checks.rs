@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_config::health_check::HealthCheckPlan;
-use switchyard_dataplane::backend_health::{BackendHealth, CheckStreak, Signal, Thresholds};
+use switchyard_dataplane::backend_health::{CheckStreak, Signal, Thresholds};
 use switchyard_dataplane::commands::{Command, TestPurpose};
 use switchyard_dataplane::events::Event;
 use switchyard_dataplane::snapshot::Backend;
@@ -75,13 +75,17 @@ enum Outcome {
 
 struct Finished {
     name: String,
-    health: Arc<BackendHealth>,
+    /// The [`Checked::epoch`] the check was started for.
+    epoch: u64,
     took: Duration,
     outcome: Outcome,
 }
 
 /// One checked backend.
 struct Checked {
+    /// Distinguishes this streak from earlier ones of the same name (settings changed, backend
+    /// replaced), so that a late result of those counts for nobody.
+    epoch: u64,
     backend: Arc<Backend>,
     plan: HealthCheckPlan,
     streak: CheckStreak,
@@ -94,11 +98,12 @@ pub async fn run(state: Arc<ServerState>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Finished>();
     let mut checked: HashMap<String, Checked> = HashMap::new();
     let mut generation = 0;
+    let mut epochs = 0;
     loop {
         let snapshot = state.snapshot.load_full();
         if snapshot.generation != generation {
             generation = snapshot.generation;
-            reconcile(&state, &snapshot.backends, &mut checked);
+            reconcile(&state, &snapshot.backends, &mut checked, &mut epochs);
         }
         let now = Instant::now();
         for (name, c) in checked.iter_mut() {
@@ -108,6 +113,7 @@ pub async fn run(state: Arc<ServerState>) {
                 tokio::spawn(check(
                     state.clone(),
                     name.clone(),
+                    c.epoch,
                     c.backend.clone(),
                     c.plan.clone(),
                     tx.clone(),
@@ -134,6 +140,7 @@ fn reconcile(
     state: &ServerState,
     backends: &[Arc<Backend>],
     checked: &mut HashMap<String, Checked>,
+    epochs: &mut u64,
 ) {
     let now = Instant::now();
     checked.retain(|name, c| {
@@ -171,9 +178,11 @@ fn reconcile(
             timeout = %switchyard_config::Duration(plan.timeout),
             "health checks start"
         );
+        *epochs += 1;
         checked.insert(
             b.name.clone(),
             Checked {
+                epoch: *epochs,
                 backend: b.clone(),
                 plan: plan.clone(),
                 streak: CheckStreak::default(),
@@ -188,11 +197,11 @@ fn reconcile(
 async fn check(
     state: Arc<ServerState>,
     name: String,
+    epoch: u64,
     backend: Arc<Backend>,
     plan: HealthCheckPlan,
     done: mpsc::UnboundedSender<Finished>,
 ) {
-    let health = backend.health.clone();
     let started = Instant::now();
     let outcome = match split_target(&plan.target) {
         // Validation refuses such targets; kept as a failure rather than a panic.
@@ -220,7 +229,7 @@ async fn check(
     };
     let _ = done.send(Finished {
         name,
-        health,
+        epoch,
         took: started.elapsed(),
         outcome,
     });
@@ -230,8 +239,7 @@ fn finish(state: &ServerState, checked: &mut HashMap<String, Checked>, done: Fin
     let Some(c) = checked.get_mut(&done.name) else {
         return;
     };
-    // A result of checks that were replaced meanwhile belongs to nobody.
-    if !Arc::ptr_eq(&c.backend.health, &done.health) {
+    if c.epoch != done.epoch {
         return;
     }
     c.in_flight = false;
