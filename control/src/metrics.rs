@@ -15,7 +15,7 @@
 //! | `switchyard_backend_connections_total` / `_active` | counter / gauge | `backend` |
 //! | `switchyard_backend_bytes_sent_total` / `_received_total` | counter | `backend` |
 //! | `switchyard_backend_requests_total` / `switchyard_backend_errors_total` | counter | `backend` |
-//! | `switchyard_backend_up` | gauge (1 healthy, 0 not: measured by connects, tunnel probes and active checks) | `backend`, `type` |
+//! | `switchyard_backend_up` | gauge (1 healthy, 0 not: as `healthy` in `/api/v1/backends`) | `backend`, `type` |
 //! | `switchyard_backend_health_check_duration_seconds` | histogram | `backend`, `result` (pass, fail) |
 //! | `switchyard_config_reloads_total` | counter | |
 //! | `switchyard_events_dropped_total` | counter | `queue` (events, request_log) |
@@ -86,7 +86,7 @@ pub fn sample(state: &ServerState) -> Sample {
                 name: b.name.clone(),
                 kind: b.type_name(),
                 totals: b.counters.totals(),
-                healthy: b.health.is_healthy(),
+                healthy: crate::api::backends::is_healthy(b),
             })
             .collect(),
         cores: state.counters.per_core(),
