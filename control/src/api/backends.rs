@@ -16,7 +16,8 @@ use switchyard_config::{BackendConfig, BackendType, UpstreamProxyConfig};
 use switchyard_dataplane::commands::{Command, TestPurpose};
 use switchyard_dataplane::snapshot::{self, BackendKind};
 
-/// Healthy = enabled, available in this build, and not failing its connects.
+/// Healthy = enabled, available in this build, and its measured verdict (connects, tunnel
+/// probe, active health checks) is healthy.
 pub fn is_healthy(b: &snapshot::Backend) -> bool {
     b.enabled && !matches!(b.kind, BackendKind::Unavailable { .. }) && b.health.is_healthy()
 }
