@@ -124,6 +124,9 @@ pub struct ServerSection {
     pub cores: usize,
     /// Most simultaneous client connections across all cores (0 = unlimited).
     pub max_connections: usize,
+    /// Defaults of every backend's active health checks (off unless enabled here or per backend).
+    #[serde(deserialize_with = "null_default")]
+    pub health_check: crate::health_check::HealthCheckDefaults,
 }
 
 impl Default for ServerSection {
@@ -135,6 +138,7 @@ impl Default for ServerSection {
             pac: PacConfig::default(),
             cores: 0,
             max_connections: 10_000,
+            health_check: crate::health_check::HealthCheckDefaults::default(),
         }
     }
 }
@@ -312,6 +316,8 @@ pub struct BackendConfig {
     pub socks5: Option<UpstreamProxyConfig>,
     /// Raw settings of types not implemented yet (wireguard, openvpn), kept for round-tripping.
     pub other: Option<serde_json::Value>,
+    /// Active health checks of this backend (see [`crate::health_check`]).
+    pub health_check: Option<crate::health_check::BackendHealthCheck>,
 }
 
 impl BackendConfig {
@@ -324,6 +330,7 @@ impl BackendConfig {
             http_proxy: None,
             socks5: None,
             other: None,
+            health_check: None,
         }
     }
 
@@ -359,6 +366,8 @@ struct RawBackend {
     wireguard: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     openvpn: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    health_check: Option<crate::health_check::BackendHealthCheck>,
 }
 
 impl TryFrom<RawBackend> for BackendConfig {
@@ -403,6 +412,7 @@ impl TryFrom<RawBackend> for BackendConfig {
             http_proxy: raw.http_proxy,
             socks5: raw.socks5,
             other,
+            health_check: raw.health_check,
         })
     }
 }
@@ -422,6 +432,7 @@ impl From<BackendConfig> for RawBackend {
             socks5: b.socks5,
             wireguard,
             openvpn,
+            health_check: b.health_check,
         }
     }
 }
