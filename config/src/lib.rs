@@ -33,6 +33,7 @@
 //!   [`CacheConfig::restart_required`] tells which `cache` changes need a restart.
 //! - [`cache`]: the `cache:` section (storage, presets, rules) and its defaults.
 //! - [`wireguard`]: the typed settings object of `wireguard` backends.
+//! - [`openvpn`]: the typed settings object of `openvpn` backends.
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
 //!
 //! No I/O beyond reading the file.
@@ -45,6 +46,7 @@ pub mod inventory;
 pub mod listen;
 pub mod load;
 pub mod model;
+pub mod openvpn;
 pub mod origin;
 pub mod pkgcache;
 pub mod sections;

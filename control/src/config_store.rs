@@ -41,6 +41,7 @@ pub fn apply(state: &ServerState, cfg: ServerConfig) -> Result<(), ConfigError> 
     let previous = state.snapshot.load_full();
     let snapshot = Snapshot::compile(&cfg, Some(&previous), state.cores)
         .map_err(|e| ConfigError::Apply(e.to_string()))?;
+    state.openvpn.reconcile(&cfg, &snapshot);
     state.snapshot.store(Arc::new(snapshot));
     state.request_log.set_capacity(cfg.api.request_log_size);
     state.config.store(Arc::new(cfg));
@@ -254,10 +255,22 @@ const SECRET_KEYS: [&str; 6] = [
     "preshared_key",
 ];
 
+/// Keys of the `openvpn` settings object that hold private key material (PEM text or a path).
+const OPENVPN_SECRET_KEYS: [&str; 3] = ["key", "tls_crypt", "tls_auth"];
+
 /// The configuration as JSON with passwords, keys and tokens masked.
 pub fn sanitized(cfg: &ServerConfig) -> serde_json::Value {
     let mut v = cfg.to_json_value().unwrap_or_default();
     mask(&mut v);
+    if let Some(backends) = v.get_mut("backends").and_then(|b| b.as_array_mut()) {
+        for settings in backends.iter_mut().filter_map(|b| b.get_mut("openvpn")) {
+            for key in OPENVPN_SECRET_KEYS {
+                if let Some(value) = settings.get_mut(key).filter(|v| v.is_string()) {
+                    *value = serde_json::Value::String("********".into());
+                }
+            }
+        }
+    }
     v
 }
 

@@ -10,6 +10,7 @@ mod config_store;
 mod hub;
 mod metrics;
 mod net;
+mod openvpn;
 mod origin;
 mod pac;
 mod request_log;

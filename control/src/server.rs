@@ -52,6 +52,8 @@ pub struct ServerState {
     pub api_tls: bool,
     /// The HTTP cache's store (`cache.enabled` at start; storage changes need a restart).
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
+    /// The `openvpn` processes of `openvpn` backends (told about every published configuration).
+    pub openvpn: crate::openvpn::Manager,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -143,6 +145,10 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             "access_control.whitelist is empty: the proxy forwards for every address that reaches it"
         );
     }
+    let openvpn = {
+        let _runtime = runtime.enter();
+        crate::openvpn::Manager::start(dataplane.events.clone())
+    };
     let state = Arc::new(ServerState {
         config: ArcSwap::from_pointee(cfg.clone()),
         config_path,
@@ -165,9 +171,11 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         ws: crate::api::ws::WsClients::new(cfg.api.ws_read_timeout.as_std()),
         api_tls: api_tls.is_some(),
         cache,
+        openvpn,
     });
 
     runtime.block_on(async move {
+        state.openvpn.reconcile(&cfg, &state.snapshot.load());
         tokio::spawn(drain_dataplane(state.clone()));
         tokio::spawn(reload_on_hangup(state.clone()));
         if let Some(store) = &state.cache {
