@@ -327,17 +327,18 @@ impl Drop for VpnServer {
 }
 
 /// A switchyard server with its own run directory (so its OpenVPN devices and tables are its
-/// own), started from `config_path`.
+/// own). Stopped with SIGTERM on drop, so it removes its processes, devices and rules.
 struct Gateway {
     server: Server,
+    config_path: PathBuf,
     run_dir: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
-fn start_gateway(dir: tempfile::TempDir, run_dir: &Path) -> Server {
-    let config_path = dir.path().join("server.yaml");
+fn start_gateway(config_path: &Path, run_dir: &Path) -> Server {
     let mut cmd = Command::new(BIN);
     cmd.args(["server", "--config"])
-        .arg(&config_path)
+        .arg(config_path)
         .env("SWITCHYARD_RUN_DIR", run_dir);
     let started = spawn_with_listeners(
         cmd,
@@ -352,8 +353,8 @@ fn start_gateway(dir: tempfile::TempDir, run_dir: &Path) -> Server {
         http,
         socks5,
         api,
-        dir,
-        config_path,
+        dir: tempfile::tempdir().expect("tempdir"),
+        config_path: config_path.to_owned(),
         logs: started.logs,
     }
 }
@@ -361,13 +362,46 @@ fn start_gateway(dir: tempfile::TempDir, run_dir: &Path) -> Server {
 fn gateway(extra_yaml: &str) -> Gateway {
     let dir = tempfile::tempdir().expect("tempdir");
     let run_dir = dir.path().join("run");
+    let config_path = dir.path().join("server.yaml");
     let yaml = format!(
         "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
          api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n{extra_yaml}"
     );
-    std::fs::write(dir.path().join("server.yaml"), yaml).expect("config");
-    let server = start_gateway(dir, &run_dir);
-    Gateway { server, run_dir }
+    std::fs::write(&config_path, yaml).expect("config");
+    let server = start_gateway(&config_path, &run_dir);
+    Gateway {
+        server,
+        config_path,
+        run_dir,
+        _dir: dir,
+    }
+}
+
+impl Gateway {
+    /// SIGTERM, then waits (20 s) for the exit; true when it exited by itself.
+    fn terminate(&mut self) -> bool {
+        let child = &mut self.server.proc.child;
+        if child.try_wait().ok().flatten().is_some() {
+            return true;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.terminate();
+    }
 }
 
 fn yaml_with_backend(vpn: &VpnServer) -> String {
@@ -779,23 +813,24 @@ fn kill_9_then_restart_leaves_nothing_behind() {
     let (device, table, first_pid) = only_record(&gw.run_dir);
     assert!(process_alive(first_pid));
 
-    // kill -9: switchyard cannot clean up; its openvpn, device and rules stay for now.
-    let Gateway { server, run_dir } = gw;
-    let Server { mut proc, dir, .. } = server;
-    sh("kill", &["-9", &proc.child.id().to_string()]);
-    let _ = proc.child.wait();
-    std::mem::forget(proc); // already dead; dropping would only kill again
+    // kill -9: switchyard cannot clean up; its rules stay (its openvpn loses the management
+    // connection and exits by itself).
+    let mut gw = gw;
+    sh("kill", &["-9", &gw.server.proc.child.id().to_string()]);
+    let _ = gw.server.proc.child.wait();
+    assert_eq!(rules_for(table).len(), 2, "the rules outlive a kill -9");
 
     // The next start removes the leftovers before starting its own process.
-    let server = start_gateway(dir, &run_dir);
-    wait_health(&server, "vpn", true, Duration::from_secs(40));
+    gw.server = start_gateway(&gw.config_path, &gw.run_dir);
+    let server = &gw.server;
+    wait_health(server, "vpn", true, Duration::from_secs(40));
     assert!(!process_alive(first_pid), "the old openvpn still runs");
     assert!(
-        logs(&server).contains("removed OpenVPN leftovers"),
+        logs(server).contains("removed OpenVPN leftovers"),
         "{}",
-        logs(&server)
+        logs(server)
     );
-    let (again, again_table, pid) = only_record(&run_dir);
+    let (again, again_table, pid) = only_record(&gw.run_dir);
     assert_eq!((again.as_str(), again_table), (device.as_str(), table));
     assert_ne!(pid, first_pid);
     assert_eq!(rules_for(table).len(), 2, "{:?}", rules_for(table));
@@ -811,15 +846,7 @@ fn kill_9_then_restart_leaves_nothing_behind() {
     assert_eq!(body(&out), "hello through openvpn\n", "{out:?}");
 
     // A clean stop (SIGTERM) removes everything at once.
-    let mut proc = server.proc;
-    sh("kill", &["-TERM", &proc.child.id().to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while proc.child.try_wait().expect("wait").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "switchyard did not exit on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert!(gw.terminate(), "switchyard did not exit on SIGTERM");
+    let run_dir = gw.run_dir.clone();
     assert_nothing_left(&device, table, pid, &run_dir);
 }

@@ -175,7 +175,18 @@ pub fn args(names: &Names) -> Vec<String> {
         .map(str::to_owned),
     );
     a.push(names.management_path().display().to_string());
-    a.extend(["unix", "--verb", "3", "--suppress-timestamps"].map(str::to_owned));
+    a.extend(
+        [
+            "unix",
+            // openvpn connects to the supervisor's socket and exits (SIGTERM) when that
+            // connection closes: a server killed with -9 takes its processes with it.
+            "--management-client",
+            "--verb",
+            "3",
+            "--suppress-timestamps",
+        ]
+        .map(str::to_owned),
+    );
     a
 }
 
@@ -278,6 +289,7 @@ mod tests {
         assert_eq!(a[pos("--dev-type") + 1], "tun");
         assert_eq!(a[pos("--script-security") + 1], "1");
         assert_eq!(a[pos("--management") + 2], "unix");
+        assert!(pos("--management-client") > pos("--management"));
         for o in ["--route-noexec", "--ifconfig-noexec", "--disable-dco"] {
             assert!(pos(o) > 0);
         }

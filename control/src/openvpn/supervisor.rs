@@ -17,7 +17,7 @@ use switchyard_dataplane::events::{Event, EventQueue};
 use switchyard_dataplane::openvpn::{LinkUp, OpenvpnLink};
 use switchyard_dataplane::snapshot::BackendHealth;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
-use tokio::net::UnixStream;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
@@ -140,6 +140,14 @@ async fn run_once(
         tracing::error!(backend = %name, error = %e, "cannot record the openvpn backend's host changes");
         return Outcome::Exited { connected: false };
     }
+    // The management socket is ours: openvpn connects to it (`--management-client`).
+    let listener = match UnixListener::bind(backend.names.management_path()) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(backend = %name, error = %e, "cannot listen for openvpn's management connection");
+            return Outcome::Exited { connected: false };
+        }
+    };
     let mut cmd = Command::new(&backend.program);
     cmd.args(launch::args(&backend.names))
         .stdin(Stdio::null())
@@ -174,7 +182,7 @@ async fn run_once(
     let mut connected_once = false;
     let mut management: Option<tokio::io::WriteHalf<UnixStream>> = None;
     let (lines_tx, mut lines) = tokio::sync::mpsc::channel::<String>(64);
-    let attach = attach_management(backend.names.management_path(), lines_tx);
+    let attach = attach_management(listener, lines_tx);
     tokio::pin!(attach);
     let mut attaching = true;
     let outcome = loop {
@@ -242,22 +250,16 @@ async fn run_once(
     outcome
 }
 
-/// Connects to the management socket once the process created it (within 10 s), sends the
-/// hello and forwards every line it reads; returns the writing half.
+/// Accepts openvpn's management connection (within 10 s), sends the hello and forwards every
+/// line it reads; returns the writing half.
 async fn attach_management(
-    path: PathBuf,
+    listener: UnixListener,
     lines: tokio::sync::mpsc::Sender<String>,
 ) -> Option<tokio::io::WriteHalf<UnixStream>> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let stream = loop {
-        match UnixStream::connect(&path).await {
-            Ok(s) => break s,
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(_) => return None,
-        }
-    };
+    let (stream, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+        .await
+        .ok()?
+        .ok()?;
     let (read, mut write) = tokio::io::split(stream);
     write.write_all(management::HELLO.as_bytes()).await.ok()?;
     tokio::spawn(async move {
