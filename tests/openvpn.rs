@@ -669,36 +669,37 @@ fn a_lost_server_turns_the_backend_unhealthy_and_back() {
 
 #[test]
 fn bad_openvpn_settings_are_refused_with_the_key_named() {
-    // No root needed: validation only.
-    let server = start_server("");
+    // No root needed: validation only (and a run directory of its own all the same).
+    let gw = gateway("");
+    let server = &gw.server;
     let cases = [
         (serde_json::json!({}), "openvpn.remote"),
         (
-            serde_json::json!({"remote": "10.0.0.1:1194", "ca": "/etc/ca.pem", "username": "u", "password": "p"}),
+            serde_json::json!({"remote": "127.0.0.1:1194", "ca": "/etc/ca.pem", "username": "u", "password": "p"}),
             "openvpn.remote",
         ),
         (
-            serde_json::json!({"remote": "10.0.0.1", "peer_fingerprint": "AB:CD", "username": "u", "password": "p"}),
+            serde_json::json!({"remote": "127.0.0.1", "peer_fingerprint": "AB:CD", "username": "u", "password": "p"}),
             "openvpn.peer_fingerprint",
         ),
         (
-            serde_json::json!({"remote": "10.0.0.1", "ca": "/etc/ca.pem", "username": "u", "password": "p",
+            serde_json::json!({"remote": "127.0.0.1", "ca": "/etc/ca.pem", "username": "u", "password": "p",
                                "extra": ["up /bin/sh"]}),
             "openvpn.extra",
         ),
         (
-            serde_json::json!({"remote": "10.0.0.1", "ca": "/etc/ca.pem"}),
+            serde_json::json!({"remote": "127.0.0.1", "ca": "/etc/ca.pem"}),
             "openvpn.cert",
         ),
     ];
     for (settings, field) in cases {
         let create = serde_json::json!({"name": "bad", "type": "openvpn", "openvpn": settings});
-        let (status, reply) = post(&server, "/api/v1/backends", &create);
+        let (status, reply) = post(server, "/api/v1/backends", &create);
         assert_eq!(status, 400, "{create}: {reply}");
         assert!(reply.to_string().contains(field), "{field}: {reply}");
     }
     let (status, reply) = post(
-        &server,
+        server,
         "/api/v1/backends",
         &serde_json::json!({"name": "bare", "type": "openvpn"}),
     );

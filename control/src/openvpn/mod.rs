@@ -148,11 +148,14 @@ async fn manage(
     mut desired: watch::Receiver<Desired>,
     stopped: watch::Sender<bool>,
 ) {
-    let cleaned = host::clean_leftovers(&root).await;
-    if !cleaned.is_empty() {
-        tracing::warn!(devices = ?cleaned, dir = %root.display(),
-            "removed OpenVPN leftovers of an earlier run (process, device, rules, table)");
-    }
+    // The run directory belongs to one server at a time; leftovers in it are cleaned (and
+    // processes started) only by the server holding its lock. It is taken at start when the
+    // directory exists (an earlier run may have left something), else with the first backend.
+    let mut lock = if root.exists() {
+        take_root(&root).await
+    } else {
+        None
+    };
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
     loop {
         let want = desired.borrow_and_update().clone();
@@ -160,9 +163,23 @@ async fn manage(
             for (_, r) in std::mem::take(&mut running) {
                 r.stop().await;
             }
-            let _ = std::fs::remove_dir(&root);
+            if lock.take().is_some() {
+                let _ = std::fs::remove_file(root.join(LOCK_FILE));
+                let _ = std::fs::remove_dir(&root);
+            }
             let _ = stopped.send(true);
             return;
+        }
+        if lock.is_none() && !want.backends.is_empty() {
+            lock = take_root(&root).await;
+        }
+        if lock.is_none() && !want.backends.is_empty() {
+            // Another server owns the directory: starting here would fight over its devices.
+            if desired.changed().await.is_err() {
+                let _ = stopped.send(true);
+                return;
+            }
+            continue;
         }
         // Stop what is gone or changed (its device and table are reused by the new process).
         let names: Vec<String> = running.keys().cloned().collect();
@@ -182,9 +199,6 @@ async fn manage(
         for (name, w) in &want.backends {
             if running.contains_key(name) {
                 continue;
-            }
-            if let Err(e) = prepare_root(&root) {
-                tracing::error!(dir = %root.display(), error = %e, "cannot create the OpenVPN run directory");
             }
             let names = launch::Names::new(&root, name);
             let (stop, stop_rx) = watch::channel(false);
@@ -217,6 +231,42 @@ async fn manage(
             return;
         }
     }
+}
+
+/// The lock file that makes a run directory one server's.
+const LOCK_FILE: &str = ".lock";
+
+/// Creates and locks the run directory, then removes what an earlier run left in it. `None`
+/// (logged) when it cannot be created or another running server holds it.
+async fn take_root(root: &Path) -> Option<std::fs::File> {
+    if let Err(e) = prepare_root(root) {
+        tracing::error!(dir = %root.display(), error = %e,
+            "cannot create the OpenVPN run directory; OpenVPN backends stay down");
+        return None;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join(LOCK_FILE));
+    let file = match file.map(|f| f.try_lock().map(|()| f)) {
+        Ok(Ok(f)) => f,
+        Ok(Err(_)) => {
+            tracing::error!(dir = %root.display(),
+                "another switchyard server uses this OpenVPN run directory; give each server its own SWITCHYARD_RUN_DIR. OpenVPN backends stay down");
+            return None;
+        }
+        Err(e) => {
+            tracing::error!(dir = %root.display(), error = %e, "cannot lock the OpenVPN run directory");
+            return None;
+        }
+    };
+    let cleaned = host::clean_leftovers(root).await;
+    if !cleaned.is_empty() {
+        tracing::warn!(devices = ?cleaned, dir = %root.display(),
+            "removed OpenVPN leftovers of an earlier run (process, device, rules, table)");
+    }
+    Some(file)
 }
 
 fn prepare_root(root: &Path) -> std::io::Result<()> {
