@@ -504,6 +504,59 @@ fn assert_nothing_left(device: &str, table: u64, pid: u64, run_dir: &Path) {
     assert_eq!(table_routes, "", "table {table} still has routes");
 }
 
+/// Collects every `/api/v1/ws` event envelope of `server` from now on (a thread with its own
+/// runtime reads the WebSocket).
+fn watch_events(server: &Server) -> std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> {
+    use futures::StreamExt;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let url = format!("ws://{}/api/v1/ws", server.api);
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let (mut ws, _) = tokio_tungstenite::connect_async(url)
+                .await
+                .expect("WebSocket");
+            let _ = ready_tx.send(());
+            while let Some(Ok(msg)) = ws.next().await {
+                if let tokio_tungstenite::tungstenite::Message::Text(t) = msg {
+                    if let Ok(v) = serde_json::from_str(t.as_str()) {
+                        sink.lock().expect("events").push(v);
+                    }
+                }
+            }
+        });
+    });
+    ready
+        .recv_timeout(Duration::from_secs(10))
+        .expect("WebSocket connected");
+    seen
+}
+
+fn wait_health_event(events: &std::sync::Mutex<Vec<serde_json::Value>>, name: &str, healthy: bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = events.lock().expect("events").iter().any(|e| {
+            e["type"] == "backend.health"
+                && e["data"]["name"] == name
+                && e["data"]["healthy"] == healthy
+        });
+        if found {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no backend.health event {{name: {name}, healthy: {healthy}}}: {:?}",
+            events.lock().expect("events")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn body(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -634,16 +687,11 @@ fn a_lost_server_turns_the_backend_unhealthy_and_back() {
     let proxy = format!("http://{}", server.http);
     let url = format!("http://{}/hello.txt", vpn.origin_ip);
 
+    let events = watch_events(server);
+
     vpn.stop_openvpn();
     wait_health(server, "vpn", false, Duration::from_secs(60));
-    let unhealthy_event = logs(server)
-        .lines()
-        .any(|l| l.contains("backend health changed") && l.contains("\"healthy\":false"));
-    assert!(
-        unhealthy_event,
-        "no health change logged:\n{}",
-        logs(server)
-    );
+    wait_health_event(&events, "vpn", false);
     let failed = curl(&[
         "-sS",
         "--max-time",
@@ -663,6 +711,7 @@ fn a_lost_server_turns_the_backend_unhealthy_and_back() {
 
     vpn.start_openvpn();
     wait_health(server, "vpn", true, Duration::from_secs(90));
+    wait_health_event(&events, "vpn", true);
     let again = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
     assert_eq!(body(&again), "hello through openvpn\n", "{again:?}");
 }
