@@ -413,7 +413,7 @@ fn normalize_fingerprint(fp: &str) -> String {
         .filter(|c| *c != ':')
         .map(|c| c.to_ascii_uppercase())
         .collect();
-    if hex.len() % 2 != 0 || !hex.is_ascii() {
+    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
         return fp.to_owned();
     }
     hex.as_bytes()

@@ -312,6 +312,24 @@ mod tests {
     }
 
     #[test]
+    fn masks_openvpn_key_material() {
+        let cfg = ServerConfig::from_yaml_str(
+            "backends:\n  - {name: v, type: openvpn, openvpn: {remote: h, ca: /ca.pem, cert: /c.pem, \
+             key: \"-----BEGIN PRIVATE KEY-----\\nx\\n-----END PRIVATE KEY-----\", tls_crypt: /t.key, \
+             username: u, password: pw}}\nroutes: []\n",
+            &|_| None,
+        )
+        .expect("config");
+        let v = sanitized(&cfg);
+        let o = &v["backends"][0]["openvpn"];
+        assert_eq!(o["key"], "********", "{o}");
+        assert_eq!(o["tls_crypt"], "********", "{o}");
+        assert_eq!(o["password"], "********", "{o}");
+        assert_eq!(o["cert"], "/c.pem", "{o}");
+        assert_eq!(o["username"], "u", "{o}");
+    }
+
+    #[test]
     fn atomic_write_keeps_mode_and_replaces() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("dir");

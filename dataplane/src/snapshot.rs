@@ -603,6 +603,39 @@ mod tests {
     }
 
     #[test]
+    fn an_openvpn_backend_starts_unhealthy_and_keeps_its_link() {
+        let mut cfg = config();
+        let mut vpn = backend("vpn", BackendType::Openvpn);
+        vpn.http_proxy = None;
+        let settings = switchyard_config::openvpn::OpenvpnSettings {
+            config_file: Some("/etc/v.ovpn".into()),
+            ..Default::default()
+        };
+        vpn.other = Some(settings.to_value());
+        cfg.backends.push(vpn);
+        let first = Snapshot::compile(&cfg, None, 1).expect("compile");
+        let b = first
+            .backends
+            .iter()
+            .find(|b| b.name == "vpn")
+            .expect("vpn");
+        assert!(!b.health.is_healthy(), "unhealthy until connected");
+        assert_eq!(b.type_name(), "openvpn");
+        b.health.set(true);
+        let second = Snapshot::compile(&cfg, Some(&first), 1).expect("compile");
+        let again = second
+            .backends
+            .iter()
+            .find(|b| b.name == "vpn")
+            .expect("vpn");
+        assert!(
+            again.health.is_healthy(),
+            "a reload keeps the measured state"
+        );
+        assert_eq!(again.kind, b.kind, "same link");
+    }
+
+    #[test]
     fn missing_backend_is_an_error() {
         let mut cfg = config();
         cfg.routes.push(route("bad", &["x.com"], &["nope"], 0));

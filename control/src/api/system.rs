@@ -25,6 +25,9 @@ pub async fn health(State(state): State<Arc<ServerState>>) -> Json<HealthRespons
                 match &b.kind {
                     switchyard_dataplane::snapshot::BackendKind::Unavailable { .. } =>
                         "not available in this build".to_owned(),
+                    switchyard_dataplane::snapshot::BackendKind::Openvpn(link)
+                        if link.0.current().is_none() =>
+                        "its OpenVPN tunnel is not connected".to_owned(),
                     _ => format!(
                         "its last {} or more connects failed",
                         switchyard_dataplane::snapshot::FAILURES_TO_UNHEALTHY
