@@ -900,3 +900,69 @@ fn kill_9_then_restart_leaves_nothing_behind() {
     let run_dir = gw.run_dir.clone();
     assert_nothing_left(&device, table, pid, &run_dir);
 }
+
+#[test]
+fn a_config_file_backend_runs_and_a_killed_openvpn_is_restarted() {
+    let Some((openvpn, nginx)) = prerequisites() else {
+        return;
+    };
+    let vpn = VpnServer::start(openvpn, nginx);
+    // An .ovpn file as a provider hands it out, with its keys next to it (relative paths).
+    let files = tempfile::tempdir().expect("tempdir");
+    std::fs::write(files.path().join("client.crt"), &vpn.client_cert).expect("cert");
+    std::fs::write(files.path().join("client.key"), &vpn.client_key).expect("key");
+    let ovpn = files.path().join("office.ovpn");
+    std::fs::write(
+        &ovpn,
+        format!(
+            "client\ndev tun\nproto udp\nremote {} 1194\nnobind\ncert client.crt\nkey client.key\n\
+             peer-fingerprint {}\nverb 3\n",
+            vpn.endpoint_ip, vpn.server_fp
+        ),
+    )
+    .expect("ovpn");
+    let settings =
+        serde_json::json!({"config_file": ovpn.display().to_string(), "extra": ["mssfix 1300"]});
+    let gw = gateway(&format!(
+        "backends:\n  - {{name: direct, type: direct}}\n  - {{name: file-vpn, type: openvpn, openvpn: {settings}}}\n\
+         routes:\n  - {{name: tunnel, domains: [\"{}\"], backend: file-vpn, priority: 10}}\n  - {{name: rest, domains: [\"*\"], backend: direct}}\n",
+        vpn.origin_ip
+    ));
+    let server = &gw.server;
+    wait_health(server, "file-vpn", true, Duration::from_secs(40));
+    let proxy = format!("http://{}", server.http);
+    let url = format!("http://{}/hello.txt", vpn.origin_ip);
+    let out = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
+    assert_eq!(body(&out), "hello through openvpn\n", "{out:?}");
+    let (device, table, first_pid) = only_record(&gw.run_dir);
+    assert!(
+        device_exists(&device),
+        "the file's `dev tun` was overridden"
+    );
+
+    // The process dies: the backend goes down, the supervisor starts a new one, back up.
+    sh("kill", &["-9", &first_pid.to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (_, _, pid) = only_record(&gw.run_dir);
+        if pid != first_pid && pid != 0 && healthy(server, "file-vpn") == Some(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "openvpn was not restarted; log:\n{}",
+            logs(server)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(logs(server).contains("openvpn will be restarted"));
+    let again = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
+    assert_eq!(body(&again), "hello through openvpn\n", "{again:?}");
+    assert_eq!(rules_for(table).len(), 2, "{:?}", rules_for(table));
+    let log = vpn.access_log();
+    assert!(
+        log.lines()
+            .all(|l| l.starts_with(&format!("{} ", vpn.client_ip))),
+        "{log}"
+    );
+}
