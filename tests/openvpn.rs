@@ -336,27 +336,13 @@ struct Gateway {
 }
 
 fn start_gateway(config_path: &Path, run_dir: &Path) -> Server {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["server", "--config"])
-        .arg(config_path)
-        .env("SWITCHYARD_RUN_DIR", run_dir);
-    let started = spawn_with_listeners(
-        cmd,
-        "switchyard",
-        &["HTTP proxy", "SOCKS5", "management API"],
-    );
-    let [http, socks5, api] = started.addrs[..] else {
-        unreachable!()
-    };
-    Server {
-        proc: started.proc,
-        http,
-        socks5,
-        api,
-        dir: tempfile::tempdir().expect("tempdir"),
-        config_path: config_path.to_owned(),
-        logs: started.logs,
-    }
+    // The Server's own temp dir is unused: the config and run directory belong to the Gateway.
+    let dir = tempfile::tempdir().expect("tempdir");
+    start_server_with_env(
+        dir,
+        config_path.to_owned(),
+        &[("SWITCHYARD_RUN_DIR", run_dir.as_os_str())],
+    )
 }
 
 fn gateway(extra_yaml: &str) -> Gateway {
@@ -894,6 +880,22 @@ fn kill_9_then_restart_leaves_nothing_behind() {
         &format!("http://{}/hello.txt", vpn.origin_ip),
     ]);
     assert_eq!(body(&out), "hello through openvpn\n", "{out:?}");
+
+    // A second server on the same run directory leaves the first one's tunnel alone.
+    let intruder = start_gateway(&gw.config_path, &gw.run_dir);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !logs(&intruder).contains("another switchyard server uses this OpenVPN run directory") {
+        assert!(Instant::now() < deadline, "{}", logs(&intruder));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(healthy(&intruder, "vpn"), Some(false));
+    drop(intruder);
+    assert!(
+        process_alive(pid),
+        "the second server stopped the first one's openvpn"
+    );
+    assert_eq!(healthy(&gw.server, "vpn"), Some(true));
+    assert_eq!(rules_for(table).len(), 2, "{:?}", rules_for(table));
 
     // A clean stop (SIGTERM) removes everything at once.
     assert!(gw.terminate(), "switchyard did not exit on SIGTERM");
