@@ -115,6 +115,8 @@ struct VpnServer {
     /// The address the server assigns to switchyard's client.
     client_ip: String,
     tun: String,
+    /// `udp` or `tcp` (the switchyard settings' `proto`).
+    proto: &'static str,
     server_fp: String,
     client_cert: String,
     client_key: String,
@@ -123,6 +125,10 @@ struct VpnServer {
 
 impl VpnServer {
     fn start(openvpn: PathBuf, nginx: PathBuf) -> VpnServer {
+        Self::start_with(openvpn, nginx, "udp")
+    }
+
+    fn start_with(openvpn: PathBuf, nginx: PathBuf, proto: &'static str) -> VpnServer {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}{}", std::process::id() % 10_000, n);
         let k = (std::process::id() * 7 + n * 31) % 250 + 1;
@@ -211,6 +217,7 @@ impl VpnServer {
             endpoint_ip,
             host_ip,
             tun,
+            proto,
             server_fp,
             client_cert,
             client_key,
@@ -246,7 +253,11 @@ impl VpnServer {
                 "tun",
                 "--disable-dco",
                 "--proto",
-                "udp",
+                if self.proto == "tcp" {
+                    "tcp-server"
+                } else {
+                    "udp"
+                },
                 "--local",
                 &self.endpoint_ip,
                 "--port",
@@ -303,7 +314,7 @@ impl VpnServer {
         serde_json::json!({
             "remote": self.endpoint_ip,
             "port": 1194,
-            "proto": "udp",
+            "proto": self.proto,
             "cert": self.client_cert,
             "key": self.client_key,
             "peer_fingerprint": self.server_fp,
@@ -967,4 +978,27 @@ fn a_config_file_backend_runs_and_a_killed_openvpn_is_restarted() {
             .all(|l| l.starts_with(&format!("{} ", vpn.client_ip))),
         "{log}"
     );
+}
+
+#[test]
+fn the_tcp_transport_works_too() {
+    let Some((openvpn, nginx)) = prerequisites() else {
+        return;
+    };
+    let vpn = VpnServer::start_with(openvpn, nginx, "tcp");
+    let gw = gateway(&yaml_with_backend(&vpn));
+    let server = &gw.server;
+    wait_health(server, "vpn", true, Duration::from_secs(40));
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-p",
+        "-x",
+        &format!("http://{}", server.http),
+        &format!("http://{}/hello.txt", vpn.origin_ip),
+    ]);
+    assert_eq!(body(&out), "hello through openvpn\n", "{out:?}");
+    let log = vpn.access_log();
+    assert!(log.starts_with(&format!("{} ", vpn.client_ip)), "{log}");
 }
