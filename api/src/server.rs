@@ -167,6 +167,62 @@ pub struct WireguardSettings {
     pub dns: Option<Vec<String>>,
 }
 
+/// Connection settings of an `openvpn` backend: a managed `openvpn` process whose TUN device
+/// carries the backend's connections. Either `config_file` or `remote` (inline settings).
+/// Only documents the shape: the object travels as given and the configuration checks it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenvpnSettings {
+    /// Path of an OpenVPN client file (`.ovpn`); its relative paths are relative to it. Excludes
+    /// the inline connection keys (`remote` … `peer_fingerprint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_file: Option<String>,
+    /// Server host name or address (required without `config_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
+    /// Server port, default 1194.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// `udp` (default) or `tcp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<String>,
+    /// CA certificate: PEM text or a file path (this holds for every PEM field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    /// Client certificate, PEM text or path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    /// Client private key, PEM text or path. Masked in `GET /api/v1/config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `tls-crypt` key, PEM text or path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_crypt: Option<String>,
+    /// `tls-auth` key, PEM text or path (not with `tls_crypt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_auth: Option<String>,
+    /// `key-direction` of `tls_auth`: 0 or 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_direction: Option<u8>,
+    /// SHA-256 fingerprint(s) of the server certificate (`AB:CD:…`, several separated by
+    /// commas): OpenVPN 2.6's self-signed mode instead of `ca`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_fingerprint: Option<String>,
+    /// `auth-user-pass` user name (written with the password to a 0600 file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// `auth-user-pass` password. Masked in `GET /api/v1/config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// `data-ciphers`, in order of preference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_ciphers: Option<Vec<String>>,
+    /// Extra directive lines. Scripts, plugins and the options switchyard manages (device,
+    /// management, routes, logging) are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<Vec<String>>,
+}
+
 /// `POST /api/v1/backends` body. The settings object is named after the type.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -192,8 +248,9 @@ pub struct BackendCreate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<WireguardSettings>)]
     pub wireguard: Option<serde_json::Value>,
+    /// Settings of an `openvpn` backend (checked by the configuration's validation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<OpenvpnSettings>)]
     pub openvpn: Option<serde_json::Value>,
     /// Active health checks of the backend (any type); missing keys come from
     /// `server.health_check`.

@@ -35,6 +35,7 @@
 //! - [`wireguard`]: the typed settings object of `wireguard` backends.
 //! - [`health_check`]: backends' active health checks (`server.health_check` defaults, the
 //!   per-backend `health_check` object) resolved to a [`health_check::HealthCheckPlan`].
+//! - [`openvpn`]: the typed settings object of `openvpn` backends.
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
 //!
 //! No I/O beyond reading the file.
@@ -48,6 +49,7 @@ pub mod inventory;
 pub mod listen;
 pub mod load;
 pub mod model;
+pub mod openvpn;
 pub mod origin;
 pub mod pkgcache;
 pub mod sections;

@@ -243,8 +243,7 @@ impl BackendType {
         }
     }
 
-    /// Whether this build can run backends of this type. OpenVPN parses and validates but is
-    /// not implemented yet.
+    /// Whether this build can run backends of this type (all of them now).
     pub const fn is_available(self) -> bool {
         matches!(
             self,
@@ -252,6 +251,7 @@ impl BackendType {
                 | BackendType::HttpProxy
                 | BackendType::Socks5
                 | BackendType::Wireguard
+                | BackendType::Openvpn
         )
     }
 
@@ -303,7 +303,8 @@ impl<'de> Deserialize<'de> for BackendType {
 ///
 /// YAML shape: `{name, type, enabled, http_proxy|httpproxy: {...}, socks5|socks5_proxy: {...},
 /// wireguard: {...}, openvpn: {...}}`. The `wireguard` / `openvpn` objects are kept as raw JSON
-/// in [`BackendConfig::other`] and written back under the key named after the type.
+/// in [`BackendConfig::other`] and written back under the key named after the type; they are
+/// read through [`crate::wireguard::WireguardSettings`] and [`crate::openvpn::OpenvpnSettings`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RawBackend", into = "RawBackend")]
 pub struct BackendConfig {
@@ -314,7 +315,7 @@ pub struct BackendConfig {
     pub http_proxy: Option<UpstreamProxyConfig>,
     /// Settings of `socks5` backends (YAML key `socks5`, also accepted as `socks5_proxy`).
     pub socks5: Option<UpstreamProxyConfig>,
-    /// Raw settings of types not implemented yet (wireguard, openvpn), kept for round-tripping.
+    /// Raw settings object of `wireguard` and `openvpn` backends, kept for round-tripping.
     pub other: Option<serde_json::Value>,
     /// Active health checks of this backend (see [`crate::health_check`]).
     pub health_check: Option<crate::health_check::BackendHealthCheck>,

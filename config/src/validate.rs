@@ -189,6 +189,20 @@ fn check_backends(cfg: &ServerConfig, p: &mut Problems) {
                     }
                 }
             },
+            BackendType::Openvpn => match &b.other {
+                None => p.push(
+                    format!("{base}.openvpn"),
+                    format!(
+                        "openvpn backend `{}` needs an `openvpn:` settings object",
+                        b.name
+                    ),
+                ),
+                Some(v) => {
+                    if let Err(e) = crate::openvpn::OpenvpnSettings::from_value(v) {
+                        p.push(format!("{base}.openvpn.{}", e.key), e.message);
+                    }
+                }
+            },
             _ => {}
         }
         if b.http_proxy.is_some() && b.kind != BackendType::HttpProxy {

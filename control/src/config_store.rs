@@ -41,6 +41,7 @@ pub fn apply(state: &ServerState, cfg: ServerConfig) -> Result<(), ConfigError> 
     let previous = state.snapshot.load_full();
     let snapshot = Snapshot::compile(&cfg, Some(&previous), state.cores)
         .map_err(|e| ConfigError::Apply(e.to_string()))?;
+    state.openvpn.reconcile(&cfg, &snapshot);
     state.snapshot.store(Arc::new(snapshot));
     state.request_log.set_capacity(cfg.api.request_log_size);
     state.config.store(Arc::new(cfg));
@@ -254,10 +255,22 @@ const SECRET_KEYS: [&str; 6] = [
     "preshared_key",
 ];
 
+/// Keys of the `openvpn` settings object that hold private key material (PEM text or a path).
+const OPENVPN_SECRET_KEYS: [&str; 3] = ["key", "tls_crypt", "tls_auth"];
+
 /// The configuration as JSON with passwords, keys and tokens masked.
 pub fn sanitized(cfg: &ServerConfig) -> serde_json::Value {
     let mut v = cfg.to_json_value().unwrap_or_default();
     mask(&mut v);
+    if let Some(backends) = v.get_mut("backends").and_then(|b| b.as_array_mut()) {
+        for settings in backends.iter_mut().filter_map(|b| b.get_mut("openvpn")) {
+            for key in OPENVPN_SECRET_KEYS {
+                if let Some(value) = settings.get_mut(key).filter(|v| v.is_string()) {
+                    *value = serde_json::Value::String("********".into());
+                }
+            }
+        }
+    }
     v
 }
 
@@ -296,6 +309,24 @@ mod tests {
         assert_eq!(v["auth"]["native"]["users"][0]["username"], "u");
         assert_eq!(v["x"]["client_secret"], "********");
         assert_eq!(v["x"]["token"], "", "empty values stay visible as unset");
+    }
+
+    #[test]
+    fn masks_openvpn_key_material() {
+        let cfg = ServerConfig::from_yaml_str(
+            "backends:\n  - {name: v, type: openvpn, openvpn: {remote: h, ca: /ca.pem, cert: /c.pem, \
+             key: \"-----BEGIN PRIVATE KEY-----\\nx\\n-----END PRIVATE KEY-----\", tls_crypt: /t.key, \
+             username: u, password: pw}}\nroutes: []\n",
+            &|_| None,
+        )
+        .expect("config");
+        let v = sanitized(&cfg);
+        let o = &v["backends"][0]["openvpn"];
+        assert_eq!(o["key"], "********", "{o}");
+        assert_eq!(o["tls_crypt"], "********", "{o}");
+        assert_eq!(o["password"], "********", "{o}");
+        assert_eq!(o["cert"], "/c.pem", "{o}");
+        assert_eq!(o["username"], "u", "{o}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod health_checks;
 mod hub;
 mod metrics;
 mod net;
+mod openvpn;
 mod origin;
 mod pac;
 mod request_log;

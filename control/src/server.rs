@@ -54,6 +54,8 @@ pub struct ServerState {
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
     /// Durations of the active health checks (metrics).
     pub health_checks: crate::health_checks::CheckMetrics,
+    /// The `openvpn` processes of `openvpn` backends (told about every published configuration).
+    pub openvpn: crate::openvpn::Manager,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -145,6 +147,10 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             "access_control.whitelist is empty: the proxy forwards for every address that reaches it"
         );
     }
+    let openvpn = {
+        let _runtime = runtime.enter();
+        crate::openvpn::Manager::start(dataplane.events.clone())
+    };
     let state = Arc::new(ServerState {
         config: ArcSwap::from_pointee(cfg.clone()),
         config_path,
@@ -168,9 +174,11 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         api_tls: api_tls.is_some(),
         cache,
         health_checks: crate::health_checks::CheckMetrics::new(),
+        openvpn,
     });
 
     runtime.block_on(async move {
+        state.openvpn.reconcile(&cfg, &state.snapshot.load());
         tokio::spawn(drain_dataplane(state.clone()));
         tokio::spawn(reload_on_hangup(state.clone()));
         tokio::spawn(crate::health_checks::run(state.clone()));

@@ -26,6 +26,7 @@ pub mod events;
 mod http_proxy;
 pub mod live;
 pub mod offload;
+pub mod openvpn;
 mod origin_pool;
 mod proxied;
 pub mod rate_limit;

@@ -46,6 +46,8 @@ pub enum BackendKind {
     },
     /// A user-space WireGuard tunnel (shared across snapshots while its settings stay).
     Wireguard(TunnelRef),
+    /// An OpenVPN tunnel run by the control plane (shared across snapshots by name).
+    Openvpn(LinkRef),
     /// Parsed and validated, but its transport is not in this build yet.
     Unavailable {
         type_name: &'static str,
@@ -65,6 +67,24 @@ impl PartialEq for TunnelRef {
 impl Eq for TunnelRef {}
 
 impl std::hash::Hash for TunnelRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state)
+    }
+}
+
+/// An OpenVPN backend's link; two refer to the same link only if they are the same one.
+#[derive(Debug, Clone)]
+pub struct LinkRef(pub Arc<crate::openvpn::OpenvpnLink>);
+
+impl PartialEq for LinkRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for LinkRef {}
+
+impl std::hash::Hash for LinkRef {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         std::ptr::hash(Arc::as_ptr(&self.0), state)
     }
@@ -105,6 +125,7 @@ impl Backend {
             BackendKind::HttpProxy { .. } => "httpproxy",
             BackendKind::Socks5 { .. } => "socks5",
             BackendKind::Wireguard(_) => "wireguard",
+            BackendKind::Openvpn(_) => "openvpn",
             BackendKind::Unavailable { type_name } => type_name,
         }
     }
@@ -231,9 +252,20 @@ impl Snapshot {
                         )))
                     }))
                 }
-                BackendType::Openvpn => BackendKind::Unavailable {
-                    type_name: "openvpn",
-                },
+                BackendType::Openvpn => {
+                    // The control plane's supervisor publishes the tunnel into the link and
+                    // measures its health; a new backend is unhealthy until it is connected.
+                    let kept = old.and_then(|old| match &old.kind {
+                        BackendKind::Openvpn(l) => Some(l.clone()),
+                        _ => None,
+                    });
+                    if kept.is_none() {
+                        health.set(false);
+                    }
+                    BackendKind::Openvpn(kept.unwrap_or_else(|| {
+                        LinkRef(Arc::new(crate::openvpn::OpenvpnLink::new(&b.name)))
+                    }))
+                }
             };
             backends.push(Arc::new(Backend {
                 name: b.name.clone(),
@@ -525,6 +557,39 @@ mod tests {
         let client: std::net::IpAddr = [10, 0, 0, 2].into();
         assert!(limiter.admit(client));
         assert!(!limiter.admit(client), "still enabled");
+    }
+
+    #[test]
+    fn an_openvpn_backend_starts_unhealthy_and_keeps_its_link() {
+        let mut cfg = config();
+        let mut vpn = backend("vpn", BackendType::Openvpn);
+        vpn.http_proxy = None;
+        let settings = switchyard_config::openvpn::OpenvpnSettings {
+            config_file: Some("/etc/v.ovpn".into()),
+            ..Default::default()
+        };
+        vpn.other = Some(settings.to_value());
+        cfg.backends.push(vpn);
+        let first = Snapshot::compile(&cfg, None, 1).expect("compile");
+        let b = first
+            .backends
+            .iter()
+            .find(|b| b.name == "vpn")
+            .expect("vpn");
+        assert!(!b.health.is_healthy(), "unhealthy until connected");
+        assert_eq!(b.type_name(), "openvpn");
+        b.health.set(true);
+        let second = Snapshot::compile(&cfg, Some(&first), 1).expect("compile");
+        let again = second
+            .backends
+            .iter()
+            .find(|b| b.name == "vpn")
+            .expect("vpn");
+        assert!(
+            again.health.is_healthy(),
+            "a reload keeps the measured state"
+        );
+        assert_eq!(again.kind, b.kind, "same link");
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub async fn health(State(state): State<Arc<ServerState>>) -> Json<HealthRespons
                 match &b.kind {
                     switchyard_dataplane::snapshot::BackendKind::Unavailable { .. } =>
                         "not available in this build",
+                    switchyard_dataplane::snapshot::BackendKind::Openvpn(link)
+                        if link.0.current().is_none() =>
+                        "its OpenVPN tunnel is not connected",
                     _ => b.health.verdict().reason(),
                 }
             ));
