@@ -33,6 +33,7 @@
 //!   [`CacheConfig::restart_required`] tells which `cache` changes need a restart.
 //! - [`cache`]: the `cache:` section (storage, presets, rules) and its defaults.
 //! - [`wireguard`]: the typed settings object of `wireguard` backends.
+//! - [`provider`]: the typed `config` object of provider backends (`nordvpn`, `mullvad`, …).
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
 //!
 //! No I/O beyond reading the file.
@@ -47,6 +48,7 @@ pub mod load;
 pub mod model;
 pub mod origin;
 pub mod pkgcache;
+pub mod provider;
 pub mod sections;
 pub mod subtitles;
 pub mod units;

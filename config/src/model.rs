@@ -14,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CacheConfig;
+use crate::provider::ProviderKind;
 use crate::units::{Duration, Size};
 
 fn yes() -> bool {
@@ -124,10 +125,13 @@ pub struct ServerSection {
     pub cores: usize,
     /// Most simultaneous client connections across all cores (0 = unlimited).
     pub max_connections: usize,
+    /// Where the server keeps state it must find again after a restart (provider keys).
+    /// Created when first needed.
+    pub data_dir: String,
 }
 
 impl Default for ServerSection {
-    /// cores 0 (all), max_connections 10000.
+    /// cores 0 (all), max_connections 10000, data_dir `./data/server`.
     fn default() -> Self {
         ServerSection {
             http: HttpListenerConfig::default(),
@@ -135,6 +139,7 @@ impl Default for ServerSection {
             pac: PacConfig::default(),
             cores: 0,
             max_connections: 10_000,
+            data_dir: "./data/server".into(),
         }
     }
 }
@@ -205,6 +210,10 @@ pub enum BackendType {
     HttpProxy,
     /// `socks5` or `socks5_proxy`
     Socks5,
+    /// A VPN provider (`nordvpn`, `mullvad`, `privateinternetaccess`/`pia`, `protonvpn`); the
+    /// control plane resolves it to a `wireguard` or `openvpn` backend before the data plane
+    /// sees it.
+    Provider(ProviderKind),
 }
 
 impl BackendType {
@@ -218,7 +227,7 @@ impl BackendType {
     ];
 
     /// Every accepted spelling of `type`.
-    pub const ACCEPTED_NAMES: [&'static str; 7] = [
+    pub const ACCEPTED_NAMES: [&'static str; 12] = [
         "direct",
         "wireguard",
         "openvpn",
@@ -226,6 +235,11 @@ impl BackendType {
         "http_proxy",
         "socks5",
         "socks5_proxy",
+        "nordvpn",
+        "mullvad",
+        "privateinternetaccess",
+        "pia",
+        "protonvpn",
     ];
 
     /// The API enumeration value: `direct|wireguard|openvpn|httpproxy|socks5`.
@@ -236,6 +250,7 @@ impl BackendType {
             BackendType::Openvpn => "openvpn",
             BackendType::HttpProxy => "httpproxy",
             BackendType::Socks5 => "socks5",
+            BackendType::Provider(p) => p.name(),
         }
     }
 
@@ -248,6 +263,7 @@ impl BackendType {
                 | BackendType::HttpProxy
                 | BackendType::Socks5
                 | BackendType::Wireguard
+                | BackendType::Provider(_)
         )
     }
 
@@ -259,7 +275,7 @@ impl BackendType {
             "openvpn" => Some(BackendType::Openvpn),
             "httpproxy" | "http_proxy" => Some(BackendType::HttpProxy),
             "socks5" | "socks5_proxy" => Some(BackendType::Socks5),
-            _ => None,
+            other => ProviderKind::from_name(other).map(BackendType::Provider),
         }
     }
 }
@@ -298,8 +314,9 @@ impl<'de> Deserialize<'de> for BackendType {
 /// One entry of `backends:`.
 ///
 /// YAML shape: `{name, type, enabled, http_proxy|httpproxy: {...}, socks5|socks5_proxy: {...},
-/// wireguard: {...}, openvpn: {...}}`. The `wireguard` / `openvpn` objects are kept as raw JSON
-/// in [`BackendConfig::other`] and written back under the key named after the type.
+/// wireguard: {...}, openvpn: {...}, config: {...}}`. The `wireguard` / `openvpn` objects (and
+/// a provider backend's `config`) are kept as raw JSON in [`BackendConfig::other`] and written
+/// back under the key named after the type (`config` for providers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RawBackend", into = "RawBackend")]
 pub struct BackendConfig {
@@ -310,7 +327,8 @@ pub struct BackendConfig {
     pub http_proxy: Option<UpstreamProxyConfig>,
     /// Settings of `socks5` backends (YAML key `socks5`, also accepted as `socks5_proxy`).
     pub socks5: Option<UpstreamProxyConfig>,
-    /// Raw settings of types not implemented yet (wireguard, openvpn), kept for round-tripping.
+    /// Raw settings of wireguard and openvpn backends, and a provider backend's `config`,
+    /// kept for round-tripping.
     pub other: Option<serde_json::Value>,
 }
 
@@ -359,11 +377,20 @@ struct RawBackend {
     wireguard: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     openvpn: Option<serde_json::Value>,
+    /// Options of a provider backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    config: Option<serde_json::Value>,
 }
 
 impl TryFrom<RawBackend> for BackendConfig {
     type Error = String;
     fn try_from(raw: RawBackend) -> Result<Self, String> {
+        if raw.config.is_some() && !matches!(raw.kind, BackendType::Provider(_)) {
+            return Err(format!(
+                "backend `{}`: a `config` object belongs to provider backends, not to type `{}`",
+                raw.name, raw.kind
+            ));
+        }
         let other = match raw.kind {
             BackendType::Wireguard => {
                 if raw.openvpn.is_some() {
@@ -382,6 +409,15 @@ impl TryFrom<RawBackend> for BackendConfig {
                     ));
                 }
                 raw.openvpn
+            }
+            BackendType::Provider(_) => {
+                if raw.wireguard.is_some() || raw.openvpn.is_some() {
+                    return Err(format!(
+                        "backend `{}`: a {} backend takes its options in `config`",
+                        raw.name, raw.kind
+                    ));
+                }
+                raw.config
             }
             kind => {
                 if let Some(key) = [("wireguard", &raw.wireguard), ("openvpn", &raw.openvpn)]
@@ -409,10 +445,11 @@ impl TryFrom<RawBackend> for BackendConfig {
 
 impl From<BackendConfig> for RawBackend {
     fn from(b: BackendConfig) -> Self {
-        let (wireguard, openvpn) = match b.kind {
-            BackendType::Wireguard => (b.other, None),
-            BackendType::Openvpn => (None, b.other),
-            _ => (None, None),
+        let (wireguard, openvpn, config) = match b.kind {
+            BackendType::Wireguard => (b.other, None, None),
+            BackendType::Openvpn => (None, b.other, None),
+            BackendType::Provider(_) => (None, None, b.other),
+            _ => (None, None, None),
         };
         RawBackend {
             name: b.name,
@@ -422,6 +459,7 @@ impl From<BackendConfig> for RawBackend {
             socks5: b.socks5,
             wireguard,
             openvpn,
+            config,
         }
     }
 }

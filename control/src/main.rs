@@ -12,6 +12,7 @@ mod metrics;
 mod net;
 mod origin;
 mod pac;
+mod providers;
 mod request_log;
 mod server;
 mod tls;

@@ -52,6 +52,8 @@ pub struct ServerState {
     pub api_tls: bool,
     /// The HTTP cache's store (`cache.enabled` at start; storage changes need a restart).
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
+    /// Provider backends: server lists, resolutions, keys.
+    pub providers: crate::providers::Providers,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -165,11 +167,13 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         ws: crate::api::ws::WsClients::new(cfg.api.ws_read_timeout.as_std()),
         api_tls: api_tls.is_some(),
         cache,
+        providers: crate::providers::Providers::new(PathBuf::from(&cfg.server.data_dir)),
     });
 
     runtime.block_on(async move {
         tokio::spawn(drain_dataplane(state.clone()));
         tokio::spawn(reload_on_hangup(state.clone()));
+        tokio::spawn(crate::providers::run(state.clone()));
         if let Some(store) = &state.cache {
             let every = cfg.cache.storage.disk.cleanup_interval.as_std();
             tokio::spawn(crate::cache::cleanup(store.clone(), every));

@@ -278,6 +278,9 @@ impl Snapshot {
                 BackendType::Openvpn => BackendKind::Unavailable {
                     type_name: "openvpn",
                 },
+                // The control plane replaces a provider backend by the wireguard or openvpn
+                // backend it resolved to; one still here has not resolved (yet).
+                BackendType::Provider(p) => BackendKind::Unavailable { type_name: p.name() },
             };
             backends.push(Arc::new(Backend {
                 name: b.name.clone(),
