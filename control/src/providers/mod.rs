@@ -207,8 +207,10 @@ impl Providers {
     ) -> (Option<Arc<Vec<Server>>>, Option<String>) {
         let key = list_key(o);
         if !force {
-            if let Some(l) = self.state.lock().lists.fresh(&key, Instant::now()) {
-                return (Some(l.servers), None);
+            let state = self.state.lock();
+            if let Some(l) = state.lists.fresh(&key, Instant::now()) {
+                // A failed refresh stays reported until a fetch succeeds.
+                return (Some(l.servers), state.lists.error(&key));
             }
         }
         let fetched = match o.kind {
