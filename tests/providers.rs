@@ -298,8 +298,8 @@ fn nordvpn_picks_the_lowest_load_server_and_keeps_its_list_when_the_api_fails() 
     );
     let (_, other_key) = keypair();
     let list = serde_json::json!([
-        nord_server(1, "192.0.2.1", "DE", "Berlin", 1, &other_key),
-        nord_server(2, "192.0.2.2", "SE", "Stockholm", 60, &other_key),
+        nord_server(1, "127.0.0.1", "DE", "Berlin", 1, &other_key),
+        nord_server(2, "127.0.0.2", "SE", "Stockholm", 60, &other_key),
         nord_server(
             3,
             &peer.endpoint_ip,
@@ -308,7 +308,7 @@ fn nordvpn_picks_the_lowest_load_server_and_keeps_its_list_when_the_api_fails() 
             12,
             &peer.peer_public
         ),
-        nord_server(4, "192.0.2.4", "SE", "Malmo", 3, &other_key),
+        nord_server(4, "127.0.0.4", "SE", "Malmo", 3, &other_key),
     ])
     .to_string();
     let api = StandIn::start(Box::new(move |r| match r.path.as_str() {
@@ -378,6 +378,23 @@ fn nordvpn_picks_the_lowest_load_server_and_keeps_its_list_when_the_api_fails() 
         assert_eq!(b["provider"]["server_id"], "3", "{b}");
         assert_eq!(fetch_through(&server, &url), "hello through the tunnel\n");
     }
+    // A backend created while the API is down resolves from the last good list.
+    let create = serde_json::json!({"name": "nord2", "type": "nordvpn", "config": {
+        "country": "SE", "city": "Stockholm", "private_key": peer.client_private, "api_url": api.url}});
+    let (status, reply) = api_call(
+        &server,
+        "POST",
+        "/api/v1/backends",
+        Some(&create.to_string()),
+        None,
+    );
+    assert_eq!(status, 201, "{reply}");
+    let b = wait_backend(&server, "nord2", Duration::from_secs(20), resolved);
+    assert_eq!(b["provider"]["server_id"], "3", "{b}");
+    assert!(
+        b["error"].as_str().unwrap_or_default().contains("HTTP 503"),
+        "{b}"
+    );
     api.set(NORMAL);
     let (_, r) = post(&server, "/api/v1/providers/refresh");
     assert_eq!(r["status"], "refreshed", "{r}");
@@ -396,7 +413,7 @@ fn mullvad_stand_in(peer: &Peer, account: &'static str) -> StandIn {
         "wireguard": {"port_ranges": [[51820, 51820]],
             "relays": [
                 {"hostname": "se-sto-wg-001", "location": "se-sto", "active": false, "owned": true,
-                 "ipv4_addr_in": "192.0.2.20", "public_key": peer.client_public, "weight": 100},
+                 "ipv4_addr_in": "127.0.0.20", "public_key": peer.client_public, "weight": 100},
                 {"hostname": "se-got-wg-001", "location": "se-got", "active": true, "owned": true,
                  "ipv4_addr_in": peer.endpoint_ip, "public_key": peer.peer_public, "weight": 100}]},
         "openvpn": {"ports": [{"port": 1194, "protocol": "udp"}], "relays": []}
@@ -541,7 +558,7 @@ fn pia_gets_a_token_adds_its_key_and_forwards_a_port() {
         "regions": [
             {"id": "us_seattle", "name": "US Seattle", "country": "US", "auto_region": true, "dns": "us-seattle.privacy.network",
              "port_forward": false, "geo": false, "offline": false,
-             "servers": {"wg": [{"ip": "192.0.2.30", "cn": "seattle402"}]}},
+             "servers": {"wg": [{"ip": "127.0.0.30", "cn": "seattle402"}]}},
             {"id": "us_denver", "name": "US Denver", "country": "US", "auto_region": true, "dns": "us-denver.privacy.network",
              "port_forward": true, "geo": false, "offline": false,
              "servers": {"wg": [{"ip": peer.endpoint_ip, "cn": "denver401"}]}}
@@ -639,13 +656,13 @@ fn proton_logicals() -> String {
     serde_json::json!({"Code": 1000, "LogicalServers": [
         {"ID": "l1", "Name": "CH-FREE#1", "EntryCountry": "CH", "ExitCountry": "CH", "Domain": "node-ch-free-01.protonvpn.net",
          "Tier": 0, "Features": 0, "City": "Zurich", "Load": 90, "Status": 1,
-         "Servers": [{"EntryIP": "192.0.2.40", "ExitIP": "192.0.2.41", "Domain": "node-ch-free-01.protonvpn.net", "ID": "s1", "Status": 1}]},
+         "Servers": [{"EntryIP": "127.0.0.40", "ExitIP": "127.0.0.41", "Domain": "node-ch-free-01.protonvpn.net", "ID": "s1", "Status": 1}]},
         {"ID": "l2", "Name": "CH#7", "EntryCountry": "CH", "ExitCountry": "CH", "Domain": "node-ch-07.protonvpn.net",
          "Tier": 2, "Features": 4, "City": "Zurich", "Load": 10, "Status": 1,
-         "Servers": [{"EntryIP": "192.0.2.42", "ExitIP": "192.0.2.43", "Domain": "node-ch-07.protonvpn.net", "ID": "s2", "Status": 1}]},
+         "Servers": [{"EntryIP": "127.0.0.42", "ExitIP": "127.0.0.43", "Domain": "node-ch-07.protonvpn.net", "ID": "s2", "Status": 1}]},
         {"ID": "l3", "Name": "IS-CH#1", "EntryCountry": "IS", "ExitCountry": "CH", "Domain": "is-ch-01.protonvpn.net",
          "Tier": 2, "Features": 1, "City": "Zurich", "Load": 5, "Status": 1,
-         "Servers": [{"EntryIP": "192.0.2.44", "ExitIP": "192.0.2.45", "Domain": "is-ch-01.protonvpn.net", "ID": "s3", "Status": 1}]}
+         "Servers": [{"EntryIP": "127.0.0.44", "ExitIP": "127.0.0.45", "Domain": "is-ch-01.protonvpn.net", "ID": "s3", "Status": 1}]}
     ]})
     .to_string()
 }
@@ -676,7 +693,7 @@ fn protonvpn_resolves_to_openvpn_settings_by_tier_and_secure_core() {
         "the free tier's only server: {free}"
     );
     let s = &free["provider"]["settings"];
-    assert_eq!(s["remote"], "192.0.2.40", "{s}");
+    assert_eq!(s["remote"], "127.0.0.40", "{s}");
     assert_eq!(s["port"], 1194);
     assert_eq!(s["proto"], "udp");
     assert_eq!(s["username"], "ovpn-user");
@@ -698,7 +715,7 @@ fn protonvpn_resolves_to_openvpn_settings_by_tier_and_secure_core() {
     let core = wait_backend(&server, "core", Duration::from_secs(20), resolved);
     assert_eq!(core["provider"]["server_id"], "IS-CH#1", "{core}");
     assert_eq!(
-        core["provider"]["settings"]["remote"], "192.0.2.44",
+        core["provider"]["settings"]["remote"], "127.0.0.44",
         "enters at the Secure Core entry: {core}"
     );
     assert_eq!(
