@@ -434,21 +434,7 @@ fn mullvad_stand_in(peer: &Peer, account: &'static str) -> StandIn {
             {
                 let key = r.json()["pubkey"].as_str().unwrap_or_default().to_owned();
                 // The relay learns the device's key, as Mullvad's relays do.
-                sh(
-                    "ip",
-                    &[
-                        "netns",
-                        "exec",
-                        &ns,
-                        "wg",
-                        "set",
-                        &tun,
-                        "peer",
-                        &key,
-                        "allowed-ips",
-                        &format!("{client_ip}/32"),
-                    ],
-                );
+                allow_key(&ns, &tun, &key, &client_ip);
                 (
                 201,
                 serde_json::json!({"id": "dev-1", "name": "test-otter", "pubkey": key, "hijack_dns": false,
@@ -591,21 +577,7 @@ fn pia_gets_a_token_adds_its_key_and_forwards_a_port() {
         "/vpninfo/servers/v6" => (200, list.clone()),
         "/addKey" if r.query.get("pt").map(String::as_str) == Some("pia-token") => {
             let key = r.query.get("pubkey").cloned().unwrap_or_default();
-            sh(
-                "ip",
-                &[
-                    "netns",
-                    "exec",
-                    &ns,
-                    "wg",
-                    "set",
-                    &tun,
-                    "peer",
-                    &key,
-                    "allowed-ips",
-                    &format!("{client_ip}/32"),
-                ],
-            );
+            allow_key(&ns, &tun, &key, &client_ip);
             (
                 200,
                 serde_json::json!({"status": "OK", "server_key": peer_public, "server_port": 51820,

@@ -39,14 +39,7 @@ pub struct ReloadOutcome {
 /// over by backend name) and swaps it in. New connections and requests use it at once.
 /// Provider backends enter the snapshot as the backends they resolved to.
 pub fn apply(state: &ServerState, cfg: ServerConfig) -> Result<(), ConfigError> {
-    let previous = state.snapshot.load_full();
-    let snapshot = Snapshot::compile(
-        &state.providers.effective(&cfg),
-        Some(&previous),
-        state.cores,
-    )
-    .map_err(|e| ConfigError::Apply(e.to_string()))?;
-    state.snapshot.store(Arc::new(snapshot));
+    state.snapshot.store(Arc::new(compile(state, &cfg)?));
     state.request_log.set_capacity(cfg.api.request_log_size);
     state.config.store(Arc::new(cfg));
     // New or changed provider backends resolve in the background.
@@ -57,16 +50,21 @@ pub fn apply(state: &ServerState, cfg: ServerConfig) -> Result<(), ConfigError> 
 /// Compiles the running configuration again (provider resolutions changed).
 pub async fn republish(state: &ServerState) -> Result<(), ConfigError> {
     let _guard = state.config_write.lock().await;
-    let previous = state.snapshot.load_full();
     let cfg = state.config.load_full();
-    let snapshot = Snapshot::compile(
-        &state.providers.effective(&cfg),
+    state.snapshot.store(Arc::new(compile(state, &cfg)?));
+    Ok(())
+}
+
+/// The snapshot of `cfg` (provider backends as what they resolved to), carrying counters and
+/// health over from the running one.
+fn compile(state: &ServerState, cfg: &ServerConfig) -> Result<Snapshot, ConfigError> {
+    let previous = state.snapshot.load_full();
+    Snapshot::compile(
+        &state.providers.effective(cfg),
         Some(&previous),
         state.cores,
     )
-    .map_err(|e| ConfigError::Apply(e.to_string()))?;
-    state.snapshot.store(Arc::new(snapshot));
-    Ok(())
+    .map_err(|e| ConfigError::Apply(e.to_string()))
 }
 
 /// The running configuration with the hot-reloadable sections taken from `new`.

@@ -310,22 +310,7 @@ impl Peer {
     /// Lets `public_key` in with tunnel address `ip` (what a provider does when a key is
     /// registered).
     pub fn allow(&self, public_key: &str, ip: &str) {
-        let allowed = format!("{ip}/32");
-        sh(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &self.ns,
-                "wg",
-                "set",
-                &self.tun,
-                "peer",
-                public_key,
-                "allowed-ips",
-                &allowed,
-            ],
-        );
+        allow_key(&self.ns, &self.tun, public_key, ip);
     }
 
     pub fn stop_wireguard(&mut self) {
@@ -360,4 +345,25 @@ impl Drop for Peer {
             .args(["link", "del", &self.host_veth])
             .status();
     }
+}
+
+/// `wg set` on the peer interface `tun` in namespace `ns`: accept `public_key` from tunnel
+/// address `ip` (for stand-ins that hold names, not the [`Peer`]).
+pub fn allow_key(ns: &str, tun: &str, public_key: &str, ip: &str) {
+    let allowed = format!("{ip}/32");
+    sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns,
+            "wg",
+            "set",
+            tun,
+            "peer",
+            public_key,
+            "allowed-ips",
+            &allowed,
+        ],
+    );
 }

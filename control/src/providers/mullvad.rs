@@ -87,24 +87,32 @@ pub fn parse(url: &str, body: &[u8]) -> Result<RelayList, ApiError> {
             .unwrap_or_default();
         (country, city)
     };
+    // A relay's address and its server without endpoints.
+    let relay = |r: &RawRelay| {
+        let ip: std::net::IpAddr = r.ipv4_addr_in.parse().ok()?;
+        let (country, city) = place(&r.location);
+        Some((
+            ip,
+            Server {
+                city,
+                online: r.active,
+                ..Server::new(&r.hostname, &country)
+            },
+        ))
+    };
     let mut servers = Vec::new();
     if let Some(wg) = &raw.wireguard {
         for r in &wg.relays {
-            let Ok(ip) = r.ipv4_addr_in.parse() else {
+            let Some((ip, mut server)) = relay(r) else {
                 continue;
             };
-            let (country, city) = place(&r.location);
-            servers.push(Server {
-                city,
-                online: r.active,
-                wireguard: Some(WireguardEndpoint {
-                    ip,
-                    port: WIREGUARD_PORT,
-                    public_key: r.public_key.clone(),
-                    dns: wg.ipv4_gateway.clone(),
-                }),
-                ..Server::new(&r.hostname, &country)
+            server.wireguard = Some(WireguardEndpoint {
+                ip,
+                port: WIREGUARD_PORT,
+                public_key: r.public_key.clone(),
+                dns: wg.ipv4_gateway.clone(),
             });
+            servers.push(server);
         }
     }
     if let Some(ovpn) = &raw.openvpn {
@@ -115,20 +123,15 @@ pub fn parse(url: &str, body: &[u8]) -> Result<RelayList, ApiError> {
                 .map(|p| p.port)
         };
         for r in &ovpn.relays {
-            let Ok(ip) = r.ipv4_addr_in.parse() else {
+            let Some((ip, mut server)) = relay(r) else {
                 continue;
             };
-            let (country, city) = place(&r.location);
-            servers.push(Server {
-                city,
-                online: r.active,
-                openvpn: Some(OpenvpnEndpoint {
-                    ip,
-                    udp_port: port("udp"),
-                    tcp_port: port("tcp"),
-                }),
-                ..Server::new(&r.hostname, &country)
+            server.openvpn = Some(OpenvpnEndpoint {
+                ip,
+                udp_port: port("udp"),
+                tcp_port: port("tcp"),
             });
+            servers.push(server);
         }
     }
     Ok(RelayList { servers })
