@@ -280,7 +280,9 @@ impl Snapshot {
                 },
                 // The control plane replaces a provider backend by the wireguard or openvpn
                 // backend it resolved to; one still here has not resolved (yet).
-                BackendType::Provider(p) => BackendKind::Unavailable { type_name: p.name() },
+                BackendType::Provider(p) => BackendKind::Unavailable {
+                    type_name: p.name(),
+                },
             };
             backends.push(Arc::new(Backend {
                 name: b.name.clone(),
