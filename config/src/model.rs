@@ -242,7 +242,8 @@ impl BackendType {
         "protonvpn",
     ];
 
-    /// The API enumeration value: `direct|wireguard|openvpn|httpproxy|socks5`.
+    /// The API enumeration value: `direct|wireguard|openvpn|httpproxy|socks5`, or the
+    /// provider's name.
     pub const fn api_name(self) -> &'static str {
         match self {
             BackendType::Direct => "direct",

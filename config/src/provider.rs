@@ -545,4 +545,44 @@ mod tests {
             assert_eq!(e.key, key, "{value}: {e}");
         }
     }
+
+    #[test]
+    fn provider_backends_parse_round_trip_and_validate() {
+        use crate::ServerConfig;
+        let parse = |y: &str| ServerConfig::from_yaml_str(y, &|_| None);
+        let yaml = "backends:\n  - name: vpn\n    type: pia\n    config: {country: us, username: p1, password: pw, port_forwarding: true}\n\
+                    routes:\n  - {name: all, domains: [\"*\"], backend: vpn}\n";
+        let cfg = parse(yaml).expect("parses");
+        assert_eq!(
+            cfg.backends[0].kind,
+            crate::BackendType::Provider(ProviderKind::PrivateInternetAccess)
+        );
+        assert!(
+            crate::validate(&cfg).is_empty(),
+            "{:?}",
+            crate::validate(&cfg)
+        );
+        let again = parse(&cfg.to_yaml_string().expect("yaml")).expect("re-parses");
+        assert_eq!(again, cfg);
+        assert_eq!(
+            cfg.to_json_value().expect("json")["backends"][0]["type"],
+            "privateinternetaccess"
+        );
+
+        let bad = parse(&yaml.replace("country: us", "country: uk")).expect("parses");
+        let problems = crate::validate(&bad);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].field, "backends[0].config.country");
+        let missing =
+            parse("backends:\n  - {name: m, type: mullvad}\nroutes: []\n").expect("parses");
+        assert_eq!(crate::validate(&missing)[0].field, "backends[0].config");
+        assert!(
+            parse("backends:\n  - {name: d, type: direct, config: {country: SE}}\n").is_err(),
+            "config belongs to provider backends"
+        );
+        assert!(
+            parse("backends:\n  - {name: n, type: nordvpn, wireguard: {}}\n").is_err(),
+            "provider options go in config"
+        );
+    }
 }

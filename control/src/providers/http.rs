@@ -33,6 +33,8 @@ pub fn shown(url: &str) -> String {
 }
 
 fn send_error(url: &str, e: reqwest::Error) -> ApiError {
+    // reqwest's message names the full URL, whose query may carry a token: drop it.
+    let e = e.without_url();
     if e.is_timeout() {
         ApiError::Timeout { url: shown(url) }
     } else {
