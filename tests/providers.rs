@@ -562,13 +562,20 @@ fn pia_gets_a_token_adds_its_key_and_forwards_a_port() {
     use base64::Engine;
     let payload = base64::engine::general_purpose::STANDARD
         .encode(r#"{"token":"pf-token","port":47047,"expires_at":"2099-01-01T00:00:00Z"}"#);
+    // The first token handed out is already expired (addKey refuses it): the session must
+    // log in again.
+    let tokens = std::sync::atomic::AtomicUsize::new(0);
     let api = StandIn::start(Box::new(move |r| match r.path.as_str() {
         // Basic auth "p1234567:secret".
         "/gtoken/generateToken"
             if r.headers.get("authorization").map(String::as_str)
                 == Some("Basic cDEyMzQ1Njc6c2VjcmV0") =>
         {
-            (200, r#"{"status": "OK", "token": "pia-token"}"#.into())
+            let token = match tokens.fetch_add(1, Ordering::SeqCst) {
+                0 => "expired-token",
+                _ => "pia-token",
+            };
+            (200, format!(r#"{{"status": "OK", "token": "{token}"}}"#))
         }
         "/gtoken/generateToken" => (
             401,
@@ -599,6 +606,13 @@ fn pia_gets_a_token_adds_its_key_and_forwards_a_port() {
     let config = serde_json::json!({"country": "US", "username": "p1234567", "password": "secret",
                                     "port_forwarding": true, "api_url": api.url});
     let server = start_server(&yaml_backend("pia", "pia", config, &peer.origin_ip));
+    let b = wait_backend(&server, "pia", Duration::from_secs(20), |b| {
+        b["error"].as_str().unwrap_or_default().contains("addKey")
+    });
+    assert_eq!(b["healthy"], false, "{b}");
+    // The next attempt (here: a refresh; otherwise the next minute) gets a new token.
+    let (status, _) = post(&server, "/api/v1/providers/pia/refresh");
+    assert_eq!(status, 200);
     let b = wait_backend(&server, "pia", Duration::from_secs(20), resolved);
     assert_eq!(b["type"], "privateinternetaccess");
     assert_eq!(
@@ -612,8 +626,8 @@ fn pia_gets_a_token_adds_its_key_and_forwards_a_port() {
     );
     let log = peer.access_log();
     assert!(log.starts_with(&format!("{} ", peer.client_ip)), "{log}");
-    assert_eq!(api.count("/gtoken/generateToken"), 1);
-    assert_eq!(api.count("/addKey"), 1);
+    assert_eq!(api.count("/gtoken/generateToken"), 2, "logged in again");
+    assert_eq!(api.count("/addKey"), 2);
     assert_eq!(api.count("/bindPort"), 1);
     let config = server.api_get("/api/v1/config");
     assert_eq!(config["backends"][0]["config"]["password"], "********");

@@ -418,9 +418,14 @@ impl Providers {
                                 format!("https://{}:{}", server.hostname, wg.port),
                             ),
                         };
-                        let added = pia::add_key(&client, &base, &token, &public)
-                            .await
-                            .map_err(|e| format!("addKey: {e}"))?;
+                        let added = match pia::add_key(&client, &base, &token, &public).await {
+                            Ok(a) => a,
+                            Err(e) => {
+                                // A refused or expired token: the next attempt logs in again.
+                                self.forget_pia_token(o);
+                                return Err(format!("addKey: {e}"));
+                            }
+                        };
                         let ip: std::net::IpAddr = added.server_ip.parse().unwrap_or(wg.ip);
                         let settings = resolve::wireguard(
                             ip,
@@ -443,9 +448,13 @@ impl Providers {
                                         .unwrap_or_else(|| added.server_ip.clone())
                                 ),
                             };
-                            let f = pia::get_signature(&client, &pf_base, &token)
-                                .await
-                                .map_err(|e| format!("port forwarding (getSignature): {e}"))?;
+                            let f = match pia::get_signature(&client, &pf_base, &token).await {
+                                Ok(f) => f,
+                                Err(e) => {
+                                    self.forget_pia_token(o);
+                                    return Err(format!("port forwarding (getSignature): {e}"));
+                                }
+                            };
                             pia::bind_port(&client, &pf_base, &f)
                                 .await
                                 .map_err(|e| format!("port forwarding (bindPort): {e}"))?;
@@ -527,6 +536,14 @@ impl Providers {
             .tokens
             .insert(key, (token.clone(), Instant::now()));
         Ok(token)
+    }
+
+    fn forget_pia_token(&self, o: &ProviderSettings) {
+        let key = (
+            pia::Endpoints::of(o).token,
+            o.username.clone().unwrap_or_default(),
+        );
+        self.state.lock().tokens.remove(&key);
     }
 
     /// Binds forwarded ports again every 15 minutes. A failed renewal is the backend's error.
