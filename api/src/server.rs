@@ -267,6 +267,37 @@ pub struct BackendCreate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub config: Option<serde_json::Value>,
+    /// Active health checks of the backend (any type); missing keys come from
+    /// `server.health_check`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<HealthCheckSettings>)]
+    pub health_check: Option<serde_json::Value>,
+}
+
+/// A backend's `health_check` object (shape only: the configuration reads and checks it).
+/// Each check opens a real connection through the backend to `target`, as
+/// `POST /api/v1/backends/{name}/test` does.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckSettings {
+    /// Default true when the object is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Duration string, at least `1s`; default `server.health_check.interval` (10s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+    /// Duration string, shorter than `interval`; default `server.health_check.timeout` (5s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// `host:port`; default `server.health_check.target`, else `api.backend_test_target`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Consecutive failed checks that take the backend out (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_after: Option<u32>,
+    /// Consecutive passed checks that bring it back (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy_after: Option<u32>,
 }
 
 fn default_true() -> bool {

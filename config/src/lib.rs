@@ -34,6 +34,8 @@
 //! - [`cache`]: the `cache:` section (storage, presets, rules) and its defaults.
 //! - [`wireguard`]: the typed settings object of `wireguard` backends.
 //! - [`provider`]: the typed `config` object of provider backends (`nordvpn`, `mullvad`, …).
+//! - [`health_check`]: backends' active health checks (`server.health_check` defaults, the
+//!   per-backend `health_check` object) resolved to a [`health_check::HealthCheckPlan`].
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
 //!
 //! No I/O beyond reading the file.
@@ -42,6 +44,7 @@
 pub mod cache;
 pub mod client;
 pub mod env;
+pub mod health_check;
 pub mod inventory;
 pub mod listen;
 pub mod load;

@@ -128,6 +128,9 @@ pub struct ServerSection {
     /// Where the server keeps state it must find again after a restart (provider keys).
     /// Created when first needed.
     pub data_dir: String,
+    /// Defaults of every backend's active health checks (off unless enabled here or per backend).
+    #[serde(deserialize_with = "null_default")]
+    pub health_check: crate::health_check::HealthCheckDefaults,
 }
 
 impl Default for ServerSection {
@@ -140,6 +143,7 @@ impl Default for ServerSection {
             cores: 0,
             max_connections: 10_000,
             data_dir: "./data/server".into(),
+            health_check: crate::health_check::HealthCheckDefaults::default(),
         }
     }
 }
@@ -331,6 +335,8 @@ pub struct BackendConfig {
     /// Raw settings of wireguard and openvpn backends, and a provider backend's `config`,
     /// kept for round-tripping.
     pub other: Option<serde_json::Value>,
+    /// Active health checks of this backend (see [`crate::health_check`]).
+    pub health_check: Option<crate::health_check::BackendHealthCheck>,
 }
 
 impl BackendConfig {
@@ -343,6 +349,7 @@ impl BackendConfig {
             http_proxy: None,
             socks5: None,
             other: None,
+            health_check: None,
         }
     }
 
@@ -381,6 +388,8 @@ struct RawBackend {
     /// Options of a provider backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     config: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    health_check: Option<crate::health_check::BackendHealthCheck>,
 }
 
 impl TryFrom<RawBackend> for BackendConfig {
@@ -440,6 +449,7 @@ impl TryFrom<RawBackend> for BackendConfig {
             http_proxy: raw.http_proxy,
             socks5: raw.socks5,
             other,
+            health_check: raw.health_check,
         })
     }
 }
@@ -461,6 +471,7 @@ impl From<BackendConfig> for RawBackend {
             wireguard,
             openvpn,
             config,
+            health_check: b.health_check,
         }
     }
 }

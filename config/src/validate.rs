@@ -52,6 +52,9 @@ pub fn validate(cfg: &ServerConfig) -> Vec<Problem> {
     let mut p = Problems(Vec::new());
     check_server(cfg, &mut p);
     check_backends(cfg, &mut p);
+    for (field, message) in crate::health_check::problems(cfg) {
+        p.push(field, message);
+    }
     check_routes(cfg, &mut p);
     check_auth(cfg, &mut p);
     check_rate_limit(cfg, &mut p);

@@ -7,6 +7,7 @@ mod api;
 mod cache;
 mod client;
 mod config_store;
+mod health_checks;
 mod hub;
 mod metrics;
 mod net;

@@ -54,6 +54,8 @@ pub struct ServerState {
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
     /// Provider backends: server lists, resolutions, keys.
     pub providers: crate::providers::Providers,
+    /// Durations of the active health checks (metrics).
+    pub health_checks: crate::health_checks::CheckMetrics,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -168,12 +170,14 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         api_tls: api_tls.is_some(),
         cache,
         providers: crate::providers::Providers::new(PathBuf::from(&cfg.server.data_dir)),
+        health_checks: crate::health_checks::CheckMetrics::new(),
     });
 
     runtime.block_on(async move {
         tokio::spawn(drain_dataplane(state.clone()));
         tokio::spawn(reload_on_hangup(state.clone()));
         tokio::spawn(crate::providers::run(state.clone()));
+        tokio::spawn(crate::health_checks::run(state.clone()));
         if let Some(store) = &state.cache {
             let every = cfg.cache.storage.disk.cleanup_interval.as_std();
             tokio::spawn(crate::cache::cleanup(store.clone(), every));

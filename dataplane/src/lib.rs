@@ -10,6 +10,7 @@
 //! never stalls. Protocol parsing lives in the runtime-free `switchyard-proto` crate.
 
 pub mod access_control;
+pub mod backend_health;
 pub mod backend_stream;
 pub mod buffer_pool;
 pub mod cache;

@@ -10,7 +10,7 @@ use crate::counters::Counters;
 use crate::credentials::{AuthGuard, Users};
 use crate::rate_limit::{BandwidthLimiter, RequestLimiter};
 use arc_swap::ArcSwap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_config::{AuthMode, BackendType, LoadBalance, ServerConfig};
@@ -77,55 +77,11 @@ pub struct Backend {
     pub enabled: bool,
     pub counters: Arc<Counters>,
     pub health: Arc<BackendHealth>,
+    /// Its active health checks, run by the control plane; `None` = not checked.
+    pub health_check: Option<switchyard_config::health_check::HealthCheckPlan>,
 }
 
-/// Passive health: a backend turns unhealthy after [`FAILURES_TO_UNHEALTHY`] consecutive
-/// failed connects and healthy again on the next success. Shared across snapshots by name.
-#[derive(Debug)]
-pub struct BackendHealth {
-    healthy: AtomicBool,
-    failures: AtomicU32,
-}
-
-pub const FAILURES_TO_UNHEALTHY: u32 = 3;
-
-impl Default for BackendHealth {
-    fn default() -> Self {
-        Self {
-            healthy: AtomicBool::new(true),
-            failures: AtomicU32::new(0),
-        }
-    }
-}
-
-impl BackendHealth {
-    pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
-    }
-
-    /// Sets the state measured by a probe (a tunnel's handshake); returns it when it changed.
-    pub fn set(&self, healthy: bool) -> Option<bool> {
-        if healthy {
-            self.failures.store(0, Ordering::Relaxed);
-        } else {
-            self.failures
-                .store(FAILURES_TO_UNHEALTHY, Ordering::Relaxed);
-        }
-        (self.healthy.swap(healthy, Ordering::AcqRel) != healthy).then_some(healthy)
-    }
-
-    /// Records a connect outcome; returns the new state when it changed.
-    pub fn record(&self, success: bool) -> Option<bool> {
-        if success {
-            self.failures.store(0, Ordering::Relaxed);
-            (!self.healthy.swap(true, Ordering::AcqRel)).then_some(true)
-        } else {
-            let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-            (failures >= FAILURES_TO_UNHEALTHY && self.healthy.swap(false, Ordering::AcqRel))
-                .then_some(false)
-        }
-    }
-}
+pub use crate::backend_health::{BackendHealth, FAILURES_TO_UNHEALTHY};
 
 impl BackendKind {
     /// The upstream HTTP proxy (host, port, `Proxy-Authorization` value) that plain-HTTP
@@ -290,6 +246,7 @@ impl Snapshot {
                 enabled: b.enabled,
                 counters,
                 health,
+                health_check: switchyard_config::health_check::HealthCheckPlan::for_backend(cfg, b),
             }));
         }
 
@@ -403,8 +360,19 @@ impl Snapshot {
             return usable(only).then(|| (route, &self.backends[*only]));
         }
         // Unhealthy members are skipped while a healthy one is left (and picked again once
-        // they recover); when none is healthy every enabled member stays a candidate, so a
-        // wrong health verdict never takes the route down by itself.
+        // they recover). When none is healthy every enabled member stays a candidate (try
+        // anyway, no 503 of our own): a wrong verdict (a check target that is down, not the
+        // backends) never takes the route down by itself, and when the backends really are
+        // down the client gets the connect's own error (502/504) naming what failed.
+        // A member out for failing connects whose retry time has come takes this one
+        // connection, so that it comes back once it works again (see `PASSIVE_RETRY`).
+        if let Some(&retry) = route
+            .backends
+            .iter()
+            .find(|i| usable(i) && self.backends[**i].health.claim_retry())
+        {
+            return Some((route, &self.backends[retry]));
+        }
         let healthy = |i: &usize| usable(i) && self.backends[*i].health.is_healthy();
         let mut candidates: Vec<usize> = route.backends.iter().copied().filter(healthy).collect();
         if candidates.is_empty() {
@@ -458,6 +426,7 @@ mod tests {
             }),
             socks5: None,
             other: None,
+            health_check: None,
         }
     }
 
@@ -527,18 +496,6 @@ mod tests {
         let second = Snapshot::compile(&config(), Some(&first), 1).expect("compile");
         assert_eq!(second.backends[0].counters.totals().total_connections, 1);
         assert_eq!(second.generation, 2);
-    }
-
-    #[test]
-    fn health_turns_after_consecutive_failures() {
-        let h = BackendHealth::default();
-        assert_eq!(h.record(false), None);
-        assert_eq!(h.record(false), None);
-        assert_eq!(h.record(false), Some(false));
-        assert_eq!(h.record(false), None);
-        assert!(!h.is_healthy());
-        assert_eq!(h.record(true), Some(true));
-        assert_eq!(h.record(true), None);
     }
 
     #[test]

@@ -13,10 +13,11 @@ use switchyard_api::{
     BackendTestRequest, BackendTestResult, UpstreamSettings,
 };
 use switchyard_config::{BackendConfig, BackendType, UpstreamProxyConfig};
-use switchyard_dataplane::commands::Command;
+use switchyard_dataplane::commands::{Command, TestPurpose};
 use switchyard_dataplane::snapshot::{self, BackendKind};
 
-/// Healthy = enabled, available in this build, and not failing its connects.
+/// Healthy = enabled, available in this build, and its measured verdict (connects, tunnel
+/// probe, active health checks) is healthy.
 pub fn is_healthy(b: &snapshot::Backend) -> bool {
     b.enabled && !matches!(b.kind, BackendKind::Unavailable { .. }) && b.health.is_healthy()
 }
@@ -135,6 +136,11 @@ fn to_config(body: BackendCreate) -> Result<BackendConfig, ApiError> {
         BackendType::Provider(_) => body.config,
         _ => None,
     };
+    let health_check = body
+        .health_check
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| ApiError::bad_request("INVALID_HEALTH_CHECK", format!("health_check: {e}")))?;
     Ok(BackendConfig {
         name: body.name,
         kind,
@@ -142,6 +148,7 @@ fn to_config(body: BackendCreate) -> Result<BackendConfig, ApiError> {
         http_proxy: body.httpproxy.map(settings),
         socks5: body.socks5.map(settings),
         other,
+        health_check,
     })
 }
 
@@ -267,21 +274,12 @@ pub async fn test(
     let target = req
         .target
         .unwrap_or_else(|| state.config.load().api.backend_test_target.clone());
-    let (host, port) = target
-        .rsplit_once(':')
-        .and_then(|(h, p)| {
-            Some((
-                h.trim_matches(['[', ']']).to_owned(),
-                p.parse::<u16>().ok()?,
-            ))
-        })
-        .filter(|(h, _)| !h.is_empty())
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "INVALID_TARGET",
-                format!("target {target:?} is not host:port"),
-            )
-        })?;
+    let (host, port) = crate::health_checks::split_target(&target).ok_or_else(|| {
+        ApiError::bad_request(
+            "INVALID_TARGET",
+            format!("target {target:?} is not host:port"),
+        )
+    })?;
     let timeout = match req.timeout {
         Some(t) => {
             switchyard_config::Duration::parse(&t)
@@ -301,6 +299,7 @@ pub async fn test(
         .commands
         .try_send(Command::TestBackend {
             backend: backend.clone(),
+            purpose: TestPurpose::Manual,
             host,
             port,
             timeout,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use switchyard_api::{BackendCounts, HealthResponse, ServerStats, ServerStatus, VersionInfo};
 
 /// Measured health: `degraded` while a data-plane core is down or an enabled backend is
-/// unhealthy (its connects keep failing, or its type is unavailable in this build), with one
-/// line per reason in `problems`.
+/// unhealthy (its connects keep failing, its health checks fail, its tunnel's peer is lost, or
+/// its type is unavailable in this build), with one line per reason in `problems`.
 #[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()),
     responses((status = 200, body = HealthResponse)))]
 pub async fn health(State(state): State<Arc<ServerState>>) -> Json<HealthResponse> {
@@ -34,11 +34,8 @@ pub async fn health(State(state): State<Arc<ServerState>>) -> Json<HealthRespons
                 b.type_name(),
                 match &b.kind {
                     switchyard_dataplane::snapshot::BackendKind::Unavailable { .. } =>
-                        "not available in this build".to_owned(),
-                    _ => format!(
-                        "its last {} or more connects failed",
-                        switchyard_dataplane::snapshot::FAILURES_TO_UNHEALTHY
-                    ),
+                        "not available in this build",
+                    _ => b.health.verdict().reason(),
                 }
             ));
         }

@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_config::provider::{ProviderKind, ProviderSettings, VpnProtocol};
-use switchyard_config::{BackendConfig, BackendType, ServerConfig};
+use switchyard_config::{BackendType, ServerConfig};
 
 /// How often the background task looks at lists, tokens and forwarded ports.
 const TICK: Duration = Duration::from_secs(60);
@@ -151,17 +151,14 @@ impl Providers {
             else {
                 continue;
             };
-            *b = BackendConfig {
-                name: b.name.clone(),
-                kind: match r.protocol {
-                    VpnProtocol::Wireguard => BackendType::Wireguard,
-                    VpnProtocol::Openvpn => BackendType::Openvpn,
-                },
-                enabled: b.enabled && o.enabled,
-                http_proxy: None,
-                socks5: None,
-                other: Some(r.settings.clone()),
+            // Name, counters and the backend's own health checks stay; the kind and settings
+            // become those of the tunnel.
+            b.kind = match r.protocol {
+                VpnProtocol::Wireguard => BackendType::Wireguard,
+                VpnProtocol::Openvpn => BackendType::Openvpn,
             };
+            b.enabled = b.enabled && o.enabled;
+            b.other = Some(r.settings.clone());
         }
         out
     }
