@@ -116,11 +116,77 @@ pub struct BackendStatsDetail {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Backend {
     pub name: String,
-    /// `direct`, `wireguard`, `openvpn`, `httpproxy` or `socks5`
+    /// `direct`, `wireguard`, `openvpn`, `httpproxy`, `socks5`, or a provider's name
+    /// (`nordvpn`, `mullvad`, `privateinternetaccess`, `protonvpn`)
     #[serde(rename = "type")]
     pub kind: String,
     pub healthy: bool,
     pub stats: BackendStats,
+    /// Why the backend cannot carry traffic, or a problem it works around (provider list
+    /// refresh failed, last good list in use).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Provider backends: what the backend resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderResolution>,
+}
+
+/// What a provider backend resolved to (`provider` of [`Backend`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ProviderResolution {
+    /// `nordvpn`, `mullvad`, `privateinternetaccess` or `protonvpn`
+    pub provider: String,
+    /// `wireguard` or `openvpn`; absent while unresolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    /// The chosen server's identifier and host name, country, city and load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub city: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<u32>,
+    /// WireGuard `host:port` or OpenVPN `remote:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// When the server list in use was fetched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list_fetched_at: Option<DateTime<Utc>>,
+    /// PIA port forwarding: the forwarded port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarded_port: Option<u16>,
+    /// The generated `wireguard` or `openvpn` settings object, secrets masked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub settings: Option<serde_json::Value>,
+}
+
+/// One server list in the answer of the provider refresh endpoints.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ProviderListStatus {
+    pub provider: String,
+    /// Servers in the list in use (the last good one when the refresh failed).
+    pub servers: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched_at: Option<DateTime<Utc>>,
+    /// Why the refresh failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `POST /api/v1/providers/refresh` and `/api/v1/providers/{provider}/refresh` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ProviderRefreshResult {
+    /// `refreshed`, or `failed` when any list could not be fetched.
+    pub status: String,
+    pub lists: Vec<ProviderListStatus>,
+    pub time: DateTime<Utc>,
 }
 
 /// Connection settings of `httpproxy` and `socks5` backends.
@@ -252,6 +318,12 @@ pub struct BackendCreate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<OpenvpnSettings>)]
     pub openvpn: Option<serde_json::Value>,
+    /// Options of a provider backend (`type` `nordvpn`, `mullvad`, `privateinternetaccess` or
+    /// `pia`, `protonvpn`): `country` (required), `city`, `protocol`, `auto_select`, and the
+    /// provider's own keys; see the README section "Provider backends".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<serde_json::Value>,
     /// Active health checks of the backend (any type); missing keys come from
     /// `server.health_check`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

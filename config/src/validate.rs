@@ -203,6 +203,25 @@ fn check_backends(cfg: &ServerConfig, p: &mut Problems) {
                     }
                 }
             },
+            BackendType::Provider(kind) => match &b.other {
+                None => p.push(
+                    format!("{base}.config"),
+                    format!(
+                        "{kind} backend `{}` needs a `config:` object (at least `country`)",
+                        b.name
+                    ),
+                ),
+                Some(v) => {
+                    if let Err(e) = crate::provider::ProviderSettings::from_value(kind, v) {
+                        let field = if e.key == "config" {
+                            format!("{base}.config")
+                        } else {
+                            format!("{base}.config.{}", e.key)
+                        };
+                        p.push(field, e.message);
+                    }
+                }
+            },
             _ => {}
         }
         if b.http_proxy.is_some() && b.kind != BackendType::HttpProxy {

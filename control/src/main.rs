@@ -14,6 +14,7 @@ mod net;
 mod openvpn;
 mod origin;
 mod pac;
+mod providers;
 mod request_log;
 mod server;
 mod tls;

@@ -266,6 +266,11 @@ impl Snapshot {
                         LinkRef(Arc::new(crate::openvpn::OpenvpnLink::new(&b.name)))
                     }))
                 }
+                // The control plane replaces a provider backend by the wireguard or openvpn
+                // backend it resolved to; one still here has not resolved (yet).
+                BackendType::Provider(p) => BackendKind::Unavailable {
+                    type_name: p.name(),
+                },
             };
             backends.push(Arc::new(Backend {
                 name: b.name.clone(),

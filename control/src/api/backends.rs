@@ -22,9 +22,9 @@ pub fn is_healthy(b: &snapshot::Backend) -> bool {
     b.enabled && !matches!(b.kind, BackendKind::Unavailable { .. }) && b.health.is_healthy()
 }
 
-fn view(b: &snapshot::Backend) -> Backend {
+fn view(state: &ServerState, b: &snapshot::Backend) -> Backend {
     let t = b.counters.totals();
-    Backend {
+    let mut view = Backend {
         name: b.name.clone(),
         kind: b.type_name().into(),
         healthy: is_healthy(b),
@@ -34,7 +34,11 @@ fn view(b: &snapshot::Backend) -> Backend {
             bytes_sent: t.bytes_sent,
             bytes_received: t.bytes_received,
         },
-    }
+        error: None,
+        provider: None,
+    };
+    super::providers::describe(state, &mut view);
+    view
 }
 
 fn find(state: &ServerState, name: &str) -> Result<Arc<snapshot::Backend>, ApiError> {
@@ -77,7 +81,7 @@ pub async fn list(State(state): State<Arc<ServerState>>) -> Json<Vec<Backend>> {
             .load()
             .backends
             .iter()
-            .map(|b| view(b))
+            .map(|b| view(&state, b))
             .collect(),
     )
 }
@@ -104,20 +108,32 @@ fn to_config(body: BackendCreate) -> Result<BackendConfig, ApiError> {
     let settings_for_other_type = match kind {
         BackendType::HttpProxy => body.socks5.is_some(),
         BackendType::Socks5 => body.httpproxy.is_some(),
-        _ => body.httpproxy.is_some() || body.socks5.is_some(),
+        BackendType::Provider(_) => {
+            body.httpproxy.is_some()
+                || body.socks5.is_some()
+                || body.wireguard.is_some()
+                || body.openvpn.is_some()
+        }
+        _ => body.httpproxy.is_some() || body.socks5.is_some() || body.config.is_some(),
     };
     if settings_for_other_type {
         return Err(ApiError::bad_request(
             "INVALID_BACKEND",
-            format!(
-                "the settings object must be named after the type ({})",
-                kind.api_name()
-            ),
+            match kind {
+                BackendType::Provider(_) => {
+                    format!("a {kind} backend takes its options in `config`")
+                }
+                _ => format!(
+                    "the settings object must be named after the type ({})",
+                    kind.api_name()
+                ),
+            },
         ));
     }
     let other = match kind {
         BackendType::Wireguard => body.wireguard,
         BackendType::Openvpn => body.openvpn,
+        BackendType::Provider(_) => body.config,
         _ => None,
     };
     let health_check = body
@@ -174,7 +190,7 @@ pub async fn get_one(
     State(state): State<Arc<ServerState>>,
     Path(name): Path<String>,
 ) -> Result<Json<Backend>, ApiError> {
-    Ok(Json(view(&*find(&state, &name)?)))
+    Ok(Json(view(&state, &*find(&state, &name)?)))
 }
 
 #[utoipa::path(delete, path = "/api/v1/backends/{name}", tag = "backends", params(("name" = String, Path)),

@@ -16,8 +16,18 @@ pub async fn health(State(state): State<Arc<ServerState>>) -> Json<HealthRespons
     let cores = state.core_health.states();
     let mut problems = state.core_health.problems();
     let snapshot = state.snapshot.load();
+    let cfg = state.config.load();
     for b in snapshot.backends.iter().filter(|b| b.enabled) {
-        if !super::backends::is_healthy(b) {
+        // A provider backend's reason is its provider's (unresolved, list refresh failed).
+        let provider = state.providers.view(&cfg, &b.name);
+        if let Some(p) = provider.as_ref().filter(|p| p.resolved.is_none()) {
+            problems.push(format!(
+                "backend {} ({}) is unhealthy: {}",
+                b.name,
+                p.provider,
+                p.error.as_deref().unwrap_or("not resolved")
+            ));
+        } else if !super::backends::is_healthy(b) {
             problems.push(format!(
                 "backend {} ({}) is unhealthy: {}",
                 b.name,
