@@ -16,6 +16,7 @@ mod pac;
 mod request_log;
 mod server;
 mod tls;
+mod web_ui;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
