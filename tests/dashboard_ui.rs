@@ -29,18 +29,18 @@ fn server(test_target: &str) -> Server {
     start_server_with_file(dir, config_path)
 }
 
-/// A loopback TCP listener that accepts connections and holds them open without answering:
-/// a proxied request to it stays a live connection until the client gives up.
+/// A loopback TCP listener that never answers and closes a connection only when its peer
+/// does: a proxied request to it stays a live connection until the client gives up.
 fn holding_listener() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = listener.local_addr().expect("addr").port();
     std::thread::spawn(move || {
-        let mut held = Vec::new();
         for mut stream in listener.incoming().map_while(Result::ok) {
-            let mut buf = [0u8; 1024];
-            let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(100)));
-            let _ = stream.read(&mut buf);
-            held.push(stream);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(120)));
+                while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+            });
         }
     });
     port
