@@ -91,8 +91,11 @@ async fn dashboard_main_flows_in_chromium() {
         .await;
     b.screenshot("dashboard-overview-desktop").await;
     drop(slow);
-    b.wait_for("#events li", &format!("connection.close: closed CONNECT {target}"))
-        .await;
+    b.wait_for(
+        "#events li",
+        &format!("connection.close: closed CONNECT {target}"),
+    )
+    .await;
 
     // a request made by curl shows in the request log
     let out = curl(&[
@@ -120,8 +123,11 @@ async fn dashboard_main_flows_in_chromium() {
     b.choose("#route-backend", "direct").await;
     b.click("#route-create").await;
     b.wait_for("#flash", "Route dash-route created.").await;
-    b.wait_for("#routes tr[data-route=\"dash-route\"]", "*.dash.test, dash.test")
-        .await;
+    b.wait_for(
+        "#routes tr[data-route=\"dash-route\"]",
+        "*.dash.test, dash.test",
+    )
+    .await;
     let (_, routes) = api_call(&s, "GET", "/api/v1/routes", None, Some(TOKEN));
     assert!(routes.to_string().contains("dash-route"), "{routes}");
     b.click("#routes tr[data-route=\"dash-route\"] button.delete")
@@ -177,8 +183,11 @@ async fn dashboard_main_flows_in_chromium() {
     b.click("#config-save").await;
     b.wait_for("#config-result", "Restart required for: logging")
         .await;
-    b.wait_for("#config-result .restart-required", "Restart required: logging")
-        .await;
+    b.wait_for(
+        "#config-result .restart-required",
+        "Restart required: logging",
+    )
+    .await;
     // an invalid configuration is refused with the server's errors
     b.script(
         "const t = document.querySelector('#config-text'); const c = JSON.parse(t.value); \
@@ -188,12 +197,16 @@ async fn dashboard_main_flows_in_chromium() {
     .await;
     b.click("#config-save").await;
     b.wait_for("#config-result", "Not saved").await;
-    b.wait_for("#config-result .errors li", "no-such-backend").await;
+    b.wait_for("#config-result .errors li", "no-such-backend")
+        .await;
 
     // mesh registry absent in this build: said so from the measured status, no fake list
     b.click("#tab-mesh").await;
-    b.wait_for("#mesh-unavailable", "not available in this build (the server answered HTTP 404)")
-        .await;
+    b.wait_for(
+        "#mesh-unavailable",
+        "not available in this build (the server answered HTTP 404)",
+    )
+    .await;
     // auth plugins with their availability
     b.click("#tab-auth").await;
     b.wait_for("#auth-plugins tbody tr", "").await;
@@ -211,7 +224,11 @@ async fn dashboard_main_flows_in_chromium() {
     let fits = b
         .script("return document.documentElement.scrollWidth <= window.innerWidth + 1;")
         .await;
-    assert_eq!(fits, Value::Bool(true), "the page scrolls sideways at 390 px");
+    assert_eq!(
+        fits,
+        Value::Bool(true),
+        "the page scrolls sideways at 390 px"
+    );
     b.screenshot("dashboard-overview-phone").await;
     b.click("#tab-routes").await;
     b.screenshot("dashboard-routes-phone").await;
@@ -345,6 +362,12 @@ async fn cookie_authenticated_changes_need_the_csrf_header() {
     let (_, routes) =
         tokio::task::block_in_place(|| api_call(&s, "GET", "/api/v1/routes", None, Some(TOKEN)));
     let names = routes.to_string();
-    assert!(names.contains("with-header") && names.contains("bearer"), "{names}");
-    assert!(!names.contains("no-header") && !names.contains("wrong-header"), "{names}");
+    assert!(
+        names.contains("with-header") && names.contains("bearer"),
+        "{names}"
+    );
+    assert!(
+        !names.contains("no-header") && !names.contains("wrong-header"),
+        "{names}"
+    );
 }

@@ -252,8 +252,8 @@ pub async fn require_token(
         return refused(&req);
     }
     let cfg = state.config.load();
-    let Some(session) = cookie_only_session(cfg.api.token.as_deref(), &state.sessions, &req)
-        .map(str::to_owned)
+    let Some(session) =
+        cookie_only_session(cfg.api.token.as_deref(), &state.sessions, &req).map(str::to_owned)
     else {
         return next.run(req).await;
     };

@@ -60,7 +60,11 @@ mod tests {
         assert!(!inline_handler, "inline event handler in index.html");
         for a in DASHBOARD.assets {
             let t = String::from_utf8_lossy(a.body);
-            assert!(!t.contains("http://") && !t.contains("https://"), "{}", a.name);
+            assert!(
+                !t.contains("http://") && !t.contains("https://"),
+                "{}",
+                a.name
+            );
             assert!(
                 !t.contains("localStorage") && !t.contains("sessionStorage"),
                 "{}",
@@ -75,9 +79,6 @@ mod tests {
         assert_eq!(DASHBOARD.serve("nope.js").status(), 404);
         let ok = DASHBOARD.serve("app.js");
         assert_eq!(ok.status(), 200);
-        assert_eq!(
-            ok.headers()["content-security-policy"],
-            super::super::CSP
-        );
+        assert_eq!(ok.headers()["content-security-policy"], super::super::CSP);
     }
 }

@@ -107,6 +107,7 @@ const panels = {
 };
 
 function show(name) {
+  if (current !== name) $('#flash').hidden = true;
   current = name;
   for (const b of document.querySelectorAll('nav button')) {
     if (b.dataset.panel === name) b.setAttribute('aria-current', 'page'); else b.removeAttribute('aria-current');
@@ -195,7 +196,14 @@ function openWs() {
   });
   sock.addEventListener('close', () => {
     clearInterval(wsPing); setWsState(false);
-    if (signedIn && ws === sock) setTimeout(() => { if (signedIn && ws === sock) openWs(); }, 2000);
+    // Reconnect while the session lasts (a 401 here returns to the sign-in view).
+    if (signedIn && ws === sock) {
+      setTimeout(() => guarded(async () => {
+        if (!signedIn || ws !== sock) return;
+        const res = await api('GET', '/api/v1/status');
+        if (res.ok && signedIn && ws === sock) openWs();
+      }), 2000);
+    }
   });
 }
 
