@@ -66,8 +66,8 @@ async fn dashboard_main_flows_in_chromium() {
     b.click("#signin-form button[type=submit]").await;
     b.wait_for("#error", "wrong API token").await;
     b.wait_hidden("#app").await;
-    b.fill("#signin-token", TOKEN).await;
-    b.click("#signin-form button[type=submit]").await;
+    // by keyboard: Enter in the token field submits the form
+    b.fill("#signin-token", &format!("{TOKEN}\u{E007}")).await;
     b.wait_for("#flash", "Signed in.").await;
     b.wait_for("#panel-overview", "Live connections").await;
     b.wait_for("#ws-state", "live: on").await;
@@ -199,6 +199,23 @@ async fn dashboard_main_flows_in_chromium() {
     b.wait_for("#config-result", "Not saved").await;
     b.wait_for("#config-result .errors li", "no-such-backend")
         .await;
+
+    // cache: stats, and a preset toggled from its button
+    let (_, presets) = api_call(&s, "GET", "/api/v1/cache/presets", None, Some(TOKEN));
+    let preset = &presets["presets"][0];
+    let name = preset["name"].as_str().expect("a built-in cache preset");
+    let was = preset["enabled"].as_bool().expect("enabled");
+    b.click("#tab-cache").await;
+    b.wait_for("#cache-stats", "Hit rate").await;
+    b.click(&format!("#cache-presets tr[data-preset=\"{name}\"] button"))
+        .await;
+    b.wait_for(
+        &format!("#cache-presets tr[data-preset=\"{name}\"] button"),
+        if was { "Enable" } else { "Disable" },
+    )
+    .await;
+    let (_, presets) = api_call(&s, "GET", "/api/v1/cache/presets", None, Some(TOKEN));
+    assert_eq!(presets["presets"][0]["enabled"], json!(!was), "{presets}");
 
     // mesh registry absent in this build: said so from the measured status, no fake list
     b.click("#tab-mesh").await;

@@ -344,7 +344,7 @@ async function loadCache() {
     ]);
   }
   if (presets.ok) {
-    fill($('#cache-presets tbody'), presets.data.presets.map((p) => el('tr', {},
+    fill($('#cache-presets tbody'), presets.data.presets.map((p) => el('tr', { 'data-preset': p.name },
       el('td', {}, p.name), el('td', {}, p.description), el('td', {}, p.ttl), el('td', {}, p.enabled ? 'yes' : 'no'),
       el('td', {}, el('button', { type: 'button', onclick: () => cacheAction('POST', `/api/v1/cache/presets/${encodeURIComponent(p.name)}/${p.enabled ? 'disable' : 'enable'}`) },
         p.enabled ? 'Disable' : 'Enable')))), 'No presets.', 5);
