@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use support::browser::Browser;
-use support::{api_call, curl, start_server_with_file, Proc, Server};
+use support::{api_call, curl, http_code, start_server_with_file, Proc, Server};
 
 const TOKEN: &str = "dash-s3cret-token";
 
@@ -98,17 +98,12 @@ async fn dashboard_main_flows_in_chromium() {
     .await;
 
     // a request made by curl shows in the request log
-    let out = curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
+    let code = http_code(&[
         "-x",
         &format!("http://{}", s.http),
         &format!("{base}/api/v1/health?from=dashboard-test"),
     ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    assert_eq!(code, "200");
     b.click("#tab-requests").await;
     b.wait_for("#requests tbody tr", "/api/v1/health?from=dashboard-test")
         .await;
@@ -332,38 +327,57 @@ async fn cookie_authenticated_changes_need_the_csrf_header() {
         .expect("a cookie-authenticated answer carries X-CSRF-Token")
         .to_owned();
     let route = |name: &str| json!({"name": name, "domains": [format!("{name}.test")], "backend": "direct"});
+    // (status, body) of a cookie-authenticated request, with `csrf` as X-CSRF-Token if given
+    let send = |method: reqwest::Method, path: &str, body: Option<Value>, csrf: Option<&str>| {
+        let mut req = http.request(method, format!("{base}{path}"));
+        if let Some(t) = csrf {
+            req = req.header("X-CSRF-Token", t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        async move {
+            let resp = req.send().await.expect("request");
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let post = reqwest::Method::POST;
 
-    let refused = http
-        .post(format!("{base}/api/v1/routes"))
-        .json(&route("no-header"))
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(refused.status(), 403);
-    let body: Value = refused.json().await.expect("json");
+    let (status, body) = send(
+        post.clone(),
+        "/api/v1/routes",
+        Some(route("no-header")),
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
     assert_eq!(body["code"], "CSRF_TOKEN_REQUIRED", "{body}");
-    let wrong = http
-        .post(format!("{base}/api/v1/routes"))
-        .header("X-CSRF-Token", "0".repeat(64))
-        .json(&route("wrong-header"))
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(wrong.status(), 403);
-    let ok = http
-        .post(format!("{base}/api/v1/routes"))
-        .header("X-CSRF-Token", &csrf)
-        .json(&route("with-header"))
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(ok.status(), 201);
-    let deleted = http
-        .delete(format!("{base}/api/v1/routes/with-header"))
-        .send()
-        .await
-        .expect("delete");
-    assert_eq!(deleted.status(), 403, "DELETE needs the header too");
+    let wrong = "0".repeat(64);
+    let (status, _) = send(
+        post.clone(),
+        "/api/v1/routes",
+        Some(route("wrong-header")),
+        Some(&wrong),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _) = send(
+        post,
+        "/api/v1/routes",
+        Some(route("with-header")),
+        Some(&csrf),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (status, _) = send(
+        reqwest::Method::DELETE,
+        "/api/v1/routes/with-header",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "DELETE needs the header too");
 
     // Bearer clients are unaffected, and no route was created by a refused request
     let (code, _) = tokio::task::block_in_place(|| {
