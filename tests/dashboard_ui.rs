@@ -150,10 +150,9 @@ async fn dashboard_main_flows_in_chromium() {
         "the running configuration in the editor",
     )
     .await;
-    b.script(
-        "const t = document.querySelector('#config-text'); const c = JSON.parse(t.value); \
-         c.routes = (c.routes || []).concat([{name: 'from-editor', domains: ['editor.test'], backend: 'direct'}]); \
-         t.value = JSON.stringify(c, null, 2); return true;",
+    edit_config(
+        &b,
+        "c.routes = (c.routes || []).concat([{name: 'from-editor', domains: ['editor.test'], backend: 'direct'}]);",
     )
     .await;
     b.click("#config-validate").await;
@@ -165,16 +164,7 @@ async fn dashboard_main_flows_in_chromium() {
         .await;
     let (_, routes) = api_call(&s, "GET", "/api/v1/routes", None, Some(TOKEN));
     assert!(routes.to_string().contains("from-editor"), "{routes}");
-    b.wait_script(
-        "return document.querySelector('#config-text').value.includes('from-editor');",
-        "the editor to show the saved configuration",
-    )
-    .await;
-    b.script(
-        "const t = document.querySelector('#config-text'); const c = JSON.parse(t.value); \
-         c.logging.level = 'debug'; t.value = JSON.stringify(c, null, 2); return true;",
-    )
-    .await;
+    edit_config(&b, "c.logging.level = 'debug';").await;
     b.click("#config-save").await;
     b.wait_for("#config-result", "Restart required for: logging")
         .await;
@@ -184,10 +174,9 @@ async fn dashboard_main_flows_in_chromium() {
     )
     .await;
     // an invalid configuration is refused with the server's errors
-    b.script(
-        "const t = document.querySelector('#config-text'); const c = JSON.parse(t.value); \
-         c.routes.push({name: 'broken', domains: ['b.test'], backend: 'no-such-backend'}); \
-         t.value = JSON.stringify(c, null, 2); return true;",
+    edit_config(
+        &b,
+        "c.routes.push({name: 'broken', domains: ['b.test'], backend: 'no-such-backend'});",
     )
     .await;
     b.click("#config-save").await;
@@ -253,6 +242,15 @@ async fn dashboard_main_flows_in_chromium() {
         .await;
     assert_eq!(status, json!(401));
     b.quit().await;
+}
+
+/// Applies `statement` (JavaScript on the parsed configuration `c`) to the editor's text.
+async fn edit_config(b: &Browser, statement: &str) {
+    b.script(&format!(
+        "const t = document.querySelector('#config-text'); const c = JSON.parse(t.value); \
+         {statement} t.value = JSON.stringify(c, null, 2); return true;"
+    ))
+    .await;
 }
 
 fn headers(url: &str) -> String {

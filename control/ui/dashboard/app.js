@@ -428,6 +428,8 @@ $('#config-save').addEventListener('click', () => guarded(async () => {
   const res = await api('PUT', '/api/v1/config', { config, create_backup: $('#config-backup').checked });
   const r = res.data || {};
   if (res.ok) {
+    // The editor shows what was saved before the result appears (so the next edit starts there).
+    await loadConfig(true);
     const headline = r.requires_restart ? `Saved. Restart required for: ${r.restart_required_sections.join(', ')}`
       : `Saved. ${r.message}`;
     renderConfigResult(r.requires_restart ? 'warn' : 'ok', headline, [
@@ -437,8 +439,6 @@ $('#config-save').addEventListener('click', () => guarded(async () => {
       ...(r.backup_path ? [el('p', {}, `Backup: ${r.backup_path}`)] : []),
       ...problemList(r.errors),
     ]);
-    configLoaded = false;
-    await loadConfig(true);
   } else {
     renderConfigResult('bad', `Not saved: ${message(res)}`, problemList(r.errors));
   }
