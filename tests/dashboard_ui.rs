@@ -18,11 +18,16 @@ const TOKEN: &str = "dash-s3cret-token";
 /// A server with an API token, the request log on, and backend tests aimed at `test_target`
 /// (a loopback listener: nothing leaves the machine).
 fn server(test_target: &str) -> Server {
+    server_with_token(Some(TOKEN), test_target)
+}
+
+fn server_with_token(token: Option<&str>, test_target: &str) -> Server {
+    let token = token.map_or(String::new(), |t| format!("  token: \"{t}\"\n"));
     let dir = tempfile::tempdir().expect("tempdir");
     let config_path = dir.path().join("server.yaml");
     let yaml = format!(
         "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
-         api:\n  listen: \"127.0.0.1:0\"\n  token: \"{TOKEN}\"\n  enable_request_log: true\n  backend_test_target: \"{test_target}\"\n\
+         api:\n  listen: \"127.0.0.1:0\"\n{token}  enable_request_log: true\n  backend_test_target: \"{test_target}\"\n\
          logging: {{ level: info, format: json }}\n"
     );
     std::fs::write(&config_path, yaml).expect("write config");
@@ -251,6 +256,21 @@ async fn edit_config(b: &Browser, statement: &str) {
          {statement} t.value = JSON.stringify(c, null, 2); return true;"
     ))
     .await;
+}
+
+/// Without `api.token` the API is open: the page opens without sign-in and offers no sign-out.
+#[tokio::test(flavor = "multi_thread")]
+async fn open_api_needs_no_sign_in() {
+    let Some(b) = Browser::start_if_installed().await else {
+        return;
+    };
+    let s = tokio::task::block_in_place(|| server_with_token(None, "127.0.0.1:9"));
+    b.goto(&format!("http://{}/", s.api)).await;
+    b.wait_for("#stats", "Active connections").await;
+    b.wait_for("#open-api", "no API token").await;
+    b.wait_hidden("#signout").await;
+    b.wait_hidden("#signin").await;
+    b.quit().await;
 }
 
 fn headers(url: &str) -> String {

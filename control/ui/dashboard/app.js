@@ -75,7 +75,10 @@ function signedOut() {
 async function enter() {
   signedIn = true;
   $('#signin').hidden = true; $('#app').hidden = false;
-  $('#signout').hidden = false; $('#ws-state').hidden = false;
+  // Cookie-authenticated answers carry a CSRF token; without one the API has no token
+  // configured (open, e.g. on loopback): there is nothing to sign out of.
+  $('#signout').hidden = !csrf; $('#ws-state').hidden = false;
+  $('#open-api').hidden = !!csrf;
   openWs();
   show(current);
 }
