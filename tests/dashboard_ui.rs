@@ -205,6 +205,21 @@ async fn dashboard_main_flows_in_chromium() {
     .await;
     let (_, presets) = api_call(&s, "GET", "/api/v1/cache/presets", None, Some(TOKEN));
     assert_eq!(presets["presets"][0]["enabled"], json!(!was), "{presets}");
+    // a cache rule created and deleted from the panel
+    b.fill("#cache-rule-name", "dash-rule").await;
+    b.fill("#cache-rule-domains", "*.cache.test").await;
+    b.fill("#cache-rule-ttl", "2h").await;
+    b.click("#cache-rule-create").await;
+    b.wait_for("#cache-rules tr[data-rule=\"dash-rule\"]", "*.cache.test")
+        .await;
+    let (_, rules) = api_call(&s, "GET", "/api/v1/cache/rules", None, Some(TOKEN));
+    assert!(rules.to_string().contains("dash-rule"), "{rules}");
+    b.click("#cache-rules tr[data-rule=\"dash-rule\"] button")
+        .await;
+    b.wait_hidden("#cache-rules tr[data-rule=\"dash-rule\"]")
+        .await;
+    let (_, rules) = api_call(&s, "GET", "/api/v1/cache/rules", None, Some(TOKEN));
+    assert!(!rules.to_string().contains("dash-rule"), "{rules}");
 
     // mesh registry absent in this build: said so from the measured status, no fake list
     b.click("#tab-mesh").await;

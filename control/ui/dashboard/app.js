@@ -32,6 +32,7 @@ const bytes = (n) => {
   return `${i ? v.toFixed(1) : v} ${u[i]}`;
 };
 const when = (t) => (t ? new Date(t).toLocaleTimeString() : '');
+const commaList = (text) => text.split(',').map((d) => d.trim()).filter(Boolean);
 
 function showError(msg) { const e = $('#error'); e.textContent = msg; e.hidden = !msg; if (msg) $('#flash').hidden = true; }
 function flash(msg) { const f = $('#flash'); f.textContent = msg; f.hidden = false; $('#error').hidden = true; }
@@ -274,7 +275,7 @@ $('#route-form').addEventListener('submit', (ev) => {
   guarded(async () => {
     const body = {
       name: $('#route-name').value.trim(),
-      domains: $('#route-domains').value.split(',').map((d) => d.trim()).filter(Boolean),
+      domains: commaList($('#route-domains').value),
       backend: $('#route-backend').value,
       priority: Number($('#route-priority').value) || 0,
     };
@@ -353,7 +354,7 @@ async function loadCache() {
         p.enabled ? 'Disable' : 'Enable')))), 'No presets.', 5);
   }
   if (rules.ok) {
-    fill($('#cache-rules tbody'), rules.data.rules.map((r) => el('tr', {},
+    fill($('#cache-rules tbody'), rules.data.rules.map((r) => el('tr', { 'data-rule': r.name },
       el('td', {}, r.name), el('td', { class: 'url' }, r.domains.join(', ')), el('td', {}, r.ttl), el('td', {}, r.priority),
       el('td', {}, r.enabled ? 'yes' : 'no'),
       el('td', {}, el('button', { type: 'button', onclick: () => cacheAction('DELETE', `/api/v1/cache/rules/${encodeURIComponent(r.name)}`) }, 'Delete')))),
@@ -375,6 +376,17 @@ async function cacheAction(method, path) {
     await loadCache();
   });
 }
+$('#cache-rule-form').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  guarded(async () => {
+    const body = { name: $('#cache-rule-name').value.trim(), domains: commaList($('#cache-rule-domains').value), ttl: $('#cache-rule-ttl').value.trim() };
+    const res = await api('POST', '/api/v1/cache/rules', body);
+    if (!res.ok) { showError(`Cache rule not created: ${message(res)}`); return; }
+    $('#cache-rule-name').value = ''; $('#cache-rule-domains').value = '';
+    flash(message(res));
+    await loadCache();
+  });
+});
 $('#cache-clear').addEventListener('click', () => cacheAction('DELETE', '/api/v1/cache/entries'));
 
 // ---- configuration ---------------------------------------------------------------------
