@@ -340,6 +340,23 @@ impl Topo {
         .1
     }
 
+    /// Waits (bounded) until the server's request log has a request for `target`: a tunnel is
+    /// logged when it ends.
+    fn wait_server_request(&self, target: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.server_requests();
+            if log.contains(target) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server request log has no {target}: {log}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// What of the VPN is left in the lan namespace and the scope cgroup.
     fn leftovers(&self) -> Vec<String> {
         let l = &self.lan;
@@ -392,7 +409,10 @@ impl Drop for Topo {
         // a failed test's client was killed: its rules go with the namespace, its cgroup
         // programs with the scope cgroup; only the pin mount needs undoing
         let pins = self.data_dir().join("bpffs");
-        let _ = Command::new("umount").arg(&pins).status();
+        let _ = Command::new("umount")
+            .arg(&pins)
+            .stderr(Stdio::null())
+            .status();
         for ns in [&self.lan, &self.net] {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
@@ -478,6 +498,18 @@ impl Client {
 
 // ---------- the scenarios ----------
 
+/// Asserts what the origin saw, with the client's log when it is not that.
+fn expect_seen(topo: &Topo, client: &Client, cgroup: &Path, dst: &str, want: &str) {
+    let seen = topo.seen(cgroup, dst);
+    assert_eq!(
+        seen,
+        want,
+        "{} → {dst}: origin saw {seen:?}, wanted {want}\nclient log:\n{}",
+        cgroup.display(),
+        client.log()
+    );
+}
+
 /// Include and exclude mode, an IP rule added live, measured status and connections, disable
 /// and `kill -9` + restart leaving nothing behind — with the given classifier.
 fn vpn_scenario(classifier: &str) {
@@ -508,12 +540,8 @@ fn vpn_scenario(classifier: &str) {
         "inc app through the VPN and the server\n{}",
         client.log()
     );
-    assert!(
-        topo.server_requests().contains("10.211.9.1:8080"),
-        "server request log: {}",
-        topo.server_requests()
-    );
-    assert_eq!(topo.seen(&topo.exc, "10.211.9.1"), DIRECT);
+    topo.wait_server_request("10.211.9.1:8080");
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", DIRECT);
 
     // an IP rule added live steers one destination of the other cgroup into the VPN
     client.ok(
@@ -521,8 +549,8 @@ fn vpn_scenario(classifier: &str) {
         "/api/v1/vpn/split/ips",
         Some(r#"{"cidr":"10.211.9.3"}"#),
     );
-    assert_eq!(topo.seen(&topo.exc, "10.211.9.3"), "10.211.9.3");
-    assert_eq!(topo.seen(&topo.exc, "10.211.9.2"), DIRECT);
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.3", "10.211.9.3");
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.2", DIRECT);
     let rules = client.ok("GET", "/api/v1/vpn/split/rules", None);
     assert_eq!(rules["ips"], serde_json::json!(["10.211.9.3"]));
 
@@ -555,12 +583,12 @@ fn vpn_scenario(classifier: &str) {
         Some(r#"{"mode":"exclude"}"#),
     );
     assert_eq!(v["mode"], "exclude");
-    assert_eq!(topo.seen(&topo.exc, "10.211.9.1"), "10.211.9.1");
-    assert_eq!(topo.seen(&topo.inc, "10.211.9.1"), DIRECT);
-    assert_eq!(topo.seen(&topo.exc, "10.211.9.3"), DIRECT);
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", "10.211.9.1");
+    expect_seen(&topo, &client, &topo.inc, "10.211.9.1", DIRECT);
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.3", DIRECT);
     let v = client.ok("DELETE", "/api/v1/vpn/split/ips/10.211.9.3", None);
     assert_eq!(v["status"], "removed");
-    assert_eq!(topo.seen(&topo.exc, "10.211.9.3"), "10.211.9.3");
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.3", "10.211.9.3");
 
     // disable leaves nothing behind, and traffic goes direct again
     assert!(
@@ -575,12 +603,12 @@ fn vpn_scenario(classifier: &str) {
         client.ok("GET", "/api/v1/vpn/status", None)["status"],
         "disabled"
     );
-    assert_eq!(topo.seen(&topo.exc, "10.211.9.1"), DIRECT);
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", DIRECT);
 
     // enable again, then kill -9: the next start cleans up before anything else
     let v = client.ok("POST", "/api/v1/vpn/enable", None);
     assert_eq!(v["status"], "enabled");
-    assert_eq!(topo.seen(&topo.exc, "10.211.9.1"), "10.211.9.1");
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", "10.211.9.1");
     sh(&format!("kill -9 {}", client.pid()));
     let deadline = Instant::now() + Duration::from_secs(10);
     while sh_quiet(&format!("ip -n {} link show", topo.lan)).contains(&topo.tun()) {
@@ -606,7 +634,7 @@ fn vpn_scenario(classifier: &str) {
         restarted.ok("GET", "/api/v1/vpn/status", None)["status"],
         "disabled"
     );
-    assert_eq!(topo.seen(&topo.exc, "10.211.9.1"), DIRECT);
+    expect_seen(&topo, &restarted, &topo.exc, "10.211.9.1", DIRECT);
 }
 
 #[test]
