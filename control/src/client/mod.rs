@@ -168,9 +168,9 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         tokio::spawn(servers::probe_loop(state.clone()));
         tokio::spawn(vpn_apps_loop(state.clone()));
         if cfg.vpn.enabled {
-            let server = state.selected_server().map(|s| s.address);
+            let server = state.selected_server();
             // a failure is the VPN's `error` state, visible in its status
-            let _ = state.vpn.enable(&cfg, server.as_deref()).await;
+            let _ = state.vpn.enable(&cfg, server.as_ref()).await;
         }
         if let Some(store) = &state.cache {
             let every = cfg.cache.storage.disk.cleanup_interval.as_std();

@@ -25,8 +25,8 @@ pub async fn status(State(state): State<S>) -> Json<VpnStatus> {
         (status = 500, description = "a step failed; the VPN is in `error` and nothing it created is left", body = switchyard_api::ErrorBody)))]
 pub async fn enable(State(state): State<S>) -> Response {
     let cfg = state.config.load_full();
-    let server = state.selected_server().map(|s| s.address);
-    match state.vpn.enable(&cfg, server.as_deref()).await {
+    let server = state.selected_server();
+    match state.vpn.enable(&cfg, server.as_ref()).await {
         Ok(()) => Json(StatusReply::new("enabled")).into_response(),
         Err(reason) => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -261,12 +261,8 @@ pub async fn remove_ip(State(state): State<S>, Path(cidr): Path<String>) -> Resp
 }
 
 #[utoipa::path(get, path = "/api/v1/vpn/dns/cache", tag = "vpn", responses((status = 200, body = DnsCacheView)))]
-pub async fn dns_cache() -> Json<DnsCacheView> {
-    Json(DnsCacheView {
-        enabled: false,
-        entries: Vec::new(),
-        count: 0,
-    })
+pub async fn dns_cache(State(state): State<S>) -> Json<DnsCacheView> {
+    Json(state.vpn.dns_cache().await)
 }
 
 #[cfg(test)]

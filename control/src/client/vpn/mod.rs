@@ -24,12 +24,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use switchyard_api::client::{VpnConnection, VpnStatus};
 use switchyard_config::client::{ClientConfig, VpnSplitConfig};
+use switchyard_config::client::{ClientServerConfig, ServerProtocol};
 use switchyard_dataplane::events::Protocol;
 use switchyard_dataplane::live::LiveTable;
 use switchyard_dataplane::tun::{NatAddresses, Translator, TunPump, VpnPath};
 use switchyard_split_tunnel::{
-    cgroup, AppRule, MechanismChoice, SplitRules, SplitTunnel, SplitTunnelConfig, SplitTunnelStatus,
+    cgroup, AppRule, DnsRedirect, MechanismChoice, SplitRules, SplitTunnel, SplitTunnelConfig,
+    SplitTunnelStatus,
 };
+use switchyard_vpn_dns::{DnsInterceptor, ProxyProtocol, ResolverConfig, Upstream};
 
 /// Undoes what a previous run left on the host (split-tunnel journal, a stale TUN device).
 /// Runs at start, before the data plane and the VPN.
@@ -44,9 +47,13 @@ pub fn startup_cleanup(data_dir: &Path, cfg: &ClientConfig) {
     host::remove_leftover_tun(&cfg.vpn.interface_name);
 }
 
+/// The split tunnel, shared with the resolver's `on_resolved` hook (control plane only).
+type SharedSplit = Arc<Mutex<Option<SplitTunnel>>>;
+
 /// The VPN's running parts; dropping the device closes the TUN.
 struct Active {
-    split: SplitTunnel,
+    split: SharedSplit,
+    dns: Option<DnsInterceptor>,
     pump: TunPump,
     _device: std::fs::File,
     /// Added to the configured `always_bypass` (server addresses, LAN), kept for rule edits.
@@ -62,6 +69,14 @@ pub struct VpnManager {
     listen_port: Option<u16>,
     live: Arc<LiveTable>,
     data_dir: PathBuf,
+}
+
+/// `vpn.dns.servers` entry: `ip` (port 53) or `ip:port`.
+fn dns_server(s: &str) -> Option<std::net::SocketAddr> {
+    let s = s.trim();
+    s.parse()
+        .ok()
+        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(|ip| (ip, 53).into()))
 }
 
 /// The split-tunnel rules of the configuration plus the addresses that must never be tunnelled.
@@ -128,17 +143,51 @@ impl VpnManager {
 
     /// Brings the VPN up; on failure the VPN is in `error` with the reason and nothing it
     /// created is left. Enabling an enabled VPN does nothing.
-    pub async fn enable(&self, cfg: &ClientConfig, server: Option<&str>) -> Result<(), String> {
+    pub async fn enable(
+        &self,
+        cfg: &ClientConfig,
+        server: Option<&ClientServerConfig>,
+    ) -> Result<(), String> {
         let mut active = self.active.lock().await;
         if self.phase().enabled() {
             return Ok(());
         }
         self.step(Step::Enable).map_err(|e| e.to_string())?;
         tracing::info!(device = %cfg.vpn.interface_name, "VPN connecting");
-        let up = tokio::task::block_in_place(|| self.bring_up(cfg, server));
+        let split: SharedSplit = Arc::new(Mutex::new(None));
+        let up = match self.start_resolver(cfg, server, &split).await {
+            Ok(dns) => {
+                // the resolver listens on 127.0.0.1 (see start_resolver)
+                let redirect = dns.as_ref().map(|d| DnsRedirect {
+                    intercept_port: cfg.vpn.dns.intercept_port,
+                    resolver4: match d.local_addr() {
+                        std::net::SocketAddr::V4(v4) => Some(v4),
+                        std::net::SocketAddr::V6(_) => None,
+                    },
+                    resolver6: None,
+                });
+                let address = server.map(|s| s.address.as_str());
+                match tokio::task::block_in_place(|| self.bring_up(cfg, address, redirect)) {
+                    Ok(mut a) => {
+                        let tunnel = a.split.lock().take();
+                        *split.lock() = tunnel;
+                        a.split = split;
+                        a.dns = dns;
+                        Ok(a)
+                    }
+                    Err(e) => {
+                        if let Some(d) = dns {
+                            d.shutdown().await;
+                        }
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
         match up {
             Ok(a) => {
-                *self.split_status.lock() = Some(a.split.status());
+                *self.split_status.lock() = a.split.lock().as_ref().map(SplitTunnel::status);
                 *active = Some(a);
                 let _ = self.step(Step::Up);
                 tracing::info!(device = %cfg.vpn.interface_name, "VPN connected");
@@ -152,7 +201,67 @@ impl VpnManager {
         }
     }
 
-    fn bring_up(&self, cfg: &ClientConfig, server: Option<&str>) -> Result<Active, String> {
+    /// The DNS interception resolver (when `vpn.dns.enabled` with servers): forwards through
+    /// the selected server, and reports answers to the split tunnel and the VPN listener.
+    async fn start_resolver(
+        &self,
+        cfg: &ClientConfig,
+        server: Option<&ClientServerConfig>,
+        split: &SharedSplit,
+    ) -> Result<Option<DnsInterceptor>, String> {
+        let dns = &cfg.vpn.dns;
+        if !dns.enabled || dns.servers.is_empty() {
+            return Ok(None);
+        }
+        let servers = dns
+            .servers
+            .iter()
+            .map(|s| {
+                dns_server(s).ok_or_else(|| format!("vpn.dns.servers: {s:?} is not an address"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let upstream = match server {
+            Some(s) => Upstream::Proxy {
+                address: s.address.clone(),
+                protocol: match s.protocol {
+                    ServerProtocol::Http => ProxyProtocol::Http,
+                    ServerProtocol::Socks5 => ProxyProtocol::Socks5,
+                },
+                username: s.username.clone(),
+                password: s.password.clone(),
+            },
+            None => Upstream::Direct { mark: None },
+        };
+        let (hook_split, path) = (split.clone(), self.path.clone());
+        let on_resolved: switchyard_vpn_dns::OnResolved = Arc::new(move |name, addrs| {
+            if let Some(path) = &path {
+                path.learn_names(name, addrs);
+            }
+            if let Some(split) = hook_split.lock().as_mut() {
+                if let Err(e) = split.on_resolved(name, addrs) {
+                    tracing::warn!(%name, error = %e, "adding resolved addresses to the split tunnel failed");
+                }
+            }
+        });
+        let config = ResolverConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            servers,
+            cache_ttl: dns.cache_ttl.as_std(),
+            upstream,
+            ..ResolverConfig::default()
+        };
+        DnsInterceptor::start(config, on_resolved)
+            .await
+            .map(Some)
+            .map_err(|e| format!("DNS resolver: {e}"))
+    }
+
+    fn bring_up(
+        &self,
+        cfg: &ClientConfig,
+        server: Option<&str>,
+        dns: Option<DnsRedirect>,
+    ) -> Result<Active, String> {
         let vpn = &cfg.vpn;
         let (Some(path), Some(listen_port)) = (&self.path, self.listen_port) else {
             return Err(format!(
@@ -178,6 +287,7 @@ impl VpnManager {
         split_cfg.bpf_pin_dir = self.data_dir.join("bpffs");
         split_cfg.bypass_cgroups = vec![own];
         split_cfg.mechanism = classifier(cfg);
+        split_cfg.dns = dns;
         let mut extra_bypass: Vec<String> = server.map(host::server_addresses).unwrap_or_default();
         extra_bypass.extend(host::lan_networks(name));
         let rules = split_rules(&vpn.split, &extra_bypass);
@@ -202,7 +312,8 @@ impl VpnManager {
             }
         };
         Ok(Active {
-            split,
+            split: Arc::new(Mutex::new(Some(split))),
+            dns: None,
             pump,
             _device: device,
             extra_bypass,
@@ -213,11 +324,18 @@ impl VpnManager {
     pub async fn disable(&self) -> Result<(), String> {
         let mut active = self.active.lock().await;
         let result = match active.take() {
-            Some(a) => tokio::task::block_in_place(|| {
-                a.pump.stop();
-                a.split.disable().map_err(|e| e.to_string())
-                // the device closes when `a` drops here
-            }),
+            Some(a) => {
+                if let Some(dns) = a.dns {
+                    dns.shutdown().await;
+                }
+                let split = a.split.lock().take();
+                let pump = a.pump;
+                tokio::task::block_in_place(|| {
+                    pump.stop();
+                    split.map_or(Ok(()), |s| s.disable().map_err(|e| e.to_string()))
+                })
+                // the device closes when `a._device` drops here
+            }
             None => Ok(()),
         };
         *self.split_status.lock() = None;
@@ -238,8 +356,12 @@ impl VpnManager {
             return Ok(());
         };
         let rules = split_rules(split, &a.extra_bypass);
-        tokio::task::block_in_place(|| a.split.set_rules(rules)).map_err(|e| e.to_string())?;
-        *self.split_status.lock() = Some(a.split.status());
+        let mut tunnel = a.split.lock();
+        let Some(tunnel) = tunnel.as_mut() else {
+            return Ok(());
+        };
+        tokio::task::block_in_place(|| tunnel.set_rules(rules)).map_err(|e| e.to_string())?;
+        *self.split_status.lock() = Some(tunnel.status());
         Ok(())
     }
 
@@ -247,9 +369,24 @@ impl VpnManager {
     pub async fn refresh_apps(&self) {
         let mut active = self.active.lock().await;
         if let Some(a) = active.as_mut() {
-            if let Err(e) = tokio::task::block_in_place(|| a.split.refresh_apps()) {
-                tracing::debug!(error = %e, "refreshing split-tunnel apps failed");
+            if let Some(tunnel) = a.split.lock().as_mut() {
+                if let Err(e) = tokio::task::block_in_place(|| tunnel.refresh_apps()) {
+                    tracing::debug!(error = %e, "refreshing split-tunnel apps failed");
+                }
             }
+        }
+    }
+
+    /// The resolver's cache (empty and `enabled: false` while the VPN or its DNS is off).
+    pub async fn dns_cache(&self) -> switchyard_api::client::DnsCacheView {
+        let active = self.active.lock().await;
+        match active.as_ref().and_then(|a| a.dns.as_ref()) {
+            Some(dns) => dns.cache_view(),
+            None => switchyard_api::client::DnsCacheView {
+                enabled: false,
+                entries: Vec::new(),
+                count: 0,
+            },
         }
     }
 
