@@ -64,6 +64,42 @@ fn connect_and_read(dst: SocketAddr) -> (TcpStream, String) {
     (stream, String::from_utf8_lossy(&seen).into_owned())
 }
 
+/// A DNS query for the A record of `name` (id 0x5359, recursion desired).
+fn dns_query(name: &str) -> Vec<u8> {
+    let mut q = vec![0x53, 0x59, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q
+}
+
+/// The address of the one A record of an answer (its last four bytes), if it has an answer.
+fn dns_answer(reply: &[u8]) -> Option<String> {
+    let answers = u16::from_be_bytes([*reply.get(6)?, *reply.get(7)?]);
+    if answers == 0 || reply.len() < 16 {
+        return None;
+    }
+    let a = &reply[reply.len() - 4..];
+    Some(format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]))
+}
+
+/// Resolves `name` over UDP at `server`, then connects to the answer's port 8080.
+fn resolve_then_connect(server: SocketAddr, name: &str) -> String {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    sock.send_to(&dns_query(name), server).expect("send");
+    let mut buf = [0u8; 1500];
+    let (n, _) = sock.recv_from(&mut buf).expect("dns answer");
+    let Some(ip) = dns_answer(&buf[..n]) else {
+        return "ip=none".into();
+    };
+    let (_, seen) = connect_and_read(format!("{ip}:8080").parse().expect("address"));
+    format!("ip={ip} seen={seen}")
+}
+
 #[test]
 fn helper() {
     let Ok(action) = std::env::var("SYVPN_HELPER") else {
@@ -82,6 +118,11 @@ fn helper() {
             result(&format!("seen={seen}"));
             let mut line = String::new();
             let _ = std::io::stdin().read_line(&mut line);
+        }
+        // SYVPN_ARG = "dns-server-address name"
+        "resolve-tcp" => {
+            let (server, name) = arg.split_once(' ').expect("server and name");
+            result(&resolve_then_connect(server.parse().expect("server"), name));
         }
         other => panic!("unknown helper action {other}"),
     }
@@ -329,6 +370,85 @@ impl Topo {
         r.trim_start_matches("seen=").to_string()
     }
 
+    /// What a process of `cgroup` resolved `name` to (through 10.211.9.53) and what the origin
+    /// at that address saw: `ip=A seen=B`.
+    fn resolve_and_connect(&self, cgroup: &Path, name: &str) -> String {
+        let arg = format!("{DNS}:53 {name}");
+        let mut child = helper_in(&self.lan, Some(cgroup), "resolve-tcp", &arg)
+            .spawn()
+            .expect("probe");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let r = next_result(&mut out);
+        let _ = child.wait();
+        r
+    }
+
+    /// dnsmasq on 10.211.9.53 in the internet namespace, logging queries; returns the log path.
+    fn start_dnsmasq(&mut self) -> PathBuf {
+        let log = self.dir.path().join("dnsmasq.log");
+        sh(&format!("ip -n {} addr add {DNS}/32 dev lo", self.net));
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.net))
+            .args([
+                "dnsmasq",
+                "--keep-in-foreground",
+                "--conf-file=/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--user=root",
+                "--bind-interfaces",
+                &format!("--listen-address={DNS}"),
+                "--address=/a.tun.test/10.211.9.2",
+                "--address=/b.plain.test/10.211.9.1",
+                "--address=/c.plain.test/10.211.9.1",
+                "--log-queries",
+                // answers of --address carry TTL 0 unless told otherwise: nothing would be cached
+                "--local-ttl=300",
+            ])
+            .arg(format!("--log-facility={}", log.display()))
+            .arg(format!(
+                "--pid-file={}",
+                self.dir.path().join("dnsmasq.pid").display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("dnsmasq");
+        self.children.push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sh_quiet(&format!("nsenter --net=/run/netns/{} ss -lnu", self.net)).contains(DNS) {
+            assert!(Instant::now() < deadline, "dnsmasq did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        log
+    }
+
+    /// tcpdump of port 53 on the lan namespace's veth (its physical link); stop with
+    /// [`Capture::packets`].
+    fn capture_dns(&self) -> Capture {
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.lan))
+            .args([
+                "tcpdump",
+                "-i",
+                &format!("{}l", self.id),
+                "-n",
+                "-l",
+                "port",
+                "53",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tcpdump");
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        while err.read_line(&mut line).unwrap_or(0) > 0 && !line.contains("listening on") {
+            line.clear();
+        }
+        Capture { child }
+    }
+
     /// The server's request log (as text).
     fn server_requests(&self) -> String {
         curl_in(
@@ -455,6 +575,27 @@ fn curl_in(netns: &str, method: &str, url: &str, body: Option<&str>) -> (u16, St
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+const DNS: &str = "10.211.9.53";
+
+struct Capture {
+    child: Child,
+}
+
+impl Capture {
+    /// Stops the capture and returns the packets it printed.
+    fn packets(mut self) -> Vec<String> {
+        // tcpdump writes each packet line at once (-l); give the last one a moment
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = self.child.kill();
+        let mut out = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
+        let _ = self.child.wait();
+        out.lines().map(str::to_string).collect()
+    }
 }
 
 struct Client {
@@ -679,4 +820,85 @@ fn syvpn_failed_enable_is_an_error_and_leaves_nothing() {
         client.ok("GET", "/api/v1/vpn/status", None)["status"],
         "disabled"
     );
+}
+
+/// DNS interception: a domain rule steers what its names resolve to into the VPN, repeated
+/// questions are answered from the resolver's cache (dnsmasq sees one), and with everything
+/// tunnelled no DNS packet leaves by the lan link — which a capture shows it does without the VPN.
+#[test]
+fn syvpn_dns_domain_rule_cache_and_no_leak() {
+    if !tools_or_skip("syvpn_dns_domain_rule_cache_and_no_leak")
+        || support::require("dnsmasq").is_none()
+        || support::require("tcpdump").is_none()
+    {
+        return;
+    }
+    let mut topo = Topo::new();
+    topo.start_origins();
+    let dns_log = topo.start_dnsmasq();
+    let server = topo.start_server();
+    let yaml = topo
+        .client_yaml(
+            server,
+            true,
+            "ebpf",
+            "{mode: include, domains: [\"*.tun.test\"]}",
+        )
+        .replace(
+            "dns: {enabled: false}",
+            &format!("dns: {{enabled: true, servers: [\"{DNS}\"], cache_ttl: 5m}}"),
+        );
+    let client = topo.start_client(&yaml);
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    assert_eq!(status["dns"], serde_json::json!([DNS]));
+    assert_eq!(status["dns_servers"], status["dns"]);
+
+    // the domain rule: a name under *.tun.test goes through the VPN, another name direct
+    let r = topo.resolve_and_connect(&topo.exc, "a.tun.test");
+    assert_eq!(r, "ip=10.211.9.2 seen=10.211.9.2", "{}", client.log());
+    let r = topo.resolve_and_connect(&topo.exc, "b.plain.test");
+    assert_eq!(
+        r,
+        format!("ip=10.211.9.1 seen={DIRECT}"),
+        "{}",
+        client.log()
+    );
+
+    // the repeat is answered from the cache: dnsmasq saw the name once
+    let r = topo.resolve_and_connect(&topo.exc, "a.tun.test");
+    assert_eq!(r, "ip=10.211.9.2 seen=10.211.9.2");
+    let queries = std::fs::read_to_string(&dns_log).unwrap_or_default();
+    let asked = queries
+        .lines()
+        .filter(|l| l.contains("query[A] a.tun.test"))
+        .count();
+    assert_eq!(asked, 1, "dnsmasq log:\n{queries}");
+    let cache = client.ok("GET", "/api/v1/vpn/dns/cache", None);
+    assert_eq!(cache["enabled"], true, "{cache}");
+    assert!(cache.to_string().contains("a.tun.test"), "{cache}");
+
+    // everything tunnelled: no DNS packet on the lan link, yet the name resolves
+    client.ok(
+        "PUT",
+        "/api/v1/vpn/split/mode",
+        Some(r#"{"mode":"exclude"}"#),
+    );
+    let capture = topo.capture_dns();
+    let r = topo.resolve_and_connect(&topo.exc, "c.plain.test");
+    assert_eq!(r, "ip=10.211.9.1 seen=10.211.9.1", "{}", client.log());
+    let leaked = capture.packets();
+    assert!(leaked.is_empty(), "DNS left by the lan link: {leaked:?}");
+
+    // without the VPN the same question does cross the link (the capture would see a leak)
+    client.ok("POST", "/api/v1/vpn/disable", None);
+    let capture = topo.capture_dns();
+    let r = topo.resolve_and_connect(&topo.exc, "c.plain.test");
+    assert_eq!(r, format!("ip=10.211.9.1 seen={DIRECT}"));
+    let seen = capture.packets();
+    assert!(
+        seen.iter().any(|l| l.contains(&format!("{DNS}.53"))),
+        "the capture saw no direct DNS: {seen:?}"
+    );
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
 }
