@@ -181,3 +181,15 @@ pub fn set_freebind(fd: RawFd) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Sets `O_NONBLOCK` on `fd` (the TUN pump reads until `EAGAIN` and only then polls).
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl(2) F_GETFL/F_SETFL on a descriptor the caller owns.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

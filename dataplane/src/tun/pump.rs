@@ -74,6 +74,11 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
     let mut last_sweep = 0;
     let mut buf = vec![0u8; 65536];
     let fd = device.as_raw_fd();
+    // read until EAGAIN and poll only then: one syscall per packet under load instead of two
+    if let Err(e) = crate::sys::set_nonblocking(fd) {
+        tracing::error!(error = %e, "the TUN device cannot be made non-blocking; the VPN path stops");
+        return;
+    }
     while !stop.load(Relaxed) {
         let now = started.elapsed().as_secs();
         if now != last_sweep {
@@ -81,16 +86,15 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
             nat.sweep(now);
             stats.flows.store(nat.open_flows() as u64, Relaxed);
         }
-        match crate::sys::wait_readable(fd, POLL_MS) {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                tracing::error!(error = %e, "polling the TUN device failed; the VPN path stops");
-                return;
-            }
-        }
         let n = match device.read(&mut buf) {
             Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Err(e) = crate::sys::wait_readable(fd, POLL_MS) {
+                    tracing::error!(error = %e, "polling the TUN device failed; the VPN path stops");
+                    return;
+                }
+                continue;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 tracing::error!(error = %e, "reading the TUN device failed; the VPN path stops");
