@@ -18,6 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+use support::netns::{
+    self, in_netns, next_result, remove_cgroups, root_with_tools_or_skip, sh, sh_quiet,
+};
 use support::{spawn_with_listeners, Listening, BIN};
 
 const DIRECT: &str = "10.210.0.2";
@@ -131,57 +134,16 @@ fn helper() {
 
 // ---------- fixture ----------
 
+/// Root, the tools, and a TUN device; else skip (fail under `CI`).
 fn tools_or_skip(what: &str) -> bool {
-    let euid = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(String::from))
-        })
-        .unwrap_or_default();
-    let missing: Vec<&str> = ["ip", "nft", "nsenter", "bpftool", "curl"]
-        .into_iter()
-        .filter(|c| support::which(c).is_none())
-        .collect();
-    let reason = if euid != "0" {
-        Some("needs root".to_string())
-    } else if !missing.is_empty() {
-        Some(format!("missing {}", missing.join(", ")))
-    } else if !Path::new("/dev/net/tun").exists() {
-        Some("no /dev/net/tun".to_string())
-    } else {
-        None
-    };
-    match reason {
-        None => true,
-        Some(r) if std::env::var_os("CI").is_some() => {
-            panic!("{what}: {r} (CI must not skip; tests/run installs the tools)")
+    if !Path::new("/dev/net/tun").exists() {
+        if std::env::var_os("CI").is_some() {
+            panic!("{what}: no /dev/net/tun");
         }
-        Some(r) => {
-            eprintln!("SKIP {what}: {r}");
-            false
-        }
+        eprintln!("SKIP {what}: no /dev/net/tun");
+        return false;
     }
-}
-
-fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").arg("-c").arg(cmd).output().expect("sh");
-    assert!(
-        out.status.success(),
-        "`{cmd}` failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn sh_quiet(cmd: &str) -> String {
-    Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
+    root_with_tools_or_skip(what, &["ip", "nft", "nsenter", "bpftool", "curl"])
 }
 
 fn cgroup2_mount() -> PathBuf {
@@ -194,47 +156,9 @@ fn cgroup2_mount() -> PathBuf {
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
-const HELPER_ARGS: [&str; 4] = ["helper", "--exact", "--nocapture", "--test-threads=1"];
-
-/// A command run inside `netns`, after joining `cgroup` when given (so its sockets are there).
-fn in_netns(netns: &str, cgroup: Option<&Path>, program: &str) -> Command {
-    let join = cgroup
-        .map(|cg| format!("echo $$ > '{}/cgroup.procs' && ", cg.display()))
-        .unwrap_or_default();
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(format!(
-            "{join}exec nsenter --net=/run/netns/{netns} \"$@\""
-        ))
-        .arg("sh")
-        .arg(program);
-    cmd
-}
-
+/// This test binary in helper mode inside `netns` (and `cgroup`).
 fn helper_in(netns: &str, cgroup: Option<&Path>, action: &str, arg: &str) -> Command {
-    let exe = std::env::current_exe().expect("test exe");
-    let mut cmd = in_netns(netns, cgroup, &exe.display().to_string());
-    cmd.args(HELPER_ARGS)
-        .env("SYVPN_HELPER", action)
-        .env("SYVPN_ARG", arg)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    cmd
-}
-
-fn next_result(out: &mut impl BufRead) -> String {
-    let mut lines = out.lines();
-    loop {
-        match lines.next() {
-            // libtest prints "test helper ... " without a newline before the helper's output
-            Some(Ok(l)) if l.contains("RESULT ") => {
-                return l.split("RESULT ").nth(1).unwrap_or_default().to_string()
-            }
-            Some(Ok(_)) => continue,
-            _ => panic!("helper ended without a result"),
-        }
-    }
+    netns::helper_in(netns, cgroup, ("SYVPN_HELPER", "SYVPN_ARG"), action, arg)
 }
 
 struct Topo {
@@ -308,7 +232,7 @@ impl Topo {
              api: {listen: \"127.0.0.1:0\", enable_request_log: true}\nlogging: {level: info, format: json}\n",
         )
         .expect("server config");
-        let mut cmd = in_netns(&self.net, None, BIN);
+        let mut cmd = in_netns(&self.net, None, Path::new(BIN));
         cmd.args(["server", "--config"]).arg(&path);
         let s = spawn_with_listeners(cmd, "switchyard server", &["HTTP proxy", "management API"]);
         let http = s.addrs[0];
@@ -341,7 +265,7 @@ impl Topo {
     fn start_client(&self, yaml: &str) -> Client {
         let cfg = self.dir.path().join("client.yaml");
         std::fs::write(&cfg, yaml).expect("client config");
-        let mut cmd = in_netns(&self.lan, Some(&self.own), BIN);
+        let mut cmd = in_netns(&self.lan, Some(&self.own), Path::new(BIN));
         cmd.arg("client")
             .arg("--config")
             .arg(&cfg)
@@ -536,22 +460,14 @@ impl Drop for Topo {
         for ns in [&self.lan, &self.net] {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
-        for dir in [
+        remove_cgroups(&[
             &self.inc,
             &self.exc,
             &self.own,
             &self.scope.join("switchyard-split-apps"),
             &self.scope.join("switchyard-client"),
             &self.scope,
-        ] {
-            let _ = std::fs::write(dir.join("cgroup.kill"), "1");
-            for _ in 0..50 {
-                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        ]);
     }
 }
 

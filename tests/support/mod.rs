@@ -3,6 +3,8 @@
 //! running real clients (curl). Every child is killed by PID when its guard drops.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
