@@ -257,10 +257,8 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     let redsocks_cfg = dir.join("redsocks.conf");
     fs::write(
         &redsocks_cfg,
-        format!(
-            "base {{ log_debug = off; log_info = off; daemon = off; redirector = iptables; }}\n\
-             redsocks {{ local_ip = 127.0.0.1; local_port = 12345; ip = 10.210.0.1; port = 18080; type = http-connect; }}\n"
-        ),
+        "base { log_debug = off; log_info = off; daemon = off; redirector = iptables; }\n\
+         redsocks { local_ip = 127.0.0.1; local_port = 12345; ip = 10.210.0.1; port = 18080; type = http-connect; }\n",
     )?;
     let redsocks = procs.spawn(
         "redsocks",
@@ -302,17 +300,8 @@ EOF"
         bail!("{r}");
     }
     let secs = ctx.seconds.to_string();
-    let target = format!("{ORIGIN}");
-    let iperf_args = [
-        "-c",
-        target.as_str(),
-        "-p",
-        "5201",
-        "-t",
-        secs.as_str(),
-        "-J",
-    ];
-    let flow_args = ["-c", FLOWS_PY, target.as_str(), "8081", secs.as_str()];
+    let iperf_args = ["-c", ORIGIN, "-p", "5201", "-t", secs.as_str(), "-J"];
+    let flow_args = ["-c", FLOWS_PY, ORIGIN, "8081", secs.as_str()];
     let mut results: Vec<(&str, PathFigures)> = Vec::new();
     for (name, cgroup, nobody, relay) in [
         ("plain veth", None, false, None),

@@ -83,36 +83,6 @@ pub fn listener_from_fd(fd: RawFd) -> glommio::net::TcpListener {
     unsafe { glommio::net::TcpListener::from_raw_fd(fd) }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-    use std::net::{TcpListener, TcpStream};
-    use std::os::fd::AsRawFd;
-
-    #[test]
-    fn detects_closed_and_dirty_connections() {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let c = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (mut s, _) = l.accept().expect("accept");
-        assert!(idle_socket_is_clean(c.as_raw_fd()));
-        s.write_all(b"x").expect("write");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(!idle_socket_is_clean(c.as_raw_fd()));
-        let c2 = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (s2, _) = l.accept().expect("accept");
-        drop(s2);
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(!idle_socket_is_clean(c2.as_raw_fd()));
-    }
-
-    #[test]
-    fn cpus_and_limits() {
-        assert!(!allowed_cpus().is_empty());
-        assert!(raise_nofile_limit().expect("rlimit") > 0);
-    }
-}
-
 /// Creates (or attaches to) the TUN device `name`: layer 3, no packet-info header. The device
 /// is not persistent: it disappears when the last descriptor closes, so a killed process leaves
 /// no device behind.
@@ -192,4 +162,34 @@ pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn detects_closed_and_dirty_connections() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let c = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (mut s, _) = l.accept().expect("accept");
+        assert!(idle_socket_is_clean(c.as_raw_fd()));
+        s.write_all(b"x").expect("write");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!idle_socket_is_clean(c.as_raw_fd()));
+        let c2 = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s2, _) = l.accept().expect("accept");
+        drop(s2);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!idle_socket_is_clean(c2.as_raw_fd()));
+    }
+
+    #[test]
+    fn cpus_and_limits() {
+        assert!(!allowed_cpus().is_empty());
+        assert!(raise_nofile_limit().expect("rlimit") > 0);
+    }
 }
