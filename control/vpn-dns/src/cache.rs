@@ -79,7 +79,10 @@ impl Cache {
     /// now: TTLs capped, a negative answer's SOA carrying the negative TTL.
     pub fn insert(&mut self, key: CacheKey, answer: Answer, now: Instant) -> Answer {
         let (answer, keep) = apply_policy(answer, self.ttl_cap);
-        if let Some(keep) = keep.filter(|&k| k > 0) {
+        let expires_at = keep
+            .filter(|&k| k > 0)
+            .and_then(|k| now.checked_add(Duration::from_secs(u64::from(k))));
+        if let Some(expires_at) = expires_at {
             if self.entries.len() >= self.capacity && !self.entries.contains_key(&key) {
                 self.make_room(now);
             }
@@ -88,7 +91,7 @@ impl Cache {
                 Entry {
                     answer: answer.clone(),
                     stored_at: now,
-                    expires_at: now + Duration::from_secs(u64::from(keep)),
+                    expires_at,
                 },
             );
         }

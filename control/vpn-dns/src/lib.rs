@@ -3,7 +3,7 @@
 //! The split tunnel's DNS redirect (eBPF `cgroup/connect4`/`sendmsg4`, or the nftables fallback)
 //! sends port-53 traffic (UDP and TCP) of in-scope sockets to [`DnsInterceptor`]'s listener. It
 //! answers from its cache when fresh (TTLs counted down, capped by `vpn.dns.cache_ttl`; negative
-//! answers kept for the SOA minimum), otherwise forwards to `vpn.dns.servers` in order with
+//! answers kept for the SOA's negative TTL), otherwise forwards to `vpn.dns.servers` in order with
 //! failover and a per-server timeout — through the tunnel ([`Upstream::Proxy`]: DNS over TCP via
 //! the selected server's HTTP CONNECT or SOCKS5 proxy, one pipelined connection per server) or
 //! directly ([`Upstream::Direct`]: UDP, TCP on truncation, optionally from sockets carrying the
@@ -22,7 +22,7 @@
 //!
 //! Runtime-free parts with unit tests: [`message`] (reading queries, building answers, UDP
 //! truncation, CNAME chains), [`cache`] (TTL policy, expiry with an injected clock), [`name`],
-//! [`server_order`] (failover order).
+//! [`server_order`] (failover order), [`servers`] (`vpn.dns.servers` entries, resolv.conf).
 
 pub mod cache;
 mod listener;
@@ -30,6 +30,7 @@ pub mod message;
 pub mod name;
 mod resolver;
 pub mod server_order;
+pub mod servers;
 pub mod upstream;
 
 use std::net::{IpAddr, SocketAddr};
@@ -89,6 +90,13 @@ pub enum Error {
     },
     #[error("upstream server {0} is the resolver's own address: queries would loop")]
     Loop(SocketAddr),
+    #[error("cannot mark upstream sockets with {mark:#x} (CAP_NET_ADMIN needed): {source}")]
+    Mark {
+        mark: u32,
+        source: upstream::UpstreamError,
+    },
+    #[error("`{0}` is not a DNS server address (IP or IP:port)")]
+    BadServer(String),
 }
 
 /// The running resolver: a UDP and a TCP listener on one port. Dropping it stops both
@@ -110,6 +118,11 @@ impl DnsInterceptor {
         })?;
         if let Some(&own) = cfg.servers.iter().find(|s| **s == local_addr) {
             return Err(Error::Loop(own));
+        }
+        if let Upstream::Direct { mark: Some(mark) } = cfg.upstream {
+            // Setting SO_MARK needs CAP_NET_ADMIN: say so now rather than SERVFAIL every query.
+            upstream::udp::socket(local_addr, Some(mark))
+                .map_err(|source| Error::Mark { mark, source })?;
         }
         let resolver = Arc::new(Resolver::new(
             cfg.servers,
@@ -170,6 +183,11 @@ impl DnsInterceptor {
     /// Switches the upstream path (the VPN selected another server). Queries already running
     /// finish on the old path; pooled connections of the old path close.
     pub fn set_upstream(&self, up: Upstream) {
+        if let Upstream::Direct { mark: Some(mark) } = up {
+            if let Err(e) = upstream::udp::socket(self.local_addr, Some(mark)) {
+                tracing::warn!(mark, error = %e, "upstream sockets cannot be marked: queries will fail");
+            }
+        }
         self.resolver.set_upstream(up);
     }
 

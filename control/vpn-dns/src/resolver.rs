@@ -117,29 +117,43 @@ impl Resolver {
     }
 
     async fn answer(&self, query: &Query) -> Answer {
-        let key = CacheKey::of(query);
-        if let Some(hit) = self.cache.lock().get(&key, Instant::now()) {
-            bump(&self.counters.cache_hits);
-            return hit;
+        enum Role {
+            Cached(Answer),
+            /// Another client's fetch for the same question is running: wait for its answer.
+            Join(oneshot::Receiver<Answer>),
+            Fetch,
         }
-        let waiter = {
+        let key = CacheKey::of(query);
+        // Cache and fetch table are looked at under one lock, so a fetch finishing in between
+        // cannot make this question go upstream a second time.
+        let role = {
             let mut inflight = self.inflight.lock();
             match inflight.get_mut(&key) {
                 Some(waiters) => {
                     let (tx, rx) = oneshot::channel();
                     waiters.push(tx);
-                    Some(rx)
+                    Role::Join(rx)
                 }
-                None => {
-                    inflight.insert(key.clone(), Vec::new());
-                    None
-                }
+                None => match self.cache.lock().get(&key, Instant::now()) {
+                    Some(hit) => Role::Cached(hit),
+                    None => {
+                        inflight.insert(key.clone(), Vec::new());
+                        Role::Fetch
+                    }
+                },
             }
         };
-        if let Some(rx) = waiter {
-            bump(&self.counters.coalesced);
-            // The fetch's owner went away without an answer (shutdown): SERVFAIL.
-            return rx.await.unwrap_or_else(|_| Answer::servfail());
+        match role {
+            Role::Fetch => {}
+            Role::Cached(hit) => {
+                bump(&self.counters.cache_hits);
+                return hit;
+            }
+            Role::Join(rx) => {
+                bump(&self.counters.coalesced);
+                // The fetch's owner went away without an answer (shutdown): SERVFAIL.
+                return rx.await.unwrap_or_else(|_| Answer::servfail());
+            }
         }
         let fetch = Fetch {
             inflight: &self.inflight,

@@ -43,12 +43,9 @@ fn silent_server() -> std::net::UdpSocket {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_then_serves_repeats_from_the_cache() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, reports) = start(vec![upstream.addr], |_| {}).await;
     let out = dig(dns.local_addr(), &["a.test", "A", "+noall", "+answer"]).await;
     let got = records(&out);
@@ -94,17 +91,19 @@ async fn answers_then_serves_repeats_from_the_cache() {
         .entries
         .iter()
         .all(|e| e.domain == "a.test" && e.expires_at > chrono::Utc::now()));
+
+    // Shutdown closes both listeners: the port is free again for UDP and TCP.
+    let addr = dns.local_addr();
     dns.shutdown().await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    UdpSocket::bind(addr).await.expect("UDP port released");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_ttl_caps_ttls_and_expired_answers_are_fetched_again() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, _) = start(vec![upstream.addr], |c| {
         c.cache_ttl = Duration::from_secs(1)
     })
@@ -157,12 +156,9 @@ async fn servfail_when_every_upstream_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fails_over_to_the_next_server() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let silent = silent_server();
     let (dns, _) = start(
         vec![silent.local_addr().expect("addr"), upstream.addr],
@@ -190,12 +186,9 @@ async fn fails_over_to_the_next_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_queries_and_truncated_udp_answers() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, _) = start(vec![upstream.addr], |_| {}).await;
     let out = dig(dns.local_addr(), &["a.test", "+tcp", "+short"]).await;
     assert_eq!(out.trim(), "10.1.2.3");
@@ -225,12 +218,9 @@ async fn tcp_queries_and_truncated_udp_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cname_chains_are_reported_under_every_name() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, reports) = start(vec![upstream.addr], |_| {}).await;
     let out = dig(
         dns.local_addr(),
@@ -251,15 +241,12 @@ async fn cname_chains_are_reported_under_every_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_proxy_upstream_reuses_one_tcp_connection() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
     let Some(proxy) = Microsocks::start("bob", "builder") else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let through = |password: &str| Upstream::Proxy {
         address: proxy.addr.to_string(),
         protocol: ProxyProtocol::Socks5,
@@ -282,12 +269,152 @@ async fn socks5_proxy_upstream_reuses_one_tcp_connection() {
     let pids = upstream.query_pids();
     assert_eq!(pids.len(), 2, "{pids:?}");
     assert_eq!(pids[0], pids[1], "one reused connection: {pids:?}");
+    // Questions asked at once are pipelined on that same connection.
+    let resolver = dns.local_addr();
+    let asks: Vec<_> = (0..4u16)
+        .map(|i| tokio::spawn(async move { ask(resolver, &format!("p{i}.a.test."), i).await }))
+        .collect();
+    for a in asks {
+        assert_eq!(a.await.expect("ask"), [ip("10.1.2.3")]);
+    }
+    for i in 0..4 {
+        upstream.wait_queries("A", &format!("p{i}.a.test"), 1);
+    }
+    let pids = upstream.query_pids();
+    assert_eq!(pids.len(), 6, "{pids:?}");
+    assert!(
+        pids.iter().all(|p| *p == pids[0]),
+        "one connection: {pids:?}"
+    );
 
     // Wrong credentials: the proxy refuses, the client gets SERVFAIL.
     dns.set_upstream(through("wrong"));
     let out = dig(dns.local_addr(), &["edge.cdn.test", "A"]).await;
     assert_eq!(status(&out), "SERVFAIL", "{out}");
     assert_eq!(upstream.queries("A", "edge.cdn.test"), 0);
+}
+
+/// NXDOMAIN and NODATA answers of an authoritative dnsmasq zone (SOA TTL and MINIMUM 30 s) are
+/// cached for the SOA's negative TTL, capped by cache_ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_answers_are_cached_for_the_soa_ttl() {
+    if peers::require("dig").is_none() {
+        return;
+    }
+    let mut zone = peers::test_records();
+    zone.extend(
+        [
+            "--auth-server=ns.neg.test,127.0.0.1",
+            "--auth-zone=neg.test",
+            "--auth-ttl=30",
+            "--auth-soa=1,hostmaster.neg.test,1200,120,1209600",
+            "--host-record=h.neg.test,10.5.5.5",
+        ]
+        .map(String::from),
+    );
+    let Some(upstream) = Dnsmasq::start(&zone) else {
+        return;
+    };
+    let (dns, reports) = start(vec![upstream.addr], |_| {}).await;
+    for round in 1..=2 {
+        let out = dig(
+            dns.local_addr(),
+            &["nx.neg.test", "A", "+noall", "+comments", "+authority"],
+        )
+        .await;
+        assert_eq!(status(&out), "NXDOMAIN", "{out}");
+        let soa = records(&out)
+            .into_iter()
+            .find(|r| r.2 == "SOA")
+            .unwrap_or_else(|| panic!("SOA: {out}"));
+        assert!(soa.1 <= 30, "round {round}: {out}");
+        let out = dig(
+            dns.local_addr(),
+            &["h.neg.test", "AAAA", "+noall", "+comments", "+answer"],
+        )
+        .await;
+        assert_eq!(status(&out), "NOERROR", "{out}");
+        assert!(records(&out).is_empty(), "NODATA: {out}");
+    }
+    upstream.wait_queries("AAAA", "h.neg.test", 1);
+    assert_eq!(upstream.queries("A", "nx.neg.test"), 1);
+    assert_eq!(upstream.queries("AAAA", "h.neg.test"), 1);
+    assert_eq!(dns.stats().cache_hits, 2);
+    assert!(reports.addresses("nx.neg.test").is_empty());
+
+    // cache_ttl below the SOA's negative TTL caps it.
+    let (dns, _) = start(vec![upstream.addr], |c| {
+        c.cache_ttl = Duration::from_secs(5)
+    })
+    .await;
+    let out = dig(
+        dns.local_addr(),
+        &["other.neg.test", "A", "+noall", "+authority"],
+    )
+    .await;
+    let soa = records(&out)
+        .into_iter()
+        .find(|r| r.2 == "SOA")
+        .unwrap_or_else(|| panic!("SOA: {out}"));
+    assert!(soa.1 <= 5, "{out}");
+}
+
+/// IPv6 end to end: the resolver on ::1 (the DNS redirect's `resolver6`), dnsmasq on ::1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_listener_and_upstream() {
+    if peers::require("dig").is_none() {
+        return;
+    }
+    let Some(upstream) = Dnsmasq::start_on(ip("::1"), &peers::test_records()) else {
+        return;
+    };
+    let (dns, reports) = start(vec![upstream.addr], |c| {
+        c.listen = "[::1]:0".parse().expect("addr")
+    })
+    .await;
+    assert!(dns.local_addr().is_ipv6());
+    let out = dig(dns.local_addr(), &["a.test", "AAAA", "+short"]).await;
+    assert_eq!(out.trim(), "2001:db8::3");
+    let out = dig(dns.local_addr(), &["a.test", "A", "+short", "+tcp"]).await;
+    assert_eq!(out.trim(), "10.1.2.3");
+    assert_eq!(
+        reports.addresses("a.test"),
+        [ip("10.1.2.3"), ip("2001:db8::3")]
+    );
+    upstream.wait_queries("AAAA", "a.test", 1);
+}
+
+/// A pooled connection that dies (here: the proxy restarts) is replaced by a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_proxied_connection_is_replaced() {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
+        return;
+    };
+    let Some(proxy) = Microsocks::start("bob", "builder") else {
+        return;
+    };
+    let (dns, _) = start(vec![upstream.addr], |c| {
+        c.upstream = Upstream::Proxy {
+            address: proxy.addr.to_string(),
+            protocol: ProxyProtocol::Socks5,
+            username: Some("bob".into()),
+            password: Some("builder".into()),
+        };
+        c.timeout = Duration::from_secs(3);
+    })
+    .await;
+    let out = dig(dns.local_addr(), &["a.test", "+short"]).await;
+    assert_eq!(out.trim(), "10.1.2.3");
+    let Some(_proxy) = proxy.restart("bob", "builder") else {
+        return;
+    };
+    let out = dig(dns.local_addr(), &["edge.cdn.test", "+short"]).await;
+    assert_eq!(out.trim(), "10.9.9.9");
+    upstream.wait_queries("A", "edge.cdn.test", 1);
+    let pids = upstream.query_pids();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert_ne!(pids[0], pids[1], "a new connection: {pids:?}");
+    assert_eq!(dns.stats().servfail, 0);
 }
 
 /// A scripted upstream that answers late, and first with spoofed replies: identical questions
@@ -391,12 +518,9 @@ async fn ask(resolver: SocketAddr, name: &str, id: u16) -> Vec<IpAddr> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_input_gets_formerr_or_nothing_and_the_listeners_survive() {
-    let Some(upstream) = Dnsmasq::start(&peers::test_records()) else {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
         return;
     };
-    if peers::require("dig").is_none() {
-        return;
-    }
     let (dns, _) = start(vec![upstream.addr], |_| {}).await;
     let resolver = dns.local_addr();
     let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
@@ -442,4 +566,95 @@ async fn malformed_input_gets_formerr_or_nothing_and_the_listeners_survive() {
     let out = dig(resolver, &["a.test", "+short", "+tcp"]).await;
     assert_eq!(out.trim(), "10.1.2.3");
     assert!(dns.stats().malformed >= 1);
+}
+
+/// An nft table counting the packets sent to one port, by mark; deleted when dropped.
+struct MarkCounter {
+    table: String,
+}
+
+impl MarkCounter {
+    fn new(port: u16, mark: u32) -> Option<MarkCounter> {
+        let nft = peers::require("nft")?;
+        let table = format!("vdns_mark_{port}");
+        let script = format!(
+            "table inet {table} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n\
+             \x20 udp dport {port} meta mark {mark:#x} counter comment \"udp-marked\"\n\
+             \x20 udp dport {port} meta mark != {mark:#x} counter comment \"udp-unmarked\"\n\
+             \x20 tcp dport {port} meta mark {mark:#x} counter comment \"tcp-marked\"\n }}\n}}\n"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("rules.nft");
+        std::fs::write(&file, script).expect("write rules");
+        let ok = std::process::Command::new(nft)
+            .arg("-f")
+            .arg(&file)
+            .status()
+            .expect("run nft")
+            .success();
+        assert!(ok, "nft -f failed");
+        Some(MarkCounter { table })
+    }
+
+    fn packets(&self, comment: &str) -> u64 {
+        let out = std::process::Command::new("nft")
+            .args(["list", "table", "inet", &self.table])
+            .output()
+            .expect("nft list");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("comment \"{comment}\"")))
+            .unwrap_or_else(|| panic!("no rule {comment} in {text}"));
+        line.split("packets ")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no counter in {line}"))
+    }
+}
+
+impl Drop for MarkCounter {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", &self.table])
+            .status();
+    }
+}
+
+/// Direct upstream queries leave from sockets carrying the tunnel's mark (UDP, and the TCP
+/// retry of a truncated answer), which is what policy routing sends into the TUN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_upstream_sockets_carry_the_mark() {
+    // nft and SO_MARK both need CAP_NET_ADMIN.
+    if !peers::is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs the tests as root"
+        );
+        eprintln!("SKIP: not root (SO_MARK and nft need CAP_NET_ADMIN)");
+        return;
+    }
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
+        return;
+    };
+    const MARK: u32 = 0x5359;
+    let Some(counter) = MarkCounter::new(upstream.addr.port(), MARK) else {
+        return;
+    };
+    let (dns, _) = start(vec![upstream.addr], |c| {
+        c.upstream = Upstream::Direct { mark: Some(MARK) }
+    })
+    .await;
+    let out = dig(dns.local_addr(), &["a.test", "+short"]).await;
+    assert_eq!(out.trim(), "10.1.2.3");
+    let out = dig(
+        dns.local_addr(),
+        &["big.test", "TXT", "+tcp", "+noall", "+answer"],
+    )
+    .await;
+    assert_eq!(records(&out).len(), peers::BIG_TXT_RECORDS, "{out}");
+    assert!(counter.packets("udp-marked") >= 2, "UDP queries marked");
+    assert_eq!(counter.packets("udp-unmarked"), 0, "no unmarked UDP query");
+    assert!(counter.packets("tcp-marked") >= 1, "TCP retry marked");
 }

@@ -66,6 +66,7 @@ impl Connection {
             close(&o, &p);
         });
         let (p, o) = (pending.clone(), open.clone());
+        let stop_writer = writer.abort_handle();
         let reader = tokio::spawn(async move {
             let mut buf = Vec::with_capacity(4096);
             loop {
@@ -87,6 +88,9 @@ impl Connection {
                 }
             }
             close(&o, &p);
+            // Dropping the write half as well closes the socket now, not when the pool
+            // replaces this connection.
+            stop_writer.abort();
         });
         Connection {
             frames,
@@ -211,4 +215,20 @@ where
     let conn = Arc::new(Connection::new(open().await?));
     *slot = Some(conn.clone());
     Ok((conn, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_frame;
+
+    #[test]
+    fn frames_are_taken_whole_and_in_order() {
+        let mut buf = vec![0, 3, b'a', b'b'];
+        assert_eq!(take_frame(&mut buf), None, "incomplete");
+        buf.extend_from_slice(&[b'c', 0, 0, 0]);
+        assert_eq!(take_frame(&mut buf).as_deref(), Some(&b"abc"[..]));
+        assert_eq!(take_frame(&mut buf).as_deref(), Some(&b""[..]));
+        assert_eq!(take_frame(&mut buf), None);
+        assert_eq!(buf, [0]);
+    }
 }

@@ -37,12 +37,20 @@ pub fn require(cmd: &str) -> Option<PathBuf> {
     }
 }
 
-/// A port free for both UDP and TCP on 127.0.0.1.
-pub fn free_port() -> u16 {
+/// Whether this process runs as root (uid 0).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+/// A port free for both UDP and TCP on `ip`.
+pub fn free_port(ip: IpAddr) -> u16 {
     loop {
-        let udp = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+        let udp = UdpSocket::bind((ip, 0)).expect("bind udp");
         let port = udp.local_addr().expect("addr").port();
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if TcpListener::bind((ip, port)).is_ok() {
             return port;
         }
     }
@@ -86,10 +94,15 @@ impl Dnsmasq {
     /// Starts dnsmasq with `records` (extra options such as `--address=/a.test/10.1.2.3`) and
     /// TTL 600 on its answers, or None when dnsmasq is missing.
     pub fn start(records: &[String]) -> Option<Dnsmasq> {
+        Dnsmasq::start_on(IpAddr::from([127, 0, 0, 1]), records)
+    }
+
+    /// [`Dnsmasq::start`] on another loopback address (`::1`, `127.0.0.2`…).
+    pub fn start_on(ip: IpAddr, records: &[String]) -> Option<Dnsmasq> {
         let bin = require("dnsmasq")?;
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("queries.log");
-        let port = free_port();
+        let port = free_port(ip);
         let mut cmd = Command::new(bin);
         cmd.args([
             "--keep-in-foreground",
@@ -97,19 +110,20 @@ impl Dnsmasq {
             "--no-resolv",
             "--no-hosts",
             "--bind-interfaces",
-            "--listen-address=127.0.0.1",
-            "--user=root",
             "--pid-file=",
             "--local-ttl=600",
             "--log-queries",
         ])
+        // As root dnsmasq would switch to `nobody`, who cannot write the log in our temp dir.
+        .args(is_root().then_some("--user=root"))
+        .arg(format!("--listen-address={ip}"))
         .arg(format!("--port={port}"))
         .arg(format!("--log-facility={}", log.display()))
         .args(records)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
         let proc = Proc(cmd.spawn().expect("start dnsmasq"));
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let addr = SocketAddr::new(ip, port);
         wait_for_tcp(addr);
         Some(Dnsmasq {
             addr,
@@ -119,13 +133,17 @@ impl Dnsmasq {
         })
     }
 
-    /// How many queries for `name` of `qtype` dnsmasq has logged (`query[A] name from ...`).
+    /// How many queries for `name` of `qtype` dnsmasq has logged.
     pub fn queries(&self, qtype: &str, name: &str) -> usize {
-        let needle = format!("query[{qtype}] {name} from");
+        // Questions for its own authoritative zones are logged as `auth[A] name from ...`.
+        let needles = [
+            format!("query[{qtype}] {name} from"),
+            format!("auth[{qtype}] {name} from"),
+        ];
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
-            .filter(|l| l.contains(&needle))
+            .filter(|l| needles.iter().any(|n| l.contains(n)))
             .count()
     }
 
@@ -169,6 +187,12 @@ pub fn test_records() -> Vec<String> {
     r
 }
 
+/// dnsmasq with [`test_records`], when both it and dig are installed.
+pub fn dnsmasq_and_dig() -> Option<Dnsmasq> {
+    require("dig")?;
+    Dnsmasq::start(&test_records())
+}
+
 /// Output of `dig @resolver args…`, one try with a 5 s limit so a test never hangs.
 pub async fn dig(resolver: SocketAddr, args: &[&str]) -> String {
     let out = tokio::process::Command::new("dig")
@@ -210,9 +234,12 @@ pub fn records(dig_output: &str) -> Vec<(String, u32, String, String)> {
         .collect()
 }
 
+/// One `on_resolved` call: the name and its addresses.
+type Report = (String, Vec<IpAddr>);
+
 /// Collects what the resolver reports through `on_resolved`.
 #[derive(Clone, Default)]
-pub struct Reports(Arc<Mutex<Vec<(String, Vec<IpAddr>)>>>);
+pub struct Reports(Arc<Mutex<Vec<Report>>>);
 
 impl Reports {
     pub fn hook(&self) -> OnResolved {
@@ -253,8 +280,19 @@ pub struct Microsocks {
 
 impl Microsocks {
     pub fn start(user: &str, pass: &str) -> Option<Microsocks> {
+        Microsocks::start_on(free_port(IpAddr::from([127, 0, 0, 1])), user, pass)
+    }
+
+    /// Kills this proxy (closing every connection through it) and starts a new one on the
+    /// same port.
+    pub fn restart(self, user: &str, pass: &str) -> Option<Microsocks> {
+        let port = self.addr.port();
+        drop(self);
+        Microsocks::start_on(port, user, pass)
+    }
+
+    fn start_on(port: u16, user: &str, pass: &str) -> Option<Microsocks> {
         let bin = require("microsocks")?;
-        let port = free_port();
         let proc = Proc(
             Command::new(bin)
                 .args([
