@@ -617,14 +617,26 @@ fn vpn_scenario(classifier: &str) {
         .expect("probe");
     let mut out = BufReader::new(hold.stdout.take().expect("stdout"));
     assert_eq!(next_result(&mut out), "seen=10.211.9.2");
-    let conns = client.ok("GET", "/api/v1/vpn/connections", None);
-    let list = conns.as_array().expect("array");
-    let flow = list
-        .iter()
-        .find(|c| c["remote_addr"] == "10.211.9.2:8080")
-        .unwrap_or_else(|| panic!("no live flow to 10.211.9.2: {conns}"));
+    // the relay counts a write once it completes, which may be just after the app read it
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let flow = loop {
+        let conns = client.ok("GET", "/api/v1/vpn/connections", None);
+        let flow = conns
+            .as_array()
+            .expect("array")
+            .iter()
+            .find(|c| c["remote_addr"] == "10.211.9.2:8080")
+            .cloned();
+        match flow {
+            Some(f) if f["bytes_received"] == 11 => break f, // "10.211.9.2\n"
+            other => assert!(
+                Instant::now() < deadline,
+                "no live flow to 10.211.9.2 with 11 bytes received: {other:?} in {conns}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(flow["protocol"], "tcp");
-    assert_eq!(flow["bytes_received"], 11, "{flow}"); // "10.211.9.2\n"
     drop(hold.stdin.take());
     let _ = hold.wait();
     let status = client.ok("GET", "/api/v1/vpn/status", None);
