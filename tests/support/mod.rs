@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod netns;
 pub mod wg_peer;
 
 use std::io::{BufRead, BufReader};
