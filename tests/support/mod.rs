@@ -3,6 +3,7 @@
 //! running real clients (curl). Every child is killed by PID when its guard drops.
 #![allow(dead_code)]
 
+pub mod ovpn_server;
 pub mod wg_peer;
 
 use std::io::{BufRead, BufReader};
