@@ -494,7 +494,7 @@ mod tests {
 
     #[test]
     fn problems_name_their_key() {
-        let cases: [(ProviderKind, serde_json::Value, &str); 12] = [
+        let cases: [(ProviderKind, serde_json::Value, &str); 13] = [
             (
                 ProviderKind::Mullvad,
                 json!({"account_id": "1234567890123456"}),
