@@ -5,7 +5,9 @@
 //! wg_peer.rs). The origin must see the tunnel address the provider assigned. Key
 //! registrations (Mullvad devices, PIA addKey) add the registered key to the peer with
 //! `wg set`, as the provider's server would. Namespace tests need root; they skip with a
-//! reason otherwise and fail under CI.
+//! reason otherwise and fail under CI. The OpenVPN providers (ProtonVPN, NordVPN with `protocol:
+//! openvpn`) go through a real `openvpn` server (tests/support/ovpn_server.rs) that checks their
+//! username/password and presents a CA-signed certificate named after the listed host name.
 
 mod support;
 
