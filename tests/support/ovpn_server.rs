@@ -7,7 +7,7 @@
 //! small `--auth-user-pass-verify` script (no client certificate). Used by the OpenVPN and
 //! provider-backend tests. Needs root.
 
-use super::wg_peer::sh;
+use super::wg_peer::{namespace_with_veth, sh};
 use super::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -233,43 +233,9 @@ impl VpnServer {
         let host_veth = format!("{prefix}h{id}");
         let ns_veth = format!("{prefix}n{id}");
         let tun = format!("{prefix}t{id}");
-        let _ = Command::new("ip")
-            .args(["netns", "del", &ns])
-            .stderr(Stdio::null())
-            .status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &host_veth])
-            .stderr(Stdio::null())
-            .status();
-        sh("ip", &["netns", "add", &ns]);
-        sh(
-            "ip",
-            &[
-                "link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth,
-            ],
-        );
-        sh("ip", &["link", "set", &ns_veth, "netns", &ns]);
         let host_ip = format!("10.{v}.{k}.1");
         let endpoint_ip = format!("10.{v}.{k}.2");
-        sh(
-            "ip",
-            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_veth],
-        );
-        sh("ip", &["link", "set", &host_veth, "up"]);
-        sh(
-            "ip",
-            &[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{endpoint_ip}/30"),
-                "dev",
-                &ns_veth,
-            ],
-        );
-        sh("ip", &["-n", &ns, "link", "set", &ns_veth, "up"]);
-        sh("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+        namespace_with_veth(&ns, &host_veth, &ns_veth, &host_ip, &endpoint_ip);
 
         let dir = tempfile::tempdir().expect("tempdir");
         let (server_fp, ca_cert) = match &auth {

@@ -23,6 +23,47 @@ pub fn sh(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// A fresh namespace `ns` (a leftover of that name is removed first) joined to the host by the
+/// veth pair `host_veth`/`ns_veth` with /30 addresses `host_ip` and `ns_ip`, both ends and the
+/// namespace's loopback up.
+pub fn namespace_with_veth(ns: &str, host_veth: &str, ns_veth: &str, host_ip: &str, ns_ip: &str) {
+    let _ = Command::new("ip")
+        .args(["netns", "del", ns])
+        .stderr(Stdio::null())
+        .status();
+    let _ = Command::new("ip")
+        .args(["link", "del", host_veth])
+        .stderr(Stdio::null())
+        .status();
+    sh("ip", &["netns", "add", ns]);
+    sh(
+        "ip",
+        &[
+            "link", "add", host_veth, "type", "veth", "peer", "name", ns_veth,
+        ],
+    );
+    sh("ip", &["link", "set", ns_veth, "netns", ns]);
+    sh(
+        "ip",
+        &["addr", "add", &format!("{host_ip}/30"), "dev", host_veth],
+    );
+    sh("ip", &["link", "set", host_veth, "up"]);
+    sh(
+        "ip",
+        &[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{ns_ip}/30"),
+            "dev",
+            ns_veth,
+        ],
+    );
+    sh("ip", &["-n", ns, "link", "set", ns_veth, "up"]);
+    sh("ip", &["-n", ns, "link", "set", "lo", "up"]);
+}
+
 pub fn sh_in(program: &str, args: &[&str], input: &str) -> String {
     use std::io::Write;
     let mut child = Command::new(program)
@@ -140,43 +181,9 @@ impl Peer {
         let ns_veth = format!("{p}n{id}");
         let tun = format!("{p}t{id}");
         let (v, t) = (layout.veth_octet, layout.veth_octet + 1);
-        let _ = Command::new("ip")
-            .args(["netns", "del", &ns])
-            .stderr(Stdio::null())
-            .status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &host_veth])
-            .stderr(Stdio::null())
-            .status();
-        sh("ip", &["netns", "add", &ns]);
-        sh(
-            "ip",
-            &[
-                "link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth,
-            ],
-        );
-        sh("ip", &["link", "set", &ns_veth, "netns", &ns]);
         let host_ip = format!("10.{v}.{k}.1");
         let ns_ip = format!("10.{v}.{k}.2");
-        sh(
-            "ip",
-            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_veth],
-        );
-        sh("ip", &["link", "set", &host_veth, "up"]);
-        sh(
-            "ip",
-            &[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{ns_ip}/30"),
-                "dev",
-                &ns_veth,
-            ],
-        );
-        sh("ip", &["-n", &ns, "link", "set", &ns_veth, "up"]);
-        sh("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+        namespace_with_veth(&ns, &host_veth, &ns_veth, &host_ip, &ns_ip);
         let (peer_private, peer_public) = keypair();
         let (client_private, client_public) = keypair();
         let dir = tempfile::tempdir().expect("tempdir");
