@@ -7,7 +7,7 @@
 //! small `--auth-user-pass-verify` script (no client certificate). Used by the OpenVPN and
 //! provider-backend tests. Needs root.
 
-use super::wg_peer::{namespace_with_veth, sh};
+use super::wg_peer::{namespace_with_veth, sh, start_nginx};
 use super::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -269,31 +269,8 @@ impl VpnServer {
         std::fs::create_dir_all(&www).expect("www");
         std::fs::write(www.join("hello.txt"), "hello through openvpn\n").expect("file");
         std::fs::write(www.join("big.bin"), vec![7u8; 2 * 1024 * 1024]).expect("file");
-        let d = dir.path().display();
-        let conf = format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
-               fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
-               server {{ listen 80; root {}; }}\n}}\n",
-            www.display()
-        );
-        std::fs::write(dir.path().join("nginx.conf"), conf).expect("conf");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns])
-            .arg(&nginx)
-            .arg("-c")
-            .arg(dir.path().join("nginx.conf"))
-            .arg("-p")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nginx");
-        let nginx_proc = Proc {
-            child,
-            name: "nginx".into(),
-        };
+        // nginx on every address of the namespace: the tunnel address and the veth address.
+        let nginx_proc = start_nginx(&nginx, &ns, dir.path(), "80");
         let mut server = VpnServer {
             ns,
             host_veth,
@@ -314,11 +291,6 @@ impl VpnServer {
             ca_cert,
             dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !server.dir.path().join("nginx.pid").exists() {
-            assert!(Instant::now() < deadline, "nginx did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
         server.start_openvpn();
         server
     }

@@ -3,7 +3,7 @@
 //! on the peer's tunnel address. Used by the WireGuard and provider-backend tests. Needs root.
 
 use super::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -62,6 +62,44 @@ pub fn namespace_with_veth(ns: &str, host_veth: &str, ns_veth: &str, host_ip: &s
     );
     sh("ip", &["-n", ns, "link", "set", ns_veth, "up"]);
     sh("ip", &["-n", ns, "link", "set", "lo", "up"]);
+}
+
+/// nginx in namespace `ns` serving `dir`/www on `listen` and logging each request's client
+/// address to `dir`/access.log; returns once it runs (its pid file exists).
+pub fn start_nginx(nginx: &Path, ns: &str, dir: &Path, listen: &str) -> Proc {
+    let d = dir.display();
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 256; }}\n\
+         http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
+           fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
+           server {{ listen {listen}; root {d}/www; }}\n}}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).expect("conf");
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(nginx)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .arg("-p")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nginx");
+    let proc = Proc {
+        child,
+        name: "nginx".into(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dir.join("nginx.pid").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "nginx did not start in the namespace"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    proc
 }
 
 pub fn sh_in(program: &str, args: &[&str], input: &str) -> String {
@@ -194,16 +232,6 @@ impl Peer {
         std::fs::create_dir_all(&www).expect("www");
         std::fs::write(www.join("hello.txt"), "hello through the tunnel\n").expect("file");
         std::fs::write(www.join("big.bin"), vec![7u8; 3 * 1024 * 1024]).expect("file");
-        let d = dir.path().display();
-        let conf = format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
-               fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
-               server {{ listen {origin_ip}:80; root {}; }}\n}}\n",
-            www.display()
-        );
-        std::fs::write(dir.path().join("nginx.conf"), conf).expect("conf");
         let mut peer = Peer {
             ns: ns.clone(),
             host_veth,
@@ -226,30 +254,9 @@ impl Peer {
             dir,
         };
         peer.start_wireguard();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns])
-            .arg(&nginx)
-            .arg("-c")
-            .arg(peer.dir.path().join("nginx.conf"))
-            .arg("-p")
-            .arg(peer.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nginx");
-        peer._nginx = Proc {
-            child,
-            name: "nginx".into(),
-        };
-        // nginx is up once its pid file exists.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !peer.dir.path().join("nginx.pid").exists() {
-            assert!(
-                Instant::now() < deadline,
-                "nginx did not start in the namespace"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        // nginx listens on the tunnel address, which exists once the peer's device is up.
+        let listen = format!("{}:80", peer.origin_ip);
+        peer._nginx = start_nginx(&nginx, &ns, peer.dir.path(), &listen);
         peer
     }
 
