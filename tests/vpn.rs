@@ -692,7 +692,7 @@ fn vpn_scenario(classifier: &str) {
         "a killed client leaves its rules"
     );
     drop(client);
-    let restarted = topo.start_client(&topo.client_yaml(server, false, classifier, &split));
+    let mut restarted = topo.start_client(&topo.client_yaml(server, false, classifier, &split));
     assert_eq!(
         topo.leftovers(),
         Vec::<String>::new(),
@@ -704,6 +704,38 @@ fn vpn_scenario(classifier: &str) {
         "disabled"
     );
     expect_seen(&topo, &restarted, &topo.exc, "10.211.9.1", DIRECT);
+
+    // a clean stop (SIGTERM) takes the VPN down before the process exits
+    let v = restarted.ok("POST", "/api/v1/vpn/enable", None);
+    assert_eq!(v["status"], "enabled");
+    assert!(
+        !topo.leftovers().is_empty(),
+        "while on: {:?}",
+        topo.leftovers()
+    );
+    sh(&format!("kill -TERM {}", restarted.pid()));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match restarted.proc.proc.child.try_wait() {
+            Ok(Some(status)) => {
+                assert!(status.success(), "exit after SIGTERM: {status}");
+                break;
+            }
+            _ => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the client did not exit on SIGTERM"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    assert_eq!(
+        topo.leftovers(),
+        Vec::<String>::new(),
+        "{}",
+        restarted.log()
+    );
 }
 
 #[test]

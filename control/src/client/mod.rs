@@ -167,6 +167,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         tokio::spawn(drain_dataplane(state.clone(), events, requests));
         tokio::spawn(servers::probe_loop(state.clone()));
         tokio::spawn(vpn_apps_loop(state.clone()));
+        tokio::spawn(exit_cleanly_on_signals(state.clone()));
         if cfg.vpn.enabled {
             let server = state.selected_server();
             // a failure is the VPN's `error` state, visible in its status
@@ -212,6 +213,16 @@ fn vpn_path(cfg: &ClientConfig) -> Option<Arc<switchyard_dataplane::tun::VpnPath
             None
         }
     }
+}
+
+/// On SIGTERM or SIGINT: take the VPN down (TUN, routes, rules, nft table, eBPF links, resolver)
+/// before exiting, so a clean stop leaves nothing for the next start to recover.
+async fn exit_cleanly_on_signals(state: Arc<ClientState>) {
+    switchyard_service::shutdown_signal().await;
+    if let Err(e) = state.vpn.disable().await {
+        tracing::warn!(error = %e, "VPN teardown at shutdown was incomplete: the next start removes what is left");
+    }
+    std::process::exit(0);
 }
 
 /// Catches processes of name/path app rules started after the VPN came up.
