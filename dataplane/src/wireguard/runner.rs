@@ -39,6 +39,8 @@ const TX_BUFFER: usize = 256 * 1024;
 const SCRATCH: usize = 65_536 + 256;
 
 pub(super) struct RunnerArgs {
+    pub owner: Arc<super::Owner>,
+    pub generation: u64,
     pub name: String,
     pub settings: WireguardSettings,
     pub requests: async_channel::Receiver<OpenRequest>,
@@ -65,6 +67,17 @@ struct Flow {
     eof_sent: bool,
     /// Aborted; removed after the next interface poll has sent the reset.
     finished: bool,
+    /// Bytes moved peer → client and client → peer, for the log line that ends the flow.
+    down: u64,
+    up: u64,
+}
+
+impl Flow {
+    /// Every flow-ending path says why at debug level: a cut transfer must be traceable.
+    fn ended(&self, backend: &str, state: tcp::State, why: &str) {
+        tracing::debug!(backend, target = %self.target, ?state, down = self.down, up = self.up,
+            lived_ms = self.opened.elapsed().as_millis() as u64, why, "WireGuard flow ended");
+    }
 }
 
 struct PendingName {
@@ -107,6 +120,18 @@ fn random_u64() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     h.finish()
+}
+
+/// The smoltcp socket of one flow: large buffers (window scaling), Cubic, no Nagle (the relay
+/// writes whole chunks).
+fn flow_socket() -> tcp::Socket<'static> {
+    let mut socket = tcp::Socket::new(
+        tcp::SocketBuffer::new(vec![0; RX_BUFFER]),
+        tcp::SocketBuffer::new(vec![0; TX_BUFFER]),
+    );
+    socket.set_congestion_control(tcp::CongestionControl::Cubic);
+    socket.set_nagle_enabled(false);
+    socket
 }
 
 fn smol_now() -> smoltcp::time::Instant {
@@ -308,12 +333,7 @@ impl Tunnel {
             return;
         };
         let port = self.allocate_port();
-        let mut socket = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0; RX_BUFFER]),
-            tcp::SocketBuffer::new(vec![0; TX_BUFFER]),
-        );
-        socket.set_congestion_control(tcp::CongestionControl::Cubic);
-        socket.set_nagle_enabled(false);
+        let mut socket = flow_socket();
         let local = IpListenEndpoint {
             addr: Some(IpAddress::from(source)),
             port,
@@ -340,6 +360,8 @@ impl Tunnel {
             fin_sent: false,
             eof_sent: false,
             finished: false,
+            down: 0,
+            up: 0,
         });
     }
 
@@ -385,6 +407,7 @@ impl Tunnel {
     fn shuttle(&mut self, index: usize) -> bool {
         let alive = self.alive == Some(true);
         let unanswered = self.unanswered();
+        let backend = self.name.as_str();
         let flow = &mut self.flows[index];
         if flow.finished {
             self.sockets.remove(flow.handle);
@@ -393,6 +416,11 @@ impl Tunnel {
         let socket = self.sockets.get_mut::<tcp::Socket>(flow.handle);
         if let Some((reply, _)) = &flow.waiting {
             if reply.is_canceled() {
+                flow.ended(
+                    backend,
+                    socket.state(),
+                    "the connection stopped waiting for it",
+                );
                 socket.abort();
                 flow.finished = true;
                 return true;
@@ -401,6 +429,11 @@ impl Tunnel {
                 tcp::State::Established | tcp::State::CloseWait => {
                     if let Some((reply, stream)) = flow.waiting.take() {
                         if reply.send(Ok(stream)).is_err() {
+                            flow.ended(
+                                backend,
+                                socket.state(),
+                                "the connection stopped waiting for it",
+                            );
                             socket.abort();
                             flow.finished = true;
                             return true;
@@ -408,6 +441,11 @@ impl Tunnel {
                     }
                 }
                 tcp::State::Closed => {
+                    flow.ended(
+                        backend,
+                        socket.state(),
+                        "refused: reset before it was established",
+                    );
                     if let Some((reply, _)) = flow.waiting.take() {
                         let _ = reply.send(Err(DataplaneError::Refused {
                             target: flow.target.to_string(),
@@ -418,6 +456,7 @@ impl Tunnel {
                 }
                 _ => {
                     if !alive && flow.opened.elapsed() > HANDSHAKE_TIMEOUT {
+                        flow.ended(backend, socket.state(), "no handshake answer from the peer");
                         if let Some((reply, _)) = flow.waiting.take() {
                             let _ = reply.send(Err(unanswered));
                         }
@@ -430,6 +469,7 @@ impl Tunnel {
         }
         if flow.ends.to_client.receiver_count() == 0 {
             // The connection dropped its stream: whatever is still open is reset.
+            flow.ended(backend, socket.state(), "the connection dropped its stream");
             if !matches!(socket.state(), tcp::State::Closed | tcp::State::TimeWait) {
                 socket.abort();
             }
@@ -444,12 +484,19 @@ impl Tunnel {
             });
             match chunk {
                 Ok(c) if !c.is_empty() => {
+                    flow.down += c.len() as u64;
                     let _ = flow.ends.to_client.try_send(c);
                 }
                 _ => break,
             }
         }
         if !flow.eof_sent && !socket.may_recv() && !socket.can_recv() {
+            let why = if socket.state() == tcp::State::Closed {
+                "end of stream to the connection: the socket closed (reset, or both sides done)"
+            } else {
+                "end of stream to the connection: the peer sent FIN"
+            };
+            flow.ended(backend, socket.state(), why);
             flow.ends.to_client.close();
             flow.eof_sent = true;
         }
@@ -465,6 +512,8 @@ impl Tunnel {
                     Err(async_channel::TryRecvError::Empty) => break,
                     Err(async_channel::TryRecvError::Closed) => {
                         if !flow.fin_sent {
+                            tracing::debug!(backend, target = %flow.target, up = flow.up,
+                                "WireGuard flow: the connection finished sending; FIN to the peer");
                             socket.close();
                             flow.fin_sent = true;
                         }
@@ -476,11 +525,15 @@ impl Tunnel {
                 break;
             }
             match socket.send_slice(&flow.pending[flow.offset..]) {
-                Ok(n) if n > 0 => flow.offset += n,
+                Ok(n) if n > 0 => {
+                    flow.offset += n;
+                    flow.up += n as u64;
+                }
                 _ => break,
             }
         }
         if matches!(socket.state(), tcp::State::Closed | tcp::State::TimeWait) && flow.eof_sent {
+            flow.ended(backend, socket.state(), "closed");
             self.sockets.remove(flow.handle);
             return false;
         }
@@ -530,7 +583,9 @@ impl Tunnel {
     fn reset_established_flows(&mut self) {
         for flow in &self.flows {
             if flow.waiting.is_none() && !flow.finished {
-                self.sockets.get_mut::<tcp::Socket>(flow.handle).abort();
+                let socket = self.sockets.get_mut::<tcp::Socket>(flow.handle);
+                flow.ended(&self.name, socket.state(), "reset: the peer is lost");
+                socket.abort();
             }
         }
     }
@@ -624,7 +679,7 @@ async fn receive(udp: Rc<UdpSocket>, tunnel: Rc<RefCell<Tunnel>>, wake: Arc<Wake
 pub(super) async fn run(args: RunnerArgs) {
     // The endpoint may not resolve yet (names, DNS down): keep trying, unhealthy meanwhile.
     let endpoint = loop {
-        if args.requests.sender_count() == 0 {
+        if args.requests.sender_count() == 0 || !args.owner.beat(args.generation) {
             return;
         }
         if let Some(a) = resolve_endpoint(&args).await {
@@ -664,6 +719,10 @@ pub(super) async fn run(args: RunnerArgs) {
             tracing::info!(backend = %args.name, "WireGuard tunnel stopped (backend removed or changed)");
             return;
         }
+        if !args.owner.beat(args.generation) {
+            tracing::warn!(backend = %args.name, "WireGuard tunnel handed to another core; this one stops");
+            return;
+        }
         let listener = args.wake.listen();
         if !args.wake.take() {
             let delay = tunnel.borrow_mut().next_wake();
@@ -679,5 +738,166 @@ pub(super) async fn run(args: RunnerArgs) {
             std::mem::take(&mut t.outgoing)
         };
         send_all(&udp, endpoint, out).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smoltcp::phy::ChecksumCapabilities;
+    use smoltcp::wire::{
+        IpProtocol, Ipv4Address, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
+    };
+
+    const LOCAL: Ipv4Address = Ipv4Address::new(10, 9, 0, 2);
+    const REMOTE: Ipv4Address = Ipv4Address::new(10, 9, 0, 1);
+
+    /// An IPv4 TCP segment from the remote origin to our flow.
+    fn segment(repr: &TcpRepr) -> Vec<u8> {
+        let caps = ChecksumCapabilities::default();
+        let ip = Ipv4Repr {
+            src_addr: REMOTE,
+            dst_addr: LOCAL,
+            next_header: IpProtocol::Tcp,
+            payload_len: repr.buffer_len(),
+            hop_limit: 64,
+        };
+        let mut packet = vec![0; ip.buffer_len() + repr.buffer_len()];
+        ip.emit(&mut Ipv4Packet::new_unchecked(&mut packet[..]), &caps);
+        let mut tcp = TcpPacket::new_unchecked(&mut packet[ip.buffer_len()..]);
+        repr.emit(&mut tcp, &REMOTE.into(), &LOCAL.into(), &caps);
+        packet
+    }
+
+    /// The TCP header of a packet the interface sent: (seq, ack, window field).
+    fn sent(packet: &[u8]) -> (TcpSeqNumber, Option<TcpSeqNumber>, u16, Option<u8>) {
+        let ip = Ipv4Packet::new_checked(packet).expect("ipv4");
+        let tcp = TcpPacket::new_checked(ip.payload()).expect("tcp");
+        let repr = TcpRepr::parse(
+            &tcp,
+            &ip.src_addr().into(),
+            &ip.dst_addr().into(),
+            &ChecksumCapabilities::default(),
+        )
+        .expect("tcp repr");
+        (
+            repr.seq_number,
+            repr.ack_number,
+            repr.window_len,
+            repr.window_scale,
+        )
+    }
+
+    fn data<'a>(seq: TcpSeqNumber, ack: TcpSeqNumber, payload: &'a [u8]) -> TcpRepr<'a> {
+        TcpRepr {
+            src_port: 80,
+            dst_port: 50_000,
+            control: TcpControl::Psh,
+            seq_number: seq,
+            ack_number: Some(ack),
+            window_len: 65_535,
+            window_scale: None,
+            max_seg_size: None,
+            sack_permitted: false,
+            sack_ranges: [None; 3],
+            timestamp: None,
+            payload,
+        }
+    }
+
+    /// The cut-transfer defect: an origin sent bytes past the right edge of the window our flow
+    /// had advertised (legal for it to have seen a larger edge earlier: window scaling rounds
+    /// each advertisement down), the old stack took them because its buffer had room, and the
+    /// next ACK it built panicked ("attempt to subtract sequence numbers with underflow"),
+    /// which took the whole data-plane core, every connection on it and the tunnel down.
+    #[test]
+    fn bytes_past_the_advertised_window_do_not_bring_the_flow_down() {
+        let mut device = QueueDevice::new(65_535);
+        let mut iface = Interface::new(Config::new(HardwareAddress::Ip), &mut device, smol_now());
+        iface.update_ip_addrs(|a| {
+            a.push(IpCidr::new(LOCAL.into(), 32)).expect("address");
+        });
+        iface
+            .routes_mut()
+            .add_default_ipv4_route(LOCAL)
+            .expect("route");
+        let mut sockets = SocketSet::new(Vec::new());
+        let mut socket = flow_socket();
+        socket
+            .connect(
+                iface.context(),
+                (IpAddress::from(REMOTE), 80),
+                IpListenEndpoint {
+                    addr: Some(LOCAL.into()),
+                    port: 50_000,
+                },
+            )
+            .expect("connect");
+        let handle = sockets.add(socket);
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        let syn = device.outbound.pop_back().expect("SYN sent");
+        let (isn, _, _, our_scale) = sent(&syn);
+        let shift = our_scale.expect("a 256 KiB buffer is advertised with window scaling");
+
+        // SYN-ACK, then a first burst that fills most of the buffer.
+        let mut remote = TcpSeqNumber(1_000);
+        let syn_ack = TcpRepr {
+            control: TcpControl::Syn,
+            ack_number: Some(isn + 1),
+            window_scale: Some(7),
+            max_seg_size: Some(1_400),
+            ..data(remote, isn + 1, &[])
+        };
+        device.inbound.push_back(segment(&syn_ack));
+        remote += 1;
+        let burst = vec![1u8; RX_BUFFER - 8_000];
+        for chunk in burst.chunks(1_400) {
+            device
+                .inbound
+                .push_back(segment(&data(remote, isn + 1, chunk)));
+            remote += chunk.len();
+        }
+        device.outbound.clear();
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        let (_, ack, window, _) = sent(device.outbound.back().expect("ACK sent"));
+        assert_eq!(ack, Some(remote));
+        let right_edge = remote + ((window as usize) << shift);
+
+        // The relay drains the socket; before the window update goes out, the origin sends
+        // past the edge it was given.
+        let socket = sockets.get_mut::<tcp::Socket>(handle);
+        let mut drained = 0;
+        while socket.can_recv() {
+            drained += socket.recv(|b| (b.len(), b.len())).expect("recv");
+        }
+        assert_eq!(drained, burst.len());
+        // One segment (so the ACK for it is delayed, and the stack first asks whether to send a
+        // window update — where the old stack panicked).
+        let past = vec![2u8; (right_edge - remote) + 1_000];
+        device
+            .inbound
+            .push_back(segment(&data(remote, isn + 1, &past)));
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        // The (delayed) ACK for them goes out.
+        let later = smol_now() + smoltcp::time::Duration::from_millis(100);
+        iface.poll(later, &mut device, &mut sockets);
+
+        // The flow lives on, holding only what it had room to be sent.
+        let socket = sockets.get_mut::<tcp::Socket>(handle);
+        assert_eq!(socket.state(), tcp::State::Established);
+        assert!(socket.recv_queue() <= right_edge - remote);
+        // And carries on: what the origin sends next inside the window still arrives.
+        let mut got = 0;
+        while socket.can_recv() {
+            got += socket.recv(|b| (b.len(), b.len())).expect("recv");
+        }
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        let next = remote + got;
+        device
+            .inbound
+            .push_back(segment(&data(next, isn + 1, &[3u8; 1_000])));
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        let socket = sockets.get_mut::<tcp::Socket>(handle);
+        assert_eq!(socket.recv_queue(), 1_000);
     }
 }
