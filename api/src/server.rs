@@ -116,11 +116,77 @@ pub struct BackendStatsDetail {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Backend {
     pub name: String,
-    /// `direct`, `wireguard`, `openvpn`, `httpproxy` or `socks5`
+    /// `direct`, `wireguard`, `openvpn`, `httpproxy`, `socks5`, or a provider's name
+    /// (`nordvpn`, `mullvad`, `privateinternetaccess`, `protonvpn`)
     #[serde(rename = "type")]
     pub kind: String,
     pub healthy: bool,
     pub stats: BackendStats,
+    /// Why the backend cannot carry traffic, or a problem it works around (provider list
+    /// refresh failed, last good list in use).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Provider backends: what the backend resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderResolution>,
+}
+
+/// What a provider backend resolved to (`provider` of [`Backend`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ProviderResolution {
+    /// `nordvpn`, `mullvad`, `privateinternetaccess` or `protonvpn`
+    pub provider: String,
+    /// `wireguard` or `openvpn`; absent while unresolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    /// The chosen server's identifier and host name, country, city and load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub city: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<u32>,
+    /// WireGuard `host:port` or OpenVPN `remote:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// When the server list in use was fetched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list_fetched_at: Option<DateTime<Utc>>,
+    /// PIA port forwarding: the forwarded port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarded_port: Option<u16>,
+    /// The generated `wireguard` or `openvpn` settings object, secrets masked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub settings: Option<serde_json::Value>,
+}
+
+/// One server list in the answer of the provider refresh endpoints.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ProviderListStatus {
+    pub provider: String,
+    /// Servers in the list in use (the last good one when the refresh failed).
+    pub servers: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched_at: Option<DateTime<Utc>>,
+    /// Why the refresh failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `POST /api/v1/providers/refresh` and `/api/v1/providers/{provider}/refresh` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ProviderRefreshResult {
+    /// `refreshed`, or `failed` when any list could not be fetched.
+    pub status: String,
+    pub lists: Vec<ProviderListStatus>,
+    pub time: DateTime<Utc>,
 }
 
 /// Connection settings of `httpproxy` and `socks5` backends.
@@ -167,6 +233,62 @@ pub struct WireguardSettings {
     pub dns: Option<Vec<String>>,
 }
 
+/// Connection settings of an `openvpn` backend: a managed `openvpn` process whose TUN device
+/// carries the backend's connections. Either `config_file` or `remote` (inline settings).
+/// Only documents the shape: the object travels as given and the configuration checks it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenvpnSettings {
+    /// Path of an OpenVPN client file (`.ovpn`); its relative paths are relative to it. Excludes
+    /// the inline connection keys (`remote` … `peer_fingerprint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_file: Option<String>,
+    /// Server host name or address (required without `config_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
+    /// Server port, default 1194.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// `udp` (default) or `tcp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<String>,
+    /// CA certificate: PEM text or a file path (this holds for every PEM field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    /// Client certificate, PEM text or path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    /// Client private key, PEM text or path. Masked in `GET /api/v1/config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `tls-crypt` key, PEM text or path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_crypt: Option<String>,
+    /// `tls-auth` key, PEM text or path (not with `tls_crypt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_auth: Option<String>,
+    /// `key-direction` of `tls_auth`: 0 or 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_direction: Option<u8>,
+    /// SHA-256 fingerprint(s) of the server certificate (`AB:CD:…`, several separated by
+    /// commas): OpenVPN 2.6's self-signed mode instead of `ca`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_fingerprint: Option<String>,
+    /// `auth-user-pass` user name (written with the password to a 0600 file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// `auth-user-pass` password. Masked in `GET /api/v1/config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// `data-ciphers`, in order of preference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_ciphers: Option<Vec<String>>,
+    /// Extra directive lines. Scripts, plugins and the options switchyard manages (device,
+    /// management, routes, logging) are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<Vec<String>>,
+}
+
 /// `POST /api/v1/backends` body. The settings object is named after the type.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -192,9 +314,47 @@ pub struct BackendCreate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<WireguardSettings>)]
     pub wireguard: Option<serde_json::Value>,
+    /// Settings of an `openvpn` backend (checked by the configuration's validation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<OpenvpnSettings>)]
+    pub openvpn: Option<serde_json::Value>,
+    /// Options of a provider backend (`type` `nordvpn`, `mullvad`, `privateinternetaccess` or
+    /// `pia`, `protonvpn`): `country` (required), `city`, `protocol`, `auto_select`, and the
+    /// provider's own keys; see the README section "Provider backends".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
-    pub openvpn: Option<serde_json::Value>,
+    pub config: Option<serde_json::Value>,
+    /// Active health checks of the backend (any type); missing keys come from
+    /// `server.health_check`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<HealthCheckSettings>)]
+    pub health_check: Option<serde_json::Value>,
+}
+
+/// A backend's `health_check` object (shape only: the configuration reads and checks it).
+/// Each check opens a real connection through the backend to `target`, as
+/// `POST /api/v1/backends/{name}/test` does.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckSettings {
+    /// Default true when the object is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Duration string, at least `1s`; default `server.health_check.interval` (10s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+    /// Duration string, shorter than `interval`; default `server.health_check.timeout` (5s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// `host:port`; default `server.health_check.target`, else `api.backend_test_target`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Consecutive failed checks that take the backend out (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_after: Option<u32>,
+    /// Consecutive passed checks that bring it back (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy_after: Option<u32>,
 }
 
 fn default_true() -> bool {

@@ -33,6 +33,10 @@
 //!   [`CacheConfig::restart_required`] tells which `cache` changes need a restart.
 //! - [`cache`]: the `cache:` section (storage, presets, rules) and its defaults.
 //! - [`wireguard`]: the typed settings object of `wireguard` backends.
+//! - [`provider`]: the typed `config` object of provider backends (`nordvpn`, `mullvad`, …).
+//! - [`health_check`]: backends' active health checks (`server.health_check` defaults, the
+//!   per-backend `health_check` object) resolved to a [`health_check::HealthCheckPlan`].
+//! - [`openvpn`]: the typed settings object of `openvpn` backends.
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
 //!
 //! No I/O beyond reading the file.
@@ -41,12 +45,15 @@
 pub mod cache;
 pub mod client;
 pub mod env;
+pub mod health_check;
 pub mod inventory;
 pub mod listen;
 pub mod load;
 pub mod model;
+pub mod openvpn;
 pub mod origin;
 pub mod pkgcache;
+pub mod provider;
 pub mod sections;
 pub mod subtitles;
 pub mod units;

@@ -14,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CacheConfig;
+use crate::provider::ProviderKind;
 use crate::units::{Duration, Size};
 
 fn yes() -> bool {
@@ -124,10 +125,16 @@ pub struct ServerSection {
     pub cores: usize,
     /// Most simultaneous client connections across all cores (0 = unlimited).
     pub max_connections: usize,
+    /// Where the server keeps state it must find again after a restart (provider keys).
+    /// Created when first needed.
+    pub data_dir: String,
+    /// Defaults of every backend's active health checks (off unless enabled here or per backend).
+    #[serde(deserialize_with = "null_default")]
+    pub health_check: crate::health_check::HealthCheckDefaults,
 }
 
 impl Default for ServerSection {
-    /// cores 0 (all), max_connections 10000.
+    /// cores 0 (all), max_connections 10000, data_dir `./data/server`.
     fn default() -> Self {
         ServerSection {
             http: HttpListenerConfig::default(),
@@ -135,6 +142,8 @@ impl Default for ServerSection {
             pac: PacConfig::default(),
             cores: 0,
             max_connections: 10_000,
+            data_dir: "./data/server".into(),
+            health_check: crate::health_check::HealthCheckDefaults::default(),
         }
     }
 }
@@ -205,6 +214,10 @@ pub enum BackendType {
     HttpProxy,
     /// `socks5` or `socks5_proxy`
     Socks5,
+    /// A VPN provider (`nordvpn`, `mullvad`, `privateinternetaccess`/`pia`, `protonvpn`); the
+    /// control plane resolves it to a `wireguard` or `openvpn` backend before the data plane
+    /// sees it.
+    Provider(ProviderKind),
 }
 
 impl BackendType {
@@ -218,7 +231,7 @@ impl BackendType {
     ];
 
     /// Every accepted spelling of `type`.
-    pub const ACCEPTED_NAMES: [&'static str; 7] = [
+    pub const ACCEPTED_NAMES: [&'static str; 12] = [
         "direct",
         "wireguard",
         "openvpn",
@@ -226,9 +239,15 @@ impl BackendType {
         "http_proxy",
         "socks5",
         "socks5_proxy",
+        "nordvpn",
+        "mullvad",
+        "privateinternetaccess",
+        "pia",
+        "protonvpn",
     ];
 
-    /// The API enumeration value: `direct|wireguard|openvpn|httpproxy|socks5`.
+    /// The API enumeration value: `direct|wireguard|openvpn|httpproxy|socks5`, or the
+    /// provider's name.
     pub const fn api_name(self) -> &'static str {
         match self {
             BackendType::Direct => "direct",
@@ -236,11 +255,11 @@ impl BackendType {
             BackendType::Openvpn => "openvpn",
             BackendType::HttpProxy => "httpproxy",
             BackendType::Socks5 => "socks5",
+            BackendType::Provider(p) => p.name(),
         }
     }
 
-    /// Whether this build can run backends of this type. OpenVPN parses and validates but is
-    /// not implemented yet.
+    /// Whether this build can run backends of this type (all of them now).
     pub const fn is_available(self) -> bool {
         matches!(
             self,
@@ -248,6 +267,8 @@ impl BackendType {
                 | BackendType::HttpProxy
                 | BackendType::Socks5
                 | BackendType::Wireguard
+                | BackendType::Openvpn
+                | BackendType::Provider(_)
         )
     }
 
@@ -259,7 +280,7 @@ impl BackendType {
             "openvpn" => Some(BackendType::Openvpn),
             "httpproxy" | "http_proxy" => Some(BackendType::HttpProxy),
             "socks5" | "socks5_proxy" => Some(BackendType::Socks5),
-            _ => None,
+            other => ProviderKind::from_name(other).map(BackendType::Provider),
         }
     }
 }
@@ -298,8 +319,11 @@ impl<'de> Deserialize<'de> for BackendType {
 /// One entry of `backends:`.
 ///
 /// YAML shape: `{name, type, enabled, http_proxy|httpproxy: {...}, socks5|socks5_proxy: {...},
-/// wireguard: {...}, openvpn: {...}}`. The `wireguard` / `openvpn` objects are kept as raw JSON
-/// in [`BackendConfig::other`] and written back under the key named after the type.
+/// wireguard: {...}, openvpn: {...}, config: {...}}`. The `wireguard` / `openvpn` objects (and
+/// a provider backend's `config`) are kept as raw JSON in [`BackendConfig::other`] and written
+/// back under the key named after the type (`config` for providers); they are read through
+/// [`crate::wireguard::WireguardSettings`], [`crate::openvpn::OpenvpnSettings`] and
+/// [`crate::provider::ProviderSettings`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RawBackend", into = "RawBackend")]
 pub struct BackendConfig {
@@ -310,8 +334,11 @@ pub struct BackendConfig {
     pub http_proxy: Option<UpstreamProxyConfig>,
     /// Settings of `socks5` backends (YAML key `socks5`, also accepted as `socks5_proxy`).
     pub socks5: Option<UpstreamProxyConfig>,
-    /// Raw settings of types not implemented yet (wireguard, openvpn), kept for round-tripping.
+    /// Raw settings of wireguard and openvpn backends, and a provider backend's `config`,
+    /// kept for round-tripping.
     pub other: Option<serde_json::Value>,
+    /// Active health checks of this backend (see [`crate::health_check`]).
+    pub health_check: Option<crate::health_check::BackendHealthCheck>,
 }
 
 impl BackendConfig {
@@ -324,6 +351,7 @@ impl BackendConfig {
             http_proxy: None,
             socks5: None,
             other: None,
+            health_check: None,
         }
     }
 
@@ -359,11 +387,22 @@ struct RawBackend {
     wireguard: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     openvpn: Option<serde_json::Value>,
+    /// Options of a provider backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    config: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    health_check: Option<crate::health_check::BackendHealthCheck>,
 }
 
 impl TryFrom<RawBackend> for BackendConfig {
     type Error = String;
     fn try_from(raw: RawBackend) -> Result<Self, String> {
+        if raw.config.is_some() && !matches!(raw.kind, BackendType::Provider(_)) {
+            return Err(format!(
+                "backend `{}`: a `config` object belongs to provider backends, not to type `{}`",
+                raw.name, raw.kind
+            ));
+        }
         let other = match raw.kind {
             BackendType::Wireguard => {
                 if raw.openvpn.is_some() {
@@ -382,6 +421,15 @@ impl TryFrom<RawBackend> for BackendConfig {
                     ));
                 }
                 raw.openvpn
+            }
+            BackendType::Provider(_) => {
+                if raw.wireguard.is_some() || raw.openvpn.is_some() {
+                    return Err(format!(
+                        "backend `{}`: a {} backend takes its options in `config`",
+                        raw.name, raw.kind
+                    ));
+                }
+                raw.config
             }
             kind => {
                 if let Some(key) = [("wireguard", &raw.wireguard), ("openvpn", &raw.openvpn)]
@@ -403,16 +451,18 @@ impl TryFrom<RawBackend> for BackendConfig {
             http_proxy: raw.http_proxy,
             socks5: raw.socks5,
             other,
+            health_check: raw.health_check,
         })
     }
 }
 
 impl From<BackendConfig> for RawBackend {
     fn from(b: BackendConfig) -> Self {
-        let (wireguard, openvpn) = match b.kind {
-            BackendType::Wireguard => (b.other, None),
-            BackendType::Openvpn => (None, b.other),
-            _ => (None, None),
+        let (wireguard, openvpn, config) = match b.kind {
+            BackendType::Wireguard => (b.other, None, None),
+            BackendType::Openvpn => (None, b.other, None),
+            BackendType::Provider(_) => (None, None, b.other),
+            _ => (None, None, None),
         };
         RawBackend {
             name: b.name,
@@ -422,6 +472,8 @@ impl From<BackendConfig> for RawBackend {
             socks5: b.socks5,
             wireguard,
             openvpn,
+            config,
+            health_check: b.health_check,
         }
     }
 }

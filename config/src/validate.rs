@@ -52,6 +52,9 @@ pub fn validate(cfg: &ServerConfig) -> Vec<Problem> {
     let mut p = Problems(Vec::new());
     check_server(cfg, &mut p);
     check_backends(cfg, &mut p);
+    for (field, message) in crate::health_check::problems(cfg) {
+        p.push(field, message);
+    }
     check_routes(cfg, &mut p);
     check_auth(cfg, &mut p);
     check_rate_limit(cfg, &mut p);
@@ -183,6 +186,39 @@ fn check_backends(cfg: &ServerConfig, p: &mut Problems) {
                 Some(v) => {
                     if let Err(e) = crate::wireguard::WireguardSettings::from_value(v) {
                         p.push(format!("{base}.wireguard.{}", e.key), e.message);
+                    }
+                }
+            },
+            BackendType::Openvpn => match &b.other {
+                None => p.push(
+                    format!("{base}.openvpn"),
+                    format!(
+                        "openvpn backend `{}` needs an `openvpn:` settings object",
+                        b.name
+                    ),
+                ),
+                Some(v) => {
+                    if let Err(e) = crate::openvpn::OpenvpnSettings::from_value(v) {
+                        p.push(format!("{base}.openvpn.{}", e.key), e.message);
+                    }
+                }
+            },
+            BackendType::Provider(kind) => match &b.other {
+                None => p.push(
+                    format!("{base}.config"),
+                    format!(
+                        "{kind} backend `{}` needs a `config:` object (at least `country`)",
+                        b.name
+                    ),
+                ),
+                Some(v) => {
+                    if let Err(e) = crate::provider::ProviderSettings::from_value(kind, v) {
+                        let field = if e.key == "config" {
+                            format!("{base}.config")
+                        } else {
+                            format!("{base}.config.{}", e.key)
+                        };
+                        p.push(field, e.message);
                     }
                 }
             },

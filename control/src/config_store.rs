@@ -37,13 +37,33 @@ pub struct ReloadOutcome {
 
 /// Publishes `cfg` as the running configuration: compiles a snapshot (counters and health carry
 /// over by backend name) and swaps it in. New connections and requests use it at once.
+/// Provider backends enter the snapshot as the backends they resolved to.
 pub fn apply(state: &ServerState, cfg: ServerConfig) -> Result<(), ConfigError> {
-    let previous = state.snapshot.load_full();
-    let snapshot = Snapshot::compile(&cfg, Some(&previous), state.cores)
-        .map_err(|e| ConfigError::Apply(e.to_string()))?;
-    state.snapshot.store(Arc::new(snapshot));
+    publish(state, &cfg)?;
     state.request_log.set_capacity(cfg.api.request_log_size);
     state.config.store(Arc::new(cfg));
+    // New or changed provider backends resolve in the background.
+    state.providers.wake();
+    Ok(())
+}
+
+/// Compiles the running configuration again (provider resolutions changed).
+pub async fn republish(state: &ServerState) -> Result<(), ConfigError> {
+    let _guard = state.config_write.lock().await;
+    let cfg = state.config.load_full();
+    publish(state, &cfg)
+}
+
+/// Compiles the snapshot of `cfg` (provider backends as what they resolved to, counters and
+/// health carried over from the running one), tells the OpenVPN supervisor about the effective
+/// backends (provider backends resolved to openvpn included) and swaps the snapshot in.
+fn publish(state: &ServerState, cfg: &ServerConfig) -> Result<(), ConfigError> {
+    let previous = state.snapshot.load_full();
+    let effective = state.providers.effective(cfg);
+    let snapshot = Snapshot::compile(&effective, Some(&previous), state.cores)
+        .map_err(|e| ConfigError::Apply(e.to_string()))?;
+    state.openvpn.reconcile(&effective, &snapshot);
+    state.snapshot.store(Arc::new(snapshot));
     Ok(())
 }
 
@@ -245,8 +265,9 @@ pub async fn save(
     Ok(result)
 }
 
-const SECRET_KEYS: [&str; 6] = [
+const SECRET_KEYS: [&str; 7] = [
     "password",
+    "account_id",
     "password_hash",
     "token",
     "secret",
@@ -254,14 +275,26 @@ const SECRET_KEYS: [&str; 6] = [
     "preshared_key",
 ];
 
+/// Keys of the `openvpn` settings object that hold private key material (PEM text or a path).
+const OPENVPN_SECRET_KEYS: [&str; 3] = ["key", "tls_crypt", "tls_auth"];
+
 /// The configuration as JSON with passwords, keys and tokens masked.
 pub fn sanitized(cfg: &ServerConfig) -> serde_json::Value {
     let mut v = cfg.to_json_value().unwrap_or_default();
     mask(&mut v);
+    if let Some(backends) = v.get_mut("backends").and_then(|b| b.as_array_mut()) {
+        for settings in backends.iter_mut().filter_map(|b| b.get_mut("openvpn")) {
+            for key in OPENVPN_SECRET_KEYS {
+                if let Some(value) = settings.get_mut(key).filter(|v| v.is_string()) {
+                    *value = serde_json::Value::String("********".into());
+                }
+            }
+        }
+    }
     v
 }
 
-fn mask(v: &mut serde_json::Value) {
+pub(crate) fn mask(v: &mut serde_json::Value) {
     match v {
         serde_json::Value::Object(map) => {
             for (k, v) in map.iter_mut() {
@@ -296,6 +329,28 @@ mod tests {
         assert_eq!(v["auth"]["native"]["users"][0]["username"], "u");
         assert_eq!(v["x"]["client_secret"], "********");
         assert_eq!(v["x"]["token"], "", "empty values stay visible as unset");
+        let mut p = json!({"backends": [{"type": "mullvad", "config": {"account_id": "1234567890123456", "country": "SE"}}]});
+        mask(&mut p);
+        assert_eq!(p["backends"][0]["config"]["account_id"], "********");
+        assert_eq!(p["backends"][0]["config"]["country"], "SE");
+    }
+
+    #[test]
+    fn masks_openvpn_key_material() {
+        let cfg = ServerConfig::from_yaml_str(
+            "backends:\n  - {name: v, type: openvpn, openvpn: {remote: h, ca: /ca.pem, cert: /c.pem, \
+             key: \"-----BEGIN PRIVATE KEY-----\\nx\\n-----END PRIVATE KEY-----\", tls_crypt: /t.key, \
+             username: u, password: pw}}\nroutes: []\n",
+            &|_| None,
+        )
+        .expect("config");
+        let v = sanitized(&cfg);
+        let o = &v["backends"][0]["openvpn"];
+        assert_eq!(o["key"], "********", "{o}");
+        assert_eq!(o["tls_crypt"], "********", "{o}");
+        assert_eq!(o["password"], "********", "{o}");
+        assert_eq!(o["cert"], "/c.pem", "{o}");
+        assert_eq!(o["username"], "u", "{o}");
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //! | `switchyard_backend_connections_total` / `_active` | counter / gauge | `backend` |
 //! | `switchyard_backend_bytes_sent_total` / `_received_total` | counter | `backend` |
 //! | `switchyard_backend_requests_total` / `switchyard_backend_errors_total` | counter | `backend` |
-//! | `switchyard_backend_up` | gauge (1 healthy, 0 not) | `backend`, `type` |
+//! | `switchyard_backend_up` | gauge (1 healthy, 0 not: as `healthy` in `/api/v1/backends`) | `backend`, `type` |
+//! | `switchyard_backend_health_check_duration_seconds` | histogram | `backend`, `result` (pass, fail) |
 //! | `switchyard_config_reloads_total` | counter | |
 //! | `switchyard_events_dropped_total` | counter | `queue` (events, request_log) |
 //! | `switchyard_core_connections_active` / `_total`, `switchyard_core_requests_total` | gauge / counter | `core` |
@@ -70,6 +71,8 @@ pub struct Sample {
     pub uptime_secs: u64,
     /// The HTTP cache, whose long-lived `proxy_cache_*` collectors join each scrape.
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
+    /// Durations of the active health checks (long-lived, joins each scrape).
+    pub health_checks: Option<prometheus::HistogramVec>,
 }
 
 pub fn sample(state: &ServerState) -> Sample {
@@ -83,7 +86,7 @@ pub fn sample(state: &ServerState) -> Sample {
                 name: b.name.clone(),
                 kind: b.type_name(),
                 totals: b.counters.totals(),
-                healthy: b.health.is_healthy(),
+                healthy: crate::api::backends::is_healthy(b),
             })
             .collect(),
         cores: state.counters.per_core(),
@@ -94,6 +97,7 @@ pub fn sample(state: &ServerState) -> Sample {
         websocket_clients: state.ws.connected(),
         uptime_secs: state.started.elapsed().as_secs(),
         cache: state.cache.clone(),
+        health_checks: Some(state.health_checks.durations.clone()),
     }
 }
 
@@ -218,7 +222,7 @@ pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
     )?;
     let up = b.gauge_vec(
         "switchyard_backend_up",
-        "1 when the backend is healthy (passive health), else 0",
+        "1 when the backend is healthy (connects, tunnel probes and active health checks), else 0",
         &["backend", "type"],
     )?;
     for bk in &s.backends {
@@ -313,6 +317,9 @@ pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
         for collector in cache.stats.collectors() {
             b.registry.register(collector)?;
         }
+    }
+    if let Some(checks) = &s.health_checks {
+        b.registry.register(Box::new(checks.clone()))?;
     }
 
     let mut out = Vec::new();
@@ -420,6 +427,7 @@ mod tests {
             websocket_clients: 4,
             uptime_secs: 12,
             cache: None,
+            health_checks: None,
         };
         let text = render(&s).unwrap();
         let checks = [

@@ -52,6 +52,12 @@ pub struct ServerState {
     pub api_tls: bool,
     /// The HTTP cache's store (`cache.enabled` at start; storage changes need a restart).
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
+    /// Provider backends: server lists, resolutions, keys.
+    pub providers: crate::providers::Providers,
+    /// Durations of the active health checks (metrics).
+    pub health_checks: crate::health_checks::CheckMetrics,
+    /// The `openvpn` processes of `openvpn` backends (told about every published configuration).
+    pub openvpn: crate::openvpn::Manager,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -143,6 +149,10 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             "access_control.whitelist is empty: the proxy forwards for every address that reaches it"
         );
     }
+    let openvpn = {
+        let _runtime = runtime.enter();
+        crate::openvpn::Manager::start(dataplane.events.clone())
+    };
     let state = Arc::new(ServerState {
         config: ArcSwap::from_pointee(cfg.clone()),
         config_path,
@@ -165,11 +175,17 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         ws: crate::api::ws::WsClients::new(cfg.api.ws_read_timeout.as_std()),
         api_tls: api_tls.is_some(),
         cache,
+        providers: crate::providers::Providers::new(PathBuf::from(&cfg.server.data_dir)),
+        health_checks: crate::health_checks::CheckMetrics::new(),
+        openvpn,
     });
 
     runtime.block_on(async move {
+        state.openvpn.reconcile(&cfg, &state.snapshot.load());
         tokio::spawn(drain_dataplane(state.clone()));
         tokio::spawn(reload_on_hangup(state.clone()));
+        tokio::spawn(crate::providers::run(state.clone()));
+        tokio::spawn(crate::health_checks::run(state.clone()));
         if let Some(store) = &state.cache {
             let every = cfg.cache.storage.disk.cleanup_interval.as_std();
             tokio::spawn(crate::cache::cleanup(store.clone(), every));

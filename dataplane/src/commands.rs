@@ -7,10 +7,22 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Why a backend is tested, which decides what the attempt counts towards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestPurpose {
+    /// `POST /api/v1/backends/{name}/test`: counted like a proxied connect (latency, errors,
+    /// passive health).
+    Manual,
+    /// A scheduled active health check: judged by the control plane's checker only, so a
+    /// failure is not counted twice and checks do not show up as traffic.
+    HealthCheck,
+}
+
 pub enum Command {
     /// Open a real connection to `host:port` through `backend`, then close it.
     TestBackend {
         backend: Arc<Backend>,
+        purpose: TestPurpose,
         host: String,
         port: u16,
         timeout: Duration,
@@ -37,13 +49,21 @@ async fn handle(cmd: Command, ctx: &CoreContext) {
     match cmd {
         Command::TestBackend {
             backend,
+            purpose,
             host,
             port,
             timeout,
             reply,
         } => {
             let started = Instant::now();
-            let outcome = crate::proxied::dial_within(ctx, &backend, &host, port, timeout).await;
+            let outcome = match purpose {
+                TestPurpose::Manual => {
+                    crate::proxied::dial_within(ctx, &backend, &host, port, timeout).await
+                }
+                TestPurpose::HealthCheck => {
+                    crate::proxied::probe(ctx, &backend, &host, port, timeout).await
+                }
+            };
             let took = started.elapsed();
             let result = outcome.map(|_| ()).map_err(|e| e.to_string());
             let _ = reply.send((took, result));

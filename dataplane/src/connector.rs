@@ -1,6 +1,7 @@
 //! Opening a TCP stream to `host:port` through a backend: `direct` (resolve, then race the
 //! addresses RFC 8305 style), an upstream HTTP proxy (CONNECT), an upstream SOCKS5 proxy, or a
-//! TCP flow inside a user-space WireGuard tunnel ([`crate::wireguard`]).
+//! TCP flow inside a user-space WireGuard tunnel ([`crate::wireguard`]), or a socket bound to an
+//! OpenVPN tunnel's device ([`crate::openvpn`]).
 //! The result is a plain byte stream to the destination, so HTTP, CONNECT and SOCKS5 clients
 //! all use the same connectors. Plain-HTTP requests routed to an upstream HTTP proxy are the
 //! exception: they go to the proxy itself in absolute form ([`Dialer::connect_for_request`]),
@@ -78,6 +79,10 @@ impl Dialer<'_> {
             }
             BackendKind::Wireguard(tunnel) => Ok(Connected {
                 stream: BackendStream::Wireguard(tunnel.0.open(self, host, port, deadline).await?),
+                early_data: Vec::new(),
+            }),
+            BackendKind::Openvpn(link) => Ok(Connected {
+                stream: BackendStream::Tcp(link.0.open(self, host, port, deadline).await?),
                 early_data: Vec::new(),
             }),
             BackendKind::Unavailable { type_name } => {

@@ -31,6 +31,8 @@ pub enum DataplaneError {
     },
     #[error("WireGuard backend {backend}: {reason}")]
     Tunnel { backend: String, reason: String },
+    #[error("OpenVPN backend {backend}: {reason}")]
+    Openvpn { backend: String, reason: String },
     #[error("backend {0} is not available in this build")]
     BackendUnavailable(String),
     #[error("no route for {0}")]
@@ -51,7 +53,8 @@ impl DataplaneError {
             | Self::Connect { .. }
             | Self::ConnectTimeout { .. }
             | Self::UpstreamProxy { .. }
-            | Self::Tunnel { .. } => Side::Upstream,
+            | Self::Tunnel { .. }
+            | Self::Openvpn { .. } => Side::Upstream,
             Self::BackendUnavailable(_) | Self::NoRoute(_) | Self::Overloaded(_) => Side::Internal,
             Self::Start(_) | Self::Io(_) => Side::Internal,
         }

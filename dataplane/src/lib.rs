@@ -10,6 +10,7 @@
 //! never stalls. Protocol parsing lives in the runtime-free `switchyard-proto` crate.
 
 pub mod access_control;
+pub mod backend_health;
 pub mod backend_stream;
 pub mod buffer_pool;
 pub mod cache;
@@ -25,6 +26,7 @@ pub mod events;
 mod http_proxy;
 pub mod live;
 pub mod offload;
+pub mod openvpn;
 mod origin_pool;
 mod proxied;
 pub mod rate_limit;

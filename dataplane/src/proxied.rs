@@ -97,6 +97,28 @@ pub(crate) async fn dial_within(
     account(ctx, backend, dialer.connect(&backend.kind, host, port)).await
 }
 
+/// A connect through `backend` that counts towards nothing (active health checks: the checker
+/// judges the outcome itself).
+pub(crate) async fn probe(
+    ctx: &CoreContext,
+    backend: &Backend,
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<Connected, DataplaneError> {
+    start_tunnel(ctx, backend);
+    dialer(ctx, timeout)
+        .connect(&backend.kind, host, port)
+        .await
+}
+
+/// Starts a tunnel backend's tunnel on its first use.
+fn start_tunnel(ctx: &CoreContext, backend: &Backend) {
+    if let BackendKind::Wireguard(tunnel) = &backend.kind {
+        tunnel.0.ensure_started(ctx, &backend.health);
+    }
+}
+
 fn dialer(ctx: &CoreContext, timeout: Duration) -> Dialer<'_> {
     Dialer {
         resolver: &ctx.resolver,
@@ -111,9 +133,7 @@ async fn account(
     backend: &Backend,
     connect: impl std::future::Future<Output = Result<Connected, DataplaneError>>,
 ) -> Result<Connected, DataplaneError> {
-    if let BackendKind::Wireguard(tunnel) = &backend.kind {
-        tunnel.0.ensure_started(ctx, &backend.health);
-    }
+    start_tunnel(ctx, backend);
     let started = std::time::Instant::now();
     let result = connect.await;
     let counters = backend.counters.core(ctx.core);

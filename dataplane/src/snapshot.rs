@@ -10,7 +10,7 @@ use crate::counters::Counters;
 use crate::credentials::{AuthGuard, Users};
 use crate::rate_limit::{BandwidthLimiter, RequestLimiter};
 use arc_swap::ArcSwap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_config::{AuthMode, BackendType, LoadBalance, ServerConfig};
@@ -46,6 +46,8 @@ pub enum BackendKind {
     },
     /// A user-space WireGuard tunnel (shared across snapshots while its settings stay).
     Wireguard(TunnelRef),
+    /// An OpenVPN tunnel run by the control plane (shared across snapshots by name).
+    Openvpn(LinkRef),
     /// Parsed and validated, but its transport is not in this build yet.
     Unavailable {
         type_name: &'static str,
@@ -70,6 +72,24 @@ impl std::hash::Hash for TunnelRef {
     }
 }
 
+/// An OpenVPN backend's link; two refer to the same link only if they are the same one.
+#[derive(Debug, Clone)]
+pub struct LinkRef(pub Arc<crate::openvpn::OpenvpnLink>);
+
+impl PartialEq for LinkRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for LinkRef {}
+
+impl std::hash::Hash for LinkRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state)
+    }
+}
+
 #[derive(Debug)]
 pub struct Backend {
     pub name: String,
@@ -77,55 +97,11 @@ pub struct Backend {
     pub enabled: bool,
     pub counters: Arc<Counters>,
     pub health: Arc<BackendHealth>,
+    /// Its active health checks, run by the control plane; `None` = not checked.
+    pub health_check: Option<switchyard_config::health_check::HealthCheckPlan>,
 }
 
-/// Passive health: a backend turns unhealthy after [`FAILURES_TO_UNHEALTHY`] consecutive
-/// failed connects and healthy again on the next success. Shared across snapshots by name.
-#[derive(Debug)]
-pub struct BackendHealth {
-    healthy: AtomicBool,
-    failures: AtomicU32,
-}
-
-pub const FAILURES_TO_UNHEALTHY: u32 = 3;
-
-impl Default for BackendHealth {
-    fn default() -> Self {
-        Self {
-            healthy: AtomicBool::new(true),
-            failures: AtomicU32::new(0),
-        }
-    }
-}
-
-impl BackendHealth {
-    pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
-    }
-
-    /// Sets the state measured by a probe (a tunnel's handshake); returns it when it changed.
-    pub fn set(&self, healthy: bool) -> Option<bool> {
-        if healthy {
-            self.failures.store(0, Ordering::Relaxed);
-        } else {
-            self.failures
-                .store(FAILURES_TO_UNHEALTHY, Ordering::Relaxed);
-        }
-        (self.healthy.swap(healthy, Ordering::AcqRel) != healthy).then_some(healthy)
-    }
-
-    /// Records a connect outcome; returns the new state when it changed.
-    pub fn record(&self, success: bool) -> Option<bool> {
-        if success {
-            self.failures.store(0, Ordering::Relaxed);
-            (!self.healthy.swap(true, Ordering::AcqRel)).then_some(true)
-        } else {
-            let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-            (failures >= FAILURES_TO_UNHEALTHY && self.healthy.swap(false, Ordering::AcqRel))
-                .then_some(false)
-        }
-    }
-}
+pub use crate::backend_health::{BackendHealth, FAILURES_TO_UNHEALTHY};
 
 impl BackendKind {
     /// The upstream HTTP proxy (host, port, `Proxy-Authorization` value) that plain-HTTP
@@ -149,6 +125,7 @@ impl Backend {
             BackendKind::HttpProxy { .. } => "httpproxy",
             BackendKind::Socks5 { .. } => "socks5",
             BackendKind::Wireguard(_) => "wireguard",
+            BackendKind::Openvpn(_) => "openvpn",
             BackendKind::Unavailable { type_name } => type_name,
         }
     }
@@ -275,8 +252,24 @@ impl Snapshot {
                         )))
                     }))
                 }
-                BackendType::Openvpn => BackendKind::Unavailable {
-                    type_name: "openvpn",
+                BackendType::Openvpn => {
+                    // The control plane's supervisor publishes the tunnel into the link and
+                    // measures its health; a new backend is unhealthy until it is connected.
+                    let kept = old.and_then(|old| match &old.kind {
+                        BackendKind::Openvpn(l) => Some(l.clone()),
+                        _ => None,
+                    });
+                    if kept.is_none() {
+                        health.set(false);
+                    }
+                    BackendKind::Openvpn(kept.unwrap_or_else(|| {
+                        LinkRef(Arc::new(crate::openvpn::OpenvpnLink::new(&b.name)))
+                    }))
+                }
+                // The control plane replaces a provider backend by the wireguard or openvpn
+                // backend it resolved to; one still here has not resolved (yet).
+                BackendType::Provider(p) => BackendKind::Unavailable {
+                    type_name: p.name(),
                 },
             };
             backends.push(Arc::new(Backend {
@@ -285,6 +278,7 @@ impl Snapshot {
                 enabled: b.enabled,
                 counters,
                 health,
+                health_check: switchyard_config::health_check::HealthCheckPlan::for_backend(cfg, b),
             }));
         }
 
@@ -398,8 +392,19 @@ impl Snapshot {
             return usable(only).then(|| (route, &self.backends[*only]));
         }
         // Unhealthy members are skipped while a healthy one is left (and picked again once
-        // they recover); when none is healthy every enabled member stays a candidate, so a
-        // wrong health verdict never takes the route down by itself.
+        // they recover). When none is healthy every enabled member stays a candidate (try
+        // anyway, no 503 of our own): a wrong verdict (a check target that is down, not the
+        // backends) never takes the route down by itself, and when the backends really are
+        // down the client gets the connect's own error (502/504) naming what failed.
+        // A member out for failing connects whose retry time has come takes this one
+        // connection, so that it comes back once it works again (see `PASSIVE_RETRY`).
+        if let Some(&retry) = route
+            .backends
+            .iter()
+            .find(|i| usable(i) && self.backends[**i].health.claim_retry())
+        {
+            return Some((route, &self.backends[retry]));
+        }
         let healthy = |i: &usize| usable(i) && self.backends[*i].health.is_healthy();
         let mut candidates: Vec<usize> = route.backends.iter().copied().filter(healthy).collect();
         if candidates.is_empty() {
@@ -453,6 +458,7 @@ mod tests {
             }),
             socks5: None,
             other: None,
+            health_check: None,
         }
     }
 
@@ -525,18 +531,6 @@ mod tests {
     }
 
     #[test]
-    fn health_turns_after_consecutive_failures() {
-        let h = BackendHealth::default();
-        assert_eq!(h.record(false), None);
-        assert_eq!(h.record(false), None);
-        assert_eq!(h.record(false), Some(false));
-        assert_eq!(h.record(false), None);
-        assert!(!h.is_healthy());
-        assert_eq!(h.record(true), Some(true));
-        assert_eq!(h.record(true), None);
-    }
-
-    #[test]
     fn limiters_and_auth_guard_survive_recompile() {
         let mut cfg = config();
         cfg.rate_limit.enabled = true;
@@ -568,6 +562,39 @@ mod tests {
         let client: std::net::IpAddr = [10, 0, 0, 2].into();
         assert!(limiter.admit(client));
         assert!(!limiter.admit(client), "still enabled");
+    }
+
+    #[test]
+    fn an_openvpn_backend_starts_unhealthy_and_keeps_its_link() {
+        let mut cfg = config();
+        let mut vpn = backend("vpn", BackendType::Openvpn);
+        vpn.http_proxy = None;
+        let settings = switchyard_config::openvpn::OpenvpnSettings {
+            config_file: Some("/etc/v.ovpn".into()),
+            ..Default::default()
+        };
+        vpn.other = Some(settings.to_value());
+        cfg.backends.push(vpn);
+        let first = Snapshot::compile(&cfg, None, 1).expect("compile");
+        let b = first
+            .backends
+            .iter()
+            .find(|b| b.name == "vpn")
+            .expect("vpn");
+        assert!(!b.health.is_healthy(), "unhealthy until connected");
+        assert_eq!(b.type_name(), "openvpn");
+        b.health.set(true);
+        let second = Snapshot::compile(&cfg, Some(&first), 1).expect("compile");
+        let again = second
+            .backends
+            .iter()
+            .find(|b| b.name == "vpn")
+            .expect("vpn");
+        assert!(
+            again.health.is_healthy(),
+            "a reload keeps the measured state"
+        );
+        assert_eq!(again.kind, b.kind, "same link");
     }
 
     #[test]

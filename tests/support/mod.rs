@@ -3,6 +3,8 @@
 //! running real clients (curl). Every child is killed by PID when its guard drops.
 #![allow(dead_code)]
 
+pub mod wg_peer;
+
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -94,8 +96,18 @@ pub fn start_server(extra_yaml: &str) -> Server {
 }
 
 pub fn start_server_with_file(dir: tempfile::TempDir, config_path: PathBuf) -> Server {
+    start_server_with_env(dir, config_path, &[])
+}
+
+/// [`start_server_with_file`] with extra environment variables (e.g. `SWITCHYARD_RUN_DIR`).
+pub fn start_server_with_env(
+    dir: tempfile::TempDir,
+    config_path: PathBuf,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Server {
     let mut cmd = Command::new(BIN);
     cmd.args(["server", "--config"]).arg(&config_path);
+    cmd.envs(env.iter().copied());
     let started = spawn_with_listeners(
         cmd,
         "switchyard",

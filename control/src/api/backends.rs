@@ -13,17 +13,18 @@ use switchyard_api::{
     BackendTestRequest, BackendTestResult, UpstreamSettings,
 };
 use switchyard_config::{BackendConfig, BackendType, UpstreamProxyConfig};
-use switchyard_dataplane::commands::Command;
+use switchyard_dataplane::commands::{Command, TestPurpose};
 use switchyard_dataplane::snapshot::{self, BackendKind};
 
-/// Healthy = enabled, available in this build, and not failing its connects.
+/// Healthy = enabled, available in this build, and its measured verdict (connects, tunnel
+/// probe, active health checks) is healthy.
 pub fn is_healthy(b: &snapshot::Backend) -> bool {
     b.enabled && !matches!(b.kind, BackendKind::Unavailable { .. }) && b.health.is_healthy()
 }
 
-fn view(b: &snapshot::Backend) -> Backend {
+fn view(state: &ServerState, b: &snapshot::Backend) -> Backend {
     let t = b.counters.totals();
-    Backend {
+    let mut view = Backend {
         name: b.name.clone(),
         kind: b.type_name().into(),
         healthy: is_healthy(b),
@@ -33,7 +34,11 @@ fn view(b: &snapshot::Backend) -> Backend {
             bytes_sent: t.bytes_sent,
             bytes_received: t.bytes_received,
         },
-    }
+        error: None,
+        provider: None,
+    };
+    super::providers::describe(state, &mut view);
+    view
 }
 
 fn find(state: &ServerState, name: &str) -> Result<Arc<snapshot::Backend>, ApiError> {
@@ -76,7 +81,7 @@ pub async fn list(State(state): State<Arc<ServerState>>) -> Json<Vec<Backend>> {
             .load()
             .backends
             .iter()
-            .map(|b| view(b))
+            .map(|b| view(&state, b))
             .collect(),
     )
 }
@@ -103,22 +108,39 @@ fn to_config(body: BackendCreate) -> Result<BackendConfig, ApiError> {
     let settings_for_other_type = match kind {
         BackendType::HttpProxy => body.socks5.is_some(),
         BackendType::Socks5 => body.httpproxy.is_some(),
-        _ => body.httpproxy.is_some() || body.socks5.is_some(),
+        BackendType::Provider(_) => {
+            body.httpproxy.is_some()
+                || body.socks5.is_some()
+                || body.wireguard.is_some()
+                || body.openvpn.is_some()
+        }
+        _ => body.httpproxy.is_some() || body.socks5.is_some() || body.config.is_some(),
     };
     if settings_for_other_type {
         return Err(ApiError::bad_request(
             "INVALID_BACKEND",
-            format!(
-                "the settings object must be named after the type ({})",
-                kind.api_name()
-            ),
+            match kind {
+                BackendType::Provider(_) => {
+                    format!("a {kind} backend takes its options in `config`")
+                }
+                _ => format!(
+                    "the settings object must be named after the type ({})",
+                    kind.api_name()
+                ),
+            },
         ));
     }
     let other = match kind {
         BackendType::Wireguard => body.wireguard,
         BackendType::Openvpn => body.openvpn,
+        BackendType::Provider(_) => body.config,
         _ => None,
     };
+    let health_check = body
+        .health_check
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| ApiError::bad_request("INVALID_HEALTH_CHECK", format!("health_check: {e}")))?;
     Ok(BackendConfig {
         name: body.name,
         kind,
@@ -126,6 +148,7 @@ fn to_config(body: BackendCreate) -> Result<BackendConfig, ApiError> {
         http_proxy: body.httpproxy.map(settings),
         socks5: body.socks5.map(settings),
         other,
+        health_check,
     })
 }
 
@@ -167,7 +190,7 @@ pub async fn get_one(
     State(state): State<Arc<ServerState>>,
     Path(name): Path<String>,
 ) -> Result<Json<Backend>, ApiError> {
-    Ok(Json(view(&*find(&state, &name)?)))
+    Ok(Json(view(&state, &*find(&state, &name)?)))
 }
 
 #[utoipa::path(delete, path = "/api/v1/backends/{name}", tag = "backends", params(("name" = String, Path)),
@@ -251,21 +274,12 @@ pub async fn test(
     let target = req
         .target
         .unwrap_or_else(|| state.config.load().api.backend_test_target.clone());
-    let (host, port) = target
-        .rsplit_once(':')
-        .and_then(|(h, p)| {
-            Some((
-                h.trim_matches(['[', ']']).to_owned(),
-                p.parse::<u16>().ok()?,
-            ))
-        })
-        .filter(|(h, _)| !h.is_empty())
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "INVALID_TARGET",
-                format!("target {target:?} is not host:port"),
-            )
-        })?;
+    let (host, port) = crate::health_checks::split_target(&target).ok_or_else(|| {
+        ApiError::bad_request(
+            "INVALID_TARGET",
+            format!("target {target:?} is not host:port"),
+        )
+    })?;
     let timeout = match req.timeout {
         Some(t) => {
             switchyard_config::Duration::parse(&t)
@@ -285,6 +299,7 @@ pub async fn test(
         .commands
         .try_send(Command::TestBackend {
             backend: backend.clone(),
+            purpose: TestPurpose::Manual,
             host,
             port,
             timeout,

@@ -9,6 +9,7 @@ pub mod config;
 pub mod connections;
 pub mod error;
 pub mod openapi;
+pub mod providers;
 pub mod requests;
 pub mod routes;
 pub mod system;
@@ -124,6 +125,16 @@ fn protected() -> Routes {
             "post",
             "/api/v1/cache/presets/{name}/disable",
             post(cache::disable_preset),
+        )
+        .add(
+            "post",
+            "/api/v1/providers/refresh",
+            post(providers::refresh_all),
+        )
+        .add(
+            "post",
+            "/api/v1/providers/{provider}/refresh",
+            post(providers::refresh_one),
         )
         .add("get", "/api/v1/openapi.json", get(openapi::openapi_json))
         .add("get", "/api/v1/ws", get(ws::upgrade))

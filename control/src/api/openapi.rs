@@ -39,6 +39,7 @@ impl Modify for BearerAuth {
         super::cache::create_rule, super::cache::update_rule, super::cache::delete_rule,
         super::cache::presets_list, super::cache::toggle_preset, super::cache::enable_preset,
         super::cache::disable_preset,
+        super::providers::refresh_all, super::providers::refresh_one,
     )
 )]
 pub struct ServerApiDoc;

@@ -8,27 +8,37 @@ use std::sync::Arc;
 use switchyard_api::{BackendCounts, HealthResponse, ServerStats, ServerStatus, VersionInfo};
 
 /// Measured health: `degraded` while a data-plane core is down or an enabled backend is
-/// unhealthy (its connects keep failing, or its type is unavailable in this build), with one
-/// line per reason in `problems`.
+/// unhealthy (its connects keep failing, its health checks fail, its tunnel's peer is lost, or
+/// its type is unavailable in this build), with one line per reason in `problems`.
 #[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()),
     responses((status = 200, body = HealthResponse)))]
 pub async fn health(State(state): State<Arc<ServerState>>) -> Json<HealthResponse> {
     let cores = state.core_health.states();
     let mut problems = state.core_health.problems();
     let snapshot = state.snapshot.load();
+    let cfg = state.config.load();
     for b in snapshot.backends.iter().filter(|b| b.enabled) {
-        if !super::backends::is_healthy(b) {
+        // A provider backend's reason is its provider's (unresolved, list refresh failed).
+        let provider = state.providers.view(&cfg, &b.name);
+        if let Some(p) = provider.as_ref().filter(|p| p.resolved.is_none()) {
+            problems.push(format!(
+                "backend {} ({}) is unhealthy: {}",
+                b.name,
+                p.provider,
+                p.error.as_deref().unwrap_or("not resolved")
+            ));
+        } else if !super::backends::is_healthy(b) {
             problems.push(format!(
                 "backend {} ({}) is unhealthy: {}",
                 b.name,
                 b.type_name(),
                 match &b.kind {
                     switchyard_dataplane::snapshot::BackendKind::Unavailable { .. } =>
-                        "not available in this build".to_owned(),
-                    _ => format!(
-                        "its last {} or more connects failed",
-                        switchyard_dataplane::snapshot::FAILURES_TO_UNHEALTHY
-                    ),
+                        "not available in this build",
+                    switchyard_dataplane::snapshot::BackendKind::Openvpn(link)
+                        if link.0.current().is_none() =>
+                        "its OpenVPN tunnel is not connected",
+                    _ => b.health.verdict().reason(),
                 }
             ));
         }

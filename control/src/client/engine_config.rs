@@ -49,6 +49,7 @@ pub fn engine_config(cfg: &ClientConfig, server: Option<&ClientServerConfig>) ->
             http_proxy,
             socks5,
             other: None,
+            health_check: None,
         });
         name
     });

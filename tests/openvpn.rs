@@ -1,0 +1,1004 @@
+//! OpenVPN backends end to end: a real `openvpn` server (OpenVPN 2.6 peer-fingerprint mode,
+//! self-signed certificates made by `openssl` for this test) in a network namespace of its own,
+//! joined to the host by a veth pair this test creates, and nginx in that namespace. `switchyard
+//! server` runs in the host namespace with an `openvpn` backend: it starts and supervises its
+//! own `openvpn` client, routes the tunnel in a table of its own and binds proxied sockets to
+//! the tunnel device. The origin's access log must show the tunnel address for routed requests
+//! and the veth address for direct ones. Needs root (namespaces, TUN); skips with a reason
+//! otherwise, fails under CI.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use support::*;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+fn sh(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// openvpn, openssl, nginx and ip as root, or None (skip) with the reason printed.
+fn prerequisites() -> Option<(PathBuf, PathBuf)> {
+    if !is_root() {
+        if std::env::var_os("CI").is_some() {
+            panic!("the OpenVPN tests need root in CI");
+        }
+        eprintln!("SKIP: the OpenVPN tests need root (network namespaces, TUN)");
+        return None;
+    }
+    require("ip")?;
+    require("openssl")?;
+    let openvpn = require("openvpn")?;
+    let nginx = require("nginx")?;
+    Some((openvpn, nginx))
+}
+
+/// A self-signed EC certificate and key; returns (cert PEM, key PEM, SHA-256 fingerprint).
+fn self_signed(dir: &Path, name: &str) -> (String, String, String) {
+    let cert = dir.join(format!("{name}.crt"));
+    let key = dir.join(format!("{name}.key"));
+    sh(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            &key.display().to_string(),
+            "-out",
+            &cert.display().to_string(),
+        ],
+    );
+    let fp = sh(
+        "openssl",
+        &[
+            "x509",
+            "-noout",
+            "-fingerprint",
+            "-sha256",
+            "-in",
+            &cert.display().to_string(),
+        ],
+    );
+    let fp = fp.rsplit('=').next().unwrap_or_default().trim().to_owned();
+    (
+        std::fs::read_to_string(&cert).expect("cert"),
+        std::fs::read_to_string(&key).expect("key"),
+        fp,
+    )
+}
+
+/// A namespace with a veth to the host, an `openvpn` server and nginx (port 80 on every
+/// address of the namespace). Processes are killed by PID, namespace and veth deleted on drop.
+struct VpnServer {
+    ns: String,
+    host_veth: String,
+    dir: tempfile::TempDir,
+    openvpn: PathBuf,
+    server_proc: Option<Proc>,
+    _nginx: Proc,
+    /// The server's UDP endpoint address (namespace side of the veth).
+    endpoint_ip: String,
+    /// The host side of the veth: what the origin sees for direct requests.
+    host_ip: String,
+    /// The server's address inside the tunnel (the origin is reached there).
+    origin_ip: String,
+    /// The address the server assigns to switchyard's client.
+    client_ip: String,
+    tun: String,
+    /// `udp` or `tcp` (the switchyard settings' `proto`).
+    proto: &'static str,
+    server_fp: String,
+    client_cert: String,
+    client_key: String,
+    client_fp: String,
+}
+
+impl VpnServer {
+    fn start(openvpn: PathBuf, nginx: PathBuf) -> VpnServer {
+        Self::start_with(openvpn, nginx, "udp")
+    }
+
+    fn start_with(openvpn: PathBuf, nginx: PathBuf, proto: &'static str) -> VpnServer {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}{}", std::process::id() % 10_000, n);
+        let k = (std::process::id() * 7 + n * 31) % 250 + 1;
+        let ns = format!("syovpn-{id}");
+        let host_veth = format!("syovpnh{id}");
+        let ns_veth = format!("syovpnn{id}");
+        let tun = format!("syovpnt{id}");
+        let _ = Command::new("ip")
+            .args(["netns", "del", &ns])
+            .stderr(Stdio::null())
+            .status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &host_veth])
+            .stderr(Stdio::null())
+            .status();
+        sh("ip", &["netns", "add", &ns]);
+        sh(
+            "ip",
+            &[
+                "link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth,
+            ],
+        );
+        sh("ip", &["link", "set", &ns_veth, "netns", &ns]);
+        let host_ip = format!("10.215.{k}.1");
+        let endpoint_ip = format!("10.215.{k}.2");
+        sh(
+            "ip",
+            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_veth],
+        );
+        sh("ip", &["link", "set", &host_veth, "up"]);
+        sh(
+            "ip",
+            &[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{endpoint_ip}/30"),
+                "dev",
+                &ns_veth,
+            ],
+        );
+        sh("ip", &["-n", &ns, "link", "set", &ns_veth, "up"]);
+        sh("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, _, server_fp) = self_signed(dir.path(), "server");
+        let (client_cert, client_key, client_fp) = self_signed(dir.path(), "client");
+        let www = dir.path().join("www");
+        std::fs::create_dir_all(&www).expect("www");
+        std::fs::write(www.join("hello.txt"), "hello through openvpn\n").expect("file");
+        std::fs::write(www.join("big.bin"), vec![7u8; 2 * 1024 * 1024]).expect("file");
+        let d = dir.path().display();
+        let conf = format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
+               fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
+               server {{ listen 80; root {}; }}\n}}\n",
+            www.display()
+        );
+        std::fs::write(dir.path().join("nginx.conf"), conf).expect("conf");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .arg(&nginx)
+            .arg("-c")
+            .arg(dir.path().join("nginx.conf"))
+            .arg("-p")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nginx");
+        let nginx_proc = Proc {
+            child,
+            name: "nginx".into(),
+        };
+        let mut server = VpnServer {
+            ns,
+            host_veth,
+            openvpn,
+            server_proc: None,
+            _nginx: nginx_proc,
+            origin_ip: format!("10.216.{k}.1"),
+            client_ip: format!("10.216.{k}.2"),
+            endpoint_ip,
+            host_ip,
+            tun,
+            proto,
+            server_fp,
+            client_cert,
+            client_key,
+            client_fp,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.dir.path().join("nginx.pid").exists() {
+            assert!(Instant::now() < deadline, "nginx did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server.start_openvpn();
+        server
+    }
+
+    /// Starts the OpenVPN server in the namespace (keepalive pushed to the client: a lost
+    /// server is noticed within 6 s).
+    fn start_openvpn(&mut self) {
+        let d = self.dir.path();
+        let subnet = self
+            .origin_ip
+            .rsplit_once('.')
+            .map(|(a, _)| a)
+            .unwrap_or_default();
+        let log = d.join("openvpn-server.log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns])
+            .arg(&self.openvpn)
+            .args([
+                "--dev",
+                &self.tun,
+                "--dev-type",
+                "tun",
+                "--disable-dco",
+                "--proto",
+                if self.proto == "tcp" {
+                    "tcp-server"
+                } else {
+                    "udp"
+                },
+                "--local",
+                &self.endpoint_ip,
+                "--port",
+                "1194",
+                "--topology",
+                "subnet",
+                "--server",
+                &format!("{subnet}.0"),
+                "255.255.255.0",
+                "--dh",
+                "none",
+                "--keepalive",
+                "1",
+                "6",
+                "--peer-fingerprint",
+                &self.client_fp,
+                "--verb",
+                "3",
+            ])
+            .arg("--cert")
+            .arg(d.join("server.crt"))
+            .arg("--key")
+            .arg(d.join("server.key"))
+            .arg("--log")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openvpn server");
+        self.server_proc = Some(Proc {
+            child,
+            name: "openvpn server".into(),
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("Initialization Sequence Completed") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the OpenVPN server did not start:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop_openvpn(&mut self) {
+        self.server_proc = None; // killed (SIGKILL) by PID: the client hears nothing
+    }
+
+    /// The inline `openvpn:` settings for switchyard (keys as PEM text).
+    fn settings(&self) -> serde_json::Value {
+        serde_json::json!({
+            "remote": self.endpoint_ip,
+            "port": 1194,
+            "proto": self.proto,
+            "cert": self.client_cert,
+            "key": self.client_key,
+            "peer_fingerprint": self.server_fp,
+            "extra": ["verb 3"],
+        })
+    }
+
+    fn access_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for VpnServer {
+    fn drop(&mut self) {
+        self.server_proc = None;
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_veth])
+            .status();
+    }
+}
+
+/// A switchyard server with its own run directory (so its OpenVPN devices and tables are its
+/// own). Stopped with SIGTERM on drop, so it removes its processes, devices and rules.
+struct Gateway {
+    server: Server,
+    config_path: PathBuf,
+    run_dir: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn start_gateway(config_path: &Path, run_dir: &Path) -> Server {
+    // The Server's own temp dir is unused: the config and run directory belong to the Gateway.
+    let dir = tempfile::tempdir().expect("tempdir");
+    start_server_with_env(
+        dir,
+        config_path.to_owned(),
+        &[("SWITCHYARD_RUN_DIR", run_dir.as_os_str())],
+    )
+}
+
+fn gateway(extra_yaml: &str) -> Gateway {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let config_path = dir.path().join("server.yaml");
+    let yaml = format!(
+        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
+         api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n{extra_yaml}"
+    );
+    std::fs::write(&config_path, yaml).expect("config");
+    let server = start_gateway(&config_path, &run_dir);
+    Gateway {
+        server,
+        config_path,
+        run_dir,
+        _dir: dir,
+    }
+}
+
+impl Gateway {
+    /// SIGTERM, then waits (20 s) for the exit; true when it exited by itself.
+    fn terminate(&mut self) -> bool {
+        let child = &mut self.server.proc.child;
+        if child.try_wait().ok().flatten().is_some() {
+            return true;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+fn yaml_with_backend(vpn: &VpnServer) -> String {
+    let settings = serde_json::to_string(&vpn.settings()).expect("json");
+    format!(
+        "backends:\n  - {{name: direct, type: direct}}\n  - {{name: vpn, type: openvpn, openvpn: {settings}}}\n\
+         routes:\n  - {{name: tunnel, domains: [\"{}\"], backend: vpn, priority: 10}}\n  - {{name: rest, domains: [\"*\"], backend: direct}}\n",
+        vpn.origin_ip
+    )
+}
+
+fn healthy(server: &Server, name: &str) -> Option<bool> {
+    server.api_get(&format!("/api/v1/backends/{name}"))["healthy"].as_bool()
+}
+
+fn logs(server: &Server) -> String {
+    server.logs.lock().map(|l| l.join("\n")).unwrap_or_default()
+}
+
+fn wait_health(server: &Server, name: &str, want: bool, within: Duration) {
+    let deadline = Instant::now() + within;
+    while healthy(server, name) != Some(want) {
+        assert!(
+            Instant::now() < deadline,
+            "backend {name} did not become healthy={want}; log:\n{}",
+            logs(server)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The backend's device and table as switchyard recorded them (`state.json`).
+fn recorded(run_dir: &Path) -> Vec<serde_json::Value> {
+    let Ok(entries) = std::fs::read_dir(run_dir.join("openvpn")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("state.json")).ok())
+        .filter_map(|t| serde_json::from_str(&t).ok())
+        .collect()
+}
+
+fn only_record(run_dir: &Path) -> (String, u64, u64) {
+    let records = recorded(run_dir);
+    assert_eq!(records.len(), 1, "{records:?}");
+    let r = &records[0];
+    (
+        r["device"].as_str().expect("device").to_owned(),
+        r["table"].as_u64().expect("table"),
+        r["pid"].as_u64().unwrap_or(0),
+    )
+}
+
+fn device_exists(device: &str) -> bool {
+    Command::new("ip")
+        .args(["link", "show", "dev", device])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn rules_for(table: u64) -> Vec<String> {
+    sh("ip", &["rule", "show"])
+        .lines()
+        .filter(|l| l.contains(&format!("lookup {table}")))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn process_alive(pid: u64) -> bool {
+    pid > 0 && Path::new(&format!("/proc/{pid}")).exists() && {
+        // A zombie is gone for our purposes.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        !stat.contains(") Z ")
+    }
+}
+
+/// Waits until nothing of `device`/`table`/`pid` is left on the host.
+fn assert_nothing_left(device: &str, table: u64, pid: u64, run_dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = (
+            device_exists(device),
+            rules_for(table),
+            process_alive(pid),
+            recorded(run_dir),
+        );
+        if !left.0 && left.1.is_empty() && !left.2 && left.3.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind (device, rules, process, records): {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let table_routes = sh("ip", &["route", "show", "table", &table.to_string()]);
+    assert_eq!(table_routes, "", "table {table} still has routes");
+}
+
+/// Collects every `/api/v1/ws` event envelope of `server` from now on (a thread with its own
+/// runtime reads the WebSocket).
+fn watch_events(server: &Server) -> std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> {
+    use futures::StreamExt;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let url = format!("ws://{}/api/v1/ws", server.api);
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let (mut ws, _) = tokio_tungstenite::connect_async(url)
+                .await
+                .expect("WebSocket");
+            let _ = ready_tx.send(());
+            while let Some(Ok(msg)) = ws.next().await {
+                if let tokio_tungstenite::tungstenite::Message::Text(t) = msg {
+                    if let Ok(v) = serde_json::from_str(t.as_str()) {
+                        sink.lock().expect("events").push(v);
+                    }
+                }
+            }
+        });
+    });
+    ready
+        .recv_timeout(Duration::from_secs(10))
+        .expect("WebSocket connected");
+    seen
+}
+
+fn wait_health_event(events: &std::sync::Mutex<Vec<serde_json::Value>>, name: &str, healthy: bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = events.lock().expect("events").iter().any(|e| {
+            e["type"] == "backend.health"
+                && e["data"]["name"] == name
+                && e["data"]["healthy"] == healthy
+        });
+        if found {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no backend.health event {{name: {name}, healthy: {healthy}}}: {:?}",
+            events.lock().expect("events")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn body(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn post(server: &Server, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    api_call(server, "POST", path, Some(&body.to_string()), None)
+}
+
+#[test]
+fn http_connect_and_socks5_go_through_the_tunnel_and_other_routes_go_direct() {
+    let Some((openvpn, nginx)) = prerequisites() else {
+        return;
+    };
+    let vpn = VpnServer::start(openvpn, nginx);
+    let gw = gateway(&yaml_with_backend(&vpn));
+    let server = &gw.server;
+    wait_health(server, "vpn", true, Duration::from_secs(40));
+
+    let url = format!("http://{}/hello.txt", vpn.origin_ip);
+    let proxy = format!("http://{}", server.http);
+    let socks = format!("socks5://{}", server.socks5);
+    let http = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
+    assert_eq!(body(&http), "hello through openvpn\n", "{http:?}");
+    let connect = curl(&["-sS", "--max-time", "20", "-p", "-x", &proxy, &url]);
+    assert_eq!(body(&connect), "hello through openvpn\n", "{connect:?}");
+    let via_socks = curl(&["-sS", "--max-time", "20", "-x", &socks, &url]);
+    assert_eq!(body(&via_socks), "hello through openvpn\n", "{via_socks:?}");
+    let big = curl(&[
+        "-sS",
+        "--max-time",
+        "60",
+        "-p",
+        "-x",
+        &proxy,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{size_download}",
+        &format!("http://{}/big.bin", vpn.origin_ip),
+    ]);
+    assert_eq!(body(&big), (2 * 1024 * 1024).to_string(), "{big:?}");
+    // Not routed to the backend: direct, over the veth.
+    let direct = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-x",
+        &proxy,
+        &format!("http://{}/hello.txt", vpn.endpoint_ip),
+    ]);
+    assert_eq!(body(&direct), "hello through openvpn\n", "{direct:?}");
+
+    let log = vpn.access_log();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 5, "five requests reached the origin:\n{log}");
+    for line in &lines[..4] {
+        assert!(
+            line.starts_with(&format!("{} ", vpn.client_ip)),
+            "a tunnelled request came from another address: {line}"
+        );
+    }
+    assert!(
+        lines[4].starts_with(&format!("{} ", vpn.host_ip)),
+        "the direct request came from the veth address: {}",
+        lines[4]
+    );
+
+    // The tunnel's default route is in its own table, reached only by the tunnel's sockets;
+    // the main table has nothing through the device.
+    let (device, table, _) = only_record(&gw.run_dir);
+    let rules = rules_for(table);
+    assert!(
+        rules.iter().any(|r| r.contains(&format!("oif {device}"))),
+        "{rules:?}"
+    );
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.contains(&format!("from {}", vpn.client_ip))),
+        "{rules:?}"
+    );
+    let main = sh("ip", &["route", "show", "table", "main", "dev", &device]);
+    assert_eq!(main, "", "the main table routes through the tunnel");
+    let own = sh("ip", &["route", "show", "table", &table.to_string()]);
+    assert!(own.starts_with(&format!("default dev {device}")), "{own}");
+    // Other sockets on the host are not routed through the tunnel (asked of the kernel, no
+    // traffic sent), while a socket bound to the device is.
+    let other = sh("ip", &["route", "get", &vpn.origin_ip]);
+    assert!(!other.contains(&device), "{other}");
+    let bound = sh("ip", &["route", "get", &vpn.origin_ip, "oif", &device]);
+    assert!(
+        bound.contains(&format!("dev {device} table {table}")),
+        "{bound}"
+    );
+
+    // Stats, the connection test, and masked secrets.
+    let stats = server.api_get("/api/v1/backends/vpn/stats");
+    assert!(
+        stats["total_connections"].as_u64().unwrap_or(0) >= 4,
+        "{stats}"
+    );
+    let target = serde_json::json!({"target": format!("{}:80", vpn.origin_ip), "timeout": "10s"});
+    let (status, result) = post(server, "/api/v1/backends/vpn/test", &target);
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["status"], "ok", "{result}");
+    let closed = serde_json::json!({"target": format!("{}:81", vpn.origin_ip), "timeout": "10s"});
+    let (_, result) = post(server, "/api/v1/backends/vpn/test", &closed);
+    assert_eq!(result["status"], "failed", "{result}");
+    let config = server.api_get("/api/v1/config");
+    let backend = config["backends"]
+        .as_array()
+        .and_then(|l| l.iter().find(|b| b["name"] == "vpn"))
+        .cloned()
+        .expect("listed");
+    assert_eq!(backend["openvpn"]["key"], "********", "{backend}");
+    assert!(!config.to_string().contains("PRIVATE KEY"), "{config}");
+}
+
+#[test]
+fn a_lost_server_turns_the_backend_unhealthy_and_back() {
+    let Some((openvpn, nginx)) = prerequisites() else {
+        return;
+    };
+    let mut vpn = VpnServer::start(openvpn, nginx);
+    let gw = gateway(&yaml_with_backend(&vpn));
+    let server = &gw.server;
+    wait_health(server, "vpn", true, Duration::from_secs(40));
+    let proxy = format!("http://{}", server.http);
+    let url = format!("http://{}/hello.txt", vpn.origin_ip);
+
+    let events = watch_events(server);
+
+    vpn.stop_openvpn();
+    wait_health(server, "vpn", false, Duration::from_secs(60));
+    wait_health_event(&events, "vpn", false);
+    let failed = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-x",
+        &proxy,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &url,
+    ]);
+    assert!(
+        matches!(body(&failed).as_str(), "502" | "503" | "504"),
+        "{failed:?}"
+    );
+
+    vpn.start_openvpn();
+    wait_health(server, "vpn", true, Duration::from_secs(90));
+    wait_health_event(&events, "vpn", true);
+    let again = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
+    assert_eq!(body(&again), "hello through openvpn\n", "{again:?}");
+}
+
+#[test]
+fn bad_openvpn_settings_are_refused_with_the_key_named() {
+    // No root needed: validation only (and a run directory of its own all the same).
+    let gw = gateway("");
+    let server = &gw.server;
+    let cases = [
+        (serde_json::json!({}), "openvpn.remote"),
+        (
+            serde_json::json!({"remote": "127.0.0.1:1194", "ca": "/etc/ca.pem", "username": "u", "password": "p"}),
+            "openvpn.remote",
+        ),
+        (
+            serde_json::json!({"remote": "127.0.0.1", "peer_fingerprint": "AB:CD", "username": "u", "password": "p"}),
+            "openvpn.peer_fingerprint",
+        ),
+        (
+            serde_json::json!({"remote": "127.0.0.1", "ca": "/etc/ca.pem", "username": "u", "password": "p",
+                               "extra": ["up /bin/sh"]}),
+            "openvpn.extra",
+        ),
+        (
+            serde_json::json!({"remote": "127.0.0.1", "ca": "/etc/ca.pem"}),
+            "openvpn.cert",
+        ),
+    ];
+    for (settings, field) in cases {
+        let create = serde_json::json!({"name": "bad", "type": "openvpn", "openvpn": settings});
+        let (status, reply) = post(server, "/api/v1/backends", &create);
+        assert_eq!(status, 400, "{create}: {reply}");
+        assert!(reply.to_string().contains(field), "{field}: {reply}");
+    }
+    let (status, reply) = post(
+        server,
+        "/api/v1/backends",
+        &serde_json::json!({"name": "bare", "type": "openvpn"}),
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.to_string().contains("openvpn"), "{reply}");
+    // The same checks in `switchyard config validate`.
+    let file = server.dir.path().join("bad.yaml");
+    std::fs::write(
+        &file,
+        "backends:\n  - {name: v, type: openvpn, openvpn: {remote: h, ca: /c.pem, username: u, password: p, extra: [\"plugin /x.so\"]}}\n\
+         routes:\n  - {name: r, domains: [\"*\"], backend: v}\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["config", "validate"])
+        .arg(&file)
+        .output()
+        .expect("validate");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("backends[0].openvpn.extra") && text.contains("plugin"),
+        "{text}"
+    );
+    // The OpenAPI document describes the settings object.
+    let doc = server.api_get("/api/v1/openapi.json");
+    let schema = &doc["components"]["schemas"]["OpenvpnSettings"];
+    for key in [
+        "config_file",
+        "remote",
+        "port",
+        "proto",
+        "ca",
+        "cert",
+        "key",
+        "tls_crypt",
+        "tls_auth",
+        "key_direction",
+        "peer_fingerprint",
+        "username",
+        "password",
+        "data_ciphers",
+        "extra",
+    ] {
+        assert!(schema["properties"][key].is_object(), "{key} in {schema}");
+    }
+}
+
+#[test]
+fn a_backend_created_through_the_api_connects_and_its_deletion_cleans_up() {
+    let Some((openvpn, nginx)) = prerequisites() else {
+        return;
+    };
+    let vpn = VpnServer::start(openvpn, nginx);
+    let gw = gateway("");
+    let server = &gw.server;
+    let mut settings = vpn.settings();
+    // Credentials go to a 0600 file, never to the command line.
+    settings["username"] = "gateway".into();
+    settings["password"] = "s3cret-pass".into();
+    let create = serde_json::json!({"name": "vpn-api", "type": "openvpn", "openvpn": settings});
+    let (status, reply) = post(server, "/api/v1/backends", &create);
+    assert_eq!(status, 201, "{reply}");
+    assert_eq!(reply["type"], "openvpn");
+    let route = serde_json::json!({"name": "tunnel", "domains": [vpn.origin_ip], "backend": "vpn-api", "priority": 10});
+    let (status, reply) = post(server, "/api/v1/routes", &route);
+    assert_eq!(status, 201, "{reply}");
+    wait_health(server, "vpn-api", true, Duration::from_secs(40));
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-x",
+        &format!("http://{}", server.http),
+        &format!("http://{}/hello.txt", vpn.origin_ip),
+    ]);
+    assert_eq!(body(&out), "hello through openvpn\n", "{out:?}");
+
+    let (device, table, pid) = only_record(&gw.run_dir);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("openvpn runs");
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains("s3cret-pass"),
+        "the password is on the command line"
+    );
+    let auth = std::fs::read_dir(gw.run_dir.join("openvpn"))
+        .expect("run dir")
+        .flatten()
+        .map(|e| e.path().join("auth.txt"))
+        .find(|p| p.exists())
+        .expect("auth file");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&auth).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let config = server.api_get("/api/v1/config");
+    assert!(!config.to_string().contains("s3cret-pass"), "{config}");
+
+    let (status, reply) = api_call(server, "DELETE", "/api/v1/routes/tunnel", None, None);
+    assert_eq!(status, 200, "{reply}");
+    let (status, reply) = api_call(server, "DELETE", "/api/v1/backends/vpn-api", None, None);
+    assert_eq!(status, 200, "{reply}");
+    assert_nothing_left(&device, table, pid, &gw.run_dir);
+}
+
+#[test]
+fn kill_9_then_restart_leaves_nothing_behind() {
+    let Some((openvpn, nginx)) = prerequisites() else {
+        return;
+    };
+    let vpn = VpnServer::start(openvpn, nginx);
+    let gw = gateway(&yaml_with_backend(&vpn));
+    wait_health(&gw.server, "vpn", true, Duration::from_secs(40));
+    let (device, table, first_pid) = only_record(&gw.run_dir);
+    assert!(process_alive(first_pid));
+
+    // kill -9: switchyard cannot clean up; its rules stay (its openvpn loses the management
+    // connection and exits by itself).
+    let mut gw = gw;
+    sh("kill", &["-9", &gw.server.proc.child.id().to_string()]);
+    let _ = gw.server.proc.child.wait();
+    assert_eq!(rules_for(table).len(), 2, "the rules outlive a kill -9");
+
+    // The next start removes the leftovers before starting its own process.
+    gw.server = start_gateway(&gw.config_path, &gw.run_dir);
+    let server = &gw.server;
+    wait_health(server, "vpn", true, Duration::from_secs(40));
+    assert!(!process_alive(first_pid), "the old openvpn still runs");
+    assert!(
+        logs(server).contains("removed OpenVPN leftovers"),
+        "{}",
+        logs(server)
+    );
+    let (again, again_table, pid) = only_record(&gw.run_dir);
+    assert_eq!((again.as_str(), again_table), (device.as_str(), table));
+    assert_ne!(pid, first_pid);
+    assert_eq!(rules_for(table).len(), 2, "{:?}", rules_for(table));
+    let proxy = format!("http://{}", server.http);
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-x",
+        &proxy,
+        &format!("http://{}/hello.txt", vpn.origin_ip),
+    ]);
+    assert_eq!(body(&out), "hello through openvpn\n", "{out:?}");
+
+    // A second server on the same run directory leaves the first one's tunnel alone.
+    let intruder = start_gateway(&gw.config_path, &gw.run_dir);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !logs(&intruder).contains("another switchyard server uses this OpenVPN run directory") {
+        assert!(Instant::now() < deadline, "{}", logs(&intruder));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(healthy(&intruder, "vpn"), Some(false));
+    drop(intruder);
+    assert!(
+        process_alive(pid),
+        "the second server stopped the first one's openvpn"
+    );
+    assert_eq!(healthy(&gw.server, "vpn"), Some(true));
+    assert_eq!(rules_for(table).len(), 2, "{:?}", rules_for(table));
+
+    // A clean stop (SIGTERM) removes everything at once.
+    assert!(gw.terminate(), "switchyard did not exit on SIGTERM");
+    let run_dir = gw.run_dir.clone();
+    assert_nothing_left(&device, table, pid, &run_dir);
+}
+
+#[test]
+fn a_config_file_backend_runs_and_a_killed_openvpn_is_restarted() {
+    let Some((openvpn, nginx)) = prerequisites() else {
+        return;
+    };
+    let vpn = VpnServer::start(openvpn, nginx);
+    // An .ovpn file as a provider hands it out, with its keys next to it (relative paths).
+    let files = tempfile::tempdir().expect("tempdir");
+    std::fs::write(files.path().join("client.crt"), &vpn.client_cert).expect("cert");
+    std::fs::write(files.path().join("client.key"), &vpn.client_key).expect("key");
+    let ovpn = files.path().join("office.ovpn");
+    std::fs::write(
+        &ovpn,
+        format!(
+            "client\ndev tun\nproto udp\nremote {} 1194\nnobind\ncert client.crt\nkey client.key\n\
+             peer-fingerprint {}\nverb 3\n",
+            vpn.endpoint_ip, vpn.server_fp
+        ),
+    )
+    .expect("ovpn");
+    let settings =
+        serde_json::json!({"config_file": ovpn.display().to_string(), "extra": ["mssfix 1300"]});
+    let gw = gateway(&format!(
+        "backends:\n  - {{name: direct, type: direct}}\n  - {{name: file-vpn, type: openvpn, openvpn: {settings}}}\n\
+         routes:\n  - {{name: tunnel, domains: [\"{}\"], backend: file-vpn, priority: 10}}\n  - {{name: rest, domains: [\"*\"], backend: direct}}\n",
+        vpn.origin_ip
+    ));
+    let server = &gw.server;
+    wait_health(server, "file-vpn", true, Duration::from_secs(40));
+    let proxy = format!("http://{}", server.http);
+    let url = format!("http://{}/hello.txt", vpn.origin_ip);
+    let out = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
+    assert_eq!(body(&out), "hello through openvpn\n", "{out:?}");
+    let (device, table, first_pid) = only_record(&gw.run_dir);
+    assert!(
+        device_exists(&device),
+        "the file's `dev tun` was overridden"
+    );
+
+    // The process dies: the backend goes down, the supervisor starts a new one, back up.
+    sh("kill", &["-9", &first_pid.to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (_, _, pid) = only_record(&gw.run_dir);
+        if pid != first_pid && pid != 0 && healthy(server, "file-vpn") == Some(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "openvpn was not restarted; log:\n{}",
+            logs(server)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(logs(server).contains("openvpn will be restarted"));
+    let again = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
+    assert_eq!(body(&again), "hello through openvpn\n", "{again:?}");
+    assert_eq!(rules_for(table).len(), 2, "{:?}", rules_for(table));
+    let log = vpn.access_log();
+    assert!(
+        log.lines()
+            .all(|l| l.starts_with(&format!("{} ", vpn.client_ip))),
+        "{log}"
+    );
+}
+
+#[test]
+fn the_tcp_transport_works_too() {
+    let Some((openvpn, nginx)) = prerequisites() else {
+        return;
+    };
+    let vpn = VpnServer::start_with(openvpn, nginx, "tcp");
+    let gw = gateway(&yaml_with_backend(&vpn));
+    let server = &gw.server;
+    wait_health(server, "vpn", true, Duration::from_secs(40));
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-p",
+        "-x",
+        &format!("http://{}", server.http),
+        &format!("http://{}/hello.txt", vpn.origin_ip),
+    ]);
+    assert_eq!(body(&out), "hello through openvpn\n", "{out:?}");
+    let log = vpn.access_log();
+    assert!(log.starts_with(&format!("{} ", vpn.client_ip)), "{log}");
+}
