@@ -137,6 +137,16 @@ fn flow_socket() -> tcp::Socket<'static> {
     socket
 }
 
+/// The error of a connect the peer never answered.
+fn unanswered(backend: &str, endpoint: SocketAddr) -> DataplaneError {
+    DataplaneError::Tunnel {
+        backend: backend.to_owned(),
+        reason: format!(
+            "no WireGuard handshake answer from {endpoint} (peer down, or the keys do not match)"
+        ),
+    }
+}
+
 fn smol_now() -> smoltcp::time::Instant {
     smoltcp::time::Instant::now()
 }
@@ -225,13 +235,7 @@ impl Tunnel {
     }
 
     fn unanswered(&self) -> DataplaneError {
-        DataplaneError::Tunnel {
-            backend: self.name.clone(),
-            reason: format!(
-                "no WireGuard handshake answer from {} (peer down, or the keys do not match)",
-                self.endpoint
-            ),
-        }
+        unanswered(&self.name, self.endpoint)
     }
 
     /// One datagram from the network: decrypt into the interface, or answer handshakes.
@@ -409,7 +413,8 @@ impl Tunnel {
     /// Moves bytes between each flow's socket and its channels; false = the flow is over.
     fn shuttle(&mut self, index: usize) -> bool {
         let alive = self.alive == Some(true);
-        let unanswered = self.unanswered();
+        // Built only when a connect fails: this runs for every flow on every turn.
+        let endpoint = self.endpoint;
         let backend = self.name.as_str();
         let flow = &mut self.flows[index];
         if flow.finished {
@@ -461,7 +466,7 @@ impl Tunnel {
                     if !alive && flow.opened.elapsed() > HANDSHAKE_TIMEOUT {
                         flow.ended(backend, socket.state(), "no handshake answer from the peer");
                         if let Some((reply, _)) = flow.waiting.take() {
-                            let _ = reply.send(Err(unanswered));
+                            let _ = reply.send(Err(unanswered(backend, endpoint)));
                         }
                         socket.abort();
                         flow.finished = true;
