@@ -18,7 +18,7 @@ use glommio::net::UdpSocket;
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::socket::{dns, tcp};
 use smoltcp::wire::{DnsQueryType, HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::rc::Rc;
@@ -640,17 +640,79 @@ impl Tunnel {
     }
 }
 
-async fn resolve_endpoint(args: &RunnerArgs) -> Option<SocketAddr> {
-    let endpoint = &args.settings.endpoint;
-    let (host, port) = endpoint.rsplit_once(':')?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port: u16 = port.parse().ok()?;
-    match args.resolver.resolve(&args.offload, host, port).await {
-        Ok(addrs) => addrs.first().copied(),
-        Err(e) => {
-            tracing::warn!(backend = %args.name, %endpoint, error = %e, "WireGuard endpoint does not resolve");
-            None
+/// How often a named endpoint is resolved again while the peer answers, and at most how often
+/// while it does not (the name may point elsewhere now: dynamic DNS, a replaced server).
+const RERESOLVE_EVERY: Duration = Duration::from_secs(300);
+const RERESOLVE_LOST: Duration = Duration::from_secs(30);
+
+/// Whether a named endpoint is due to be resolved again; an address never is.
+#[derive(Debug)]
+struct EndpointRefresh {
+    named: bool,
+    last: Instant,
+}
+
+impl EndpointRefresh {
+    fn new(endpoint: &str, now: Instant) -> Self {
+        let host = endpoint.rsplit_once(':').map_or(endpoint, |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        Self {
+            named: host.parse::<IpAddr>().is_err(),
+            last: now,
         }
+    }
+
+    fn due(&self, now: Instant, peer_lost: bool) -> bool {
+        let wait = if peer_lost {
+            RERESOLVE_LOST
+        } else {
+            RERESOLVE_EVERY
+        };
+        self.named && now.saturating_duration_since(self.last) >= wait
+    }
+}
+
+/// What resolving the endpoint needs, detachable from the runner's arguments.
+#[derive(Clone)]
+struct EndpointLookup {
+    backend: String,
+    endpoint: String,
+    resolver: Resolver,
+    offload: Offload,
+}
+
+impl EndpointLookup {
+    async fn resolve(&self) -> Option<SocketAddr> {
+        let endpoint = &self.endpoint;
+        let (host, port) = endpoint.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port: u16 = port.parse().ok()?;
+        match self.resolver.resolve(&self.offload, host, port).await {
+            Ok(addrs) => addrs.first().copied(),
+            Err(e) => {
+                tracing::warn!(backend = %self.backend, %endpoint, error = %e, "WireGuard endpoint does not resolve");
+                None
+            }
+        }
+    }
+
+    /// Resolves the name again and points the tunnel at the new address (same family: the
+    /// UDP socket is bound to one).
+    async fn refresh(self, tunnel: Rc<RefCell<Tunnel>>, busy: Rc<Cell<bool>>) {
+        if let Some(addr) = self.resolve().await {
+            let mut t = tunnel.borrow_mut();
+            if addr != t.endpoint {
+                if addr.is_ipv4() == t.endpoint.is_ipv4() {
+                    tracing::info!(backend = %self.backend, from = %t.endpoint, to = %addr,
+                        "WireGuard endpoint name resolves to a new address");
+                    t.endpoint = addr;
+                } else {
+                    tracing::warn!(backend = %self.backend, now = %addr, kept = %t.endpoint,
+                        "WireGuard endpoint name resolves to another address family; kept the old address");
+                }
+            }
+        }
+        busy.set(false);
     }
 }
 
@@ -704,12 +766,18 @@ async fn receive(udp: Rc<UdpSocket>, tunnel: Rc<RefCell<Tunnel>>, wake: Arc<Wake
 
 /// Runs the tunnel until every holder of its backend is gone.
 pub(super) async fn run(args: RunnerArgs) {
+    let lookup = EndpointLookup {
+        backend: args.name.clone(),
+        endpoint: args.settings.endpoint.clone(),
+        resolver: args.resolver.clone(),
+        offload: args.offload.clone(),
+    };
     // The endpoint may not resolve yet (names, DNS down): keep trying, unhealthy meanwhile.
     let endpoint = loop {
         if args.requests.sender_count() == 0 || !args.owner.beat(args.generation) {
             return;
         }
-        if let Some(a) = resolve_endpoint(&args).await {
+        if let Some(a) = lookup.resolve().await {
             break a;
         }
         if let Some(healthy) = args.health.set(false) {
@@ -741,6 +809,8 @@ pub(super) async fn run(args: RunnerArgs) {
     let tunnel = Rc::new(RefCell::new(Tunnel::new(&args, endpoint)));
     // Dropping the task handle when this function returns stops the receiver too.
     let _receiver = glommio::spawn_local(receive(udp.clone(), tunnel.clone(), args.wake.clone()));
+    let mut refresh = EndpointRefresh::new(&args.settings.endpoint, Instant::now());
+    let resolving = Rc::new(Cell::new(false));
     loop {
         if args.requests.sender_count() == 0 {
             tracing::info!(backend = %args.name, "WireGuard tunnel stopped (backend removed or changed)");
@@ -756,15 +826,26 @@ pub(super) async fn run(args: RunnerArgs) {
             futures_lite::future::or(listener, glommio::timer::sleep(delay)).await;
             args.wake.take();
         }
-        let out = {
+        let (out, endpoint, peer_lost) = {
             let mut t = tunnel.borrow_mut();
             while let Ok(req) = args.requests.try_recv() {
                 t.open(req);
             }
             t.step();
-            std::mem::take(&mut t.outgoing)
+            (
+                std::mem::take(&mut t.outgoing),
+                t.endpoint,
+                t.alive == Some(false),
+            )
         };
         send_all(&udp, endpoint, out).await;
+        let now = Instant::now();
+        if !resolving.get() && refresh.due(now, peer_lost) {
+            refresh.last = now;
+            resolving.set(true);
+            glommio::spawn_local(lookup.clone().refresh(tunnel.clone(), resolving.clone()))
+                .detach();
+        }
     }
 }
 
@@ -772,6 +853,28 @@ pub(super) async fn run(args: RunnerArgs) {
 mod tests {
     use super::*;
     use smoltcp::phy::ChecksumCapabilities;
+
+    #[test]
+    fn a_named_endpoint_is_resolved_again_soon_when_the_peer_is_lost_and_now_and_then_otherwise() {
+        let start = Instant::now();
+        let refresh = EndpointRefresh::new("wg.example.net:51820", start);
+        let after = |d: Duration| start + d;
+        assert!(!refresh.due(after(Duration::from_secs(1)), true));
+        assert!(refresh.due(after(RERESOLVE_LOST), true));
+        assert!(!refresh.due(after(RERESOLVE_LOST), false));
+        assert!(refresh.due(after(RERESOLVE_EVERY), false));
+    }
+
+    #[test]
+    fn an_endpoint_given_as_an_address_is_never_resolved_again() {
+        let start = Instant::now();
+        let later = start + RERESOLVE_EVERY * 10;
+        for endpoint in ["192.0.2.7:51820", "[2001:db8::7]:51820"] {
+            let refresh = EndpointRefresh::new(endpoint, start);
+            assert!(!refresh.due(later, true), "{endpoint}");
+            assert!(!refresh.due(later, false), "{endpoint}");
+        }
+    }
     use smoltcp::wire::{
         IpProtocol, Ipv4Address, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
     };
