@@ -969,8 +969,23 @@ fn a_config_file_backend_runs_and_a_killed_openvpn_is_restarted() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(logs(server).contains("openvpn will be restarted"));
-    let again = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
-    assert_eq!(body(&again), "hello through openvpn\n", "{again:?}");
+    // The OpenVPN server (2.6.14) sometimes keeps the dropped session's peer-id for the new one
+    // ("new connection by client 'client' will cause previous active sessions … to be dropped",
+    // then PUSH_REPLY peer-id 1 but its data channel on peer-id 0): the first data packets are
+    // lost until the client's ping-restart (6 s) reconnects once more. Allow that recovery.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let again = curl(&["-sS", "--max-time", "5", "-x", &proxy, &url]);
+        if body(&again) == "hello through openvpn\n" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer through the restarted tunnel: {again:?}\nserver log:\n{}",
+            std::fs::read_to_string(vpn.dir.path().join("openvpn-server.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     assert_eq!(rules_for(table).len(), 2, "{:?}", rules_for(table));
     let log = vpn.access_log();
     assert!(

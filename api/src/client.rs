@@ -237,6 +237,18 @@ pub struct VpnStatus {
     pub connected_at: Option<DateTime<Utc>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connected_since: Option<DateTime<Utc>>,
+    /// How split-tunnel traffic is classified while enabled: `ebpf` or `nftables` (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mechanism: Option<String>,
+    /// Why eBPF is not in use when the nftables fallback was chosen (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+    /// Why the VPN is in `error` (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// TCP flows in the TUN path's NAT right now (extension).
+    #[serde(default)]
+    pub flows: u64,
 }
 
 /// One VPN connection.
@@ -257,6 +269,9 @@ pub struct SplitAppEntry {
     pub name: String,
     #[serde(default)]
     pub path: String,
+    /// Linux: a cgroup v2 directory whose processes are the app (extension; not in the spec).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cgroup: String,
 }
 
 /// `GET /api/v1/vpn/split/rules`.

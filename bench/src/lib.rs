@@ -41,6 +41,7 @@ mod pkgcache;
 mod procs;
 mod report;
 mod scenarios;
+mod vpn;
 mod wireguard;
 mod wrk;
 
@@ -60,7 +61,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory, wireguard, client
+    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory, wireguard, client, vpn
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -69,7 +70,7 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 9] = [
+pub const SCENARIOS: [&str; 10] = [
     "http",
     "connect",
     "socks5",
@@ -79,6 +80,7 @@ pub const SCENARIOS: [&str; 9] = [
     "inventory",
     "wireguard",
     "client",
+    "vpn",
 ];
 
 /// Runs the selected scenarios and writes the results. Synchronous; builds its own tokio runtime.
@@ -153,6 +155,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "cache" => cache::run(&ctx),
             "wireguard" => wireguard::run(&ctx),
             "client" => client::run(&ctx),
+            "vpn" => vpn::run(&ctx),
             _ => scenarios::run_one(&ctx, s),
         };
         let section = match result {

@@ -92,7 +92,7 @@ impl Drop for Guard {
 }
 
 /// utime + stime of `pid` in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
     stat_seconds(&pid.to_string(), 11, 12)
 }
 

@@ -282,6 +282,14 @@ pub struct VpnConfig {
     pub tun: VpnTunConfig,
     pub dns: VpnDnsConfig,
     pub split: VpnSplitConfig,
+    /// Linux: the cgroup v2 directory whose processes the split tunnel classifies (absolute, or
+    /// relative to the cgroup2 mount); empty = the whole cgroup2 hierarchy. Not in the spec.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub scope_cgroup: String,
+    /// Linux: `auto` (eBPF, else the nftables fallback), `ebpf` or `nftables`; empty = `auto`.
+    /// Not in the spec.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub classifier: String,
 }
 
 impl Default for VpnConfig {
@@ -294,6 +302,8 @@ impl Default for VpnConfig {
             tun: VpnTunConfig::default(),
             dns: VpnDnsConfig::default(),
             split: VpnSplitConfig::default(),
+            scope_cgroup: String::new(),
+            classifier: String::new(),
         }
     }
 }
@@ -375,6 +385,10 @@ pub struct SplitApp {
     pub path: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bundle_id: Option<String>,
+    /// Linux: every process of this cgroup v2 directory (absolute, or relative to the cgroup2
+    /// mount) is the app. Not in the spec.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 /// `mesh:` — the mesh peer (issue 13). Disabled by default.
@@ -712,6 +726,18 @@ pub fn validate_client(cfg: &ClientConfig) -> Vec<Problem> {
         problem(
             "vpn.mode".into(),
             format!("unknown mode {:?} (only `tun`)", cfg.vpn.mode),
+        );
+    }
+    if !matches!(
+        cfg.vpn.classifier.as_str(),
+        "" | "auto" | "ebpf" | "nftables"
+    ) {
+        problem(
+            "vpn.classifier".into(),
+            format!(
+                "unknown classifier {:?} (auto, ebpf or nftables)",
+                cfg.vpn.classifier
+            ),
         );
     }
     if !(576..=65535).contains(&cfg.vpn.mtu) {

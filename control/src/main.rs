@@ -18,6 +18,7 @@ mod providers;
 mod request_log;
 mod server;
 mod tls;
+mod web_ui;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};

@@ -129,6 +129,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             http: Some(crate::net::spec(&http_listen)),
             socks5: socks_listen.as_ref().map(crate::net::spec),
             cache: cache.clone(),
+            vpn: None,
         },
         runtime.handle().clone(),
     )?;

@@ -133,7 +133,10 @@ impl CoreCounters {
     }
     pub fn request(&self, protocol: crate::events::Protocol, status: u16) {
         self.requests.fetch_add(1, Relaxed);
-        self.requests_by_protocol[protocol as usize].fetch_add(1, Relaxed);
+        // the client's VPN flows have no slot here (the metrics label the three proxy protocols)
+        if let Some(n) = self.requests_by_protocol.get(protocol as usize) {
+            n.fetch_add(1, Relaxed);
+        }
         let class = usize::from(status / 100).min(5);
         self.responses_by_class[class].fetch_add(1, Relaxed);
     }

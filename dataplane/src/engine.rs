@@ -41,6 +41,16 @@ pub struct ListenSpec {
     pub port: u16,
 }
 
+impl ListenSpec {
+    /// The VPN listener: the TUN address, a free port.
+    fn vpn(tun_ip: Ipv4Addr) -> Self {
+        ListenSpec {
+            ip: Some(IpAddr::V4(tun_ip)),
+            port: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct DataplaneOptions {
     /// The cores to run on, decided once at start ([`CorePlan::detect`]).
@@ -49,6 +59,9 @@ pub struct DataplaneOptions {
     pub socks5: Option<ListenSpec>,
     /// The HTTP cache's store when `cache.enabled` (shared by every core).
     pub cache: Option<Arc<crate::cache::CacheStore>>,
+    /// The client's VPN path: a listener on the TUN address (bound before the device exists)
+    /// that serves the flows the TUN pump translates.
+    pub vpn: Option<Arc<crate::tun::VpnPath>>,
 }
 
 /// Shared state of one running data plane, readable from the control plane.
@@ -64,6 +77,8 @@ pub struct Dataplane {
     pub core_health: Arc<CoreHealth>,
     pub http_addr: Option<SocketAddr>,
     pub socks5_addr: Option<SocketAddr>,
+    /// The VPN listener's address (the TUN pump translates flows to it).
+    pub vpn_addr: Option<SocketAddr>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -82,9 +97,11 @@ pub(crate) struct CoreContext {
     /// The SOCKS5 listener's address, used for UDP ASSOCIATE relays.
     pub socks5_ip: Option<IpAddr>,
     pub cache: Option<Arc<crate::cache::CacheStore>>,
+    pub vpn: Option<Arc<crate::tun::VpnPath>>,
 }
 
-fn listen_socket(spec: ListenSpec, port: u16) -> std::io::Result<Socket> {
+/// `freebind`: the address may not exist yet (the VPN listener's TUN address).
+fn listen_socket_on(spec: ListenSpec, port: u16, freebind: bool) -> std::io::Result<Socket> {
     let (addr, dual) = match spec.ip {
         Some(ip) => (SocketAddr::new(ip, port), false),
         None => (
@@ -100,6 +117,10 @@ fn listen_socket(spec: ListenSpec, port: u16) -> std::io::Result<Socket> {
         s.set_reuse_address(true)?;
         s.set_reuse_port(true)?;
         s.set_nonblocking(true)?;
+        if freebind {
+            // the VPN listener binds to the TUN address before the device exists
+            crate::sys::set_freebind(std::os::fd::AsRawFd::as_raw_fd(&s))?;
+        }
         s.bind(&addr.into())?;
         s.listen(4096)?;
         Ok(s)
@@ -126,8 +147,10 @@ fn describe_listen(spec: ListenSpec, e: std::io::Error) -> DataplaneError {
 fn bind_per_core(
     spec: ListenSpec,
     cores: usize,
+    freebind: bool,
 ) -> Result<(Vec<Socket>, ListenSpec, SocketAddr), DataplaneError> {
-    let first = listen_socket(spec, spec.port).map_err(|e| describe_listen(spec, e))?;
+    let first =
+        listen_socket_on(spec, spec.port, freebind).map_err(|e| describe_listen(spec, e))?;
     let addr = first
         .local_addr()
         .ok()
@@ -139,7 +162,9 @@ fn bind_per_core(
     };
     let mut sockets = vec![first];
     for _ in 1..cores {
-        sockets.push(listen_socket(bound, bound.port).map_err(|e| describe_listen(bound, e))?);
+        sockets.push(
+            listen_socket_on(bound, bound.port, freebind).map_err(|e| describe_listen(bound, e))?,
+        );
     }
     Ok((sockets, bound, addr))
 }
@@ -155,13 +180,14 @@ enum CoreReport {
 struct CoreListeners {
     http: Option<Socket>,
     socks5: Option<Socket>,
+    vpn: Option<Socket>,
 }
 
 impl CoreListeners {
     /// Duplicates of the descriptors, kept by the supervisor: shutting one down stops the
     /// kernel from queueing connections for this core even if the dead executor leaked its copy.
     fn guards(&self) -> std::io::Result<Vec<Socket>> {
-        [&self.http, &self.socks5]
+        [&self.http, &self.socks5, &self.vpn]
             .into_iter()
             .flatten()
             .map(|s| s.try_clone())
@@ -194,6 +220,8 @@ struct CoreSeed {
     health: Arc<CoreHealth>,
     http: Option<ListenSpec>,
     socks5: Option<ListenSpec>,
+    vpn: Option<Arc<crate::tun::VpnPath>>,
+    vpn_listen: Option<ListenSpec>,
 }
 
 /// Restarts allowed per core before the process gives up and exits.
@@ -264,6 +292,7 @@ impl CoreSeed {
                     open_connections: seed.open_connections,
                     socks5_ip: seed.socks5_ip,
                     cache: seed.cache,
+                    vpn: seed.vpn,
                 });
                 let mut tasks = Vec::new();
                 // Core 0 serves control-plane commands.
@@ -276,6 +305,7 @@ impl CoreSeed {
                 for (socket, service) in [
                     (listeners.http, Service::Http),
                     (listeners.socks5, Service::Socks5),
+                    (listeners.vpn, Service::Vpn),
                 ] {
                     if let Some(socket) = socket {
                         let listener = crate::sys::listener_from_fd(socket.into_raw_fd());
@@ -297,13 +327,14 @@ impl CoreSeed {
 
     /// Fresh listeners for a restarted core, on the ports the data plane already serves.
     fn rebind(&self) -> Result<CoreListeners, DataplaneError> {
-        let bind = |spec: Option<ListenSpec>| {
-            spec.map(|s| listen_socket(s, s.port).map_err(|e| describe_listen(s, e)))
+        let bind = |spec: Option<ListenSpec>, freebind: bool| {
+            spec.map(|s| listen_socket_on(s, s.port, freebind).map_err(|e| describe_listen(s, e)))
                 .transpose()
         };
         Ok(CoreListeners {
-            http: bind(self.http)?,
-            socks5: bind(self.socks5)?,
+            http: bind(self.http, false)?,
+            socks5: bind(self.socks5, false)?,
+            vpn: bind(self.vpn_listen, true)?,
         })
     }
 
@@ -386,12 +417,18 @@ impl Dataplane {
 
         let http = opts
             .http
-            .map(|spec| bind_per_core(spec, cores.len()))
+            .map(|spec| bind_per_core(spec, cores.len(), false))
             .transpose()?;
         let socks = opts
             .socks5
-            .map(|spec| bind_per_core(spec, cores.len()))
+            .map(|spec| bind_per_core(spec, cores.len(), false))
             .transpose()?;
+        let vpn_listen = opts
+            .vpn
+            .as_ref()
+            .map(|v| bind_per_core(ListenSpec::vpn(v.tun_ip), cores.len(), true))
+            .transpose()?;
+        let vpn_addr = vpn_listen.as_ref().map(|(_, _, a)| *a);
         let http_addr = http.as_ref().map(|(_, _, a)| *a);
         let socks5_addr = socks.as_ref().map(|(_, _, a)| *a);
         let seed = CoreSeed {
@@ -409,7 +446,10 @@ impl Dataplane {
             health: health.clone(),
             http: http.as_ref().map(|(_, spec, _)| *spec),
             socks5: socks.as_ref().map(|(_, spec, _)| *spec),
+            vpn: opts.vpn.clone(),
+            vpn_listen: vpn_listen.as_ref().map(|(_, spec, _)| *spec),
         };
+        let mut vpn_sockets = vpn_listen.map(|(s, _, _)| s).unwrap_or_default();
         let mut http_sockets = http.map(|(s, _, _)| s).unwrap_or_default();
         let mut socks_sockets = socks.map(|(s, _, _)| s).unwrap_or_default();
 
@@ -422,6 +462,7 @@ impl Dataplane {
             let listeners = CoreListeners {
                 http: http_sockets.pop(),
                 socks5: socks_sockets.pop(),
+                vpn: vpn_sockets.pop(),
             };
             let guards = listeners
                 .guards()
@@ -471,6 +512,7 @@ impl Dataplane {
             core_health: health,
             http_addr,
             socks5_addr,
+            vpn_addr,
             threads,
         })
     }
@@ -516,6 +558,7 @@ fn wait_for_cores(
 enum Service {
     Http,
     Socks5,
+    Vpn,
 }
 
 /// Releases the global connection slot and the per-core active count when a connection ends.
@@ -555,7 +598,8 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Servi
             continue;
         };
         let snapshot = ctx.snapshot.load();
-        if !snapshot.access.allows(peer.ip()) {
+        // VPN flows come from the NAT's gateway address, which `serve` checks itself
+        if !matches!(service, Service::Vpn) && !snapshot.access.allows(peer.ip()) {
             tracing::debug!(client = %peer, "refused by access control");
             continue; // dropping the stream closes it
         }
@@ -575,6 +619,7 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Servi
             match service {
                 Service::Http => crate::http_proxy::serve(stream, peer, ctx).await,
                 Service::Socks5 => crate::socks5_server::serve(stream, peer, ctx).await,
+                Service::Vpn => crate::tun::serve::serve(stream, peer, ctx).await,
             }
         })
         .detach();
@@ -610,6 +655,7 @@ mod tests {
                 }),
                 socks5: None,
                 cache: None,
+                vpn: None,
             },
             runtime.handle().clone(),
         )

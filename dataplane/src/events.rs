@@ -10,6 +10,8 @@ pub enum Protocol {
     Http,
     Connect,
     Socks5,
+    /// A flow of the client's VPN (TUN) path.
+    Vpn,
 }
 
 impl Protocol {
@@ -18,6 +20,7 @@ impl Protocol {
             Self::Http => "HTTP",
             Self::Connect => "CONNECT",
             Self::Socks5 => "SOCKS5",
+            Self::Vpn => "VPN",
         }
     }
 }

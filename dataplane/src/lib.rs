@@ -35,6 +35,7 @@ pub mod snapshot;
 mod socks5_server;
 mod sys;
 mod trace;
+pub mod tun;
 mod tunnel;
 pub mod wireguard;
 

@@ -188,13 +188,27 @@ pub(crate) async fn run_tunnel(
     let registered = Registered::new(ctx, peer, label.to_owned(), backend.name.clone(), protocol);
     let _ = client.borrow_mut().set_read_timeout(None);
     let mut ok = true;
+    // bytes that arrived with the handshake count like relayed ones (an origin that speaks first
+    // often has its first bytes in the same segment as the proxy's CONNECT answer)
     if !client_early.is_empty() {
         ok &= tunnel::write_all(&upstream, &client_early).await.is_ok();
+        if ok {
+            let n = client_early.len() as u64;
+            registered.conn().add_recv(n);
+            core.add_received(n);
+            bcore.add_received(n);
+        }
     }
     if ok && !connected.early_data.is_empty() {
         ok &= tunnel::write_all(&client, &connected.early_data)
             .await
             .is_ok();
+        if ok {
+            let n = connected.early_data.len() as u64;
+            registered.conn().add_sent(n);
+            core.add_sent(n);
+            bcore.add_sent(n);
+        }
     }
     let client_ip = crate::access_control::canonical(peer.ip());
     let live = registered.conn();

@@ -104,6 +104,87 @@ pub fn listener_from_fd(fd: RawFd) -> glommio::net::TcpListener {
     unsafe { glommio::net::TcpListener::from_raw_fd(fd) }
 }
 
+/// Creates (or attaches to) the TUN device `name`: layer 3, no packet-info header. The device
+/// is not persistent: it disappears when the last descriptor closes, so a killed process leaves
+/// no device behind.
+pub fn open_tun(name: &str) -> io::Result<std::fs::File> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("invalid interface name {name:?}"),
+        ));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    // SAFETY: an all-zero ifreq is a valid value (a C struct of integers and arrays).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+    use std::os::fd::AsRawFd;
+    // SAFETY: TUNSETIFF on the descriptor just opened, with a pointer to a live ifreq.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &req) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
+/// Waits up to `timeout_ms` for `fd` to become readable; `Ok(false)` on timeout.
+pub fn wait_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll(2) on one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(n > 0)
+}
+
+/// Sets `IP_FREEBIND`, so a listener can bind to an address (the TUN's) before it exists.
+pub fn set_freebind(fd: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt(2) with a pointer to a live c_int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_FREEBIND,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sets `O_NONBLOCK` on `fd` (the TUN pump reads until `EAGAIN` and only then polls).
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl(2) F_GETFL/F_SETFL on a descriptor the caller owns.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,8 @@
 //! running real clients (curl). Every child is killed by PID when its guard drops.
 #![allow(dead_code)]
 
+pub mod browser;
+pub mod netns;
 pub mod wg_peer;
 
 use std::io::{BufRead, BufReader};

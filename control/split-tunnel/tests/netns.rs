@@ -18,6 +18,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+#[path = "../../../tests/support/netns.rs"]
+mod netns_support;
+use netns_support::{
+    next_result, remove_cgroups, root_with_tools_or_skip, sh, sh_quiet, HELPER_ARGS,
+};
+
 use switchyard_split_tunnel::{
     cgroup, AppRule, DnsRedirect, Mechanism, MechanismChoice, SplitMode, SplitRules, SplitTunnel,
     SplitTunnelConfig,
@@ -191,65 +197,10 @@ fn helper() {
 // ---------- fixture ----------
 
 fn root_or_skip(what: &str) -> bool {
-    // the effective uid is the second field of the Uid: line
-    let euid = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(String::from))
-        })
-        .unwrap_or_default();
-    let missing: Vec<&str> = ["ip", "nft", "nsenter", "bpftool", "mount"]
-        .into_iter()
-        .filter(|c| {
-            !["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-                .iter()
-                .any(|d| Path::new(d).join(c).exists())
-        })
-        .collect();
-    let reason = if euid != "0" {
-        Some("needs root".to_string())
-    } else if !missing.is_empty() {
-        Some(format!("missing {}", missing.join(", ")))
-    } else {
-        None
-    };
-    match reason {
-        None => true,
-        Some(r) if std::env::var_os("CI").is_some() => {
-            panic!("{what}: {r} (CI must not skip; tests/run installs the tools)")
-        }
-        Some(r) => {
-            eprintln!("SKIP {what}: {r}");
-            false
-        }
-    }
-}
-
-fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").arg("-c").arg(cmd).output().expect("sh");
-    assert!(
-        out.status.success(),
-        "`{cmd}` failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn sh_quiet(cmd: &str) -> String {
-    Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
+    root_with_tools_or_skip(what, &["ip", "nft", "nsenter", "bpftool", "mount"])
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// Runs only the `helper` test of this binary, its output uncaptured.
-const HELPER_ARGS: [&str; 4] = ["helper", "--exact", "--nocapture", "--test-threads=1"];
 
 struct Topo {
     lan: String,
@@ -277,23 +228,7 @@ fn helper_cmd(action: &str, arg: &str) -> Command {
 /// This test binary in helper mode, run inside `netns` after joining `cgroup` (when given) so that
 /// its sockets are created there.
 fn helper_in(netns: &str, cgroup: Option<&Path>, action: &str, arg: &str) -> Command {
-    let join = cgroup
-        .map(|cg| format!("echo $$ > '{}/cgroup.procs' && ", cg.display()))
-        .unwrap_or_default();
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(format!(
-            "{join}exec nsenter --net=/run/netns/{netns} \"$@\""
-        ))
-        .arg("sh")
-        .arg(std::env::current_exe().expect("test exe"))
-        .args(HELPER_ARGS)
-        .env("SYEBPF_HELPER", action)
-        .env("SYEBPF_ARG", arg)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    cmd
+    netns_support::helper_in(netns, cgroup, ("SYEBPF_HELPER", "SYEBPF_ARG"), action, arg)
 }
 
 fn read_result(child: &mut Child) -> String {
@@ -303,20 +238,6 @@ fn read_result(child: &mut Child) -> String {
 
 fn wait_ready(out: &mut impl BufRead) {
     assert_eq!(next_result(out), "ready");
-}
-
-fn next_result(out: &mut impl BufRead) -> String {
-    let mut lines = out.lines();
-    loop {
-        match lines.next() {
-            // libtest prints "test helper ... " without a newline before the helper's output
-            Some(Ok(l)) if l.contains("RESULT ") => {
-                return l.split("RESULT ").nth(1).unwrap_or_default().to_string()
-            }
-            Some(Ok(_)) => continue,
-            _ => panic!("helper ended without a result"),
-        }
-    }
 }
 
 impl Topo {
@@ -476,21 +397,13 @@ impl Drop for Topo {
             .status();
         // a probe of a failed test may still run in a test cgroup: only this test's processes
         // are there; cgroup.kill ends them so the directories can go
-        for dir in [
+        remove_cgroups(&[
             &self.inc,
             &self.exc,
             &self.own,
             &self.scope.join("switchyard-split-apps"),
             &self.scope,
-        ] {
-            let _ = std::fs::write(dir.join("cgroup.kill"), "1");
-            for _ in 0..50 {
-                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        ]);
     }
 }
 

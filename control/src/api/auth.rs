@@ -7,6 +7,11 @@
 //! 3. the session cookie from `POST /api/v1/login {token}` (HttpOnly, SameSite=Strict, Secure
 //!    when the API is served over TLS), which is what a browser's WebSocket handshake can carry.
 //!
+//! CSRF: a request authenticated only by the session cookie that changes state (any method but
+//! GET/HEAD/OPTIONS) must also carry `X-CSRF-Token`, a value derived from the session id that
+//! every cookie-authenticated response carries in the same header (a cross-site page can neither
+//! read it nor set a custom header without CORS). Bearer and query-token clients are unaffected.
+//!
 //! Tokens are compared in constant time. Sessions are 256 random bits from the OS, stored
 //! server-side only as their SHA-256 (so a lookup's timing says nothing about a valid id),
 //! expire after [`SESSION_TTL`], and end at `POST /api/v1/logout`.
@@ -32,6 +37,8 @@ use switchyard_api::{LoginRequest, MessageWithTime};
 pub const COOKIE_NAME: &str = "switchyard_session";
 /// A session lasts this long after login.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Header of the CSRF token (in cookie-authenticated responses and state-changing requests).
+pub const CSRF_HEADER: &str = "x-csrf-token";
 /// Live sessions kept at most; beyond, the one closest to expiry is dropped.
 pub const MAX_SESSIONS: usize = 1024;
 
@@ -193,15 +200,77 @@ pub fn carries_token(expected: Option<&str>, sessions: &Sessions, req: &Request)
         || session_cookie(req.headers()).is_some_and(|id| sessions.is_valid(id))
 }
 
+/// The CSRF token of a session: SHA-256 over a fixed label and the (secret) session id, so it
+/// is unguessable without the cookie and needs no storage of its own.
+pub fn csrf_token(session_id: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"switchyard csrf v1\0");
+    h.update(session_id.as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The session id when the request is authorized by its session cookie alone (no valid Bearer
+/// or query token beside it); `None` otherwise (also when no token is configured).
+pub fn cookie_only_session<'r>(
+    expected: Option<&str>,
+    sessions: &Sessions,
+    req: &'r Request,
+) -> Option<&'r str> {
+    let expected = expected?;
+    let matches = |t: &str| constant_time_eq(t.as_bytes(), expected.as_bytes());
+    let by_token = bearer(req.headers()).is_some_and(matches)
+        || req
+            .extensions()
+            .get::<QueryToken>()
+            .is_some_and(|t| matches(&t.0));
+    if by_token {
+        return None;
+    }
+    session_cookie(req.headers()).filter(|id| sessions.is_valid(id))
+}
+
+/// True when a cookie-authenticated request of this method must carry the CSRF token.
+pub fn changes_state(method: &axum::http::Method) -> bool {
+    use axum::http::Method;
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// True when the request carries the CSRF token of `session_id`.
+pub fn csrf_matches(headers: &HeaderMap, session_id: &str) -> bool {
+    headers
+        .get(CSRF_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| constant_time_eq(t.as_bytes(), csrf_token(session_id).as_bytes()))
+}
+
 pub async fn require_token(
     State(state): State<Arc<ServerState>>,
     req: Request,
     next: Next,
 ) -> Response {
-    if is_authorized(&state, &req) {
-        return next.run(req).await;
+    if !is_authorized(&state, &req) {
+        return refused(&req);
     }
-    refused(&req)
+    let cfg = state.config.load();
+    let Some(session) =
+        cookie_only_session(cfg.api.token.as_deref(), &state.sessions, &req).map(str::to_owned)
+    else {
+        return next.run(req).await;
+    };
+    if changes_state(req.method()) && !csrf_matches(req.headers(), &session) {
+        tracing::warn!(path = %req.uri().path(), method = %req.method(), "API request refused: cookie-authenticated without the CSRF token");
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "CSRF_TOKEN_REQUIRED",
+            "a request authenticated by the session cookie must carry the X-CSRF-Token header of the session (sent in every cookie-authenticated response)",
+        )
+        .into_response();
+    }
+    let mut resp = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_str(&csrf_token(&session)) {
+        resp.headers_mut().insert(CSRF_HEADER, v);
+    }
+    resp
 }
 
 /// The 401 answer of a request without a valid token.
@@ -412,6 +481,67 @@ mod tests {
         }
         assert_eq!(s.len(), MAX_SESSIONS);
         assert!(!s.is_valid(&first));
+    }
+
+    fn request(method: &str, headers: &[(&str, &str)]) -> Request {
+        let mut b = Request::builder().method(method).uri("/api/v1/routes");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(axum::body::Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn csrf_applies_only_to_cookie_authenticated_requests() {
+        let sessions = Sessions::new(Duration::from_secs(60));
+        let id = sessions.create().unwrap();
+        let cookie = format!("{COOKIE_NAME}={id}");
+        let token = Some("s3cret");
+        // cookie alone: the session is returned, so the CSRF check applies
+        let r = request("POST", &[("cookie", &cookie)]);
+        assert_eq!(cookie_only_session(token, &sessions, &r), Some(id.as_str()));
+        // a Bearer token beside it (or alone): no CSRF check
+        let r = request(
+            "POST",
+            &[("cookie", &cookie), ("authorization", "Bearer s3cret")],
+        );
+        assert_eq!(cookie_only_session(token, &sessions, &r), None);
+        // a wrong Bearer does not exempt the cookie
+        let r = request(
+            "POST",
+            &[("cookie", &cookie), ("authorization", "Bearer wrong")],
+        );
+        assert_eq!(cookie_only_session(token, &sessions, &r), Some(id.as_str()));
+        // a query token exempts as well
+        let mut r = request("POST", &[("cookie", &cookie)]);
+        r.extensions_mut().insert(QueryToken("s3cret".into()));
+        assert_eq!(cookie_only_session(token, &sessions, &r), None);
+        // an unknown session or no configured token: nothing to check
+        let r = request("POST", &[("cookie", "switchyard_session=unknown")]);
+        assert_eq!(cookie_only_session(token, &sessions, &r), None);
+        let r = request("POST", &[("cookie", &cookie)]);
+        assert_eq!(cookie_only_session(None, &sessions, &r), None);
+    }
+
+    #[test]
+    fn csrf_token_is_per_session_and_checked_on_state_changes() {
+        use axum::http::Method;
+        let a = csrf_token("session-a");
+        assert_eq!(a.len(), 64);
+        assert_eq!(a, csrf_token("session-a"));
+        assert_ne!(a, csrf_token("session-b"));
+        assert!(!a.contains("session-a"));
+        let mut h = HeaderMap::new();
+        assert!(!csrf_matches(&h, "session-a"));
+        h.insert(CSRF_HEADER, HeaderValue::from_str(&a).unwrap());
+        assert!(csrf_matches(&h, "session-a"));
+        assert!(!csrf_matches(&h, "session-b"));
+        for m in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH] {
+            assert!(changes_state(&m), "{m}");
+        }
+        for m in [Method::GET, Method::HEAD, Method::OPTIONS] {
+            assert!(!changes_state(&m), "{m}");
+        }
     }
 
     #[test]

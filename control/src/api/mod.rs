@@ -168,6 +168,8 @@ pub fn router(state: S) -> Router {
     open()
         .router
         .merge(protected)
+        // The dashboard's static files: open (the page signs in through /api/v1/login).
+        .merge(crate::web_ui::dashboard::DASHBOARD.router())
         .fallback(|| async {
             error::ApiError::not_found(
                 "NO_SUCH_ENDPOINT",

@@ -3,14 +3,15 @@
 //! [`engine_config`]); the tokio control plane holds the server connection ([`state`]), probes the
 //! listed servers ([`servers`]), keeps the debug-entry ring ([`debug_log`]) fed from the engine's
 //! bounded request queue, and serves the client API ([`api`]) with the diagnostics endpoints of
-//! `switchyard-diagnostics` (captured log, log stream, memory, pprof) mounted behind its token. VPN and mesh answer `disabled`
-//! until their issues land.
+//! `switchyard-diagnostics` (captured log, log stream, memory, pprof) mounted behind its token. VPN (TUN)
+//! mode is [`vpn`]; mesh answers `disabled` until its issue lands.
 
 pub mod api;
 pub mod debug_log;
 pub mod engine_config;
 pub mod servers;
 pub mod state;
+pub mod vpn;
 
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
@@ -86,6 +87,8 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         tracing::info!(saves_to = %config_path.display(), "no configuration file: running on built-in defaults");
     }
     let settings = state::load_settings(&args.data_dir, &cfg);
+    // a crash or kill -9 of the last run may have left VPN routes, rules, nft tables, bpf pins
+    vpn::startup_cleanup(&args.data_dir, &cfg);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -113,6 +116,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         .context("compiling the client's routes")?;
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let cache = crate::cache::open(&cfg.cache);
+    let vpn_path = vpn_path(&cfg);
     let dataplane = Dataplane::start(
         snapshot,
         DataplaneOptions {
@@ -120,6 +124,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
             http,
             socks5,
             cache: cache.clone(),
+            vpn: vpn_path.clone(),
         },
         runtime.handle().clone(),
     )?;
@@ -142,9 +147,15 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         Initial {
             config: cfg.clone(),
             config_path,
-            data_dir: args.data_dir,
+            data_dir: args.data_dir.clone(),
             settings,
             diagnostics: switchyard_diagnostics::DiagnosticsState::new(logs),
+            vpn: vpn::VpnManager::new(
+                vpn_path,
+                dataplane.vpn_addr.map(|a| a.port()),
+                dataplane.live.clone(),
+                args.data_dir.clone(),
+            ),
         },
         &dataplane,
         cache,
@@ -155,6 +166,12 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         tokio::spawn(drain_dataplane(state.clone(), events, requests));
         tokio::spawn(servers::probe_loop(state.clone()));
+        tokio::spawn(vpn_apps_loop(state.clone()));
+        if cfg.vpn.enabled {
+            let server = state.selected_server();
+            // a failure is the VPN's `error` state, visible in its status
+            let _ = state.vpn.enable(&cfg, server.as_ref()).await;
+        }
         if let Some(store) = &state.cache {
             let every = cfg.cache.storage.disk.cleanup_interval.as_std();
             tokio::spawn(crate::cache::cleanup(store.clone(), every));
@@ -179,6 +196,33 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     })?;
     dataplane.join();
     Ok(())
+}
+
+/// The VPN listener's shared state, when `vpn.tun` has IPv4 addresses.
+fn vpn_path(cfg: &ClientConfig) -> Option<Arc<switchyard_dataplane::tun::VpnPath>> {
+    let tun = vpn::host::tun_address(&cfg.vpn.tun.address).map(|(ip, _)| ip);
+    let gateway = cfg.vpn.tun.gateway.parse::<std::net::Ipv4Addr>().ok();
+    match (tun, gateway) {
+        (Some(tun), Some(gateway)) if tun != gateway => Some(Arc::new(
+            switchyard_dataplane::tun::VpnPath::new(tun, gateway),
+        )),
+        _ => {
+            tracing::warn!(address = %cfg.vpn.tun.address, gateway = %cfg.vpn.tun.gateway,
+                "vpn.tun needs distinct IPv4 address and gateway: VPN mode unavailable");
+            None
+        }
+    }
+}
+
+/// Catches processes of name/path app rules started after the VPN came up.
+async fn vpn_apps_loop(state: Arc<ClientState>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        if state.vpn.phase().enabled() {
+            state.vpn.refresh_apps().await;
+        }
+    }
 }
 
 /// Moves request records (→ debug entries) and events (→ failed-dial state) out of the data

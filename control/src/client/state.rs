@@ -66,6 +66,8 @@ pub struct ClientState {
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
     /// The captured log and the profiler slot of the diagnostics endpoints.
     pub diagnostics: switchyard_diagnostics::DiagnosticsState,
+    /// VPN (TUN) mode.
+    pub vpn: super::vpn::VpnManager,
 }
 
 /// Parts of the state that exist before the data plane starts.
@@ -75,6 +77,7 @@ pub struct Initial {
     pub data_dir: PathBuf,
     pub settings: QuickSettings,
     pub diagnostics: switchyard_diagnostics::DiagnosticsState,
+    pub vpn: super::vpn::VpnManager,
 }
 
 fn settings_path(data_dir: &Path) -> PathBuf {
@@ -156,6 +159,7 @@ impl ClientState {
             sessions: crate::api::auth::Sessions::default(),
             cache,
             diagnostics: initial.diagnostics,
+            vpn: initial.vpn,
         }
     }
 

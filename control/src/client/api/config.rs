@@ -27,9 +27,9 @@ fn warnings(old: &ClientConfig, new: &ClientConfig) -> (Vec<String>, Vec<String>
         .iter()
         .map(|f| format!("{f} changed: restart the client to apply it"))
         .collect();
-    if new.vpn.enabled && !old.vpn.enabled {
+    if new.vpn.enabled != old.vpn.enabled {
         warnings
-            .push("vpn.enabled: VPN mode is not in this build yet; the VPN stays disabled".into());
+            .push("vpn.enabled: POST /api/v1/vpn/enable or /disable switches the VPN now".into());
     }
     if new.mesh.enabled && !old.mesh.enabled {
         warnings.push(

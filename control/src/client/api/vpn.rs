@@ -1,6 +1,7 @@
-//! VPN endpoints. VPN (TUN) mode comes with issue 12: until then the status is `disabled`,
-//! enabling answers 501, and there are no connections. The split-tunnel rules are configuration
-//! (`vpn.split.*`) and are read and edited for real: saved to the configuration file.
+//! VPN endpoints over [`crate::client::vpn::VpnManager`]: status (measured bytes, the classifier
+//! in use), enable/disable, the TUN path's live flows, and the split-tunnel rules — which are
+//! configuration (`vpn.split.*`, saved to the configuration file) and, while the VPN is on, are
+//! applied to the running split tunnel at once.
 
 use super::S;
 use crate::api::error::{ApiError, ApiJson};
@@ -14,51 +15,45 @@ use switchyard_api::client::{
 };
 use switchyard_config::client::{ClientConfig, SplitApp, SplitMode, VpnSplitConfig};
 
-fn not_in_build() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "VPN_UNAVAILABLE",
-        "VPN (TUN) mode is not in this build yet; the VPN stays disabled",
-    )
-}
-
 #[utoipa::path(get, path = "/api/v1/vpn/status", tag = "vpn", responses((status = 200, body = VpnStatus)))]
 pub async fn status(State(state): State<S>) -> Json<VpnStatus> {
-    let cfg = state.config.load();
-    Json(VpnStatus {
-        status: "disabled".into(),
-        enabled: false,
-        tunnel_type: cfg.vpn.mode.clone(),
-        interface_name: cfg.vpn.interface_name.clone(),
-        mtu: cfg.vpn.mtu,
-        port: 0,
-        encryption: String::new(),
-        bytes_sent: 0,
-        bytes_received: 0,
-        gateway: String::new(),
-        ip: String::new(),
-        local_ip: String::new(),
-        dns: Vec::new(),
-        dns_servers: Vec::new(),
-        connected_at: None,
-        connected_since: None,
-    })
+    Json(state.vpn.status(&state.config.load()))
 }
 
 #[utoipa::path(post, path = "/api/v1/vpn/enable", tag = "vpn",
-    responses((status = 501, description = "VPN mode is not in this build", body = switchyard_api::ErrorBody)))]
-pub async fn enable() -> ApiError {
-    not_in_build()
+    responses((status = 200, body = StatusReply),
+        (status = 500, description = "a step failed; the VPN is in `error` and nothing it created is left", body = switchyard_api::ErrorBody)))]
+pub async fn enable(State(state): State<S>) -> Response {
+    let cfg = state.config.load_full();
+    let server = state.selected_server();
+    match state.vpn.enable(&cfg, server.as_ref()).await {
+        Ok(()) => Json(StatusReply::new("enabled")).into_response(),
+        Err(reason) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "VPN_ENABLE_FAILED",
+            reason,
+        )
+        .into_response(),
+    }
 }
 
-#[utoipa::path(post, path = "/api/v1/vpn/disable", tag = "vpn", responses((status = 200, body = StatusReply)))]
-pub async fn disable() -> Json<StatusReply> {
-    Json(StatusReply::new("disabled"))
+#[utoipa::path(post, path = "/api/v1/vpn/disable", tag = "vpn",
+    responses((status = 200, body = StatusReply), (status = 500, body = switchyard_api::ErrorBody)))]
+pub async fn disable(State(state): State<S>) -> Response {
+    match state.vpn.disable().await {
+        Ok(()) => Json(StatusReply::new("disabled")).into_response(),
+        Err(reason) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "VPN_DISABLE_INCOMPLETE",
+            format!("{reason} (the next start undoes the rest)"),
+        )
+        .into_response(),
+    }
 }
 
 #[utoipa::path(get, path = "/api/v1/vpn/connections", tag = "vpn", responses((status = 200, body = [VpnConnection])))]
-pub async fn connections() -> Json<Vec<VpnConnection>> {
-    Json(Vec::new())
+pub async fn connections(State(state): State<S>) -> Json<Vec<VpnConnection>> {
+    Json(state.vpn.connections())
 }
 
 fn rules_view(s: &VpnSplitConfig) -> SplitRules {
@@ -70,6 +65,7 @@ fn rules_view(s: &VpnSplitConfig) -> SplitRules {
             .map(|a| SplitAppEntry {
                 name: a.name.clone(),
                 path: a.path.clone().unwrap_or_default(),
+                cgroup: a.cgroup.clone().unwrap_or_default(),
             })
             .collect(),
         domains: s.domains.clone(),
@@ -83,7 +79,8 @@ pub async fn split_rules(State(state): State<S>) -> Json<SplitRules> {
     Json(rules_view(&state.config.load().vpn.split))
 }
 
-/// Applies `change` to `vpn.split` and saves; the change's error answers as is.
+/// Applies `change` to `vpn.split`, to the running split tunnel (live) and saves; the change's
+/// error answers as is. A rule the split tunnel refuses is neither applied nor saved.
 async fn edit_split(
     state: &S,
     change: impl FnOnce(&mut VpnSplitConfig) -> Result<(), ApiError>,
@@ -91,6 +88,12 @@ async fn edit_split(
     let _guard = state.config_write.lock().await;
     let mut cfg: ClientConfig = (*state.config.load_full()).clone();
     change(&mut cfg.vpn.split).map_err(IntoResponse::into_response)?;
+    if let Err(e) = state.vpn.apply_split(&cfg.vpn.split).await {
+        let old = state.config.load_full();
+        // put the previous rules back so the split tunnel matches the saved configuration
+        let _ = state.vpn.apply_split(&old.vpn.split).await;
+        return Err(ApiError::bad_request("SPLIT_RULE_REFUSED", e).into_response());
+    }
     state
         .apply_config(cfg, true)
         .map(|_| ())
@@ -150,6 +153,7 @@ pub async fn add_app(State(state): State<S>, ApiJson(body): ApiJson<SplitAppEntr
             name: body.name.clone(),
             path: (!body.path.is_empty()).then(|| body.path.clone()),
             bundle_id: None,
+            cgroup: (!body.cgroup.is_empty()).then(|| body.cgroup.clone()),
         });
         Ok(())
     })
@@ -257,12 +261,8 @@ pub async fn remove_ip(State(state): State<S>, Path(cidr): Path<String>) -> Resp
 }
 
 #[utoipa::path(get, path = "/api/v1/vpn/dns/cache", tag = "vpn", responses((status = 200, body = DnsCacheView)))]
-pub async fn dns_cache() -> Json<DnsCacheView> {
-    Json(DnsCacheView {
-        enabled: false,
-        entries: Vec::new(),
-        count: 0,
-    })
+pub async fn dns_cache(State(state): State<S>) -> Json<DnsCacheView> {
+    Json(state.vpn.dns_cache().await)
 }
 
 #[cfg(test)]

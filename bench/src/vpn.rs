@@ -1,0 +1,398 @@
+//! **vpn**: the client's VPN (TUN) path against the plain link and against redsocks (Debian's
+//! transparent proxy, fed by an nftables redirect) in one run (needs root: namespaces, cgroups).
+//!
+//! Layout (names prefixed `syvpnb`, removed at the end, also on error):
+//! - namespace `syvpnb-net`: `switchyard server` on 10.210.0.1:18080, an iperf3 server and a
+//!   connect-and-close origin on 10.211.9.1;
+//! - namespace `syvpnb-lan` (veth 10.210.0.2, default route to the other side):
+//!   `switchyard client` with the VPN on (TUN `syvpnbt0`, include mode, the app cgroup
+//!   `syvpnb/app` selected), and redsocks relaying to the same server by HTTP CONNECT for the
+//!   sockets of uid 65534 (nft `meta skuid` redirect).
+//!
+//! Three paths to the same iperf3 server: plain (the veth, no proxy), vpn (a process of the app
+//! cgroup: TUN → NAT → client → server), redsocks (uid 65534: nft redirect → redsocks → server).
+//! Figures: iperf3 TCP throughput, the relay's CPU per Gbit/s (client process vs redsocks; the
+//! server is the same for both and reported too), and new flows/s (connect, read one byte,
+//! close; one Python worker, so the figure compares paths rather than measuring a ceiling).
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+
+use crate::procs::{which, Procs};
+use crate::scenarios::Ctx;
+use crate::wireguard::cpu_seconds;
+
+const ORIGIN: &str = "10.211.9.1";
+const SERVER: &str = "10.210.0.1:18080";
+const LAN: &str = "syvpnb-lan";
+const NET: &str = "syvpnb-net";
+const NOBODY: &str = "65534";
+
+fn cgroup_root() -> Result<std::path::PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    info.lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .map(|p| Path::new(p).join("syvpnb"))
+        .context("no cgroup2 mount")
+}
+
+fn sh(cmd: &str) -> Result<String> {
+    let out = Command::new("sh").arg("-c").arg(cmd).output()?;
+    if !out.status.success() {
+        bail!("`{cmd}`: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Removes what [`run`] creates; safe to call when nothing exists.
+fn teardown(data: Option<&Path>) {
+    for ns in [LAN, NET] {
+        let _ = Command::new("ip")
+            .args(["netns", "del", ns])
+            .stderr(Stdio::null())
+            .status();
+    }
+    if let Some(d) = data {
+        let _ = Command::new("umount")
+            .arg(d.join("bpffs"))
+            .stderr(Stdio::null())
+            .status();
+    }
+    if let Ok(root) = cgroup_root() {
+        for sub in [
+            "app",
+            "own",
+            "switchyard-split-apps",
+            "switchyard-client",
+            "",
+        ] {
+            let dir = root.join(sub);
+            let _ = fs::write(dir.join("cgroup.kill"), "1");
+            for _ in 0..50 {
+                if fs::remove_dir(&dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+struct Guard(std::path::PathBuf);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        teardown(Some(&self.0));
+    }
+}
+
+/// A command inside `ns`, optionally as a process of `cgroup` or as uid 65534.
+fn in_ns(ns: &str, cgroup: Option<&Path>, nobody: bool, program: &str, args: &[&str]) -> Command {
+    let join = cgroup
+        .map(|cg| format!("echo $$ > '{}/cgroup.procs' && ", cg.display()))
+        .unwrap_or_default();
+    let user = if nobody {
+        format!("setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups ")
+    } else {
+        String::new()
+    };
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "{join}exec nsenter --net=/run/netns/{ns} {user}\"$@\""
+        ))
+        .arg("sh")
+        .arg(program)
+        .args(args);
+    cmd
+}
+
+const ORIGIN_PY: &str = "import socket\nl=socket.socket()\nl.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\nl.bind(('0.0.0.0',8081))\nl.listen(4096)\nwhile True:\n    c,_=l.accept()\n    c.sendall(b'x')\n    c.close()\n";
+const FLOWS_PY: &str = "import socket,sys,time\ndst=(sys.argv[1],int(sys.argv[2]))\nend=time.time()+float(sys.argv[3])\nn=0\nerr=0\nwhile time.time()<end:\n    try:\n        s=socket.create_connection(dst,5)\n        s.recv(1)\n        s.close()\n        n+=1\n    except OSError:\n        err+=1\nprint(n,err)\n";
+
+/// One path's figures.
+#[derive(Default, Debug, Clone)]
+struct PathFigures {
+    gbps: f64,
+    relay_cpu: Option<f64>,
+    server_cpu: Option<f64>,
+    flows_per_s: f64,
+    flow_errors: u64,
+    error: Option<String>,
+}
+
+fn iperf(cmd: Command) -> Result<f64> {
+    let mut cmd = cmd;
+    let out = cmd.output().context("iperf3")?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("iperf3 output: {}", String::from_utf8_lossy(&out.stderr)))?;
+    if let Some(e) = v["error"].as_str() {
+        bail!("iperf3: {e}");
+    }
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .map(|b| b / 1e9)
+        .context("iperf3: no sum_received")
+}
+
+fn flows(cmd: Command) -> Result<(f64, u64, f64)> {
+    let mut cmd = cmd;
+    let started = Instant::now();
+    let out = cmd.output().context("flow loop")?;
+    let took = started.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut it = text.split_whitespace();
+    let n: f64 = it.next().and_then(|v| v.parse().ok()).with_context(|| {
+        format!(
+            "flow count: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+    })?;
+    let errors: u64 = it.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    Ok((n, errors, took))
+}
+
+pub fn run(ctx: &Ctx) -> Result<String> {
+    if sh("id -u")?.trim() != "0" {
+        bail!("needs root (network namespaces, cgroups, TUN)");
+    }
+    for tool in ["iperf3", "redsocks", "nft", "nsenter", "setpriv"] {
+        which(tool).with_context(|| format!("{tool} is not installed"))?;
+    }
+    // the Debian interpreter: a per-user one (pyenv) is not readable by uid 65534
+    if !Path::new("/usr/bin/python3").exists() {
+        bail!("/usr/bin/python3 is not installed");
+    }
+    let dir = ctx.env.dir.join("vpn");
+    let data = dir.join("client-data");
+    teardown(Some(&data));
+    fs::create_dir_all(&data)?;
+    let _guard = Guard(data.clone());
+    let root = cgroup_root()?;
+    let (app, own) = (root.join("app"), root.join("own"));
+    for d in [&root, &app, &own] {
+        fs::create_dir_all(d)?;
+    }
+    sh(&format!(
+        "set -e; ip netns add {LAN}; ip netns add {NET}
+         ip link add syvpnbl netns {LAN} type veth peer name syvpnbn netns {NET}
+         ip -n {LAN} link set lo up; ip -n {NET} link set lo up
+         ip -n {LAN} addr add 10.210.0.2/24 dev syvpnbl; ip -n {LAN} link set syvpnbl up
+         ip -n {NET} addr add 10.210.0.1/24 dev syvpnbn; ip -n {NET} link set syvpnbn up
+         ip -n {NET} addr add {ORIGIN}/32 dev lo
+         ip -n {LAN} route add default via 10.210.0.1"
+    ))?;
+    let mut procs = Procs::default();
+    let sy = ctx.switchyard.display().to_string();
+    let server_cfg = dir.join("server.yaml");
+    fs::write(
+        &server_cfg,
+        format!("server:\n  http: {{listen: \"{SERVER}\"}}\n  socks5: {{enabled: false}}\n  cores: 1\napi: {{listen: \"127.0.0.1:17082\"}}\nlogging: {{level: warn}}\n"),
+    )?;
+    let server = procs.spawn(
+        "switchyard server",
+        in_ns(
+            NET,
+            None,
+            false,
+            &sy,
+            &["server", "--config", &server_cfg.display().to_string()],
+        ),
+        &dir.join("server.log"),
+    )?;
+    procs.spawn(
+        "iperf3 -s",
+        in_ns(
+            NET,
+            None,
+            false,
+            "iperf3",
+            &["-s", "-B", ORIGIN, "-p", "5201"],
+        ),
+        &dir.join("iperf3.log"),
+    )?;
+    procs.spawn(
+        "origin",
+        in_ns(NET, None, false, "/usr/bin/python3", &["-c", ORIGIN_PY]),
+        &dir.join("origin.log"),
+    )?;
+    let client_cfg = dir.join("client.yaml");
+    fs::write(
+        &client_cfg,
+        format!(
+            "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
+             api: {{listen: \"127.0.0.1:0\"}}\nlogging: {{level: info, format: json}}\n\
+             servers:\n  - {{name: gw, address: \"{SERVER}\", protocol: HTTP}}\n\
+             vpn:\n  enabled: true\n  interface_name: syvpnbt0\n  scope_cgroup: \"{}\"\n  dns: {{enabled: false}}\n  \
+             split: {{mode: include, apps: [{{name: app, cgroup: \"{}\"}}]}}\n",
+            root.display(),
+            app.display()
+        ),
+    )?;
+    let client_log = dir.join("client.log");
+    let client = procs.spawn(
+        "switchyard client",
+        in_ns(
+            LAN,
+            Some(&own),
+            false,
+            &sy,
+            &[
+                "client",
+                "--config",
+                &client_cfg.display().to_string(),
+                "--data-dir",
+                &data.display().to_string(),
+            ],
+        ),
+        &client_log,
+    )?;
+    let redsocks_cfg = dir.join("redsocks.conf");
+    fs::write(
+        &redsocks_cfg,
+        "base { log_debug = off; log_info = off; daemon = off; redirector = iptables; }\n\
+         redsocks { local_ip = 127.0.0.1; local_port = 12345; ip = 10.210.0.1; port = 18080; type = http-connect; }\n",
+    )?;
+    let redsocks = procs.spawn(
+        "redsocks",
+        in_ns(
+            LAN,
+            None,
+            false,
+            "redsocks",
+            &["-c", &redsocks_cfg.display().to_string()],
+        ),
+        &dir.join("redsocks.log"),
+    )?;
+    sh(&format!(
+        "nsenter --net=/run/netns/{LAN} nft -f - <<'EOF'
+table ip syvpnb_redsocks {{
+  chain out {{
+    type nat hook output priority -100; policy accept;
+    meta skuid {NOBODY} ip daddr {ORIGIN} tcp dport {{ 5201, 8081 }} redirect to :12345
+  }}
+}}
+EOF"
+    ))?;
+    // the client is up when its VPN says so (or failed)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = fs::read_to_string(&client_log).unwrap_or_default();
+        if log.contains("VPN connected") {
+            break;
+        }
+        if let Some(r) = procs.exited(client) {
+            bail!("{r}: {log}");
+        }
+        if log.contains("VPN could not be enabled") || Instant::now() > deadline {
+            bail!("the client's VPN did not come up: {log}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if let Some(r) = procs.exited(redsocks) {
+        bail!("{r}");
+    }
+    let secs = ctx.seconds.to_string();
+    let iperf_args = ["-c", ORIGIN, "-p", "5201", "-t", secs.as_str(), "-J"];
+    let flow_args = ["-c", FLOWS_PY, ORIGIN, "8081", secs.as_str()];
+    let mut results: Vec<(&str, PathFigures)> = Vec::new();
+    for (name, cgroup, nobody, relay) in [
+        ("plain veth", None, false, None),
+        (
+            "switchyard VPN (TUN, MTU 1420)",
+            Some(app.as_path()),
+            false,
+            Some(client),
+        ),
+        // the TUN never carries packets off the machine: a large MTU is safe and cuts the
+        // pump's per-packet work
+        (
+            "switchyard VPN (TUN, MTU 9000)",
+            Some(app.as_path()),
+            false,
+            Some(client),
+        ),
+        ("redsocks (nft redirect)", None, true, Some(redsocks)),
+    ] {
+        if name.contains("MTU 9000") {
+            sh(&format!("ip -n {LAN} link set dev syvpnbt0 mtu 9000"))?;
+        }
+        let mut fig = PathFigures::default();
+        let relay_before = relay.map(cpu_seconds);
+        let server_before = cpu_seconds(server);
+        let started = Instant::now();
+        match iperf(in_ns(LAN, cgroup, nobody, "iperf3", &iperf_args)) {
+            Ok(g) => {
+                let wall = started.elapsed().as_secs_f64().max(0.001);
+                fig.gbps = g;
+                fig.relay_cpu = relay
+                    .zip(relay_before)
+                    .map(|(pid, before)| (cpu_seconds(pid) - before) / wall / g.max(1e-9));
+                if relay.is_some() {
+                    fig.server_cpu =
+                        Some((cpu_seconds(server) - server_before) / wall / g.max(1e-9));
+                }
+            }
+            Err(e) => fig.error = Some(format!("{e:#}")),
+        }
+        match flows(in_ns(LAN, cgroup, nobody, "/usr/bin/python3", &flow_args)) {
+            Ok((n, errors, took)) => {
+                fig.flows_per_s = n / took.max(0.001);
+                fig.flow_errors = errors;
+            }
+            Err(e) => fig.error = Some(format!("{e:#}")),
+        }
+        tracing::info!("bench vpn: {name}: {fig:?}");
+        results.push((name, fig));
+    }
+    let vpn_status = fs::read_to_string(&client_log)
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.contains("split tunnel active"))
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .and_then(|v| v["fields"]["mechanism"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    ctx.write_json(
+        "vpn",
+        json!({
+            "seconds": ctx.seconds,
+            "classifier": vpn_status,
+            "paths": results.iter().map(|(name, f)| json!({
+                "path": name,
+                "iperf3_gbit_s": f.gbps,
+                "relay_cpu_s_per_gbit": f.relay_cpu,
+                "server_cpu_s_per_gbit": f.server_cpu,
+                "new_flows_per_s": f.flows_per_s,
+                "flow_errors": f.flow_errors,
+                "error": f.error,
+            })).collect::<Vec<_>>(),
+        }),
+    )?;
+    let mut md = String::from("## vpn\n\n");
+    let _ = writeln!(
+        md,
+        "iperf3 TCP ({}s) and new flows/s (one Python worker: connect, read 1 byte, close) from the lan namespace to the same origin. The VPN and redsocks both relay through the same `switchyard server` (HTTP CONNECT); CPU is CPU-seconds per second of transfer per Gbit/s of the relay process (switchyard client incl. the TUN pump, or redsocks) and of the server. Classifier: {vpn_status}.\n",
+        ctx.seconds
+    );
+    md.push_str("| path | Gbit/s | relay CPU per Gbit/s | server CPU per Gbit/s | new flows/s | errors |\n|---|---|---|---|---|---|\n");
+    let opt = |v: Option<f64>| v.map_or("–".to_string(), |x| format!("{x:.2}"));
+    for (name, f) in &results {
+        let _ = writeln!(
+            md,
+            "| {name} | {:.2} | {} | {} | {:.0} | {} |",
+            f.gbps,
+            opt(f.relay_cpu),
+            opt(f.server_cpu),
+            f.flows_per_s,
+            f.error.clone().unwrap_or_else(|| f.flow_errors.to_string())
+        );
+    }
+    Ok(md)
+}

@@ -1,0 +1,454 @@
+//! VPN (TUN) mode of `switchyard client`: the control-plane side.
+//!
+//! [`VpnManager`] drives the [`phase`] state machine. Enabling creates the TUN device
+//! (`vpn.interface_name`, `vpn.mtu`, `vpn.tun.address`), starts the split tunnel
+//! (`switchyard-split-tunnel`: policy routing into the TUN, eBPF or nftables classification of
+//! `vpn.split` with `always_bypass` plus the server's addresses and the LAN), and starts the TUN
+//! pump of the data plane (`switchyard_dataplane::tun`), whose flows the glommio cores relay to
+//! the selected server or direct by the client's routes. The client's own sockets never loop
+//! into the TUN: the client's cgroup is a bypass cgroup of the classifier (it moves into
+//! `<scope>/switchyard-client` if it runs in the classified scope itself), so its sockets carry
+//! no tunnel mark and take the main table.
+//!
+//! Crash safety: every host change of the split tunnel is journalled in the data directory and
+//! undone by [`startup_cleanup`] before anything else starts; the TUN device is not persistent,
+//! so the kernel deletes it with the process.
+
+pub mod host;
+pub mod phase;
+
+use chrono::Utc;
+use parking_lot::Mutex;
+use phase::{Phase, Step};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use switchyard_api::client::{VpnConnection, VpnStatus};
+use switchyard_config::client::{ClientConfig, VpnSplitConfig};
+use switchyard_config::client::{ClientServerConfig, ServerProtocol};
+use switchyard_dataplane::events::Protocol;
+use switchyard_dataplane::live::LiveTable;
+use switchyard_dataplane::tun::{NatAddresses, Translator, TunPump, VpnPath};
+use switchyard_split_tunnel::{
+    cgroup, AppRule, DnsRedirect, MechanismChoice, SplitRules, SplitTunnel, SplitTunnelConfig,
+    SplitTunnelStatus,
+};
+use switchyard_vpn_dns::{DnsInterceptor, ProxyProtocol, ResolverConfig, Upstream};
+
+/// Undoes what a previous run left on the host (split-tunnel journal, a stale TUN device).
+/// Runs at start, before the data plane and the VPN.
+pub fn startup_cleanup(data_dir: &Path, cfg: &ClientConfig) {
+    match switchyard_split_tunnel::recover(data_dir) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(undone = n, "removed VPN leftovers of a previous run"),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not remove every VPN leftover of a previous run")
+        }
+    }
+    host::remove_leftover_tun(&cfg.vpn.interface_name);
+}
+
+/// The split tunnel, shared with the resolver's `on_resolved` hook (control plane only).
+type SharedSplit = Arc<Mutex<Option<SplitTunnel>>>;
+
+/// The VPN's running parts; dropping the device closes the TUN.
+struct Active {
+    split: SharedSplit,
+    dns: Option<DnsInterceptor>,
+    pump: TunPump,
+    _device: std::fs::File,
+    /// Added to the configured `always_bypass` (server addresses, LAN), kept for rule edits.
+    extra_bypass: Vec<String>,
+}
+
+pub struct VpnManager {
+    phase: Mutex<Phase>,
+    /// Serialises enable, disable and rule edits (all control plane).
+    active: tokio::sync::Mutex<Option<Active>>,
+    split_status: Mutex<Option<SplitTunnelStatus>>,
+    path: Option<Arc<VpnPath>>,
+    listen_port: Option<u16>,
+    live: Arc<LiveTable>,
+    data_dir: PathBuf,
+}
+
+/// `vpn.dns.servers` entry: `ip` (port 53) or `ip:port`.
+fn dns_server(s: &str) -> Option<std::net::SocketAddr> {
+    let s = s.trim();
+    s.parse()
+        .ok()
+        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(|ip| (ip, 53).into()))
+}
+
+/// The split-tunnel rules of the configuration plus the addresses that must never be tunnelled.
+pub fn split_rules(split: &VpnSplitConfig, extra_bypass: &[String]) -> SplitRules {
+    let mut always_bypass = split.always_bypass.clone();
+    for net in extra_bypass {
+        if !always_bypass.contains(net) {
+            always_bypass.push(net.clone());
+        }
+    }
+    SplitRules {
+        mode: split.mode,
+        apps: split
+            .apps
+            .iter()
+            .map(|a| AppRule {
+                name: a.name.clone(),
+                path: a.path.clone(),
+                cgroup: a.cgroup.clone(),
+                bundle_id: a.bundle_id.clone(),
+            })
+            .collect(),
+        domains: split.domains.clone(),
+        ips: split.ips.clone(),
+        always_bypass,
+    }
+}
+
+fn classifier(cfg: &ClientConfig) -> MechanismChoice {
+    match cfg.vpn.classifier.as_str() {
+        "ebpf" => MechanismChoice::Ebpf,
+        "nftables" => MechanismChoice::Nftables,
+        _ => MechanismChoice::Auto,
+    }
+}
+
+impl VpnManager {
+    pub fn new(
+        path: Option<Arc<VpnPath>>,
+        listen_port: Option<u16>,
+        live: Arc<LiveTable>,
+        data_dir: PathBuf,
+    ) -> Self {
+        VpnManager {
+            phase: Mutex::new(Phase::Disabled),
+            active: tokio::sync::Mutex::new(None),
+            split_status: Mutex::new(None),
+            path,
+            listen_port,
+            live,
+            data_dir,
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase.lock().clone()
+    }
+
+    fn step(&self, step: Step) -> Result<(), phase::Refused> {
+        let mut phase = self.phase.lock();
+        *phase = phase.next(step, Utc::now())?;
+        Ok(())
+    }
+
+    /// Brings the VPN up; on failure the VPN is in `error` with the reason and nothing it
+    /// created is left. Enabling an enabled VPN does nothing.
+    pub async fn enable(
+        &self,
+        cfg: &ClientConfig,
+        server: Option<&ClientServerConfig>,
+    ) -> Result<(), String> {
+        let mut active = self.active.lock().await;
+        if self.phase().enabled() {
+            return Ok(());
+        }
+        self.step(Step::Enable).map_err(|e| e.to_string())?;
+        tracing::info!(device = %cfg.vpn.interface_name, "VPN connecting");
+        let split: SharedSplit = Arc::new(Mutex::new(None));
+        let up = match self.start_resolver(cfg, server, &split).await {
+            Ok(dns) => {
+                // the resolver listens on 127.0.0.1 (see start_resolver)
+                let redirect = dns.as_ref().map(|d| DnsRedirect {
+                    intercept_port: cfg.vpn.dns.intercept_port,
+                    resolver4: match d.local_addr() {
+                        std::net::SocketAddr::V4(v4) => Some(v4),
+                        std::net::SocketAddr::V6(_) => None,
+                    },
+                    resolver6: None,
+                });
+                let address = server.map(|s| s.address.as_str());
+                match tokio::task::block_in_place(|| self.bring_up(cfg, address, redirect)) {
+                    Ok(mut a) => {
+                        let tunnel = a.split.lock().take();
+                        *split.lock() = tunnel;
+                        a.split = split;
+                        a.dns = dns;
+                        Ok(a)
+                    }
+                    Err(e) => {
+                        if let Some(d) = dns {
+                            d.shutdown().await;
+                        }
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match up {
+            Ok(a) => {
+                *self.split_status.lock() = a.split.lock().as_ref().map(SplitTunnel::status);
+                *active = Some(a);
+                let _ = self.step(Step::Up);
+                tracing::info!(device = %cfg.vpn.interface_name, "VPN connected");
+                Ok(())
+            }
+            Err(reason) => {
+                tracing::error!(%reason, "VPN could not be enabled");
+                let _ = self.step(Step::Failed(reason.clone()));
+                Err(reason)
+            }
+        }
+    }
+
+    /// The DNS interception resolver (when `vpn.dns.enabled` with servers): forwards through
+    /// the selected server, and reports answers to the split tunnel and the VPN listener.
+    async fn start_resolver(
+        &self,
+        cfg: &ClientConfig,
+        server: Option<&ClientServerConfig>,
+        split: &SharedSplit,
+    ) -> Result<Option<DnsInterceptor>, String> {
+        let dns = &cfg.vpn.dns;
+        if !dns.enabled || dns.servers.is_empty() {
+            return Ok(None);
+        }
+        let servers = dns
+            .servers
+            .iter()
+            .map(|s| {
+                dns_server(s).ok_or_else(|| format!("vpn.dns.servers: {s:?} is not an address"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let upstream = match server {
+            Some(s) => Upstream::Proxy {
+                address: s.address.clone(),
+                protocol: match s.protocol {
+                    ServerProtocol::Http => ProxyProtocol::Http,
+                    ServerProtocol::Socks5 => ProxyProtocol::Socks5,
+                },
+                username: s.username.clone(),
+                password: s.password.clone(),
+            },
+            None => Upstream::Direct { mark: None },
+        };
+        let (hook_split, path) = (split.clone(), self.path.clone());
+        let on_resolved: switchyard_vpn_dns::OnResolved = Arc::new(move |name, addrs| {
+            if let Some(path) = &path {
+                path.learn_names(name, addrs);
+            }
+            if let Some(split) = hook_split.lock().as_mut() {
+                if let Err(e) = split.on_resolved(name, addrs) {
+                    tracing::warn!(%name, error = %e, "adding resolved addresses to the split tunnel failed");
+                }
+            }
+        });
+        let config = ResolverConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            servers,
+            cache_ttl: dns.cache_ttl.as_std(),
+            upstream,
+            ..ResolverConfig::default()
+        };
+        DnsInterceptor::start(config, on_resolved)
+            .await
+            .map(Some)
+            .map_err(|e| format!("DNS resolver: {e}"))
+    }
+
+    fn bring_up(
+        &self,
+        cfg: &ClientConfig,
+        server: Option<&str>,
+        dns: Option<DnsRedirect>,
+    ) -> Result<Active, String> {
+        let vpn = &cfg.vpn;
+        let (Some(path), Some(listen_port)) = (&self.path, self.listen_port) else {
+            return Err(format!(
+                "the VPN path is not running: vpn.tun.address ({}) and vpn.tun.gateway ({}) must be IPv4",
+                vpn.tun.address, vpn.tun.gateway
+            ));
+        };
+        let (ip, prefix) = host::tun_address(&vpn.tun.address)
+            .ok_or_else(|| format!("vpn.tun.address {:?} is not an IPv4 CIDR", vpn.tun.address))?;
+        let name = &vpn.interface_name;
+        let device = switchyard_dataplane::tun::open_device(name)
+            .map_err(|e| format!("creating the TUN device {name}: {e}"))?;
+        // from here on, returning drops (and so deletes) the device
+        host::configure_tun(name, ip, prefix, vpn.mtu).map_err(|e| e.to_string())?;
+        let mount = cgroup::cgroup2_mount().map_err(|e| e.to_string())?;
+        let scope = if vpn.scope_cgroup.is_empty() {
+            mount.clone()
+        } else {
+            cgroup::resolve(&mount, &vpn.scope_cgroup)
+        };
+        let own = host::own_bypass_cgroup(&scope).map_err(|e| e.to_string())?;
+        let mut split_cfg = SplitTunnelConfig::new(&self.data_dir, &scope, name);
+        split_cfg.bpf_pin_dir = self.data_dir.join("bpffs");
+        split_cfg.bypass_cgroups = vec![own];
+        split_cfg.mechanism = classifier(cfg);
+        split_cfg.dns = dns;
+        let mut extra_bypass: Vec<String> = server.map(host::server_addresses).unwrap_or_default();
+        extra_bypass.extend(host::lan_networks(name));
+        let rules = split_rules(&vpn.split, &extra_bypass);
+        let split =
+            SplitTunnel::start(split_cfg, rules).map_err(|e| format!("split tunnel: {e}"))?;
+        let translator = Translator::new(
+            NatAddresses {
+                tun_ip: path.tun_ip,
+                listen_port,
+                gateway: path.gateway,
+            },
+            path.nat.clone(),
+        );
+        let pump = device
+            .try_clone()
+            .and_then(|d| TunPump::start(d, translator, path.stats.clone()));
+        let pump = match pump {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = split.disable();
+                return Err(format!("starting the TUN pump: {e}"));
+            }
+        };
+        Ok(Active {
+            split: Arc::new(Mutex::new(Some(split))),
+            dns: None,
+            pump,
+            _device: device,
+            extra_bypass,
+        })
+    }
+
+    /// Takes everything down (from any phase); the VPN is `disabled` afterwards.
+    pub async fn disable(&self) -> Result<(), String> {
+        let mut active = self.active.lock().await;
+        let result = match active.take() {
+            Some(a) => {
+                if let Some(dns) = a.dns {
+                    dns.shutdown().await;
+                }
+                let split = a.split.lock().take();
+                let pump = a.pump;
+                tokio::task::block_in_place(|| {
+                    pump.stop();
+                    split.map_or(Ok(()), |s| s.disable().map_err(|e| e.to_string()))
+                })
+                // the device closes when `a._device` drops here
+            }
+            None => Ok(()),
+        };
+        *self.split_status.lock() = None;
+        let _ = self.step(Step::Disable);
+        match &result {
+            Ok(()) => tracing::info!("VPN disabled"),
+            Err(e) => {
+                tracing::warn!(error = %e, "VPN disabled; some host changes stay for the next start to undo")
+            }
+        }
+        result
+    }
+
+    /// Applies the configuration's split rules to the running split tunnel (no-op when off).
+    pub async fn apply_split(&self, split: &VpnSplitConfig) -> Result<(), String> {
+        let mut active = self.active.lock().await;
+        let Some(a) = active.as_mut() else {
+            return Ok(());
+        };
+        let rules = split_rules(split, &a.extra_bypass);
+        let mut tunnel = a.split.lock();
+        let Some(tunnel) = tunnel.as_mut() else {
+            return Ok(());
+        };
+        tokio::task::block_in_place(|| tunnel.set_rules(rules)).map_err(|e| e.to_string())?;
+        *self.split_status.lock() = Some(tunnel.status());
+        Ok(())
+    }
+
+    /// Moves newly started processes of name/path app rules into the apps cgroup.
+    pub async fn refresh_apps(&self) {
+        let mut active = self.active.lock().await;
+        if let Some(a) = active.as_mut() {
+            if let Some(tunnel) = a.split.lock().as_mut() {
+                if let Err(e) = tokio::task::block_in_place(|| tunnel.refresh_apps()) {
+                    tracing::debug!(error = %e, "refreshing split-tunnel apps failed");
+                }
+            }
+        }
+    }
+
+    /// The resolver's cache (empty and `enabled: false` while the VPN or its DNS is off).
+    pub async fn dns_cache(&self) -> switchyard_api::client::DnsCacheView {
+        let active = self.active.lock().await;
+        match active.as_ref().and_then(|a| a.dns.as_ref()) {
+            Some(dns) => dns.cache_view(),
+            None => switchyard_api::client::DnsCacheView {
+                enabled: false,
+                entries: Vec::new(),
+                count: 0,
+            },
+        }
+    }
+
+    pub fn status(&self, cfg: &ClientConfig) -> VpnStatus {
+        let phase = self.phase();
+        let (sent, received, flows) = self.path.as_ref().map_or((0, 0, 0), |p| {
+            use std::sync::atomic::Ordering::Relaxed;
+            (
+                p.stats.bytes_sent.load(Relaxed),
+                p.stats.bytes_received.load(Relaxed),
+                p.stats.flows.load(Relaxed),
+            )
+        });
+        let split = self.split_status.lock().clone();
+        let ip = host::tun_address(&cfg.vpn.tun.address)
+            .map(|(ip, _)| ip.to_string())
+            .unwrap_or_default();
+        let dns = if cfg.vpn.dns.enabled {
+            cfg.vpn.dns.servers.clone()
+        } else {
+            Vec::new()
+        };
+        VpnStatus {
+            status: phase.as_str().into(),
+            enabled: phase.enabled(),
+            tunnel_type: cfg.vpn.mode.clone(),
+            interface_name: cfg.vpn.interface_name.clone(),
+            mtu: cfg.vpn.mtu,
+            port: self.listen_port.unwrap_or(0),
+            encryption: "none".into(),
+            bytes_sent: sent,
+            bytes_received: received,
+            gateway: cfg.vpn.tun.gateway.clone(),
+            local_ip: ip.clone(),
+            ip,
+            dns_servers: dns.clone(),
+            dns,
+            connected_at: phase.since(),
+            connected_since: phase.since(),
+            mechanism: split.as_ref().map(|s| s.mechanism.to_string()),
+            fallback_reason: split.and_then(|s| s.fallback_reason),
+            error: phase.reason().map(str::to_string),
+            flows,
+        }
+    }
+
+    /// The live flows of the TUN path (measured by the relay).
+    pub fn connections(&self) -> Vec<VpnConnection> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.live
+            .list()
+            .into_iter()
+            .filter(|c| c.protocol == Protocol::Vpn)
+            .map(|c| VpnConnection {
+                id: c.id.to_string(),
+                remote_addr: c.host.clone(),
+                local_addr: c.client.to_string(),
+                protocol: "tcp".into(),
+                started_at: c.started.into(),
+                bytes_sent: c.bytes_recv.load(Relaxed),
+                bytes_received: c.bytes_sent.load(Relaxed),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,832 @@
+//! VPN (TUN) mode of `switchyard client` end to end, in network namespaces (root; CI must not
+//! skip).
+//!
+//! Topology per test (names prefixed `syvpn`): a "lan" namespace holding the client (in its own
+//! cgroup `own`) and two cgroups of test programs, `inc` and `exc`, below a scope cgroup; an
+//! "internet" namespace joined by a veth pair (lan 10.210.0.2, internet 10.210.0.1) with
+//! `switchyard server` on 10.210.0.1 and TCP origins on 10.211.9.1-3:8080 that answer each
+//! connection with the peer address they see. A flow through the VPN reaches the origin from the
+//! server (the origin sees its own 10.211.9.x address, and the server's request log has it); a
+//! direct one comes from the client's LAN address 10.210.0.2. Probes and origins are this test
+//! binary re-run in helper mode (`SYVPN_HELPER`). Traffic only goes to these namespaces.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use support::netns::{
+    self, in_netns, next_result, remove_cgroups, root_with_tools_or_skip, sh, sh_quiet,
+};
+use support::{spawn_with_listeners, Listening, BIN};
+
+const DIRECT: &str = "10.210.0.2";
+const MARK: &str = "0x5359";
+const TABLE: u32 = 0x5359;
+
+// ---------- helper mode ----------
+
+fn result(line: &str) {
+    println!("RESULT {line}");
+    let _ = std::io::stdout().flush();
+}
+
+/// Answers each connection with the peer address, then holds it until the peer closes.
+fn serve_origin(port: u16) -> ! {
+    let l = std::net::TcpListener::bind(("0.0.0.0", port)).expect("bind origin");
+    result("ready");
+    for conn in l.incoming().flatten() {
+        std::thread::spawn(move || {
+            let mut conn = conn;
+            if let Ok(peer) = conn.peer_addr() {
+                let _ = conn.write_all(format!("{}\n", peer.ip()).as_bytes());
+            }
+            let mut sink = [0u8; 1024];
+            while matches!(conn.read(&mut sink), Ok(n) if n > 0) {}
+        });
+    }
+    std::process::exit(0)
+}
+
+fn connect_and_read(dst: SocketAddr) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect_timeout(&dst, Duration::from_secs(10)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while let Ok(1) = stream.read(&mut byte) {
+        if byte[0] == b'\n' {
+            break;
+        }
+        seen.push(byte[0]);
+    }
+    (stream, String::from_utf8_lossy(&seen).into_owned())
+}
+
+/// A DNS query for the A record of `name` (id 0x5359, recursion desired).
+fn dns_query(name: &str) -> Vec<u8> {
+    let mut q = vec![0x53, 0x59, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q
+}
+
+/// The address of the one A record of an answer (its last four bytes), if it has an answer.
+fn dns_answer(reply: &[u8]) -> Option<String> {
+    let answers = u16::from_be_bytes([*reply.get(6)?, *reply.get(7)?]);
+    if answers == 0 || reply.len() < 16 {
+        return None;
+    }
+    let a = &reply[reply.len() - 4..];
+    Some(format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]))
+}
+
+/// Resolves `name` over UDP at `server`, then connects to the answer's port 8080.
+fn resolve_then_connect(server: SocketAddr, name: &str) -> String {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    sock.send_to(&dns_query(name), server).expect("send");
+    let mut buf = [0u8; 1500];
+    let (n, _) = sock.recv_from(&mut buf).expect("dns answer");
+    let Some(ip) = dns_answer(&buf[..n]) else {
+        return "ip=none".into();
+    };
+    let (_, seen) = connect_and_read(format!("{ip}:8080").parse().expect("address"));
+    format!("ip={ip} seen={seen}")
+}
+
+#[test]
+fn helper() {
+    let Ok(action) = std::env::var("SYVPN_HELPER") else {
+        return; // a plain test run: nothing to do
+    };
+    let arg = std::env::var("SYVPN_ARG").unwrap_or_default();
+    match action.as_str() {
+        "origin" => serve_origin(arg.parse().expect("port")),
+        "tcp" => {
+            let (_, seen) = connect_and_read(arg.parse().expect("address"));
+            result(&format!("seen={seen}"));
+        }
+        // connects, reports, then holds the connection until stdin closes
+        "tcp-hold" => {
+            let (_stream, seen) = connect_and_read(arg.parse().expect("address"));
+            result(&format!("seen={seen}"));
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
+        // SYVPN_ARG = "dns-server-address name"
+        "resolve-tcp" => {
+            let (server, name) = arg.split_once(' ').expect("server and name");
+            result(&resolve_then_connect(server.parse().expect("server"), name));
+        }
+        other => panic!("unknown helper action {other}"),
+    }
+    std::process::exit(0)
+}
+
+// ---------- fixture ----------
+
+/// Root, the tools, and a TUN device; else skip (fail under `CI`).
+fn tools_or_skip(what: &str) -> bool {
+    if !Path::new("/dev/net/tun").exists() {
+        if std::env::var_os("CI").is_some() {
+            panic!("{what}: no /dev/net/tun");
+        }
+        eprintln!("SKIP {what}: no /dev/net/tun");
+        return false;
+    }
+    root_with_tools_or_skip(what, &["ip", "nft", "nsenter", "bpftool", "curl"])
+}
+
+fn cgroup2_mount() -> PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    info.lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .map(PathBuf::from)
+        .expect("a cgroup2 mount")
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+/// This test binary in helper mode inside `netns` (and `cgroup`).
+fn helper_in(netns: &str, cgroup: Option<&Path>, action: &str, arg: &str) -> Command {
+    netns::helper_in(netns, cgroup, ("SYVPN_HELPER", "SYVPN_ARG"), action, arg)
+}
+
+struct Topo {
+    id: String,
+    lan: String,
+    net: String,
+    scope: PathBuf,
+    inc: PathBuf,
+    exc: PathBuf,
+    own: PathBuf,
+    dir: tempfile::TempDir,
+    children: Vec<Child>,
+    server: Option<Listening>,
+}
+
+impl Topo {
+    fn new() -> Topo {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let id = format!("syvpn{}{n}", std::process::id() % 100000);
+        let (lan, net) = (format!("{id}-lan"), format!("{id}-net"));
+        let scope = cgroup2_mount().join(&id);
+        let topo = Topo {
+            inc: scope.join("inc"),
+            exc: scope.join("exc"),
+            own: scope.join("own"),
+            scope,
+            lan,
+            net,
+            id: id.clone(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            children: Vec::new(),
+            server: None,
+        };
+        for dir in [&topo.scope, &topo.inc, &topo.exc, &topo.own] {
+            std::fs::create_dir_all(dir).expect("cgroup");
+        }
+        let (l, t) = (&topo.lan, &topo.net);
+        sh(&format!(
+            "set -e; ip netns add {l}; ip netns add {t}
+             ip link add {id}l netns {l} type veth peer name {id}n netns {t}
+             ip -n {l} link set lo up; ip -n {t} link set lo up
+             ip -n {l} addr add 10.210.0.2/24 dev {id}l; ip -n {l} link set {id}l up
+             ip -n {t} addr add 10.210.0.1/24 dev {id}n; ip -n {t} link set {id}n up
+             for a in 10.211.9.1 10.211.9.2 10.211.9.3; do ip -n {t} addr add $a/32 dev lo; done
+             ip -n {l} route add default via 10.210.0.1"
+        ));
+        topo
+    }
+
+    fn tun(&self) -> String {
+        // interface names are at most 15 bytes
+        let id = &self.id;
+        format!("tun{}", &id[id.len().saturating_sub(10)..])
+    }
+
+    fn start_origins(&mut self) {
+        let mut child = helper_in(&self.net, None, "origin", "8080")
+            .spawn()
+            .expect("origin");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        assert_eq!(next_result(&mut out), "ready");
+        self.children.push(child);
+    }
+
+    /// `switchyard server` in the internet namespace, request log on.
+    fn start_server(&mut self) -> SocketAddr {
+        let path = self.dir.path().join("server.yaml");
+        std::fs::write(
+            &path,
+            "server:\n  http: {listen: \"10.210.0.1:0\"}\n  socks5: {listen: \"10.210.0.1:0\"}\n  cores: 1\n\
+             api: {listen: \"127.0.0.1:0\", enable_request_log: true}\nlogging: {level: info, format: json}\n",
+        )
+        .expect("server config");
+        let mut cmd = in_netns(&self.net, None, Path::new(BIN));
+        cmd.args(["server", "--config"]).arg(&path);
+        let s = spawn_with_listeners(cmd, "switchyard server", &["HTTP proxy", "management API"]);
+        let http = s.addrs[0];
+        self.server = Some(s);
+        http
+    }
+
+    fn server_api(&self) -> SocketAddr {
+        self.server.as_ref().expect("server").addrs[1]
+    }
+
+    fn client_yaml(
+        &self,
+        server: SocketAddr,
+        enabled: bool,
+        classifier: &str,
+        split: &str,
+    ) -> String {
+        format!(
+            "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
+             api: {{listen: \"127.0.0.1:0\"}}\nlogging: {{level: info, format: json}}\n\
+             servers:\n  - {{name: gw, address: \"{server}\", protocol: HTTP}}\n\
+             vpn:\n  enabled: {enabled}\n  interface_name: {tun}\n  scope_cgroup: \"{scope}\"\n  classifier: {classifier}\n  dns: {{enabled: false}}\n  split: {split}\n",
+            tun = self.tun(),
+            scope = self.scope.display(),
+        )
+    }
+
+    /// Starts `switchyard client` in the lan namespace, in the `own` cgroup.
+    fn start_client(&self, yaml: &str) -> Client {
+        let cfg = self.dir.path().join("client.yaml");
+        std::fs::write(&cfg, yaml).expect("client config");
+        let mut cmd = in_netns(&self.lan, Some(&self.own), Path::new(BIN));
+        cmd.arg("client")
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(self.data_dir());
+        let started = spawn_with_listeners(cmd, "switchyard client", &["client API listening"]);
+        Client {
+            api: started.addrs[0],
+            lan: self.lan.clone(),
+            proc: started,
+        }
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// What the origin saw when a process of `cgroup` connected to `dst` from the lan namespace.
+    fn seen(&self, cgroup: &Path, dst: &str) -> String {
+        let mut child = helper_in(&self.lan, Some(cgroup), "tcp", &format!("{dst}:8080"))
+            .spawn()
+            .expect("probe");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let r = next_result(&mut out);
+        let _ = child.wait();
+        r.trim_start_matches("seen=").to_string()
+    }
+
+    /// What a process of `cgroup` resolved `name` to (through 10.211.9.53) and what the origin
+    /// at that address saw: `ip=A seen=B`.
+    fn resolve_and_connect(&self, cgroup: &Path, name: &str) -> String {
+        let arg = format!("{DNS}:53 {name}");
+        let mut child = helper_in(&self.lan, Some(cgroup), "resolve-tcp", &arg)
+            .spawn()
+            .expect("probe");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let r = next_result(&mut out);
+        let _ = child.wait();
+        r
+    }
+
+    /// dnsmasq on 10.211.9.53 in the internet namespace, logging queries; returns the log path.
+    fn start_dnsmasq(&mut self) -> PathBuf {
+        let log = self.dir.path().join("dnsmasq.log");
+        sh(&format!("ip -n {} addr add {DNS}/32 dev lo", self.net));
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.net))
+            .args([
+                "dnsmasq",
+                "--keep-in-foreground",
+                "--conf-file=/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--user=root",
+                "--bind-interfaces",
+                &format!("--listen-address={DNS}"),
+                "--address=/a.tun.test/10.211.9.2",
+                "--address=/b.plain.test/10.211.9.1",
+                "--address=/c.plain.test/10.211.9.1",
+                "--log-queries",
+                // answers of --address carry TTL 0 unless told otherwise: nothing would be cached
+                "--local-ttl=300",
+            ])
+            .arg(format!("--log-facility={}", log.display()))
+            .arg(format!(
+                "--pid-file={}",
+                self.dir.path().join("dnsmasq.pid").display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("dnsmasq");
+        self.children.push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sh_quiet(&format!("nsenter --net=/run/netns/{} ss -lnu", self.net)).contains(DNS) {
+            assert!(Instant::now() < deadline, "dnsmasq did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        log
+    }
+
+    /// tcpdump of port 53 on the lan namespace's veth (its physical link); stop with
+    /// [`Capture::packets`].
+    fn capture_dns(&self) -> Capture {
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.lan))
+            .args([
+                "tcpdump",
+                "-i",
+                &format!("{}l", self.id),
+                "-n",
+                "-l",
+                "port",
+                "53",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tcpdump");
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        while err.read_line(&mut line).unwrap_or(0) > 0 && !line.contains("listening on") {
+            line.clear();
+        }
+        Capture { child }
+    }
+
+    /// The server's request log (as text).
+    fn server_requests(&self) -> String {
+        curl_in(
+            &self.net,
+            "GET",
+            &format!("http://{}/api/v1/requests", self.server_api()),
+            None,
+        )
+        .1
+    }
+
+    /// Waits (bounded) until the server's request log has a request for `target`: a tunnel is
+    /// logged when it ends.
+    fn wait_server_request(&self, target: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.server_requests();
+            if log.contains(target) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server request log has no {target}: {log}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What of the VPN is left in the lan namespace and the scope cgroup.
+    fn leftovers(&self) -> Vec<String> {
+        let l = &self.lan;
+        let mut left = Vec::new();
+        let rules = sh_quiet(&format!("ip -n {l} rule show; ip -n {l} -6 rule show"));
+        if rules.contains(&format!("fwmark {MARK}")) {
+            left.push(format!("ip rule: {rules}"));
+        }
+        let routes = sh_quiet(&format!(
+            "ip -n {l} route show table {TABLE}; ip -n {l} -6 route show table {TABLE}"
+        ));
+        if !routes.trim().is_empty() {
+            left.push(format!("routes: {}", routes.trim()));
+        }
+        let tables = sh_quiet(&format!("nsenter --net=/run/netns/{l} nft list tables"));
+        if tables.contains("switchyard_split") {
+            left.push("nft table".into());
+        }
+        let links = sh_quiet(&format!("ip -n {l} link show"));
+        if links.contains(&self.tun()) {
+            left.push("TUN device".into());
+        }
+        let attached = sh_quiet(&format!("bpftool cgroup show '{}'", self.scope.display()));
+        if attached.lines().count() > 1 {
+            left.push(format!("cgroup programs: {attached}"));
+        }
+        let pins = self.data_dir().join("bpffs");
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if mounts.contains(&pins.display().to_string()) {
+            left.push("bpffs mount".into());
+        }
+        let pinned = sh_quiet(&format!(
+            "find '{}' -mindepth 1 2>/dev/null",
+            pins.display()
+        ));
+        if !pinned.trim().is_empty() {
+            left.push(format!("pins: {pinned}"));
+        }
+        left
+    }
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.server = None;
+        // a failed test's client was killed: its rules go with the namespace, its cgroup
+        // programs with the scope cgroup; only the pin mount needs undoing
+        let pins = self.data_dir().join("bpffs");
+        let _ = Command::new("umount")
+            .arg(&pins)
+            .stderr(Stdio::null())
+            .status();
+        for ns in [&self.lan, &self.net] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        remove_cgroups(&[
+            &self.inc,
+            &self.exc,
+            &self.own,
+            &self.scope.join("switchyard-split-apps"),
+            &self.scope.join("switchyard-client"),
+            &self.scope,
+        ]);
+    }
+}
+
+/// curl run inside `netns`: (status, body).
+fn curl_in(netns: &str, method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/run/netns/{netns}")).args([
+        "curl",
+        "-sS",
+        "--max-time",
+        "30",
+        "-X",
+        method,
+        "-w",
+        "\n%{http_code}",
+    ]);
+    if let Some(b) = body {
+        cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+    }
+    let out = cmd.arg(url).output().expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+const DNS: &str = "10.211.9.53";
+
+struct Capture {
+    child: Child,
+}
+
+impl Capture {
+    /// Stops the capture and returns the packets it printed.
+    fn packets(mut self) -> Vec<String> {
+        // tcpdump writes each packet line at once (-l); give the last one a moment
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = self.child.kill();
+        let mut out = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
+        let _ = self.child.wait();
+        out.lines().map(str::to_string).collect()
+    }
+}
+
+struct Client {
+    proc: Listening,
+    api: SocketAddr,
+    lan: String,
+}
+
+impl Client {
+    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+        let (status, text) = curl_in(
+            &self.lan,
+            method,
+            &format!("http://{}{path}", self.api),
+            body,
+        );
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    fn ok(&self, method: &str, path: &str, body: Option<&str>) -> serde_json::Value {
+        let (status, v) = self.call(method, path, body);
+        assert_eq!(status, 200, "{method} {path}: {v}\nlog:\n{}", self.log());
+        v
+    }
+
+    fn log(&self) -> String {
+        self.proc
+            .logs
+            .lock()
+            .map(|l| l.join("\n"))
+            .unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.proc.proc.child.id()
+    }
+}
+
+// ---------- the scenarios ----------
+
+/// Asserts what the origin saw, with the client's log when it is not that.
+fn expect_seen(topo: &Topo, client: &Client, cgroup: &Path, dst: &str, want: &str) {
+    let seen = topo.seen(cgroup, dst);
+    assert_eq!(
+        seen,
+        want,
+        "{} → {dst}: origin saw {seen:?}, wanted {want}\nclient log:\n{}",
+        cgroup.display(),
+        client.log()
+    );
+}
+
+/// Include and exclude mode, an IP rule added live, measured status and connections, disable
+/// and `kill -9` + restart leaving nothing behind — with the given classifier.
+fn vpn_scenario(classifier: &str) {
+    let mut topo = Topo::new();
+    topo.start_origins();
+    let server = topo.start_server();
+    // before the VPN, every cgroup goes direct
+    assert_eq!(topo.seen(&topo.inc, "10.211.9.1"), DIRECT);
+
+    let split = format!(
+        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}]}}",
+        topo.inc.display()
+    );
+    let client = topo.start_client(&topo.client_yaml(server, true, classifier, &split));
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    assert_eq!(status["mechanism"], classifier, "{status}");
+    assert_eq!(status["ip"], "10.255.0.2");
+    assert_eq!(status["local_ip"], status["ip"]);
+    assert_eq!(status["connected_at"], status["connected_since"]);
+    assert!(status["connected_at"].is_string(), "{status}");
+
+    // include: the app's cgroup goes through the server, the other one direct
+    let via = topo.seen(&topo.inc, "10.211.9.1");
+    assert_eq!(
+        via,
+        "10.211.9.1",
+        "inc app through the VPN and the server\n{}",
+        client.log()
+    );
+    topo.wait_server_request("10.211.9.1:8080");
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", DIRECT);
+
+    // an IP rule added live steers one destination of the other cgroup into the VPN
+    client.ok(
+        "POST",
+        "/api/v1/vpn/split/ips",
+        Some(r#"{"cidr":"10.211.9.3"}"#),
+    );
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.3", "10.211.9.3");
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.2", DIRECT);
+    let rules = client.ok("GET", "/api/v1/vpn/split/rules", None);
+    assert_eq!(rules["ips"], serde_json::json!(["10.211.9.3"]));
+
+    // a live flow is listed with its measured bytes, and the status counts bytes
+    let mut hold = helper_in(&topo.lan, Some(&topo.inc), "tcp-hold", "10.211.9.2:8080")
+        .spawn()
+        .expect("probe");
+    let mut out = BufReader::new(hold.stdout.take().expect("stdout"));
+    assert_eq!(next_result(&mut out), "seen=10.211.9.2");
+    // the relay counts a write once it completes, which may be just after the app read it
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let flow = loop {
+        let conns = client.ok("GET", "/api/v1/vpn/connections", None);
+        let flow = conns
+            .as_array()
+            .expect("array")
+            .iter()
+            .find(|c| c["remote_addr"] == "10.211.9.2:8080")
+            .cloned();
+        match flow {
+            Some(f) if f["bytes_received"] == 11 => break f, // "10.211.9.2\n"
+            other => assert!(
+                Instant::now() < deadline,
+                "no live flow to 10.211.9.2 with 11 bytes received: {other:?} in {conns}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(flow["protocol"], "tcp");
+    drop(hold.stdin.take());
+    let _ = hold.wait();
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert!(
+        status["bytes_received"].as_u64().unwrap_or(0) >= 33,
+        "{status}"
+    );
+
+    // exclude: everything goes through the VPN except the listed app and IP
+    let v = client.ok(
+        "PUT",
+        "/api/v1/vpn/split/mode",
+        Some(r#"{"mode":"exclude"}"#),
+    );
+    assert_eq!(v["mode"], "exclude");
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", "10.211.9.1");
+    expect_seen(&topo, &client, &topo.inc, "10.211.9.1", DIRECT);
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.3", DIRECT);
+    let v = client.ok("DELETE", "/api/v1/vpn/split/ips/10.211.9.3", None);
+    assert_eq!(v["status"], "removed");
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.3", "10.211.9.3");
+
+    // disable leaves nothing behind, and traffic goes direct again
+    assert!(
+        topo.leftovers().len() >= 3,
+        "while on: {:?}",
+        topo.leftovers()
+    );
+    let v = client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(v["status"], "disabled");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    assert_eq!(
+        client.ok("GET", "/api/v1/vpn/status", None)["status"],
+        "disabled"
+    );
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", DIRECT);
+
+    // enable again, then kill -9: the next start cleans up before anything else
+    let v = client.ok("POST", "/api/v1/vpn/enable", None);
+    assert_eq!(v["status"], "enabled");
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", "10.211.9.1");
+    sh(&format!("kill -9 {}", client.pid()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sh_quiet(&format!("ip -n {} link show", topo.lan)).contains(&topo.tun()) {
+        assert!(
+            Instant::now() < deadline,
+            "the TUN device outlived the client"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !topo.leftovers().is_empty(),
+        "a killed client leaves its rules"
+    );
+    drop(client);
+    let restarted = topo.start_client(&topo.client_yaml(server, false, classifier, &split));
+    assert_eq!(
+        topo.leftovers(),
+        Vec::<String>::new(),
+        "{}",
+        restarted.log()
+    );
+    assert_eq!(
+        restarted.ok("GET", "/api/v1/vpn/status", None)["status"],
+        "disabled"
+    );
+    expect_seen(&topo, &restarted, &topo.exc, "10.211.9.1", DIRECT);
+}
+
+#[test]
+fn syvpn_ebpf_include_exclude_live_rules_and_cleanup() {
+    if tools_or_skip("syvpn_ebpf_include_exclude_live_rules_and_cleanup") {
+        vpn_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syvpn_nftables_include_exclude_live_rules_and_cleanup() {
+    if tools_or_skip("syvpn_nftables_include_exclude_live_rules_and_cleanup") {
+        vpn_scenario("nftables");
+    }
+}
+
+/// Enabling fails cleanly: a TUN name the kernel refuses puts the VPN in `error` with the reason
+/// and leaves nothing behind; disable returns it to `disabled`.
+#[test]
+fn syvpn_failed_enable_is_an_error_and_leaves_nothing() {
+    if !tools_or_skip("syvpn_failed_enable_is_an_error_and_leaves_nothing") {
+        return;
+    }
+    let mut topo = Topo::new();
+    let server = topo.start_server();
+    // a cgroup scope that does not exist makes the split tunnel fail after the TUN was created
+    let yaml = topo
+        .client_yaml(server, false, "ebpf", "{mode: include}")
+        .replace(
+            &topo.scope.display().to_string(),
+            "/sys/fs/cgroup/syvpn-does-not-exist",
+        );
+    let client = topo.start_client(&yaml);
+    let (status, v) = client.call("POST", "/api/v1/vpn/enable", None);
+    assert_eq!(status, 500, "{v}");
+    let st = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(st["status"], "error", "{st}");
+    assert!(st["error"].as_str().is_some_and(|e| !e.is_empty()), "{st}");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(
+        client.ok("GET", "/api/v1/vpn/status", None)["status"],
+        "disabled"
+    );
+}
+
+/// DNS interception: a domain rule steers what its names resolve to into the VPN, repeated
+/// questions are answered from the resolver's cache (dnsmasq sees one), and with everything
+/// tunnelled no DNS packet leaves by the lan link — which a capture shows it does without the VPN.
+#[test]
+fn syvpn_dns_domain_rule_cache_and_no_leak() {
+    if !tools_or_skip("syvpn_dns_domain_rule_cache_and_no_leak")
+        || support::require("dnsmasq").is_none()
+        || support::require("tcpdump").is_none()
+    {
+        return;
+    }
+    let mut topo = Topo::new();
+    topo.start_origins();
+    let dns_log = topo.start_dnsmasq();
+    let server = topo.start_server();
+    let yaml = topo
+        .client_yaml(
+            server,
+            true,
+            "ebpf",
+            "{mode: include, domains: [\"*.tun.test\"]}",
+        )
+        .replace(
+            "dns: {enabled: false}",
+            &format!("dns: {{enabled: true, servers: [\"{DNS}\"], cache_ttl: 5m}}"),
+        );
+    let client = topo.start_client(&yaml);
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    assert_eq!(status["dns"], serde_json::json!([DNS]));
+    assert_eq!(status["dns_servers"], status["dns"]);
+
+    // the domain rule: a name under *.tun.test goes through the VPN, another name direct
+    let r = topo.resolve_and_connect(&topo.exc, "a.tun.test");
+    assert_eq!(r, "ip=10.211.9.2 seen=10.211.9.2", "{}", client.log());
+    let r = topo.resolve_and_connect(&topo.exc, "b.plain.test");
+    assert_eq!(
+        r,
+        format!("ip=10.211.9.1 seen={DIRECT}"),
+        "{}",
+        client.log()
+    );
+
+    // the repeat is answered from the cache: dnsmasq saw the name once
+    let r = topo.resolve_and_connect(&topo.exc, "a.tun.test");
+    assert_eq!(r, "ip=10.211.9.2 seen=10.211.9.2");
+    let queries = std::fs::read_to_string(&dns_log).unwrap_or_default();
+    let asked = queries
+        .lines()
+        .filter(|l| l.contains("query[A] a.tun.test"))
+        .count();
+    assert_eq!(asked, 1, "dnsmasq log:\n{queries}");
+    let cache = client.ok("GET", "/api/v1/vpn/dns/cache", None);
+    assert_eq!(cache["enabled"], true, "{cache}");
+    assert!(cache.to_string().contains("a.tun.test"), "{cache}");
+
+    // everything tunnelled: no DNS packet on the lan link, yet the name resolves
+    client.ok(
+        "PUT",
+        "/api/v1/vpn/split/mode",
+        Some(r#"{"mode":"exclude"}"#),
+    );
+    let capture = topo.capture_dns();
+    let r = topo.resolve_and_connect(&topo.exc, "c.plain.test");
+    assert_eq!(r, "ip=10.211.9.1 seen=10.211.9.1", "{}", client.log());
+    let leaked = capture.packets();
+    assert!(leaked.is_empty(), "DNS left by the lan link: {leaked:?}");
+
+    // without the VPN the same question does cross the link (the capture would see a leak)
+    client.ok("POST", "/api/v1/vpn/disable", None);
+    let capture = topo.capture_dns();
+    let r = topo.resolve_and_connect(&topo.exc, "c.plain.test");
+    assert_eq!(r, format!("ip=10.211.9.1 seen={DIRECT}"));
+    let seen = capture.packets();
+    assert!(
+        seen.iter().any(|l| l.contains(&format!("{DNS}.53"))),
+        "the capture saw no direct DNS: {seen:?}"
+    );
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
