@@ -5,7 +5,9 @@
 //! wg_peer.rs). The origin must see the tunnel address the provider assigned. Key
 //! registrations (Mullvad devices, PIA addKey) add the registered key to the peer with
 //! `wg set`, as the provider's server would. Namespace tests need root; they skip with a
-//! reason otherwise and fail under CI.
+//! reason otherwise and fail under CI. The OpenVPN providers (ProtonVPN, NordVPN with `protocol:
+//! openvpn`) go through a real `openvpn` server (tests/support/ovpn_server.rs) that checks their
+//! username/password and presents a CA-signed certificate named after the listed host name.
 
 mod support;
 
@@ -15,6 +17,7 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::ovpn_server::{self as ovpn, ClientAuth, VpnServer};
 use support::wg_peer::*;
 use support::*;
 
@@ -634,8 +637,7 @@ fn pia_gets_a_token_adds_its_key_and_forwards_a_port() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kind D: ProtonVPN (OpenVPN). Traffic through the resolved OpenVPN backend comes with the
-// OpenVPN backend itself; here the generated settings are checked.
+// Kind D: ProtonVPN (OpenVPN), and NordVPN with `protocol: openvpn`.
 
 /// ProtonVPN's `/vpn/logicals` shape (api.protonvpn.ch, as its Linux client reads it).
 fn proton_logicals() -> String {
@@ -709,6 +711,124 @@ fn protonvpn_resolves_to_openvpn_settings_by_tier_and_secure_core() {
         1,
         "one list serves the three backends"
     );
+}
+
+/// An OpenVPN server that authenticates as the providers' servers do: a CA-signed certificate
+/// named after the server's host name (the generated settings ask for `remote-cert-tls server`
+/// and `verify-x509-name`), and the account's OpenVPN username and password.
+fn provider_openvpn_server(hostname: &str) -> Option<VpnServer> {
+    let (openvpn, nginx) = ovpn::prerequisites()?;
+    let options = ovpn::Options {
+        prefix: "sypvo",
+        net_octet: 217,
+        proto: "udp",
+        auth: ClientAuth::Password {
+            hostname: hostname.into(),
+            username: "ovpn-user".into(),
+            password: "ovpn-pass".into(),
+        },
+    };
+    Some(VpnServer::start_opts(openvpn, nginx, options))
+}
+
+/// Plain HTTP and CONNECT to the origin behind `vpn` through backend `name`; the origin must
+/// see the address the OpenVPN server assigned.
+fn assert_http_and_connect_through(gw: &ovpn::Gateway, vpn: &VpnServer, name: &str) {
+    let server = &gw.server;
+    wait_backend(server, name, Duration::from_secs(40), |b| {
+        b["healthy"] == true
+    });
+    let url = format!("http://{}/hello.txt", vpn.origin_ip);
+    assert_eq!(fetch_through(server, &url), "hello through openvpn\n");
+    let connect = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-p",
+        "-x",
+        &format!("http://{}", server.http),
+        &url,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&connect.stdout),
+        "hello through openvpn\n",
+        "{connect:?}"
+    );
+    let log = vpn.access_log();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "two requests reached the origin:\n{log}");
+    for line in lines {
+        assert!(
+            line.starts_with(&format!("{} ", vpn.client_ip)),
+            "the origin saw another address than the tunnel's: {line}"
+        );
+    }
+}
+
+#[test]
+fn protonvpn_carries_http_and_connect_through_the_openvpn_server_it_lists() {
+    let Some(vpn) = provider_openvpn_server("node-ch-07.protonvpn.net") else {
+        return;
+    };
+    // Nothing listens at the other servers' addresses: choosing one of them fails the test.
+    let logicals = serde_json::json!({"Code": 1000, "LogicalServers": [
+        // Lowest load, but above the plan's tier.
+        {"ID": "l9", "Name": "CH#9", "EntryCountry": "CH", "ExitCountry": "CH", "Tier": 3, "Features": 0,
+         "City": "Zurich", "Load": 1, "Status": 1,
+         "Servers": [{"EntryIP": "127.0.0.46", "Domain": "node-ch-09.protonvpn.net", "Status": 1}]},
+        // Secure Core, which this backend did not ask for.
+        {"ID": "l3", "Name": "IS-CH#1", "EntryCountry": "IS", "ExitCountry": "CH", "Tier": 2, "Features": 1,
+         "City": "Zurich", "Load": 2, "Status": 1,
+         "Servers": [{"EntryIP": "127.0.0.44", "Domain": "is-ch-01.protonvpn.net", "Status": 1}]},
+        {"ID": "l2", "Name": "CH#7", "EntryCountry": "CH", "ExitCountry": "CH", "Tier": 2, "Features": 4,
+         "City": "Zurich", "Load": 30, "Status": 1,
+         "Servers": [{"EntryIP": vpn.endpoint_ip, "Domain": "node-ch-07.protonvpn.net", "Status": 1}]}
+    ]})
+    .to_string();
+    let api = StandIn::start(Box::new(move |r| match r.path.as_str() {
+        "/vpn/logicals" => (200, logicals.clone()),
+        _ => (404, "{}".into()),
+    }));
+    let config = serde_json::json!({"country": "CH", "tier": "plus", "username": "ovpn-user",
+                                    "password": "ovpn-pass", "ca": vpn.ca_cert, "api_url": api.url});
+    let gw = ovpn::gateway(&yaml_backend("proton", "protonvpn", config, &vpn.origin_ip));
+    let b = wait_backend(&gw.server, "proton", Duration::from_secs(20), resolved);
+    assert_eq!(b["provider"]["server_id"], "CH#7", "{b}");
+    assert_eq!(b["provider"]["protocol"], "openvpn", "{b}");
+    assert_http_and_connect_through(&gw, &vpn, "proton");
+    assert!(!gw
+        .server
+        .api_get("/api/v1/config")
+        .to_string()
+        .contains("ovpn-pass"));
+}
+
+#[test]
+fn nordvpn_with_protocol_openvpn_goes_through_the_openvpn_server() {
+    let Some(vpn) = provider_openvpn_server("se3.nordvpn.com") else {
+        return;
+    };
+    // The peer key is never used with `protocol: openvpn`.
+    let key = keypair_or_fixed();
+    let list = serde_json::json!([
+        nord_server(1, "127.0.0.1", "DE", "Berlin", 1, &key),
+        nord_server(3, &vpn.endpoint_ip, "SE", "Stockholm", 12, &key),
+    ])
+    .to_string();
+    let api = StandIn::start(Box::new(move |r| match r.path.as_str() {
+        "/v1/servers/recommendations" => (200, list.clone()),
+        _ => (404, "{}".into()),
+    }));
+    let config = serde_json::json!({"country": "SE", "protocol": "openvpn", "username": "ovpn-user",
+                                    "password": "ovpn-pass", "ca": vpn.ca_cert, "api_url": api.url});
+    let gw = ovpn::gateway(&yaml_backend("nord", "nordvpn", config, &vpn.origin_ip));
+    let b = wait_backend(&gw.server, "nord", Duration::from_secs(20), resolved);
+    assert_eq!(b["provider"]["server_id"], "3", "{b}");
+    assert_eq!(b["provider"]["settings"]["proto"], "udp", "{b}");
+    assert_http_and_connect_through(&gw, &vpn, "nord");
+    let config = gw.server.api_get("/api/v1/config");
+    assert_eq!(config["backends"][0]["config"]["password"], "********");
+    assert!(!config.to_string().contains("ovpn-pass"), "{config}");
 }
 
 // ---------------------------------------------------------------------------------------------

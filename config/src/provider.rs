@@ -18,7 +18,8 @@
 //!     private_key: "base64"    # nordvpn + wireguard: the account's NordLynx key (secret)
 //! ```
 //!
-//! Kind-specific keys: `mullvad` `account_id` (16 digits, secret); `privateinternetaccess`
+//! Kind-specific keys: `nordvpn` `username`, `password` (the service credentials, required with
+//! `protocol: openvpn`); `mullvad` `account_id` (16 digits, secret); `privateinternetaccess`
 //! `username`, `password`, `port_forwarding`, `server_ca`; `protonvpn` `username`, `password`
 //! (the OpenVPN credentials), `tier`, `secure_core`. With `protocol: openvpn`: `ca` (required),
 //! `tls_auth`, `tls_crypt`, `key_direction`, `cert`, `key` (PEM text or a file path) are handed
@@ -252,7 +253,8 @@ fn applies(key: &str, kind: ProviderKind) -> bool {
     match key {
         "max_load" | "server_id" | "features" | "private_key" => kind == Nordvpn,
         "account_id" => kind == Mullvad,
-        "username" | "password" => matches!(kind, PrivateInternetAccess | Protonvpn),
+        // NordVPN: its OpenVPN servers take the account's service credentials.
+        "username" | "password" => matches!(kind, PrivateInternetAccess | Protonvpn | Nordvpn),
         "port_forwarding" | "server_ca" => kind == PrivateInternetAccess,
         "tier" | "secure_core" => kind == Protonvpn,
         _ => true,
@@ -336,6 +338,20 @@ impl ProviderSettings {
                 }
                 if password.is_none() {
                     return Err(err("password", "required"));
+                }
+            }
+            ProviderKind::Nordvpn if protocol == VpnProtocol::Openvpn => {
+                // NordVPN's OpenVPN servers refuse clients without the service credentials.
+                if username.is_none() || password.is_none() {
+                    let missing = if username.is_none() {
+                        "username"
+                    } else {
+                        "password"
+                    };
+                    return Err(err(
+                        missing,
+                        "required with protocol openvpn: the account's service credentials",
+                    ));
                 }
             }
             ProviderKind::Nordvpn => {}
@@ -478,7 +494,7 @@ mod tests {
 
     #[test]
     fn problems_name_their_key() {
-        let cases: [(ProviderKind, serde_json::Value, &str); 12] = [
+        let cases: [(ProviderKind, serde_json::Value, &str); 13] = [
             (
                 ProviderKind::Mullvad,
                 json!({"account_id": "1234567890123456"}),
@@ -523,6 +539,11 @@ mod tests {
                 ProviderKind::Nordvpn,
                 json!({"country": "SE"}),
                 "private_key",
+            ),
+            (
+                ProviderKind::Nordvpn,
+                json!({"country": "SE", "protocol": "openvpn", "ca": "/etc/ca.pem", "username": "u"}),
+                "password",
             ),
             (
                 ProviderKind::Nordvpn,

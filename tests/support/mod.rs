@@ -5,6 +5,7 @@
 
 pub mod browser;
 pub mod netns;
+pub mod ovpn_server;
 pub mod wg_peer;
 
 use std::io::{BufRead, BufReader};

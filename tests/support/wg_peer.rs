@@ -3,7 +3,7 @@
 //! on the peer's tunnel address. Used by the WireGuard and provider-backend tests. Needs root.
 
 use super::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +26,85 @@ pub fn sh(program: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A fresh namespace `ns` (a leftover of that name is removed first) joined to the host by the
+/// veth pair `host_veth`/`ns_veth` with /30 addresses `host_ip` and `ns_ip`, both ends and the
+/// namespace's loopback up.
+pub fn namespace_with_veth(ns: &str, host_veth: &str, ns_veth: &str, host_ip: &str, ns_ip: &str) {
+    let _ = Command::new("ip")
+        .args(["netns", "del", ns])
+        .stderr(Stdio::null())
+        .status();
+    let _ = Command::new("ip")
+        .args(["link", "del", host_veth])
+        .stderr(Stdio::null())
+        .status();
+    sh("ip", &["netns", "add", ns]);
+    sh(
+        "ip",
+        &[
+            "link", "add", host_veth, "type", "veth", "peer", "name", ns_veth,
+        ],
+    );
+    sh("ip", &["link", "set", ns_veth, "netns", ns]);
+    sh(
+        "ip",
+        &["addr", "add", &format!("{host_ip}/30"), "dev", host_veth],
+    );
+    sh("ip", &["link", "set", host_veth, "up"]);
+    sh(
+        "ip",
+        &[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{ns_ip}/30"),
+            "dev",
+            ns_veth,
+        ],
+    );
+    sh("ip", &["-n", ns, "link", "set", ns_veth, "up"]);
+    sh("ip", &["-n", ns, "link", "set", "lo", "up"]);
+}
+
+/// nginx in namespace `ns` serving `dir`/www on `listen` and logging each request's client
+/// address to `dir`/access.log; returns once it runs (its pid file exists).
+pub fn start_nginx(nginx: &Path, ns: &str, dir: &Path, listen: &str) -> Proc {
+    let d = dir.display();
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 256; }}\n\
+         http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
+           fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
+           server {{ listen {listen}; root {d}/www; }}\n}}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).expect("conf");
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(nginx)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .arg("-p")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nginx");
+    let proc = Proc {
+        child,
+        name: "nginx".into(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dir.join("nginx.pid").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "nginx did not start in the namespace"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    proc
 }
 
 pub fn sh_in(program: &str, args: &[&str], input: &str) -> String {
@@ -145,43 +224,9 @@ impl Peer {
         let ns_veth = format!("{p}n{id}");
         let tun = format!("{p}t{id}");
         let (v, t) = (layout.veth_octet, layout.veth_octet + 1);
-        let _ = Command::new("ip")
-            .args(["netns", "del", &ns])
-            .stderr(Stdio::null())
-            .status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &host_veth])
-            .stderr(Stdio::null())
-            .status();
-        sh("ip", &["netns", "add", &ns]);
-        sh(
-            "ip",
-            &[
-                "link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth,
-            ],
-        );
-        sh("ip", &["link", "set", &ns_veth, "netns", &ns]);
         let host_ip = format!("10.{v}.{k}.1");
         let ns_ip = format!("10.{v}.{k}.2");
-        sh(
-            "ip",
-            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_veth],
-        );
-        sh("ip", &["link", "set", &host_veth, "up"]);
-        sh(
-            "ip",
-            &[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{ns_ip}/30"),
-                "dev",
-                &ns_veth,
-            ],
-        );
-        sh("ip", &["-n", &ns, "link", "set", &ns_veth, "up"]);
-        sh("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+        namespace_with_veth(&ns, &host_veth, &ns_veth, &host_ip, &ns_ip);
         let (peer_private, peer_public) = keypair();
         let (client_private, client_public) = keypair();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -192,16 +237,6 @@ impl Peer {
         std::fs::create_dir_all(&www).expect("www");
         std::fs::write(www.join("hello.txt"), "hello through the tunnel\n").expect("file");
         std::fs::write(www.join("big.bin"), vec![7u8; BIG_FILE]).expect("file");
-        let d = dir.path().display();
-        let conf = format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
-               fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
-               server {{ listen {origin_ip}:80; root {}; }}\n}}\n",
-            www.display()
-        );
-        std::fs::write(dir.path().join("nginx.conf"), conf).expect("conf");
         let mut peer = Peer {
             ns: ns.clone(),
             host_veth,
@@ -224,30 +259,9 @@ impl Peer {
             dir,
         };
         peer.start_wireguard();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns])
-            .arg(&nginx)
-            .arg("-c")
-            .arg(peer.dir.path().join("nginx.conf"))
-            .arg("-p")
-            .arg(peer.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nginx");
-        peer._nginx = Proc {
-            child,
-            name: "nginx".into(),
-        };
-        // nginx is up once its pid file exists.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !peer.dir.path().join("nginx.pid").exists() {
-            assert!(
-                Instant::now() < deadline,
-                "nginx did not start in the namespace"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        // nginx listens on the tunnel address, which exists once the peer's device is up.
+        let listen = format!("{}:80", peer.origin_ip);
+        peer._nginx = start_nginx(&nginx, &ns, peer.dir.path(), &listen);
         peer
     }
 
