@@ -36,6 +36,27 @@ pub fn idle_socket_is_clean(fd: RawFd) -> bool {
     false
 }
 
+/// Sets a socket option of type `int` (e.g. `SO_RCVBUF`) on a descriptor glommio owns (its
+/// sockets do not lend themselves to socket2).
+pub fn set_int_sockopt(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: setsockopt(2) reads `size_of::<c_int>()` bytes from a live local c_int, on a
+    // descriptor owned by a live socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Raises the soft open-files limit to the hard limit (a proxy holds two sockets per tunnel).
 pub fn raise_nofile_limit() -> io::Result<u64> {
     let mut lim = libc::rlimit {

@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// Size of the peer's `big.bin`: larger than every buffer on the way (flow channels, smoltcp
+/// windows, the UDP socket's) and long enough for many window updates, where long WireGuard
+/// transfers used to be cut short.
+pub const BIG_FILE: usize = 24 * 1024 * 1024;
+
 pub fn sh(program: &str, args: &[&str]) -> String {
     let out = Command::new(program)
         .args(args)
@@ -231,7 +236,7 @@ impl Peer {
         let www = dir.path().join("www");
         std::fs::create_dir_all(&www).expect("www");
         std::fs::write(www.join("hello.txt"), "hello through the tunnel\n").expect("file");
-        std::fs::write(www.join("big.bin"), vec![7u8; 3 * 1024 * 1024]).expect("file");
+        std::fs::write(www.join("big.bin"), vec![7u8; BIG_FILE]).expect("file");
         let mut peer = Peer {
             ns: ns.clone(),
             host_veth,

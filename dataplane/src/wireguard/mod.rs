@@ -11,6 +11,10 @@
 //! bytes through a [`FlowStream`] (lock-free channels, cross-core wake-ups), so the relay code
 //! treats a tunnelled flow like any other upstream stream.
 //!
+//! A tunnel outlives a panic of its owner core: the owner stamps a heartbeat on every turn of
+//! its loop (at least every 250 ms), and when the stamp is older than [`OWNER_LOST`] the next
+//! connection starts the tunnel again on its own core (a core that panics is restarted empty).
+//!
 //! Health is measured, not assumed: the owner probes a quiet tunnel with a handshake and marks
 //! the backend unhealthy when the peer does not answer (peer down, or keys that do not match),
 //! healthy again on the next answer, with a `backend.health` event on each change.
@@ -26,13 +30,65 @@ use crate::error::DataplaneError;
 use crate::snapshot::BackendHealth;
 use flow::Wake;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use switchyard_config::wireguard::WireguardSettings;
 
 /// Open requests waiting for the owner core; more fail at once as overload.
 const MAX_PENDING_OPENS: usize = 1024;
+/// An owner that has not stamped its heartbeat for this long is gone (its core panicked). Longer
+/// than the owner's slowest turn: the 5 s pause between endpoint resolution attempts.
+const OWNER_LOST: Duration = Duration::from_secs(15);
+
+/// Which task runs the tunnel, and whether it still does.
+#[derive(Debug)]
+pub(crate) struct Owner {
+    epoch: Instant,
+    /// Milliseconds since `epoch` at the owner's last turn.
+    beat: AtomicU64,
+    /// Bumped for each new owner; an older owner that finds it changed stops.
+    generation: AtomicU64,
+}
+
+impl Owner {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            beat: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Stamps the heartbeat; false when a newer owner has taken over.
+    pub(crate) fn beat(&self, generation: u64) -> bool {
+        self.beat.store(self.now_ms(), Ordering::Release);
+        self.generation.load(Ordering::Acquire) == generation
+    }
+
+    /// Takes over from an owner that stopped beating; the new generation, or None when the
+    /// owner is alive or another core took over first.
+    fn take_over_if_lost(&self) -> Option<u64> {
+        let seen = self.beat.load(Ordering::Acquire);
+        let now = self.now_ms();
+        if now.saturating_sub(seen) < OWNER_LOST.as_millis() as u64 {
+            return None;
+        }
+        self.beat
+            .compare_exchange(seen, now, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        Some(self.generation.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+
+    fn start(&self) -> u64 {
+        self.beat.store(self.now_ms(), Ordering::Release);
+        self.generation.load(Ordering::Acquire)
+    }
+}
 
 /// Where a flow goes: an address, or a name the tunnel's DNS servers resolve.
 #[derive(Debug)]
@@ -54,6 +110,7 @@ pub struct WireguardBackend {
     requests: async_channel::Sender<OpenRequest>,
     requests_rx: async_channel::Receiver<OpenRequest>,
     started: AtomicBool,
+    owner: Arc<Owner>,
     wake: Arc<Wake>,
 }
 
@@ -75,27 +132,38 @@ impl WireguardBackend {
             requests,
             requests_rx,
             started: AtomicBool::new(false),
+            owner: Arc::new(Owner::new()),
             wake: Arc::new(Wake::default()),
         }
     }
 
-    /// Starts the tunnel on the calling core unless a core runs it already.
+    /// Starts the tunnel on the calling core unless a live core runs it already.
     pub(crate) fn ensure_started(
         &self,
         ctx: &crate::engine::CoreContext,
         health: &Arc<BackendHealth>,
     ) {
-        if self.started.load(Ordering::Acquire)
-            || self
-                .started
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
+        let generation = if self.started.load(Ordering::Acquire) {
+            let Some(generation) = self.owner.take_over_if_lost() else {
+                return;
+            };
+            tracing::warn!(backend = %self.name, core = ctx.core, silent_for = ?OWNER_LOST,
+                "the core running the WireGuard tunnel stopped; starting it again here");
+            generation
+        } else if self
+            .started
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
         {
             return;
-        }
+        } else {
+            self.owner.start()
+        };
         tracing::info!(backend = %self.name, core = ctx.core, endpoint = %self.settings.endpoint,
             "starting WireGuard tunnel");
         let args = runner::RunnerArgs {
+            owner: self.owner.clone(),
+            generation,
             name: self.name.clone(),
             settings: self.settings.clone(),
             requests: self.requests_rx.clone(),
@@ -156,5 +224,48 @@ impl WireguardBackend {
             }),
             None => Err(DataplaneError::ConnectTimeout { target }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner_silent_for(d: Duration) -> Owner {
+        let owner = Owner::new();
+        let past = Instant::now()
+            .checked_sub(d)
+            .expect("clock far enough from boot");
+        Owner {
+            epoch: past,
+            ..owner
+        }
+    }
+
+    #[test]
+    fn a_live_owner_keeps_its_tunnel() {
+        let owner = Owner::new();
+        let generation = owner.start();
+        assert_eq!(owner.take_over_if_lost(), None);
+        assert!(owner.beat(generation));
+    }
+
+    #[test]
+    fn a_silent_owner_is_replaced_once_and_the_old_one_stops() {
+        let owner = owner_silent_for(OWNER_LOST + Duration::from_secs(1));
+        // Started at the epoch and silent since.
+        let first = 0;
+        let second = owner.take_over_if_lost().expect("taken over");
+        assert_ne!(second, first);
+        // A second core arriving just after sees a fresh beat: one new owner only.
+        assert_eq!(owner.take_over_if_lost(), None);
+        assert!(!owner.beat(first), "the old owner learns it was replaced");
+        assert!(owner.beat(second));
+    }
+
+    #[test]
+    fn an_owner_silent_for_less_than_the_limit_is_kept() {
+        let owner = owner_silent_for(OWNER_LOST - Duration::from_secs(2));
+        assert_eq!(owner.take_over_if_lost(), None);
     }
 }

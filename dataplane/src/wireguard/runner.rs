@@ -18,7 +18,7 @@ use glommio::net::UdpSocket;
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::socket::{dns, tcp};
 use smoltcp::wire::{DnsQueryType, HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::rc::Rc;
@@ -35,10 +35,15 @@ const TIMER_TICK: Duration = Duration::from_millis(250);
 /// Per-flow smoltcp buffers: large enough for a full window at LAN/WAN rates.
 const RX_BUFFER: usize = 256 * 1024;
 const TX_BUFFER: usize = 256 * 1024;
+/// Kernel buffers of the UDP socket to the endpoint.
+const UDP_RECV_BUFFER: usize = 4 << 20;
+const UDP_SEND_BUFFER: usize = 1 << 20;
 /// Datagram scratch: the largest IP packet plus WireGuard's overhead.
 const SCRATCH: usize = 65_536 + 256;
 
 pub(super) struct RunnerArgs {
+    pub owner: Arc<super::Owner>,
+    pub generation: u64,
     pub name: String,
     pub settings: WireguardSettings,
     pub requests: async_channel::Receiver<OpenRequest>,
@@ -65,6 +70,17 @@ struct Flow {
     eof_sent: bool,
     /// Aborted; removed after the next interface poll has sent the reset.
     finished: bool,
+    /// Bytes moved peer → client and client → peer, for the log line that ends the flow.
+    down: u64,
+    up: u64,
+}
+
+impl Flow {
+    /// Every flow-ending path says why at debug level: a cut transfer must be traceable.
+    fn ended(&self, backend: &str, state: tcp::State, why: &str) {
+        tracing::debug!(backend, target = %self.target, ?state, down = self.down, up = self.up,
+            lived_ms = self.opened.elapsed().as_millis() as u64, why, "WireGuard flow ended");
+    }
 }
 
 struct PendingName {
@@ -107,6 +123,28 @@ fn random_u64() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     h.finish()
+}
+
+/// The smoltcp socket of one flow: large buffers (window scaling), Cubic, no Nagle (the relay
+/// writes whole chunks).
+fn flow_socket() -> tcp::Socket<'static> {
+    let mut socket = tcp::Socket::new(
+        tcp::SocketBuffer::new(vec![0; RX_BUFFER]),
+        tcp::SocketBuffer::new(vec![0; TX_BUFFER]),
+    );
+    socket.set_congestion_control(tcp::CongestionControl::Cubic);
+    socket.set_nagle_enabled(false);
+    socket
+}
+
+/// The error of a connect the peer never answered.
+fn unanswered(backend: &str, endpoint: SocketAddr) -> DataplaneError {
+    DataplaneError::Tunnel {
+        backend: backend.to_owned(),
+        reason: format!(
+            "no WireGuard handshake answer from {endpoint} (peer down, or the keys do not match)"
+        ),
+    }
 }
 
 fn smol_now() -> smoltcp::time::Instant {
@@ -197,13 +235,7 @@ impl Tunnel {
     }
 
     fn unanswered(&self) -> DataplaneError {
-        DataplaneError::Tunnel {
-            backend: self.name.clone(),
-            reason: format!(
-                "no WireGuard handshake answer from {} (peer down, or the keys do not match)",
-                self.endpoint
-            ),
-        }
+        unanswered(&self.name, self.endpoint)
     }
 
     /// One datagram from the network: decrypt into the interface, or answer handshakes.
@@ -308,12 +340,7 @@ impl Tunnel {
             return;
         };
         let port = self.allocate_port();
-        let mut socket = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0; RX_BUFFER]),
-            tcp::SocketBuffer::new(vec![0; TX_BUFFER]),
-        );
-        socket.set_congestion_control(tcp::CongestionControl::Cubic);
-        socket.set_nagle_enabled(false);
+        let mut socket = flow_socket();
         let local = IpListenEndpoint {
             addr: Some(IpAddress::from(source)),
             port,
@@ -340,6 +367,8 @@ impl Tunnel {
             fin_sent: false,
             eof_sent: false,
             finished: false,
+            down: 0,
+            up: 0,
         });
     }
 
@@ -384,7 +413,9 @@ impl Tunnel {
     /// Moves bytes between each flow's socket and its channels; false = the flow is over.
     fn shuttle(&mut self, index: usize) -> bool {
         let alive = self.alive == Some(true);
-        let unanswered = self.unanswered();
+        // Built only when a connect fails: this runs for every flow on every turn.
+        let endpoint = self.endpoint;
+        let backend = self.name.as_str();
         let flow = &mut self.flows[index];
         if flow.finished {
             self.sockets.remove(flow.handle);
@@ -393,6 +424,11 @@ impl Tunnel {
         let socket = self.sockets.get_mut::<tcp::Socket>(flow.handle);
         if let Some((reply, _)) = &flow.waiting {
             if reply.is_canceled() {
+                flow.ended(
+                    backend,
+                    socket.state(),
+                    "the connection stopped waiting for it",
+                );
                 socket.abort();
                 flow.finished = true;
                 return true;
@@ -401,6 +437,11 @@ impl Tunnel {
                 tcp::State::Established | tcp::State::CloseWait => {
                     if let Some((reply, stream)) = flow.waiting.take() {
                         if reply.send(Ok(stream)).is_err() {
+                            flow.ended(
+                                backend,
+                                socket.state(),
+                                "the connection stopped waiting for it",
+                            );
                             socket.abort();
                             flow.finished = true;
                             return true;
@@ -408,6 +449,11 @@ impl Tunnel {
                     }
                 }
                 tcp::State::Closed => {
+                    flow.ended(
+                        backend,
+                        socket.state(),
+                        "refused: reset before it was established",
+                    );
                     if let Some((reply, _)) = flow.waiting.take() {
                         let _ = reply.send(Err(DataplaneError::Refused {
                             target: flow.target.to_string(),
@@ -418,8 +464,9 @@ impl Tunnel {
                 }
                 _ => {
                     if !alive && flow.opened.elapsed() > HANDSHAKE_TIMEOUT {
+                        flow.ended(backend, socket.state(), "no handshake answer from the peer");
                         if let Some((reply, _)) = flow.waiting.take() {
-                            let _ = reply.send(Err(unanswered));
+                            let _ = reply.send(Err(unanswered(backend, endpoint)));
                         }
                         socket.abort();
                         flow.finished = true;
@@ -430,6 +477,7 @@ impl Tunnel {
         }
         if flow.ends.to_client.receiver_count() == 0 {
             // The connection dropped its stream: whatever is still open is reset.
+            flow.ended(backend, socket.state(), "the connection dropped its stream");
             if !matches!(socket.state(), tcp::State::Closed | tcp::State::TimeWait) {
                 socket.abort();
             }
@@ -444,12 +492,19 @@ impl Tunnel {
             });
             match chunk {
                 Ok(c) if !c.is_empty() => {
+                    flow.down += c.len() as u64;
                     let _ = flow.ends.to_client.try_send(c);
                 }
                 _ => break,
             }
         }
         if !flow.eof_sent && !socket.may_recv() && !socket.can_recv() {
+            let why = if socket.state() == tcp::State::Closed {
+                "end of stream to the connection: the socket closed (reset, or both sides done)"
+            } else {
+                "end of stream to the connection: the peer sent FIN"
+            };
+            flow.ended(backend, socket.state(), why);
             flow.ends.to_client.close();
             flow.eof_sent = true;
         }
@@ -465,6 +520,8 @@ impl Tunnel {
                     Err(async_channel::TryRecvError::Empty) => break,
                     Err(async_channel::TryRecvError::Closed) => {
                         if !flow.fin_sent {
+                            tracing::debug!(backend, target = %flow.target, up = flow.up,
+                                "WireGuard flow: the connection finished sending; FIN to the peer");
                             socket.close();
                             flow.fin_sent = true;
                         }
@@ -476,11 +533,15 @@ impl Tunnel {
                 break;
             }
             match socket.send_slice(&flow.pending[flow.offset..]) {
-                Ok(n) if n > 0 => flow.offset += n,
+                Ok(n) if n > 0 => {
+                    flow.offset += n;
+                    flow.up += n as u64;
+                }
                 _ => break,
             }
         }
         if matches!(socket.state(), tcp::State::Closed | tcp::State::TimeWait) && flow.eof_sent {
+            flow.ended(backend, socket.state(), "closed");
             self.sockets.remove(flow.handle);
             return false;
         }
@@ -530,7 +591,9 @@ impl Tunnel {
     fn reset_established_flows(&mut self) {
         for flow in &self.flows {
             if flow.waiting.is_none() && !flow.finished {
-                self.sockets.get_mut::<tcp::Socket>(flow.handle).abort();
+                let socket = self.sockets.get_mut::<tcp::Socket>(flow.handle);
+                flow.ended(&self.name, socket.state(), "reset: the peer is lost");
+                socket.abort();
             }
         }
     }
@@ -577,18 +640,99 @@ impl Tunnel {
     }
 }
 
-async fn resolve_endpoint(args: &RunnerArgs) -> Option<SocketAddr> {
-    let endpoint = &args.settings.endpoint;
-    let (host, port) = endpoint.rsplit_once(':')?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port: u16 = port.parse().ok()?;
-    match args.resolver.resolve(&args.offload, host, port).await {
-        Ok(addrs) => addrs.first().copied(),
-        Err(e) => {
-            tracing::warn!(backend = %args.name, %endpoint, error = %e, "WireGuard endpoint does not resolve");
-            None
+/// How often a named endpoint is resolved again while the peer answers, and at most how often
+/// while it does not (the name may point elsewhere now: dynamic DNS, a replaced server).
+const RERESOLVE_EVERY: Duration = Duration::from_secs(300);
+const RERESOLVE_LOST: Duration = Duration::from_secs(30);
+
+/// Whether a named endpoint is due to be resolved again; an address never is.
+#[derive(Debug)]
+struct EndpointRefresh {
+    named: bool,
+    last: Instant,
+}
+
+impl EndpointRefresh {
+    fn new(endpoint: &str, now: Instant) -> Self {
+        let host = endpoint.rsplit_once(':').map_or(endpoint, |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        Self {
+            named: host.parse::<IpAddr>().is_err(),
+            last: now,
         }
     }
+
+    fn due(&self, now: Instant, peer_lost: bool) -> bool {
+        let wait = if peer_lost {
+            RERESOLVE_LOST
+        } else {
+            RERESOLVE_EVERY
+        };
+        self.named && now.saturating_duration_since(self.last) >= wait
+    }
+}
+
+/// What resolving the endpoint needs, detachable from the runner's arguments.
+#[derive(Clone)]
+struct EndpointLookup {
+    backend: String,
+    endpoint: String,
+    resolver: Resolver,
+    offload: Offload,
+}
+
+impl EndpointLookup {
+    async fn resolve(&self) -> Option<SocketAddr> {
+        let endpoint = &self.endpoint;
+        let (host, port) = endpoint.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port: u16 = port.parse().ok()?;
+        match self.resolver.resolve(&self.offload, host, port).await {
+            Ok(addrs) => addrs.first().copied(),
+            Err(e) => {
+                tracing::warn!(backend = %self.backend, %endpoint, error = %e, "WireGuard endpoint does not resolve");
+                None
+            }
+        }
+    }
+
+    /// Resolves the name again and points the tunnel at the new address (same family: the
+    /// UDP socket is bound to one).
+    async fn refresh(self, tunnel: Rc<RefCell<Tunnel>>, busy: Rc<Cell<bool>>) {
+        if let Some(addr) = self.resolve().await {
+            let mut t = tunnel.borrow_mut();
+            if addr != t.endpoint {
+                if addr.is_ipv4() == t.endpoint.is_ipv4() {
+                    tracing::info!(backend = %self.backend, from = %t.endpoint, to = %addr,
+                        "WireGuard endpoint name resolves to a new address");
+                    t.endpoint = addr;
+                } else {
+                    tracing::warn!(backend = %self.backend, now = %addr, kept = %t.endpoint,
+                        "WireGuard endpoint name resolves to another address family; kept the old address");
+                }
+            }
+        }
+        busy.set(false);
+    }
+}
+
+/// The socket to the endpoint, with a receive buffer that holds a burst of a full flow window
+/// (the default ~208 KiB dropped datagrams under bulk downloads, each drop a TCP retransmission
+/// inside the tunnel). The kernel caps the size at `net.core.rmem_max`.
+fn bind_udp(bind: SocketAddr) -> std::io::Result<UdpSocket> {
+    use std::os::fd::AsRawFd;
+    let socket = UdpSocket::bind(bind)?;
+    for (name, size, what) in [
+        (libc::SO_RCVBUF, UDP_RECV_BUFFER, "receive"),
+        (libc::SO_SNDBUF, UDP_SEND_BUFFER, "send"),
+    ] {
+        if let Err(e) =
+            crate::sys::set_int_sockopt(socket.as_raw_fd(), libc::SOL_SOCKET, name, size as i32)
+        {
+            tracing::debug!(error = %e, what, "WireGuard UDP buffer left at the default");
+        }
+    }
+    Ok(socket)
 }
 
 async fn send_all(udp: &UdpSocket, to: SocketAddr, datagrams: Vec<Vec<u8>>) {
@@ -622,12 +766,18 @@ async fn receive(udp: Rc<UdpSocket>, tunnel: Rc<RefCell<Tunnel>>, wake: Arc<Wake
 
 /// Runs the tunnel until every holder of its backend is gone.
 pub(super) async fn run(args: RunnerArgs) {
+    let lookup = EndpointLookup {
+        backend: args.name.clone(),
+        endpoint: args.settings.endpoint.clone(),
+        resolver: args.resolver.clone(),
+        offload: args.offload.clone(),
+    };
     // The endpoint may not resolve yet (names, DNS down): keep trying, unhealthy meanwhile.
     let endpoint = loop {
-        if args.requests.sender_count() == 0 {
+        if args.requests.sender_count() == 0 || !args.owner.beat(args.generation) {
             return;
         }
-        if let Some(a) = resolve_endpoint(&args).await {
+        if let Some(a) = lookup.resolve().await {
             break a;
         }
         if let Some(healthy) = args.health.set(false) {
@@ -649,7 +799,7 @@ pub(super) async fn run(args: RunnerArgs) {
     } else {
         (Ipv6Addr::UNSPECIFIED, 0).into()
     };
-    let udp = match UdpSocket::bind(bind) {
+    let udp = match bind_udp(bind) {
         Ok(s) => Rc::new(s),
         Err(e) => {
             tracing::error!(backend = %args.name, error = %e, "WireGuard UDP socket");
@@ -659,9 +809,15 @@ pub(super) async fn run(args: RunnerArgs) {
     let tunnel = Rc::new(RefCell::new(Tunnel::new(&args, endpoint)));
     // Dropping the task handle when this function returns stops the receiver too.
     let _receiver = glommio::spawn_local(receive(udp.clone(), tunnel.clone(), args.wake.clone()));
+    let mut refresh = EndpointRefresh::new(&args.settings.endpoint, Instant::now());
+    let resolving = Rc::new(Cell::new(false));
     loop {
         if args.requests.sender_count() == 0 {
             tracing::info!(backend = %args.name, "WireGuard tunnel stopped (backend removed or changed)");
+            return;
+        }
+        if !args.owner.beat(args.generation) {
+            tracing::warn!(backend = %args.name, "WireGuard tunnel handed to another core; this one stops");
             return;
         }
         let listener = args.wake.listen();
@@ -670,14 +826,208 @@ pub(super) async fn run(args: RunnerArgs) {
             futures_lite::future::or(listener, glommio::timer::sleep(delay)).await;
             args.wake.take();
         }
-        let out = {
+        let (out, endpoint, peer_lost) = {
             let mut t = tunnel.borrow_mut();
             while let Ok(req) = args.requests.try_recv() {
                 t.open(req);
             }
             t.step();
-            std::mem::take(&mut t.outgoing)
+            (
+                std::mem::take(&mut t.outgoing),
+                t.endpoint,
+                t.alive == Some(false),
+            )
         };
         send_all(&udp, endpoint, out).await;
+        let now = Instant::now();
+        if !resolving.get() && refresh.due(now, peer_lost) {
+            refresh.last = now;
+            resolving.set(true);
+            glommio::spawn_local(lookup.clone().refresh(tunnel.clone(), resolving.clone()))
+                .detach();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smoltcp::phy::ChecksumCapabilities;
+
+    #[test]
+    fn a_named_endpoint_is_resolved_again_soon_when_the_peer_is_lost_and_now_and_then_otherwise() {
+        let start = Instant::now();
+        let refresh = EndpointRefresh::new("wg.example.net:51820", start);
+        let after = |d: Duration| start + d;
+        assert!(!refresh.due(after(Duration::from_secs(1)), true));
+        assert!(refresh.due(after(RERESOLVE_LOST), true));
+        assert!(!refresh.due(after(RERESOLVE_LOST), false));
+        assert!(refresh.due(after(RERESOLVE_EVERY), false));
+    }
+
+    #[test]
+    fn an_endpoint_given_as_an_address_is_never_resolved_again() {
+        let start = Instant::now();
+        let later = start + RERESOLVE_EVERY * 10;
+        for endpoint in ["192.0.2.7:51820", "[2001:db8::7]:51820"] {
+            let refresh = EndpointRefresh::new(endpoint, start);
+            assert!(!refresh.due(later, true), "{endpoint}");
+            assert!(!refresh.due(later, false), "{endpoint}");
+        }
+    }
+    use smoltcp::wire::{
+        IpProtocol, Ipv4Address, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
+    };
+
+    const LOCAL: Ipv4Address = Ipv4Address::new(10, 9, 0, 2);
+    const REMOTE: Ipv4Address = Ipv4Address::new(10, 9, 0, 1);
+
+    /// An IPv4 TCP segment from the remote origin to our flow.
+    fn segment(repr: &TcpRepr) -> Vec<u8> {
+        let caps = ChecksumCapabilities::default();
+        let ip = Ipv4Repr {
+            src_addr: REMOTE,
+            dst_addr: LOCAL,
+            next_header: IpProtocol::Tcp,
+            payload_len: repr.buffer_len(),
+            hop_limit: 64,
+        };
+        let mut packet = vec![0; ip.buffer_len() + repr.buffer_len()];
+        ip.emit(&mut Ipv4Packet::new_unchecked(&mut packet[..]), &caps);
+        let mut tcp = TcpPacket::new_unchecked(&mut packet[ip.buffer_len()..]);
+        repr.emit(&mut tcp, &REMOTE.into(), &LOCAL.into(), &caps);
+        packet
+    }
+
+    /// The TCP header of a packet the interface sent: (seq, ack, window field).
+    fn sent(packet: &[u8]) -> (TcpSeqNumber, Option<TcpSeqNumber>, u16, Option<u8>) {
+        let ip = Ipv4Packet::new_checked(packet).expect("ipv4");
+        let tcp = TcpPacket::new_checked(ip.payload()).expect("tcp");
+        let repr = TcpRepr::parse(
+            &tcp,
+            &ip.src_addr().into(),
+            &ip.dst_addr().into(),
+            &ChecksumCapabilities::default(),
+        )
+        .expect("tcp repr");
+        (
+            repr.seq_number,
+            repr.ack_number,
+            repr.window_len,
+            repr.window_scale,
+        )
+    }
+
+    fn data<'a>(seq: TcpSeqNumber, ack: TcpSeqNumber, payload: &'a [u8]) -> TcpRepr<'a> {
+        TcpRepr {
+            src_port: 80,
+            dst_port: 50_000,
+            control: TcpControl::Psh,
+            seq_number: seq,
+            ack_number: Some(ack),
+            window_len: 65_535,
+            window_scale: None,
+            max_seg_size: None,
+            sack_permitted: false,
+            sack_ranges: [None; 3],
+            timestamp: None,
+            payload,
+        }
+    }
+
+    /// The cut-transfer defect: an origin sent bytes past the right edge of the window our flow
+    /// had advertised (legal for it to have seen a larger edge earlier: window scaling rounds
+    /// each advertisement down), the old stack took them because its buffer had room, and the
+    /// next ACK it built panicked ("attempt to subtract sequence numbers with underflow"),
+    /// which took the whole data-plane core, every connection on it and the tunnel down.
+    #[test]
+    fn bytes_past_the_advertised_window_do_not_bring_the_flow_down() {
+        let mut device = QueueDevice::new(65_535);
+        let mut iface = Interface::new(Config::new(HardwareAddress::Ip), &mut device, smol_now());
+        iface.update_ip_addrs(|a| {
+            a.push(IpCidr::new(LOCAL.into(), 32)).expect("address");
+        });
+        iface
+            .routes_mut()
+            .add_default_ipv4_route(LOCAL)
+            .expect("route");
+        let mut sockets = SocketSet::new(Vec::new());
+        let mut socket = flow_socket();
+        socket
+            .connect(
+                iface.context(),
+                (IpAddress::from(REMOTE), 80),
+                IpListenEndpoint {
+                    addr: Some(LOCAL.into()),
+                    port: 50_000,
+                },
+            )
+            .expect("connect");
+        let handle = sockets.add(socket);
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        let syn = device.outbound.pop_back().expect("SYN sent");
+        let (isn, _, _, our_scale) = sent(&syn);
+        let shift = our_scale.expect("a 256 KiB buffer is advertised with window scaling");
+
+        // SYN-ACK, then a first burst that fills most of the buffer.
+        let mut remote = TcpSeqNumber(1_000);
+        let syn_ack = TcpRepr {
+            control: TcpControl::Syn,
+            ack_number: Some(isn + 1),
+            window_scale: Some(7),
+            max_seg_size: Some(1_400),
+            ..data(remote, isn + 1, &[])
+        };
+        device.inbound.push_back(segment(&syn_ack));
+        remote += 1;
+        let burst = vec![1u8; RX_BUFFER - 8_000];
+        for chunk in burst.chunks(1_400) {
+            device
+                .inbound
+                .push_back(segment(&data(remote, isn + 1, chunk)));
+            remote += chunk.len();
+        }
+        device.outbound.clear();
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        let (_, ack, window, _) = sent(device.outbound.back().expect("ACK sent"));
+        assert_eq!(ack, Some(remote));
+        let right_edge = remote + ((window as usize) << shift);
+
+        // The relay drains the socket; before the window update goes out, the origin sends
+        // past the edge it was given.
+        let socket = sockets.get_mut::<tcp::Socket>(handle);
+        let mut drained = 0;
+        while socket.can_recv() {
+            drained += socket.recv(|b| (b.len(), b.len())).expect("recv");
+        }
+        assert_eq!(drained, burst.len());
+        // One segment (so the ACK for it is delayed, and the stack first asks whether to send a
+        // window update — where the old stack panicked).
+        let past = vec![2u8; (right_edge - remote) + 1_000];
+        device
+            .inbound
+            .push_back(segment(&data(remote, isn + 1, &past)));
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        // The (delayed) ACK for them goes out.
+        let later = smol_now() + smoltcp::time::Duration::from_millis(100);
+        iface.poll(later, &mut device, &mut sockets);
+
+        // The flow lives on, holding only what it had room to be sent.
+        let socket = sockets.get_mut::<tcp::Socket>(handle);
+        assert_eq!(socket.state(), tcp::State::Established);
+        assert!(socket.recv_queue() <= right_edge - remote);
+        // And carries on: what the origin sends next inside the window still arrives.
+        let mut got = 0;
+        while socket.can_recv() {
+            got += socket.recv(|b| (b.len(), b.len())).expect("recv");
+        }
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        let next = remote + got;
+        device
+            .inbound
+            .push_back(segment(&data(next, isn + 1, &[3u8; 1_000])));
+        iface.poll(smol_now(), &mut device, &mut sockets);
+        let socket = sockets.get_mut::<tcp::Socket>(handle);
+        assert_eq!(socket.recv_queue(), 1_000);
     }
 }
