@@ -97,6 +97,21 @@ impl OpenvpnLink {
     }
 }
 
+/// A UDP socket (any IPv4 address, ephemeral port) whose datagrams leave through `device`:
+/// the device's own routing table gives them the tunnel's source address.
+pub(crate) fn udp_bound(device: &str) -> io::Result<glommio::net::UdpSocket> {
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM.nonblocking(), Some(Protocol::UDP))?;
+    socket.bind_device(Some(device.as_bytes()))?;
+    socket.bind(&SockAddr::from(SocketAddr::from((
+        Ipv4Addr::UNSPECIFIED,
+        0,
+    ))))?;
+    let std_socket: std::net::UdpSocket = socket.into();
+    Ok(glommio::net::UdpSocket::from(socket2_04::Socket::from(
+        std_socket,
+    )))
+}
+
 /// A non-blocking TCP connect from a socket bound to `device`, completed on the glommio
 /// reactor: a zero-length send waits (io_uring poll) until the handshake is done and then
 /// returns the connect's outcome (`sk_stream_wait_connect`).

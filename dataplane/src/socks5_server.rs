@@ -1,6 +1,6 @@
 //! SOCKS5 (RFC 1928) with no-auth or username/password (RFC 1929): CONNECT through the routed
-//! backend, UDP ASSOCIATE relayed directly (only for destinations routed to a `direct`
-//! backend), BIND refused with "command not supported".
+//! backend, UDP ASSOCIATE relayed per datagram by its destination's route (`direct`, or through an
+//! `openvpn` backend's tunnel device), BIND refused with "command not supported".
 
 use crate::credentials::Verdict;
 use crate::engine::CoreContext;
@@ -9,7 +9,7 @@ use crate::snapshot::{BackendKind, Snapshot};
 use crate::trace::Trace;
 use crate::tunnel;
 use glommio::net::{TcpStream, UdpSocket};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
@@ -183,7 +183,125 @@ async fn connect(
     .await;
 }
 
+/// Where a datagram of a UDP association leaves, decided from the route its destination matched.
+#[derive(Debug, PartialEq)]
+enum UdpEgress {
+    /// From the relay socket itself.
+    Direct,
+    /// From a socket bound to the OpenVPN backend's tunnel device.
+    Openvpn(crate::snapshot::LinkRef),
+    /// Dropped: the backend cannot carry UDP (proxies speak TCP only).
+    Unsupported,
+}
+
+fn udp_egress(kind: &BackendKind) -> UdpEgress {
+    match kind {
+        BackendKind::Direct => UdpEgress::Direct,
+        BackendKind::Openvpn(link) => UdpEgress::Openvpn(link.clone()),
+        _ => UdpEgress::Unsupported,
+    }
+}
+
+/// What an egress socket of an association sends through.
+#[derive(Debug, PartialEq)]
+enum EgressKey {
+    /// The host's routing, from an unspecified address of one family.
+    Direct { ipv6: bool },
+    /// An OpenVPN tunnel device.
+    Device(String),
+}
+
+/// Egress sockets one association may open (both direct families and a few tunnels).
+const MAX_EGRESS_SOCKETS: usize = 8;
+
+/// A socket sending an association's datagrams to their destinations, and the task relaying
+/// the replies to the client (cancelled when dropped, i.e. when the association ends). The
+/// relay socket itself only talks to the client: it may be bound to an address (loopback)
+/// that cannot reach the destination.
+struct EgressSocket {
+    key: EgressKey,
+    socket: Rc<UdpSocket>,
+    _replies: glommio::Task<()>,
+}
+
+/// Wraps a datagram from `from` in the RFC 1928 UDP header and sends it to the client.
+async fn send_to_client(
+    relay: &UdpSocket,
+    client: SocketAddr,
+    from: SocketAddr,
+    datagram: &[u8],
+    out: &mut Vec<u8>,
+) -> bool {
+    out.clear();
+    socks5::encode_udp_header(&TargetAddr::Ip(from), out);
+    out.extend_from_slice(datagram);
+    relay.send_to(out, client).await.is_ok()
+}
+
+fn open_egress(key: &EgressKey) -> std::io::Result<UdpSocket> {
+    match key {
+        EgressKey::Direct { ipv6 } => {
+            let any = if *ipv6 {
+                IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            };
+            UdpSocket::bind(SocketAddr::new(any, 0)).map_err(std::io::Error::other)
+        }
+        EgressKey::Device(device) => crate::openvpn::udp_bound(device),
+    }
+}
+
+/// The association's egress socket for `key`, opened (with its reply task) on first use.
+fn egress_socket(
+    ctx: &CoreContext,
+    sockets: &RefCell<Vec<EgressSocket>>,
+    key: EgressKey,
+    relay: &Rc<UdpSocket>,
+    client_udp: &Rc<Cell<Option<SocketAddr>>>,
+) -> Option<Rc<UdpSocket>> {
+    if let Some(e) = sockets.borrow().iter().find(|e| e.key == key) {
+        return Some(e.socket.clone());
+    }
+    if sockets.borrow().len() >= MAX_EGRESS_SOCKETS {
+        return None;
+    }
+    let socket = match open_egress(&key) {
+        Ok(s) => Rc::new(s),
+        Err(e) => {
+            tracing::debug!(?key, error = %e, "SOCKS5 UDP egress socket failed");
+            return None;
+        }
+    };
+    let replies = {
+        let (socket, relay, client_udp) = (socket.clone(), relay.clone(), client_udp.clone());
+        let counters = ctx.counters.clone();
+        let core = ctx.core;
+        glommio::spawn_local(async move {
+            let mut buf = vec![0u8; 65_536];
+            let mut out = Vec::with_capacity(65_600);
+            while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+                let Some(client) = client_udp.get() else {
+                    continue;
+                };
+                if send_to_client(&relay, client, from, &buf[..n], &mut out).await {
+                    counters.core(core).add_sent(n as u64);
+                }
+            }
+        })
+    };
+    sockets.borrow_mut().push(EgressSocket {
+        key,
+        socket: socket.clone(),
+        _replies: replies,
+    });
+    Some(socket)
+}
+
 /// UDP ASSOCIATE: one relay socket per association, alive while the control connection is.
+/// Each datagram is routed by its destination: `direct` routes leave from the relay socket,
+/// `openvpn` routes from a socket bound to the tunnel device; other backends drop it. Only the
+/// client is answered on the relay socket; replies come back on the egress sockets.
 async fn udp_associate(
     ctx: &CoreContext,
     snapshot: &Snapshot,
@@ -201,7 +319,7 @@ async fn udp_associate(
         return;
     };
     let relay = match UdpSocket::bind(SocketAddr::new(local_ip, 0)) {
-        Ok(s) => s,
+        Ok(s) => Rc::new(s),
         Err(e) => {
             tracing::warn!(error = %e, "SOCKS5 UDP relay bind failed");
             send_reply(&client, ReplyCode::GeneralFailure, unspecified()).await;
@@ -218,11 +336,11 @@ async fn udp_associate(
     let client_ip = peer.ip();
     // The client's UDP source is learned from its first datagram (it must come from the
     // control connection's address).
-    let client_udp: std::cell::Cell<Option<SocketAddr>> = std::cell::Cell::new(None);
+    let client_udp: Rc<Cell<Option<SocketAddr>>> = Rc::new(Cell::new(None));
+    let sockets: RefCell<Vec<EgressSocket>> = RefCell::new(Vec::new());
     let idle = snapshot.timeouts.idle;
     let pump = async {
         let mut buf = vec![0u8; 65_536];
-        let mut out = Vec::with_capacity(65_600);
         loop {
             let Ok((n, from)) = relay.recv_from(&mut buf).await else {
                 return;
@@ -237,34 +355,53 @@ async fn udp_associate(
                     continue; // fragmentation is optional (RFC 1928 §7); dropped
                 }
                 let (host, port) = split_target(&header.addr);
-                let direct = snapshot
-                    .select(&host)
-                    .is_some_and(|(_, b)| b.kind == BackendKind::Direct);
-                if !direct {
-                    tracing::debug!(%host, "SOCKS5 UDP datagram dropped: route is not direct");
-                    continue;
-                }
+                let egress = match snapshot.select(&host) {
+                    Some((_, b)) => udp_egress(&b.kind),
+                    None => UdpEgress::Unsupported,
+                };
+                let device = match egress {
+                    UdpEgress::Direct => None,
+                    UdpEgress::Openvpn(link) => match link.0.current() {
+                        Some(up) => Some(up.device.clone()),
+                        None => {
+                            tracing::debug!(%host, "SOCKS5 UDP datagram dropped: tunnel is down");
+                            continue;
+                        }
+                    },
+                    UdpEgress::Unsupported => {
+                        tracing::debug!(%host, "SOCKS5 UDP datagram dropped: route cannot carry UDP");
+                        continue;
+                    }
+                };
                 let Ok(addrs) = ctx.resolver.resolve(&ctx.offload, &host, port).await else {
                     continue;
                 };
-                let Some(dest) = addrs
-                    .iter()
-                    .find(|a| a.is_ipv4() == local_ip.is_ipv4())
-                    .or(addrs.first())
-                else {
+                let (dest, key) = match device {
+                    // The tunnel carries IPv4 only (the address the server assigned).
+                    Some(device) => (
+                        addrs.iter().find(|a| a.is_ipv4()),
+                        EgressKey::Device(device),
+                    ),
+                    None => {
+                        let dest = addrs
+                            .iter()
+                            .find(|a| a.is_ipv4() == local_ip.is_ipv4())
+                            .or(addrs.first());
+                        let ipv6 = dest.is_some_and(SocketAddr::is_ipv6);
+                        (dest, EgressKey::Direct { ipv6 })
+                    }
+                };
+                let Some(dest) = dest else {
+                    continue;
+                };
+                let Some(socket) = egress_socket(ctx, &sockets, key, &relay, &client_udp) else {
                     continue;
                 };
                 let payload = datagram.get(header.header_len..).unwrap_or_default();
-                let _ = relay.send_to(payload, *dest).await;
+                let _ = socket.send_to(payload, *dest).await;
                 ctx.counters
                     .core(ctx.core)
                     .add_received(payload.len() as u64);
-            } else if let Some(c) = client_udp.get() {
-                out.clear();
-                socks5::encode_udp_header(&TargetAddr::Ip(from), &mut out);
-                out.extend_from_slice(datagram);
-                let _ = relay.send_to(&out, c).await;
-                ctx.counters.core(ctx.core).add_sent(n as u64);
             }
         }
     };
@@ -291,4 +428,33 @@ async fn udp_associate(
         }
     };
     futures_lite::future::or(pump, control).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::LinkRef;
+    use std::sync::Arc;
+
+    #[test]
+    fn datagrams_leave_by_the_route_kind() {
+        assert_eq!(udp_egress(&BackendKind::Direct), UdpEgress::Direct);
+        let link = LinkRef(Arc::new(crate::openvpn::OpenvpnLink::new("vpn")));
+        match udp_egress(&BackendKind::Openvpn(link.clone())) {
+            UdpEgress::Openvpn(l) => assert!(Arc::ptr_eq(&l.0, &link.0)),
+            other => panic!("{other:?}"),
+        }
+        let proxy = BackendKind::HttpProxy {
+            host: "127.0.0.1".into(),
+            port: 3128,
+            authorization: None,
+        };
+        assert_eq!(udp_egress(&proxy), UdpEgress::Unsupported);
+        let socks = BackendKind::Socks5 {
+            host: "127.0.0.1".into(),
+            port: 1080,
+            credentials: None,
+        };
+        assert_eq!(udp_egress(&socks), UdpEgress::Unsupported);
+    }
 }
