@@ -246,7 +246,7 @@ fn open_egress(key: &EgressKey) -> std::io::Result<UdpSocket> {
             } else {
                 IpAddr::V4(Ipv4Addr::UNSPECIFIED)
             };
-            UdpSocket::bind(SocketAddr::new(any, 0)).map_err(std::io::Error::other)
+            Ok(UdpSocket::bind(SocketAddr::new(any, 0))?)
         }
         EgressKey::Device(device) => crate::openvpn::udp_bound(device),
     }
