@@ -633,75 +633,6 @@ fn the_tcp_transport_works_too() {
     assert!(log.starts_with(&format!("{} ", vpn.client_ip)), "{log}");
 }
 
-/// A UDP echo server in the namespace (every address, port `ECHO_PORT`) that answers each
-/// datagram with its payload and the sender's address: what the tests check the route by.
-const ECHO_PORT: u16 = 7070;
-const UDP_ECHO: &str = "import socket\n\
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
-s.bind(('0.0.0.0', 7070))\n\
-while True:\n    d, a = s.recvfrom(65535)\n    s.sendto(d + b' from ' + a[0].encode(), a)\n";
-
-fn udp_echo_in(ns: &str) -> Option<Proc> {
-    let python = require("python3")?;
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(python)
-        .args(["-c", UDP_ECHO])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("udp echo");
-    Some(Proc {
-        child,
-        name: "udp echo".into(),
-    })
-}
-
-/// A SOCKS5 UDP association (no authentication): the TCP control connection and the relay's
-/// address from the reply.
-fn udp_associate(socks5: std::net::SocketAddr) -> (std::net::TcpStream, std::net::SocketAddr) {
-    use std::io::{Read, Write};
-    let mut ctl = std::net::TcpStream::connect(socks5).expect("connect");
-    ctl.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    ctl.write_all(b"\x05\x01\x00").expect("greeting");
-    let mut sel = [0u8; 2];
-    ctl.read_exact(&mut sel).expect("method");
-    assert_eq!(sel, [5, 0]);
-    ctl.write_all(b"\x05\x03\x00\x01\x00\x00\x00\x00\x00\x00")
-        .expect("associate");
-    let mut rep = [0u8; 10];
-    ctl.read_exact(&mut rep).expect("reply");
-    assert_eq!(&rep[..4], &[5, 0, 0, 1], "UDP ASSOCIATE refused");
-    let relay = std::net::SocketAddr::from((
-        [rep[4], rep[5], rep[6], rep[7]],
-        u16::from_be_bytes([rep[8], rep[9]]),
-    ));
-    (ctl, relay)
-}
-
-/// Sends `payload` to `dest` through the relay (RFC 1928 §7 header) until a reply comes back
-/// (datagrams may be lost while the echo server starts); returns the reply's header and data.
-fn udp_exchange(
-    client: &std::net::UdpSocket,
-    relay: std::net::SocketAddr,
-    dest: std::net::SocketAddrV4,
-    payload: &[u8],
-) -> (Vec<u8>, String) {
-    let mut dgram = vec![0, 0, 0, 1];
-    dgram.extend_from_slice(&dest.ip().octets());
-    dgram.extend_from_slice(&dest.port().to_be_bytes());
-    dgram.extend_from_slice(payload);
-    let mut buf = [0u8; 2048];
-    for _ in 0..15 {
-        client.send_to(&dgram, relay).expect("send");
-        if let Ok((n, _)) = client.recv_from(&mut buf) {
-            let data = String::from_utf8_lossy(&buf[10.min(n)..n]).into_owned();
-            return (buf[..10.min(n)].to_vec(), data);
-        }
-    }
-    panic!("no reply from {dest} through the relay");
-}
-
 #[test]
 fn socks5_udp_associate_datagrams_go_through_the_tunnel() {
     let Some((openvpn, nginx)) = prerequisites() else {
@@ -715,7 +646,7 @@ fn socks5_udp_associate_datagrams_go_through_the_tunnel() {
     let server = &gw.server;
     wait_health(server, "vpn", true, Duration::from_secs(40));
 
-    let (_ctl, relay) = udp_associate(server.socks5);
+    let (_ctl, relay) = socks5_udp_associate(server.socks5);
     let client = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
     client
         .set_read_timeout(Some(Duration::from_secs(2)))

@@ -763,22 +763,7 @@ fn socks5_udp_associate_relays_datagrams() {
             }
         }
     });
-    let mut ctl = TcpStream::connect(server.socks5).expect("connect");
-    ctl.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    ctl.write_all(b"\x05\x01\x00").expect("greeting");
-    let mut sel = [0u8; 2];
-    ctl.read_exact(&mut sel).expect("method");
-    assert_eq!(sel, [5, 0]);
-    ctl.write_all(b"\x05\x03\x00\x01\x00\x00\x00\x00\x00\x00")
-        .expect("associate");
-    let mut rep = [0u8; 10];
-    ctl.read_exact(&mut rep).expect("reply");
-    assert_eq!(&rep[..4], &[5, 0, 0, 1]);
-    let relay = std::net::SocketAddr::from((
-        [rep[4], rep[5], rep[6], rep[7]],
-        u16::from_be_bytes([rep[8], rep[9]]),
-    ));
+    let (_ctl, relay) = socks5_udp_associate(server.socks5);
     let client = UdpSocket::bind("127.0.0.1:0").expect("udp");
     client
         .set_read_timeout(Some(Duration::from_secs(5)))
