@@ -190,6 +190,8 @@ enum UdpEgress {
     Direct,
     /// From a socket bound to the OpenVPN backend's tunnel device.
     Openvpn(crate::snapshot::LinkRef),
+    /// From a UDP port inside the WireGuard tunnel (a smoltcp socket on its owner core).
+    Wireguard(crate::snapshot::TunnelRef),
     /// Dropped: the backend cannot carry UDP (proxies speak TCP only).
     Unsupported,
 }
@@ -198,6 +200,7 @@ fn udp_egress(kind: &BackendKind) -> UdpEgress {
     match kind {
         BackendKind::Direct => UdpEgress::Direct,
         BackendKind::Openvpn(link) => UdpEgress::Openvpn(link.clone()),
+        BackendKind::Wireguard(tunnel) => UdpEgress::Wireguard(tunnel.clone()),
         _ => UdpEgress::Unsupported,
     }
 }
@@ -209,6 +212,39 @@ enum EgressKey {
     Direct { ipv6: bool },
     /// An OpenVPN tunnel device.
     Device(String),
+    /// A WireGuard backend's tunnel, by backend name.
+    Wireguard(String),
+}
+
+/// Where an association's datagrams for one egress go out.
+enum Egress {
+    Socket(UdpSocket),
+    Tunnel(crate::wireguard::DatagramPort),
+}
+
+impl Egress {
+    async fn send(&self, payload: &[u8], to: SocketAddr) {
+        match self {
+            Egress::Socket(socket) => {
+                let _ = socket.send_to(payload, to).await;
+            }
+            Egress::Tunnel(port) => {
+                port.send(to, payload.to_vec());
+            }
+        }
+    }
+
+    async fn recv(&self, buf: &mut Vec<u8>) -> Option<(usize, SocketAddr)> {
+        match self {
+            Egress::Socket(socket) => socket.recv_from(buf).await.ok(),
+            Egress::Tunnel(port) => {
+                let (from, datagram) = port.recv().await?;
+                buf.clear();
+                buf.extend_from_slice(&datagram);
+                Some((datagram.len(), from))
+            }
+        }
+    }
 }
 
 /// Egress sockets one association may open (both direct families and a few tunnels).
@@ -220,7 +256,7 @@ const MAX_EGRESS_SOCKETS: usize = 8;
 /// that cannot reach the destination.
 struct EgressSocket {
     key: EgressKey,
-    socket: Rc<UdpSocket>,
+    socket: Rc<Egress>,
     _replies: glommio::Task<()>,
 }
 
@@ -238,35 +274,54 @@ async fn send_to_client(
     relay.send_to(out, client).await.is_ok()
 }
 
-fn open_egress(key: &EgressKey) -> std::io::Result<UdpSocket> {
-    match key {
-        EgressKey::Direct { ipv6 } => {
+async fn open_egress(
+    key: &EgressKey,
+    tunnel: Option<&crate::wireguard::WireguardBackend>,
+) -> Result<Egress, crate::error::DataplaneError> {
+    let io = |e: std::io::Error| crate::error::DataplaneError::Tunnel {
+        backend: format!("{key:?}"),
+        reason: e.to_string(),
+    };
+    match (key, tunnel) {
+        (EgressKey::Direct { ipv6 }, _) => {
             let any = if *ipv6 {
                 IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
             } else {
                 IpAddr::V4(Ipv4Addr::UNSPECIFIED)
             };
-            Ok(UdpSocket::bind(SocketAddr::new(any, 0))?)
+            let socket = UdpSocket::bind(SocketAddr::new(any, 0))
+                .map_err(|e| io(std::io::Error::from(e)))?;
+            Ok(Egress::Socket(socket))
         }
-        EgressKey::Device(device) => crate::openvpn::udp_bound(device),
+        (EgressKey::Device(device), _) => crate::openvpn::udp_bound(device)
+            .map(Egress::Socket)
+            .map_err(io),
+        (EgressKey::Wireguard(_), Some(tunnel)) => {
+            Ok(Egress::Tunnel(tunnel.open_datagrams().await?))
+        }
+        (EgressKey::Wireguard(name), None) => Err(crate::error::DataplaneError::Tunnel {
+            backend: name.clone(),
+            reason: "no tunnel".into(),
+        }),
     }
 }
 
 /// The association's egress socket for `key`, opened (with its reply task) on first use.
-fn egress_socket(
+async fn egress_socket(
     ctx: &CoreContext,
     sockets: &RefCell<Vec<EgressSocket>>,
     key: EgressKey,
+    tunnel: Option<&crate::wireguard::WireguardBackend>,
     relay: &Rc<UdpSocket>,
     client_udp: &Rc<Cell<Option<SocketAddr>>>,
-) -> Option<Rc<UdpSocket>> {
+) -> Option<Rc<Egress>> {
     if let Some(e) = sockets.borrow().iter().find(|e| e.key == key) {
         return Some(e.socket.clone());
     }
     if sockets.borrow().len() >= MAX_EGRESS_SOCKETS {
         return None;
     }
-    let socket = match open_egress(&key) {
+    let socket = match open_egress(&key, tunnel).await {
         Ok(s) => Rc::new(s),
         Err(e) => {
             tracing::debug!(?key, error = %e, "SOCKS5 UDP egress socket failed");
@@ -280,7 +335,7 @@ fn egress_socket(
         glommio::spawn_local(async move {
             let mut buf = vec![0u8; 65_536];
             let mut out = Vec::with_capacity(65_600);
-            while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+            while let Some((n, from)) = socket.recv(&mut buf).await {
                 let Some(client) = client_udp.get() else {
                     continue;
                 };
@@ -356,18 +411,29 @@ async fn udp_associate(
                 }
                 let (host, port) = split_target(&header.addr);
                 let egress = match snapshot.select(&host) {
-                    Some((_, b)) => udp_egress(&b.kind),
+                    Some((_, b)) => {
+                        if let BackendKind::Wireguard(tunnel) = &b.kind {
+                            tunnel.0.ensure_started(ctx, &b.health);
+                        }
+                        udp_egress(&b.kind)
+                    }
                     None => UdpEgress::Unsupported,
                 };
+                let mut tunnel = None;
                 let device = match egress {
                     UdpEgress::Direct => None,
                     UdpEgress::Openvpn(link) => match link.0.current() {
-                        Some(up) => Some(up.device.clone()),
+                        Some(up) => Some(EgressKey::Device(up.device.clone())),
                         None => {
                             tracing::debug!(%host, "SOCKS5 UDP datagram dropped: tunnel is down");
                             continue;
                         }
                     },
+                    UdpEgress::Wireguard(t) => {
+                        let key = EgressKey::Wireguard(t.0.name.clone());
+                        tunnel = Some(t);
+                        Some(key)
+                    }
                     UdpEgress::Unsupported => {
                         tracing::debug!(%host, "SOCKS5 UDP datagram dropped: route cannot carry UDP");
                         continue;
@@ -376,13 +442,11 @@ async fn udp_associate(
                 let Ok(addrs) = ctx.resolver.resolve(&ctx.offload, &host, port).await else {
                     continue;
                 };
-                let (dest, key) = match device {
-                    // The tunnel carries IPv4 only (the address the server assigned).
-                    Some(device) => (
-                        addrs.iter().find(|a| a.is_ipv4()),
-                        EgressKey::Device(device),
-                    ),
-                    None => {
+                let (dest, key) = match (device, &tunnel) {
+                    (Some(key), Some(t)) => (addrs.iter().find(|a| t.0.carries(a.ip())), key),
+                    // OpenVPN carries IPv4 only (the address the server assigned).
+                    (Some(key), None) => (addrs.iter().find(|a| a.is_ipv4()), key),
+                    (None, _) => {
                         let dest = addrs
                             .iter()
                             .find(|a| a.is_ipv4() == local_ip.is_ipv4())
@@ -394,11 +458,14 @@ async fn udp_associate(
                 let Some(dest) = dest else {
                     continue;
                 };
-                let Some(socket) = egress_socket(ctx, &sockets, key, &relay, &client_udp) else {
+                let tunnel = tunnel.as_ref().map(|t| &*t.0);
+                let Some(socket) =
+                    egress_socket(ctx, &sockets, key, tunnel, &relay, &client_udp).await
+                else {
                     continue;
                 };
                 let payload = datagram.get(header.header_len..).unwrap_or_default();
-                let _ = socket.send_to(payload, *dest).await;
+                socket.send(payload, *dest).await;
                 ctx.counters
                     .core(ctx.core)
                     .add_received(payload.len() as u64);

@@ -19,10 +19,12 @@
 //! the backend unhealthy when the peer does not answer (peer down, or keys that do not match),
 //! healthy again on the next answer, with a `backend.health` event on each change.
 
+pub mod datagrams;
 mod device;
 pub mod flow;
 mod runner;
 
+pub use datagrams::DatagramPort;
 pub use flow::FlowStream;
 
 use crate::connector::Dialer;
@@ -102,13 +104,21 @@ pub(crate) struct OpenRequest {
     pub reply: futures::channel::oneshot::Sender<Result<FlowStream, DataplaneError>>,
 }
 
+/// What a core asks of the tunnel's owner.
+pub(crate) enum Request {
+    /// A TCP flow.
+    Open(OpenRequest),
+    /// A UDP port for one SOCKS5 association.
+    Datagrams(futures::channel::oneshot::Sender<Result<DatagramPort, DataplaneError>>),
+}
+
 /// One configured WireGuard backend: its settings and the door to the core that runs it.
 /// Snapshots share it by name while the settings stay the same, so a reload keeps the tunnel.
 pub struct WireguardBackend {
     pub name: String,
     pub settings: WireguardSettings,
-    requests: async_channel::Sender<OpenRequest>,
-    requests_rx: async_channel::Receiver<OpenRequest>,
+    requests: async_channel::Sender<Request>,
+    requests_rx: async_channel::Receiver<Request>,
     started: AtomicBool,
     owner: Arc<Owner>,
     wake: Arc<Wake>,
@@ -206,7 +216,7 @@ impl WireguardBackend {
         };
         let (reply, answer) = futures::channel::oneshot::channel();
         self.requests
-            .try_send(OpenRequest { destination, reply })
+            .try_send(Request::Open(OpenRequest { destination, reply }))
             .map_err(|_| DataplaneError::Overloaded("WireGuard tunnel request queue full"))?;
         self.wake.notify();
         let target = crate::http_proxy::host_port_label(host, port);
@@ -224,6 +234,28 @@ impl WireguardBackend {
             }),
             None => Err(DataplaneError::ConnectTimeout { target }),
         }
+    }
+
+    /// Opens a UDP port inside the tunnel for one SOCKS5 association (the tunnel must have
+    /// been started, see [`Self::ensure_started`]).
+    pub(crate) async fn open_datagrams(&self) -> Result<DatagramPort, DataplaneError> {
+        let (reply, answer) = futures::channel::oneshot::channel();
+        self.requests
+            .try_send(Request::Datagrams(reply))
+            .map_err(|_| DataplaneError::Overloaded("WireGuard tunnel request queue full"))?;
+        self.wake.notify();
+        answer.await.unwrap_or_else(|_canceled| {
+            Err(DataplaneError::Tunnel {
+                backend: self.name.clone(),
+                reason: "the tunnel stopped".into(),
+            })
+        })
+    }
+
+    /// Whether `ip` is a destination the tunnel carries (in `allowed_ips`, with a source
+    /// address of its family).
+    pub(crate) fn carries(&self, ip: IpAddr) -> bool {
+        self.settings.allows(ip) && self.settings.source_for(ip).is_some()
     }
 }
 

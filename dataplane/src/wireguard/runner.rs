@@ -4,9 +4,10 @@
 //! drives the backend's health. A second task receives datagrams, so a datagram is never lost
 //! to a cancelled receive; both share the state through a `RefCell` on this core only.
 
+use super::datagrams::{self, DatagramEnds, DatagramPort};
 use super::device::QueueDevice;
 use super::flow::{self, FlowEnds, FlowStream, Wake, CHUNK, MAX_QUEUED_CHUNKS};
-use super::{Destination, OpenRequest};
+use super::{Destination, OpenRequest, Request};
 use crate::error::DataplaneError;
 use crate::events::{Event, EventQueue};
 use crate::offload::Offload;
@@ -16,8 +17,10 @@ use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
 use glommio::net::UdpSocket;
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
-use smoltcp::socket::{dns, tcp};
-use smoltcp::wire::{DnsQueryType, HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
+use smoltcp::socket::{dns, tcp, udp};
+use smoltcp::wire::{
+    DnsQueryType, HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpListenEndpoint,
+};
 use std::cell::{Cell, RefCell};
 use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -46,7 +49,7 @@ pub(super) struct RunnerArgs {
     pub generation: u64,
     pub name: String,
     pub settings: WireguardSettings,
-    pub requests: async_channel::Receiver<OpenRequest>,
+    pub requests: async_channel::Receiver<Request>,
     pub wake: Arc<Wake>,
     pub health: Arc<BackendHealth>,
     pub events: Arc<EventQueue>,
@@ -83,6 +86,26 @@ impl Flow {
     }
 }
 
+/// Smoltcp buffers of one UDP association, each direction: datagrams and payload bytes.
+const UDP_DATAGRAMS: usize = 64;
+const UDP_PAYLOAD: usize = 64 * 1024;
+
+/// One SOCKS5 UDP association: a smoltcp UDP socket and the channels to its relay.
+struct Association {
+    handle: SocketHandle,
+    ends: DatagramEnds,
+}
+
+fn association_socket() -> udp::Socket<'static> {
+    let buffer = || {
+        udp::PacketBuffer::new(
+            vec![udp::PacketMetadata::EMPTY; UDP_DATAGRAMS],
+            vec![0; UDP_PAYLOAD],
+        )
+    };
+    udp::Socket::new(buffer(), buffer())
+}
+
 struct PendingName {
     query: dns::QueryHandle,
     name: String,
@@ -101,6 +124,7 @@ struct Tunnel {
     sockets: SocketSet<'static>,
     dns: Option<SocketHandle>,
     flows: Vec<Flow>,
+    associations: Vec<Association>,
     names: Vec<PendingName>,
     next_port: u16,
     scratch: Vec<u8>,
@@ -202,6 +226,7 @@ impl Tunnel {
             sockets,
             dns,
             flows: Vec::new(),
+            associations: Vec::new(),
             names: Vec::new(),
             next_port: 49_152 + (random_u64() % 16_000) as u16,
             scratch: vec![0; SCRATCH],
@@ -279,6 +304,77 @@ impl Tunnel {
             }) {
                 return port;
             }
+        }
+    }
+
+    fn request(&mut self, request: Request) {
+        match request {
+            Request::Open(open) => self.open(open),
+            Request::Datagrams(reply) => {
+                let _ = reply.send(self.open_datagrams());
+            }
+        }
+    }
+
+    /// A UDP socket on a free port of the tunnel for one SOCKS5 association.
+    fn open_datagrams(&mut self) -> Result<DatagramPort, DataplaneError> {
+        let port = loop {
+            let port = self.allocate_port();
+            if !self
+                .associations
+                .iter()
+                .any(|a| self.sockets.get::<udp::Socket>(a.handle).endpoint().port == port)
+            {
+                break port;
+            }
+        };
+        let mut socket = association_socket();
+        socket.bind(port).map_err(|e| DataplaneError::Tunnel {
+            backend: self.name.clone(),
+            reason: format!("cannot open a UDP port: {e}"),
+        })?;
+        let handle = self.sockets.add(socket);
+        let (ends, port) = datagrams::pair(self.wake.clone());
+        self.associations.push(Association { handle, ends });
+        Ok(port)
+    }
+
+    /// Moves datagrams between each association's socket and its relay; an association whose
+    /// relay dropped its port is removed. Destinations outside `allowed_ips` are dropped.
+    fn shuttle_datagrams(&mut self) {
+        let mut i = 0;
+        while i < self.associations.len() {
+            let association = &self.associations[i];
+            if association.ends.from_client.is_closed() && association.ends.from_client.is_empty() {
+                self.sockets.remove(association.handle);
+                self.associations.swap_remove(i);
+                continue;
+            }
+            let socket = self.sockets.get_mut::<udp::Socket>(association.handle);
+            while socket.can_recv() && !association.ends.to_client.is_full() {
+                let Ok((payload, meta)) = socket.recv() else {
+                    break;
+                };
+                let from = SocketAddr::new(meta.endpoint.addr.into(), meta.endpoint.port);
+                let _ = association
+                    .ends
+                    .to_client
+                    .try_send((from, payload.to_vec()));
+            }
+            while socket.can_send() {
+                let Ok((to, payload)) = association.ends.from_client.try_recv() else {
+                    break;
+                };
+                if !self.settings.allows(to.ip()) || self.settings.source_for(to.ip()).is_none() {
+                    tracing::debug!(backend = %self.name, %to, "SOCKS5 UDP datagram dropped: not carried by the tunnel");
+                    continue;
+                }
+                let endpoint = IpEndpoint::new(IpAddress::from(to.ip()), to.port());
+                if let Err(e) = socket.send_slice(&payload, endpoint) {
+                    tracing::debug!(backend = %self.name, %to, error = %e, "SOCKS5 UDP datagram dropped");
+                }
+            }
+            i += 1;
         }
     }
 
@@ -561,6 +657,7 @@ impl Tunnel {
                 self.flows.swap_remove(i);
             }
         }
+        self.shuttle_datagrams();
         self.iface.poll(t, &mut self.device, &mut self.sockets);
         while let Some(packet) = self.device.outbound.pop_front() {
             match self.tunn.encapsulate(&packet, &mut self.scratch) {
@@ -787,10 +884,18 @@ pub(super) async fn run(args: RunnerArgs) {
             });
         }
         while let Ok(req) = args.requests.try_recv() {
-            let _ = req.reply.send(Err(DataplaneError::Tunnel {
+            let e = DataplaneError::Tunnel {
                 backend: args.name.clone(),
                 reason: format!("endpoint {} does not resolve", args.settings.endpoint),
-            }));
+            };
+            match req {
+                Request::Open(open) => {
+                    let _ = open.reply.send(Err(e));
+                }
+                Request::Datagrams(reply) => {
+                    let _ = reply.send(Err(e));
+                }
+            }
         }
         glommio::timer::sleep(HANDSHAKE_TIMEOUT).await;
     };
@@ -829,7 +934,7 @@ pub(super) async fn run(args: RunnerArgs) {
         let (out, endpoint, peer_lost) = {
             let mut t = tunnel.borrow_mut();
             while let Ok(req) = args.requests.try_recv() {
-                t.open(req);
+                t.request(req);
             }
             t.step();
             (
