@@ -1,6 +1,6 @@
 //! SOCKS5 (RFC 1928) with no-auth or username/password (RFC 1929): CONNECT through the routed
-//! backend, UDP ASSOCIATE relayed per datagram by its destination's route (`direct`, or through an
-//! `openvpn` backend's tunnel device), BIND refused with "command not supported".
+//! backend, UDP ASSOCIATE relayed per datagram by its destination's route (`direct`, through an
+//! `openvpn` backend's tunnel device, or inside a `wireguard` backend's tunnel), BIND refused with "command not supported".
 
 use crate::credentials::Verdict;
 use crate::engine::CoreContext;
@@ -355,7 +355,8 @@ async fn egress_socket(
 
 /// UDP ASSOCIATE: one relay socket per association, alive while the control connection is.
 /// Each datagram is routed by its destination: `direct` routes leave from the relay socket,
-/// `openvpn` routes from a socket bound to the tunnel device; other backends drop it. Only the
+/// `openvpn` routes from a socket bound to the tunnel device, `wireguard` routes from a UDP
+/// port inside the tunnel; other backends (proxies) drop it. Only the
 /// client is answered on the relay socket; replies come back on the egress sockets.
 async fn udp_associate(
     ctx: &CoreContext,

@@ -1,6 +1,6 @@
 //! The task that runs one WireGuard tunnel on its owner core: the boringtun session, the
-//! smoltcp interface with one TCP socket per flow (and a DNS socket when the tunnel has DNS
-//! servers), the UDP socket to the endpoint, WireGuard's timers, and the liveness probe that
+//! smoltcp interface with one TCP socket per flow, one UDP socket per SOCKS5 UDP association
+//! (and a DNS socket when the tunnel has DNS servers), the UDP socket to the endpoint, WireGuard's timers, and the liveness probe that
 //! drives the backend's health. A second task receives datagrams, so a datagram is never lost
 //! to a cancelled receive; both share the state through a `RefCell` on this core only.
 
