@@ -647,22 +647,11 @@ fn socks5_udp_associate_datagrams_go_through_the_tunnel() {
     wait_health(server, "vpn", true, Duration::from_secs(40));
 
     let (_ctl, relay) = socks5_udp_associate(server.socks5);
-    let client = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
-    client
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .expect("timeout");
-    let origin: std::net::Ipv4Addr = vpn.origin_ip.parse().expect("ip");
-    let endpoint: std::net::Ipv4Addr = vpn.endpoint_ip.parse().expect("ip");
+    let client = udp_client();
     // Routed to the openvpn backend: leaves through the tunnel, from the tunnel address.
-    let tunnelled = std::net::SocketAddrV4::new(origin, ECHO_PORT);
-    let (header, data) = udp_exchange(&client, relay, tunnelled, b"ping over the tunnel");
-    let mut want = vec![0, 0, 0, 1];
-    want.extend_from_slice(&origin.octets());
-    want.extend_from_slice(&ECHO_PORT.to_be_bytes());
-    assert_eq!(header, want, "the reply's header names the echo server");
-    assert_eq!(data, format!("ping over the tunnel from {}", vpn.client_ip));
+    let source = echo_source(&client, relay, &vpn.origin_ip, "ping over the tunnel");
+    assert_eq!(source, vpn.client_ip);
     // Same association, a destination routed `direct`: leaves over the veth.
-    let direct = std::net::SocketAddrV4::new(endpoint, ECHO_PORT);
-    let (_, data) = udp_exchange(&client, relay, direct, b"ping direct");
-    assert_eq!(data, format!("ping direct from {}", vpn.host_ip));
+    let source = echo_source(&client, relay, &vpn.endpoint_ip, "ping direct");
+    assert_eq!(source, vpn.host_ip);
 }

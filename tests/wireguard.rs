@@ -297,26 +297,17 @@ fn socks5_udp_associate_datagrams_go_through_the_tunnel() {
     };
     let server = start_server(&server_yaml(&peer, &peer.peer_public));
     let (_ctl, relay) = socks5_udp_associate(server.socks5);
-    let client = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
-    client
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .expect("timeout");
-    let origin: std::net::Ipv4Addr = peer.origin_ip.parse().expect("ip");
-    let endpoint: std::net::Ipv4Addr = peer.endpoint_ip.parse().expect("ip");
+    let client = udp_client();
     // Routed to the wireguard backend: sent from switchyard's tunnel address.
-    let tunnelled = std::net::SocketAddrV4::new(origin, ECHO_PORT);
-    let (header, data) = udp_exchange(&client, relay, tunnelled, b"ping over wireguard");
-    let mut want = vec![0, 0, 0, 1];
-    want.extend_from_slice(&origin.octets());
-    want.extend_from_slice(&ECHO_PORT.to_be_bytes());
-    assert_eq!(header, want, "the reply's header names the echo server");
-    assert_eq!(data, format!("ping over wireguard from {}", peer.client_ip));
-    // A second datagram on the same association uses the same tunnel port.
-    let (_, again) = udp_exchange(&client, relay, tunnelled, b"again");
-    assert_eq!(again, format!("again from {}", peer.client_ip));
+    let source = echo_source(&client, relay, &peer.origin_ip, "ping over wireguard");
+    assert_eq!(source, peer.client_ip);
+    // A second datagram on the same association goes the same way.
+    assert_eq!(
+        echo_source(&client, relay, &peer.origin_ip, "again"),
+        peer.client_ip
+    );
     // Same association, a destination routed `direct`: over the veth, not the tunnel.
-    let direct = std::net::SocketAddrV4::new(endpoint, ECHO_PORT);
-    let (_, data) = udp_exchange(&client, relay, direct, b"ping direct");
-    assert!(data.starts_with("ping direct from 10."), "{data}");
-    assert_ne!(data, format!("ping direct from {}", peer.client_ip));
+    let source = echo_source(&client, relay, &peer.endpoint_ip, "ping direct");
+    assert!(source.starts_with("10."), "{source}");
+    assert_ne!(source, peer.client_ip);
 }

@@ -597,3 +597,34 @@ pub fn udp_exchange(
     }
     panic!("no reply from {dest} through the relay");
 }
+
+/// A UDP socket on loopback for a SOCKS5 UDP client (2 s per receive).
+pub fn udp_client() -> std::net::UdpSocket {
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    client
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    client
+}
+
+/// Sends `payload` through the relay to the namespace echo at `ip`:[`ECHO_PORT`], checks the
+/// reply (header names the echo server, payload echoed) and returns the source address the
+/// echo server saw.
+pub fn echo_source(
+    client: &std::net::UdpSocket,
+    relay: SocketAddr,
+    ip: &str,
+    payload: &str,
+) -> String {
+    let ip: std::net::Ipv4Addr = ip.parse().expect("ip");
+    let dest = std::net::SocketAddrV4::new(ip, ECHO_PORT);
+    let (header, data) = udp_exchange(client, relay, dest, payload.as_bytes());
+    let mut want = vec![0, 0, 0, 1];
+    want.extend_from_slice(&ip.octets());
+    want.extend_from_slice(&ECHO_PORT.to_be_bytes());
+    assert_eq!(header, want, "the reply's header names the echo server");
+    let source = data.strip_prefix(&format!("{payload} from "));
+    source
+        .unwrap_or_else(|| panic!("not an echo: {data}"))
+        .to_owned()
+}

@@ -37,6 +37,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_config::wireguard::WireguardSettings;
 
+/// How long a UDP port request waits for the owner core.
+const OWNER_ANSWER: Duration = Duration::from_secs(5);
 /// Open requests waiting for the owner core; more fail at once as overload.
 const MAX_PENDING_OPENS: usize = 1024;
 /// An owner that has not stamped its heartbeat for this long is gone (its core panicked). Longer
@@ -244,12 +246,23 @@ impl WireguardBackend {
             .try_send(Request::Datagrams(reply))
             .map_err(|_| DataplaneError::Overloaded("WireGuard tunnel request queue full"))?;
         self.wake.notify();
-        answer.await.unwrap_or_else(|_canceled| {
-            Err(DataplaneError::Tunnel {
-                backend: self.name.clone(),
-                reason: "the tunnel stopped".into(),
-            })
-        })
+        let stopped = |reason: &str| DataplaneError::Tunnel {
+            backend: self.name.clone(),
+            reason: reason.into(),
+        };
+        // An owner that answers nothing (its core is gone) must not stall the association.
+        futures_lite::future::or(
+            async {
+                answer
+                    .await
+                    .unwrap_or_else(|_| Err(stopped("the tunnel stopped")))
+            },
+            async {
+                glommio::timer::sleep(OWNER_ANSWER).await;
+                Err(stopped("the tunnel's core did not answer"))
+            },
+        )
+        .await
     }
 
     /// Whether `ip` is a destination the tunnel carries (in `allowed_ips`, with a source
