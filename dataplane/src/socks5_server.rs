@@ -1,6 +1,7 @@
 //! SOCKS5 (RFC 1928) with no-auth or username/password (RFC 1929): CONNECT through the routed
 //! backend, UDP ASSOCIATE relayed per datagram by its destination's route (`direct`, through an
-//! `openvpn` backend's tunnel device, or inside a `wireguard` backend's tunnel), BIND refused with "command not supported".
+//! `openvpn` backend's tunnel device, or inside a `wireguard` backend's tunnel), BIND refused
+//! with "command not supported".
 
 use crate::credentials::Verdict;
 use crate::engine::CoreContext;
@@ -186,7 +187,7 @@ async fn connect(
 /// Where a datagram of a UDP association leaves, decided from the route its destination matched.
 #[derive(Debug, PartialEq)]
 enum UdpEgress {
-    /// From the relay socket itself.
+    /// From a socket on the host's unspecified address (the host's routing).
     Direct,
     /// From a socket bound to the OpenVPN backend's tunnel device.
     Openvpn(crate::snapshot::LinkRef),
@@ -354,10 +355,10 @@ async fn egress_socket(
 }
 
 /// UDP ASSOCIATE: one relay socket per association, alive while the control connection is.
-/// Each datagram is routed by its destination: `direct` routes leave from the relay socket,
+/// Each datagram is routed by its destination: `direct` routes leave from a host socket,
 /// `openvpn` routes from a socket bound to the tunnel device, `wireguard` routes from a UDP
-/// port inside the tunnel; other backends (proxies) drop it. Only the
-/// client is answered on the relay socket; replies come back on the egress sockets.
+/// port inside the tunnel; other backends (proxies) drop it. The relay socket only talks to
+/// the client; replies come back on the egress sockets.
 async fn udp_associate(
     ctx: &CoreContext,
     snapshot: &Snapshot,
