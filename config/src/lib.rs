@@ -55,6 +55,7 @@ pub mod origin;
 pub mod pkgcache;
 pub mod provider;
 pub mod sections;
+pub mod settings_error;
 pub mod subtitles;
 pub mod units;
 pub mod validate;

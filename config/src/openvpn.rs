@@ -164,20 +164,8 @@ impl<'a> PemSource<'a> {
     }
 }
 
-/// A settings problem: the key (relative to the `openvpn` object) and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct SettingsError {
-    pub key: String,
-    pub message: String,
-}
-
-fn err(key: &str, message: impl Into<String>) -> SettingsError {
-    SettingsError {
-        key: key.to_owned(),
-        message: message.into(),
-    }
-}
+use crate::settings_error::err;
+pub use crate::settings_error::SettingsError;
 
 /// The connection keys that `config_file` provides and inline settings may not repeat.
 const FILE_PROVIDED: [&str; 10] = [

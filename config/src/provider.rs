@@ -238,14 +238,8 @@ struct Raw {
     key: Option<String>,
 }
 
-pub use crate::wireguard::SettingsError;
-
-fn err(key: &str, message: impl Into<String>) -> SettingsError {
-    SettingsError {
-        key: key.to_owned(),
-        message: message.into(),
-    }
-}
+use crate::settings_error::err;
+pub use crate::settings_error::SettingsError;
 
 /// Which kinds each kind-specific key applies to.
 fn applies(key: &str, kind: ProviderKind) -> bool {

@@ -78,20 +78,8 @@ struct Raw {
     dns: Option<OneOrMany>,
 }
 
-/// A settings problem: the key (relative to the `wireguard` object) and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct SettingsError {
-    pub key: String,
-    pub message: String,
-}
-
-fn err(key: &str, message: impl Into<String>) -> SettingsError {
-    SettingsError {
-        key: key.to_owned(),
-        message: message.into(),
-    }
-}
+use crate::settings_error::err;
+pub use crate::settings_error::SettingsError;
 
 /// Decodes a base64 WireGuard key.
 pub fn decode_key(key_name: &str, text: &str) -> Result<Key, SettingsError> {
