@@ -751,6 +751,53 @@ fn without_servers_everything_goes_direct_and_the_token_guards_the_api() {
     assert_eq!(st, 200);
     let (st, _) = call(client.api, "POST", "/api/v1/connect?token=s3cret", None);
     assert_eq!(st, 409, "no server to connect to");
+
+    // A browser session (the login cookie) must send the session's CSRF token on state changes.
+    let jar = client.dir.path().join("cookies.txt");
+    let jar = jar.to_string_lossy();
+    let base = format!("http://{}", client.api);
+    // (status, response head) of a cookie-authenticated curl request
+    let with_cookie = |method: &str, path: &str, extra: &[&str]| {
+        let mut args = vec!["-sS", "--max-time", "30", "-o", "/dev/null", "-D", "-"];
+        args.extend(["-c", &jar, "-b", &jar, "-X", method]);
+        args.extend_from_slice(extra);
+        let url = format!("{base}{path}");
+        args.push(&url);
+        let head = String::from_utf8_lossy(&curl(&args).stdout).into_owned();
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .unwrap_or(0);
+        (status, head)
+    };
+    let (st, head) = with_cookie(
+        "POST",
+        "/api/v1/login",
+        &[
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            r#"{"token":"s3cret"}"#,
+        ],
+    );
+    assert_eq!(st, 200, "{head}");
+    let (st, head) = with_cookie("POST", "/api/v1/connect", &[]);
+    assert_eq!(
+        st, 403,
+        "a cookie-only state change without the CSRF token: {head}"
+    );
+    let (st, head) = with_cookie("GET", "/api/v1/status", &[]);
+    assert_eq!(st, 200, "{head}");
+    let csrf = head
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("x-csrf-token:"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+        .expect("a cookie-authenticated answer carries X-CSRF-Token");
+    let header = format!("X-CSRF-Token: {csrf}");
+    let (st, head) = with_cookie("POST", "/api/v1/connect", &["-H", &header]);
+    assert_eq!(st, 409, "with the CSRF token the request is served: {head}");
 }
 
 /// Opens `GET /api/v1/logs/stream` on a raw socket; returns the reader after the response head

@@ -252,9 +252,20 @@ pub async fn require_token(
         return refused(&req);
     }
     let cfg = state.config.load();
-    let Some(session) =
-        cookie_only_session(cfg.api.token.as_deref(), &state.sessions, &req).map(str::to_owned)
-    else {
+    with_csrf_check(cfg.api.token.as_deref(), &state.sessions, req, next).await
+}
+
+/// Runs an authorised request, refusing a state change authenticated by the session cookie
+/// alone unless it carries the session's CSRF token, and handing the token out on every
+/// cookie-authenticated response. Bearer and `?token=` requests pass untouched. Shared by the
+/// server and the client API.
+pub async fn with_csrf_check(
+    expected: Option<&str>,
+    sessions: &Sessions,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(session) = cookie_only_session(expected, sessions, &req).map(str::to_owned) else {
         return next.run(req).await;
     };
     if changes_state(req.method()) && !csrf_matches(req.headers(), &session) {

@@ -128,10 +128,10 @@ pub fn served_routes() -> Vec<(&'static str, &'static str)> {
 
 async fn require_token(State(state): State<S>, req: Request, next: Next) -> Response {
     let cfg = state.config.load();
-    if crate::api::auth::carries_token(cfg.api.token.as_deref(), &state.sessions, &req) {
-        return next.run(req).await;
+    if !crate::api::auth::carries_token(cfg.api.token.as_deref(), &state.sessions, &req) {
+        return crate::api::auth::refused(&req);
     }
-    crate::api::auth::refused(&req)
+    crate::api::auth::with_csrf_check(cfg.api.token.as_deref(), &state.sessions, req, next).await
 }
 
 pub fn router(state: S) -> Router {
