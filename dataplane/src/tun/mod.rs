@@ -35,6 +35,9 @@ use std::sync::Arc;
 pub use nat::{NatAddresses, NatTable, Translator};
 pub use pump::{TunPump, TunStats};
 
+/// Most addresses whose DNS name the VPN path keeps for routing by name.
+pub const MAX_NAMES: usize = 65_536;
+
 /// What the data plane's VPN listener shares with the pump and the control plane.
 pub struct VpnPath {
     pub nat: Arc<NatTable>,
@@ -68,7 +71,9 @@ impl VpnPath {
     }
 
     /// Records that `name` resolved to `addresses` (copy on write; DNS answers are rare next to
-    /// packets).
+    /// packets, and an answer that changes nothing — most cache hits — copies nothing). The map
+    /// is bounded: past [`MAX_NAMES`] addresses it starts afresh (a flow whose name was dropped
+    /// is routed by address until the name is resolved again).
     pub fn learn_names(&self, name: &str, addresses: &[std::net::IpAddr]) {
         let v4: Vec<Ipv4Addr> = addresses
             .iter()
@@ -81,8 +86,16 @@ impl VpnPath {
             return;
         }
         let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let known = self.names.load();
+        if v4.iter().all(|ip| known.get(ip) == Some(&name)) {
+            return;
+        }
         self.names.rcu(|old| {
-            let mut map = HashMap::clone(old);
+            let mut map = if old.len() + v4.len() > MAX_NAMES {
+                HashMap::new()
+            } else {
+                HashMap::clone(old)
+            };
             for ip in &v4 {
                 map.insert(*ip, name.clone());
             }
@@ -94,4 +107,60 @@ impl VpnPath {
 /// Creates the TUN device `name` (see [`crate::sys::open_tun`]: gone when the descriptor closes).
 pub fn open_device(name: &str) -> std::io::Result<std::fs::File> {
     crate::sys::open_tun(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    fn ip(last: u32) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + last))
+    }
+
+    #[test]
+    fn names_are_learnt_lowercase_and_an_unchanged_answer_copies_nothing() {
+        let path = VpnPath::new(Ipv4Addr::new(10, 255, 0, 2), Ipv4Addr::new(10, 255, 0, 1));
+        path.learn_names("Example.COM.", &[ip(1), "::1".parse().expect("v6")]);
+        let first = path.names.load_full();
+        assert_eq!(
+            first.get(&Ipv4Addr::from(0x0a00_0001)).map(String::as_str),
+            Some("example.com")
+        );
+        assert_eq!(first.len(), 1, "IPv6 addresses are not kept");
+        path.learn_names("example.com", &[ip(1)]);
+        assert!(
+            Arc::ptr_eq(&first, &path.names.load_full()),
+            "same answer, same map"
+        );
+        path.learn_names("other.example", &[ip(1)]);
+        assert_eq!(
+            path.names
+                .load()
+                .get(&Ipv4Addr::from(0x0a00_0001))
+                .map(String::as_str),
+            Some("other.example")
+        );
+    }
+
+    #[test]
+    fn the_name_map_is_bounded() {
+        let path = VpnPath::new(Ipv4Addr::new(10, 255, 0, 2), Ipv4Addr::new(10, 255, 0, 1));
+        let batch: Vec<IpAddr> = (0..1024).map(ip).collect();
+        for round in 0..(MAX_NAMES / 1024 + 2) {
+            path.learn_names(&format!("n{round}.example"), &batch);
+        }
+        let many: Vec<IpAddr> = (0..MAX_NAMES as u32).map(|i| ip(i + 5000)).collect();
+        path.learn_names("many.example", &many);
+        assert!(path.names.load().len() <= MAX_NAMES);
+        path.learn_names("one.more", &[ip(MAX_NAMES as u32 + 9000)]);
+        assert!(path.names.load().len() <= MAX_NAMES);
+        assert_eq!(
+            path.names
+                .load()
+                .get(&Ipv4Addr::from(0x0a00_0000 + MAX_NAMES as u32 + 9000))
+                .map(String::as_str),
+            Some("one.more")
+        );
+    }
 }
