@@ -294,7 +294,9 @@ impl SplitTunnel {
         match tunnel.install() {
             Ok(()) => Ok(tunnel),
             Err(e) => {
-                let _ = tunnel.disable();
+                if let Err(undo) = tunnel.disable() {
+                    tracing::warn!(error = %undo, "undoing a failed split-tunnel start was incomplete: the next start removes what is left");
+                }
                 Err(e)
             }
         }

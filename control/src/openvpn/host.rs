@@ -171,7 +171,9 @@ pub async fn undo(record: &Record, dir: &Path) {
     }
     unconfigure(record.table).await;
     if device_exists(&record.device).await {
-        let _ = ip(&["link", "del", "dev", &record.device]).await;
+        if let Err(e) = ip(&["link", "del", "dev", &record.device]).await {
+            tracing::warn!(device = %record.device, error = %e, "removing a leftover OpenVPN device failed");
+        }
     }
     let _ = std::fs::remove_dir_all(dir);
 }

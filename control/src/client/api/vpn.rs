@@ -91,7 +91,9 @@ async fn edit_split(
     if let Err(e) = state.vpn.apply_split(&cfg.vpn.split).await {
         let old = state.config.load_full();
         // put the previous rules back so the split tunnel matches the saved configuration
-        let _ = state.vpn.apply_split(&old.vpn.split).await;
+        if let Err(back) = state.vpn.apply_split(&old.vpn.split).await {
+            tracing::warn!(error = %back, "putting the previous split rules back failed: the running split tunnel may differ from the saved rules until the VPN is enabled again");
+        }
         return Err(ApiError::bad_request("SPLIT_RULE_REFUSED", e).into_response());
     }
     state

@@ -307,7 +307,9 @@ impl VpnManager {
         let pump = match pump {
             Ok(p) => p,
             Err(e) => {
-                let _ = split.disable();
+                if let Err(undo) = split.disable() {
+                    tracing::warn!(error = %undo, "undoing the split tunnel after a failed enable was incomplete: the next start removes what is left");
+                }
                 return Err(format!("starting the TUN pump: {e}"));
             }
         };
