@@ -7,16 +7,15 @@
 //! requests, pooled and kept alive, as the child squid does to its parent.
 
 use std::fmt::Write as _;
-use std::fs;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::json;
 
 use crate::peers::{self, Started};
 use crate::procs::{self, Procs};
 use crate::report::{f, notes, table, version_cell, Entry, Role};
-use crate::scenarios::{content, measure_http_into, Ctx};
+use crate::scenarios::{files_origin, measure_http_into, Ctx};
 use crate::wrk::HttpFigures;
 
 const FILES: [(&str, &str, usize); 2] = [
@@ -75,17 +74,8 @@ fn squid_chain(procs: &mut Procs, ctx: &Ctx) -> Result<Chain> {
 }
 
 pub fn run(ctx: &Ctx) -> Result<String> {
-    if procs::which("wrk").is_none() {
-        bail!("wrk is not installed");
-    }
-    let www = ctx.env.dir.join("www-client");
-    fs::create_dir_all(&www)?;
-    let bodies: Vec<Vec<u8>> = FILES.iter().map(|(_, _, len)| content(*len)).collect();
-    for ((_, path, _), body) in FILES.iter().zip(&bodies) {
-        fs::write(www.join(path.trim_start_matches('/')), body)?;
-    }
     let mut origin_procs = Procs::default();
-    let nginx = peers::nginx(&mut origin_procs, &ctx.env, &www).context("origin nginx")?;
+    let (bodies, nginx) = files_origin(ctx, "www-client", &mut origin_procs)?;
     let origin = nginx.addr;
     type Start = fn(&mut Procs, &Ctx) -> Result<Chain>;
     let starters: [(&str, Role, Option<Start>); 3] = [

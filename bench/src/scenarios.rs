@@ -239,18 +239,29 @@ pub(crate) fn measure_http_into(
     }
 }
 
-fn http(ctx: &Ctx) -> Result<String> {
+/// Writes the HTTP scenario's [`FILES`] under `dir_name` and starts nginx serving them (the
+/// origin of the wrk scenarios, which need wrk); returns the bodies and the started nginx.
+pub(crate) fn files_origin(
+    ctx: &Ctx,
+    dir_name: &str,
+    procs: &mut Procs,
+) -> Result<(Vec<Vec<u8>>, Started)> {
     if procs::which("wrk").is_none() {
         bail!("wrk is not installed");
     }
-    let www = ctx.env.dir.join("www");
+    let www = ctx.env.dir.join(dir_name);
     fs::create_dir_all(&www)?;
     let bodies: Vec<Vec<u8>> = FILES.iter().map(|(_, _, len)| content(*len)).collect();
     for ((_, path, _), body) in FILES.iter().zip(&bodies) {
         fs::write(www.join(path.trim_start_matches('/')), body)?;
     }
+    let nginx = peers::nginx(procs, &ctx.env, &www).context("origin nginx")?;
+    Ok((bodies, nginx))
+}
+
+fn http(ctx: &Ctx) -> Result<String> {
     let mut origin_procs = Procs::default();
-    let nginx = peers::nginx(&mut origin_procs, &ctx.env, &www).context("origin nginx")?;
+    let (bodies, nginx) = files_origin(ctx, "www", &mut origin_procs)?;
     let origin = nginx.addr;
     let threads = 2;
 
