@@ -210,7 +210,7 @@ pub async fn signin(
         return Err(ApiError::Unauthorized("Invalid email or password".into()));
     };
     st.limiter.lock().clear(&account_key);
-    let sid = db::new_id();
+    let sid = db::new_session_id();
     let claims = Claims::new(&user.id, &sid, now_secs(), st.idle_secs(), st.max_secs());
     db::create_session(&st.pool, &sid, &user.id, claims.mx).await?;
     let cookie = st.session_cookie(&claims, &headers)?;

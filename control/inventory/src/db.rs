@@ -215,8 +215,16 @@ pub fn today_iso() -> String {
     format!("{}T00:00:00.000Z", Utc::now().format("%Y-%m-%d"))
 }
 
-/// A new UUID v4 id.
+/// A new record id: UUID v7, ordered by creation within the process, so that lists sorted by
+/// `createdAt` (millisecond resolution) with the id as tie-break keep creation order even for
+/// records made in the same millisecond.
 pub fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// A new session id: UUID v4, all 122 bits random (a v7 id would reveal its creation time and
+/// carry fewer random bits).
+pub fn new_session_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
@@ -434,5 +442,13 @@ mod tests {
             "ölfilter xl\nmahle\nb-12"
         );
         assert_eq!(search_text("A", Some("Größe"), None, None), "a\ngröße");
+    }
+
+    #[test]
+    fn record_ids_sort_in_creation_order_within_one_millisecond() {
+        let ids: Vec<String> = (0..2000).map(|_| new_id()).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids out of order");
+        let sid = new_session_id();
+        assert_eq!(uuid::Uuid::parse_str(&sid).map(|u| u.get_version_num()), Ok(4));
     }
 }
