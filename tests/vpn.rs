@@ -323,8 +323,8 @@ impl Topo {
                 "--bind-interfaces",
                 &format!("--listen-address={DNS}"),
                 "--address=/a.tun.test/10.211.9.2",
-                "--address=/b.plain.test/10.211.9.1",
-                "--address=/c.plain.test/10.211.9.1",
+                // b.plain.test, c.plain.test, … (each question a name not cached yet)
+                "--address=/plain.test/10.211.9.1",
                 "--log-queries",
                 // answers of --address carry TTL 0 unless told otherwise: nothing would be cached
                 "--local-ttl=300",
@@ -849,6 +849,33 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
     assert_eq!(r, "ip=10.211.9.1 seen=10.211.9.1", "{}", client.log());
     let leaked = capture.packets();
     assert!(leaked.is_empty(), "DNS left by the lan link: {leaked:?}");
+
+    // disconnected, every flow goes direct and the running VPN's resolver follows at once: the
+    // next question crosses the lan link; connected again, questions go through the server
+    client.ok("POST", "/api/v1/disconnect", None);
+    let capture = topo.capture_dns();
+    let r = topo.resolve_and_connect(&topo.exc, "d.plain.test");
+    assert_eq!(
+        r,
+        format!("ip=10.211.9.1 seen={DIRECT}"),
+        "{}",
+        client.log()
+    );
+    let seen = capture.packets();
+    assert!(
+        seen.iter().any(|l| l.contains(&format!("{DNS}.53"))),
+        "disconnected, the resolver still forwarded through the server: {seen:?}\n{}",
+        client.log()
+    );
+    client.ok("POST", "/api/v1/connect", None);
+    let capture = topo.capture_dns();
+    let r = topo.resolve_and_connect(&topo.exc, "e.plain.test");
+    assert_eq!(r, "ip=10.211.9.1 seen=10.211.9.1", "{}", client.log());
+    let leaked = capture.packets();
+    assert!(
+        leaked.is_empty(),
+        "DNS left by the lan link after reconnecting: {leaked:?}"
+    );
 
     // without the VPN the same question does cross the link (the capture would see a leak)
     client.ok("POST", "/api/v1/vpn/disable", None);

@@ -449,6 +449,9 @@ mod tests {
         let ids: Vec<String> = (0..2000).map(|_| new_id()).collect();
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids out of order");
         let sid = new_session_id();
-        assert_eq!(uuid::Uuid::parse_str(&sid).map(|u| u.get_version_num()), Ok(4));
+        assert_eq!(
+            uuid::Uuid::parse_str(&sid).map(|u| u.get_version_num()),
+            Ok(4)
+        );
     }
 }

@@ -167,9 +167,10 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         tokio::spawn(drain_dataplane(state.clone(), events, requests));
         tokio::spawn(servers::probe_loop(state.clone()));
         tokio::spawn(vpn_apps_loop(state.clone()));
+        tokio::spawn(vpn_follow_server(state.clone()));
         tokio::spawn(exit_cleanly_on_signals(state.clone()));
         if cfg.vpn.enabled {
-            let server = state.selected_server();
+            let server = state.server_in_use();
             // a failure is the VPN's `error` state, visible in its status
             let _ = state.vpn.enable(&cfg, server.as_ref()).await;
         }
@@ -233,6 +234,16 @@ async fn vpn_apps_loop(state: Arc<ClientState>) {
         if state.vpn.phase().enabled() {
             state.vpn.refresh_apps().await;
         }
+    }
+}
+
+/// A running VPN follows server changes from any source (the API's connection endpoints also
+/// await the same step so that they answer after the VPN followed).
+async fn vpn_follow_server(state: Arc<ClientState>) {
+    let mut changes = state.active_server.subscribe();
+    while changes.changed().await.is_ok() {
+        changes.mark_unchanged();
+        state.vpn_follow_server().await;
     }
 }
 

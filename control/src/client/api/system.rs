@@ -61,6 +61,7 @@ pub async fn status(State(state): State<S>) -> Json<ClientStatus> {
     responses((status = 200, body = StatusReply), (status = 409, description = "no server configured", body = switchyard_api::ErrorBody)))]
 pub async fn connect(State(state): State<S>) -> Result<Json<StatusReply>, ClientError> {
     state.connect()?;
+    state.vpn_follow_server().await;
     Ok(Json(StatusReply::new("connected")))
 }
 
@@ -69,6 +70,7 @@ pub async fn connect(State(state): State<S>) -> Result<Json<StatusReply>, Client
     responses((status = 200, body = StatusReply)))]
 pub async fn disconnect(State(state): State<S>) -> Result<Json<StatusReply>, ClientError> {
     state.disconnect()?;
+    state.vpn_follow_server().await;
     Ok(Json(StatusReply::new("disconnected")))
 }
 
@@ -85,6 +87,7 @@ pub async fn select(
     ApiJson(body): ApiJson<SelectServer>,
 ) -> Result<Json<ServerSelected>, ClientError> {
     let name = state.select(&body.server, false)?;
+    state.vpn_follow_server().await;
     Ok(Json(ServerSelected {
         status: "selected".into(),
         server: name,
@@ -100,6 +103,7 @@ pub async fn select_by_id(
     Path(id): Path<String>,
 ) -> Result<Json<StatusReply>, ClientError> {
     state.select(&id, true)?;
+    state.vpn_follow_server().await;
     Ok(Json(StatusReply::new("ok")))
 }
 
@@ -116,6 +120,7 @@ pub async fn update_settings(
     ApiJson(body): ApiJson<QuickSettings>,
 ) -> Result<Json<StatusReply>, ClientError> {
     state.update_settings(body)?;
+    state.vpn_follow_server().await;
     Ok(Json(StatusReply::new("updated")))
 }
 

@@ -58,6 +58,8 @@ struct Active {
     _device: std::fs::File,
     /// Added to the configured `always_bypass` (server addresses, LAN), kept for rule edits.
     extra_bypass: Vec<String>,
+    /// The LAN part of `extra_bypass`, kept when the server changes.
+    lan: Vec<String>,
 }
 
 pub struct VpnManager {
@@ -103,6 +105,33 @@ pub fn split_rules(split: &VpnSplitConfig, extra_bypass: &[String]) -> SplitRule
         ips: split.ips.clone(),
         always_bypass,
     }
+}
+
+/// Where the resolver forwards queries: through the server traffic goes to, else direct.
+fn dns_upstream(server: Option<&ClientServerConfig>) -> Upstream {
+    match server {
+        Some(s) => Upstream::Proxy {
+            address: s.address.clone(),
+            protocol: match s.protocol {
+                ServerProtocol::Http => ProxyProtocol::Http,
+                ServerProtocol::Socks5 => ProxyProtocol::Socks5,
+            },
+            username: s.username.clone(),
+            password: s.password.clone(),
+        },
+        None => Upstream::Direct { mark: None },
+    }
+}
+
+/// What is never tunnelled besides `always_bypass`: the server's own addresses and the LAN.
+fn extra_bypass(server: Option<&str>, lan: &[String]) -> Vec<String> {
+    let mut nets: Vec<String> = server.map(host::server_addresses).unwrap_or_default();
+    for net in lan {
+        if !nets.contains(net) {
+            nets.push(net.clone());
+        }
+    }
+    nets
 }
 
 fn classifier(cfg: &ClientConfig) -> MechanismChoice {
@@ -220,18 +249,7 @@ impl VpnManager {
                 dns_server(s).ok_or_else(|| format!("vpn.dns.servers: {s:?} is not an address"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let upstream = match server {
-            Some(s) => Upstream::Proxy {
-                address: s.address.clone(),
-                protocol: match s.protocol {
-                    ServerProtocol::Http => ProxyProtocol::Http,
-                    ServerProtocol::Socks5 => ProxyProtocol::Socks5,
-                },
-                username: s.username.clone(),
-                password: s.password.clone(),
-            },
-            None => Upstream::Direct { mark: None },
-        };
+        let upstream = dns_upstream(server);
         let (hook_split, path) = (split.clone(), self.path.clone());
         let on_resolved: switchyard_vpn_dns::OnResolved = Arc::new(move |name, addrs| {
             if let Some(path) = &path {
@@ -288,8 +306,8 @@ impl VpnManager {
         split_cfg.bypass_cgroups = vec![own];
         split_cfg.mechanism = classifier(cfg);
         split_cfg.dns = dns;
-        let mut extra_bypass: Vec<String> = server.map(host::server_addresses).unwrap_or_default();
-        extra_bypass.extend(host::lan_networks(name));
+        let lan = host::lan_networks(name);
+        let extra_bypass = extra_bypass(server, &lan);
         let rules = split_rules(&vpn.split, &extra_bypass);
         let split =
             SplitTunnel::start(split_cfg, rules).map_err(|e| format!("split tunnel: {e}"))?;
@@ -319,6 +337,7 @@ impl VpnManager {
             pump,
             _device: device,
             extra_bypass,
+            lan,
         })
     }
 
@@ -365,6 +384,43 @@ impl VpnManager {
         tokio::task::block_in_place(|| tunnel.set_rules(rules)).map_err(|e| e.to_string())?;
         *self.split_status.lock() = Some(tunnel.status());
         Ok(())
+    }
+
+    /// The server traffic goes to changed (selected, connected or disconnected): the resolver
+    /// forwards through the new one (direct while disconnected, like every other flow) and the
+    /// new server's addresses replace the old ones in the bypass set, so a running VPN follows
+    /// the switch without being disabled and enabled again. Idempotent; no-op while the VPN is
+    /// off.
+    pub async fn follow_server(&self, split: &VpnSplitConfig, server: Option<&ClientServerConfig>) {
+        let mut active = self.active.lock().await;
+        let Some(a) = active.as_mut() else {
+            return;
+        };
+        let upstream = dns_upstream(server);
+        let dns_changed = a.dns.as_ref().is_some_and(|d| d.upstream() != upstream);
+        if let Some(dns) = a.dns.as_ref().filter(|_| dns_changed) {
+            dns.set_upstream(upstream);
+        }
+        let bypass = extra_bypass(server.map(|s| s.address.as_str()), &a.lan);
+        let bypass_changed = bypass != a.extra_bypass;
+        if bypass_changed {
+            a.extra_bypass = bypass;
+            let rules = split_rules(split, &a.extra_bypass);
+            if let Some(tunnel) = a.split.lock().as_mut() {
+                match tokio::task::block_in_place(|| tunnel.set_rules(rules)) {
+                    Ok(()) => *self.split_status.lock() = Some(tunnel.status()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the new server's addresses could not be added to the VPN bypass")
+                    }
+                }
+            }
+        }
+        if dns_changed || bypass_changed {
+            tracing::info!(
+                server = server.map_or("(none: direct)", |s| s.name.as_str()),
+                "VPN follows the server change"
+            );
+        }
     }
 
     /// Moves newly started processes of name/path app rules into the apps cgroup.
