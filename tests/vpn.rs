@@ -998,16 +998,12 @@ fn vpn_flow(client: &Client, protocol: &str, remote: &str, received: u64) -> ser
     }
 }
 
-/// UDP through the VPN path: an app of the included cgroup exchanges datagrams with a UDP origin
+/// UDP through the VPN path (with the given classifier): an app of the included cgroup exchanges datagrams with a UDP origin
 /// through the server's SOCKS5 UDP ASSOCIATE (the origin sees the server's address, the server
 /// lists the association), a `direct` client route relays them from the client's own address,
 /// and the excluded cgroup never enters the tunnel. The client lists the flows as `udp`
 /// connections with their measured bytes, and its status counts them.
-#[test]
-fn syvu_udp_through_the_server_socks5_association_and_direct() {
-    if !tools_or_skip("syvu_udp_through_the_server_socks5_association_and_direct") {
-        return;
-    }
+fn udp_scenario(classifier: &str) {
     let mut topo = Topo::named("syvu");
     topo.start_udp_origin();
     topo.start_server();
@@ -1023,7 +1019,7 @@ fn syvu_udp_through_the_server_socks5_association_and_direct() {
         topo.inc.display()
     );
     let yaml = topo
-        .client_yaml(socks, true, "ebpf", &split)
+        .client_yaml(socks, true, classifier, &split)
         .replace("protocol: HTTP", "protocol: SOCKS5")
         + "routing:\n  routes:\n    - {name: udp-direct, patterns: [\"10.211.9.3\"], action: direct}\n";
     let client = topo.start_client(&yaml);
@@ -1094,4 +1090,18 @@ fn syvu_udp_through_the_server_socks5_association_and_direct() {
     let v = client.ok("POST", "/api/v1/vpn/disable", None);
     assert_eq!(v["status"], "disabled");
     assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+#[test]
+fn syvu_ebpf_udp_through_the_server_socks5_association_and_direct() {
+    if tools_or_skip("syvu_ebpf_udp_through_the_server_socks5_association_and_direct") {
+        udp_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syvu_nftables_udp_through_the_server_socks5_association_and_direct() {
+    if tools_or_skip("syvu_nftables_udp_through_the_server_socks5_association_and_direct") {
+        udp_scenario("nftables");
+    }
 }

@@ -449,11 +449,13 @@ impl Dialer<'_> {
             // "the same address as the control connection" (a proxy behind NAT, or one bound
             // to every interface, answers 0.0.0.0)
             socks5::TargetAddr::Ip(a) if a.ip().is_unspecified() => {
-                let peer = control.peer_addr().map_err(|e| DataplaneError::UpstreamProxy {
-                    proxy: proxy.clone(),
-                    reason: e.to_string(),
-                    refused: false,
-                })?;
+                let peer = control
+                    .peer_addr()
+                    .map_err(|e| DataplaneError::UpstreamProxy {
+                        proxy: proxy.clone(),
+                        reason: e.to_string(),
+                        refused: false,
+                    })?;
                 SocketAddr::new(peer.ip(), a.port())
             }
             socks5::TargetAddr::Ip(a) => a,

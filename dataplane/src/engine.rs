@@ -146,8 +146,12 @@ fn vpn_udp_socket(addr: SocketAddr) -> std::io::Result<Socket> {
 }
 
 /// One VPN UDP socket per core on the TUN address, all on one free port.
-fn bind_vpn_udp(tun_ip: Ipv4Addr, cores: usize) -> Result<(Vec<Socket>, SocketAddr), DataplaneError> {
-    let fail = |e: std::io::Error| DataplaneError::Start(format!("cannot bind UDP on {tun_ip}: {e}"));
+fn bind_vpn_udp(
+    tun_ip: Ipv4Addr,
+    cores: usize,
+) -> Result<(Vec<Socket>, SocketAddr), DataplaneError> {
+    let fail =
+        |e: std::io::Error| DataplaneError::Start(format!("cannot bind UDP on {tun_ip}: {e}"));
     let first = vpn_udp_socket(SocketAddr::new(IpAddr::V4(tun_ip), 0)).map_err(fail)?;
     let addr = first
         .local_addr()

@@ -311,21 +311,37 @@ mod tests {
     fn parses_addresses_ports_and_payload() {
         let p = datagram(sa("10.255.0.2:40000"), sa("192.0.2.7:7000"), b"ping", true);
         let d = parse(&p).expect("udp");
-        assert_eq!((d.src, d.dst, d.payload), (sa("10.255.0.2:40000"), sa("192.0.2.7:7000"), 4));
+        assert_eq!(
+            (d.src, d.dst, d.payload),
+            (sa("10.255.0.2:40000"), sa("192.0.2.7:7000"), 4)
+        );
     }
 
     #[test]
     fn incremental_rewrite_equals_a_full_recomputation() {
         for payload in [&b""[..], b"x", b"hello world", &[0xff; 1001]] {
-            let mut p = datagram(sa("10.255.0.2:65535"), sa("255.254.253.252:1"), payload, true);
+            let mut p = datagram(
+                sa("10.255.0.2:65535"),
+                sa("255.254.253.252:1"),
+                payload,
+                true,
+            );
             let d = parse(&p).expect("udp");
             rewrite(&mut p, &d, sa("10.255.0.1:10007"), sa("10.255.0.2:39999"));
             let after = parse(&p).expect("still udp");
-            assert_eq!((after.src, after.dst), (sa("10.255.0.1:10007"), sa("10.255.0.2:39999")));
+            assert_eq!(
+                (after.src, after.dst),
+                (sa("10.255.0.1:10007"), sa("10.255.0.2:39999"))
+            );
             assert_eq!(after.payload, payload.len());
             let (ip, udp) = full_checksums(&p);
             assert_eq!(read16(&p, 10), ip, "ip checksum, payload {}", payload.len());
-            assert_eq!(read16(&p, 26), udp, "udp checksum, payload {}", payload.len());
+            assert_eq!(
+                read16(&p, 26),
+                udp,
+                "udp checksum, payload {}",
+                payload.len()
+            );
         }
     }
 
@@ -343,7 +359,12 @@ mod tests {
         let zero = (0..=u16::MAX)
             .find(|&port| {
                 let mut q = template.clone();
-                rewrite(&mut q, &d, sa(&format!("10.255.0.1:{port}")), sa("10.255.0.2:6000"));
+                rewrite(
+                    &mut q,
+                    &d,
+                    sa(&format!("10.255.0.1:{port}")),
+                    sa("10.255.0.2:6000"),
+                );
                 let (_, udp) = full_checksums(&q);
                 // full_checksums maps a computed 0 to 0xffff; find where the raw sum is 0
                 let ihl = 20;
@@ -356,7 +377,12 @@ mod tests {
             })
             .expect("some port makes the checksum zero");
         let mut q = template.clone();
-        rewrite(&mut q, &d, sa(&format!("10.255.0.1:{zero}")), sa("10.255.0.2:6000"));
+        rewrite(
+            &mut q,
+            &d,
+            sa(&format!("10.255.0.1:{zero}")),
+            sa("10.255.0.2:6000"),
+        );
         assert_eq!(read16(&q, 26), 0xffff);
     }
 
@@ -404,11 +430,19 @@ mod tests {
         let mut out = datagram(app, dst, b"ping", true);
         assert_eq!(t.translate(&mut out, 0), Outcome::Outbound(4));
         let d = parse(&out).expect("udp");
-        assert_eq!((d.src, d.dst), (sa("10.255.0.1:10000"), sa("10.255.0.2:7001")));
+        assert_eq!(
+            (d.src, d.dst),
+            (sa("10.255.0.1:10000"), sa("10.255.0.2:7001"))
+        );
         assert!(checksums_ok(&out));
         assert_eq!(table.lookup(10000), Some(dst));
 
-        let mut reply = datagram(sa("10.255.0.2:7001"), sa("10.255.0.1:10000"), b"pong!", true);
+        let mut reply = datagram(
+            sa("10.255.0.2:7001"),
+            sa("10.255.0.1:10000"),
+            b"pong!",
+            true,
+        );
         assert_eq!(t.translate(&mut reply, 1), Outcome::Inbound(5));
         let d = parse(&reply).expect("udp");
         assert_eq!((d.src, d.dst), (dst, app));
@@ -433,7 +467,10 @@ mod tests {
         let mut outside = datagram(sa("10.255.0.2:7001"), sa("10.255.0.1:9999"), b"x", true);
         assert_eq!(t.translate(&mut outside, 0), Outcome::Dropped(Drop::NoFlow));
         let mut to_gateway = datagram(sa("10.255.0.2:1"), sa("10.255.0.1:80"), b"x", true);
-        assert_eq!(t.translate(&mut to_gateway, 0), Outcome::Dropped(Drop::Loop));
+        assert_eq!(
+            t.translate(&mut to_gateway, 0),
+            Outcome::Dropped(Drop::Loop)
+        );
         let mut a = datagram(sa("10.255.0.2:1"), sa("192.0.2.9:9"), b"x", true);
         assert_eq!(t.translate(&mut a, 0), Outcome::Outbound(1));
         let mut b = datagram(sa("10.255.0.2:2"), sa("192.0.2.9:9"), b"x", true);

@@ -208,7 +208,7 @@ async fn relay_flow(
         }
         None => Err(DataplaneError::NoRoute(host.clone())),
     };
-    let (backend, egress) = match opened {
+    let (backend, (egress, control)) = match opened {
         Ok(o) => o,
         Err(e) => {
             tracing::debug!(%label, error = %e, "VPN UDP flow: no egress; its datagrams are dropped");
@@ -276,7 +276,7 @@ async fn relay_flow(
             }
         }
     };
-    or(or(up, down), or(idle(&last), egress.closed())).await;
+    or(or(up, down), or(idle(&last), control_closed(control))).await;
     bcore.closed();
     trace.up.set(live.bytes_recv.load(Relaxed));
     trace.down.set(live.bytes_sent.load(Relaxed));
@@ -303,7 +303,6 @@ enum Egress {
     Socks5 {
         socket: UdpSocket,
         relay: SocketAddr,
-        control: RefCell<TcpStream>,
     },
 }
 
@@ -312,15 +311,17 @@ fn udp_socket(ip: IpAddr) -> Result<UdpSocket, DataplaneError> {
         .map_err(|e| DataplaneError::Io(std::io::Error::other(e.to_string())))
 }
 
+/// The flow's egress, and the SOCKS5 association's control connection when it has one.
 async fn open_egress(
     ctx: &CoreContext,
     snapshot: &Snapshot,
     backend: &Backend,
-) -> Result<Egress, DataplaneError> {
+) -> Result<(Egress, Option<TcpStream>), DataplaneError> {
     match &backend.kind {
-        BackendKind::Direct => Ok(Egress::Direct(udp_socket(IpAddr::V4(
-            Ipv4Addr::UNSPECIFIED,
-        ))?)),
+        BackendKind::Direct => Ok((
+            Egress::Direct(udp_socket(IpAddr::V4(Ipv4Addr::UNSPECIFIED))?),
+            None,
+        )),
         BackendKind::Socks5 {
             host,
             port,
@@ -348,11 +349,11 @@ async fn open_egress(
                 .local_addr()
                 .map(|a| a.ip())
                 .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-            Ok(Egress::Socks5 {
+            let egress = Egress::Socks5 {
                 socket: udp_socket(local)?,
                 relay: association.relay,
-                control: RefCell::new(association.control),
-            })
+            };
+            Ok((egress, Some(association.control)))
         }
         other => Err(DataplaneError::BackendUnavailable(format!(
             "{} for UDP (only direct and socks5 routes carry UDP)",
@@ -409,23 +410,16 @@ impl Egress {
             }
         }
     }
+}
 
-    /// Returns when the egress can carry no more: the SOCKS5 association's control connection
-    /// closed (the proxy ended the association). A direct socket never closes by itself.
-    async fn closed(&self) {
-        match self {
-            Egress::Direct(_) => std::future::pending().await,
-            Egress::Socks5 { control, .. } => {
-                let mut sink = [0u8; 256];
-                loop {
-                    let read = control.borrow_mut().read(&mut sink).await;
-                    if !matches!(read, Ok(n) if n > 0) {
-                        return;
-                    }
-                }
-            }
-        }
-    }
+/// Returns when a SOCKS5 association's control connection closes (the proxy ended the
+/// association); never for an egress without one.
+async fn control_closed(control: Option<TcpStream>) {
+    let Some(mut control) = control else {
+        return std::future::pending().await;
+    };
+    let mut sink = [0u8; 256];
+    while matches!(control.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
 /// Where the payload of a SOCKS5 relay's datagram is, if it is a whole reply from `dst`.
