@@ -1087,6 +1087,18 @@ fn udp_scenario(classifier: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    // what the path cannot take is dropped and counted: a datagram to the TUN's own gateway
+    // (it would loop) gets no answer. (The kernel's own IPv6 packets on the device — router
+    // solicitations — are dropped too, hence "at least".)
+    let before = status["dropped"].as_u64().unwrap_or(0);
+    assert_eq!(
+        topo.udp_seen(&topo.inc, "10.255.0.1", 1),
+        "seen=nothing replies=0"
+    );
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    let after = status["dropped"].as_u64().unwrap_or(0);
+    assert!(after >= before + 3, "three attempts dropped: {status}");
+
     let v = client.ok("POST", "/api/v1/vpn/disable", None);
     assert_eq!(v["status"], "disabled");
     assert_eq!(topo.leftovers(), Vec::<String>::new());

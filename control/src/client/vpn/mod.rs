@@ -408,12 +408,13 @@ impl VpnManager {
 
     pub fn status(&self, cfg: &ClientConfig) -> VpnStatus {
         let phase = self.phase();
-        let (sent, received, flows) = self.path.as_ref().map_or((0, 0, 0), |p| {
+        let (sent, received, flows, dropped) = self.path.as_ref().map_or((0, 0, 0, 0), |p| {
             use std::sync::atomic::Ordering::Relaxed;
             (
                 p.stats.bytes_sent.load(Relaxed),
                 p.stats.bytes_received.load(Relaxed),
                 p.stats.flows.load(Relaxed),
+                p.stats.dropped.load(Relaxed) + p.udp_stats.dropped.load(Relaxed),
             )
         });
         let split = self.split_status.lock().clone();
@@ -446,6 +447,7 @@ impl VpnManager {
             fallback_reason: split.and_then(|s| s.fallback_reason),
             error: phase.reason().map(str::to_string),
             flows,
+            dropped,
         }
     }
 
