@@ -29,13 +29,15 @@ pub struct TcpV4 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Skip {
     NotIpv4,
+    /// Another transport protocol than the one asked for (TCP, for [`parse`]).
     NotTcp,
     Fragment,
     Truncated,
 }
 
-/// Reads an IPv4 TCP packet's addressing (the first fragment of nothing: fragments are skipped).
-pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
+/// The header and total length of a whole IPv4 packet carrying `protocol` (fragments are
+/// skipped: only the first carries the ports, and the NAT keeps no reassembly state).
+pub(super) fn ipv4_lengths(p: &[u8], protocol: u8) -> Result<(usize, usize), Skip> {
     let first = *p.first().ok_or(Skip::Truncated)?;
     if first >> 4 != 4 {
         return Err(Skip::NotIpv4);
@@ -48,7 +50,7 @@ pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
     if total < ihl || total > p.len() {
         return Err(Skip::Truncated);
     }
-    if p[9] != 6 {
+    if p[9] != protocol {
         return Err(Skip::NotTcp);
     }
     // more-fragments flag or a fragment offset: a piece of a bigger segment
@@ -56,6 +58,12 @@ pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
     if frag & 0x3fff != 0 {
         return Err(Skip::Fragment);
     }
+    Ok((ihl, total))
+}
+
+/// Reads an IPv4 TCP packet's addressing (the first fragment of nothing: fragments are skipped).
+pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
+    let (ihl, total) = ipv4_lengths(p, 6)?;
     let tcp = ihl;
     if total < tcp + 20 {
         return Err(Skip::Truncated);

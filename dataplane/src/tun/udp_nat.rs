@@ -9,7 +9,7 @@
 //! own ([`NatTable`] instance): UDP and TCP ports never collide.
 
 use super::nat::{Drop, NatAddresses, NatTable, Outcome};
-use super::packet::{adjust, read16, words, write16};
+use super::packet::{adjust, ipv4_lengths, read16, words, write16, Skip};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
@@ -33,31 +33,18 @@ pub struct UdpV4 {
 pub enum NotUdp {
     NotIpv4,
     OtherProtocol,
-    /// A fragment: only the first carries the ports, and the NAT keeps no reassembly state.
     Fragment,
     Truncated,
 }
 
 /// Reads an IPv4 UDP datagram's addressing.
 pub fn parse(p: &[u8]) -> Result<UdpV4, NotUdp> {
-    let first = *p.first().ok_or(NotUdp::Truncated)?;
-    if first >> 4 != 4 {
-        return Err(NotUdp::NotIpv4);
-    }
-    let ihl = usize::from(first & 0x0f) * 4;
-    if ihl < 20 || p.len() < ihl {
-        return Err(NotUdp::Truncated);
-    }
-    let total = usize::from(read16(p, 2));
-    if total < ihl || total > p.len() {
-        return Err(NotUdp::Truncated);
-    }
-    if p[9] != IPPROTO_UDP {
-        return Err(NotUdp::OtherProtocol);
-    }
-    if read16(p, 6) & 0x3fff != 0 {
-        return Err(NotUdp::Fragment);
-    }
+    let (ihl, total) = ipv4_lengths(p, IPPROTO_UDP).map_err(|skip| match skip {
+        Skip::NotIpv4 => NotUdp::NotIpv4,
+        Skip::NotTcp => NotUdp::OtherProtocol,
+        Skip::Fragment => NotUdp::Fragment,
+        Skip::Truncated => NotUdp::Truncated,
+    })?;
     let udp = ihl;
     if total < udp + 8 {
         return Err(NotUdp::Truncated);

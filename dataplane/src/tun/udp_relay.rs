@@ -355,21 +355,10 @@ async fn open_egress(
             };
             Ok((egress, Some(association.control)))
         }
-        other => Err(DataplaneError::BackendUnavailable(format!(
+        _ => Err(DataplaneError::BackendUnavailable(format!(
             "{} for UDP (only direct and socks5 routes carry UDP)",
-            kind_name(other)
+            backend.type_name()
         ))),
-    }
-}
-
-fn kind_name(kind: &BackendKind) -> &'static str {
-    match kind {
-        BackendKind::Direct => "direct",
-        BackendKind::HttpProxy { .. } => "httpproxy",
-        BackendKind::Socks5 { .. } => "socks5",
-        BackendKind::Wireguard(_) => "wireguard",
-        BackendKind::Openvpn(_) => "openvpn",
-        BackendKind::Unavailable { type_name } => type_name,
     }
 }
 
