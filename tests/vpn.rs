@@ -1006,7 +1006,7 @@ fn vpn_flow(client: &Client, protocol: &str, remote: &str, received: u64) -> ser
 fn udp_scenario(classifier: &str) {
     let mut topo = Topo::named("syvu");
     topo.start_udp_origin();
-    topo.start_server();
+    let http = topo.start_server();
     let socks = topo.server_socks5();
     // before the VPN, every cgroup goes direct
     assert_eq!(
@@ -1021,6 +1021,10 @@ fn udp_scenario(classifier: &str) {
     let yaml = topo
         .client_yaml(socks, true, classifier, &split)
         .replace("protocol: HTTP", "protocol: SOCKS5")
+        .replace(
+            "vpn:\n",
+            &format!("  - {{name: gw-http, address: \"{http}\", protocol: HTTP}}\nvpn:\n"),
+        )
         + "routing:\n  routes:\n    - {name: udp-direct, patterns: [\"10.211.9.3\"], action: direct}\n";
     let client = topo.start_client(&yaml);
     let status = client.ok("GET", "/api/v1/vpn/status", None);
@@ -1087,17 +1091,23 @@ fn udp_scenario(classifier: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    // what the path cannot take is dropped and counted: a datagram to the TUN's own gateway
-    // (it would loop) gets no answer. (The kernel's own IPv6 packets on the device — router
-    // solicitations — are dropped too, hence "at least".)
+    // through a server reached over HTTP, UDP cannot go (CONNECT is TCP): its datagrams are
+    // dropped and counted — and do not leak direct. (The kernel's own IPv6 packets on the device
+    // are dropped too, hence "at least".)
+    client.ok("POST", "/api/v1/servers/gw-http/select", None);
     let before = status["dropped"].as_u64().unwrap_or(0);
     assert_eq!(
-        topo.udp_seen(&topo.inc, "10.255.0.1", 1),
-        "seen=nothing replies=0"
+        topo.udp_seen(&topo.inc, "10.211.9.2", 1),
+        "seen=nothing replies=0",
+        "{}",
+        client.log()
     );
     let status = client.ok("GET", "/api/v1/vpn/status", None);
     let after = status["dropped"].as_u64().unwrap_or(0);
     assert!(after >= before + 3, "three attempts dropped: {status}");
+    // while TCP still goes through that server
+    topo.start_origins();
+    expect_seen(&topo, &client, &topo.inc, "10.211.9.1", "10.211.9.1");
 
     let v = client.ok("POST", "/api/v1/vpn/disable", None);
     assert_eq!(v["status"], "disabled");
