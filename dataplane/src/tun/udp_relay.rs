@@ -44,8 +44,6 @@ pub const FLOW_IDLE: Duration = Duration::from_secs(50);
 /// What the UDP relay measured (the pump counts the translated packets and bytes).
 #[derive(Debug, Default)]
 pub struct UdpRelayStats {
-    /// Flows opened since start.
-    pub flows_opened: AtomicU64,
     /// Datagrams the relay dropped: not from a NAT flow, too many flows, a full flow queue, no
     /// route, a route that cannot carry UDP, or an egress that failed.
     pub dropped: AtomicU64,
@@ -163,7 +161,6 @@ pub(crate) async fn serve(socket: UdpSocket, ctx: Rc<CoreContext>) {
             continue;
         };
         drop(table);
-        stats.flows_opened.fetch_add(1, Relaxed);
         let (ctx, socket, flows) = (ctx.clone(), socket.clone(), flows.clone());
         glommio::spawn_local(async move {
             relay_flow(&ctx, &socket, from, dst, &datagrams).await;
