@@ -134,6 +134,43 @@ fn listen_socket_on(spec: ListenSpec, port: u16, freebind: bool) -> std::io::Res
     }
 }
 
+/// The VPN UDP socket of one core on `addr` (`SO_REUSEPORT`: every core binds the same port, the
+/// kernel keeps each flow on one of them; `freebind`: the TUN address may not exist yet).
+fn vpn_udp_socket(addr: SocketAddr) -> std::io::Result<Socket> {
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    crate::sys::set_freebind(std::os::fd::AsRawFd::as_raw_fd(&s))?;
+    s.bind(&addr.into())?;
+    Ok(s)
+}
+
+/// One VPN UDP socket per core on the TUN address, all on one free port.
+fn bind_vpn_udp(
+    tun_ip: Ipv4Addr,
+    cores: usize,
+) -> Result<(Vec<Socket>, SocketAddr), DataplaneError> {
+    let fail =
+        |e: std::io::Error| DataplaneError::Start(format!("cannot bind UDP on {tun_ip}: {e}"));
+    let first = vpn_udp_socket(SocketAddr::new(IpAddr::V4(tun_ip), 0)).map_err(fail)?;
+    let addr = first
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .ok_or_else(|| DataplaneError::Start("VPN UDP socket has no address".into()))?;
+    let mut sockets = vec![first];
+    for _ in 1..cores {
+        sockets.push(vpn_udp_socket(addr).map_err(fail)?);
+    }
+    Ok((sockets, addr))
+}
+
+/// A bound socket as glommio's UDP socket (glommio takes socket2 0.4 sockets).
+fn udp_from_socket(socket: Socket) -> glommio::net::UdpSocket {
+    let std_socket: std::net::UdpSocket = socket.into();
+    glommio::net::UdpSocket::from(socket2_04::Socket::from(std_socket))
+}
+
 fn describe_listen(spec: ListenSpec, e: std::io::Error) -> DataplaneError {
     DataplaneError::Start(format!(
         "cannot listen on {}:{}: {e}",
@@ -181,13 +218,14 @@ struct CoreListeners {
     http: Option<Socket>,
     socks5: Option<Socket>,
     vpn: Option<Socket>,
+    vpn_udp: Option<Socket>,
 }
 
 impl CoreListeners {
     /// Duplicates of the descriptors, kept by the supervisor: shutting one down stops the
     /// kernel from queueing connections for this core even if the dead executor leaked its copy.
     fn guards(&self) -> std::io::Result<Vec<Socket>> {
-        [&self.http, &self.socks5, &self.vpn]
+        [&self.http, &self.socks5, &self.vpn, &self.vpn_udp]
             .into_iter()
             .flatten()
             .map(|s| s.try_clone())
@@ -222,6 +260,7 @@ struct CoreSeed {
     socks5: Option<ListenSpec>,
     vpn: Option<Arc<crate::tun::VpnPath>>,
     vpn_listen: Option<ListenSpec>,
+    vpn_udp_listen: Option<SocketAddr>,
 }
 
 /// Restarts allowed per core before the process gives up and exits.
@@ -316,6 +355,12 @@ impl CoreSeed {
                         )));
                     }
                 }
+                if let Some(socket) = listeners.vpn_udp {
+                    tasks.push(glommio::spawn_local(crate::tun::udp_relay::serve(
+                        udp_from_socket(socket),
+                        ctx.clone(),
+                    )));
+                }
                 seed.health.mark_up(index);
                 let _ = reports.send(CoreReport::Ready);
                 for t in tasks {
@@ -335,6 +380,10 @@ impl CoreSeed {
             http: bind(self.http, false)?,
             socks5: bind(self.socks5, false)?,
             vpn: bind(self.vpn_listen, true)?,
+            vpn_udp: self
+                .vpn_udp_listen
+                .map(|a| vpn_udp_socket(a).map_err(|e| DataplaneError::Start(e.to_string())))
+                .transpose()?,
         })
     }
 
@@ -429,6 +478,14 @@ impl Dataplane {
             .map(|v| bind_per_core(ListenSpec::vpn(v.tun_ip), cores.len(), true))
             .transpose()?;
         let vpn_addr = vpn_listen.as_ref().map(|(_, _, a)| *a);
+        let vpn_udp = opts
+            .vpn
+            .as_ref()
+            .map(|v| bind_vpn_udp(v.tun_ip, cores.len()))
+            .transpose()?;
+        if let (Some(vpn), Some((_, addr))) = (&opts.vpn, &vpn_udp) {
+            vpn.udp_port.store(addr.port(), Ordering::Release);
+        }
         let http_addr = http.as_ref().map(|(_, _, a)| *a);
         let socks5_addr = socks.as_ref().map(|(_, _, a)| *a);
         let seed = CoreSeed {
@@ -448,7 +505,9 @@ impl Dataplane {
             socks5: socks.as_ref().map(|(_, spec, _)| *spec),
             vpn: opts.vpn.clone(),
             vpn_listen: vpn_listen.as_ref().map(|(_, spec, _)| *spec),
+            vpn_udp_listen: vpn_udp.as_ref().map(|(_, a)| *a),
         };
+        let mut vpn_udp_sockets = vpn_udp.map(|(s, _)| s).unwrap_or_default();
         let mut vpn_sockets = vpn_listen.map(|(s, _, _)| s).unwrap_or_default();
         let mut http_sockets = http.map(|(s, _, _)| s).unwrap_or_default();
         let mut socks_sockets = socks.map(|(s, _, _)| s).unwrap_or_default();
@@ -463,6 +522,7 @@ impl Dataplane {
                 http: http_sockets.pop(),
                 socks5: socks_sockets.pop(),
                 vpn: vpn_sockets.pop(),
+                vpn_udp: vpn_udp_sockets.pop(),
             };
             let guards = listeners
                 .guards()

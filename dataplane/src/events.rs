@@ -12,6 +12,8 @@ pub enum Protocol {
     Socks5,
     /// A flow of the client's VPN (TUN) path.
     Vpn,
+    /// A UDP flow of the client's VPN (TUN) path.
+    VpnUdp,
 }
 
 impl Protocol {
@@ -21,6 +23,7 @@ impl Protocol {
             Self::Connect => "CONNECT",
             Self::Socks5 => "SOCKS5",
             Self::Vpn => "VPN",
+            Self::VpnUdp => "VPN-UDP",
         }
     }
 }

@@ -44,6 +44,11 @@ impl<'a> Registered<'a> {
     pub fn conn(&self) -> &crate::live::LiveConnection {
         &self.guard.conn
     }
+
+    /// The entry itself, for tasks that outlive a borrow of this registration.
+    pub fn shared(&self) -> std::sync::Arc<crate::live::LiveConnection> {
+        self.guard.conn.clone()
+    }
 }
 
 impl Drop for Registered<'_> {

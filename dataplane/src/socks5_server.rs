@@ -13,6 +13,7 @@ use glommio::net::{TcpStream, UdpSocket};
 use std::cell::{Cell, RefCell};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 use switchyard_proto::socks5::{self, Command, ReplyCode, Socks5Error, TargetAddr};
 
@@ -315,6 +316,7 @@ async fn egress_socket(
     tunnel: Option<&crate::wireguard::WireguardBackend>,
     relay: &Rc<UdpSocket>,
     client_udp: &Rc<Cell<Option<SocketAddr>>>,
+    live: &AssociationEntry,
 ) -> Option<Rc<Egress>> {
     if let Some(e) = sockets.borrow().iter().find(|e| e.key == key) {
         return Some(e.socket.clone());
@@ -331,6 +333,7 @@ async fn egress_socket(
     };
     let replies = {
         let (socket, relay, client_udp) = (socket.clone(), relay.clone(), client_udp.clone());
+        let live = live.clone();
         let counters = ctx.counters.clone();
         let core = ctx.core;
         glommio::spawn_local(async move {
@@ -342,6 +345,9 @@ async fn egress_socket(
                 };
                 if send_to_client(&relay, client, from, &buf[..n], &mut out).await {
                     counters.core(core).add_sent(n as u64);
+                    if let Some(entry) = live.borrow().as_ref() {
+                        entry.add_sent(n as u64);
+                    }
                 }
             }
         })
@@ -353,6 +359,10 @@ async fn egress_socket(
     });
     Some(socket)
 }
+
+/// The live-table entry of an association (connections API), shared with its reply tasks; set
+/// when its first datagram is relayed (named after that datagram's destination).
+type AssociationEntry = Rc<RefCell<Option<Arc<crate::live::LiveConnection>>>>;
 
 /// UDP ASSOCIATE: one relay socket per association, alive while the control connection is.
 /// Each datagram is routed by its destination: `direct` routes leave from a host socket,
@@ -396,7 +406,9 @@ async fn udp_associate(
     let client_udp: Rc<Cell<Option<SocketAddr>>> = Rc::new(Cell::new(None));
     let sockets: RefCell<Vec<EgressSocket>> = RefCell::new(Vec::new());
     let idle = snapshot.timeouts.idle;
+    let live: AssociationEntry = Rc::new(RefCell::new(None));
     let pump = async {
+        let mut registered = None;
         let mut buf = vec![0u8; 65_536];
         loop {
             let Ok((n, from)) = relay.recv_from(&mut buf).await else {
@@ -414,6 +426,17 @@ async fn udp_associate(
                 let (host, port) = split_target(&header.addr);
                 let egress = match snapshot.select(&host) {
                     Some((_, b)) => {
+                        if registered.is_none() {
+                            let entry = crate::proxied::Registered::new(
+                                ctx,
+                                peer,
+                                header.addr.to_string(),
+                                b.name.clone(),
+                                Protocol::Socks5,
+                            );
+                            *live.borrow_mut() = Some(entry.shared());
+                            registered = Some(entry);
+                        }
                         if let BackendKind::Wireguard(tunnel) = &b.kind {
                             tunnel.0.ensure_started(ctx, &b.health);
                         }
@@ -462,7 +485,7 @@ async fn udp_associate(
                 };
                 let tunnel = tunnel.as_ref().map(|t| &*t.0);
                 let Some(socket) =
-                    egress_socket(ctx, &sockets, key, tunnel, &relay, &client_udp).await
+                    egress_socket(ctx, &sockets, key, tunnel, &relay, &client_udp, &live).await
                 else {
                     continue;
                 };
@@ -471,6 +494,9 @@ async fn udp_associate(
                 ctx.counters
                     .core(ctx.core)
                     .add_received(payload.len() as u64);
+                if let Some(entry) = live.borrow().as_ref() {
+                    entry.add_recv(payload.len() as u64);
+                }
             }
         }
     };

@@ -29,13 +29,15 @@ pub struct TcpV4 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Skip {
     NotIpv4,
+    /// Another transport protocol than the one asked for (TCP, for [`parse`]).
     NotTcp,
     Fragment,
     Truncated,
 }
 
-/// Reads an IPv4 TCP packet's addressing (the first fragment of nothing: fragments are skipped).
-pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
+/// The header and total length of a whole IPv4 packet carrying `protocol` (fragments are
+/// skipped: only the first carries the ports, and the NAT keeps no reassembly state).
+pub(super) fn ipv4_lengths(p: &[u8], protocol: u8) -> Result<(usize, usize), Skip> {
     let first = *p.first().ok_or(Skip::Truncated)?;
     if first >> 4 != 4 {
         return Err(Skip::NotIpv4);
@@ -48,7 +50,7 @@ pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
     if total < ihl || total > p.len() {
         return Err(Skip::Truncated);
     }
-    if p[9] != 6 {
+    if p[9] != protocol {
         return Err(Skip::NotTcp);
     }
     // more-fragments flag or a fragment offset: a piece of a bigger segment
@@ -56,6 +58,12 @@ pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
     if frag & 0x3fff != 0 {
         return Err(Skip::Fragment);
     }
+    Ok((ihl, total))
+}
+
+/// Reads an IPv4 TCP packet's addressing (the first fragment of nothing: fragments are skipped).
+pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
+    let (ihl, total) = ipv4_lengths(p, 6)?;
     let tcp = ihl;
     if total < tcp + 20 {
         return Err(Skip::Truncated);
@@ -76,7 +84,7 @@ pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
 }
 
 /// RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'), for one 16-bit word changing from `old` to `new`.
-fn adjust(check: u16, old: u16, new: u16) -> u16 {
+pub(super) fn adjust(check: u16, old: u16, new: u16) -> u16 {
     let mut sum = u32::from(!check) + u32::from(!old) + u32::from(new);
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
@@ -84,7 +92,7 @@ fn adjust(check: u16, old: u16, new: u16) -> u16 {
     !(sum as u16)
 }
 
-fn words(ip: Ipv4Addr) -> [u16; 2] {
+pub(super) fn words(ip: Ipv4Addr) -> [u16; 2] {
     let o = ip.octets();
     [
         u16::from_be_bytes([o[0], o[1]]),
@@ -92,11 +100,11 @@ fn words(ip: Ipv4Addr) -> [u16; 2] {
     ]
 }
 
-fn read16(p: &[u8], at: usize) -> u16 {
+pub(super) fn read16(p: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([p[at], p[at + 1]])
 }
 
-fn write16(p: &mut [u8], at: usize, v: u16) {
+pub(super) fn write16(p: &mut [u8], at: usize, v: u16) {
     p[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 
@@ -133,14 +141,14 @@ pub fn rewrite(p: &mut [u8], seg: &TcpV4, src: SocketAddrV4, dst: SocketAddrV4) 
 pub(crate) mod tests {
     use super::*;
 
-    fn fold(mut sum: u32) -> u16 {
+    pub(crate) fn fold(mut sum: u32) -> u16 {
         while sum >> 16 != 0 {
             sum = (sum & 0xffff) + (sum >> 16);
         }
         !(sum as u16)
     }
 
-    fn sum_words(data: &[u8]) -> u32 {
+    pub(crate) fn sum_words(data: &[u8]) -> u32 {
         data.chunks(2)
             .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
             .sum()

@@ -27,7 +27,7 @@ use switchyard_config::client::{ClientConfig, VpnSplitConfig};
 use switchyard_config::client::{ClientServerConfig, ServerProtocol};
 use switchyard_dataplane::events::Protocol;
 use switchyard_dataplane::live::LiveTable;
-use switchyard_dataplane::tun::{NatAddresses, Translator, TunPump, VpnPath};
+use switchyard_dataplane::tun::{NatAddresses, Translator, TunPump, UdpNat, VpnPath};
 use switchyard_split_tunnel::{
     cgroup, AppRule, DnsRedirect, MechanismChoice, SplitRules, SplitTunnel, SplitTunnelConfig,
     SplitTunnelStatus,
@@ -319,6 +319,20 @@ impl VpnManager {
             },
             path.nat.clone(),
         );
+        // UDP is relayed when the data plane has its VPN UDP socket (else dropped and counted)
+        let udp_port = path.udp_port.load(std::sync::atomic::Ordering::Acquire);
+        let translator = if udp_port == 0 {
+            translator
+        } else {
+            translator.with_udp(UdpNat::new(
+                NatAddresses {
+                    tun_ip: path.tun_ip,
+                    listen_port: udp_port,
+                    gateway: path.gateway,
+                },
+                path.udp_nat.clone(),
+            ))
+        };
         let pump = device
             .try_clone()
             .and_then(|d| TunPump::start(d, translator, path.stats.clone()));
@@ -450,12 +464,13 @@ impl VpnManager {
 
     pub fn status(&self, cfg: &ClientConfig) -> VpnStatus {
         let phase = self.phase();
-        let (sent, received, flows) = self.path.as_ref().map_or((0, 0, 0), |p| {
+        let (sent, received, flows, dropped) = self.path.as_ref().map_or((0, 0, 0, 0), |p| {
             use std::sync::atomic::Ordering::Relaxed;
             (
                 p.stats.bytes_sent.load(Relaxed),
                 p.stats.bytes_received.load(Relaxed),
                 p.stats.flows.load(Relaxed),
+                p.stats.dropped.load(Relaxed) + p.udp_stats.dropped.load(Relaxed),
             )
         });
         let split = self.split_status.lock().clone();
@@ -488,21 +503,29 @@ impl VpnManager {
             fallback_reason: split.and_then(|s| s.fallback_reason),
             error: phase.reason().map(str::to_string),
             flows,
+            dropped,
         }
     }
 
-    /// The live flows of the TUN path (measured by the relay).
+    /// The live flows of the TUN path, TCP and UDP (measured by the relay).
     pub fn connections(&self) -> Vec<VpnConnection> {
         use std::sync::atomic::Ordering::Relaxed;
         self.live
             .list()
             .into_iter()
-            .filter(|c| c.protocol == Protocol::Vpn)
-            .map(|c| VpnConnection {
+            .filter_map(|c| {
+                let protocol = match c.protocol {
+                    Protocol::Vpn => "tcp",
+                    Protocol::VpnUdp => "udp",
+                    _ => return None,
+                };
+                Some((c, protocol))
+            })
+            .map(|(c, protocol)| VpnConnection {
                 id: c.id.to_string(),
                 remote_addr: c.host.clone(),
                 local_addr: c.client.to_string(),
-                protocol: "tcp".into(),
+                protocol: protocol.into(),
                 started_at: c.started.into(),
                 bytes_sent: c.bytes_recv.load(Relaxed),
                 bytes_received: c.bytes_sent.load(Relaxed),
