@@ -75,7 +75,7 @@ async fn dashboard_main_flows_in_chromium() {
     b.fill("#signin-token", &format!("{TOKEN}\u{E007}")).await;
     b.wait_for("#flash", "Signed in.").await;
     b.wait_for("#panel-overview", "Live connections").await;
-    b.wait_for("#ws-state", "live: on").await;
+    b.wait_for("#live-state", "live: on").await;
 
     // a live connection appears while it lasts (a CONNECT tunnel to a listener that never answers)
     let target = format!("127.0.0.1:{hold_port}");
