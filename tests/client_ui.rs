@@ -292,7 +292,8 @@ async fn client_ui_main_flows_in_chromium() {
         "the exported YAML in the import box",
     )
     .await;
-    assert!(b.displayed("#config-download").await);
+    b.wait_for("#config-download", "Download switchyard-client.yaml")
+        .await;
     b.script(
         "const t = document.querySelector('#import-text'); \
          t.value = t.value.replace('editor.test', 'imported.test'); return true;",

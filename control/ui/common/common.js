@@ -133,7 +133,8 @@ export function shell({ panels, first, onEnter, onLeave }) {
   onUnauthorized = signedOut;
 
   function show(name) {
-    if (current !== name) $('#flash').hidden = true;
+    // A banner belongs to the panel it was shown on.
+    if (current !== name) { $('#flash').hidden = true; $('#error').hidden = true; }
     current = name;
     for (const b of document.querySelectorAll('nav button')) {
       if (b.dataset.panel === name) b.setAttribute('aria-current', 'page'); else b.removeAttribute('aria-current');
