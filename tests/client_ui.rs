@@ -10,6 +10,7 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 use support::browser::Browser;
+use support::ui_shell::{self, headers};
 use support::{curl, free_port, spawn_with_listeners, start_nginx, start_server, Proc, BIN};
 
 const TOKEN: &str = "client-ui-s3cret";
@@ -96,15 +97,6 @@ fn get(api: SocketAddr, path: &str) -> Value {
     v
 }
 
-/// Applies `statement` (JavaScript on the parsed configuration `c`) to the editor's text.
-async fn edit_config(b: &Browser, statement: &str) {
-    b.script(&format!(
-        "const t = document.querySelector('#config-text'); const c = JSON.parse(t.value); \
-         {statement} t.value = JSON.stringify(c, null, 2); return true;"
-    ))
-    .await;
-}
-
 /// Sign-in (wrong token first), status and connect/disconnect, the live log showing a request
 /// made through the client's proxy with curl, debug entries, routes with the tester, server
 /// selection, quick settings, config save (applied / restart required / invalid), export and
@@ -127,16 +119,8 @@ async fn client_ui_main_flows_in_chromium() {
     let base = format!("http://{}", c.web);
     b.resize(1280, 800).await;
 
-    // `/` leads to the sign-in form; a wrong token shows the client's refusal
-    b.goto(&format!("{base}/")).await;
-    b.wait_for("#signin-form", "Sign in").await;
-    b.fill("#signin-token", "not-the-token").await;
-    b.click("#signin-form button[type=submit]").await;
-    b.wait_for("#error", "wrong API token").await;
-    b.wait_hidden("#app").await;
-    // by keyboard: Enter in the token field submits the form
-    b.fill("#signin-token", &format!("{TOKEN}\u{E007}")).await;
-    b.wait_for("#flash", "Signed in.").await;
+    // `/` leads to the sign-in form; a wrong token shows the client's refusal; then by keyboard
+    ui_shell::sign_in(&b, &format!("{base}/"), TOKEN).await;
     b.wait_for("#status", &c.http.to_string()).await;
     b.wait_for("#status", &format!("connected to {}", server.http))
         .await;
@@ -183,11 +167,16 @@ async fn client_ui_main_flows_in_chromium() {
     b.wait_for("#flash", "Route ui-route created.").await;
     b.wait_for("#routes tr[data-route=\"ui-route\"]", "*.ui.test, ui.test")
         .await;
-    assert!(get(c.api, "/api/v1/routes").to_string().contains("ui-route"));
+    assert!(get(c.api, "/api/v1/routes")
+        .to_string()
+        .contains("ui-route"));
     b.fill("#route-test-domain", "www.ui.test").await;
     b.click("#route-test").await;
-    b.wait_for("#route-test-result", "www.ui.test → direct (route ui-route)")
-        .await;
+    b.wait_for(
+        "#route-test-result",
+        "www.ui.test → direct (route ui-route)",
+    )
+    .await;
     b.fill("#route-test-domain", "elsewhere.test").await;
     b.click("#route-test").await;
     b.wait_for(
@@ -199,7 +188,9 @@ async fn client_ui_main_flows_in_chromium() {
         .await;
     b.wait_for("#flash", "Route ui-route deleted.").await;
     b.wait_hidden("#routes tr[data-route=\"ui-route\"]").await;
-    assert!(!get(c.api, "/api/v1/routes").to_string().contains("ui-route"));
+    assert!(!get(c.api, "/api/v1/routes")
+        .to_string()
+        .contains("ui-route"));
 
     // toggle the server: select the spare one, then home again
     b.click("#tab-servers").await;
@@ -249,7 +240,7 @@ async fn client_ui_main_flows_in_chromium() {
         "the running configuration in the editor",
     )
     .await;
-    edit_config(
+    ui_shell::edit_config(
         &b,
         "c.routing.routes.push({name: 'from-editor', patterns: ['editor.test'], action: 'direct', priority: 0});",
     )
@@ -269,7 +260,7 @@ async fn client_ui_main_flows_in_chromium() {
     let tested = get(c.api, "/api/v1/routes/test?domain=editor.test");
     assert_eq!(tested["matched_route"], "from-editor", "{tested}");
     let new_listen = format!("127.0.0.1:{}", free_port());
-    edit_config(&b, &format!("c.api.listen = '{new_listen}';")).await;
+    ui_shell::edit_config(&b, &format!("c.api.listen = '{new_listen}';")).await;
     b.click("#config-save").await;
     b.wait_for("#config-result", "Saved. Restart required for: api.listen")
         .await;
@@ -278,7 +269,7 @@ async fn client_ui_main_flows_in_chromium() {
         "Restart required: api.listen",
     )
     .await;
-    edit_config(&b, "c.routing.default_action = 'sideways';").await;
+    ui_shell::edit_config(&b, "c.routing.default_action = 'sideways';").await;
     b.click("#config-save").await;
     b.wait_for("#config-result", "Not saved").await;
     b.wait_for("#config-result .errors li", "sideways").await;
@@ -310,8 +301,11 @@ async fn client_ui_main_flows_in_chromium() {
     b.wait_for("#vpn-status", "disabled").await;
     b.fill("#split-domain", "*.split.test").await;
     b.click("#split-domain-add").await;
-    b.wait_for("#split-domains li[data-rule=\"*.split.test\"]", "*.split.test")
-        .await;
+    b.wait_for(
+        "#split-domains li[data-rule=\"*.split.test\"]",
+        "*.split.test",
+    )
+    .await;
     b.fill("#split-ip", "192.0.2.0/24").await;
     b.click("#split-ip-add").await;
     b.wait_for("#split-ips li[data-rule=\"192.0.2.0/24\"]", "192.0.2.0/24")
@@ -362,24 +356,12 @@ async fn client_ui_main_flows_in_chromium() {
     b.click("#tab-cache").await;
     b.wait_for("#cache-stats", "Hit rate").await;
 
-    // the session lives in the HttpOnly cookie only: nothing in web storage or document.cookie
-    let stored = b
-        .script("return [localStorage.length, sessionStorage.length, document.cookie];")
-        .await;
-    assert_eq!(stored, json!([0, 0, ""]));
+    ui_shell::assert_no_stored_token(&b).await;
 
     // phone width: readable without sideways scrolling
     b.click("#tab-status").await;
-    b.resize(390, 844).await;
+    ui_shell::resize_to_phone_and_check_width(&b).await;
     b.wait_for("#status", "HTTP proxy").await;
-    let fits = b
-        .script("return document.documentElement.scrollWidth <= window.innerWidth + 1;")
-        .await;
-    assert_eq!(
-        fits,
-        Value::Bool(true),
-        "the page scrolls sideways at 390 px"
-    );
     b.screenshot("client-status-phone").await;
     b.click("#tab-vpn").await;
     b.screenshot("client-vpn-phone").await;
@@ -387,18 +369,8 @@ async fn client_ui_main_flows_in_chromium() {
     b.screenshot("client-routes-phone").await;
 
     // sign out ends the session on the client too
-    b.click("#signout").await;
-    b.wait_for("#signin-form", "Sign in").await;
-    let status = b
-        .script("return fetch('/api/v1/status').then(r => r.status);")
-        .await;
-    assert_eq!(status, json!(401));
+    ui_shell::sign_out(&b).await;
     b.quit().await;
-}
-
-fn headers(url: &str) -> String {
-    String::from_utf8_lossy(&curl(&["-sS", "-D", "-", "-o", "/dev/null", url]).stdout)
-        .to_lowercase()
 }
 
 /// The web UI listener serves the page with the strict CSP (and `/` redirects to it) and the
@@ -414,18 +386,9 @@ fn web_ui_listener_serves_the_page_and_the_guarded_api() {
         ("/ui/common.js", "text/javascript"),
         ("/ui/style.css", "text/css"),
     ] {
-        let h = headers(&format!("{base}{path}"));
-        assert!(h.starts_with("http/1.1 200"), "{path}: {h}");
-        assert!(h.contains(&format!("content-type: {ctype}")), "{path}: {h}");
-        assert!(
-            h.contains("content-security-policy: default-src 'self'; script-src 'self'"),
-            "{path}: {h}"
-        );
-        assert!(!h.contains("unsafe-inline"), "{path}: {h}");
+        ui_shell::assert_served_with_strict_csp(&base, path, ctype);
     }
-    let root = headers(&format!("{base}/"));
-    assert!(root.starts_with("http/1.1 303"), "{root}");
-    assert!(root.contains("location: /ui/"), "{root}");
+    ui_shell::assert_root_redirects_to_the_page(&base);
     assert!(headers(&format!("{base}/api/v1/status")).starts_with("http/1.1 401"));
     assert!(headers(&format!("{base}/api/v1/health")).starts_with("http/1.1 200"));
     let (code, status) = call(c.web, "GET", "/api/v1/status");

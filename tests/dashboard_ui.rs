@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use support::browser::Browser;
-use support::{api_call, curl, http_code, start_server_with_file, Proc, Server};
+use support::ui_shell::{self, headers};
+use support::{api_call, http_code, start_server_with_file, Proc, Server};
 
 const TOKEN: &str = "dash-s3cret-token";
 
@@ -64,16 +65,8 @@ async fn dashboard_main_flows_in_chromium() {
     let base = format!("http://{}", s.api);
     b.resize(1280, 800).await;
 
-    // `/` leads to the sign-in form; a wrong token shows the server's refusal
-    b.goto(&format!("{base}/")).await;
-    b.wait_for("#signin-form", "Sign in").await;
-    b.fill("#signin-token", "not-the-token").await;
-    b.click("#signin-form button[type=submit]").await;
-    b.wait_for("#error", "wrong API token").await;
-    b.wait_hidden("#app").await;
-    // by keyboard: Enter in the token field submits the form
-    b.fill("#signin-token", &format!("{TOKEN}\u{E007}")).await;
-    b.wait_for("#flash", "Signed in.").await;
+    // `/` leads to the sign-in form; a wrong token shows the server's refusal; then by keyboard
+    ui_shell::sign_in(&b, &format!("{base}/"), TOKEN).await;
     b.wait_for("#panel-overview", "Live connections").await;
     b.wait_for("#live-state", "live: on").await;
 
@@ -155,7 +148,7 @@ async fn dashboard_main_flows_in_chromium() {
         "the running configuration in the editor",
     )
     .await;
-    edit_config(
+    ui_shell::edit_config(
         &b,
         "c.routes = (c.routes || []).concat([{name: 'from-editor', domains: ['editor.test'], backend: 'direct'}]);",
     )
@@ -169,7 +162,7 @@ async fn dashboard_main_flows_in_chromium() {
         .await;
     let (_, routes) = api_call(&s, "GET", "/api/v1/routes", None, Some(TOKEN));
     assert!(routes.to_string().contains("from-editor"), "{routes}");
-    edit_config(&b, "c.logging.level = 'debug';").await;
+    ui_shell::edit_config(&b, "c.logging.level = 'debug';").await;
     b.click("#config-save").await;
     b.wait_for("#config-result", "Restart required for: logging")
         .await;
@@ -179,7 +172,7 @@ async fn dashboard_main_flows_in_chromium() {
     )
     .await;
     // an invalid configuration is refused with the server's errors
-    edit_config(
+    ui_shell::edit_config(
         &b,
         "c.routes.push({name: 'broken', domains: ['b.test'], backend: 'no-such-backend'});",
     )
@@ -232,45 +225,19 @@ async fn dashboard_main_flows_in_chromium() {
     b.click("#tab-auth").await;
     b.wait_for("#auth-plugins tbody tr", "").await;
 
-    // the session lives in the HttpOnly cookie only: nothing in web storage or document.cookie
-    let stored = b
-        .script("return [localStorage.length, sessionStorage.length, document.cookie];")
-        .await;
-    assert_eq!(stored, json!([0, 0, ""]));
+    ui_shell::assert_no_stored_token(&b).await;
 
     // phone width: the overview is still usable
     b.click("#tab-overview").await;
-    b.resize(390, 844).await;
+    ui_shell::resize_to_phone_and_check_width(&b).await;
     b.wait_for("#stats", "Active connections").await;
-    let fits = b
-        .script("return document.documentElement.scrollWidth <= window.innerWidth + 1;")
-        .await;
-    assert_eq!(
-        fits,
-        Value::Bool(true),
-        "the page scrolls sideways at 390 px"
-    );
     b.screenshot("dashboard-overview-phone").await;
     b.click("#tab-routes").await;
     b.screenshot("dashboard-routes-phone").await;
 
     // sign out ends the session on the server too
-    b.click("#signout").await;
-    b.wait_for("#signin-form", "Sign in").await;
-    let status = b
-        .script("return fetch('/api/v1/status').then(r => r.status);")
-        .await;
-    assert_eq!(status, json!(401));
+    ui_shell::sign_out(&b).await;
     b.quit().await;
-}
-
-/// Applies `statement` (JavaScript on the parsed configuration `c`) to the editor's text.
-async fn edit_config(b: &Browser, statement: &str) {
-    b.script(&format!(
-        "const t = document.querySelector('#config-text'); const c = JSON.parse(t.value); \
-         {statement} t.value = JSON.stringify(c, null, 2); return true;"
-    ))
-    .await;
 }
 
 /// Without `api.token` the API is open: the page opens without sign-in and offers no sign-out.
@@ -288,11 +255,6 @@ async fn open_api_needs_no_sign_in() {
     b.quit().await;
 }
 
-fn headers(url: &str) -> String {
-    String::from_utf8_lossy(&curl(&["-sS", "-D", "-", "-o", "/dev/null", url]).stdout)
-        .to_lowercase()
-}
-
 /// Every UI response carries the strict CSP and friends; `/` redirects to `/ui/`; the page is
 /// open (it signs in itself) while the API stays closed.
 #[test]
@@ -302,30 +264,12 @@ fn assets_are_served_with_strict_security_headers() {
     for (path, ctype) in [
         ("/ui/", "text/html"),
         ("/ui/app.js", "text/javascript"),
+        ("/ui/common.js", "text/javascript"),
         ("/ui/style.css", "text/css"),
     ] {
-        let h = headers(&format!("{base}{path}"));
-        assert!(h.starts_with("http/1.1 200"), "{path}: {h}");
-        assert!(h.contains(&format!("content-type: {ctype}")), "{path}: {h}");
-        let csp = h
-            .lines()
-            .find(|l| l.starts_with("content-security-policy:"))
-            .unwrap_or_else(|| panic!("{path}: no CSP: {h}"));
-        for directive in [
-            "default-src 'self'",
-            "script-src 'self'",
-            "style-src 'self'",
-            "connect-src 'self'",
-            "frame-ancestors 'none'",
-        ] {
-            assert!(csp.contains(directive), "{path}: {csp}");
-        }
-        assert!(!csp.contains("unsafe-inline"), "{csp}");
-        assert!(h.contains("x-content-type-options: nosniff"), "{path}: {h}");
+        ui_shell::assert_served_with_strict_csp(&base, path, ctype);
     }
-    let root = headers(&format!("{base}/"));
-    assert!(root.starts_with("http/1.1 303"), "{root}");
-    assert!(root.contains("location: /ui/"), "{root}");
+    ui_shell::assert_root_redirects_to_the_page(&base);
     assert!(headers(&format!("{base}/ui/nope.js")).starts_with("http/1.1 404"));
     assert!(headers(&format!("{base}/api/v1/status")).starts_with("http/1.1 401"));
 }

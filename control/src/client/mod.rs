@@ -214,7 +214,11 @@ fn serve_web_ui(cfg: &ClientConfig, state: Arc<ClientState>) -> anyhow::Result<(
     }
     let app = crate::web_ui::client::router(state);
     tokio::spawn(async move {
-        let served = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;
+        let served = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "the client web UI stopped");
         }

@@ -5,7 +5,7 @@
 //! `POST /api/v1/login` (HttpOnly cookie), the CSRF token from the `X-CSRF-Token` response
 //! header, the live log over `/api/v1/logs/stream`.
 
-use super::{Asset, EmbeddedUi, COMMON_SCRIPT, STYLESHEET};
+use super::{page, Asset, EmbeddedUi, COMMON_SCRIPT, STYLESHEET};
 use crate::client::state::ClientState;
 use axum::Router;
 use std::sync::Arc;
@@ -13,11 +13,7 @@ use std::sync::Arc;
 pub static CLIENT_UI: EmbeddedUi = EmbeddedUi {
     prefix: "/ui",
     assets: &[
-        Asset {
-            name: "index.html",
-            content_type: "text/html; charset=utf-8",
-            body: include_bytes!("../../ui/client/index.html"),
-        },
+        page!("client"),
         Asset {
             name: "app.js",
             content_type: "text/javascript; charset=utf-8",
@@ -31,25 +27,4 @@ pub static CLIENT_UI: EmbeddedUi = EmbeddedUi {
 /// The web UI listener's routes: the page and the client API (same token, same sessions).
 pub fn router(state: Arc<ClientState>) -> Router {
     crate::client::api::router(state).merge(CLIENT_UI.router())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::checks;
-    use super::CLIENT_UI;
-
-    #[test]
-    fn assets_fit_the_gzip_budget() {
-        checks::fits_the_gzip_budget(&CLIENT_UI);
-    }
-
-    #[test]
-    fn page_references_only_embedded_assets() {
-        checks::page_references_only_embedded_assets(&CLIENT_UI);
-    }
-
-    #[test]
-    fn unknown_files_are_404() {
-        checks::unknown_files_are_404(&CLIENT_UI);
-    }
 }
