@@ -400,7 +400,15 @@ fn web_ui_listener_serves_the_page_and_the_guarded_api() {
 
     // off by default: the web UI would have logged its listener before the API's
     let off = start_client(server.http, Some(TOKEN), false);
-    let logs = off.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let logs = loop {
+        // the collector stores a line just after reporting its listener
+        let logs = off.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+        if logs.contains("client API listening") || std::time::Instant::now() > deadline {
+            break logs;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert!(logs.contains("client API listening"), "{logs}");
     assert!(!logs.contains("web UI listening"), "{logs}");
 }

@@ -114,6 +114,8 @@ async fn dashboard_main_flows_in_chromium() {
     b.fill("#route-name", "dash-route").await;
     b.fill("#route-domains", "*.dash.test, dash.test").await;
     b.choose("#route-backend", "direct").await;
+    // above the catch-all `default` route of the same backend, so the tester below tells them apart
+    b.fill("#route-priority", "10").await;
     b.click("#route-create").await;
     b.wait_for("#flash", "Route dash-route created.").await;
     b.wait_for(
@@ -123,6 +125,28 @@ async fn dashboard_main_flows_in_chromium() {
     .await;
     let (_, routes) = api_call(&s, "GET", "/api/v1/routes", None, Some(TOKEN));
     assert!(routes.to_string().contains("dash-route"), "{routes}");
+    // the route tester answers from the running data plane's route table
+    b.fill("#route-test-domain", "www.dash.test:8080").await;
+    b.click("#route-test").await;
+    b.wait_for(
+        "#route-test-result",
+        "www.dash.test:8080 → route dash-route (backends: direct)",
+    )
+    .await;
+    let (_, other) = api_call(
+        &s,
+        "GET",
+        "/api/v1/routes/test?domain=elsewhere.test",
+        None,
+        Some(TOKEN),
+    );
+    let expected = match other["matched_route"].as_str() {
+        Some(route) => format!("elsewhere.test → route {route}"),
+        None => "elsewhere.test → refused: no route matches".to_owned(),
+    };
+    b.fill("#route-test-domain", "elsewhere.test").await;
+    b.click("#route-test").await;
+    b.wait_for("#route-test-result", &expected).await;
     b.click("#routes tr[data-route=\"dash-route\"] button.delete")
         .await;
     b.wait_for("#flash", "Route dash-route deleted.").await;

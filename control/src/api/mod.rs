@@ -72,6 +72,7 @@ fn protected() -> Routes {
         .add("get", "/api/v1/routes", get(routes::list))
         .add("post", "/api/v1/routes", post(routes::create))
         .add("delete", "/api/v1/routes/{name}", delete(routes::delete))
+        .add("get", "/api/v1/routes/test", get(routes::test))
         .add("get", "/api/v1/requests", get(requests::list))
         .add("delete", "/api/v1/requests", delete(requests::clear))
         .add("get", "/api/v1/requests/stats", get(requests::stats))

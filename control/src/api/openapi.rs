@@ -27,7 +27,7 @@ impl Modify for BearerAuth {
         super::system::health, super::system::version, super::system::status, super::system::stats,
         super::backends::list, super::backends::create, super::backends::get_one, super::backends::delete,
         super::backends::stats, super::backends::test,
-        super::routes::list, super::routes::create, super::routes::delete,
+        super::routes::list, super::routes::create, super::routes::delete, super::routes::test,
         super::requests::list, super::requests::stats, super::requests::clear,
         super::connections::list, super::connections::clients,
         super::config::get_sanitized, super::config::get_full, super::config::meta, super::config::save,

@@ -4,7 +4,7 @@
 
 import {
   $, el, fill, statList, bytes, when, commaList, showError, flash, api, message, guarded,
-  problemList, sectionList, warningList, renderResult, parseEditor, setLive, shell,
+  problemList, sectionList, warningList, renderResult, parseEditor, routeTester, setLive, shell,
 } from './common.js';
 
 const enc = encodeURIComponent;
@@ -112,17 +112,7 @@ $('#route-form').addEventListener('submit', (ev) => {
   }, 'Route not created');
 });
 
-$('#route-test-form').addEventListener('submit', (ev) => {
-  ev.preventDefault();
-  guarded(async () => {
-    const out = $('#route-test-result');
-    const res = await api('GET', `/api/v1/routes/test?domain=${enc($('#route-test-domain').value.trim())}`);
-    if (!res.ok) { out.textContent = message(res); out.className = 'bad'; return; }
-    const r = res.data;
-    out.textContent = `${r.domain} → ${r.action} ${r.matched_route ? `(route ${r.matched_route})` : '(no route matched: the default action)'}`;
-    out.className = 'ok';
-  });
-});
+routeTester((r) => `${r.domain} → ${r.action} ${r.matched_route ? `(route ${r.matched_route})` : '(no route matched: the default action)'}`);
 
 // ---- VPN and split tunnel --------------------------------------------------------------
 

@@ -104,6 +104,20 @@ export function parseEditor(textarea, box) {
   }
 }
 
+/** The route tester (#route-test-form): asks GET /api/v1/routes/test and shows
+ * `describe(answer)` in #route-test-result. */
+export function routeTester(describe) {
+  $('#route-test-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    guarded(async () => {
+      const out = $('#route-test-result');
+      const res = await api('GET', `/api/v1/routes/test?domain=${encodeURIComponent($('#route-test-domain').value.trim())}`);
+      out.textContent = res.ok ? describe(res.data) : message(res);
+      out.className = res.ok ? 'ok' : 'bad';
+    });
+  });
+}
+
 /** The live-channel badge (WebSocket or event stream). */
 export function setLive(on) {
   const b = $('#live-state');

@@ -3,7 +3,7 @@
 
 import {
   $, el, fill, statList, bytes, when, commaList, showError, flash, api, message, guarded,
-  problemList, sectionList, warningList, renderResult, parseEditor, setLive, shell,
+  problemList, sectionList, warningList, renderResult, parseEditor, routeTester, setLive, shell,
 } from './common.js';
 
 let ws = null;
@@ -154,6 +154,10 @@ $('#route-form').addEventListener('submit', (ev) => {
     await loadRoutes();
   });
 });
+
+routeTester((r) => (r.matched_route
+  ? `${r.domain} → route ${r.matched_route} (backends: ${r.backends.join(', ')})`
+  : `${r.domain} → refused: no route matches (the proxy answers 403)`));
 
 async function deleteRoute(name) {
   await guarded(async () => {
