@@ -205,6 +205,35 @@ async fn dashboard_main_flows_in_chromium() {
     b.wait_for("#config-result", "Not saved").await;
     b.wait_for("#config-result .errors li", "no-such-backend")
         .await;
+    // the same in YAML, the file's format: the running configuration loads as YAML, an edited
+    // route is hot-reloaded, an unknown key is refused naming it
+    b.choose("#config-format", "YAML").await;
+    b.wait_script(
+        "const t = document.querySelector('#config-text').value; \
+         return t.includes('routes:') && t.includes('editor.test') && !t.trim().startsWith('{');",
+        "the running configuration as YAML in the editor",
+    )
+    .await;
+    b.script(
+        "const t = document.querySelector('#config-text'); \
+         t.value = t.value.replace('editor.test', 'yaml-editor.test'); return true;",
+    )
+    .await;
+    b.click("#config-validate").await;
+    b.wait_for("#config-result", "Valid configuration.").await;
+    b.click("#config-save").await;
+    b.wait_for("#config-result .hot-reloaded", "Hot-reloaded: routes")
+        .await;
+    let (_, routes) = api_call(&s, "GET", "/api/v1/routes", None, Some(TOKEN));
+    assert!(routes.to_string().contains("yaml-editor.test"), "{routes}");
+    b.script(
+        "const t = document.querySelector('#config-text'); \
+         t.value = t.value + '\\nno_such_key: 1\\n'; return true;",
+    )
+    .await;
+    b.click("#config-save").await;
+    b.wait_for("#config-result", "Not saved").await;
+    b.wait_for("#config-result .errors li", "no_such_key").await;
 
     // cache: stats, and a preset toggled from its button
     let (_, presets) = api_call(&s, "GET", "/api/v1/cache/presets", None, Some(TOKEN));

@@ -32,6 +32,7 @@ impl Modify for BearerAuth {
         super::connections::list, super::connections::clients,
         super::config::get_sanitized, super::config::get_full, super::config::meta, super::config::save,
         super::config::validate, super::config::reload, super::config::auth_plugins,
+        super::config::get_yaml, super::config::save_yaml, super::config::validate_yaml,
         crate::pac::serve, crate::pac::serve_wpad, openapi_json,
         super::auth::login, super::auth::logout, super::ws::upgrade,
         super::cache::stats, super::cache::entries, super::cache::clear, super::cache::entry,

@@ -264,22 +264,35 @@ $('#cache-clear').addEventListener('click', () => cacheAction('DELETE', '/api/v1
 // ---- configuration ---------------------------------------------------------------------
 
 let configLoaded = false;
+const yamlMode = () => $('#config-format').value === 'yaml';
+
+/** The running configuration into the editor, as JSON or (the file's format) YAML. */
 async function loadConfig(force) {
   if (configLoaded && force !== true) return;
-  const res = await api('GET', '/api/v1/config/full');
+  const res = yamlMode()
+    ? await api('GET', '/api/v1/config/yaml', undefined, { text: true })
+    : await api('GET', '/api/v1/config/full');
   if (!res.ok) { showError(message(res)); return; }
-  $('#config-text').value = JSON.stringify(res.data, null, 2);
+  $('#config-text').value = yamlMode() ? res.data : JSON.stringify(res.data, null, 2);
   configLoaded = true;
 }
 $('#config-reload-text').addEventListener('click', () => guarded(() => loadConfig(true)));
+$('#config-format').addEventListener('change', () => guarded(() => loadConfig(true)));
 
-const editedConfig = () => parseEditor($('#config-text'), $('#config-result'));
 const renderConfigResult = (cls, headline, parts) => renderResult($('#config-result'), cls, headline, parts);
 
+/** The editor's text as a request body: YAML as is, JSON parsed (undefined when invalid). */
+function editedBody() {
+  if (yamlMode()) return { body: $('#config-text').value, opts: { type: 'application/yaml' } };
+  const config = parseEditor($('#config-text'), $('#config-result'));
+  return config === undefined ? undefined : { body: config, opts: {} };
+}
+
 $('#config-validate').addEventListener('click', () => guarded(async () => {
-  const config = editedConfig();
-  if (config === undefined) return;
-  const res = await api('POST', '/api/v1/config/validate', config);
+  const edited = editedBody();
+  if (edited === undefined) return;
+  const path = yamlMode() ? '/api/v1/config/yaml/validate' : '/api/v1/config/validate';
+  const res = await api('POST', path, edited.body, edited.opts);
   const v = res.data || {};
   if (!res.ok) { renderConfigResult('bad', message(res), []); return; }
   renderConfigResult(v.valid ? 'ok' : 'bad', v.valid ? 'Valid configuration.' : `Invalid: ${v.message || 'see the errors'}`, [
@@ -288,9 +301,12 @@ $('#config-validate').addEventListener('click', () => guarded(async () => {
 }));
 
 $('#config-save').addEventListener('click', () => guarded(async () => {
-  const config = editedConfig();
-  if (config === undefined) return;
-  const res = await api('PUT', '/api/v1/config', { config, create_backup: $('#config-backup').checked });
+  const edited = editedBody();
+  if (edited === undefined) return;
+  const backup = $('#config-backup').checked;
+  const res = yamlMode()
+    ? await api('PUT', `/api/v1/config/yaml?create_backup=${backup}`, edited.body, edited.opts)
+    : await api('PUT', '/api/v1/config', { config: edited.body, create_backup: backup });
   const r = res.data || {};
   if (res.ok) {
     // The editor shows what was saved before the result appears (so the next edit starts there).
