@@ -373,6 +373,23 @@ async fn client_ui_main_flows_in_chromium() {
     b.quit().await;
 }
 
+/// Without `api.token` the client API is open: the page opens without sign-in and offers no
+/// sign-out.
+#[tokio::test(flavor = "multi_thread")]
+async fn open_api_needs_no_sign_in() {
+    let Some(b) = Browser::start_if_installed().await else {
+        return;
+    };
+    let unreachable: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let c = tokio::task::block_in_place(|| start_client(unreachable, None, true));
+    b.goto(&format!("http://{}/", c.web)).await;
+    b.wait_for("#status", "HTTP proxy").await;
+    b.wait_for("#open-api", "no API token").await;
+    b.wait_hidden("#signout").await;
+    b.wait_hidden("#signin").await;
+    b.quit().await;
+}
+
 /// The web UI listener serves the page with the strict CSP (and `/` redirects to it) and the
 /// client API behind the same token; without `web_ui.enabled` nothing listens for it.
 #[test]
