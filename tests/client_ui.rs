@@ -411,6 +411,25 @@ fn web_ui_listener_serves_the_page_and_the_guarded_api() {
     let (code, status) = call(c.web, "GET", "/api/v1/status");
     assert_eq!(code, 200, "{status}");
     assert_eq!(status["http_proxy"], c.http.to_string());
+    // the client's session cookie has its own name: a server dashboard on the same host (cookies
+    // do not tell ports apart) keeps its session
+    let login = curl(&[
+        "-sS",
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        &format!("{{\"token\": \"{TOKEN}\"}}"),
+        &format!("{base}/api/v1/login"),
+    ]);
+    let login = String::from_utf8_lossy(&login.stdout).to_lowercase();
+    assert!(
+        login.contains("set-cookie: switchyard_client_session="),
+        "{login}"
+    );
     // the API listener does not serve the page
     assert!(headers(&format!("http://{}/ui/", c.api)).starts_with("http/1.1 404"));
     drop(c);

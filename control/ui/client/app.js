@@ -198,7 +198,6 @@ function addLog(e) {
   logLines.push(e);
   if (logLines.length > LOG_KEPT) logLines = logLines.slice(-LOG_KEPT);
   showLog(e);
-  ui.refreshSoon('status');
 }
 
 function renderLog() {
