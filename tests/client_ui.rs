@@ -382,11 +382,8 @@ async fn open_api_needs_no_sign_in() {
     };
     let unreachable: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let c = tokio::task::block_in_place(|| start_client(unreachable, None, true));
-    b.goto(&format!("http://{}/", c.web)).await;
-    b.wait_for("#status", "HTTP proxy").await;
-    b.wait_for("#open-api", "no API token").await;
-    b.wait_hidden("#signout").await;
-    b.wait_hidden("#signin").await;
+    let url = format!("http://{}/", c.web);
+    ui_shell::assert_open_without_sign_in(&b, &url, "#status", "HTTP proxy").await;
     b.quit().await;
 }
 

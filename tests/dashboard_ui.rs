@@ -300,11 +300,8 @@ async fn open_api_needs_no_sign_in() {
         return;
     };
     let s = tokio::task::block_in_place(|| server_with_token(None, "127.0.0.1:9"));
-    b.goto(&format!("http://{}/", s.api)).await;
-    b.wait_for("#stats", "Active connections").await;
-    b.wait_for("#open-api", "no API token").await;
-    b.wait_hidden("#signout").await;
-    b.wait_hidden("#signin").await;
+    let url = format!("http://{}/", s.api);
+    ui_shell::assert_open_without_sign_in(&b, &url, "#stats", "Active connections").await;
     b.quit().await;
 }
 

@@ -20,6 +20,16 @@ pub async fn sign_in(b: &Browser, url: &str, token: &str) {
     b.wait_for("#flash", "Signed in.").await;
 }
 
+/// Without an API token the page at `url` opens without sign-in (its first panel shows
+/// `text` in `css`), says so, and offers no sign-out.
+pub async fn assert_open_without_sign_in(b: &Browser, url: &str, css: &str, text: &str) {
+    b.goto(url).await;
+    b.wait_for(css, text).await;
+    b.wait_for("#open-api", "no API token").await;
+    b.wait_hidden("#signout").await;
+    b.wait_hidden("#signin").await;
+}
+
 /// The session lives in the HttpOnly cookie only: nothing in web storage or document.cookie.
 pub async fn assert_no_stored_token(b: &Browser) {
     let stored = b
