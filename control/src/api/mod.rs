@@ -72,6 +72,7 @@ fn protected() -> Routes {
         .add("get", "/api/v1/routes", get(routes::list))
         .add("post", "/api/v1/routes", post(routes::create))
         .add("delete", "/api/v1/routes/{name}", delete(routes::delete))
+        .add("get", "/api/v1/routes/test", get(routes::test))
         .add("get", "/api/v1/requests", get(requests::list))
         .add("delete", "/api/v1/requests", delete(requests::clear))
         .add("get", "/api/v1/requests/stats", get(requests::stats))
@@ -84,6 +85,13 @@ fn protected() -> Routes {
         .add("get", "/api/v1/config", get(config::get_sanitized))
         .add("put", "/api/v1/config", put(config::save))
         .add("get", "/api/v1/config/full", get(config::get_full))
+        .add("get", "/api/v1/config/yaml", get(config::get_yaml))
+        .add("put", "/api/v1/config/yaml", put(config::save_yaml))
+        .add(
+            "post",
+            "/api/v1/config/yaml/validate",
+            post(config::validate_yaml),
+        )
         .add("get", "/api/v1/config/meta", get(config::meta))
         .add("post", "/api/v1/config/validate", post(config::validate))
         .add("post", "/api/v1/config/reload", post(config::reload))

@@ -164,7 +164,7 @@ impl ClientState {
             http_addr: dataplane.http_addr,
             socks5_addr: dataplane.socks5_addr,
             started: Instant::now(),
-            sessions: crate::api::auth::Sessions::default(),
+            sessions: crate::api::auth::Sessions::named(crate::api::auth::CLIENT_COOKIE_NAME),
             cache,
             diagnostics: initial.diagnostics,
             vpn: initial.vpn,

@@ -1,7 +1,7 @@
 //! Health, version, status, the server connection and selection, quick settings, login.
 
 use super::S;
-use crate::api::auth::{constant_time_eq, cookie, message, session_cookie, SESSION_TTL};
+use crate::api::auth::{constant_time_eq, message, SESSION_TTL};
 use crate::api::error::{ApiError, ApiJson};
 use crate::client::state::ClientError;
 use axum::extract::{Path, State};
@@ -149,7 +149,9 @@ pub async fn login(
     let mut r = message("logged in").into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
-        cookie(&id, SESSION_TTL.as_secs(), false)?,
+        state
+            .sessions
+            .set_cookie(&id, SESSION_TTL.as_secs(), false)?,
     );
     Ok(r)
 }
@@ -157,9 +159,12 @@ pub async fn login(
 #[utoipa::path(post, path = "/api/v1/logout", tag = "auth", security(()),
     responses((status = 200, body = MessageWithTime)))]
 pub async fn logout(State(state): State<S>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let ended = session_cookie(&headers).is_some_and(|id| state.sessions.remove(id));
+    let ended = state
+        .sessions
+        .id_in(&headers)
+        .is_some_and(|id| state.sessions.remove(id));
     let mut r = message(if ended { "logged out" } else { "no session" }).into_response();
     r.headers_mut()
-        .insert(header::SET_COOKIE, cookie("", 0, false)?);
+        .insert(header::SET_COOKIE, state.sessions.set_cookie("", 0, false)?);
     Ok(r)
 }
