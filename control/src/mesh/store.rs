@@ -18,7 +18,7 @@ use switchyard_api::{
 use switchyard_sqlstore::{begin_write, is_unique_violation, iso, Engine};
 
 /// A registration that collided with a concurrent one is tried again this often.
-const REGISTER_ATTEMPTS: usize = 8;
+const REGISTER_ATTEMPTS: usize = 16;
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -323,12 +323,21 @@ impl Store {
         let endpoints = endpoints_json(&peer.endpoints)?;
         let mut tx = begin_write(&self.pool, self.engine).await?;
         let expired = expire(&mut tx, &now_s, Some(network)).await?;
-        let cidr: String = sqlx::query("SELECT cidr FROM mesh_networks WHERE id = $1")
-            .bind(network)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or_else(|| RegistryError::UnknownNetwork(network.into()))?
-            .try_get("cidr")?;
+        // PostgreSQL: lock the network's row, so registrations of one network take turns
+        // instead of all picking the same free address and retrying as a herd. (SQLite's
+        // `BEGIN IMMEDIATE` already serialises writers.)
+        let lock = match self.engine {
+            Engine::Postgres => " FOR UPDATE",
+            Engine::Sqlite => "",
+        };
+        let cidr: String = sqlx::query(&format!(
+            "SELECT cidr FROM mesh_networks WHERE id = $1{lock}"
+        ))
+        .bind(network)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| RegistryError::UnknownNetwork(network.into()))?
+        .try_get("cidr")?;
         let net: Ipv4Net = cidr
             .parse()
             .map_err(|e| corrupt(format!("cidr {cidr:?}: {e}")))?;
