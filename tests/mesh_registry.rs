@@ -763,3 +763,89 @@ async fn registry_is_off_by_default() {
     }
     assert!(doc["paths"]["/api/v1/mesh/networks/{networkID}/peers/{peerID}"]["patch"].is_object());
 }
+
+/// The server dashboard's mesh panel (Chromium through WebDriver): networks and their peers
+/// from the registry, and the peers' live events from the network's WebSocket.
+#[tokio::test(flavor = "multi_thread")]
+async fn dashboard_mesh_panel_shows_peers_and_live_events() {
+    let Some(b) = support::browser::Browser::start_if_installed().await else {
+        return;
+    };
+    const TOKEN: &str = "mesh-dash-token";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 1\n  data_dir: {:?}\n\
+         api: {{ listen: \"127.0.0.1:0\", token: {TOKEN} }}\nlogging: {{ level: info, format: json }}\n\
+         mesh: {{ registry: {{ enabled: true }} }}\n",
+        dir.path().join("data")
+    );
+    let path = dir.path().join("server.yaml");
+    std::fs::write(&path, yaml).expect("write config");
+    let s = support::start_server_with_file(dir, path);
+    let as_admin = |method: Method, path: &'static str, body: Value| {
+        let s = &s;
+        async move { call_with(s, method, path, Some(body), Some(TOKEN)).await }
+    };
+    let (st, _) = as_admin(
+        Method::POST,
+        "/api/v1/mesh/networks",
+        json!({"id": "home", "name": "Home", "cidr": "10.42.0.0/24"}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let (st, _) = as_admin(
+        Method::POST,
+        "/api/v1/mesh/networks/home/peers",
+        json!({"peer": peer("nas", 1)}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+
+    b.goto(&format!("http://{}/", s.api)).await;
+    b.fill("#signin-token", &format!("{TOKEN}\u{E007}")).await;
+    b.wait_for("#flash", "Signed in.").await;
+    b.click("#tab-mesh").await;
+    b.wait_for("#mesh h3", "Home — home, 10.42.0.0/24, 1 peer")
+        .await;
+    b.wait_for(
+        "table[data-network=\"home\"] tr[data-peer=\"nas\"]",
+        "10.42.0.1",
+    )
+    .await;
+    // The stream is subscribed on the server before it opens: a new peer shows up live.
+    b.wait_for("#mesh-live", "live: 1 of 1 network").await;
+    let (st, _) = as_admin(
+        Method::POST,
+        "/api/v1/mesh/networks/home/peers",
+        json!({"peer": peer("laptop", 2)}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    b.wait_for("#mesh-events li", "laptop joined as 10.42.0.2")
+        .await;
+    b.wait_for(
+        "table[data-network=\"home\"] tr[data-peer=\"laptop\"]",
+        "10.42.0.2",
+    )
+    .await;
+    let (st, _) = call_with(
+        &s,
+        Method::PATCH,
+        "/api/v1/mesh/networks/home/peers/nas",
+        Some(json!({"endpoints": [{"address": "192.0.2.77", "port": 4000, "type": "wan", "priority": 0}]})),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    b.wait_for(
+        "#mesh-events li",
+        "nas updated its endpoints (192.0.2.77:4000)",
+    )
+    .await;
+    b.wait_for(
+        "table[data-network=\"home\"] tr[data-peer=\"nas\"]",
+        "192.0.2.77:4000 (wan)",
+    )
+    .await;
+    b.quit().await;
+}

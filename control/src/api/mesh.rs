@@ -230,7 +230,7 @@ pub async fn events(
 ) -> Response {
     let admitted = match ws::admit(&state, peer, &headers, upgrade) {
         Ok(a) => a,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let registry = match registry(&state) {
         Ok(r) => r,

@@ -105,7 +105,7 @@ pub async fn upgrade(
 ) -> Response {
     match admit(&state, peer, &headers, ws) {
         Ok(admitted) => admitted.serve(&state, state.hub.subscribe(), "/api/v1/ws"),
-        Err(refused) => refused,
+        Err(refused) => refused.into_response(),
     }
 }
 
@@ -124,7 +124,7 @@ pub fn admit(
     peer: SocketAddr,
     headers: &HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Result<Admitted, Response> {
+) -> Result<Admitted, ApiError> {
     let text = |name| {
         headers
             .get(name)
@@ -140,9 +140,11 @@ pub fn admit(
             crate::origin::Refusal::OriginNotAllowed(_) => "ORIGIN_NOT_ALLOWED",
             _ => "HOST_NOT_ALLOWED",
         };
-        return Err(
-            ApiError::new(StatusCode::FORBIDDEN, code, refusal.to_string()).into_response(),
-        );
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            code,
+            refusal.to_string(),
+        ));
     }
     let ws = match ws {
         Ok(ws) => ws,
@@ -153,9 +155,11 @@ pub fn admit(
             } else {
                 StatusCode::BAD_REQUEST
             };
-            return Err(
-                ApiError::new(status, "NOT_A_WEBSOCKET", rejection.body_text()).into_response(),
-            );
+            return Err(ApiError::new(
+                status,
+                "NOT_A_WEBSOCKET",
+                rejection.body_text(),
+            ));
         }
     };
     let Ok(slot) = state.ws.slots.clone().try_acquire_owned() else {
@@ -163,8 +167,7 @@ pub fn admit(
         return Err(ApiError::unavailable(
             "TOO_MANY_CLIENTS",
             format!("the event streams already have {MAX_CLIENTS} clients; try again later"),
-        )
-        .into_response());
+        ));
     };
     Ok(Admitted { ws, slot, peer })
 }
