@@ -10,11 +10,13 @@
 
 mod support;
 
+#[macro_use]
 #[path = "inventory_pg.rs"]
 mod pg;
 
 use base64::Engine as _;
 use futures::{SinkExt, StreamExt};
+use pg::Db;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -27,34 +29,6 @@ use tokio_tungstenite::tungstenite::{self, Message};
 
 /// Longest wait for an expected event.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-/// The database the registry uses.
-enum Db {
-    Sqlite,
-    Postgres(pg::Lease),
-}
-
-/// Generates `sqlite::NAME` and `postgres::NAME` for each `async fn NAME(db: Db)`.
-macro_rules! on_both_databases {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {$(
-            #[tokio::test(flavor = "multi_thread")]
-            async fn $name() {
-                super::$name(super::Db::Sqlite).await
-            }
-        )*}
-
-        mod postgres {$(
-            #[tokio::test(flavor = "multi_thread")]
-            async fn $name() {
-                let Some(lease) = super::pg::Lease::acquire() else {
-                    return;
-                };
-                super::$name(super::Db::Postgres(lease)).await
-            }
-        )*}
-    };
-}
 
 on_both_databases!(
     registry_lifecycle_survives_a_restart,
