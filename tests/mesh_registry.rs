@@ -736,6 +736,32 @@ async fn registry_is_off_by_default() {
         assert!(doc["paths"][path].is_object(), "{path} not documented");
     }
     assert!(doc["paths"]["/api/v1/mesh/networks/{networkID}/peers/{peerID}"]["patch"].is_object());
+    // Every schema the mesh paths refer to is in the document.
+    fn refs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+                    out.push(r.to_owned());
+                }
+                m.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    refs(&doc, &mut found);
+    assert!(
+        found.iter().any(|r| r.ends_with("/MeshRegisterRequest")),
+        "{found:?}"
+    );
+    for r in found {
+        let name = r.rsplit('/').next().unwrap_or_default();
+        assert!(
+            doc["components"]["schemas"][name].is_object(),
+            "{r} does not resolve"
+        );
+    }
 }
 
 /// The server dashboard's mesh panel (Chromium through WebDriver): networks and their peers

@@ -1,7 +1,7 @@
-//! `GET /api/v1/ws`: the server's event stream (and, through [`admit`] and [`Admitted::serve`],
-//! the mesh registry's per-network event streams, under the same rules). Each client gets every hub envelope
-//! (`{type, timestamp, data}`) as a text message; the text `ping` is answered with the text
-//! `pong`.
+//! `GET /api/v1/ws`: the server's event stream (and, through [`admit`] and
+//! [`Admitted::serve`], the mesh registry's per-network event streams, under the same rules).
+//! Each client gets every hub envelope (`{type, timestamp, data}`) as a text message; the text
+//! `ping` is answered with the text `pong`.
 //!
 //! - The upgrade passes the API token check (header, `?token=` or session cookie), then the
 //!   Origin/Host policy ([`crate::origin`], 403 with a log line), then the client limit:
