@@ -452,9 +452,20 @@ async fn registry_lifecycle_survives_a_restart(db: Db) {
     assert_eq!(heartbeat(&s, "office", "p0").await, StatusCode::NO_CONTENT);
     let (st, again) = register(&s, "office", peer("p0", 1)).await;
     assert_eq!((st, &again["virtual_ip"]), (StatusCode::OK, &p0_ip));
-    if matches!(db, Db::Sqlite) {
-        assert!(data_dir(&s).join("mesh-registry.db").exists());
-    }
+    // The registry runs on the engine the variant names.
+    let logs = s.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+    let engine = match db {
+        Db::Sqlite => {
+            assert!(data_dir(&s).join("mesh-registry.db").exists());
+            "Sqlite"
+        }
+        Db::Postgres(_) => "Postgres",
+    };
+    assert!(
+        logs.lines().any(|l| l.contains("mesh registry ready")
+            && l.contains(&format!("\"engine\":\"{engine}\""))),
+        "no `mesh registry ready` line with engine {engine}:\n{logs}"
+    );
 
     // Deleting the network: its stream ends, then it is gone.
     let mut ws = events(&s, "office", &[]).await.expect("events stream");
