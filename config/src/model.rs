@@ -45,6 +45,7 @@ pub struct ServerConfig {
     pub logging: LoggingConfig,
     pub metrics: MetricsConfig,
     pub cache: CacheConfig,
+    pub mesh: crate::mesh_registry::MeshSection,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +78,8 @@ struct RawServerConfig {
     metrics: MetricsConfig,
     #[serde(deserialize_with = "null_default")]
     cache: CacheConfig,
+    #[serde(deserialize_with = "null_default")]
+    mesh: crate::mesh_registry::MeshSection,
 }
 
 impl From<RawServerConfig> for ServerConfig {
@@ -107,6 +110,7 @@ impl From<RawServerConfig> for ServerConfig {
             logging: raw.logging,
             metrics: raw.metrics,
             cache: raw.cache,
+            mesh: raw.mesh,
         }
     }
 }

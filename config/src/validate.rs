@@ -62,6 +62,9 @@ pub fn validate(cfg: &ServerConfig) -> Vec<Problem> {
     check_logging(cfg, &mut p);
     check_metrics(cfg, &mut p);
     check_cache(&cfg.cache, &mut p);
+    for (field, message) in cfg.mesh.registry.problems() {
+        p.push(field, message);
+    }
     check_listener_conflicts(cfg, &mut p);
     p.0
 }

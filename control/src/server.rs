@@ -58,6 +58,8 @@ pub struct ServerState {
     pub health_checks: crate::health_checks::CheckMetrics,
     /// The `openvpn` processes of `openvpn` backends (told about every published configuration).
     pub openvpn: crate::openvpn::Manager,
+    /// The mesh registry (`mesh.registry.enabled`; opened at start, changes need a restart).
+    pub mesh: Option<Arc<crate::mesh::Registry>>,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -150,6 +152,15 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             "access_control.whitelist is empty: the proxy forwards for every address that reaches it"
         );
     }
+    let mesh = if cfg.mesh.registry.enabled {
+        let registry = runtime.block_on(crate::mesh::Registry::open(
+            &cfg.mesh.registry,
+            std::path::Path::new(&cfg.server.data_dir),
+        ))?;
+        Some(Arc::new(registry))
+    } else {
+        None
+    };
     let openvpn = {
         let _runtime = runtime.enter();
         crate::openvpn::Manager::start(dataplane.events.clone())
@@ -180,6 +191,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             .context("the HTTP client for provider APIs")?,
         health_checks: crate::health_checks::CheckMetrics::new(),
         openvpn,
+        mesh,
     });
 
     runtime.block_on(async move {
@@ -188,6 +200,9 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         tokio::spawn(reload_on_hangup(state.clone()));
         tokio::spawn(crate::providers::run(state.clone()));
         tokio::spawn(crate::health_checks::run(state.clone()));
+        if let Some(registry) = &state.mesh {
+            tokio::spawn(registry.clone().sweep());
+        }
         if let Some(store) = &state.cache {
             let every = cfg.cache.storage.disk.cleanup_interval.as_std();
             tokio::spawn(crate::cache::cleanup(store.clone(), every));

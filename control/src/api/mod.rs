@@ -8,6 +8,7 @@ pub mod cache;
 pub mod config;
 pub mod connections;
 pub mod error;
+pub mod mesh;
 pub mod openapi;
 pub mod providers;
 pub mod requests;
@@ -17,7 +18,7 @@ pub mod ws;
 
 use crate::server::ServerState;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post, put, MethodRouter};
+use axum::routing::{delete, get, patch, post, put, MethodRouter};
 use axum::{middleware, Router};
 use std::sync::Arc;
 
@@ -143,6 +144,53 @@ fn protected() -> Routes {
             "post",
             "/api/v1/providers/{provider}/refresh",
             post(providers::refresh_one),
+        )
+        .add("get", "/api/v1/mesh/networks", get(mesh::list_networks))
+        .add("post", "/api/v1/mesh/networks", post(mesh::create_network))
+        .add(
+            "get",
+            "/api/v1/mesh/networks/{networkID}",
+            get(mesh::get_network),
+        )
+        .add(
+            "delete",
+            "/api/v1/mesh/networks/{networkID}",
+            delete(mesh::delete_network),
+        )
+        .add(
+            "get",
+            "/api/v1/mesh/networks/{networkID}/peers",
+            get(mesh::list_peers),
+        )
+        .add(
+            "post",
+            "/api/v1/mesh/networks/{networkID}/peers",
+            post(mesh::register),
+        )
+        .add(
+            "get",
+            "/api/v1/mesh/networks/{networkID}/peers/{peerID}",
+            get(mesh::get_peer),
+        )
+        .add(
+            "patch",
+            "/api/v1/mesh/networks/{networkID}/peers/{peerID}",
+            patch(mesh::update_peer),
+        )
+        .add(
+            "delete",
+            "/api/v1/mesh/networks/{networkID}/peers/{peerID}",
+            delete(mesh::delete_peer),
+        )
+        .add(
+            "post",
+            "/api/v1/mesh/networks/{networkID}/peers/{peerID}/heartbeat",
+            post(mesh::heartbeat),
+        )
+        .add(
+            "get",
+            "/api/v1/mesh/networks/{networkID}/events",
+            get(mesh::events),
         )
         .add("get", "/api/v1/openapi.json", get(openapi::openapi_json))
         .add("get", "/api/v1/ws", get(ws::upgrade))

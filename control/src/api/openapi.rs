@@ -41,6 +41,10 @@ impl Modify for BearerAuth {
         super::cache::presets_list, super::cache::toggle_preset, super::cache::enable_preset,
         super::cache::disable_preset,
         super::providers::refresh_all, super::providers::refresh_one,
+        super::mesh::list_networks, super::mesh::create_network, super::mesh::get_network,
+        super::mesh::delete_network, super::mesh::register, super::mesh::list_peers,
+        super::mesh::get_peer, super::mesh::update_peer, super::mesh::delete_peer,
+        super::mesh::heartbeat, super::mesh::events,
     )
 )]
 pub struct ServerApiDoc;

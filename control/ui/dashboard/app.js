@@ -339,9 +339,70 @@ async function loadAuth() {
 
 // ---- mesh ------------------------------------------------------------------------------
 
+/** One event stream per listed network (`/api/v1/mesh/networks/{id}/events`), kept across
+ *  refreshes so no event is missed while the tables reload. */
+const meshStreams = new Map();
+let meshPing = null;
+
+function meshEvent(network, ev) {
+  const d = ev.data || {};
+  const what = {
+    'peer.joined': () => `${d.name || d.peer_id} joined as ${d.virtual_ip}`,
+    'peer.left': () => `${d.name || d.peer_id} left`,
+    'peer.updated': () => `${d.peer_id} updated its endpoints (${(d.endpoints || []).map((e) => `${e.address}:${e.port}`).join(', ') || 'none'})`,
+  }[ev.type];
+  if (!what) return;
+  const list = $('#mesh-events');
+  list.prepend(el('li', { 'data-type': ev.type },
+    `${when(ev.timestamp)} ${network}: ${what()}`));
+  while (list.children.length > 50) list.lastChild.remove();
+  ui.refreshSoon('mesh');
+}
+
+/** Says how many of the listed networks' streams are open (measured, not assumed). */
+function showMeshLive() {
+  const open = [...meshStreams.values()].filter((s) => s.readyState === 1).length;
+  const badge = $('#mesh-live');
+  badge.textContent = `live: ${open} of ${meshStreams.size} network${meshStreams.size === 1 ? '' : 's'}`;
+  badge.classList.toggle('on', meshStreams.size > 0 && open === meshStreams.size);
+}
+
+function syncMeshStreams(ids) {
+  for (const [id, sock] of meshStreams) {
+    if (!ids.includes(id)) { meshStreams.delete(id); sock.close(); }
+  }
+  const proto = location.protocol === 'https:' ? 'wss' : 'ws';
+  for (const id of ids) {
+    if (meshStreams.has(id)) continue;
+    const sock = new WebSocket(`${proto}://${location.host}/api/v1/mesh/networks/${encodeURIComponent(id)}/events`);
+    meshStreams.set(id, sock);
+    sock.addEventListener('message', (m) => {
+      if (m.data === 'pong') return;
+      try { meshEvent(id, JSON.parse(m.data)); } catch { /* not an envelope */ }
+    });
+    // Gone (network deleted, server restarted): the next refresh opens it again if listed.
+    sock.addEventListener('open', showMeshLive);
+    sock.addEventListener('close', () => {
+      if (meshStreams.get(id) === sock) meshStreams.delete(id);
+      showMeshLive();
+    });
+  }
+  showMeshLive();
+  if (!meshPing) {
+    // The server closes silent clients; `ping` keeps the streams alive.
+    meshPing = setInterval(() => { for (const s of meshStreams.values()) if (s.readyState === 1) s.send('ping'); }, 25000);
+  }
+}
+
 async function loadMesh() {
   const box = $('#mesh');
   const res = await api('GET', '/api/v1/mesh/networks');
+  if (res.status === 503 && res.data?.code === 'MESH_REGISTRY_DISABLED') {
+    syncMeshStreams([]);
+    box.replaceChildren(el('p', { class: 'muted', id: 'mesh-unavailable' },
+      'The mesh registry is off (mesh.registry.enabled: false in the server configuration).'));
+    return;
+  }
   if (res.status === 404 || res.status === 501) {
     box.replaceChildren(el('p', { class: 'muted', id: 'mesh-unavailable' },
       `The mesh registry is not available in this build (the server answered HTTP ${res.status}).`));
@@ -349,15 +410,29 @@ async function loadMesh() {
   }
   if (!res.ok) { box.replaceChildren(el('p', { class: 'bad' }, message(res))); return; }
   const networks = res.data.networks || [];
+  syncMeshStreams(networks.map((n) => n.id));
   const blocks = await Promise.all(networks.map(async (n) => {
     const peers = await api('GET', `/api/v1/mesh/networks/${encodeURIComponent(n.id)}/peers`);
-    const list = peers.ok ? peers.data.peers || [] : [];
-    return el('div', {}, el('h3', {}, `${n.name} (${n.cidr})`),
-      el('ul', {}, ...(list.length ? list.map((p) => el('li', {}, `${p.name} ${p.virtual_ip}`)) : [el('li', { class: 'muted' }, 'no peers')])));
+    const rows = peers.ok ? (peers.data.peers || []).map((p) => el('tr', { 'data-peer': p.id },
+      el('td', {}, p.id), el('td', {}, p.name), el('td', {}, p.virtual_ip),
+      el('td', {}, p.endpoints.map((e) => `${e.address}:${e.port} (${e.type})`).join(', ')),
+      el('td', {}, p.connection_type || ''), el('td', {}, p.latency === undefined ? '' : `${p.latency} ms`),
+      el('td', {}, when(p.last_seen)),
+      el('td', {}, when(p.lease_expires)))) : [];
+    const table = el('table', { class: 'mesh-peers', 'data-network': n.id },
+      el('thead', {}, el('tr', {}, ...['Peer', 'Name', 'Address', 'Endpoints', 'Connection', 'Latency', 'Last seen', 'Lease until'].map((h) => el('th', {}, h)))),
+      el('tbody'));
+    fill(table.querySelector('tbody'), rows, peers.ok ? 'No peers hold a lease.' : message(peers), 8);
+    return el('div', { 'data-network': n.id },
+      el('h3', {}, `${n.name} — ${n.id}, ${n.cidr}, ${n.peer_count} peer${n.peer_count === 1 ? '' : 's'}`),
+      el('div', { class: 'scroll' }, table));
   }));
   box.replaceChildren(...(blocks.length ? blocks : [el('p', { class: 'muted' }, 'No mesh networks.')]));
 }
 
 // ---- start -----------------------------------------------------------------------------
 
-const ui = shell({ panels, first: 'overview', onEnter: openWs, onLeave: closeWs });
+const ui = shell({
+  panels, first: 'overview', onEnter: openWs,
+  onLeave: () => { closeWs(); syncMeshStreams([]); },
+});
