@@ -31,7 +31,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::IntoRawFd;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Where to listen: `ip: None` means every interface (IPv6 dual-stack, IPv4 if IPv6 is off).
@@ -92,12 +92,30 @@ pub(crate) struct CoreContext {
     pub live: Arc<LiveTable>,
     pub resolver: Resolver,
     pub offload: Offload,
-    /// Client connections open across all cores, for `server.max_connections`.
-    pub open_connections: Arc<AtomicUsize>,
     /// The SOCKS5 listener's address, used for UDP ASSOCIATE relays.
     pub socks5_ip: Option<IpAddr>,
     pub cache: Option<Arc<crate::cache::CacheStore>>,
     pub vpn: Option<Arc<crate::tun::VpnPath>>,
+    /// The last snapshot a connection on this core took (see [`CoreContext::current_snapshot`]).
+    snapshot_cache: std::cell::RefCell<Option<Rc<Arc<crate::snapshot::Snapshot>>>>,
+}
+
+impl CoreContext {
+    /// The current configuration snapshot for one connection. The per-core `Rc` is what makes
+    /// this cheap: `load_full` would increment the snapshot's `Arc` count, one cache line that
+    /// every core writes twice per connection; here a new `Arc` is taken only on a reload.
+    pub fn current_snapshot(&self) -> Rc<Arc<crate::snapshot::Snapshot>> {
+        let current = self.snapshot.load();
+        let mut cached = self.snapshot_cache.borrow_mut();
+        match &*cached {
+            Some(rc) if Arc::ptr_eq(rc, &current) => rc.clone(),
+            _ => {
+                let rc = Rc::new(arc_swap::Guard::into_inner(current));
+                *cached = Some(rc.clone());
+                rc
+            }
+        }
+    }
 }
 
 /// `freebind`: the address may not exist yet (the VPN listener's TUN address).
@@ -213,7 +231,6 @@ struct CoreSeed {
     live: Arc<LiveTable>,
     resolver: Resolver,
     offload: Offload,
-    open_connections: Arc<AtomicUsize>,
     cache: Option<Arc<crate::cache::CacheStore>>,
     commands: CommandReceiver,
     socks5_ip: Option<IpAddr>,
@@ -289,10 +306,10 @@ impl CoreSeed {
                     live: seed.live,
                     resolver: seed.resolver,
                     offload: seed.offload,
-                    open_connections: seed.open_connections,
                     socks5_ip: seed.socks5_ip,
                     cache: seed.cache,
                     vpn: seed.vpn,
+                    snapshot_cache: std::cell::RefCell::new(None),
                 });
                 let mut tasks = Vec::new();
                 // Core 0 serves control-plane commands.
@@ -439,7 +456,6 @@ impl Dataplane {
             live: live.clone(),
             resolver,
             offload: Offload::new(runtime, 4096),
-            open_connections: Arc::new(AtomicUsize::new(0)),
             cache: opts.cache.clone(),
             commands: command_rx,
             socks5_ip: socks5_addr.map(|a| a.ip()),
@@ -561,14 +577,13 @@ enum Service {
     Vpn,
 }
 
-/// Releases the global connection slot and the per-core active count when a connection ends.
+/// Releases the per-core active count when a connection ends.
 pub(crate) struct ConnectionSlot {
     ctx: Rc<CoreContext>,
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        self.ctx.open_connections.fetch_sub(1, Ordering::AcqRel);
         self.ctx.counters.core(self.ctx.core).closed();
     }
 }
@@ -603,10 +618,13 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Servi
             tracing::debug!(client = %peer, "refused by access control");
             continue; // dropping the stream closes it
         }
-        let open = ctx.open_connections.fetch_add(1, Ordering::AcqRel);
         ctx.counters.core(ctx.core).opened();
         let slot = ConnectionSlot { ctx: ctx.clone() };
-        if snapshot.max_connections > 0 && open >= snapshot.max_connections {
+        // The limit sums the cores' own counts (reads only; no counter that every core writes),
+        // so cores accepting at the same instant may overshoot it by one each.
+        if snapshot.max_connections > 0
+            && ctx.counters.active_total() > snapshot.max_connections as u64
+        {
             tracing::warn!(client = %peer, limit = snapshot.max_connections, "connection limit reached");
             drop(slot);
             continue;

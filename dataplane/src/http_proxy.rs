@@ -235,7 +235,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
     let mut first = true;
     let mut registered: Option<Registered<'_>> = None;
     loop {
-        let snapshot = ctx.snapshot.load_full();
+        let snapshot = ctx.current_snapshot();
         let limits = HeadLimits {
             max_head_bytes: snapshot.max_header_size,
             ..HeadLimits::default()
