@@ -47,7 +47,9 @@ impl Script {
     fn new(via: Via, origin: SocketAddr, path: &str, body_len: usize) -> Result<Self> {
         let open = match via {
             Via::Direct => Vec::new(),
-            Via::Connect(_) => format!("CONNECT {origin} HTTP/1.1\r\nHost: {origin}\r\n\r\n").into_bytes(),
+            Via::Connect(_) => {
+                format!("CONNECT {origin} HTTP/1.1\r\nHost: {origin}\r\n\r\n").into_bytes()
+            }
             Via::Socks5(_) => {
                 let SocketAddr::V4(t) = origin else {
                     bail!("the SOCKS5 script takes an IPv4 origin");
@@ -148,7 +150,10 @@ pub fn run(
     threads: u32,
     seconds: u64,
 ) -> Result<TunnelRate> {
-    ensure!(in_flight > 0 && threads > 0, "in_flight and threads must be > 0");
+    ensure!(
+        in_flight > 0 && threads > 0,
+        "in_flight and threads must be > 0"
+    );
     let threads = threads.min(in_flight);
     let script = std::sync::Arc::new(Script::new(via, origin, path, body_len)?);
     let t0 = Instant::now();
@@ -289,7 +294,8 @@ async fn iteration(script: &Script, origin: SocketAddr, buf: &mut [u8]) -> Resul
                 }
             }
             ensure!(
-                buf[..have].starts_with(b"HTTP/1.1 200") || buf[..have].starts_with(b"HTTP/1.0 200"),
+                buf[..have].starts_with(b"HTTP/1.1 200")
+                    || buf[..have].starts_with(b"HTTP/1.0 200"),
                 "CONNECT answered {:?}",
                 String::from_utf8_lossy(&buf[..have.min(40)])
             );
@@ -301,7 +307,11 @@ async fn iteration(script: &Script, origin: SocketAddr, buf: &mut [u8]) -> Resul
             s.write_all(&script.open).await?;
             // IPv4 bound address: 10 bytes (the only kind these proxies answer to an IPv4 request)
             s.read_exact(&mut buf[..4]).await?;
-            ensure!(buf[0] == 5 && buf[1] == 0, "SOCKS5 CONNECT reply {:?}", &buf[..4]);
+            ensure!(
+                buf[0] == 5 && buf[1] == 0,
+                "SOCKS5 CONNECT reply {:?}",
+                &buf[..4]
+            );
             let rest = match buf[3] {
                 1 => 6,
                 4 => 18,
@@ -331,7 +341,11 @@ async fn iteration(script: &Script, origin: SocketAddr, buf: &mut [u8]) -> Resul
         .position(|w| w == b"\r\n\r\n")
         .context("response without a complete head")?;
     let body = have - head - 4;
-    ensure!(body == script.body_len, "body of {body} bytes, expected {}", script.body_len);
+    ensure!(
+        body == script.body_len,
+        "body of {body} bytes, expected {}",
+        script.body_len
+    );
     Ok(())
 }
 
@@ -370,7 +384,9 @@ mod tests {
                         Ok(n) => have += n,
                     }
                 }
-                let mut out = b"HTTP/1.1 200 OK\r\nContent-Length: 1024\r\nConnection: close\r\n\r\n".to_vec();
+                let mut out =
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 1024\r\nConnection: close\r\n\r\n"
+                        .to_vec();
                 out.extend_from_slice(&[7u8; 1024]);
                 let _ = s.write_all(&out);
             }
@@ -387,7 +403,9 @@ mod tests {
         let r = run(Via::Direct, o, "/1k.bin", 1000, 2, 1, 1).expect("run");
         assert_eq!(r.completed, 0, "{r:?}");
         assert!(
-            r.first_error.as_deref().is_some_and(|e| e.contains("body of 1024 bytes")),
+            r.first_error
+                .as_deref()
+                .is_some_and(|e| e.contains("body of 1024 bytes")),
             "{r:?}"
         );
     }

@@ -1,5 +1,5 @@
 //! Scenario `tunnels`: the new-tunnel rate — one tunnel + a 1 KiB `GET` + close, 32 in flight —
-//! through HTTP `CONNECT` (switchyard, squid, tinyproxy) and SOCKS5 (switchyard, microsocks,
+//! through HTTP `CONNECT` (switchyard, squid, tinyproxy, privoxy) and SOCKS5 (switchyard, microsocks,
 //! danted) to an nginx origin, with the same client straight to nginx as its ceiling (measured
 //! before and after the proxies, best of the two). The client is [`crate::tunnel_rate`].
 //!
@@ -66,7 +66,15 @@ fn measure(ctx: &Ctx, via: Via, origin: SocketAddr, e: &mut Entry<Row>) {
     procs::settle(Duration::from_secs(20));
     let load_before = loadavg();
     let threads = u32::try_from(ctx.env.cpus).unwrap_or(1).max(1);
-    match tunnel_rate::run(via, origin, "/1k.bin", 1024, IN_FLIGHT, threads, ctx.seconds) {
+    match tunnel_rate::run(
+        via,
+        origin,
+        "/1k.bin",
+        1024,
+        IN_FLIGHT,
+        threads,
+        ctx.seconds,
+    ) {
         Ok(rate) => {
             if rate.completed == 0 {
                 e.error = Some(format!(
@@ -111,7 +119,11 @@ fn rows(es: &[Entry<Row>]) -> Vec<Vec<String>> {
                     f(x.rate.p50_ms, 2),
                     f(x.rate.p99_ms, 2),
                     x.rate.errors.to_string(),
-                    format!("{} → {}", one_minute(&x.load_before), one_minute(&x.load_after)),
+                    format!(
+                        "{} → {}",
+                        one_minute(&x.load_before),
+                        one_minute(&x.load_after)
+                    ),
                 ]),
                 None => r.extend(std::iter::repeat_n("–".to_string(), 5)),
             }
@@ -209,6 +221,12 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             name: "tinyproxy",
             role: Role::Peer,
             start: Box::new(peers::tinyproxy),
+            via: connect_via,
+        },
+        Program {
+            name: "privoxy",
+            role: Role::Peer,
+            start: Box::new(peers::privoxy),
             via: connect_via,
         },
     ];

@@ -4,8 +4,8 @@
 
 use chrono::Utc;
 use serde_json::json;
-use switchyard_api::EventEnvelope;
 use std::sync::Arc;
+use switchyard_api::EventEnvelope;
 use switchyard_dataplane::events::{Event, EventQueue};
 use tokio::sync::broadcast;
 
