@@ -325,9 +325,18 @@ impl CoreSeed {
                     (listeners.vpn, Service::Vpn),
                 ] {
                     if let Some(socket) = socket {
+                        // a second descriptor of the same (non-blocking) listener for plain
+                        // accept4(2) calls; see `accept_one`
+                        let direct = match socket.try_clone() {
+                            Ok(d) => Some(d),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot duplicate a listener; accepting through glommio only");
+                                None
+                            }
+                        };
                         let listener = crate::sys::listener_from_fd(socket.into_raw_fd());
                         tasks.push(glommio::spawn_local(accept_loop(
-                            listener,
+                            Acceptor { listener, direct },
                             ctx.clone(),
                             service,
                         )));
@@ -594,10 +603,45 @@ impl Drop for ConnectionSlot {
 pub(crate) static PANIC_ON_NEXT_ACCEPT: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Service) {
+/// A core's listener: glommio's for waiting, plus a duplicate descriptor for direct accepts.
+struct Acceptor {
+    listener: TcpListener,
+    direct: Option<Socket>,
+}
+
+impl Acceptor {
+    /// The next connection and its peer. While connections are queued, one `accept4(2)` on the
+    /// non-blocking listener takes each one with its peer address; glommio's `accept` costs
+    /// three `fcntl(2)` calls around every accept plus a `getpeername(2)` (measured with
+    /// `strace`), so it is used only to wait when the queue is empty. `None`: a connection that
+    /// went away before its peer could be read (dropped, nothing to back off from).
+    async fn accept_one(&self) -> std::io::Result<Option<(glommio::net::TcpStream, SocketAddr)>> {
+        if let Some(direct) = &self.direct {
+            match direct.accept() {
+                Ok((socket, addr)) => {
+                    // keep one core's other tasks running while connections keep coming
+                    glommio::yield_if_needed().await;
+                    let stream = std::net::TcpStream::from(socket);
+                    let Some(peer) = addr.as_socket().or_else(|| stream.peer_addr().ok()) else {
+                        return Ok(None);
+                    };
+                    let stream = glommio::net::TcpStream::from(socket2_04::Socket::from(stream));
+                    return Ok(Some((stream, peer)));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let stream = self.listener.accept().await.map_err(std::io::Error::from)?;
+        Ok(stream.peer_addr().ok().map(|peer| (stream, peer)))
+    }
+}
+
+async fn accept_loop(acceptor: Acceptor, ctx: Rc<CoreContext>, service: Service) {
     loop {
-        let stream = match listener.accept().await {
-            Ok(s) => s,
+        let (stream, peer) = match acceptor.accept_one().await {
+            Ok(Some(s)) => s,
+            Ok(None) => continue,
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
@@ -609,9 +653,6 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Servi
         if PANIC_ON_NEXT_ACCEPT.swap(false, Ordering::AcqRel) {
             panic!("fault injected by a test");
         }
-        let Ok(peer) = stream.peer_addr() else {
-            continue;
-        };
         let snapshot = ctx.snapshot.load();
         // VPN flows come from the NAT's gateway address, which `serve` checks itself
         if !matches!(service, Service::Vpn) && !snapshot.access.allows(peer.ip()) {
