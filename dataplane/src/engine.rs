@@ -97,6 +97,8 @@ pub(crate) struct CoreContext {
     pub cache: Option<Arc<crate::cache::CacheStore>>,
     pub vpn: Option<Arc<crate::tun::VpnPath>>,
     /// The last snapshot a connection on this core took (see [`CoreContext::current_snapshot`]).
+    // Rc<Arc<_>> on purpose: the Rc is cloned per connection without touching the Arc's count.
+    #[allow(clippy::redundant_allocation)]
     snapshot_cache: std::cell::RefCell<Option<Rc<Arc<crate::snapshot::Snapshot>>>>,
 }
 
@@ -104,6 +106,7 @@ impl CoreContext {
     /// The current configuration snapshot for one connection. The per-core `Rc` is what makes
     /// this cheap: `load_full` would increment the snapshot's `Arc` count, one cache line that
     /// every core writes twice per connection; here a new `Arc` is taken only on a reload.
+    #[allow(clippy::redundant_allocation)]
     pub fn current_snapshot(&self) -> Rc<Arc<crate::snapshot::Snapshot>> {
         let current = self.snapshot.load();
         let mut cached = self.snapshot_cache.borrow_mut();

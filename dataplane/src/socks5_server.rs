@@ -151,7 +151,7 @@ async fn connect(
     };
     // borrowed from the snapshot this connection holds: no count shared by all cores to bump
     trace.backend = backend.name.clone();
-    let connected = match crate::proxied::dial(ctx, snapshot, &backend, &host, port).await {
+    let connected = match crate::proxied::dial(ctx, snapshot, backend, &host, port).await {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(client = %peer, %host, port, error = %e, "SOCKS5 connect failed");
