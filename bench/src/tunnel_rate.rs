@@ -132,12 +132,32 @@ impl Histogram {
     }
 }
 
-/// One thread's tally.
+/// One task's or thread's tally.
 struct Tally {
     completed: u64,
     errors: u64,
     first_error: Option<String>,
     hist: Histogram,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Tally {
+            completed: 0,
+            errors: 0,
+            first_error: None,
+            hist: Histogram::new(),
+        }
+    }
+
+    fn add(&mut self, other: Tally) {
+        self.completed += other.completed;
+        self.errors += other.errors;
+        self.hist.merge(&other.hist);
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
 }
 
 /// Runs `in_flight` iterations at a time for `seconds` over `threads` threads.
@@ -174,22 +194,12 @@ pub fn run(
                 })?,
         );
     }
-    let mut total = Tally {
-        completed: 0,
-        errors: 0,
-        first_error: None,
-        hist: Histogram::new(),
-    };
+    let mut total = Tally::new();
     for h in handles {
-        let t = h
-            .join()
-            .map_err(|_| anyhow::anyhow!("a load thread panicked"))??;
-        total.completed += t.completed;
-        total.errors += t.errors;
-        total.hist.merge(&t.hist);
-        if total.first_error.is_none() {
-            total.first_error = t.first_error;
-        }
+        total.add(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a load thread panicked"))??,
+        );
     }
     let secs = t0.elapsed().as_secs_f64();
     Ok(TunnelRate {
@@ -218,12 +228,7 @@ async fn thread_main(
             for _ in 0..slots {
                 let script = script.clone();
                 tasks.push(tokio::task::spawn_local(async move {
-                    let mut tally = Tally {
-                        completed: 0,
-                        errors: 0,
-                        first_error: None,
-                        hist: Histogram::new(),
-                    };
+                    let mut tally = Tally::new();
                     let mut buf = vec![0u8; 4096];
                     while Instant::now() < stop {
                         let began = Instant::now();
@@ -254,20 +259,9 @@ async fn thread_main(
                     tally
                 }));
             }
-            let mut total = Tally {
-                completed: 0,
-                errors: 0,
-                first_error: None,
-                hist: Histogram::new(),
-            };
+            let mut total = Tally::new();
             for t in tasks {
-                let t = t.await.context("load task")?;
-                total.completed += t.completed;
-                total.errors += t.errors;
-                total.hist.merge(&t.hist);
-                if total.first_error.is_none() {
-                    total.first_error = t.first_error;
-                }
+                total.add(t.await.context("load task")?);
             }
             Ok(total)
         })
