@@ -178,7 +178,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         http_addr: dataplane.http_addr,
         cores: dataplane.cores.len(),
         core_health: dataplane.core_health.clone(),
-        hub: Hub::new(),
+        hub: Hub::for_dataplane(dataplane.events.clone()),
         request_log: RequestLog::new(cfg.api.request_log_size),
         started: Instant::now(),
         reloads: AtomicU64::new(0),
@@ -253,6 +253,7 @@ async fn drain_dataplane(state: Arc<ServerState>) {
     let (mut event_drops, mut record_drops) = (0, 0);
     loop {
         tick.tick().await;
+        state.hub.release_idle_events();
         while let Some(event) = state.events.pop() {
             state.hub.publish_dataplane(&event);
         }

@@ -57,7 +57,7 @@ async fn send_reply(client: &RefCell<TcpStream>, code: ReplyCode, bound: SocketA
 }
 
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreContext>) {
-    let snapshot = ctx.snapshot.load_full();
+    let snapshot = ctx.current_snapshot();
     let client = RefCell::new(stream);
     let handshake = async {
         let mut carry = Vec::new();
@@ -142,17 +142,17 @@ async fn connect(
     let (host, port) = split_target(&addr);
     let label = addr.to_string();
     let mut trace = Trace::new(Protocol::Socks5, "CONNECT");
+    // the request log's url is the same label, copied only when a record is written
     trace.host = label.clone();
-    trace.url = label.clone();
     let Some((_, backend)) = snapshot.select(&host) else {
         send_reply(&client, ReplyCode::NotAllowed, unspecified()).await;
         trace.fail(403, format!("no route for {host}"));
         trace.finish(ctx, snapshot, client_ip);
         return;
     };
-    let backend = backend.clone();
+    // borrowed from the snapshot this connection holds: no count shared by all cores to bump
     trace.backend = backend.name.clone();
-    let connected = match crate::proxied::dial(ctx, snapshot, &backend, &host, port).await {
+    let connected = match crate::proxied::dial(ctx, snapshot, backend, &host, port).await {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(client = %peer, %host, port, error = %e, "SOCKS5 connect failed");
@@ -179,7 +179,7 @@ async fn connect(
         peer,
         Protocol::Socks5,
         &label,
-        &backend,
+        backend,
         trace,
     )
     .await;
