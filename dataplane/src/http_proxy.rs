@@ -381,23 +381,27 @@ async fn handle_request<'c>(
             return Next::Close;
         }
     }
-    if let Some(users) = &snapshot.users {
-        let creds = head
+    if let Some(auth) = &snapshot.auth {
+        let credential = head
             .header("proxy-authorization")
-            .and_then(crate::credentials::parse_basic);
-        let verdict = match &creds {
-            Some((u, p)) => {
-                users
-                    .verify(&snapshot.auth_guard, &ctx.offload, client_ip, u, p)
+            .and_then(crate::credentials::parse_proxy_authorization);
+        let verdict = match &credential {
+            Some(c) => {
+                auth.verify(&snapshot.auth_guard, &ctx.offload, client_ip, c)
                     .await
             }
             None => Verdict::Rejected,
         };
-        if let Some((u, _)) = creds {
-            trace.username = u;
+        if let Some(c) = &credential {
+            trace.username = c.user().to_owned();
         }
+        let challenges: Vec<(&str, &str)> = auth
+            .challenges()
+            .iter()
+            .map(|c| ("Proxy-Authenticate", *c))
+            .collect();
         match verdict {
-            Verdict::Accepted | Verdict::Rejected => {}
+            Verdict::Accepted | Verdict::Rejected | Verdict::Unavailable => {}
             Verdict::Throttled => {
                 tracing::debug!(client = %peer, "proxy authentication throttled");
                 let msg = "too many failed authentications from this address; try again later";
@@ -406,7 +410,7 @@ async fn handle_request<'c>(
                     trace,
                     407,
                     "Proxy Authentication Required",
-                    &[("Proxy-Authenticate", "Basic realm=\"switchyard\"")],
+                    &challenges,
                     msg.to_owned(),
                 )
                 .await;
@@ -430,16 +434,27 @@ async fn handle_request<'c>(
             let body_kind = http1::request_body_kind(&head).unwrap_or(BodyKind::UntilClose);
             let close = !matches!(body_kind, BodyKind::Empty | BodyKind::Length(0))
                 || !head.wants_keep_alive();
+            let (message, body) = if verdict == Verdict::Unavailable {
+                (
+                    "proxy authentication unavailable (the authentication service did not answer)",
+                    "proxy authentication required: the authentication service is unavailable\n",
+                )
+            } else {
+                (
+                    "proxy authentication required",
+                    "proxy authentication required\n",
+                )
+            };
             reply(
                 client,
                 407,
                 "Proxy Authentication Required",
-                &[("Proxy-Authenticate", "Basic realm=\"switchyard\"")],
-                "proxy authentication required\n",
+                &challenges,
+                body,
                 close,
             )
             .await;
-            trace.fail(407, "proxy authentication required");
+            trace.fail(407, message);
             return if close { Next::Close } else { Next::KeepAlive };
         }
     }

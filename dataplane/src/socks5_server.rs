@@ -3,7 +3,7 @@
 //! `openvpn` backend's tunnel device, or inside a `wireguard` backend's tunnel), BIND refused
 //! with "command not supported".
 
-use crate::credentials::Verdict;
+use crate::credentials::{Credential, Verdict};
 use crate::engine::CoreContext;
 use crate::events::Protocol;
 use crate::snapshot::{BackendKind, Snapshot};
@@ -65,7 +65,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             // Not SOCKS5 (or garbage): close without a reply, as the RFC leaves no other option.
             _ => return None,
         };
-        let need_auth = snapshot.users.is_some();
+        let need_auth = snapshot.auth.is_some();
         let wanted = if need_auth { 2u8 } else { 0u8 };
         if !greeting.methods.contains(&wanted) {
             let _ = tunnel::write_all(&client, &socks5::encode_method_selection(0xFF)).await;
@@ -74,19 +74,17 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
         tunnel::write_all(&client, &socks5::encode_method_selection(wanted))
             .await
             .ok()?;
-        if let Some(users) = &snapshot.users {
+        if let Some(auth) = &snapshot.auth {
             let creds = read_msg(&client, &mut carry, socks5::parse_userpass)
                 .await
                 .ok()??;
             let client_ip = crate::access_control::canonical(peer.ip());
-            let verdict = users
-                .verify(
-                    &snapshot.auth_guard,
-                    &ctx.offload,
-                    client_ip,
-                    &creds.username,
-                    &creds.password,
-                )
+            let credential = Credential::Basic {
+                user: creds.username.clone(),
+                password: creds.password,
+            };
+            let verdict = auth
+                .verify(&snapshot.auth_guard, &ctx.offload, client_ip, &credential)
                 .await;
             let ok = verdict == Verdict::Accepted;
             let _ = tunnel::write_all(&client, &socks5::encode_userpass_status(ok)).await;

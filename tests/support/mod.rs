@@ -6,6 +6,7 @@
 pub mod browser;
 pub mod netns;
 pub mod ovpn_server;
+pub mod slapd;
 pub mod wg_peer;
 
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,76 @@
+//! Verifiers of proxy credentials for the `auth.mode`s beyond native users. Each is a
+//! [`CredentialVerifier`] the control plane builds once at start-up (the mode needs a restart to
+//! change) and hands to the data plane's snapshot; the data plane runs its checks on the control
+//! plane's tokio runtime, behind the per-core outcome cache, the verification slots and the
+//! per-client failure budget (`switchyard_dataplane::proxy_auth`). This crate also answers which
+//! modes this build can serve ([`availability`]).
+
+pub mod ldap;
+
+use std::sync::Arc;
+use switchyard_config::{AuthConfig, AuthMode};
+use switchyard_dataplane::proxy_auth::CredentialVerifier;
+
+/// Why the configured mode cannot run; start-up fails with this message.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyAuthError {
+    #[error("auth.{section}: {message}")]
+    Settings {
+        section: &'static str,
+        message: String,
+    },
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A mode's availability in this build (`GET /api/v1/auth/plugins`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    Available,
+    /// A cargo feature turned off: accepted with a warning, fails closed.
+    BuildDisabled(&'static str),
+    Unimplemented(&'static str),
+}
+
+impl Availability {
+    pub fn state(&self) -> &'static str {
+        match self {
+            Availability::Available => "available",
+            Availability::BuildDisabled(_) => "build_disabled",
+            Availability::Unimplemented(_) => "unimplemented",
+        }
+    }
+
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            Availability::Available => None,
+            Availability::BuildDisabled(r) | Availability::Unimplemented(r) => Some(r),
+        }
+    }
+}
+
+/// Whether this build can authenticate with `mode`.
+pub fn availability(mode: AuthMode) -> Availability {
+    if !mode.is_implemented() {
+        return Availability::Unimplemented("not implemented in this build");
+    }
+    Availability::Available
+}
+
+/// The verifier of the configured mode; `None` for `none` and `native` (the data plane checks
+/// native users itself).
+pub fn verifier(auth: &AuthConfig) -> Result<Option<Arc<dyn CredentialVerifier>>, ProxyAuthError> {
+    match auth.mode {
+        AuthMode::None | AuthMode::Native => Ok(None),
+        AuthMode::Ldap => {
+            let settings = auth.ldap.as_ref().ok_or(ProxyAuthError::Settings {
+                section: "ldap",
+                message: "missing (url, base_dn, user_filter)".into(),
+            })?;
+            Ok(Some(Arc::new(ldap::LdapVerifier::new(settings)?)))
+        }
+        mode => Err(ProxyAuthError::Unavailable(format!(
+            "auth mode `{mode}` is not implemented in this build"
+        ))),
+    }
+}

@@ -1,0 +1,272 @@
+//! Proxy authentication modes beyond native users, end to end: the real `switchyard server`
+//! asked through by curl (HTTP, CONNECT, SOCKS5), verifying against real authorities started by
+//! the test (an OpenLDAP `slapd` directory).
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::slapd::{start_slapd, start_slapd_on, Slapd, BASE_DN};
+use support::*;
+
+const PAGE: &[u8] = b"<h1>behind the proxy</h1>\n";
+const USERS: &[(&str, &str)] = &[("alice", "wonderland"), ("bob", "canwefixit")];
+
+fn ldap_config(url: &str, extra: &str) -> String {
+    format!(
+        "auth:\n  mode: ldap\n  ldap:\n    url: \"{url}\"\n    base_dn: \"{BASE_DN}\"\n    user_filter: \"(uid=%s)\"\n{extra}"
+    )
+}
+
+/// The status the HTTP proxy answered (`connect`: to the CONNECT that opens a tunnel).
+fn via_http(server: &Server, url: &str, user: Option<&str>, connect: bool) -> String {
+    via_http_from("127.0.0.1", server, url, user, connect)
+}
+
+/// [`via_http`] from the loopback address `source` (each address has its own failure budget).
+fn via_http_from(
+    source: &str,
+    server: &Server,
+    url: &str,
+    user: Option<&str>,
+    connect: bool,
+) -> String {
+    let proxy = format!("http://{}", server.http);
+    let code = if connect {
+        "%{http_connect}"
+    } else {
+        "%{http_code}"
+    };
+    let mut args = vec!["-s", "-o", "/dev/null", "-w", code, "--max-time", "20"];
+    args.extend(["--interface", source, "-x", &proxy]);
+    if let Some(u) = user {
+        args.extend(["-U", u]);
+    }
+    if connect {
+        args.push("-p");
+    }
+    args.push(url);
+    String::from_utf8_lossy(&curl(&args).stdout).into_owned()
+}
+
+fn server_logged(server: &Server, needle: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = server
+            .logs
+            .lock()
+            .map(|l| l.iter().any(|line| line.contains(needle)))
+            .unwrap_or(false);
+        if found || Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ldap_users_authenticate_by_search_and_bind() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let Some(dir) = start_slapd(USERS) else {
+        return;
+    };
+    let server = start_server(&ldap_config(&dir.ldap_url, ""));
+    let url = origin.url("/index.html");
+
+    // No credentials: 407 with a Basic challenge.
+    let proxy = format!("http://{}", server.http);
+    let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(head.starts_with("http/1.1 407"), "{head}");
+    assert!(
+        head.contains("proxy-authenticate: basic realm=\"switchyard\""),
+        "{head}"
+    );
+
+    // The right password, over HTTP, CONNECT and SOCKS5 (RFC 1929).
+    assert_eq!(
+        via_http(&server, &url, Some("alice:wonderland"), false),
+        "200"
+    );
+    assert_eq!(via_http(&server, &url, Some("bob:canwefixit"), true), "200");
+    let socks = format!("socks5h://alice:wonderland@{}", server.socks5);
+    let out = curl(&["-sS", "--max-time", "20", "-x", &socks, &url]);
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Wrong password, unknown user, empty password (an unauthenticated bind the directory
+    // would accept), and a name that would match every entry if it were not escaped.
+    assert_eq!(via_http(&server, &url, Some("alice:nope"), false), "407");
+    assert_eq!(
+        via_http(&server, &url, Some("carol:wonderland"), true),
+        "407"
+    );
+    assert_eq!(via_http(&server, &url, Some("alice:"), false), "407");
+    let searches = dir.searches();
+    assert_eq!(
+        via_http(&server, &url, Some("*)(uid=*:wonderland"), false),
+        "407"
+    );
+    assert_eq!(via_http(&server, &url, Some("*:canwefixit"), false), "407");
+    let socks = format!("socks5h://bob:wrong@{}", server.socks5);
+    assert!(!curl(&["-sS", "--max-time", "20", "-x", &socks, &url])
+        .status
+        .success());
+    // The injection names were looked up (escaped) and found nobody: no bind was tried for them.
+    // `b*` would match exactly bob's entry if it were not escaped, and his password would pass.
+    assert_eq!(via_http(&server, &url, Some("b*:canwefixit"), false), "407");
+    assert!(dir.searches() >= searches + 3);
+    let log = dir.log();
+    assert!(log.contains(r#"filter="(uid=\2A\29\28uid=\2A)""#), "{log}");
+    assert!(log.contains(r#"filter="(uid=b\2A)""#), "{log}");
+
+    // The cache: repeating a verified password (accepted or refused) does not reach the
+    // directory again.
+    // (From another address: 127.0.0.1 has spent most of its failure budget above.)
+    let (alice, bob) = (dir.binds_as("alice"), dir.binds_as("bob"));
+    assert!(alice >= 1 && bob >= 1, "binds: alice {alice}, bob {bob}");
+    let again =
+        |user: &str, connect: bool| via_http_from("127.0.0.2", &server, &url, Some(user), connect);
+    for _ in 0..3 {
+        assert_eq!(again("alice:wonderland", false), "200");
+        assert_eq!(again("alice:nope", true), "407");
+    }
+    assert_eq!(
+        dir.binds_as("alice"),
+        alice,
+        "cached outcomes went to the directory"
+    );
+    // A new password does (and is refused).
+    assert_eq!(again("alice:guess", false), "407");
+    assert_eq!(dir.binds_as("alice"), alice + 1);
+    assert_eq!(dir.binds_as("bob"), bob);
+
+    // Connections are reused: the proxy's checks ran on at most one connection per core, not
+    // one per check.
+    let connections = dir.bound_connections();
+    assert!(connections.len() <= 2, "{connections:?}\n{}", dir.log());
+
+    // The plugin list reports LDAP as available.
+    let plugins = server.api_get("/api/v1/auth/plugins");
+    let ldap = plugins["plugins"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "ldap"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ldap["availability"]["state"], "available", "{plugins}");
+}
+
+fn env_server(yaml: &str, env: &[(&str, &std::ffi::OsStr)]) -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_path = dir.path().join("server.yaml");
+    let text = format!(
+        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
+         api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n{yaml}"
+    );
+    std::fs::write(&config_path, text).expect("config");
+    start_server_with_env(dir, config_path, env)
+}
+
+fn ldap_tls_case(dir: &Slapd, url: &str, extra: &str, trust_ca: bool) -> String {
+    let origin_page = start_nginx(&[("index.html", PAGE)]).expect("nginx");
+    let env: Vec<(&str, &std::ffi::OsStr)> = if trust_ca {
+        vec![("SSL_CERT_FILE", dir.ca_cert.as_os_str())]
+    } else {
+        Vec::new()
+    };
+    let server = env_server(&ldap_config(url, extra), &env);
+    via_http(
+        &server,
+        &origin_page.url("/index.html"),
+        Some("alice:wonderland"),
+        false,
+    )
+}
+
+#[test]
+fn ldap_over_ldaps_and_starttls() {
+    if require("nginx").is_none() {
+        return;
+    }
+    let Some(dir) = start_slapd(USERS) else {
+        return;
+    };
+    // LDAPS with the directory's CA trusted.
+    assert_eq!(ldap_tls_case(&dir, &dir.ldaps_url, "", true), "200");
+    // StartTLS on the plain port.
+    assert!(!dir.saw_starttls());
+    assert_eq!(
+        ldap_tls_case(&dir, &dir.ldap_url, "    tls: true\n", true),
+        "200"
+    );
+    assert!(dir.saw_starttls(), "{}", dir.log());
+    // An untrusted certificate is refused (the check fails, so 407), for LDAPS and StartTLS...
+    assert_eq!(ldap_tls_case(&dir, &dir.ldaps_url, "", false), "407");
+    assert_eq!(
+        ldap_tls_case(&dir, &dir.ldap_url, "    tls: true\n", false),
+        "407"
+    );
+    // ...unless verification is turned off.
+    let skip = "    insecure_skip_verify: true\n";
+    assert_eq!(ldap_tls_case(&dir, &dir.ldaps_url, skip, false), "200");
+}
+
+#[test]
+fn ldap_directory_down_answers_407_and_says_why() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    if require("slapd").is_none() {
+        return;
+    }
+    let port = free_port();
+    let server = start_server(&ldap_config(&format!("ldap://127.0.0.1:{port}"), ""));
+    let url = origin.url("/index.html");
+    let proxy = format!("http://{}", server.http);
+    let out = curl(&[
+        "-sS",
+        "-D",
+        "-",
+        "-x",
+        &proxy,
+        "-U",
+        "alice:wonderland",
+        &url,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(text.starts_with("http/1.1 407"), "{text}");
+    assert!(text.contains("proxy-authenticate: basic"), "{text}");
+    assert!(
+        text.contains("authentication service is unavailable"),
+        "{text}"
+    );
+    assert!(
+        server_logged(&server, "proxy authentication could not be checked"),
+        "no log line about the directory"
+    );
+    assert!(server_logged(
+        &server,
+        &format!("127.0.0.1:{port} unreachable")
+    ));
+    // SOCKS5 is refused too.
+    let socks = format!("socks5h://alice:wonderland@{}", server.socks5);
+    assert!(!curl(&["-sS", "--max-time", "20", "-x", &socks, &url])
+        .status
+        .success());
+    // An outage is neither remembered nor charged to the client: once the directory is up, the
+    // same credentials pass at once (more attempts than the failure budget were made).
+    for _ in 0..10 {
+        assert_eq!(
+            via_http(&server, &url, Some("alice:wonderland"), false),
+            "407"
+        );
+    }
+    let Some(dir) = start_slapd_on(USERS, port) else {
+        return;
+    };
+    assert_eq!(
+        via_http(&server, &url, Some("alice:wonderland"), false),
+        "200"
+    );
+    assert_eq!(dir.binds_as("alice"), 1);
+}
