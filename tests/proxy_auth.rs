@@ -270,3 +270,142 @@ fn ldap_directory_down_answers_407_and_says_why() {
     );
     assert_eq!(dir.binds_as("alice"), 1);
 }
+
+/// A local account and a PAM service file of the test's own (pam_exec logs every
+/// authentication PAM runs for it, then pam_unix checks the password); both removed on drop.
+struct LocalAccount {
+    user: String,
+    service: String,
+    dir: tempfile::TempDir,
+}
+
+impl LocalAccount {
+    fn create(password: &str) -> Option<LocalAccount> {
+        let uid = std::process::Command::new("id").arg("-u").output().ok()?;
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "the PAM test needs root in CI"
+            );
+            eprintln!("SKIP: creating a local user needs root");
+            return None;
+        }
+        let useradd = require("useradd")?;
+        let chpasswd = require("chpasswd")?;
+        let user = format!("syauth{}", std::process::id());
+        let service = format!("switchyard-test-{user}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let account = LocalAccount {
+            user: user.clone(),
+            service: service.clone(),
+            dir,
+        };
+        let made = std::process::Command::new(useradd)
+            .args(["-M", "-N", "-s", "/usr/sbin/nologin", &user])
+            .status()
+            .expect("useradd");
+        assert!(made.success(), "useradd {user}");
+        let mut set = std::process::Command::new(chpasswd)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("chpasswd");
+        {
+            use std::io::Write;
+            let mut stdin = set.stdin.take().expect("stdin");
+            writeln!(stdin, "{user}:{password}").expect("write chpasswd");
+        }
+        assert!(set.wait().expect("chpasswd").success());
+        let rules = format!(
+            "auth optional pam_exec.so quiet log={} /usr/bin/printenv PAM_USER\n\
+             auth required pam_unix.so nodelay\naccount required pam_unix.so\n",
+            account.calls_log().display()
+        );
+        std::fs::write(account.service_file(), rules).expect("write PAM service");
+        Some(account)
+    }
+
+    fn service_file(&self) -> std::path::PathBuf {
+        std::path::Path::new("/etc/pam.d").join(&self.service)
+    }
+
+    fn calls_log(&self) -> std::path::PathBuf {
+        self.dir.path().join("pam-calls.log")
+    }
+
+    /// Authentications PAM ran for `user`.
+    fn authentications(&self, user: &str) -> usize {
+        std::fs::read_to_string(self.calls_log())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.trim() == user)
+            .count()
+    }
+}
+
+impl Drop for LocalAccount {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.service_file());
+        let _ = std::process::Command::new("userdel")
+            .arg(&self.user)
+            .status();
+    }
+}
+
+#[test]
+fn system_accounts_authenticate_through_pam() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let Some(account) = LocalAccount::create("s3cret-Pam") else {
+        return;
+    };
+    let user = account.user.clone();
+    let server = start_server(&format!(
+        "auth:\n  mode: system\n  system:\n    service: \"{}\"\n",
+        account.service
+    ));
+    let url = origin.url("/index.html");
+    let good = format!("{user}:s3cret-Pam");
+
+    assert_eq!(via_http(&server, &url, None, false), "407");
+    assert_eq!(via_http(&server, &url, Some(&good), false), "200");
+    assert_eq!(via_http(&server, &url, Some(&good), true), "200");
+    let socks = format!("socks5h://{good}@{}", server.socks5);
+    let out = curl(&["-sS", "--max-time", "20", "-x", &socks, &url]);
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+
+    assert_eq!(
+        via_http(&server, &url, Some(&format!("{user}:wrong")), false),
+        "407"
+    );
+    assert_eq!(
+        via_http(&server, &url, Some(&format!("{user}:wrong")), true),
+        "407"
+    );
+    assert_eq!(
+        via_http(&server, &url, Some("syauth-nobody:s3cret-Pam"), false),
+        "407"
+    );
+    let socks = format!("socks5h://{user}:wrong@{}", server.socks5);
+    assert!(!curl(&["-sS", "--max-time", "20", "-x", &socks, &url])
+        .status
+        .success());
+
+    // Outcomes are cached: repeating them does not run PAM again.
+    let runs = account.authentications(&user);
+    assert!(runs >= 2, "PAM ran {runs} times");
+    for _ in 0..3 {
+        let again = |u: &str| via_http_from("127.0.0.3", &server, &url, Some(u), false);
+        assert_eq!(again(&good), "200");
+        assert_eq!(again(&format!("{user}:wrong")), "407");
+    }
+    assert_eq!(account.authentications(&user), runs);
+
+    let plugins = server.api_get("/api/v1/auth/plugins");
+    let system = plugins["plugins"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "system"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(system["availability"]["state"], "available", "{plugins}");
+}

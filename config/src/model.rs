@@ -573,7 +573,10 @@ impl AuthMode {
     /// Whether this binary was built with it is the control plane's answer
     /// (`build_disabled`).
     pub const fn is_implemented(self) -> bool {
-        matches!(self, AuthMode::None | AuthMode::Native | AuthMode::Ldap)
+        matches!(
+            self,
+            AuthMode::None | AuthMode::Native | AuthMode::Ldap | AuthMode::System
+        )
     }
 }
 

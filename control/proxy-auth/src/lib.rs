@@ -6,6 +6,8 @@
 //! modes this build can serve ([`availability`]).
 
 pub mod ldap;
+#[cfg(all(unix, feature = "pam"))]
+pub mod pam;
 
 use std::sync::Arc;
 use switchyard_config::{AuthConfig, AuthMode};
@@ -49,12 +51,20 @@ impl Availability {
     }
 }
 
+/// Start-up fails with this when `system` is configured where PAM is missing.
+pub const NO_PAM: &str = "system authentication (PAM) is not supported on this platform or build; use native, ldap or oauth";
+
+const PAM_BUILT: bool = cfg!(all(unix, feature = "pam"));
+
 /// Whether this build can authenticate with `mode`.
 pub fn availability(mode: AuthMode) -> Availability {
     if !mode.is_implemented() {
         return Availability::Unimplemented("not implemented in this build");
     }
-    Availability::Available
+    match mode {
+        AuthMode::System if !PAM_BUILT => Availability::BuildDisabled(NO_PAM),
+        _ => Availability::Available,
+    }
 }
 
 /// The verifier of the configured mode; `None` for `none` and `native` (the data plane checks
@@ -69,8 +79,48 @@ pub fn verifier(auth: &AuthConfig) -> Result<Option<Arc<dyn CredentialVerifier>>
             })?;
             Ok(Some(Arc::new(ldap::LdapVerifier::new(settings)?)))
         }
+        AuthMode::System => system_verifier(auth),
         mode => Err(ProxyAuthError::Unavailable(format!(
             "auth mode `{mode}` is not implemented in this build"
         ))),
+    }
+}
+
+#[cfg(all(unix, feature = "pam"))]
+fn system_verifier(
+    auth: &AuthConfig,
+) -> Result<Option<Arc<dyn CredentialVerifier>>, ProxyAuthError> {
+    let service = auth.system.clone().unwrap_or_default().service;
+    Ok(Some(Arc::new(pam::PamVerifier::new(&service))))
+}
+
+#[cfg(not(all(unix, feature = "pam")))]
+fn system_verifier(_: &AuthConfig) -> Result<Option<Arc<dyn CredentialVerifier>>, ProxyAuthError> {
+    Err(ProxyAuthError::Unavailable(NO_PAM.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn availability_follows_the_build() {
+        assert_eq!(availability(AuthMode::Ldap), Availability::Available);
+        assert_eq!(availability(AuthMode::Native), Availability::Available);
+        let system = availability(AuthMode::System);
+        if PAM_BUILT {
+            assert_eq!(system, Availability::Available);
+        } else {
+            assert_eq!(system.state(), "build_disabled");
+            let cfg = AuthConfig {
+                mode: AuthMode::System,
+                ..Default::default()
+            };
+            let err = verifier(&cfg).map(|_| ()).expect_err("no PAM");
+            assert!(
+                err.to_string().contains("use native, ldap or oauth"),
+                "{err}"
+            );
+        }
     }
 }
