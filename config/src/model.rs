@@ -575,7 +575,7 @@ impl AuthMode {
     pub const fn is_implemented(self) -> bool {
         matches!(
             self,
-            AuthMode::None | AuthMode::Native | AuthMode::Ldap | AuthMode::System
+            AuthMode::None | AuthMode::Native | AuthMode::Ldap | AuthMode::System | AuthMode::Oauth
         )
     }
 }

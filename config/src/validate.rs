@@ -428,6 +428,9 @@ fn check_auth(cfg: &ServerConfig, p: &mut Problems) {
     if a.mode == AuthMode::Ldap {
         check_ldap(a.ldap.as_ref(), p);
     }
+    if a.mode == AuthMode::Oauth {
+        check_oauth(a.oauth.as_ref(), p);
+    }
     if a.mode == AuthMode::System
         && a.system
             .as_ref()
@@ -505,6 +508,31 @@ fn is_pam_service(name: &str) -> bool {
         && name
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+fn check_oauth(oauth: Option<&crate::model::OAuthAuthConfig>, p: &mut Problems) {
+    let Some(o) = oauth else {
+        p.push("auth.oauth", "auth mode oauth needs auth.oauth (issuer_url, client_id)");
+        return;
+    };
+    let is_http = |u: &str| u.starts_with("https://") || u.starts_with("http://");
+    if !is_http(&o.issuer_url) {
+        p.push("auth.oauth.issuer_url", "must be an http(s) URL (the OpenID issuer)");
+    }
+    if o.client_id.trim().is_empty() {
+        p.push("auth.oauth.client_id", "required (the audience access tokens must name)");
+    }
+    if let Some(url) = &o.introspection_url {
+        if !is_http(url) {
+            p.push("auth.oauth.introspection_url", "must be an http(s) URL");
+        }
+        if o.client_secret.is_none() {
+            p.push(
+                "auth.oauth.client_secret",
+                "required with introspection_url (the proxy authenticates as the client)",
+            );
+        }
+    }
 }
 
 fn check_ldap(ldap: Option<&crate::model::LdapAuthConfig>, p: &mut Problems) {
@@ -957,6 +985,18 @@ metrics: {listen: "x"}
                 .contains("not implemented in this build (availability: unimplemented)"));
             assert_eq!(p[0].section, "auth");
         }
+    }
+
+    #[test]
+    fn oauth_settings() {
+        let ok = "auth: {mode: oauth, oauth: {issuer_url: \"https://id\", client_id: proxy}}";
+        assert!(validate(&load(ok)).is_empty());
+        assert_eq!(fields(&validate(&load("auth: {mode: oauth}"))), ["auth.oauth"]);
+        let bad = "auth: {mode: oauth, oauth: {issuer_url: id, client_id: \"\", introspection_url: \"https://id/i\"}}";
+        assert_eq!(
+            fields(&validate(&load(bad))),
+            ["auth.oauth.issuer_url", "auth.oauth.client_id", "auth.oauth.client_secret"]
+        );
     }
 
     #[test]

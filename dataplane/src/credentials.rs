@@ -158,8 +158,8 @@ impl Users {
     }
 }
 
-/// Remembered outcomes: digest → (accepted, when). Bounded; entries expire after
-/// [`SUCCESS_TTL`] / [`FAILURE_TTL`].
+/// Remembered outcomes: digest → (accepted, until when). Bounded; entries expire after
+/// [`SUCCESS_TTL`] / [`FAILURE_TTL`], or earlier when the credential itself expires sooner.
 #[derive(Debug, Default)]
 pub(crate) struct Outcomes(HashMap<[u8; 32], (bool, Instant)>);
 
@@ -167,7 +167,7 @@ impl Outcomes {
     /// The remembered outcome for `key`, if still fresh.
     pub(crate) fn get(&mut self, key: &[u8; 32]) -> Option<bool> {
         match self.0.get(key) {
-            Some(&(ok, at)) if at.elapsed() < ttl(ok) => Some(ok),
+            Some(&(ok, until)) if Instant::now() < until => Some(ok),
             Some(_) => {
                 self.0.remove(key);
                 None
@@ -176,10 +176,12 @@ impl Outcomes {
         }
     }
 
-    pub(crate) fn insert(&mut self, key: [u8; 32], ok: bool) {
+    /// Remembers `ok` for its TTL, or for `valid_for` when that is shorter.
+    pub(crate) fn insert_for(&mut self, key: [u8; 32], ok: bool, valid_for: Option<Duration>) {
+        let now = Instant::now();
         let c = &mut self.0;
         if c.len() >= CACHE_CAPACITY {
-            c.retain(|_, &mut (ok, at)| at.elapsed() < ttl(ok));
+            c.retain(|_, &mut (_, until)| now < until);
             if c.len() >= CACHE_CAPACITY {
                 // Failures go first: losing them costs one verification each, losing successes
                 // costs every user a slow request.
@@ -189,7 +191,8 @@ impl Outcomes {
                 c.clear();
             }
         }
-        c.insert(key, (ok, Instant::now()));
+        let ttl = valid_for.map_or(ttl(ok), |v| v.min(ttl(ok)));
+        c.insert(key, (ok, now + ttl));
     }
 }
 
@@ -227,7 +230,11 @@ pub(crate) fn cached(key: &[u8; 32]) -> Option<bool> {
 }
 
 pub(crate) fn remember(key: [u8; 32], ok: bool) {
-    OUTCOMES.with(|c| c.borrow_mut().insert(key, ok));
+    remember_for(key, ok, None);
+}
+
+pub(crate) fn remember_for(key: [u8; 32], ok: bool, valid_for: Option<Duration>) {
+    OUTCOMES.with(|c| c.borrow_mut().insert_for(key, ok, valid_for));
 }
 
 /// What a client presented in `Proxy-Authorization` (or SOCKS5 RFC 1929).

@@ -8,12 +8,32 @@
 //! per core.
 
 use crate::credentials::{
-    cache_key_of, cached, remember, AuthGuard, Credential, Outcomes, Users, Verdict,
+    cache_key_of, cached, remember_for, AuthGuard, Credential, Outcomes, Users, Verdict,
 };
 use crate::offload::Offload;
 use futures::future::BoxFuture;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A verifier's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// `expires_in`: how long the credential stays valid, when it says so (a token's `exp`);
+    /// the outcome is not remembered beyond it.
+    Accepted { expires_in: Option<Duration> },
+    Rejected,
+}
+
+impl From<bool> for Decision {
+    fn from(ok: bool) -> Self {
+        if ok {
+            Decision::Accepted { expires_in: None }
+        } else {
+            Decision::Rejected
+        }
+    }
+}
 
 /// Why a verifier could not decide (its service is down or answered nonsense). The message is
 /// logged; the client gets a 407.
@@ -31,11 +51,11 @@ pub trait CredentialVerifier: Send + Sync + std::fmt::Debug {
     fn identity(&self) -> &str;
     /// `Proxy-Authenticate` challenges a 407 carries.
     fn challenges(&self) -> &'static [&'static str];
-    /// `Ok(true)` accepted, `Ok(false)` rejected, `Err` when no verdict could be had.
+    /// `Err` when no verdict could be had.
     fn verify(
         &self,
         credential: Credential,
-    ) -> BoxFuture<'static, Result<bool, VerifierUnavailable>>;
+    ) -> BoxFuture<'static, Result<Decision, VerifierUnavailable>>;
 }
 
 pub const BASIC_CHALLENGE: &[&str] = &["Basic realm=\"switchyard\""];
@@ -141,20 +161,26 @@ async fn verify_external(
     // Runs on the control plane: the shared cache's lock is never taken on a core.
     let check = async move {
         if let Some(ok) = shared.lock().get(&key) {
-            return Ok(ok);
+            return Ok((ok, None));
         }
         let answer = asked.verify(presented).await;
-        if let Ok(ok) = answer {
-            shared.lock().insert(key, ok);
-        }
-        answer
+        answer.map(|decision| {
+            let (ok, valid_for) = match decision {
+                Decision::Accepted { expires_in } => (true, expires_in),
+                Decision::Rejected => (false, None),
+            };
+            shared.lock().insert_for(key, ok, valid_for);
+            // The core remembers it until the same moment.
+            (ok, valid_for.map(|v| Instant::now() + v))
+        })
     };
     let Ok(answer) = offload.spawn(check).await else {
         return Verdict::Busy;
     };
     match answer {
-        Ok(ok) => {
-            remember(key, ok);
+        Ok((ok, until)) => {
+            let valid_for = until.map(|u| u.saturating_duration_since(Instant::now()));
+            remember_for(key, ok, valid_for);
             if ok {
                 Verdict::Accepted
             } else {
@@ -196,14 +222,14 @@ mod tests {
         fn challenges(&self) -> &'static [&'static str] {
             BASIC_CHALLENGE
         }
-        fn verify(&self, c: Credential) -> BoxFuture<'static, Result<bool, VerifierUnavailable>> {
+        fn verify(&self, c: Credential) -> BoxFuture<'static, Result<Decision, VerifierUnavailable>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let down = self.down;
             Box::pin(async move {
                 if down {
                     return Err(VerifierUnavailable("down".into()));
                 }
-                Ok(matches!(c, Credential::Basic { password, .. } if password == "good"))
+                Ok(matches!(c, Credential::Basic { password, .. } if password == "good").into())
             })
         }
     }

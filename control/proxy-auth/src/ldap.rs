@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use switchyard_config::LdapAuthConfig;
 use switchyard_dataplane::credentials::Credential;
-use switchyard_dataplane::proxy_auth::{CredentialVerifier, VerifierUnavailable, BASIC_CHALLENGE};
+use switchyard_dataplane::proxy_auth::{
+    CredentialVerifier, Decision, VerifierUnavailable, BASIC_CHALLENGE,
+};
 
 /// Connect and per-operation limit: a directory slower than this counts as down.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -118,12 +120,14 @@ impl CredentialVerifier for LdapVerifier {
     fn verify(
         &self,
         credential: Credential,
-    ) -> BoxFuture<'static, Result<bool, VerifierUnavailable>> {
+    ) -> BoxFuture<'static, Result<Decision, VerifierUnavailable>> {
         let directory = self.inner.clone();
         Box::pin(async move {
             match credential {
-                Credential::Basic { user, password } => directory.check(&user, &password).await,
-                Credential::Bearer(_) => Ok(false),
+                Credential::Basic { user, password } => {
+                    directory.check(&user, &password).await.map(Decision::from)
+                }
+                Credential::Bearer(_) => Ok(Decision::Rejected),
             }
         })
     }
@@ -281,7 +285,7 @@ mod tests {
             user: "alice".into(),
             password: String::new(),
         };
-        assert_eq!(rt.block_on(v.verify(empty)), Ok(false));
+        assert_eq!(rt.block_on(v.verify(empty)), Ok(Decision::Rejected));
         let asked = Credential::Basic {
             user: "alice".into(),
             password: "pw".into(),

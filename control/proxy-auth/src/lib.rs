@@ -1,4 +1,5 @@
-//! Verifiers of proxy credentials for the `auth.mode`s beyond native users. Each is a
+//! Verifiers of proxy credentials for the `auth.mode`s beyond native users (LDAP, PAM,
+//! OAuth/OIDC). Each is a
 //! [`CredentialVerifier`] the control plane builds once at start-up (the mode needs a restart to
 //! change) and hands to the data plane's snapshot; the data plane runs its checks on the control
 //! plane's tokio runtime, behind the per-core outcome cache, the verification slots and the
@@ -6,6 +7,7 @@
 //! modes this build can serve ([`availability`]).
 
 pub mod ldap;
+pub mod oidc;
 #[cfg(all(unix, feature = "pam"))]
 pub mod pam;
 
@@ -80,9 +82,13 @@ pub fn verifier(auth: &AuthConfig) -> Result<Option<Arc<dyn CredentialVerifier>>
             Ok(Some(Arc::new(ldap::LdapVerifier::new(settings)?)))
         }
         AuthMode::System => system_verifier(auth),
-        mode => Err(ProxyAuthError::Unavailable(format!(
-            "auth mode `{mode}` is not implemented in this build"
-        ))),
+        AuthMode::Oauth => {
+            let settings = auth.oauth.as_ref().ok_or(ProxyAuthError::Settings {
+                section: "oauth",
+                message: "missing (issuer_url, client_id)".into(),
+            })?;
+            Ok(Some(Arc::new(oidc::OidcVerifier::new(settings)?)))
+        }
     }
 }
 

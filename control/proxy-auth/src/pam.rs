@@ -8,7 +8,9 @@ use pam_client::conv_mock::Conversation;
 use pam_client::{Context, ErrorCode, Flag};
 use std::sync::Arc;
 use switchyard_dataplane::credentials::Credential;
-use switchyard_dataplane::proxy_auth::{CredentialVerifier, VerifierUnavailable, BASIC_CHALLENGE};
+use switchyard_dataplane::proxy_auth::{
+    CredentialVerifier, Decision, VerifierUnavailable, BASIC_CHALLENGE,
+};
 
 #[derive(Debug, Clone)]
 pub struct PamVerifier {
@@ -44,15 +46,16 @@ impl CredentialVerifier for PamVerifier {
     fn verify(
         &self,
         credential: Credential,
-    ) -> BoxFuture<'static, Result<bool, VerifierUnavailable>> {
+    ) -> BoxFuture<'static, Result<Decision, VerifierUnavailable>> {
         let service = self.service.clone();
         Box::pin(async move {
             let Credential::Basic { user, password } = credential else {
-                return Ok(false);
+                return Ok(Decision::Rejected);
             };
             tokio::task::spawn_blocking(move || authenticate(&service, &user, &password))
                 .await
                 .map_err(|e| VerifierUnavailable(format!("PAM check did not finish: {e}")))?
+                .map(Decision::from)
         })
     }
 }
