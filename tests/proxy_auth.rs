@@ -409,3 +409,119 @@ fn system_accounts_authenticate_through_pam() {
         .unwrap_or_default();
     assert_eq!(system["availability"]["state"], "available", "{plugins}");
 }
+
+fn oauth_config(issuer: &str, extra: &str) -> String {
+    format!(
+        "auth:\n  mode: oauth\n  oauth:\n    issuer_url: \"{issuer}\"\n    client_id: switchyard-proxy\n{extra}"
+    )
+}
+
+/// The status through the HTTP proxy with `Proxy-Authorization: Bearer <token>`.
+fn with_bearer(server: &Server, url: &str, token: &str, connect: bool) -> String {
+    let proxy = format!("http://{}", server.http);
+    let header = format!("Proxy-Authorization: Bearer {token}");
+    let code = if connect { "%{http_connect}" } else { "%{http_code}" };
+    let mut args = vec!["-s", "-o", "/dev/null", "-w", code, "--max-time", "20"];
+    args.extend(["-x", &proxy, "--proxy-header", &header]);
+    if connect {
+        args.push("-p");
+    }
+    args.push(url);
+    String::from_utf8_lossy(&curl(&args).stdout).into_owned()
+}
+
+#[test]
+fn oauth_tokens_from_a_real_openid_provider() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let Some(op) = support::oidc::start_provider(None, "key-1") else {
+        return;
+    };
+    let server = start_server(&oauth_config(&op.issuer(), ""));
+    let url = origin.url("/index.html");
+
+    // No token: 407 offering Bearer and Basic.
+    let proxy = format!("http://{}", server.http);
+    let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(head.starts_with("http/1.1 407"), "{head}");
+    assert!(head.contains("proxy-authenticate: bearer realm=\"switchyard\""), "{head}");
+    assert!(head.contains("proxy-authenticate: basic realm=\"switchyard\""), "{head}");
+
+    // A real token: as Bearer (HTTP and CONNECT) and as the Basic password.
+    let token = op.token("");
+    assert_eq!(with_bearer(&server, &url, &token, false), "200");
+    assert_eq!(with_bearer(&server, &url, &token, true), "200");
+    assert_eq!(via_http(&server, &url, Some(&format!("laptop:{token}")), true), "200");
+
+    // A token with a changed signature, a garbage token, an unsigned one.
+    let (head_payload, signature) = token.rsplit_once('.').expect("a JWT");
+    let flipped = if signature.starts_with('A') { "B" } else { "A" };
+    let forged = format!("{head_payload}.{flipped}{}", &signature[1..]);
+    let payload = head_payload.split('.').nth(1).expect("payload");
+    let unsigned = format!("eyJhbGciOiJub25lIn0.{payload}.");
+    for bad in [forged.as_str(), "not-a-token", unsigned.as_str()] {
+        assert_eq!(with_bearer(&server, &url, bad, false), "407", "{bad}");
+    }
+
+    // A token that expires (2 s): accepted while valid, refused once expired although its
+    // acceptance was cached.
+    let short = op.token("short");
+    assert_eq!(with_bearer(&server, &url, &short, false), "200");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(with_bearer(&server, &url, &short, false), "407");
+    assert_eq!(with_bearer(&server, &url, &op.token("short"), true), "200");
+
+    // Key rotation: the provider restarts (same issuer) with a new key; its tokens name a key
+    // the proxy has not seen, so it fetches the key set again (rate-limited: until the next
+    // fetch is allowed, the answer is "unavailable", which is not remembered).
+    let port = op.port;
+    drop(op);
+    let op = support::oidc::start_provider(Some(port), "key-2").expect("restart provider");
+    let rotated = op.token("");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while with_bearer(&server, &url, &rotated, false) != "200" {
+        assert!(Instant::now() < deadline, "the rotated key was never fetched");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(server_logged(&server, "OAuth key set fetched"));
+
+    // The issuer down: a token naming an unknown key cannot be checked → 407 and a log line.
+    drop(op);
+    let unknown_kid = format!(
+        "eyJhbGciOiJSUzI1NiIsImtpZCI6ImtleS05In0.{payload}.{signature}"
+    );
+    // (Past the refresh interval, so the proxy does try to fetch the keys.)
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(with_bearer(&server, &url, &unknown_kid, false), "407");
+    let issuer = format!("http://127.0.0.1:{port}");
+    assert!(server_logged(&server, &format!("OAuth issuer {issuer}: GET")));
+}
+
+#[test]
+fn oauth_tokens_by_introspection() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let Some(op) = support::oidc::start_provider(None, "key-1") else {
+        return;
+    };
+    let extra = format!(
+        "    client_secret: proxy-secret\n    introspection_url: \"{}/token/introspection\"\n",
+        op.issuer()
+    );
+    let server = start_server(&oauth_config(&op.issuer(), &extra));
+    let url = origin.url("/index.html");
+    let opaque = op.token("opaque");
+    assert_eq!(with_bearer(&server, &url, &opaque, false), "200");
+    assert_eq!(via_http(&server, &url, Some(&format!("laptop:{opaque}")), true), "200");
+    let socks = format!("socks5h://laptop:{opaque}@{}", server.socks5);
+    let out = curl(&["-sS", "--max-time", "20", "-x", &socks, &url]);
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(with_bearer(&server, &url, "made-up-token", false), "407");
+    // The provider down: not checkable, so 407 and a log line.
+    drop(op);
+    assert_eq!(with_bearer(&server, &url, "another-made-up-token", false), "407");
+    assert!(server_logged(&server, "introspection: error sending request"));
+}

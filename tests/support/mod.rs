@@ -5,6 +5,7 @@
 
 pub mod browser;
 pub mod netns;
+pub mod oidc;
 pub mod ovpn_server;
 pub mod slapd;
 pub mod wg_peer;
