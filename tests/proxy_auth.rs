@@ -525,3 +525,34 @@ fn oauth_tokens_by_introspection() {
     assert_eq!(with_bearer(&server, &url, "another-made-up-token", false), "407");
     assert!(server_logged(&server, "introspection: error sending request"));
 }
+
+#[test]
+fn negotiate_is_refused_until_implemented() {
+    // As middleware: unimplemented, so refused at start-up (and by validation, as on save)...
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("server.yaml");
+    let negotiate = "auth:\n  mode: none\n  negotiate:\n    enabled: true\n    keytab: /etc/krb5.keytab\n    service_principal: HTTP/proxy.example.org\n    realm: EXAMPLE.ORG\n";
+    std::fs::write(&path, negotiate).expect("config");
+    let out = std::process::Command::new(BIN)
+        .args(["server", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run switchyard");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("auth.negotiate.enabled") && err.contains("unimplemented"), "{err}");
+    let server = start_server("");
+    let body = serde_json::json!({"auth": {"negotiate": {"enabled": true, "keytab": "/k", "service_principal": "HTTP/p"}}});
+    let (status, v) = api_call(&server, "POST", "/api/v1/config/validate", Some(&body.to_string()), None);
+    assert_eq!(status, 200);
+    assert_eq!(v["valid"], false, "{v}");
+    assert_eq!(v["errors"][0]["section"], "auth", "{v}");
+    // ...and as an auth mode (provider type) the error points to auth.negotiate.*.
+    let body = serde_json::json!({"auth": {"mode": "negotiate"}});
+    let (_, v) = api_call(&server, "POST", "/api/v1/config/validate", Some(&body.to_string()), None);
+    assert_eq!(v["valid"], false, "{v}");
+    assert!(v.to_string().contains("auth.negotiate"), "{v}");
+    // The plugin list never shows it.
+    let plugins = server.api_get("/api/v1/auth/plugins");
+    assert!(!plugins.to_string().contains("negotiate"), "{plugins}");
+}
