@@ -420,7 +420,11 @@ fn oauth_config(issuer: &str, extra: &str) -> String {
 fn with_bearer(server: &Server, url: &str, token: &str, connect: bool) -> String {
     let proxy = format!("http://{}", server.http);
     let header = format!("Proxy-Authorization: Bearer {token}");
-    let code = if connect { "%{http_connect}" } else { "%{http_code}" };
+    let code = if connect {
+        "%{http_connect}"
+    } else {
+        "%{http_code}"
+    };
     let mut args = vec!["-s", "-o", "/dev/null", "-w", code, "--max-time", "20"];
     args.extend(["-x", &proxy, "--proxy-header", &header]);
     if connect {
@@ -446,14 +450,23 @@ fn oauth_tokens_from_a_real_openid_provider() {
     let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
     let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
     assert!(head.starts_with("http/1.1 407"), "{head}");
-    assert!(head.contains("proxy-authenticate: bearer realm=\"switchyard\""), "{head}");
-    assert!(head.contains("proxy-authenticate: basic realm=\"switchyard\""), "{head}");
+    assert!(
+        head.contains("proxy-authenticate: bearer realm=\"switchyard\""),
+        "{head}"
+    );
+    assert!(
+        head.contains("proxy-authenticate: basic realm=\"switchyard\""),
+        "{head}"
+    );
 
     // A real token: as Bearer (HTTP and CONNECT) and as the Basic password.
     let token = op.token("");
     assert_eq!(with_bearer(&server, &url, &token, false), "200");
     assert_eq!(with_bearer(&server, &url, &token, true), "200");
-    assert_eq!(via_http(&server, &url, Some(&format!("laptop:{token}")), true), "200");
+    assert_eq!(
+        via_http(&server, &url, Some(&format!("laptop:{token}")), true),
+        "200"
+    );
 
     // A token with a changed signature, a garbage token, an unsigned one.
     let (head_payload, signature) = token.rsplit_once('.').expect("a JWT");
@@ -482,21 +495,25 @@ fn oauth_tokens_from_a_real_openid_provider() {
     let rotated = op.token("");
     let deadline = Instant::now() + Duration::from_secs(15);
     while with_bearer(&server, &url, &rotated, false) != "200" {
-        assert!(Instant::now() < deadline, "the rotated key was never fetched");
+        assert!(
+            Instant::now() < deadline,
+            "the rotated key was never fetched"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(server_logged(&server, "OAuth key set fetched"));
 
     // The issuer down: a token naming an unknown key cannot be checked → 407 and a log line.
     drop(op);
-    let unknown_kid = format!(
-        "eyJhbGciOiJSUzI1NiIsImtpZCI6ImtleS05In0.{payload}.{signature}"
-    );
+    let unknown_kid = format!("eyJhbGciOiJSUzI1NiIsImtpZCI6ImtleS05In0.{payload}.{signature}");
     // (Past the refresh interval, so the proxy does try to fetch the keys.)
     std::thread::sleep(Duration::from_millis(2100));
     assert_eq!(with_bearer(&server, &url, &unknown_kid, false), "407");
     let issuer = format!("http://127.0.0.1:{port}");
-    assert!(server_logged(&server, &format!("OAuth issuer {issuer}: GET")));
+    assert!(server_logged(
+        &server,
+        &format!("OAuth issuer {issuer}: GET")
+    ));
 }
 
 #[test]
@@ -515,23 +532,32 @@ fn oauth_tokens_by_introspection() {
     let url = origin.url("/index.html");
     let opaque = op.token("opaque");
     assert_eq!(with_bearer(&server, &url, &opaque, false), "200");
-    assert_eq!(via_http(&server, &url, Some(&format!("laptop:{opaque}")), true), "200");
+    assert_eq!(
+        via_http(&server, &url, Some(&format!("laptop:{opaque}")), true),
+        "200"
+    );
     let socks = format!("socks5h://laptop:{opaque}@{}", server.socks5);
     let out = curl(&["-sS", "--max-time", "20", "-x", &socks, &url]);
     assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(with_bearer(&server, &url, "made-up-token", false), "407");
     // The provider down: not checkable, so 407 and a log line.
     drop(op);
-    assert_eq!(with_bearer(&server, &url, "another-made-up-token", false), "407");
-    assert!(server_logged(&server, "introspection: error sending request"));
+    assert_eq!(
+        with_bearer(&server, &url, "another-made-up-token", false),
+        "407"
+    );
+    assert!(server_logged(
+        &server,
+        "introspection: error sending request"
+    ));
 }
 
 #[test]
-fn negotiate_is_refused_until_implemented() {
-    // As middleware: unimplemented, so refused at start-up (and by validation, as on save)...
+fn negotiate_settings_and_provider_type_are_checked() {
+    // A keytab that is not there: start-up fails saying so.
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("server.yaml");
-    let negotiate = "auth:\n  mode: none\n  negotiate:\n    enabled: true\n    keytab: /etc/krb5.keytab\n    service_principal: HTTP/proxy.example.org\n    realm: EXAMPLE.ORG\n";
+    let negotiate = "auth:\n  mode: none\n  negotiate:\n    enabled: true\n    keytab: /nonexistent/proxy.keytab\n    service_principal: HTTP/proxy.example.org\n    realm: EXAMPLE.ORG\n";
     std::fs::write(&path, negotiate).expect("config");
     let out = std::process::Command::new(BIN)
         .args(["server", "--config"])
@@ -540,19 +566,118 @@ fn negotiate_is_refused_until_implemented() {
         .expect("run switchyard");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("auth.negotiate.enabled") && err.contains("unimplemented"), "{err}");
+    assert!(err.contains("keytab /nonexistent/proxy.keytab"), "{err}");
+    // Validation (as on save): enabled without a keytab or principal is invalid...
     let server = start_server("");
-    let body = serde_json::json!({"auth": {"negotiate": {"enabled": true, "keytab": "/k", "service_principal": "HTTP/p"}}});
-    let (status, v) = api_call(&server, "POST", "/api/v1/config/validate", Some(&body.to_string()), None);
+    let body = serde_json::json!({"auth": {"negotiate": {"enabled": true}}});
+    let (status, v) = api_call(
+        &server,
+        "POST",
+        "/api/v1/config/validate",
+        Some(&body.to_string()),
+        None,
+    );
     assert_eq!(status, 200);
     assert_eq!(v["valid"], false, "{v}");
-    assert_eq!(v["errors"][0]["section"], "auth", "{v}");
-    // ...and as an auth mode (provider type) the error points to auth.negotiate.*.
+    assert!(v.to_string().contains("auth.negotiate.keytab"), "{v}");
+    // ...and `negotiate` as an auth mode (provider type) is refused pointing to auth.negotiate.*.
     let body = serde_json::json!({"auth": {"mode": "negotiate"}});
-    let (_, v) = api_call(&server, "POST", "/api/v1/config/validate", Some(&body.to_string()), None);
+    let (_, v) = api_call(
+        &server,
+        "POST",
+        "/api/v1/config/validate",
+        Some(&body.to_string()),
+        None,
+    );
     assert_eq!(v["valid"], false, "{v}");
     assert!(v.to_string().contains("auth.negotiate"), "{v}");
     // The plugin list never shows it.
     let plugins = server.api_get("/api/v1/auth/plugins");
     assert!(!plugins.to_string().contains("negotiate"), "{plugins}");
+}
+
+#[test]
+fn negotiate_kerberos_tickets_for_http_and_connect() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let Some(kdc) = support::kdc::start_kdc() else {
+        return;
+    };
+    kdc.add_user("alice", "alice-krb5");
+    let alice = kdc.kinit("alice", "alice-krb5");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_path = dir.path().join("server.yaml");
+    let yaml = format!(
+        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
+         api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n\
+         auth:\n  mode: none\n  negotiate:\n    enabled: true\n    keytab: \"{}\"\n    service_principal: \"{}\"\n    realm: \"{}\"\n",
+        kdc.keytab.display(),
+        support::kdc::SERVICE,
+        support::kdc::REALM
+    );
+    std::fs::write(&config_path, yaml).expect("config");
+    let env = kdc.env();
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    let server = start_server_with_env(dir, config_path, &env);
+    // Through `localhost`, so curl asks for a ticket for HTTP/localhost.
+    let proxy = format!("http://localhost:{}", server.http.port());
+    let url = origin.url("/index.html");
+    let negotiate = |ccache: &std::path::Path, connect: bool| {
+        let code = if connect {
+            "%{http_connect}"
+        } else {
+            "%{http_code}"
+        };
+        let mut cmd = std::process::Command::new("curl");
+        cmd.envs(kdc.env())
+            .env("KRB5CCNAME", format!("FILE:{}", ccache.display()))
+            .args(["-s", "-o", "/dev/null", "-w", code, "--max-time", "20"])
+            .args(["--proxy-negotiate", "-U", ":", "-x", &proxy]);
+        if connect {
+            cmd.arg("-p");
+        }
+        let out = cmd.arg(&url).output().expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    assert_eq!(negotiate(&alice, false), "200");
+    assert_eq!(negotiate(&alice, true), "200");
+    // The proxy asked the KDC for nothing; curl got a service ticket for the proxy.
+    let klist = std::process::Command::new("klist")
+        .envs(kdc.env())
+        .env("KRB5CCNAME", format!("FILE:{}", alice.display()))
+        .output()
+        .expect("klist");
+    assert!(String::from_utf8_lossy(&klist.stdout).contains("HTTP/localhost@SYTEST.ORG"));
+
+    // No ticket: 407 with a Negotiate challenge (and curl cannot answer it).
+    let empty = kdc.dir.path().join("cc-nobody");
+    assert_eq!(negotiate(&empty, false), "407");
+    let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(head.contains("proxy-authenticate: negotiate"), "{head}");
+    // A made-up token, and Basic credentials (no mode checks them): 407.
+    let out = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-x",
+        &proxy,
+        "--proxy-header",
+        "Proxy-Authorization: Negotiate YIIBhgYGKwYBBQUCoIIBejCCAXag",
+        &url,
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
+    assert_eq!(
+        via_http(&server, &url, Some("alice:alice-krb5"), false),
+        "407"
+    );
+    // SOCKS5 cannot carry SPNEGO: refused.
+    let socks = format!("socks5h://alice:alice-krb5@{}", server.socks5);
+    assert!(!curl(&["-sS", "--max-time", "20", "-x", &socks, &url])
+        .status
+        .success());
 }

@@ -442,12 +442,6 @@ fn check_auth(cfg: &ServerConfig, p: &mut Problems) {
         );
     }
     if let Some(n) = a.negotiate.as_ref().filter(|n| n.enabled) {
-        if !NEGOTIATE_IMPLEMENTED {
-            p.push(
-                "auth.negotiate.enabled",
-                "negotiate (SPNEGO) is not implemented in this build (availability: unimplemented)",
-            );
-        }
         for (key, value) in [
             ("keytab", &n.keytab),
             ("service_principal", &n.service_principal),
@@ -499,9 +493,6 @@ fn check_auth(cfg: &ServerConfig, p: &mut Problems) {
     }
 }
 
-/// SPNEGO middleware under `auth.negotiate.*`.
-const NEGOTIATE_IMPLEMENTED: bool = false;
-
 fn is_pam_service(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with('.')
@@ -512,15 +503,24 @@ fn is_pam_service(name: &str) -> bool {
 
 fn check_oauth(oauth: Option<&crate::model::OAuthAuthConfig>, p: &mut Problems) {
     let Some(o) = oauth else {
-        p.push("auth.oauth", "auth mode oauth needs auth.oauth (issuer_url, client_id)");
+        p.push(
+            "auth.oauth",
+            "auth mode oauth needs auth.oauth (issuer_url, client_id)",
+        );
         return;
     };
     let is_http = |u: &str| u.starts_with("https://") || u.starts_with("http://");
     if !is_http(&o.issuer_url) {
-        p.push("auth.oauth.issuer_url", "must be an http(s) URL (the OpenID issuer)");
+        p.push(
+            "auth.oauth.issuer_url",
+            "must be an http(s) URL (the OpenID issuer)",
+        );
     }
     if o.client_id.trim().is_empty() {
-        p.push("auth.oauth.client_id", "required (the audience access tokens must name)");
+        p.push(
+            "auth.oauth.client_id",
+            "required (the audience access tokens must name)",
+        );
     }
     if let Some(url) = &o.introspection_url {
         if !is_http(url) {
@@ -991,11 +991,18 @@ metrics: {listen: "x"}
     fn oauth_settings() {
         let ok = "auth: {mode: oauth, oauth: {issuer_url: \"https://id\", client_id: proxy}}";
         assert!(validate(&load(ok)).is_empty());
-        assert_eq!(fields(&validate(&load("auth: {mode: oauth}"))), ["auth.oauth"]);
+        assert_eq!(
+            fields(&validate(&load("auth: {mode: oauth}"))),
+            ["auth.oauth"]
+        );
         let bad = "auth: {mode: oauth, oauth: {issuer_url: id, client_id: \"\", introspection_url: \"https://id/i\"}}";
         assert_eq!(
             fields(&validate(&load(bad))),
-            ["auth.oauth.issuer_url", "auth.oauth.client_id", "auth.oauth.client_secret"]
+            [
+                "auth.oauth.issuer_url",
+                "auth.oauth.client_id",
+                "auth.oauth.client_secret"
+            ]
         );
     }
 

@@ -126,6 +126,12 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         tracing::info!(mode = %cfg.auth.mode, "proxy authentication");
         snapshot = snapshot.with_verifier(verifier);
     }
+    if let Some(verifier) =
+        switchyard_proxy_auth::negotiate_verifier(&cfg.auth).context("setting up auth.negotiate")?
+    {
+        tracing::info!("proxy authentication: SPNEGO (Negotiate) in front of the mode");
+        snapshot = snapshot.with_negotiate(verifier);
+    }
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let cache = crate::cache::open(&cfg.cache);
     let dataplane = Dataplane::start(

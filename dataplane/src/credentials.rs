@@ -246,6 +246,8 @@ pub enum Credential {
     },
     /// An OAuth 2 access token (`Bearer`).
     Bearer(String),
+    /// A SPNEGO token (`Negotiate`, base64 as sent).
+    Negotiate(String),
 }
 
 impl std::fmt::Debug for Credential {
@@ -254,16 +256,17 @@ impl std::fmt::Debug for Credential {
         match self {
             Credential::Basic { user, .. } => write!(f, "Basic({user:?}, ****)"),
             Credential::Bearer(_) => f.write_str("Bearer(****)"),
+            Credential::Negotiate(_) => f.write_str("Negotiate(****)"),
         }
     }
 }
 
 impl Credential {
-    /// The user name to log (none for a bearer token: its subject is only known once verified).
+    /// The user name to log (none for tokens: their subject is only known once verified).
     pub fn user(&self) -> &str {
         match self {
             Credential::Basic { user, .. } => user,
-            Credential::Bearer(_) => "",
+            Credential::Bearer(_) | Credential::Negotiate(_) => "",
         }
     }
 }
@@ -276,8 +279,16 @@ pub fn parse_proxy_authorization(value: &[u8]) -> Option<Credential> {
     let value = std::str::from_utf8(value).ok()?.trim();
     let (scheme, rest) = value.split_once(' ')?;
     let token = rest.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(' '))
-        .then(|| Credential::Bearer(token.to_owned()))
+    if token.is_empty() || token.contains(' ') {
+        return None;
+    }
+    if scheme.eq_ignore_ascii_case("bearer") {
+        Some(Credential::Bearer(token.to_owned()))
+    } else if scheme.eq_ignore_ascii_case("negotiate") {
+        Some(Credential::Negotiate(token.to_owned()))
+    } else {
+        None
+    }
 }
 
 /// Decodes a `Basic` credential (`Proxy-Authorization` value) into user and password.
@@ -337,7 +348,11 @@ mod tests {
         );
         assert_eq!(parse_proxy_authorization(b"Bearer "), None);
         assert_eq!(parse_proxy_authorization(b"Bearer a b"), None);
-        assert_eq!(parse_proxy_authorization(b"Negotiate abc"), None);
+        assert_eq!(
+            parse_proxy_authorization(b"Negotiate YIIC"),
+            Some(Credential::Negotiate("YIIC".into()))
+        );
+        assert_eq!(parse_proxy_authorization(b"NTLM abc"), None);
         let shown = format!("{:?}", parse_proxy_authorization(basic.as_bytes()));
         assert!(!shown.contains("pw"), "{shown}");
     }

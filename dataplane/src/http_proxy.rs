@@ -3,12 +3,13 @@
 //! tunnels, proxy authentication, rate limiting, and the error replies for bad input.
 
 use crate::connector::Connected;
-use crate::credentials::Verdict;
+use crate::credentials::{Credential, Verdict};
 use crate::engine::CoreContext;
 use crate::error::DataplaneError;
 use crate::events::Protocol;
 use crate::origin_pool::{self, PoolKey};
 use crate::proxied::{dial, dial_for_request, run_tunnel, Registered};
+use crate::proxy_auth::NEGOTIATE_CHALLENGE;
 use crate::snapshot::{Backend, BackendKind, Snapshot};
 use crate::trace::Trace;
 use crate::tunnel;
@@ -381,25 +382,28 @@ async fn handle_request<'c>(
             return Next::Close;
         }
     }
-    if let Some(auth) = &snapshot.auth {
+    if snapshot.requires_auth() {
         let credential = head
             .header("proxy-authorization")
             .and_then(crate::credentials::parse_proxy_authorization);
-        let verdict = match &credential {
-            Some(c) => {
-                auth.verify(&snapshot.auth_guard, &ctx.offload, client_ip, c)
-                    .await
+        let guard = &snapshot.auth_guard;
+        let verdict = match (&credential, &snapshot.auth, &snapshot.negotiate) {
+            (Some(c @ Credential::Negotiate(_)), _, Some(negotiate)) => {
+                negotiate.verify(guard, &ctx.offload, client_ip, c).await
             }
-            None => Verdict::Rejected,
+            (Some(c), Some(auth), _) => auth.verify(guard, &ctx.offload, client_ip, c).await,
+            _ => Verdict::Rejected,
         };
         if let Some(c) = &credential {
             trace.username = c.user().to_owned();
         }
-        let challenges: Vec<(&str, &str)> = auth
-            .challenges()
-            .iter()
-            .map(|c| ("Proxy-Authenticate", *c))
-            .collect();
+        let mut challenges: Vec<(&str, &str)> = Vec::new();
+        if snapshot.negotiate.is_some() {
+            challenges.push(("Proxy-Authenticate", NEGOTIATE_CHALLENGE));
+        }
+        if let Some(auth) = &snapshot.auth {
+            challenges.extend(auth.challenges().iter().map(|c| ("Proxy-Authenticate", *c)));
+        }
         match verdict {
             Verdict::Accepted | Verdict::Rejected | Verdict::Unavailable => {}
             Verdict::Throttled => {

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 pub enum Decision {
     /// `expires_in`: how long the credential stays valid, when it says so (a token's `exp`);
     /// the outcome is not remembered beyond it.
-    Accepted { expires_in: Option<Duration> },
+    Accepted {
+        expires_in: Option<Duration>,
+    },
     Rejected,
 }
 
@@ -110,10 +112,10 @@ impl ProxyAuth {
                 Credential::Basic { user, password } => {
                     users.verify(guard, offload, client, user, password).await
                 }
-                Credential::Bearer(_) => reject(guard, client),
+                Credential::Bearer(_) | Credential::Negotiate(_) => reject(guard, client),
             },
             ProxyAuth::External(external) => {
-                verify_external(external, guard, offload, client, credential).await
+                verify_external(external, guard, offload, client, credential, true).await
             }
             ProxyAuth::FailClosed { .. } => Verdict::Rejected,
         }
@@ -125,33 +127,61 @@ fn reject(guard: &AuthGuard, client: IpAddr) -> Verdict {
     Verdict::Rejected
 }
 
+/// SPNEGO (`auth.negotiate.*`), in front of the mode: `Negotiate` credentials go here.
+#[derive(Debug, Clone)]
+pub enum NegotiateAuth {
+    Ready(Arc<External>),
+    /// Enabled in the configuration but not built into this binary: refuses everything.
+    FailClosed,
+}
+
+pub const NEGOTIATE_CHALLENGE: &str = "Negotiate";
+
+impl NegotiateAuth {
+    /// Verifies a `Negotiate` token. Never cached: each token is single-use (a remembered
+    /// acceptance would accept a replayed token).
+    pub async fn verify(
+        &self,
+        guard: &AuthGuard,
+        offload: &Offload,
+        client: IpAddr,
+        credential: &Credential,
+    ) -> Verdict {
+        match self {
+            NegotiateAuth::Ready(external) => {
+                verify_external(external, guard, offload, client, credential, false).await
+            }
+            NegotiateAuth::FailClosed => reject(guard, client),
+        }
+    }
+}
+
 async fn verify_external(
     external: &External,
     guard: &AuthGuard,
     offload: &Offload,
     client: IpAddr,
     credential: &Credential,
+    cache: bool,
 ) -> Verdict {
     if guard.throttled(client) {
         return Verdict::Throttled;
     }
     let verifier = &external.verifier;
+    let (mode, identity) = (verifier.mode(), verifier.identity());
     let key = match credential {
-        Credential::Basic { user, password } => cache_key_of(&[
-            verifier.mode(),
-            verifier.identity(),
-            "basic",
-            user,
-            password,
-        ]),
-        Credential::Bearer(token) => {
-            cache_key_of(&[verifier.mode(), verifier.identity(), "bearer", token])
+        Credential::Basic { user, password } => {
+            cache_key_of(&[mode, identity, "basic", user, password])
         }
+        Credential::Bearer(token) => cache_key_of(&[mode, identity, "bearer", token]),
+        Credential::Negotiate(token) => cache_key_of(&[mode, identity, "negotiate", token]),
     };
-    match cached(&key) {
-        Some(true) => return Verdict::Accepted,
-        Some(false) => return reject(guard, client),
-        None => {}
+    if cache {
+        match cached(&key) {
+            Some(true) => return Verdict::Accepted,
+            Some(false) => return reject(guard, client),
+            None => {}
+        }
     }
     let Some(_slot) = guard.enter() else {
         return Verdict::Busy;
@@ -160,7 +190,7 @@ async fn verify_external(
     let (asked, presented) = (verifier.clone(), credential.clone());
     // Runs on the control plane: the shared cache's lock is never taken on a core.
     let check = async move {
-        if let Some(ok) = shared.lock().get(&key) {
+        if let Some(ok) = cache.then(|| shared.lock().get(&key)).flatten() {
             return Ok((ok, None));
         }
         let answer = asked.verify(presented).await;
@@ -169,7 +199,9 @@ async fn verify_external(
                 Decision::Accepted { expires_in } => (true, expires_in),
                 Decision::Rejected => (false, None),
             };
-            shared.lock().insert_for(key, ok, valid_for);
+            if cache {
+                shared.lock().insert_for(key, ok, valid_for);
+            }
             // The core remembers it until the same moment.
             (ok, valid_for.map(|v| Instant::now() + v))
         })
@@ -179,8 +211,10 @@ async fn verify_external(
     };
     match answer {
         Ok((ok, until)) => {
-            let valid_for = until.map(|u| u.saturating_duration_since(Instant::now()));
-            remember_for(key, ok, valid_for);
+            if cache {
+                let valid_for = until.map(|u| u.saturating_duration_since(Instant::now()));
+                remember_for(key, ok, valid_for);
+            }
             if ok {
                 Verdict::Accepted
             } else {
@@ -222,7 +256,10 @@ mod tests {
         fn challenges(&self) -> &'static [&'static str] {
             BASIC_CHALLENGE
         }
-        fn verify(&self, c: Credential) -> BoxFuture<'static, Result<Decision, VerifierUnavailable>> {
+        fn verify(
+            &self,
+            c: Credential,
+        ) -> BoxFuture<'static, Result<Decision, VerifierUnavailable>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let down = self.down;
             Box::pin(async move {

@@ -8,7 +8,7 @@
 use crate::access_control::AccessControl;
 use crate::counters::Counters;
 use crate::credentials::{AuthGuard, Users};
-use crate::proxy_auth::{CredentialVerifier, External, ProxyAuth};
+use crate::proxy_auth::{CredentialVerifier, External, NegotiateAuth, ProxyAuth};
 use crate::rate_limit::{BandwidthLimiter, RequestLimiter};
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -155,8 +155,11 @@ pub struct Snapshot {
     pub generation: u64,
     pub routes: RouteTable<RouteTarget>,
     pub backends: Vec<Arc<Backend>>,
-    /// `Some` when proxy authentication is required.
+    /// The `auth.mode` check (`None`: no mode).
     pub auth: Option<ProxyAuth>,
+    /// `auth.negotiate.enabled`: SPNEGO in front of the mode. Authentication is required when
+    /// either this or `auth` is set.
+    pub negotiate: Option<NegotiateAuth>,
     pub access: AccessControl,
     /// Failure budgets and verification slots of proxy authentication.
     pub auth_guard: Arc<AuthGuard>,
@@ -189,6 +192,19 @@ impl Snapshot {
             self.auth = Some(ProxyAuth::External(Arc::new(External::new(verifier))));
         }
         self
+    }
+
+    /// Hands the SPNEGO verifier to a snapshot with `auth.negotiate.enabled`.
+    pub fn with_negotiate(mut self, verifier: Arc<dyn CredentialVerifier>) -> Self {
+        if self.negotiate.is_some() {
+            self.negotiate = Some(NegotiateAuth::Ready(Arc::new(External::new(verifier))));
+        }
+        self
+    }
+
+    /// Whether clients must authenticate.
+    pub fn requires_auth(&self) -> bool {
+        self.auth.is_some() || self.negotiate.is_some()
     }
 
     /// Compiles `cfg`. `previous` lends its backend counters to backends of the same name and
@@ -352,6 +368,11 @@ impl Snapshot {
                     }),
             ),
         };
+        let negotiate = cfg.auth.negotiate.as_ref().filter(|n| n.enabled).map(|_| {
+            previous
+                .and_then(|p| p.negotiate.clone())
+                .unwrap_or(NegotiateAuth::FailClosed)
+        });
         let cache = compile_cache(&cfg.cache)?;
         // Nothing below fails: the shared limiters are reconfigured only for a snapshot that
         // will be published.
@@ -385,6 +406,7 @@ impl Snapshot {
             routes,
             backends,
             auth,
+            negotiate,
             access: AccessControl::new(
                 cfg.access_control.whitelist.clone(),
                 cfg.access_control.blacklist.clone(),

@@ -65,7 +65,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             // Not SOCKS5 (or garbage): close without a reply, as the RFC leaves no other option.
             _ => return None,
         };
-        let need_auth = snapshot.auth.is_some();
+        let need_auth = snapshot.requires_auth();
         let wanted = if need_auth { 2u8 } else { 0u8 };
         if !greeting.methods.contains(&wanted) {
             let _ = tunnel::write_all(&client, &socks5::encode_method_selection(0xFF)).await;
@@ -74,7 +74,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
         tunnel::write_all(&client, &socks5::encode_method_selection(wanted))
             .await
             .ok()?;
-        if let Some(auth) = &snapshot.auth {
+        if need_auth {
             let creds = read_msg(&client, &mut carry, socks5::parse_userpass)
                 .await
                 .ok()??;
@@ -83,9 +83,14 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
                 user: creds.username.clone(),
                 password: creds.password,
             };
-            let verdict = auth
-                .verify(&snapshot.auth_guard, &ctx.offload, client_ip, &credential)
-                .await;
+            // Negotiate alone cannot check a user name and password: refused.
+            let verdict = match &snapshot.auth {
+                Some(auth) => {
+                    auth.verify(&snapshot.auth_guard, &ctx.offload, client_ip, &credential)
+                        .await
+                }
+                None => Verdict::Rejected,
+            };
             let ok = verdict == Verdict::Accepted;
             let _ = tunnel::write_all(&client, &socks5::encode_userpass_status(ok)).await;
             if !ok {

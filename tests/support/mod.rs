@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod kdc;
 pub mod netns;
 pub mod oidc;
 pub mod ovpn_server;

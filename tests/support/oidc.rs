@@ -22,7 +22,9 @@ pub struct OpenIdProvider {
 fn installed() -> Option<PathBuf> {
     require("node")?;
     let npm = require("npm")?;
-    let dir = std::env::temp_dir().join("switchyard-test-npm").join("oidc-provider-9");
+    let dir = std::env::temp_dir()
+        .join("switchyard-test-npm")
+        .join("oidc-provider-9");
     std::fs::create_dir_all(&dir).expect("npm cache dir");
     // One installer at a time across test processes.
     let lock = std::fs::File::create(dir.join(".lock")).expect("lock file");
@@ -95,7 +97,10 @@ impl OpenIdProvider {
             &format!("{}/token", self.issuer()),
         ]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("token answer ({e}): {}", String::from_utf8_lossy(&out.stdout))
+            panic!(
+                "token answer ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
         });
         v["access_token"]
             .as_str()

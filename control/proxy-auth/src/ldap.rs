@@ -127,7 +127,7 @@ impl CredentialVerifier for LdapVerifier {
                 Credential::Basic { user, password } => {
                     directory.check(&user, &password).await.map(Decision::from)
                 }
-                Credential::Bearer(_) => Ok(Decision::Rejected),
+                Credential::Bearer(_) | Credential::Negotiate(_) => Ok(Decision::Rejected),
             }
         })
     }

@@ -7,6 +7,8 @@
 //! modes this build can serve ([`availability`]).
 
 pub mod ldap;
+#[cfg(feature = "negotiate")]
+pub mod negotiate;
 pub mod oidc;
 #[cfg(all(unix, feature = "pam"))]
 pub mod pam;
@@ -89,6 +91,29 @@ pub fn verifier(auth: &AuthConfig) -> Result<Option<Arc<dyn CredentialVerifier>>
             })?;
             Ok(Some(Arc::new(oidc::OidcVerifier::new(settings)?)))
         }
+    }
+}
+
+/// Whether SPNEGO (`auth.negotiate.*`) is built into this binary.
+pub const NEGOTIATE_BUILT: bool = cfg!(feature = "negotiate");
+
+/// The SPNEGO verifier when `auth.negotiate.enabled`. `Ok(None)` also when this build lacks
+/// the `negotiate` feature: then the data plane fails closed (and start-up warns).
+pub fn negotiate_verifier(
+    auth: &AuthConfig,
+) -> Result<Option<Arc<dyn CredentialVerifier>>, ProxyAuthError> {
+    let Some(cfg) = auth.negotiate.as_ref().filter(|n| n.enabled) else {
+        return Ok(None);
+    };
+    #[cfg(feature = "negotiate")]
+    {
+        Ok(Some(Arc::new(negotiate::NegotiateVerifier::new(cfg)?)))
+    }
+    #[cfg(not(feature = "negotiate"))]
+    {
+        let _ = cfg;
+        tracing::warn!("auth.negotiate is enabled but this build has no SPNEGO support (build_disabled): every request is refused");
+        Ok(None)
     }
 }
 

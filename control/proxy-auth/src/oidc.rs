@@ -95,7 +95,10 @@ impl OidcVerifier {
             return Err(bad("oauth.issuer_url", "must be an http(s) URL"));
         }
         if cfg.client_id.is_empty() {
-            return Err(bad("oauth.client_id", "required (the audience tokens must name)"));
+            return Err(bad(
+                "oauth.client_id",
+                "required (the audience tokens must name)",
+            ));
         }
         if cfg.introspection_url.is_some() && cfg.client_secret.is_none() {
             return Err(bad(
@@ -148,6 +151,7 @@ impl CredentialVerifier for OidcVerifier {
             let token = match credential {
                 Credential::Bearer(t) => t,
                 Credential::Basic { password, .. } => password,
+                Credential::Negotiate(_) => return Ok(Decision::Rejected),
             };
             if token.is_empty() {
                 return Ok(Decision::Rejected);
@@ -235,7 +239,9 @@ impl Issuer {
         }
         if cache.attempted.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
             // Not an answer about the token: it may name a key published moments ago.
-            return Err(self.unavailable("token names an unknown key; the key set was fetched moments ago"));
+            return Err(
+                self.unavailable("token names an unknown key; the key set was fetched moments ago")
+            );
         }
         cache.attempted = Some(Instant::now());
         let set = self.fetch_keys(&mut cache).await?;
@@ -253,10 +259,9 @@ impl Issuer {
                 let url = format!("{}/.well-known/openid-configuration", self.issuer);
                 let doc: Discovery = self.get_json(&url).await?;
                 if doc.issuer.trim_end_matches('/') != self.issuer {
-                    return Err(self.unavailable(format!(
-                        "discovery document names issuer {}",
-                        doc.issuer
-                    )));
+                    return Err(
+                        self.unavailable(format!("discovery document names issuer {}", doc.issuer))
+                    );
                 }
                 cache.jwks_uri = Some(doc.jwks_uri.clone());
                 doc.jwks_uri
