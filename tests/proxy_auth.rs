@@ -48,6 +48,27 @@ fn via_http_from(
     String::from_utf8_lossy(&curl(&args).stdout).into_owned()
 }
 
+/// The head (lowercase) of the proxy's answer to a request without credentials, which must be
+/// a 407.
+fn unauthenticated_head(server: &Server, url: &str) -> String {
+    let proxy = format!("http://{}", server.http);
+    let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, url]);
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(head.starts_with("http/1.1 407"), "{head}");
+    head
+}
+
+/// `availability.state` of auth plugin `name` in `GET /api/v1/auth/plugins`.
+fn plugin_state(server: &Server, name: &str) -> String {
+    let plugins = server.api_get("/api/v1/auth/plugins");
+    plugins["plugins"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == name))
+        .and_then(|p| p["availability"]["state"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 fn server_logged(server: &Server, needle: &str) -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -75,10 +96,7 @@ fn ldap_users_authenticate_by_search_and_bind() {
     let url = origin.url("/index.html");
 
     // No credentials: 407 with a Basic challenge.
-    let proxy = format!("http://{}", server.http);
-    let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
-    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
-    assert!(head.starts_with("http/1.1 407"), "{head}");
+    let head = unauthenticated_head(&server, &url);
     assert!(
         head.contains("proxy-authenticate: basic realm=\"switchyard\""),
         "{head}"
@@ -147,24 +165,7 @@ fn ldap_users_authenticate_by_search_and_bind() {
     assert!(connections.len() <= 2, "{connections:?}\n{}", dir.log());
 
     // The plugin list reports LDAP as available.
-    let plugins = server.api_get("/api/v1/auth/plugins");
-    let ldap = plugins["plugins"]
-        .as_array()
-        .and_then(|p| p.iter().find(|p| p["name"] == "ldap"))
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(ldap["availability"]["state"], "available", "{plugins}");
-}
-
-fn env_server(yaml: &str, env: &[(&str, &std::ffi::OsStr)]) -> Server {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config_path = dir.path().join("server.yaml");
-    let text = format!(
-        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
-         api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n{yaml}"
-    );
-    std::fs::write(&config_path, text).expect("config");
-    start_server_with_env(dir, config_path, env)
+    assert_eq!(plugin_state(&server, "ldap"), "available");
 }
 
 fn ldap_tls_case(dir: &Slapd, url: &str, extra: &str, trust_ca: bool) -> String {
@@ -174,7 +175,7 @@ fn ldap_tls_case(dir: &Slapd, url: &str, extra: &str, trust_ca: bool) -> String 
     } else {
         Vec::new()
     };
-    let server = env_server(&ldap_config(url, extra), &env);
+    let server = start_server_with_yaml_env(&ldap_config(url, extra), &env);
     via_http(
         &server,
         &origin_page.url("/index.html"),
@@ -401,13 +402,7 @@ fn system_accounts_authenticate_through_pam() {
     }
     assert_eq!(account.authentications(&user), runs);
 
-    let plugins = server.api_get("/api/v1/auth/plugins");
-    let system = plugins["plugins"]
-        .as_array()
-        .and_then(|p| p.iter().find(|p| p["name"] == "system"))
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(system["availability"]["state"], "available", "{plugins}");
+    assert_eq!(plugin_state(&server, "system"), "available");
 }
 
 fn oauth_config(issuer: &str, extra: &str) -> String {
@@ -446,10 +441,7 @@ fn oauth_tokens_from_a_real_openid_provider() {
     let url = origin.url("/index.html");
 
     // No token: 407 offering Bearer and Basic.
-    let proxy = format!("http://{}", server.http);
-    let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
-    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
-    assert!(head.starts_with("http/1.1 407"), "{head}");
+    let head = unauthenticated_head(&server, &url);
     assert!(
         head.contains("proxy-authenticate: bearer realm=\"switchyard\""),
         "{head}"
@@ -606,20 +598,15 @@ fn negotiate_kerberos_tickets_for_http_and_connect() {
     };
     kdc.add_user("alice", "alice-krb5");
     let alice = kdc.kinit("alice", "alice-krb5");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config_path = dir.path().join("server.yaml");
     let yaml = format!(
-        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
-         api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n\
-         auth:\n  mode: none\n  negotiate:\n    enabled: true\n    keytab: \"{}\"\n    service_principal: \"{}\"\n    realm: \"{}\"\n",
+        "auth:\n  mode: none\n  negotiate:\n    enabled: true\n    keytab: \"{}\"\n    service_principal: \"{}\"\n    realm: \"{}\"\n",
         kdc.keytab.display(),
         support::kdc::SERVICE,
         support::kdc::REALM
     );
-    std::fs::write(&config_path, yaml).expect("config");
     let env = kdc.env();
     let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
-    let server = start_server_with_env(dir, config_path, &env);
+    let server = start_server_with_yaml_env(&yaml, &env);
     // Through `localhost`, so curl asks for a ticket for HTTP/localhost.
     let proxy = format!("http://localhost:{}", server.http.port());
     let url = origin.url("/index.html");
@@ -654,8 +641,7 @@ fn negotiate_kerberos_tickets_for_http_and_connect() {
     // No ticket: 407 with a Negotiate challenge (and curl cannot answer it).
     let empty = kdc.dir.path().join("cc-nobody");
     assert_eq!(negotiate(&empty, false), "407");
-    let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", "-x", &proxy, &url]);
-    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    let head = unauthenticated_head(&server, &url);
     assert!(head.contains("proxy-authenticate: negotiate"), "{head}");
     // A made-up token, and Basic credentials (no mode checks them): 407.
     let out = curl(&[

@@ -25,12 +25,16 @@ pub struct Slapd {
 
 /// `users`: (uid, password) entries under [`PEOPLE_DN`].
 pub fn start_slapd(users: &[(&str, &str)]) -> Option<Slapd> {
-    start_slapd_on(users, free_port())
+    start_slapd_at(users, None)
 }
 
 /// [`start_slapd`] with the plain-LDAP port chosen by the caller (a test that first finds
 /// nothing there).
 pub fn start_slapd_on(users: &[(&str, &str)], ldap_port: u16) -> Option<Slapd> {
+    start_slapd_at(users, Some(ldap_port))
+}
+
+fn start_slapd_at(users: &[(&str, &str)], fixed_port: Option<u16>) -> Option<Slapd> {
     let slapd = require("slapd")?;
     let slapadd = require("slapadd")?;
     let openssl = require("openssl")?;
@@ -71,43 +75,60 @@ pub fn start_slapd_on(users: &[(&str, &str)], ldap_port: u16) -> Option<Slapd> {
         "slapadd: {}",
         String::from_utf8_lossy(&added.stderr)
     );
-    let ldaps_port = free_port();
-    let ldap_url = format!("ldap://127.0.0.1:{ldap_port}");
-    let ldaps_url = format!("ldaps://127.0.0.1:{ldaps_port}");
-    let log = std::fs::File::create(d.join("slapd.log")).expect("log");
-    // -d keeps slapd in the foreground (so it is our child, killed by PID) and logs to stderr.
-    let child = Command::new(slapd)
-        .arg("-f")
-        .arg(d.join("slapd.conf"))
-        .arg("-h")
-        .arg(format!("{ldap_url}/ {ldaps_url}/"))
-        .args(["-d", "stats"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start slapd");
-    let proc = Proc {
-        child,
-        name: "slapd".into(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let up = |port| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-    while !(up(ldap_port) && up(ldaps_port)) {
-        assert!(
-            Instant::now() < deadline,
-            "slapd did not start: {}",
-            std::fs::read_to_string(d.join("slapd.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    // A port picked free may be taken by the time slapd binds it (other tests run in
+    // parallel): slapd then exits, and another attempt picks again.
+    for _ in 0..5 {
+        let ldap_port = fixed_port.unwrap_or_else(free_port);
+        let ldaps_port = free_port();
+        let ldap_url = format!("ldap://127.0.0.1:{ldap_port}");
+        let ldaps_url = format!("ldaps://127.0.0.1:{ldaps_port}");
+        let log = std::fs::File::create(d.join("slapd.log")).expect("log");
+        // -d keeps slapd in the foreground (so it is our child, killed by PID) and logs to
+        // stderr.
+        let child = Command::new(&slapd)
+            .arg("-f")
+            .arg(d.join("slapd.conf"))
+            .arg("-h")
+            .arg(format!("{ldap_url}/ {ldaps_url}/"))
+            .args(["-d", "stats"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start slapd");
+        let mut proc = Proc {
+            child,
+            name: "slapd".into(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let up = |port| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        loop {
+            if matches!(proc.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            if up(ldap_port) && up(ldaps_port) {
+                return Some(Slapd {
+                    proc,
+                    ldap_url,
+                    ldaps_url,
+                    ldap_port,
+                    ca_cert: d.join("ca.crt"),
+                    dir,
+                });
+            }
+            assert!(
+                Instant::now() < deadline,
+                "slapd did not start: {}",
+                slapd_log(d)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
-    Some(Slapd {
-        proc,
-        ldap_url,
-        ldaps_url,
-        ldap_port,
-        ca_cert: d.join("ca.crt"),
-        dir,
-    })
+    panic!("slapd did not start: {}", slapd_log(d));
+}
+
+fn slapd_log(d: &Path) -> String {
+    std::fs::read_to_string(d.join("slapd.log")).unwrap_or_default()
 }
 
 /// A CA and a server certificate for 127.0.0.1 / localhost signed by it.
@@ -181,7 +202,7 @@ fn make_certificates(openssl: &Path, d: &Path) {
 
 impl Slapd {
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("slapd.log")).unwrap_or_default()
+        slapd_log(self.dir.path())
     }
 
     /// Simple binds as `uid` that reached the directory (requests, successful or not).
