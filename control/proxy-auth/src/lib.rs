@@ -1,10 +1,10 @@
-//! Verifiers of proxy credentials for the `auth.mode`s beyond native users (LDAP, PAM,
-//! OAuth/OIDC). Each is a
-//! [`CredentialVerifier`] the control plane builds once at start-up (the mode needs a restart to
-//! change) and hands to the data plane's snapshot; the data plane runs its checks on the control
-//! plane's tokio runtime, behind the per-core outcome cache, the verification slots and the
-//! per-client failure budget (`switchyard_dataplane::proxy_auth`). This crate also answers which
-//! modes this build can serve ([`availability`]).
+//! Verifiers of proxy credentials for the `auth.mode`s beyond native users (LDAP, system/PAM,
+//! OAuth/OIDC) and for SPNEGO under `auth.negotiate.*`. Each is a [`CredentialVerifier`] the
+//! control plane builds once at start-up (authentication needs a restart to change) and hands to
+//! the data plane's snapshot; the data plane runs its checks on the control plane's tokio
+//! runtime, behind the outcome caches, the verification slots and the per-client failure budget
+//! (`switchyard_dataplane::proxy_auth`). This crate also answers which modes this build can serve
+//! ([`availability`]).
 
 pub mod ldap;
 #[cfg(feature = "negotiate")]
