@@ -120,8 +120,20 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     // number sizes the executors, the per-core counters and the live tables.
     let plan = switchyard_dataplane::cores::CorePlan::detect(cfg.server.cores);
     tracing::info!(cores = plan.cpus.len(), cpus = ?plan.cpus, reason = %plan.reason, "data-plane cores decided");
-    let snapshot =
+    let mut snapshot =
         Snapshot::compile(&cfg, None, plan.cpus.len()).context("compiling the configuration")?;
+    if let Some(verifier) =
+        switchyard_proxy_auth::verifier(&cfg.auth).context("setting up proxy authentication")?
+    {
+        tracing::info!(mode = %cfg.auth.mode, "proxy authentication");
+        snapshot = snapshot.with_verifier(verifier);
+    }
+    if let Some(verifier) =
+        switchyard_proxy_auth::negotiate_verifier(&cfg.auth).context("setting up auth.negotiate")?
+    {
+        tracing::info!("proxy authentication: SPNEGO (Negotiate) in front of the mode");
+        snapshot = snapshot.with_negotiate(verifier);
+    }
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let cache = crate::cache::open(&cfg.cache);
     let dataplane = Dataplane::start(

@@ -3,12 +3,13 @@
 //! tunnels, proxy authentication, rate limiting, and the error replies for bad input.
 
 use crate::connector::Connected;
-use crate::credentials::Verdict;
+use crate::credentials::{Credential, Verdict};
 use crate::engine::CoreContext;
 use crate::error::DataplaneError;
 use crate::events::Protocol;
 use crate::origin_pool::{self, PoolKey};
 use crate::proxied::{dial, dial_for_request, run_tunnel, Registered};
+use crate::proxy_auth::NEGOTIATE_CHALLENGE;
 use crate::snapshot::{Backend, BackendKind, Snapshot};
 use crate::trace::Trace;
 use crate::tunnel;
@@ -381,23 +382,30 @@ async fn handle_request<'c>(
             return Next::Close;
         }
     }
-    if let Some(users) = &snapshot.users {
-        let creds = head
+    if snapshot.requires_auth() {
+        let credential = head
             .header("proxy-authorization")
-            .and_then(crate::credentials::parse_basic);
-        let verdict = match &creds {
-            Some((u, p)) => {
-                users
-                    .verify(&snapshot.auth_guard, &ctx.offload, client_ip, u, p)
-                    .await
+            .and_then(crate::credentials::parse_proxy_authorization);
+        let guard = &snapshot.auth_guard;
+        let verdict = match (&credential, &snapshot.auth, &snapshot.negotiate) {
+            (Some(c @ Credential::Negotiate(_)), _, Some(negotiate)) => {
+                negotiate.verify(guard, &ctx.offload, client_ip, c).await
             }
-            None => Verdict::Rejected,
+            (Some(c), Some(auth), _) => auth.verify(guard, &ctx.offload, client_ip, c).await,
+            _ => Verdict::Rejected,
         };
-        if let Some((u, _)) = creds {
-            trace.username = u;
+        if let Some(c) = &credential {
+            trace.username = c.user().to_owned();
+        }
+        let mut challenges: Vec<(&str, &str)> = Vec::new();
+        if snapshot.negotiate.is_some() {
+            challenges.push(("Proxy-Authenticate", NEGOTIATE_CHALLENGE));
+        }
+        if let Some(auth) = &snapshot.auth {
+            challenges.extend(auth.challenges().iter().map(|c| ("Proxy-Authenticate", *c)));
         }
         match verdict {
-            Verdict::Accepted | Verdict::Rejected => {}
+            Verdict::Accepted | Verdict::Rejected | Verdict::Unavailable => {}
             Verdict::Throttled => {
                 tracing::debug!(client = %peer, "proxy authentication throttled");
                 let msg = "too many failed authentications from this address; try again later";
@@ -406,7 +414,7 @@ async fn handle_request<'c>(
                     trace,
                     407,
                     "Proxy Authentication Required",
-                    &[("Proxy-Authenticate", "Basic realm=\"switchyard\"")],
+                    &challenges,
                     msg.to_owned(),
                 )
                 .await;
@@ -430,16 +438,27 @@ async fn handle_request<'c>(
             let body_kind = http1::request_body_kind(&head).unwrap_or(BodyKind::UntilClose);
             let close = !matches!(body_kind, BodyKind::Empty | BodyKind::Length(0))
                 || !head.wants_keep_alive();
+            let (message, body) = if verdict == Verdict::Unavailable {
+                (
+                    "proxy authentication unavailable (the authentication service did not answer)",
+                    "proxy authentication required: the authentication service is unavailable\n",
+                )
+            } else {
+                (
+                    "proxy authentication required",
+                    "proxy authentication required\n",
+                )
+            };
             reply(
                 client,
                 407,
                 "Proxy Authentication Required",
-                &[("Proxy-Authenticate", "Basic realm=\"switchyard\"")],
-                "proxy authentication required\n",
+                &challenges,
+                body,
                 close,
             )
             .await;
-            trace.fail(407, "proxy authentication required");
+            trace.fail(407, message);
             return if close { Next::Close } else { Next::KeepAlive };
         }
     }

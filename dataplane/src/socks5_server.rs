@@ -3,7 +3,7 @@
 //! `openvpn` backend's tunnel device, or inside a `wireguard` backend's tunnel), BIND refused
 //! with "command not supported".
 
-use crate::credentials::Verdict;
+use crate::credentials::{Credential, Verdict};
 use crate::engine::CoreContext;
 use crate::events::Protocol;
 use crate::snapshot::{BackendKind, Snapshot};
@@ -66,7 +66,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             // Not SOCKS5 (or garbage): close without a reply, as the RFC leaves no other option.
             _ => return None,
         };
-        let need_auth = snapshot.users.is_some();
+        let need_auth = snapshot.requires_auth();
         let wanted = if need_auth { 2u8 } else { 0u8 };
         if !greeting.methods.contains(&wanted) {
             let _ = tunnel::write_all(&client, &socks5::encode_method_selection(0xFF)).await;
@@ -75,20 +75,23 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
         tunnel::write_all(&client, &socks5::encode_method_selection(wanted))
             .await
             .ok()?;
-        if let Some(users) = &snapshot.users {
+        if need_auth {
             let creds = read_msg(&client, &mut carry, socks5::parse_userpass)
                 .await
                 .ok()??;
             let client_ip = crate::access_control::canonical(peer.ip());
-            let verdict = users
-                .verify(
-                    &snapshot.auth_guard,
-                    &ctx.offload,
-                    client_ip,
-                    &creds.username,
-                    &creds.password,
-                )
-                .await;
+            let credential = Credential::Basic {
+                user: creds.username.clone(),
+                password: creds.password,
+            };
+            // Negotiate alone cannot check a user name and password: refused.
+            let verdict = match &snapshot.auth {
+                Some(auth) => {
+                    auth.verify(&snapshot.auth_guard, &ctx.offload, client_ip, &credential)
+                        .await
+                }
+                None => Verdict::Rejected,
+            };
             let ok = verdict == Verdict::Accepted;
             let _ = tunnel::write_all(&client, &socks5::encode_userpass_status(ok)).await;
             if !ok {

@@ -296,7 +296,7 @@ pub async fn auth_plugins() -> Json<AuthPluginList> {
         AuthMode::Native => {
             "users with bcrypt password hashes in the configuration (auth.native.users)"
         }
-        AuthMode::System => "operating-system accounts",
+        AuthMode::System => "operating-system accounts through PAM (auth.system.service)",
         AuthMode::Ldap => "LDAP bind against a directory (auth.ldap)",
         AuthMode::Oauth => "OAuth 2 / OpenID Connect tokens (auth.oauth)",
     };
@@ -307,15 +307,11 @@ pub async fn auth_plugins() -> Json<AuthPluginList> {
             name: m.api_name().into(),
             kind: m.api_name().into(),
             description: describe(m).into(),
-            availability: if m.is_available() {
+            availability: {
+                let a = switchyard_proxy_auth::availability(m);
                 PluginAvailability {
-                    state: "available".into(),
-                    reason: None,
-                }
-            } else {
-                PluginAvailability {
-                    state: "unimplemented".into(),
-                    reason: Some("not implemented in this build".into()),
+                    state: a.state().into(),
+                    reason: a.reason().map(Into::into),
                 }
             },
         })
