@@ -41,7 +41,11 @@ fn script(name: &str, args: &[&str]) -> String {
         .stderr(Stdio::inherit())
         .output()
         .expect("run the appliance script");
-    assert!(out.status.success(), "{name} {args:?} failed: {}", out.status);
+    assert!(
+        out.status.success(),
+        "{name} {args:?} failed: {}",
+        out.status
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
