@@ -60,6 +60,19 @@ pub fn require(cmd: &str) -> Option<PathBuf> {
     }
 }
 
+/// An nginx access log. nginx writes a request's line after the response has left, so a client
+/// that already has the body may look before the line is there: waits for one line (at most 5 s).
+pub fn nginx_access_log(path: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = std::fs::read_to_string(path).unwrap_or_default();
+        if !log.is_empty() || Instant::now() > deadline {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -404,7 +404,7 @@ impl VpnServer {
     }
 
     pub fn access_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
+        super::nginx_access_log(&self.dir.path().join("access.log"))
     }
 }
 
