@@ -1,7 +1,7 @@
 //! **vpn**: the client's VPN (TUN) path against the plain link and against redsocks (Debian's
 //! transparent proxy, fed by an nftables redirect) in one run (needs root: namespaces, cgroups).
 //!
-//! Layout (names prefixed `syvpnb`, removed at the end, also on error):
+//! Layout (names prefixed `syvpnb` or `$SWITCHYARD_BENCH_PREFIX`, removed at the end, also on error):
 //! - namespace `syvpnb-net`: `switchyard server` on 10.210.0.1:18080, an iperf3 server and a
 //!   connect-and-close origin on 10.211.9.1;
 //! - namespace `syvpnb-lan` (veth 10.210.0.2, default route to the other side):
@@ -30,8 +30,15 @@ use crate::wireguard::cpu_seconds;
 
 const ORIGIN: &str = "10.211.9.1";
 const SERVER: &str = "10.210.0.1:18080";
-const LAN: &str = "syvpnb-lan";
-const NET: &str = "syvpnb-net";
+
+/// Prefix of every name the scenario creates (namespaces, cgroup, interfaces): `syvpnb`, or
+/// `SWITCHYARD_BENCH_PREFIX` so runs in several worktrees on one machine do not collide.
+fn prefix() -> String {
+    std::env::var("SWITCHYARD_BENCH_PREFIX")
+        .ok()
+        .filter(|p| !p.is_empty() && p.len() <= 10 && p.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .unwrap_or_else(|| "syvpnb".to_string())
+}
 const NOBODY: &str = "65534";
 
 fn cgroup_root() -> Result<std::path::PathBuf> {
@@ -39,7 +46,7 @@ fn cgroup_root() -> Result<std::path::PathBuf> {
     info.lines()
         .find(|l| l.contains(" - cgroup2 "))
         .and_then(|l| l.split_whitespace().nth(4))
-        .map(|p| Path::new(p).join("syvpnb"))
+        .map(|p| Path::new(p).join(prefix()))
         .context("no cgroup2 mount")
 }
 
@@ -53,9 +60,10 @@ fn sh(cmd: &str) -> Result<String> {
 
 /// Removes what [`run`] creates; safe to call when nothing exists.
 fn teardown(data: Option<&Path>) {
-    for ns in [LAN, NET] {
+    let p = prefix();
+    for ns in [format!("{p}-lan"), format!("{p}-net")] {
         let _ = Command::new("ip")
-            .args(["netns", "del", ns])
+            .args(["netns", "del", ns.as_str()])
             .stderr(Stdio::null())
             .status();
     }
@@ -175,19 +183,22 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     teardown(Some(&data));
     fs::create_dir_all(&data)?;
     let _guard = Guard(data.clone());
+    let p = prefix();
+    let (lan, net) = (format!("{p}-lan"), format!("{p}-net"));
+    let (lan, net) = (lan.as_str(), net.as_str());
     let root = cgroup_root()?;
     let (app, own) = (root.join("app"), root.join("own"));
     for d in [&root, &app, &own] {
         fs::create_dir_all(d)?;
     }
     sh(&format!(
-        "set -e; ip netns add {LAN}; ip netns add {NET}
-         ip link add syvpnbl netns {LAN} type veth peer name syvpnbn netns {NET}
-         ip -n {LAN} link set lo up; ip -n {NET} link set lo up
-         ip -n {LAN} addr add 10.210.0.2/24 dev syvpnbl; ip -n {LAN} link set syvpnbl up
-         ip -n {NET} addr add 10.210.0.1/24 dev syvpnbn; ip -n {NET} link set syvpnbn up
-         ip -n {NET} addr add {ORIGIN}/32 dev lo
-         ip -n {LAN} route add default via 10.210.0.1"
+        "set -e; ip netns add {lan}; ip netns add {net}
+         ip link add {p}l netns {lan} type veth peer name {p}n netns {net}
+         ip -n {lan} link set lo up; ip -n {net} link set lo up
+         ip -n {lan} addr add 10.210.0.2/24 dev {p}l; ip -n {lan} link set {p}l up
+         ip -n {net} addr add 10.210.0.1/24 dev {p}n; ip -n {net} link set {p}n up
+         ip -n {net} addr add {ORIGIN}/32 dev lo
+         ip -n {lan} route add default via 10.210.0.1"
     ))?;
     let mut procs = Procs::default();
     let sy = ctx.switchyard.display().to_string();
@@ -199,7 +210,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     let server = procs.spawn(
         "switchyard server",
         in_ns(
-            NET,
+            net,
             None,
             false,
             &sy,
@@ -210,7 +221,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     procs.spawn(
         "iperf3 -s",
         in_ns(
-            NET,
+            net,
             None,
             false,
             "iperf3",
@@ -220,7 +231,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     )?;
     procs.spawn(
         "origin",
-        in_ns(NET, None, false, "/usr/bin/python3", &["-c", ORIGIN_PY]),
+        in_ns(net, None, false, "/usr/bin/python3", &["-c", ORIGIN_PY]),
         &dir.join("origin.log"),
     )?;
     let client_cfg = dir.join("client.yaml");
@@ -230,7 +241,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"127.0.0.1:0\"}}\nlogging: {{level: info, format: json}}\n\
              servers:\n  - {{name: gw, address: \"{SERVER}\", protocol: HTTP}}\n\
-             vpn:\n  enabled: true\n  interface_name: syvpnbt0\n  scope_cgroup: \"{}\"\n  dns: {{enabled: false}}\n  \
+             vpn:\n  enabled: true\n  interface_name: {p}t0\n  scope_cgroup: \"{}\"\n  dns: {{enabled: false}}\n  \
              split: {{mode: include, apps: [{{name: app, cgroup: \"{}\"}}]}}\n",
             root.display(),
             app.display()
@@ -240,7 +251,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     let client = procs.spawn(
         "switchyard client",
         in_ns(
-            LAN,
+            lan,
             Some(&own),
             false,
             &sy,
@@ -263,7 +274,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     let redsocks = procs.spawn(
         "redsocks",
         in_ns(
-            LAN,
+            lan,
             None,
             false,
             "redsocks",
@@ -272,8 +283,8 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         &dir.join("redsocks.log"),
     )?;
     sh(&format!(
-        "nsenter --net=/run/netns/{LAN} nft -f - <<'EOF'
-table ip syvpnb_redsocks {{
+        "nsenter --net=/run/netns/{lan} nft -f - <<'EOF'
+table ip {p}_redsocks {{
   chain out {{
     type nat hook output priority -100; policy accept;
     meta skuid {NOBODY} ip daddr {ORIGIN} tcp dport {{ 5201, 8081 }} redirect to :12345
@@ -322,13 +333,13 @@ EOF"
         ("redsocks (nft redirect)", None, true, Some(redsocks)),
     ] {
         if name.contains("MTU 9000") {
-            sh(&format!("ip -n {LAN} link set dev syvpnbt0 mtu 9000"))?;
+            sh(&format!("ip -n {lan} link set dev {p}t0 mtu 9000"))?;
         }
         let mut fig = PathFigures::default();
         let relay_before = relay.map(cpu_seconds);
         let server_before = cpu_seconds(server);
         let started = Instant::now();
-        match iperf(in_ns(LAN, cgroup, nobody, "iperf3", &iperf_args)) {
+        match iperf(in_ns(lan, cgroup, nobody, "iperf3", &iperf_args)) {
             Ok(g) => {
                 let wall = started.elapsed().as_secs_f64().max(0.001);
                 fig.gbps = g;
@@ -342,7 +353,7 @@ EOF"
             }
             Err(e) => fig.error = Some(format!("{e:#}")),
         }
-        match flows(in_ns(LAN, cgroup, nobody, "/usr/bin/python3", &flow_args)) {
+        match flows(in_ns(lan, cgroup, nobody, "/usr/bin/python3", &flow_args)) {
             Ok((n, errors, took)) => {
                 fig.flows_per_s = n / took.max(0.001);
                 fig.flow_errors = errors;

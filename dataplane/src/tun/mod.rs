@@ -26,6 +26,7 @@ pub mod nat;
 pub mod packet;
 pub mod pump;
 pub(crate) mod serve;
+pub mod vnet;
 
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
