@@ -26,7 +26,7 @@ use serde_json::json;
 
 use crate::procs::{which, Procs};
 use crate::scenarios::Ctx;
-use crate::wireguard::cpu_seconds;
+use crate::wireguard::{cpu_seconds, stat_seconds};
 
 const ORIGIN: &str = "10.211.9.1";
 const SERVER: &str = "10.210.0.1:18080";
@@ -125,11 +125,27 @@ fn in_ns(ns: &str, cgroup: Option<&Path>, nobody: bool, program: &str, args: &[&
 const ORIGIN_PY: &str = "import socket\nl=socket.socket()\nl.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\nl.bind(('0.0.0.0',8081))\nl.listen(4096)\nwhile True:\n    c,_=l.accept()\n    c.sendall(b'x')\n    c.close()\n";
 const FLOWS_PY: &str = "import socket,sys,time\ndst=(sys.argv[1],int(sys.argv[2]))\nend=time.time()+float(sys.argv[3])\nn=0\nerr=0\nwhile time.time()<end:\n    try:\n        s=socket.create_connection(dst,5)\n        s.recv(1)\n        s.close()\n        n+=1\n    except OSError:\n        err+=1\nprint(n,err)\n";
 
+/// utime + stime of the threads of `pid` named `name` (the client's TUN pump is `vpn-tun`).
+fn thread_cpu_seconds(pid: u32, name: &str) -> Option<f64> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut found = None;
+    for task in tasks.flatten() {
+        let tid = task.file_name().to_string_lossy().into_owned();
+        let comm = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            *found.get_or_insert(0.0) += stat_seconds(&format!("{pid}/task/{tid}"), 11, 12);
+        }
+    }
+    found
+}
+
 /// One path's figures.
 #[derive(Default, Debug, Clone)]
 struct PathFigures {
     gbps: f64,
     relay_cpu: Option<f64>,
+    /// The TUN pump thread's share of `relay_cpu` (VPN rows only).
+    pump_cpu: Option<f64>,
     server_cpu: Option<f64>,
     flows_per_s: f64,
     flow_errors: u64,
@@ -337,6 +353,8 @@ EOF"
         }
         let mut fig = PathFigures::default();
         let relay_before = relay.map(cpu_seconds);
+        let pump = |pid: u32| thread_cpu_seconds(pid, "vpn-tun");
+        let pump_before = relay.and_then(pump);
         let server_before = cpu_seconds(server);
         let started = Instant::now();
         match iperf(in_ns(lan, cgroup, nobody, "iperf3", &iperf_args)) {
@@ -346,6 +364,10 @@ EOF"
                 fig.relay_cpu = relay
                     .zip(relay_before)
                     .map(|(pid, before)| (cpu_seconds(pid) - before) / wall / g.max(1e-9));
+                fig.pump_cpu = relay
+                    .and_then(pump)
+                    .zip(pump_before)
+                    .map(|(after, before)| (after - before) / wall / g.max(1e-9));
                 if relay.is_some() {
                     fig.server_cpu =
                         Some((cpu_seconds(server) - server_before) / wall / g.max(1e-9));
@@ -379,6 +401,7 @@ EOF"
                 "path": name,
                 "iperf3_gbit_s": f.gbps,
                 "relay_cpu_s_per_gbit": f.relay_cpu,
+                "tun_pump_cpu_s_per_gbit": f.pump_cpu,
                 "server_cpu_s_per_gbit": f.server_cpu,
                 "new_flows_per_s": f.flows_per_s,
                 "flow_errors": f.flow_errors,
@@ -389,17 +412,19 @@ EOF"
     let mut md = String::from("## vpn\n\n");
     let _ = writeln!(
         md,
-        "iperf3 TCP ({}s) and new flows/s (one Python worker: connect, read 1 byte, close) from the lan namespace to the same origin. The VPN and redsocks both relay through the same `switchyard server` (HTTP CONNECT); CPU is CPU-seconds per second of transfer per Gbit/s of the relay process (switchyard client incl. the TUN pump, or redsocks) and of the server. Classifier: {vpn_status}.\n",
-        ctx.seconds
+        "iperf3 TCP ({}s) and new flows/s (one Python worker: connect, read 1 byte, close) from the lan namespace to the same origin. The VPN and redsocks both relay through the same `switchyard server` (HTTP CONNECT); CPU is CPU-seconds per second of transfer per Gbit/s of the relay process (switchyard client incl. the TUN pump, or redsocks), of the client's TUN pump thread alone (kernel work done in its syscalls included) and of the server. Classifier: {vpn_status}. Load average at the end: {}.\n",
+        ctx.seconds,
+        crate::scenarios::loadavg()
     );
-    md.push_str("| path | Gbit/s | relay CPU per Gbit/s | server CPU per Gbit/s | new flows/s | errors |\n|---|---|---|---|---|---|\n");
+    md.push_str("| path | Gbit/s | relay CPU per Gbit/s | of which TUN pump | server CPU per Gbit/s | new flows/s | errors |\n|---|---|---|---|---|---|---|\n");
     let opt = |v: Option<f64>| v.map_or("–".to_string(), |x| format!("{x:.2}"));
     for (name, f) in &results {
         let _ = writeln!(
             md,
-            "| {name} | {:.2} | {} | {} | {:.0} | {} |",
+            "| {name} | {:.2} | {} | {} | {} | {:.0} | {} |",
             f.gbps,
             opt(f.relay_cpu),
+            opt(f.pump_cpu),
             opt(f.server_cpu),
             f.flows_per_s,
             f.error.clone().unwrap_or_else(|| f.flow_errors.to_string())
