@@ -591,11 +591,19 @@ fn expect_seen(topo: &Topo, client: &Client, cgroup: &Path, dst: &str, want: &st
 /// than its MTU, which one segment per packet can never be.
 fn bulk_crosses_the_tun_in_super_packets(topo: &Topo, client: &Client) {
     let tun_tx = || {
-        let stats = sh(&format!("ip -n {} -j -s link show dev {}", topo.lan, topo.tun()));
+        let stats = sh(&format!(
+            "ip -n {} -j -s link show dev {}",
+            topo.lan,
+            topo.tun()
+        ));
         let v: serde_json::Value = serde_json::from_str(&stats).expect("ip -j");
         let tx = &v[0]["stats64"]["tx"];
         let mtu = v[0]["mtu"].as_u64().expect("mtu");
-        (tx["bytes"].as_u64().expect("bytes"), tx["packets"].as_u64().expect("packets"), mtu)
+        (
+            tx["bytes"].as_u64().expect("bytes"),
+            tx["packets"].as_u64().expect("packets"),
+            mtu,
+        )
     };
     let sent_before = client.ok("GET", "/api/v1/vpn/status", None)["bytes_sent"]
         .as_u64()
@@ -622,7 +630,10 @@ fn bulk_crosses_the_tun_in_super_packets(topo: &Topo, client: &Client) {
     let sent = client.ok("GET", "/api/v1/vpn/status", None)["bytes_sent"]
         .as_u64()
         .unwrap_or(0);
-    assert!(sent - sent_before >= BULK as u64, "pump counted {sent} bytes sent");
+    assert!(
+        sent - sent_before >= BULK as u64,
+        "pump counted {sent} bytes sent"
+    );
 }
 
 fn vpn_scenario(classifier: &str) {
