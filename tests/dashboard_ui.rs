@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use support::browser::Browser;
-use support::{api_call, curl, http_code, start_server_with_file, Proc, Server};
+use support::ui_shell::{self, headers};
+use support::{api_call, http_code, start_server_with_file, Proc, Server};
 
 const TOKEN: &str = "dash-s3cret-token";
 
@@ -52,7 +53,7 @@ fn holding_listener() -> u16 {
 }
 
 /// Sign-in (wrong token first), a live connection, routes, backend test, request log, config
-/// save (hot-reloaded and restart-required), mesh absence, no token in web storage, and
+/// save (hot-reloaded and restart-required), mesh registry off, no token in web storage, and
 /// screenshots at desktop and phone width.
 #[tokio::test(flavor = "multi_thread")]
 async fn dashboard_main_flows_in_chromium() {
@@ -64,18 +65,10 @@ async fn dashboard_main_flows_in_chromium() {
     let base = format!("http://{}", s.api);
     b.resize(1280, 800).await;
 
-    // `/` leads to the sign-in form; a wrong token shows the server's refusal
-    b.goto(&format!("{base}/")).await;
-    b.wait_for("#signin-form", "Sign in").await;
-    b.fill("#signin-token", "not-the-token").await;
-    b.click("#signin-form button[type=submit]").await;
-    b.wait_for("#error", "wrong API token").await;
-    b.wait_hidden("#app").await;
-    // by keyboard: Enter in the token field submits the form
-    b.fill("#signin-token", &format!("{TOKEN}\u{E007}")).await;
-    b.wait_for("#flash", "Signed in.").await;
+    // `/` leads to the sign-in form; a wrong token shows the server's refusal; then by keyboard
+    ui_shell::sign_in(&b, &format!("{base}/"), TOKEN).await;
     b.wait_for("#panel-overview", "Live connections").await;
-    b.wait_for("#ws-state", "live: on").await;
+    b.wait_for("#live-state", "live: on").await;
 
     // a live connection appears while it lasts (a CONNECT tunnel to a listener that never answers)
     let target = format!("127.0.0.1:{hold_port}");
@@ -121,6 +114,8 @@ async fn dashboard_main_flows_in_chromium() {
     b.fill("#route-name", "dash-route").await;
     b.fill("#route-domains", "*.dash.test, dash.test").await;
     b.choose("#route-backend", "direct").await;
+    // above the catch-all `default` route of the same backend, so the tester below tells them apart
+    b.fill("#route-priority", "10").await;
     b.click("#route-create").await;
     b.wait_for("#flash", "Route dash-route created.").await;
     b.wait_for(
@@ -130,6 +125,28 @@ async fn dashboard_main_flows_in_chromium() {
     .await;
     let (_, routes) = api_call(&s, "GET", "/api/v1/routes", None, Some(TOKEN));
     assert!(routes.to_string().contains("dash-route"), "{routes}");
+    // the route tester answers from the running data plane's route table
+    b.fill("#route-test-domain", "www.dash.test:8080").await;
+    b.click("#route-test").await;
+    b.wait_for(
+        "#route-test-result",
+        "www.dash.test:8080 → route dash-route (backends: direct)",
+    )
+    .await;
+    let (_, other) = api_call(
+        &s,
+        "GET",
+        "/api/v1/routes/test?domain=elsewhere.test",
+        None,
+        Some(TOKEN),
+    );
+    let expected = match other["matched_route"].as_str() {
+        Some(route) => format!("elsewhere.test → route {route}"),
+        None => "elsewhere.test → refused: no route matches".to_owned(),
+    };
+    b.fill("#route-test-domain", "elsewhere.test").await;
+    b.click("#route-test").await;
+    b.wait_for("#route-test-result", &expected).await;
     b.click("#routes tr[data-route=\"dash-route\"] button.delete")
         .await;
     b.wait_for("#flash", "Route dash-route deleted.").await;
@@ -155,7 +172,7 @@ async fn dashboard_main_flows_in_chromium() {
         "the running configuration in the editor",
     )
     .await;
-    edit_config(
+    ui_shell::edit_config(
         &b,
         "c.routes = (c.routes || []).concat([{name: 'from-editor', domains: ['editor.test'], backend: 'direct'}]);",
     )
@@ -169,7 +186,7 @@ async fn dashboard_main_flows_in_chromium() {
         .await;
     let (_, routes) = api_call(&s, "GET", "/api/v1/routes", None, Some(TOKEN));
     assert!(routes.to_string().contains("from-editor"), "{routes}");
-    edit_config(&b, "c.logging.level = 'debug';").await;
+    ui_shell::edit_config(&b, "c.logging.level = 'debug';").await;
     b.click("#config-save").await;
     b.wait_for("#config-result", "Restart required for: logging")
         .await;
@@ -179,7 +196,7 @@ async fn dashboard_main_flows_in_chromium() {
     )
     .await;
     // an invalid configuration is refused with the server's errors
-    edit_config(
+    ui_shell::edit_config(
         &b,
         "c.routes.push({name: 'broken', domains: ['b.test'], backend: 'no-such-backend'});",
     )
@@ -188,6 +205,35 @@ async fn dashboard_main_flows_in_chromium() {
     b.wait_for("#config-result", "Not saved").await;
     b.wait_for("#config-result .errors li", "no-such-backend")
         .await;
+    // the same in YAML, the file's format: the running configuration loads as YAML, an edited
+    // route is hot-reloaded, an unknown key is refused naming it
+    b.choose("#config-format", "YAML").await;
+    b.wait_script(
+        "const t = document.querySelector('#config-text').value; \
+         return t.includes('routes:') && t.includes('editor.test') && !t.trim().startsWith('{');",
+        "the running configuration as YAML in the editor",
+    )
+    .await;
+    b.script(
+        "const t = document.querySelector('#config-text'); \
+         t.value = t.value.replace('editor.test', 'yaml-editor.test'); return true;",
+    )
+    .await;
+    b.click("#config-validate").await;
+    b.wait_for("#config-result", "Valid configuration.").await;
+    b.click("#config-save").await;
+    b.wait_for("#config-result .hot-reloaded", "Hot-reloaded: routes")
+        .await;
+    let (_, routes) = api_call(&s, "GET", "/api/v1/routes", None, Some(TOKEN));
+    assert!(routes.to_string().contains("yaml-editor.test"), "{routes}");
+    b.script(
+        "const t = document.querySelector('#config-text'); \
+         t.value = t.value + '\\nno_such_key: 1\\n'; return true;",
+    )
+    .await;
+    b.click("#config-save").await;
+    b.wait_for("#config-result", "Not saved").await;
+    b.wait_for("#config-result .errors li", "no_such_key").await;
 
     // cache: stats, and a preset toggled from its button
     let (_, presets) = api_call(&s, "GET", "/api/v1/cache/presets", None, Some(TOKEN));
@@ -221,56 +267,28 @@ async fn dashboard_main_flows_in_chromium() {
     let (_, rules) = api_call(&s, "GET", "/api/v1/cache/rules", None, Some(TOKEN));
     assert!(!rules.to_string().contains("dash-rule"), "{rules}");
 
-    // mesh registry absent in this build: said so from the measured status, no fake list
+    // mesh registry off (the default): said so from the server's answer, no fake list
+    // (tests/mesh_registry.rs drives the panel with the registry on)
     b.click("#tab-mesh").await;
-    b.wait_for(
-        "#mesh-unavailable",
-        "not available in this build (the server answered HTTP 404)",
-    )
-    .await;
+    b.wait_for("#mesh-unavailable", "mesh registry is off")
+        .await;
     // auth plugins with their availability
     b.click("#tab-auth").await;
     b.wait_for("#auth-plugins tbody tr", "").await;
 
-    // the session lives in the HttpOnly cookie only: nothing in web storage or document.cookie
-    let stored = b
-        .script("return [localStorage.length, sessionStorage.length, document.cookie];")
-        .await;
-    assert_eq!(stored, json!([0, 0, ""]));
+    ui_shell::assert_no_stored_token(&b).await;
 
     // phone width: the overview is still usable
     b.click("#tab-overview").await;
-    b.resize(390, 844).await;
+    ui_shell::resize_to_phone_and_check_width(&b).await;
     b.wait_for("#stats", "Active connections").await;
-    let fits = b
-        .script("return document.documentElement.scrollWidth <= window.innerWidth + 1;")
-        .await;
-    assert_eq!(
-        fits,
-        Value::Bool(true),
-        "the page scrolls sideways at 390 px"
-    );
     b.screenshot("dashboard-overview-phone").await;
     b.click("#tab-routes").await;
     b.screenshot("dashboard-routes-phone").await;
 
     // sign out ends the session on the server too
-    b.click("#signout").await;
-    b.wait_for("#signin-form", "Sign in").await;
-    let status = b
-        .script("return fetch('/api/v1/status').then(r => r.status);")
-        .await;
-    assert_eq!(status, json!(401));
+    ui_shell::sign_out(&b).await;
     b.quit().await;
-}
-
-/// Applies `statement` (JavaScript on the parsed configuration `c`) to the editor's text.
-async fn edit_config(b: &Browser, statement: &str) {
-    b.script(&format!(
-        "const t = document.querySelector('#config-text'); const c = JSON.parse(t.value); \
-         {statement} t.value = JSON.stringify(c, null, 2); return true;"
-    ))
-    .await;
 }
 
 /// Without `api.token` the API is open: the page opens without sign-in and offers no sign-out.
@@ -280,17 +298,9 @@ async fn open_api_needs_no_sign_in() {
         return;
     };
     let s = tokio::task::block_in_place(|| server_with_token(None, "127.0.0.1:9"));
-    b.goto(&format!("http://{}/", s.api)).await;
-    b.wait_for("#stats", "Active connections").await;
-    b.wait_for("#open-api", "no API token").await;
-    b.wait_hidden("#signout").await;
-    b.wait_hidden("#signin").await;
+    let url = format!("http://{}/", s.api);
+    ui_shell::assert_open_without_sign_in(&b, &url, "#stats", "Active connections").await;
     b.quit().await;
-}
-
-fn headers(url: &str) -> String {
-    String::from_utf8_lossy(&curl(&["-sS", "-D", "-", "-o", "/dev/null", url]).stdout)
-        .to_lowercase()
 }
 
 /// Every UI response carries the strict CSP and friends; `/` redirects to `/ui/`; the page is
@@ -302,30 +312,12 @@ fn assets_are_served_with_strict_security_headers() {
     for (path, ctype) in [
         ("/ui/", "text/html"),
         ("/ui/app.js", "text/javascript"),
+        ("/ui/common.js", "text/javascript"),
         ("/ui/style.css", "text/css"),
     ] {
-        let h = headers(&format!("{base}{path}"));
-        assert!(h.starts_with("http/1.1 200"), "{path}: {h}");
-        assert!(h.contains(&format!("content-type: {ctype}")), "{path}: {h}");
-        let csp = h
-            .lines()
-            .find(|l| l.starts_with("content-security-policy:"))
-            .unwrap_or_else(|| panic!("{path}: no CSP: {h}"));
-        for directive in [
-            "default-src 'self'",
-            "script-src 'self'",
-            "style-src 'self'",
-            "connect-src 'self'",
-            "frame-ancestors 'none'",
-        ] {
-            assert!(csp.contains(directive), "{path}: {csp}");
-        }
-        assert!(!csp.contains("unsafe-inline"), "{csp}");
-        assert!(h.contains("x-content-type-options: nosniff"), "{path}: {h}");
+        ui_shell::assert_served_with_strict_csp(&base, path, ctype);
     }
-    let root = headers(&format!("{base}/"));
-    assert!(root.starts_with("http/1.1 303"), "{root}");
-    assert!(root.contains("location: /ui/"), "{root}");
+    ui_shell::assert_root_redirects_to_the_page(&base);
     assert!(headers(&format!("{base}/ui/nope.js")).starts_with("http/1.1 404"));
     assert!(headers(&format!("{base}/api/v1/status")).starts_with("http/1.1 401"));
 }

@@ -14,6 +14,7 @@
 
 mod support;
 
+#[macro_use]
 #[path = "inventory_pg.rs"]
 mod pg;
 
@@ -26,42 +27,13 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pg::Db;
 use reqwest::header::{HeaderMap, CONTENT_TYPE, COOKIE, RETRY_AFTER, SET_COOKIE};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use support::{spawn_reporting, start_moto, Moto, Proc, Reported, BIN};
 
 // ------------------------------------------------------------------ helpers
-
-/// The database a test's services use.
-enum Db {
-    Sqlite,
-    Postgres(pg::Lease),
-}
-
-/// Generates `sqlite::NAME` and `postgres::NAME` for each `async fn NAME(db: Db)`. The
-/// PostgreSQL variants sit together in one module so that a runner going through them in order
-/// (nextest lists by name) keeps the shared cluster busy instead of stopping and restarting it.
-macro_rules! on_both_databases {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {$(
-            #[tokio::test(flavor = "multi_thread")]
-            async fn $name() {
-                super::$name(super::Db::Sqlite).await
-            }
-        )*}
-
-        mod postgres {$(
-            #[tokio::test(flavor = "multi_thread")]
-            async fn $name() {
-                let Some(lease) = super::pg::Lease::acquire() else {
-                    return;
-                };
-                super::$name(super::Db::Postgres(lease)).await
-            }
-        )*}
-    };
-}
 
 struct Inventory {
     _proc: Proc,

@@ -1,4 +1,4 @@
-//! A throwaway PostgreSQL cluster for the inventory tests, shared by every test of one test
+//! A throwaway PostgreSQL cluster for the inventory and mesh registry tests, shared by every test of one test
 //! binary and started by the tests themselves (Debian's server binaries, `initdb` into a
 //! directory under the temp dir, a free loopback port, `fsync=off`).
 //!
@@ -264,4 +264,35 @@ impl Drop for Lease {
             stop_cluster(&self.root);
         }
     }
+}
+
+/// The database a test's services use.
+pub enum Db {
+    Sqlite,
+    Postgres(Lease),
+}
+
+/// Generates `sqlite::NAME` and `postgres::NAME` for each `async fn NAME(db: Db)` (the
+/// including file names this module `pg`, with `#[macro_use]`, and imports [`Db`]). The
+/// PostgreSQL variants sit together in one module so that a runner going through them in order
+/// (nextest lists by name) keeps the shared cluster busy instead of stopping and restarting it.
+macro_rules! on_both_databases {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {$(
+            #[tokio::test(flavor = "multi_thread")]
+            async fn $name() {
+                super::$name(super::Db::Sqlite).await
+            }
+        )*}
+
+        mod postgres {$(
+            #[tokio::test(flavor = "multi_thread")]
+            async fn $name() {
+                let Some(lease) = super::pg::Lease::acquire() else {
+                    return;
+                };
+                super::$name(super::Db::Postgres(lease)).await
+            }
+        )*}
+    };
 }

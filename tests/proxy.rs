@@ -140,6 +140,37 @@ fn connect_tunnel_and_socks5_reach_the_origin() {
     assert_eq!(server.wait_idle(), 0);
 }
 
+/// A minimal system without CA certificates (the appliance's first image had none): the server
+/// used to panic building the provider API client; now it serves and logs what to install.
+#[test]
+fn serves_on_a_system_without_ca_certificates() {
+    let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_path = dir.path().join("server.yaml");
+    std::fs::write(
+        &config_path,
+        "server:\n  http: { listen: \"127.0.0.1:0\" }\n  socks5: { listen: \"127.0.0.1:0\" }\n\
+         api: { listen: \"127.0.0.1:0\" }\nlogging: { level: info, format: json }\n",
+    )
+    .expect("write config");
+    let no_certs = [
+        ("SSL_CERT_FILE", std::ffi::OsStr::new("/dev/null")),
+        ("SSL_CERT_DIR", std::ffi::OsStr::new("/nonexistent")),
+    ];
+    let server = start_server_with_env(dir, config_path, &no_certs);
+    let out = curl(&[
+        "-sS",
+        "-x",
+        &format!("http://{}", server.http),
+        &origin.url("/index.html"),
+    ]);
+    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+    let logs = server.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+    assert!(logs.contains("install ca-certificates"), "{logs}");
+}
+
 #[test]
 fn errors_name_the_problem() {
     let server = start_server("");

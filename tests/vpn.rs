@@ -53,6 +53,61 @@ fn serve_origin(port: u16) -> ! {
     std::process::exit(0)
 }
 
+/// Answers each UDP datagram to `ip:port` (one socket per address, so replies come from the
+/// address that was asked) with `<peer address> <datagram>`.
+fn serve_udp_origin(arg: &str) -> ! {
+    let (port, ips) = arg.split_once(' ').expect("port and addresses");
+    let port: u16 = port.parse().expect("port");
+    let sockets: Vec<std::net::UdpSocket> = ips
+        .split(' ')
+        .map(|ip| std::net::UdpSocket::bind((ip, port)).expect("bind udp origin"))
+        .collect();
+    result("ready");
+    let threads: Vec<_> = sockets
+        .into_iter()
+        .map(|sock| {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 2048];
+                while let Ok((n, peer)) = sock.recv_from(&mut buf) {
+                    let mut reply = format!("{} ", peer.ip()).into_bytes();
+                    reply.extend_from_slice(&buf[..n]);
+                    let _ = sock.send_to(&reply, peer);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    std::process::exit(0)
+}
+
+/// Sends `count` datagrams from one socket to `dst`, each answered before the next (a lost one
+/// is sent again, at most three times): `seen=<address the origin saw> replies=<n>`.
+fn udp_round_trips(dst: SocketAddr, count: usize) -> String {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    let (mut seen, mut replies) = (String::from("nothing"), 0);
+    let mut buf = [0u8; 2048];
+    for i in 0..count {
+        let message = format!("datagram {i}");
+        for _attempt in 0..3 {
+            sock.send_to(message.as_bytes(), dst).expect("send");
+            let Ok((n, from)) = sock.recv_from(&mut buf) else {
+                continue;
+            };
+            let reply = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if from == dst && reply.ends_with(&message) {
+                seen = reply.split(' ').next().unwrap_or_default().to_owned();
+                replies += 1;
+                break;
+            }
+        }
+    }
+    format!("seen={seen} replies={replies}")
+}
+
 fn connect_and_read(dst: SocketAddr) -> (TcpStream, String) {
     let mut stream = TcpStream::connect_timeout(&dst, Duration::from_secs(10)).expect("connect");
     stream
@@ -113,6 +168,16 @@ fn helper() {
     let arg = std::env::var("SYVPN_ARG").unwrap_or_default();
     match action.as_str() {
         "origin" => serve_origin(arg.parse().expect("port")),
+        // SYVPN_ARG = "port address..."
+        "udp-origin" => serve_udp_origin(&arg),
+        // SYVPN_ARG = "destination count"
+        "udp" => {
+            let (dst, count) = arg.split_once(' ').expect("destination and count");
+            result(&udp_round_trips(
+                dst.parse().expect("destination"),
+                count.parse().expect("count"),
+            ));
+        }
         "tcp" => {
             let (_, seen) = connect_and_read(arg.parse().expect("address"));
             result(&format!("seen={seen}"));
@@ -193,8 +258,13 @@ struct Topo {
 
 impl Topo {
     fn new() -> Topo {
+        Topo::named("syvpn")
+    }
+
+    /// A topology whose namespaces, links and cgroups start with `prefix`.
+    fn named(prefix: &str) -> Topo {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let id = format!("syvpn{}{n}", std::process::id() % 100000);
+        let id = format!("{prefix}{}{n}", std::process::id() % 100000);
         let (lan, net) = (format!("{id}-lan"), format!("{id}-net"));
         let scope = cgroup2_mount().join(&id);
         let topo = Topo {
@@ -231,6 +301,30 @@ impl Topo {
         format!("tun{}", &id[id.len().saturating_sub(10)..])
     }
 
+    /// The UDP origin on port 7000 of the origin addresses.
+    fn start_udp_origin(&mut self) {
+        let addresses = "7000 10.211.9.1 10.211.9.2 10.211.9.3";
+        let mut child = helper_in(&self.net, None, "udp-origin", addresses)
+            .spawn()
+            .expect("udp origin");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        assert_eq!(next_result(&mut out), "ready");
+        self.children.push(child);
+    }
+
+    /// `seen=<address the UDP origin saw> replies=<n>` for `count` datagrams a process of
+    /// `cgroup` exchanged with `dst`:7000.
+    fn udp_seen(&self, cgroup: &Path, dst: &str, count: usize) -> String {
+        let arg = format!("{dst}:7000 {count}");
+        let mut child = helper_in(&self.lan, Some(cgroup), "udp", &arg)
+            .spawn()
+            .expect("probe");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let r = next_result(&mut out);
+        let _ = child.wait();
+        r
+    }
+
     fn start_origins(&mut self) {
         let mut child = helper_in(&self.net, None, "origin", "8080")
             .spawn()
@@ -251,7 +345,11 @@ impl Topo {
         .expect("server config");
         let mut cmd = in_netns(&self.net, None, Path::new(BIN));
         cmd.args(["server", "--config"]).arg(&path);
-        let s = spawn_with_listeners(cmd, "switchyard server", &["HTTP proxy", "management API"]);
+        let s = spawn_with_listeners(
+            cmd,
+            "switchyard server",
+            &["HTTP proxy", "management API", "SOCKS5 proxy"],
+        );
         let http = s.addrs[0];
         self.server = Some(s);
         http
@@ -259,6 +357,21 @@ impl Topo {
 
     fn server_api(&self) -> SocketAddr {
         self.server.as_ref().expect("server").addrs[1]
+    }
+
+    fn server_socks5(&self) -> SocketAddr {
+        self.server.as_ref().expect("server").addrs[2]
+    }
+
+    /// The server's live connections (`GET /api/v1/connections`).
+    fn server_connections(&self) -> serde_json::Value {
+        let (_, text) = curl_in(
+            &self.net,
+            "GET",
+            &format!("http://{}/api/v1/connections", self.server_api()),
+            None,
+        );
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
     }
 
     fn client_yaml(
@@ -340,8 +453,8 @@ impl Topo {
                 "--bind-interfaces",
                 &format!("--listen-address={DNS}"),
                 "--address=/a.tun.test/10.211.9.2",
-                "--address=/b.plain.test/10.211.9.1",
-                "--address=/c.plain.test/10.211.9.1",
+                // b.plain.test, c.plain.test, … (each question a name not cached yet)
+                "--address=/plain.test/10.211.9.1",
                 "--log-queries",
                 // answers of --address carry TTL 0 unless told otherwise: nothing would be cached
                 "--local-ttl=300",
@@ -919,6 +1032,33 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
     let leaked = capture.packets();
     assert!(leaked.is_empty(), "DNS left by the lan link: {leaked:?}");
 
+    // disconnected, every flow goes direct and the running VPN's resolver follows at once: the
+    // next question crosses the lan link; connected again, questions go through the server
+    client.ok("POST", "/api/v1/disconnect", None);
+    let capture = topo.capture_dns();
+    let r = topo.resolve_and_connect(&topo.exc, "d.plain.test");
+    assert_eq!(
+        r,
+        format!("ip=10.211.9.1 seen={DIRECT}"),
+        "{}",
+        client.log()
+    );
+    let seen = capture.packets();
+    assert!(
+        seen.iter().any(|l| l.contains(&format!("{DNS}.53"))),
+        "disconnected, the resolver still forwarded through the server: {seen:?}\n{}",
+        client.log()
+    );
+    client.ok("POST", "/api/v1/connect", None);
+    let capture = topo.capture_dns();
+    let r = topo.resolve_and_connect(&topo.exc, "e.plain.test");
+    assert_eq!(r, "ip=10.211.9.1 seen=10.211.9.1", "{}", client.log());
+    let leaked = capture.packets();
+    assert!(
+        leaked.is_empty(),
+        "DNS left by the lan link after reconnecting: {leaked:?}"
+    );
+
     // without the VPN the same question does cross the link (the capture would see a leak)
     client.ok("POST", "/api/v1/vpn/disable", None);
     let capture = topo.capture_dns();
@@ -930,4 +1070,156 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
         "the capture saw no direct DNS: {seen:?}"
     );
     assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+/// The live VPN flow of `protocol` to `remote`, once the relay has counted `received` bytes
+/// towards the application (bounded wait).
+fn vpn_flow(client: &Client, protocol: &str, remote: &str, received: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let conns = client.ok("GET", "/api/v1/vpn/connections", None);
+        let flow = conns.as_array().and_then(|all| {
+            all.iter()
+                .find(|c| c["protocol"] == protocol && c["remote_addr"] == remote)
+                .cloned()
+        });
+        match flow {
+            Some(f) if f["bytes_received"] == received => return f,
+            other => assert!(
+                Instant::now() < deadline,
+                "no live {protocol} flow to {remote} with {received} bytes received: {other:?} in {conns}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// UDP through the VPN path (with the given classifier): an app of the included cgroup exchanges datagrams with a UDP origin
+/// through the server's SOCKS5 UDP ASSOCIATE (the origin sees the server's address, the server
+/// lists the association), a `direct` client route relays them from the client's own address,
+/// and the excluded cgroup never enters the tunnel. The client lists the flows as `udp`
+/// connections with their measured bytes, and its status counts them.
+fn udp_scenario(classifier: &str) {
+    let mut topo = Topo::named("syvu");
+    topo.start_udp_origin();
+    let http = topo.start_server();
+    let socks = topo.server_socks5();
+    // before the VPN, every cgroup goes direct
+    assert_eq!(
+        topo.udp_seen(&topo.inc, "10.211.9.1", 1),
+        format!("seen={DIRECT} replies=1")
+    );
+
+    let split = format!(
+        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}]}}",
+        topo.inc.display()
+    );
+    let yaml = topo
+        .client_yaml(socks, true, classifier, &split)
+        .replace("protocol: HTTP", "protocol: SOCKS5")
+        .replace(
+            "vpn:\n",
+            &format!("  - {{name: gw-http, address: \"{http}\", protocol: HTTP}}\nvpn:\n"),
+        )
+        + "routing:\n  routes:\n    - {name: udp-direct, patterns: [\"10.211.9.3\"], action: direct}\n";
+    let client = topo.start_client(&yaml);
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+
+    // through the server: the origin sees the server's own address, three round trips on one flow
+    let via = topo.udp_seen(&topo.inc, "10.211.9.1", 3);
+    assert_eq!(
+        via,
+        "seen=10.211.9.1 replies=3",
+        "inc app's UDP through the VPN and the server\n{}",
+        client.log()
+    );
+    // "datagram N" is 10 bytes; each answer is "10.211.9.1 datagram N", 21 bytes
+    let flow = vpn_flow(&client, "udp", "10.211.9.1:7000", 63);
+    assert_eq!(flow["bytes_sent"], 30, "{flow}");
+    // the server relayed it on a SOCKS5 UDP association from the client
+    let conns = topo.server_connections();
+    let association = conns["connections"]
+        .as_array()
+        .and_then(|all| {
+            all.iter()
+                .find(|c| c["protocol"] == "SOCKS5" && c["host"] == "10.211.9.1:7000")
+                .cloned()
+        })
+        .unwrap_or_else(|| panic!("no SOCKS5 association on the server: {conns}"));
+    assert_eq!(association["client_ip"], DIRECT, "{association}");
+    assert_eq!(association["bytes_recv"], 30, "{association}");
+    assert_eq!(association["bytes_sent"], 63, "{association}");
+
+    // a direct route: relayed by the client from its own address, still through the TUN
+    assert_eq!(
+        topo.udp_seen(&topo.inc, "10.211.9.3", 2),
+        format!("seen={DIRECT} replies=2"),
+        "{}",
+        client.log()
+    );
+    let flow = vpn_flow(&client, "udp", "10.211.9.3:7000", 42);
+    assert_eq!(flow["bytes_sent"], 20, "{flow}");
+
+    // the excluded cgroup is not tunnelled at all
+    assert_eq!(
+        topo.udp_seen(&topo.exc, "10.211.9.2", 1),
+        format!("seen={DIRECT} replies=1")
+    );
+    let conns = client.ok("GET", "/api/v1/vpn/connections", None);
+    assert!(
+        !conns.to_string().contains("10.211.9.2:7000"),
+        "excluded traffic in the VPN: {conns}"
+    );
+
+    // the status counts the UDP payload both ways, and the two open flows (the pump publishes
+    // its flow count once a second)
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["bytes_sent"], 50, "{status}");
+    assert_eq!(status["bytes_received"], 105, "{status}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = client.ok("GET", "/api/v1/vpn/status", None);
+        if status["flows"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // through a server reached over HTTP, UDP cannot go (CONNECT is TCP): its datagrams are
+    // dropped and counted — and do not leak direct. (The kernel's own IPv6 packets on the device
+    // are dropped too, hence "at least".)
+    client.ok("POST", "/api/v1/servers/gw-http/select", None);
+    let before = status["dropped"].as_u64().unwrap_or(0);
+    assert_eq!(
+        topo.udp_seen(&topo.inc, "10.211.9.2", 1),
+        "seen=nothing replies=0",
+        "{}",
+        client.log()
+    );
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    let after = status["dropped"].as_u64().unwrap_or(0);
+    assert!(after >= before + 3, "three attempts dropped: {status}");
+    // while TCP still goes through that server
+    topo.start_origins();
+    expect_seen(&topo, &client, &topo.inc, "10.211.9.1", "10.211.9.1");
+
+    let v = client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(v["status"], "disabled");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+#[test]
+fn syvu_ebpf_udp_through_the_server_socks5_association_and_direct() {
+    if tools_or_skip("syvu_ebpf_udp_through_the_server_socks5_association_and_direct") {
+        udp_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syvu_nftables_udp_through_the_server_socks5_association_and_direct() {
+    if tools_or_skip("syvu_nftables_udp_through_the_server_socks5_association_and_direct") {
+        udp_scenario("nftables");
+    }
 }

@@ -246,9 +246,14 @@ pub struct VpnStatus {
     /// Why the VPN is in `error` (extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// TCP flows in the TUN path's NAT right now (extension).
+    /// TCP and UDP flows in the TUN path's NAT right now (extension).
     #[serde(default)]
     pub flows: u64,
+    /// Packets the TUN path dropped since start — what it does not translate (ICMP, IPv6, IP
+    /// fragments), stray segments, a full NAT, loops — plus UDP datagrams its relay dropped (a
+    /// route that cannot carry UDP, full flow queues or tables) (extension).
+    #[serde(default)]
+    pub dropped: u64,
 }
 
 /// One VPN connection.

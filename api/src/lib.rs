@@ -9,6 +9,8 @@ pub mod client;
 pub mod diagnostics;
 #[cfg(feature = "axum")]
 pub mod http_error;
+pub mod mesh;
 pub mod server;
 
+pub use mesh::*;
 pub use server::*;

@@ -446,6 +446,19 @@ pub struct RouteCreated {
     pub backend: String,
 }
 
+/// `GET /api/v1/routes/test?domain=` answer (not in the spec; the server's counterpart of the
+/// client's route test): the route the running data plane gives the host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct RouteTest {
+    pub domain: String,
+    /// `routed`, or `refused` when no route matches (the proxy answers 403).
+    pub action: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_route: Option<String>,
+    /// The route's backends (its load-balancing policy picks one per connection).
+    pub backends: Vec<String>,
+}
+
 /// `DELETE /api/v1/routes/{name}` answer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct RouteDeleted {

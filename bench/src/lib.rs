@@ -11,6 +11,9 @@
 //!   client straight to the sink (raw loopback TCP).
 //! - **socks5**: connection rate (handshake + CONNECT + one echo round trip + close, many workers)
 //!   and bulk throughput, switchyard against microsocks and danted.
+//! - **tunnels**: the new-tunnel rate: one tunnel (CONNECT or SOCKS5) + a 1 KiB GET + close, 32
+//!   in flight, against squid, tinyproxy, microsocks and danted, with the client's own ceiling
+//!   straight to nginx (see [`tunnels`](mod@tunnels)).
 //! - **memory**: switchyard's RSS idle and with thousands of idle CONNECT tunnels held open.
 //! - **pkgcache**: `switchyard pkgcache` GET/PUT of 10 KiB, 10 MiB and 1 GiB packages against
 //!   nginx serving the same files from disk (see [`pkgcache`](mod@pkgcache)).
@@ -35,12 +38,14 @@
 mod cache;
 mod client;
 mod inventory;
-mod load;
+pub mod load;
 mod peers;
 mod pkgcache;
 mod procs;
 mod report;
 mod scenarios;
+pub mod tunnel_rate;
+mod tunnels;
 mod vpn;
 mod wireguard;
 mod wrk;
@@ -61,7 +66,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, memory, pkgcache, cache, inventory, wireguard, client, vpn
+    /// subset: http, connect, socks5, tunnels, memory, pkgcache, cache, inventory, wireguard, client, vpn
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -70,10 +75,11 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 10] = [
+pub const SCENARIOS: [&str; 11] = [
     "http",
     "connect",
     "socks5",
+    "tunnels",
     "memory",
     "pkgcache",
     "cache",
@@ -149,6 +155,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut sections = Vec::new();
     for s in selected {
         tracing::info!("bench: scenario {s}");
+        let load_before = scenarios::loadavg();
         let result = match s {
             "pkgcache" => pkgcache::run(&ctx),
             "inventory" => inventory::run(&ctx),
@@ -156,12 +163,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "wireguard" => wireguard::run(&ctx),
             "client" => client::run(&ctx),
             "vpn" => vpn::run(&ctx),
+            "tunnels" => tunnels::run(&ctx),
             _ => scenarios::run_one(&ctx, s),
         };
         let section = match result {
             Ok(md) => md,
             Err(e) => format!("## {s}\n\nScenario failed: {e:#}\n"),
         };
+        let load_after = scenarios::loadavg();
+        let busy = [&load_before, &load_after]
+            .iter()
+            .any(|l| tunnels::one_minute(l) > tunnels::BUSY_LOAD);
+        let section = format!(
+            "{section}\nLoad average before / after this section: {load_before} / {load_after}{}\n",
+            if busy {
+                " — **figures taken under a load average above 3: other work shared the cores**"
+            } else {
+                ""
+            }
+        );
+        tracing::info!("bench: {s} done; load average {load_before} → {load_after}");
         sections.push(section);
     }
     let summary = ctx.summary(&sections, &load_at_start);

@@ -179,6 +179,39 @@ pub fn squid_with(procs: &mut Procs, env: &Env, name: &str, extra: &str) -> Resu
     })
 }
 
+/// Privoxy as a plain forwarding proxy: `toggle 0` (no filtering), no action or filter files,
+/// client keep-alive and server connection sharing on, in the foreground.
+pub fn privoxy(procs: &mut Procs, env: &Env) -> Result<Started> {
+    let bin = find("privoxy")?;
+    let d = workdir(env, "privoxy")?;
+    let port = free_port()?;
+    let conf = format!(
+        "confdir {d}\nlogdir {d}\nlisten-address 127.0.0.1:{port}\ntoggle 0\n\
+         enable-remote-toggle 0\nenable-edit-actions 0\naccept-intercepted-requests 0\n\
+         keep-alive-timeout 300\ndefault-server-timeout 300\nconnection-sharing 1\n\
+         socket-timeout 300\nmax-client-connections {max}\n",
+        d = d.display(),
+        max = env.nofile.saturating_sub(100).clamp(100, 8192),
+    );
+    let conf_path = d.join("privoxy.conf");
+    fs::write(&conf_path, conf)?;
+    let log = d.join("stderr.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("--no-daemon").arg(&conf_path);
+    let pid = procs.spawn("privoxy", cmd, &log)?;
+    let addr = loopback(port);
+    wait_ready(procs, pid, addr, &log)?;
+    Ok(Started {
+        pid,
+        addr,
+        socks5: None,
+        version: deb_version("privoxy"),
+        notes: vec![
+            "toggle 0 (no filtering), no action files, keep-alive and connection sharing on".into(),
+        ],
+    })
+}
+
 /// microsocks (SOCKS5, no auth).
 pub fn microsocks(procs: &mut Procs, env: &Env) -> Result<Started> {
     let bin = find("microsocks")?;

@@ -57,6 +57,11 @@ impl Ctx {
                 role: Role::Peer,
                 start: Box::new(peers::squid),
             },
+            Program {
+                name: "privoxy",
+                role: Role::Peer,
+                start: Box::new(peers::privoxy),
+            },
         ]
     }
 

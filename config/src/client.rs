@@ -253,7 +253,7 @@ impl Default for ClientApiConfig {
     }
 }
 
-/// `web_ui:` — served by a later issue; the listener address is reserved here.
+/// `web_ui:` — the client web UI (`control/src/web_ui/client.rs`), off by default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebUiConfig {

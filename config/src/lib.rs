@@ -49,6 +49,7 @@ pub mod health_check;
 pub mod inventory;
 pub mod listen;
 pub mod load;
+pub mod mesh_registry;
 pub mod model;
 pub mod openvpn;
 pub mod origin;
@@ -67,6 +68,7 @@ pub use cache::{
 };
 pub use listen::{parse_listen, ListenAddr, ListenAddrError};
 pub use load::{LoadError, SerializeError};
+pub use mesh_registry::{MeshRegistryConfig, MeshSection};
 pub use model::*;
 pub use origin::{AllowedOrigins, OriginPattern, OriginPatternError};
 pub use sections::{

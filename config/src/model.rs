@@ -45,6 +45,7 @@ pub struct ServerConfig {
     pub logging: LoggingConfig,
     pub metrics: MetricsConfig,
     pub cache: CacheConfig,
+    pub mesh: crate::mesh_registry::MeshSection,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +78,8 @@ struct RawServerConfig {
     metrics: MetricsConfig,
     #[serde(deserialize_with = "null_default")]
     cache: CacheConfig,
+    #[serde(deserialize_with = "null_default")]
+    mesh: crate::mesh_registry::MeshSection,
 }
 
 impl From<RawServerConfig> for ServerConfig {
@@ -107,6 +110,7 @@ impl From<RawServerConfig> for ServerConfig {
             logging: raw.logging,
             metrics: raw.metrics,
             cache: raw.cache,
+            mesh: raw.mesh,
         }
     }
 }
@@ -529,9 +533,9 @@ impl RouteConfig {
     }
 }
 
-/// `auth.mode`. Only `none` and `native` are implemented; `system`, `ldap` and `oauth` are
-/// recognized so that a config using them is reported as "not implemented in this build"
-/// instead of failing to parse.
+/// `auth.mode`. A mode this code base does not implement yet ([`AuthMode::is_implemented`]) is
+/// recognized so that a config using it is reported as unimplemented instead of failing to
+/// parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AuthMode {
@@ -540,11 +544,11 @@ pub enum AuthMode {
     None,
     /// Users and bcrypt hashes listed in `auth.native.users`.
     Native,
-    /// Operating-system accounts (not implemented).
+    /// Operating-system accounts through PAM (`auth.system`).
     System,
-    /// LDAP bind (not implemented).
+    /// Search, then bind as the user, against a directory (`auth.ldap`).
     Ldap,
-    /// OAuth / OIDC (not implemented).
+    /// OAuth 2 / OIDC bearer tokens (`auth.oauth`).
     Oauth,
 }
 
@@ -569,9 +573,14 @@ impl AuthMode {
         }
     }
 
-    /// Whether this build can authenticate with this mode.
-    pub const fn is_available(self) -> bool {
-        matches!(self, AuthMode::None | AuthMode::Native)
+    /// Whether the code base implements this mode (availability `unimplemented` otherwise).
+    /// Whether this binary was built with it is the control plane's answer
+    /// (`build_disabled`).
+    pub const fn is_implemented(self) -> bool {
+        matches!(
+            self,
+            AuthMode::None | AuthMode::Native | AuthMode::Ldap | AuthMode::System | AuthMode::Oauth
+        )
     }
 }
 
@@ -607,12 +616,15 @@ pub struct AuthConfig {
     pub mode: AuthMode,
     #[serde(deserialize_with = "null_default")]
     pub native: NativeAuthConfig,
-    /// `auth.ldap` settings, parsed but unused (LDAP is not implemented in this build).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ldap: Option<LdapAuthConfig>,
-    /// `auth.oauth` settings, parsed but unused (OAuth is not implemented in this build).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oauth: Option<OAuthAuthConfig>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system: Option<SystemAuthConfig>,
+    /// SPNEGO (Kerberos) middleware in front of the mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub negotiate: Option<NegotiateAuthConfig>,
 }
 
 /// `auth.native:`.
@@ -634,19 +646,48 @@ pub struct NativeUser {
     pub password_hash: String,
 }
 
-/// `auth.ldap:` (recognized, not implemented).
+/// `auth.ldap:`. `ldaps://` URLs speak TLS from the start; `tls: true` on an `ldap://` URL
+/// upgrades with StartTLS.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LdapAuthConfig {
     pub url: String,
     pub base_dn: String,
-    /// Contains `%s` for the user name.
+    /// Contains `%s` for the user name (escaped per RFC 4515), e.g. `(uid=%s)`.
     pub user_filter: String,
     pub tls: bool,
+    /// Accept any server certificate (test directories only).
     pub insecure_skip_verify: bool,
 }
 
-/// `auth.oauth:` (recognized, not implemented).
+/// `auth.system:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SystemAuthConfig {
+    /// PAM service (a file under /etc/pam.d/). Default `switchyard`.
+    pub service: String,
+}
+
+impl Default for SystemAuthConfig {
+    fn default() -> Self {
+        Self {
+            service: "switchyard".into(),
+        }
+    }
+}
+
+/// `auth.negotiate:` — SPNEGO (Kerberos) for HTTP and CONNECT.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NegotiateAuthConfig {
+    pub enabled: bool,
+    pub keytab: String,
+    /// e.g. `HTTP/proxy.example.org@EXAMPLE.ORG`.
+    pub service_principal: String,
+    pub realm: String,
+}
+
+/// `auth.oauth:`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OAuthAuthConfig {
@@ -654,6 +695,10 @@ pub struct OAuthAuthConfig {
     pub client_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_secret: Option<String>,
+    /// RFC 7662 introspection endpoint; when set, tokens are checked there (with the client
+    /// id and secret) instead of by signature.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub introspection_url: Option<String>,
 }
 
 /// `access_control:` — client IP filtering. Entries are IPs or CIDRs; a bare IP is a /32

@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::model::ServerConfig;
 
 /// The top-level sections of [`ServerConfig`], in file order.
-pub const SECTIONS: [&str; 10] = [
+pub const SECTIONS: [&str; 11] = [
     "server",
     "backends",
     "routes",
@@ -16,6 +16,7 @@ pub const SECTIONS: [&str; 10] = [
     "logging",
     "metrics",
     "cache",
+    "mesh",
 ];
 
 /// Sections a running server applies without a restart. For `cache` that means rules,
@@ -42,6 +43,7 @@ pub fn changed_sections(old: &ServerConfig, new: &ServerConfig) -> Vec<&'static 
         old.logging != new.logging,
         old.metrics != new.metrics,
         old.cache != new.cache,
+        old.mesh != new.mesh,
     ];
     SECTIONS
         .iter()
@@ -80,6 +82,7 @@ pub fn section_metadata() -> Vec<SectionInfo> {
                 "cache" => {
                     "HTTP cache: rules and presets reload live; storage changes and turning caching on need a restart"
                 }
+                "mesh" => "mesh registry: networks, peers and leases store, lease time",
                 _ => "",
             },
         })

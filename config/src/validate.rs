@@ -62,6 +62,9 @@ pub fn validate(cfg: &ServerConfig) -> Vec<Problem> {
     check_logging(cfg, &mut p);
     check_metrics(cfg, &mut p);
     check_cache(&cfg.cache, &mut p);
+    for (field, message) in cfg.mesh.registry.problems() {
+        p.push(field, message);
+    }
     check_listener_conflicts(cfg, &mut p);
     p.0
 }
@@ -410,14 +413,49 @@ pub fn is_bcrypt_hash(h: &str) -> bool {
 
 fn check_auth(cfg: &ServerConfig, p: &mut Problems) {
     let a = &cfg.auth;
-    if !a.mode.is_available() {
+    if !a.mode.is_implemented() {
+        let usable: Vec<&str> = AuthMode::ALL
+            .iter()
+            .filter(|m| m.is_implemented())
+            .map(|m| m.api_name())
+            .collect();
         p.push(
             "auth.mode",
             format!(
-                "auth mode `{}` is not implemented in this build (availability: unimplemented); use none or native",
-                a.mode
+                "auth mode `{}` is not implemented in this build (availability: unimplemented); use {}",
+                a.mode,
+                usable.join(", ")
             ),
         );
+    }
+    if a.mode == AuthMode::Ldap {
+        check_ldap(a.ldap.as_ref(), p);
+    }
+    if a.mode == AuthMode::Oauth {
+        check_oauth(a.oauth.as_ref(), p);
+    }
+    if a.mode == AuthMode::System
+        && a.system
+            .as_ref()
+            .is_some_and(|s| !is_pam_service(&s.service))
+    {
+        p.push(
+            "auth.system.service",
+            "a PAM service name (a file name under /etc/pam.d: letters, digits, `.`, `_`, `-`)",
+        );
+    }
+    if let Some(n) = a.negotiate.as_ref().filter(|n| n.enabled) {
+        for (key, value) in [
+            ("keytab", &n.keytab),
+            ("service_principal", &n.service_principal),
+        ] {
+            if value.trim().is_empty() {
+                p.push(
+                    format!("auth.negotiate.{key}"),
+                    "required when auth.negotiate.enabled",
+                );
+            }
+        }
     }
     if a.mode == AuthMode::Native && a.native.users.is_empty() {
         p.push(
@@ -455,6 +493,85 @@ fn check_auth(cfg: &ServerConfig, p: &mut Problems) {
                 "not a bcrypt hash (expected $2a$/$2b$/$2y$, a cost 04-31, `$` and 53 characters)",
             );
         }
+    }
+}
+
+fn is_pam_service(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+fn check_oauth(oauth: Option<&crate::model::OAuthAuthConfig>, p: &mut Problems) {
+    let Some(o) = oauth else {
+        p.push(
+            "auth.oauth",
+            "auth mode oauth needs auth.oauth (issuer_url, client_id)",
+        );
+        return;
+    };
+    let is_http = |u: &str| u.starts_with("https://") || u.starts_with("http://");
+    if !is_http(&o.issuer_url) {
+        p.push(
+            "auth.oauth.issuer_url",
+            "must be an http(s) URL (the OpenID issuer)",
+        );
+    }
+    if o.client_id.trim().is_empty() {
+        p.push(
+            "auth.oauth.client_id",
+            "required (the audience access tokens must name)",
+        );
+    }
+    if let Some(url) = &o.introspection_url {
+        if !is_http(url) {
+            p.push("auth.oauth.introspection_url", "must be an http(s) URL");
+        }
+        if o.client_secret.is_none() {
+            p.push(
+                "auth.oauth.client_secret",
+                "required with introspection_url (the proxy authenticates as the client)",
+            );
+        }
+    }
+}
+
+fn check_ldap(ldap: Option<&crate::model::LdapAuthConfig>, p: &mut Problems) {
+    let Some(l) = ldap else {
+        p.push(
+            "auth.ldap",
+            "auth mode ldap needs auth.ldap (url, base_dn, user_filter)",
+        );
+        return;
+    };
+    let scheme = l.url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("ldap") => {}
+        Some("ldaps") if !l.url["ldaps://".len()..].is_empty() => {}
+        _ => p.push(
+            "auth.ldap.url",
+            format!("`{}` is not an ldap:// or ldaps:// URL", l.url),
+        ),
+    }
+    if l.base_dn.trim().is_empty() {
+        p.push(
+            "auth.ldap.base_dn",
+            "required (the search base, e.g. ou=people,dc=example,dc=org)",
+        );
+    }
+    let filter = l.user_filter.trim();
+    if !filter.contains("%s") {
+        p.push(
+            "auth.ldap.user_filter",
+            "must contain %s (replaced by the escaped user name), e.g. (uid=%s)",
+        );
+    } else if !(filter.starts_with('(') && filter.ends_with(')')) {
+        p.push(
+            "auth.ldap.user_filter",
+            format!("`{filter}` is not an LDAP filter (it must be in parentheses)"),
+        );
     }
 }
 
@@ -862,7 +979,8 @@ metrics: {listen: "x"}
     fn native_without_users_and_unimplemented_modes() {
         let p = validate(&load("auth: {mode: native}"));
         assert_eq!(fields(&p), ["auth.native.users"]);
-        for mode in ["system", "ldap", "oauth"] {
+        let unimplemented = AuthMode::ALL.into_iter().filter(|m| !m.is_implemented());
+        for mode in unimplemented {
             let p = validate(&load(&format!("auth: {{mode: {mode}}}")));
             assert_eq!(fields(&p), ["auth.mode"], "{mode}");
             assert!(p[0]
@@ -870,6 +988,60 @@ metrics: {listen: "x"}
                 .contains("not implemented in this build (availability: unimplemented)"));
             assert_eq!(p[0].section, "auth");
         }
+    }
+
+    #[test]
+    fn oauth_settings() {
+        let ok = "auth: {mode: oauth, oauth: {issuer_url: \"https://id\", client_id: proxy}}";
+        assert!(validate(&load(ok)).is_empty());
+        assert_eq!(
+            fields(&validate(&load("auth: {mode: oauth}"))),
+            ["auth.oauth"]
+        );
+        let bad = "auth: {mode: oauth, oauth: {issuer_url: id, client_id: \"\", introspection_url: \"https://id/i\"}}";
+        assert_eq!(
+            fields(&validate(&load(bad))),
+            [
+                "auth.oauth.issuer_url",
+                "auth.oauth.client_id",
+                "auth.oauth.client_secret"
+            ]
+        );
+    }
+
+    #[test]
+    fn ldap_settings() {
+        let ok = "auth: {mode: ldap, ldap: {url: \"ldaps://127.0.0.1:636\", base_dn: \"dc=x\", user_filter: \"(uid=%s)\"}}";
+        assert!(validate(&load(ok)).is_empty());
+        assert_eq!(
+            fields(&validate(&load("auth: {mode: ldap}"))),
+            ["auth.ldap"]
+        );
+        let bad =
+            "auth: {mode: ldap, ldap: {url: \"http://x\", base_dn: \"\", user_filter: \"uid=%s\"}}";
+        assert_eq!(
+            fields(&validate(&load(bad))),
+            [
+                "auth.ldap.url",
+                "auth.ldap.base_dn",
+                "auth.ldap.user_filter"
+            ]
+        );
+        let no_placeholder =
+            "auth: {mode: ldap, ldap: {url: \"ldap://x\", base_dn: b, user_filter: \"(uid=bob)\"}}";
+        assert_eq!(
+            fields(&validate(&load(no_placeholder))),
+            ["auth.ldap.user_filter"]
+        );
+    }
+
+    #[test]
+    fn negotiate_is_refused_as_a_mode_and_checked_as_middleware() {
+        let err = ServerConfig::from_yaml_str("auth: {mode: negotiate}", &|_| None).unwrap_err();
+        assert!(err.to_string().contains("auth.negotiate"), "{err}");
+        let p = validate(&load("auth: {negotiate: {enabled: true}}"));
+        assert!(fields(&p).contains(&"auth.negotiate.keytab"), "{p:?}");
+        assert!(validate(&load("auth: {negotiate: {enabled: false}}")).is_empty());
     }
 
     #[test]

@@ -265,8 +265,10 @@ pub async fn save(
     Ok(result)
 }
 
-const SECRET_KEYS: [&str; 7] = [
+const SECRET_KEYS: [&str; 8] = [
     "password",
+    // mesh.registry.database_url: a PostgreSQL URL may carry a password.
+    "database_url",
     "account_id",
     "password_hash",
     "token",

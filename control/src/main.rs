@@ -9,6 +9,7 @@ mod client;
 mod config_store;
 mod health_checks;
 mod hub;
+mod mesh;
 mod metrics;
 mod net;
 mod openvpn;

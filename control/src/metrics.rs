@@ -23,6 +23,11 @@
 //! | `switchyard_core_up` (1 running, 0 down) / `switchyard_core_failures_total` | gauge / counter | `core` |
 //! | `switchyard_websocket_clients` | gauge | |
 //! | `switchyard_uptime_seconds` | gauge | |
+//! | `switchyard_mesh_networks` | gauge | |
+//! | `switchyard_mesh_peers` / `switchyard_mesh_lease_addresses` (leased / leasable) | gauge | `network` |
+//! | `switchyard_mesh_registrations_total` | counter | `result` (joined, renewed, refused) |
+//! | `switchyard_mesh_heartbeats_total` | counter | `result` (renewed, no_lease, unknown, error) |
+//! | `switchyard_mesh_leases_expired_total` | counter | |
 //! | `proxy_cache_hits_total` | counter | `domain` |
 //! | `proxy_cache_misses_total` | counter | `domain`, `reason` |
 //! | `proxy_cache_bytes_served_total` | counter | `source` (cache, origin) |
@@ -30,7 +35,7 @@
 //! | `proxy_cache_evictions_total` | counter | `tier`, `reason` |
 //! | `proxy_cache_operation_duration_seconds` | histogram | `operation` |
 //!
-//! The cache metrics appear when `cache.enabled`; at most 512 distinct `domain` values are kept
+//! The mesh metrics appear when `mesh.registry.enabled`; the cache metrics when `cache.enabled`; at most 512 distinct `domain` values are kept
 //! (later hosts count as `other`).
 
 use crate::server::ServerState;
@@ -73,6 +78,8 @@ pub struct Sample {
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
     /// Durations of the active health checks (long-lived, joins each scrape).
     pub health_checks: Option<prometheus::HistogramVec>,
+    /// The mesh registry's collectors (long-lived, join each scrape) when it runs.
+    pub mesh: Option<crate::mesh::MeshMetrics>,
 }
 
 pub fn sample(state: &ServerState) -> Sample {
@@ -98,6 +105,7 @@ pub fn sample(state: &ServerState) -> Sample {
         uptime_secs: state.started.elapsed().as_secs(),
         cache: state.cache.clone(),
         health_checks: Some(state.health_checks.durations.clone()),
+        mesh: state.mesh.as_ref().map(|m| m.metrics.clone()),
     }
 }
 
@@ -321,6 +329,11 @@ pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
     if let Some(checks) = &s.health_checks {
         b.registry.register(Box::new(checks.clone()))?;
     }
+    if let Some(mesh) = &s.mesh {
+        for collector in mesh.collectors() {
+            b.registry.register(collector)?;
+        }
+    }
 
     let mut out = Vec::new();
     TextEncoder::new().encode(&b.registry.gather(), &mut out)?;
@@ -428,6 +441,7 @@ mod tests {
             uptime_secs: 12,
             cache: None,
             health_checks: None,
+            mesh: None,
         };
         let text = render(&s).unwrap();
         let checks = [

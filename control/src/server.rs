@@ -58,6 +58,8 @@ pub struct ServerState {
     pub health_checks: crate::health_checks::CheckMetrics,
     /// The `openvpn` processes of `openvpn` backends (told about every published configuration).
     pub openvpn: crate::openvpn::Manager,
+    /// The mesh registry (`mesh.registry.enabled`; opened at start, changes need a restart).
+    pub mesh: Option<Arc<crate::mesh::Registry>>,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -118,8 +120,20 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     // number sizes the executors, the per-core counters and the live tables.
     let plan = switchyard_dataplane::cores::CorePlan::detect(cfg.server.cores);
     tracing::info!(cores = plan.cpus.len(), cpus = ?plan.cpus, reason = %plan.reason, "data-plane cores decided");
-    let snapshot =
+    let mut snapshot =
         Snapshot::compile(&cfg, None, plan.cpus.len()).context("compiling the configuration")?;
+    if let Some(verifier) =
+        switchyard_proxy_auth::verifier(&cfg.auth).context("setting up proxy authentication")?
+    {
+        tracing::info!(mode = %cfg.auth.mode, "proxy authentication");
+        snapshot = snapshot.with_verifier(verifier);
+    }
+    if let Some(verifier) =
+        switchyard_proxy_auth::negotiate_verifier(&cfg.auth).context("setting up auth.negotiate")?
+    {
+        tracing::info!("proxy authentication: SPNEGO (Negotiate) in front of the mode");
+        snapshot = snapshot.with_negotiate(verifier);
+    }
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let cache = crate::cache::open(&cfg.cache);
     let dataplane = Dataplane::start(
@@ -150,6 +164,15 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             "access_control.whitelist is empty: the proxy forwards for every address that reaches it"
         );
     }
+    let mesh = if cfg.mesh.registry.enabled {
+        let registry = runtime.block_on(crate::mesh::Registry::open(
+            &cfg.mesh.registry,
+            std::path::Path::new(&cfg.server.data_dir),
+        ))?;
+        Some(Arc::new(registry))
+    } else {
+        None
+    };
     let openvpn = {
         let _runtime = runtime.enter();
         crate::openvpn::Manager::start(dataplane.events.clone())
@@ -167,7 +190,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         http_addr: dataplane.http_addr,
         cores: dataplane.cores.len(),
         core_health: dataplane.core_health.clone(),
-        hub: Hub::new(),
+        hub: Hub::for_dataplane(dataplane.events.clone()),
         request_log: RequestLog::new(cfg.api.request_log_size),
         started: Instant::now(),
         reloads: AtomicU64::new(0),
@@ -176,9 +199,11 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         ws: crate::api::ws::WsClients::new(cfg.api.ws_read_timeout.as_std()),
         api_tls: api_tls.is_some(),
         cache,
-        providers: crate::providers::Providers::new(PathBuf::from(&cfg.server.data_dir)),
+        providers: crate::providers::Providers::new(PathBuf::from(&cfg.server.data_dir))
+            .context("the HTTP client for provider APIs")?,
         health_checks: crate::health_checks::CheckMetrics::new(),
         openvpn,
+        mesh,
     });
 
     runtime.block_on(async move {
@@ -187,6 +212,9 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         tokio::spawn(reload_on_hangup(state.clone()));
         tokio::spawn(crate::providers::run(state.clone()));
         tokio::spawn(crate::health_checks::run(state.clone()));
+        if let Some(registry) = &state.mesh {
+            tokio::spawn(registry.clone().sweep());
+        }
         if let Some(store) = &state.cache {
             let every = cfg.cache.storage.disk.cleanup_interval.as_std();
             tokio::spawn(crate::cache::cleanup(store.clone(), every));
@@ -237,6 +265,7 @@ async fn drain_dataplane(state: Arc<ServerState>) {
     let (mut event_drops, mut record_drops) = (0, 0);
     loop {
         tick.tick().await;
+        state.hub.release_idle_events();
         while let Some(event) = state.events.pop() {
             state.hub.publish_dataplane(&event);
         }

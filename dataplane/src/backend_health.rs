@@ -158,7 +158,14 @@ impl BackendHealth {
 
     fn record_at(&self, success: bool, now: u64) -> Option<bool> {
         if success {
-            self.failures.store(0, Ordering::Relaxed);
+            // Every core records every successful connect: read first, so the common case (no
+            // failures, healthy) writes nothing to this line that all cores share.
+            if self.failures.load(Ordering::Relaxed) != 0 {
+                self.failures.store(0, Ordering::Relaxed);
+            }
+            if self.verdict() == Verdict::Healthy {
+                return None;
+            }
             return self.apply(Signal::ConnectSucceeded);
         }
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;

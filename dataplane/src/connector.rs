@@ -332,6 +332,33 @@ async fn socks5_connect(
     port: u16,
     credentials: Option<&(String, String)>,
 ) -> Result<Connected, DataplaneError> {
+    let target = match host.parse() {
+        Ok(ip) => socks5::TargetAddr::Ip(SocketAddr::new(ip, port)),
+        Err(_) => socks5::TargetAddr::Domain(host.to_owned(), port),
+    };
+    let (_bound, early_data) = socks5_request(
+        &mut stream,
+        proxy,
+        socks5::Command::Connect,
+        &target,
+        credentials,
+    )
+    .await?;
+    Ok(Connected {
+        stream: BackendStream::Tcp(stream),
+        early_data,
+    })
+}
+
+/// Greets the SOCKS5 proxy, authenticates and sends one request; returns the reply's bound
+/// address and whatever the proxy sent after the reply.
+async fn socks5_request(
+    stream: &mut TcpStream,
+    proxy: &str,
+    command: socks5::Command,
+    target: &socks5::TargetAddr,
+    credentials: Option<&(String, String)>,
+) -> Result<(socks5::TargetAddr, Vec<u8>), DataplaneError> {
     let fail = |reason: String, refused: bool| DataplaneError::UpstreamProxy {
         proxy: proxy.to_owned(),
         reason,
@@ -345,7 +372,7 @@ async fn socks5_connect(
         .await
         .map_err(|e| fail(e.to_string(), false))?;
     let mut buf = Vec::new();
-    let method = read_until(&mut stream, &mut buf, socks5::parse_method_selection)
+    let method = read_until(stream, &mut buf, socks5::parse_method_selection)
         .await
         .map_err(|e| fail(e, false))?;
     match (method, credentials) {
@@ -358,7 +385,7 @@ async fn socks5_connect(
                 .write_all(&out)
                 .await
                 .map_err(|e| fail(e.to_string(), false))?;
-            let ok = read_until(&mut stream, &mut buf, socks5::parse_userpass_status)
+            let ok = read_until(stream, &mut buf, socks5::parse_userpass_status)
                 .await
                 .map_err(|e| fail(e, false))?;
             if !ok {
@@ -367,28 +394,79 @@ async fn socks5_connect(
         }
         (m, _) => return Err(fail(format!("no acceptable auth method ({m:#x})"), false)),
     }
-    let target = match host.parse() {
-        Ok(ip) => socks5::TargetAddr::Ip(SocketAddr::new(ip, port)),
-        Err(_) => socks5::TargetAddr::Domain(host.to_owned(), port),
-    };
     out.clear();
-    socks5::encode_request(socks5::Command::Connect, &target, &mut out)
-        .map_err(|e| fail(e.to_string(), false))?;
+    socks5::encode_request(command, target, &mut out).map_err(|e| fail(e.to_string(), false))?;
     stream
         .write_all(&out)
         .await
         .map_err(|e| fail(e.to_string(), false))?;
-    let (code, _bound) = read_until(&mut stream, &mut buf, socks5::parse_reply)
+    let (code, bound) = read_until(stream, &mut buf, socks5::parse_reply)
         .await
         .map_err(|e| fail(e, false))?;
     if code != 0 {
+        let what = match command {
+            socks5::Command::Connect => "CONNECT",
+            socks5::Command::UdpAssociate => "UDP ASSOCIATE",
+            socks5::Command::Bind => "BIND",
+        };
         return Err(fail(
-            format!("CONNECT {host}:{port} failed with reply {code}"),
+            format!("{what} {target} failed with reply {code}"),
             code == socks5::ReplyCode::ConnectionRefused as u8,
         ));
     }
-    Ok(Connected {
-        stream: BackendStream::Tcp(stream),
-        early_data: buf,
-    })
+    Ok((bound, buf))
+}
+
+/// A UDP association with an upstream SOCKS5 proxy: the control connection (the association
+/// lives as long as it is open) and the proxy's relay address for the datagrams.
+pub struct UdpAssociation {
+    pub control: TcpStream,
+    pub relay: SocketAddr,
+}
+
+impl Dialer<'_> {
+    /// Opens a UDP association (RFC 1928 UDP ASSOCIATE) with the SOCKS5 proxy `host:port`.
+    /// The client's UDP address is left unspecified: the proxy takes it from the first datagram.
+    pub async fn socks5_udp_associate(
+        &self,
+        host: &str,
+        port: u16,
+        credentials: Option<&(String, String)>,
+    ) -> Result<UdpAssociation, DataplaneError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut control = self.connect_host(host, port, deadline).await?;
+        let proxy = format!("{host}:{port}");
+        let any = socks5::TargetAddr::Ip(SocketAddr::from(([0, 0, 0, 0], 0)));
+        let request = socks5_request(
+            &mut control,
+            &proxy,
+            socks5::Command::UdpAssociate,
+            &any,
+            credentials,
+        );
+        let (bound, _) = within(deadline, &proxy, request).await?;
+        let relay = match bound {
+            // "the same address as the control connection" (a proxy behind NAT, or one bound
+            // to every interface, answers 0.0.0.0)
+            socks5::TargetAddr::Ip(a) if a.ip().is_unspecified() => {
+                let peer = control
+                    .peer_addr()
+                    .map_err(|e| DataplaneError::UpstreamProxy {
+                        proxy: proxy.clone(),
+                        reason: e.to_string(),
+                        refused: false,
+                    })?;
+                SocketAddr::new(peer.ip(), a.port())
+            }
+            socks5::TargetAddr::Ip(a) => a,
+            socks5::TargetAddr::Domain(name, _) => {
+                return Err(DataplaneError::UpstreamProxy {
+                    proxy,
+                    reason: format!("UDP relay named by domain ({name}) is not supported"),
+                    refused: false,
+                })
+            }
+        };
+        Ok(UdpAssociation { control, relay })
+    }
 }

@@ -91,6 +91,18 @@ impl Counters {
     }
 }
 
+impl Counters {
+    /// Connections open across all cores (one read of each core's slot).
+    pub fn active_total(&self) -> u64 {
+        let sum: i64 = self
+            .cores
+            .iter()
+            .map(|c| c.active_connections.load(Relaxed))
+            .sum();
+        sum.max(0) as u64
+    }
+}
+
 /// One core's share of the load, for per-core metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CoreLoad {
@@ -165,6 +177,7 @@ mod tests {
         assert_eq!(t.active_connections, 1);
         assert_eq!(t.bytes_sent, 15);
         assert_eq!(t.bytes_received, 3);
+        assert_eq!(c.active_total(), 1);
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub enum Verdict {
     Throttled,
     /// Refused without verifying: as many verifications as allowed are running right now.
     Busy,
+    /// Not verified: the verifier's service (directory, identity provider) could not be asked.
+    /// Never remembered and never charged to the client.
+    Unavailable,
 }
 
 /// Shared by every core and carried over between snapshots (a reload must not reset a client's
@@ -68,15 +71,15 @@ impl AuthGuard {
         Self::new(std::thread::available_parallelism().map_or(2, |n| n.get().max(2)))
     }
 
-    fn throttled(&self, client: IpAddr) -> bool {
+    pub(crate) fn throttled(&self, client: IpAddr) -> bool {
         self.failures.available(Some(client)) < MILLI
     }
 
-    fn record_failure(&self, client: IpAddr) {
+    pub(crate) fn record_failure(&self, client: IpAddr) {
         let _ = self.failures.take(Some(client), MILLI);
     }
 
-    fn enter(&self) -> Option<VerifySlot<'_>> {
+    pub(crate) fn enter(&self) -> Option<VerifySlot<'_>> {
         let before = self.verifying.fetch_add(1, Ordering::AcqRel);
         let slot = VerifySlot(&self.verifying);
         (before < self.max_verifying).then_some(slot)
@@ -84,7 +87,7 @@ impl AuthGuard {
 }
 
 /// One running verification; frees its place when dropped.
-struct VerifySlot<'a>(&'a AtomicUsize);
+pub(crate) struct VerifySlot<'a>(&'a AtomicUsize);
 
 impl Drop for VerifySlot<'_> {
     fn drop(&mut self) {
@@ -155,14 +158,58 @@ impl Users {
     }
 }
 
-thread_local! {
-    /// digest → (outcome, when)
-    static OUTCOMES: RefCell<HashMap<[u8; 32], (bool, Instant)>> = RefCell::new(HashMap::new());
+/// Remembered outcomes: digest → (accepted, until when). Bounded; entries expire after
+/// [`SUCCESS_TTL`] / [`FAILURE_TTL`], or earlier when the credential itself expires sooner.
+#[derive(Debug, Default)]
+pub(crate) struct Outcomes(HashMap<[u8; 32], (bool, Instant)>);
+
+impl Outcomes {
+    /// The remembered outcome for `key`, if still fresh.
+    pub(crate) fn get(&mut self, key: &[u8; 32]) -> Option<bool> {
+        match self.0.get(key) {
+            Some(&(ok, until)) if Instant::now() < until => Some(ok),
+            Some(_) => {
+                self.0.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Remembers `ok` for its TTL, or for `valid_for` when that is shorter.
+    pub(crate) fn insert_for(&mut self, key: [u8; 32], ok: bool, valid_for: Option<Duration>) {
+        let now = Instant::now();
+        let c = &mut self.0;
+        if c.len() >= CACHE_CAPACITY {
+            c.retain(|_, &mut (_, until)| now < until);
+            if c.len() >= CACHE_CAPACITY {
+                // Failures go first: losing them costs one verification each, losing successes
+                // costs every user a slow request.
+                c.retain(|_, &mut (ok, _)| ok);
+            }
+            if c.len() >= CACHE_CAPACITY {
+                c.clear();
+            }
+        }
+        let ttl = valid_for.map_or(ttl(ok), |v| v.min(ttl(ok)));
+        c.insert(key, (ok, now + ttl));
+    }
 }
 
-fn cache_key(user: &str, password: &str, hash: &str) -> [u8; 32] {
+thread_local! {
+    /// This core's remembered outcomes.
+    static OUTCOMES: RefCell<Outcomes> = RefCell::new(Outcomes::default());
+}
+
+/// The digest under which an outcome is remembered: every part, length-prefixed (so `ab`+`c`
+/// and `a`+`bc` differ).
+pub(crate) fn cache_key(user: &str, password: &str, hash: &str) -> [u8; 32] {
+    cache_key_of(&[user, password, hash])
+}
+
+pub(crate) fn cache_key_of(parts: &[&str]) -> [u8; 32] {
     let mut h = Sha256::new();
-    for part in [user, password, hash] {
+    for part in parts {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
@@ -177,37 +224,71 @@ fn ttl(ok: bool) -> Duration {
     }
 }
 
-/// The remembered outcome for `key`, if still fresh.
-fn cached(key: &[u8; 32]) -> Option<bool> {
-    OUTCOMES.with(|c| {
-        let mut c = c.borrow_mut();
-        match c.get(key) {
-            Some(&(ok, at)) if at.elapsed() < ttl(ok) => Some(ok),
-            Some(_) => {
-                c.remove(key);
-                None
-            }
-            None => None,
-        }
-    })
+/// This core's remembered outcome for `key`, if still fresh.
+pub(crate) fn cached(key: &[u8; 32]) -> Option<bool> {
+    OUTCOMES.with(|c| c.borrow_mut().get(key))
 }
 
-fn remember(key: [u8; 32], ok: bool) {
-    OUTCOMES.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.len() >= CACHE_CAPACITY {
-            c.retain(|_, &mut (ok, at)| at.elapsed() < ttl(ok));
-            if c.len() >= CACHE_CAPACITY {
-                // Failures go first: losing them costs one bcrypt each, losing successes costs
-                // every user a slow request.
-                c.retain(|_, &mut (ok, _)| ok);
-            }
-            if c.len() >= CACHE_CAPACITY {
-                c.clear();
-            }
+pub(crate) fn remember(key: [u8; 32], ok: bool) {
+    remember_for(key, ok, None);
+}
+
+pub(crate) fn remember_for(key: [u8; 32], ok: bool, valid_for: Option<Duration>) {
+    OUTCOMES.with(|c| c.borrow_mut().insert_for(key, ok, valid_for));
+}
+
+/// What a client presented in `Proxy-Authorization` (or SOCKS5 RFC 1929).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credential {
+    Basic {
+        user: String,
+        password: String,
+    },
+    /// An OAuth 2 access token (`Bearer`).
+    Bearer(String),
+    /// A SPNEGO token (`Negotiate`, base64 as sent).
+    Negotiate(String),
+}
+
+impl std::fmt::Debug for Credential {
+    /// Never prints the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Basic { user, .. } => write!(f, "Basic({user:?}, ****)"),
+            Credential::Bearer(_) => f.write_str("Bearer(****)"),
+            Credential::Negotiate(_) => f.write_str("Negotiate(****)"),
         }
-        c.insert(key, (ok, Instant::now()));
-    });
+    }
+}
+
+impl Credential {
+    /// The user name to log (none for tokens: their subject is only known once verified).
+    pub fn user(&self) -> &str {
+        match self {
+            Credential::Basic { user, .. } => user,
+            Credential::Bearer(_) | Credential::Negotiate(_) => "",
+        }
+    }
+}
+
+/// Decodes a `Proxy-Authorization` value: `Basic` or `Bearer`.
+pub fn parse_proxy_authorization(value: &[u8]) -> Option<Credential> {
+    if let Some((user, password)) = parse_basic(value) {
+        return Some(Credential::Basic { user, password });
+    }
+    let value = std::str::from_utf8(value).ok()?.trim();
+    let (scheme, rest) = value.split_once(' ')?;
+    let token = rest.trim();
+    if token.is_empty() || token.contains(' ') {
+        return None;
+    }
+    if scheme.eq_ignore_ascii_case("bearer") {
+        Some(Credential::Bearer(token.to_owned()))
+    } else if scheme.eq_ignore_ascii_case("negotiate") {
+        Some(Credential::Negotiate(token.to_owned()))
+    } else {
+        None
+    }
 }
 
 /// Decodes a `Basic` credential (`Proxy-Authorization` value) into user and password.
@@ -249,6 +330,31 @@ mod tests {
         assert_eq!(parse_basic(b"Basic !!!"), None);
         assert_eq!(parse_basic(b"Basic"), None);
         assert_eq!(parse_basic(&[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn proxy_authorization_schemes() {
+        let basic = encode_basic("alice", "pw");
+        assert_eq!(
+            parse_proxy_authorization(basic.as_bytes()),
+            Some(Credential::Basic {
+                user: "alice".into(),
+                password: "pw".into()
+            })
+        );
+        assert_eq!(
+            parse_proxy_authorization(b"bearer  abc.def.ghi "),
+            Some(Credential::Bearer("abc.def.ghi".into()))
+        );
+        assert_eq!(parse_proxy_authorization(b"Bearer "), None);
+        assert_eq!(parse_proxy_authorization(b"Bearer a b"), None);
+        assert_eq!(
+            parse_proxy_authorization(b"Negotiate YIIC"),
+            Some(Credential::Negotiate("YIIC".into()))
+        );
+        assert_eq!(parse_proxy_authorization(b"NTLM abc"), None);
+        let shown = format!("{:?}", parse_proxy_authorization(basic.as_bytes()));
+        assert!(!shown.contains("pw"), "{shown}");
     }
 
     #[test]

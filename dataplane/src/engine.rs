@@ -31,7 +31,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::IntoRawFd;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Where to listen: `ip: None` means every interface (IPv6 dual-stack, IPv4 if IPv6 is off).
@@ -92,12 +92,33 @@ pub(crate) struct CoreContext {
     pub live: Arc<LiveTable>,
     pub resolver: Resolver,
     pub offload: Offload,
-    /// Client connections open across all cores, for `server.max_connections`.
-    pub open_connections: Arc<AtomicUsize>,
     /// The SOCKS5 listener's address, used for UDP ASSOCIATE relays.
     pub socks5_ip: Option<IpAddr>,
     pub cache: Option<Arc<crate::cache::CacheStore>>,
     pub vpn: Option<Arc<crate::tun::VpnPath>>,
+    /// The last snapshot a connection on this core took (see [`CoreContext::current_snapshot`]).
+    // Rc<Arc<_>> on purpose: the Rc is cloned per connection without touching the Arc's count.
+    #[allow(clippy::redundant_allocation)]
+    snapshot_cache: std::cell::RefCell<Option<Rc<Arc<crate::snapshot::Snapshot>>>>,
+}
+
+impl CoreContext {
+    /// The current configuration snapshot for one connection. The per-core `Rc` is what makes
+    /// this cheap: `load_full` would increment the snapshot's `Arc` count, one cache line that
+    /// every core writes twice per connection; here a new `Arc` is taken only on a reload.
+    #[allow(clippy::redundant_allocation)]
+    pub fn current_snapshot(&self) -> Rc<Arc<crate::snapshot::Snapshot>> {
+        let current = self.snapshot.load();
+        let mut cached = self.snapshot_cache.borrow_mut();
+        match &*cached {
+            Some(rc) if Arc::ptr_eq(rc, &current) => rc.clone(),
+            _ => {
+                let rc = Rc::new(arc_swap::Guard::into_inner(current));
+                *cached = Some(rc.clone());
+                rc
+            }
+        }
+    }
 }
 
 /// `freebind`: the address may not exist yet (the VPN listener's TUN address).
@@ -132,6 +153,43 @@ fn listen_socket_on(spec: ListenSpec, port: u16, freebind: bool) -> std::io::Res
         ),
         other => other,
     }
+}
+
+/// The VPN UDP socket of one core on `addr` (`SO_REUSEPORT`: every core binds the same port, the
+/// kernel keeps each flow on one of them; `freebind`: the TUN address may not exist yet).
+fn vpn_udp_socket(addr: SocketAddr) -> std::io::Result<Socket> {
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    crate::sys::set_freebind(std::os::fd::AsRawFd::as_raw_fd(&s))?;
+    s.bind(&addr.into())?;
+    Ok(s)
+}
+
+/// One VPN UDP socket per core on the TUN address, all on one free port.
+fn bind_vpn_udp(
+    tun_ip: Ipv4Addr,
+    cores: usize,
+) -> Result<(Vec<Socket>, SocketAddr), DataplaneError> {
+    let fail =
+        |e: std::io::Error| DataplaneError::Start(format!("cannot bind UDP on {tun_ip}: {e}"));
+    let first = vpn_udp_socket(SocketAddr::new(IpAddr::V4(tun_ip), 0)).map_err(fail)?;
+    let addr = first
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .ok_or_else(|| DataplaneError::Start("VPN UDP socket has no address".into()))?;
+    let mut sockets = vec![first];
+    for _ in 1..cores {
+        sockets.push(vpn_udp_socket(addr).map_err(fail)?);
+    }
+    Ok((sockets, addr))
+}
+
+/// A bound socket as glommio's UDP socket (glommio takes socket2 0.4 sockets).
+fn udp_from_socket(socket: Socket) -> glommio::net::UdpSocket {
+    let std_socket: std::net::UdpSocket = socket.into();
+    glommio::net::UdpSocket::from(socket2_04::Socket::from(std_socket))
 }
 
 fn describe_listen(spec: ListenSpec, e: std::io::Error) -> DataplaneError {
@@ -181,13 +239,14 @@ struct CoreListeners {
     http: Option<Socket>,
     socks5: Option<Socket>,
     vpn: Option<Socket>,
+    vpn_udp: Option<Socket>,
 }
 
 impl CoreListeners {
     /// Duplicates of the descriptors, kept by the supervisor: shutting one down stops the
     /// kernel from queueing connections for this core even if the dead executor leaked its copy.
     fn guards(&self) -> std::io::Result<Vec<Socket>> {
-        [&self.http, &self.socks5, &self.vpn]
+        [&self.http, &self.socks5, &self.vpn, &self.vpn_udp]
             .into_iter()
             .flatten()
             .map(|s| s.try_clone())
@@ -213,7 +272,6 @@ struct CoreSeed {
     live: Arc<LiveTable>,
     resolver: Resolver,
     offload: Offload,
-    open_connections: Arc<AtomicUsize>,
     cache: Option<Arc<crate::cache::CacheStore>>,
     commands: CommandReceiver,
     socks5_ip: Option<IpAddr>,
@@ -222,6 +280,7 @@ struct CoreSeed {
     socks5: Option<ListenSpec>,
     vpn: Option<Arc<crate::tun::VpnPath>>,
     vpn_listen: Option<ListenSpec>,
+    vpn_udp_listen: Option<SocketAddr>,
 }
 
 /// Restarts allowed per core before the process gives up and exits.
@@ -289,10 +348,10 @@ impl CoreSeed {
                     live: seed.live,
                     resolver: seed.resolver,
                     offload: seed.offload,
-                    open_connections: seed.open_connections,
                     socks5_ip: seed.socks5_ip,
                     cache: seed.cache,
                     vpn: seed.vpn,
+                    snapshot_cache: std::cell::RefCell::new(None),
                 });
                 let mut tasks = Vec::new();
                 // Core 0 serves control-plane commands.
@@ -308,13 +367,28 @@ impl CoreSeed {
                     (listeners.vpn, Service::Vpn),
                 ] {
                     if let Some(socket) = socket {
+                        // a second descriptor of the same (non-blocking) listener for plain
+                        // accept4(2) calls; see `accept_one`
+                        let direct = match socket.try_clone() {
+                            Ok(d) => Some(d),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot duplicate a listener; accepting through glommio only");
+                                None
+                            }
+                        };
                         let listener = crate::sys::listener_from_fd(socket.into_raw_fd());
                         tasks.push(glommio::spawn_local(accept_loop(
-                            listener,
+                            Acceptor { listener, direct },
                             ctx.clone(),
                             service,
                         )));
                     }
+                }
+                if let Some(socket) = listeners.vpn_udp {
+                    tasks.push(glommio::spawn_local(crate::tun::udp_relay::serve(
+                        udp_from_socket(socket),
+                        ctx.clone(),
+                    )));
                 }
                 seed.health.mark_up(index);
                 let _ = reports.send(CoreReport::Ready);
@@ -335,6 +409,10 @@ impl CoreSeed {
             http: bind(self.http, false)?,
             socks5: bind(self.socks5, false)?,
             vpn: bind(self.vpn_listen, true)?,
+            vpn_udp: self
+                .vpn_udp_listen
+                .map(|a| vpn_udp_socket(a).map_err(|e| DataplaneError::Start(e.to_string())))
+                .transpose()?,
         })
     }
 
@@ -429,6 +507,14 @@ impl Dataplane {
             .map(|v| bind_per_core(ListenSpec::vpn(v.tun_ip), cores.len(), true))
             .transpose()?;
         let vpn_addr = vpn_listen.as_ref().map(|(_, _, a)| *a);
+        let vpn_udp = opts
+            .vpn
+            .as_ref()
+            .map(|v| bind_vpn_udp(v.tun_ip, cores.len()))
+            .transpose()?;
+        if let (Some(vpn), Some((_, addr))) = (&opts.vpn, &vpn_udp) {
+            vpn.udp_port.store(addr.port(), Ordering::Release);
+        }
         let http_addr = http.as_ref().map(|(_, _, a)| *a);
         let socks5_addr = socks.as_ref().map(|(_, _, a)| *a);
         let seed = CoreSeed {
@@ -439,7 +525,6 @@ impl Dataplane {
             live: live.clone(),
             resolver,
             offload: Offload::new(runtime, 4096),
-            open_connections: Arc::new(AtomicUsize::new(0)),
             cache: opts.cache.clone(),
             commands: command_rx,
             socks5_ip: socks5_addr.map(|a| a.ip()),
@@ -448,7 +533,9 @@ impl Dataplane {
             socks5: socks.as_ref().map(|(_, spec, _)| *spec),
             vpn: opts.vpn.clone(),
             vpn_listen: vpn_listen.as_ref().map(|(_, spec, _)| *spec),
+            vpn_udp_listen: vpn_udp.as_ref().map(|(_, a)| *a),
         };
+        let mut vpn_udp_sockets = vpn_udp.map(|(s, _)| s).unwrap_or_default();
         let mut vpn_sockets = vpn_listen.map(|(s, _, _)| s).unwrap_or_default();
         let mut http_sockets = http.map(|(s, _, _)| s).unwrap_or_default();
         let mut socks_sockets = socks.map(|(s, _, _)| s).unwrap_or_default();
@@ -463,6 +550,7 @@ impl Dataplane {
                 http: http_sockets.pop(),
                 socks5: socks_sockets.pop(),
                 vpn: vpn_sockets.pop(),
+                vpn_udp: vpn_udp_sockets.pop(),
             };
             let guards = listeners
                 .guards()
@@ -561,14 +649,13 @@ enum Service {
     Vpn,
 }
 
-/// Releases the global connection slot and the per-core active count when a connection ends.
+/// Releases the per-core active count when a connection ends.
 pub(crate) struct ConnectionSlot {
     ctx: Rc<CoreContext>,
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        self.ctx.open_connections.fetch_sub(1, Ordering::AcqRel);
         self.ctx.counters.core(self.ctx.core).closed();
     }
 }
@@ -579,10 +666,45 @@ impl Drop for ConnectionSlot {
 pub(crate) static PANIC_ON_NEXT_ACCEPT: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Service) {
+/// A core's listener: glommio's for waiting, plus a duplicate descriptor for direct accepts.
+struct Acceptor {
+    listener: TcpListener,
+    direct: Option<Socket>,
+}
+
+impl Acceptor {
+    /// The next connection and its peer. While connections are queued, one `accept4(2)` on the
+    /// non-blocking listener takes each one with its peer address; glommio's `accept` costs
+    /// three `fcntl(2)` calls around every accept plus a `getpeername(2)` (measured with
+    /// `strace`), so it is used only to wait when the queue is empty. `None`: a connection that
+    /// went away before its peer could be read (dropped, nothing to back off from).
+    async fn accept_one(&self) -> std::io::Result<Option<(glommio::net::TcpStream, SocketAddr)>> {
+        if let Some(direct) = &self.direct {
+            match direct.accept() {
+                Ok((socket, addr)) => {
+                    // keep one core's other tasks running while connections keep coming
+                    glommio::yield_if_needed().await;
+                    let stream = std::net::TcpStream::from(socket);
+                    let Some(peer) = addr.as_socket().or_else(|| stream.peer_addr().ok()) else {
+                        return Ok(None);
+                    };
+                    let stream = glommio::net::TcpStream::from(socket2_04::Socket::from(stream));
+                    return Ok(Some((stream, peer)));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let stream = self.listener.accept().await.map_err(std::io::Error::from)?;
+        Ok(stream.peer_addr().ok().map(|peer| (stream, peer)))
+    }
+}
+
+async fn accept_loop(acceptor: Acceptor, ctx: Rc<CoreContext>, service: Service) {
     loop {
-        let stream = match listener.accept().await {
-            Ok(s) => s,
+        let (stream, peer) = match acceptor.accept_one().await {
+            Ok(Some(s)) => s,
+            Ok(None) => continue,
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
@@ -594,19 +716,19 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<CoreContext>, service: Servi
         if PANIC_ON_NEXT_ACCEPT.swap(false, Ordering::AcqRel) {
             panic!("fault injected by a test");
         }
-        let Ok(peer) = stream.peer_addr() else {
-            continue;
-        };
         let snapshot = ctx.snapshot.load();
         // VPN flows come from the NAT's gateway address, which `serve` checks itself
         if !matches!(service, Service::Vpn) && !snapshot.access.allows(peer.ip()) {
             tracing::debug!(client = %peer, "refused by access control");
             continue; // dropping the stream closes it
         }
-        let open = ctx.open_connections.fetch_add(1, Ordering::AcqRel);
         ctx.counters.core(ctx.core).opened();
         let slot = ConnectionSlot { ctx: ctx.clone() };
-        if snapshot.max_connections > 0 && open >= snapshot.max_connections {
+        // The limit sums the cores' own counts (reads only; no counter that every core writes),
+        // so cores accepting at the same instant may overshoot it by one each.
+        if snapshot.max_connections > 0
+            && ctx.counters.active_total() > snapshot.max_connections as u64
+        {
             tracing::warn!(client = %peer, limit = snapshot.max_connections, "connection limit reached");
             drop(slot);
             continue;

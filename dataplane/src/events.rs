@@ -1,9 +1,14 @@
 //! Events from the data plane to the control plane through a bounded lock-free queue.
 //! A full queue drops the event and counts the drop: the data plane never waits.
+//!
+//! Connection events (one pair per proxied connection, with their strings) are built only while
+//! someone subscribes to them ([`EventQueue::wants_connection_events`]): on a busy proxy nobody
+//! watching means two queue writes on a line every core shares and four string copies per
+//! connection saved, and the control plane serialises nothing.
 
 use crossbeam_queue::ArrayQueue;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
@@ -12,6 +17,8 @@ pub enum Protocol {
     Socks5,
     /// A flow of the client's VPN (TUN) path.
     Vpn,
+    /// A UDP flow of the client's VPN (TUN) path.
+    VpnUdp,
 }
 
 impl Protocol {
@@ -21,6 +28,7 @@ impl Protocol {
             Self::Connect => "CONNECT",
             Self::Socks5 => "SOCKS5",
             Self::Vpn => "VPN",
+            Self::VpnUdp => "VPN-UDP",
         }
     }
 }
@@ -67,8 +75,69 @@ pub struct RequestRecord {
     pub protocol: Protocol,
 }
 
-pub type EventQueue = BoundedQueue<Event>;
 pub type RequestQueue = BoundedQueue<RequestRecord>;
+
+/// The event queue plus whether connection events are wanted. The interest word is
+/// `(epoch << 1) | on`: every subscription bumps the epoch and sets `on`, and the control plane
+/// clears `on` only with a compare-and-swap against the word it read before counting
+/// subscribers, so a subscription racing with that count is never switched off.
+#[derive(Debug)]
+pub struct EventQueue {
+    queue: BoundedQueue<Event>,
+    interest: AtomicU64,
+}
+
+impl EventQueue {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            queue: BoundedQueue::new(capacity),
+            interest: AtomicU64::new(0),
+        }
+    }
+
+    pub fn push(&self, event: Event) {
+        self.queue.push(event);
+    }
+
+    pub fn pop(&self) -> Option<Event> {
+        self.queue.pop()
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.queue.dropped()
+    }
+
+    /// Whether the data plane should build connection events (a read-only check on its side).
+    pub fn wants_connection_events(&self) -> bool {
+        self.interest.load(Relaxed) & 1 == 1
+    }
+
+    /// A consumer of connection events appeared: on from now.
+    pub fn subscribed(&self) {
+        let _ = self
+            .interest
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.wrapping_add(2) | 1)
+            });
+    }
+
+    /// The interest word to pass to [`Self::unsubscribed_since`] (read it before counting).
+    pub fn interest(&self) -> u64 {
+        self.interest.load(Ordering::Acquire)
+    }
+
+    /// No consumer is left, as counted after reading `seen`: off, unless one subscribed since.
+    pub fn unsubscribed_since(&self, seen: u64) {
+        if seen & 1 == 1 {
+            let _ = self.interest.compare_exchange(
+                seen,
+                seen & !1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct BoundedQueue<T> {
@@ -111,6 +180,23 @@ mod tests {
             backend: "direct".into(),
             client: "127.0.0.1:1".parse().expect("addr"),
         }
+    }
+
+    #[test]
+    fn connection_events_stay_on_for_a_subscriber_racing_with_the_count() {
+        let q = EventQueue::new(4);
+        assert!(!q.wants_connection_events());
+        q.subscribed();
+        assert!(q.wants_connection_events());
+        // the control plane read the word, then a subscriber arrived before it counted zero
+        let seen = q.interest();
+        q.subscribed();
+        q.unsubscribed_since(seen);
+        assert!(q.wants_connection_events());
+        // nobody arrived since the read: off
+        let seen = q.interest();
+        q.unsubscribed_since(seen);
+        assert!(!q.wants_connection_events());
     }
 
     #[test]

@@ -3,12 +3,13 @@
 //! tunnels, proxy authentication, rate limiting, and the error replies for bad input.
 
 use crate::connector::Connected;
-use crate::credentials::Verdict;
+use crate::credentials::{Credential, Verdict};
 use crate::engine::CoreContext;
 use crate::error::DataplaneError;
 use crate::events::Protocol;
 use crate::origin_pool::{self, PoolKey};
 use crate::proxied::{dial, dial_for_request, run_tunnel, Registered};
+use crate::proxy_auth::NEGOTIATE_CHALLENGE;
 use crate::snapshot::{Backend, BackendKind, Snapshot};
 use crate::trace::Trace;
 use crate::tunnel;
@@ -235,7 +236,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
     let mut first = true;
     let mut registered: Option<Registered<'_>> = None;
     loop {
-        let snapshot = ctx.snapshot.load_full();
+        let snapshot = ctx.current_snapshot();
         let limits = HeadLimits {
             max_head_bytes: snapshot.max_header_size,
             ..HeadLimits::default()
@@ -381,23 +382,30 @@ async fn handle_request<'c>(
             return Next::Close;
         }
     }
-    if let Some(users) = &snapshot.users {
-        let creds = head
+    if snapshot.requires_auth() {
+        let credential = head
             .header("proxy-authorization")
-            .and_then(crate::credentials::parse_basic);
-        let verdict = match &creds {
-            Some((u, p)) => {
-                users
-                    .verify(&snapshot.auth_guard, &ctx.offload, client_ip, u, p)
-                    .await
+            .and_then(crate::credentials::parse_proxy_authorization);
+        let guard = &snapshot.auth_guard;
+        let verdict = match (&credential, &snapshot.auth, &snapshot.negotiate) {
+            (Some(c @ Credential::Negotiate(_)), _, Some(negotiate)) => {
+                negotiate.verify(guard, &ctx.offload, client_ip, c).await
             }
-            None => Verdict::Rejected,
+            (Some(c), Some(auth), _) => auth.verify(guard, &ctx.offload, client_ip, c).await,
+            _ => Verdict::Rejected,
         };
-        if let Some((u, _)) = creds {
-            trace.username = u;
+        if let Some(c) = &credential {
+            trace.username = c.user().to_owned();
+        }
+        let mut challenges: Vec<(&str, &str)> = Vec::new();
+        if snapshot.negotiate.is_some() {
+            challenges.push(("Proxy-Authenticate", NEGOTIATE_CHALLENGE));
+        }
+        if let Some(auth) = &snapshot.auth {
+            challenges.extend(auth.challenges().iter().map(|c| ("Proxy-Authenticate", *c)));
         }
         match verdict {
-            Verdict::Accepted | Verdict::Rejected => {}
+            Verdict::Accepted | Verdict::Rejected | Verdict::Unavailable => {}
             Verdict::Throttled => {
                 tracing::debug!(client = %peer, "proxy authentication throttled");
                 let msg = "too many failed authentications from this address; try again later";
@@ -406,7 +414,7 @@ async fn handle_request<'c>(
                     trace,
                     407,
                     "Proxy Authentication Required",
-                    &[("Proxy-Authenticate", "Basic realm=\"switchyard\"")],
+                    &challenges,
                     msg.to_owned(),
                 )
                 .await;
@@ -430,16 +438,27 @@ async fn handle_request<'c>(
             let body_kind = http1::request_body_kind(&head).unwrap_or(BodyKind::UntilClose);
             let close = !matches!(body_kind, BodyKind::Empty | BodyKind::Length(0))
                 || !head.wants_keep_alive();
+            let (message, body) = if verdict == Verdict::Unavailable {
+                (
+                    "proxy authentication unavailable (the authentication service did not answer)",
+                    "proxy authentication required: the authentication service is unavailable\n",
+                )
+            } else {
+                (
+                    "proxy authentication required",
+                    "proxy authentication required\n",
+                )
+            };
             reply(
                 client,
                 407,
                 "Proxy Authentication Required",
-                &[("Proxy-Authenticate", "Basic realm=\"switchyard\"")],
-                "proxy authentication required\n",
+                &challenges,
+                body,
                 close,
             )
             .await;
-            trace.fail(407, "proxy authentication required");
+            trace.fail(407, message);
             return if close { Next::Close } else { Next::KeepAlive };
         }
     }
@@ -923,6 +942,9 @@ pub(crate) async fn exchange(
     .0
 }
 
+/// Largest response body sent in one write with its head when both arrived together.
+const INLINE_BODY_MAX: u64 = 16 * 1024;
+
 /// Relays the origin's response to the client (head with `extra` headers added, then the body)
 /// and pools the origin connection when it can carry another request. Also returns the body
 /// bytes relayed.
@@ -968,24 +990,45 @@ pub(crate) async fn relay_response(
     }
     let mut out = Vec::with_capacity(512);
     http1::write_response_head(&response, &mut out);
+    let head_len = out.len() as u64;
+    // A small body that arrived with the head leaves in the same write as the head: one send
+    // and one segment towards the client instead of two (measured: 6 → 5 syscalls per 1 KiB
+    // keep-alive request).
+    let inline_body = match response_body {
+        BodyKind::Length(n) if n <= INLINE_BODY_MAX && origin_carry.len() as u64 >= n => {
+            let n = n as usize;
+            out.extend_from_slice(&origin_carry[..n]);
+            origin_carry.drain(..n);
+            Some(n as u64)
+        }
+        _ => None,
+    };
     if tunnel::write_all(client, &out).await.is_err() {
         return (Next::Close, 0);
     }
-    meter.down(out.len() as u64);
+    meter.down(head_len);
     let body_bytes = Cell::new(0u64);
     let count_down = |n: u64| {
         meter.down(n);
         body_bytes.set(body_bytes.get() + n);
     };
-    match relay_body(
-        &origin,
-        client,
-        &mut origin_carry,
-        response_body,
-        &count_down,
-    )
-    .await
-    {
+    let relayed = match inline_body {
+        Some(n) => {
+            count_down(n);
+            Ok(BodyEnd::Complete)
+        }
+        None => {
+            relay_body(
+                &origin,
+                client,
+                &mut origin_carry,
+                response_body,
+                &count_down,
+            )
+            .await
+        }
+    };
+    match relayed {
         Ok(BodyEnd::Complete) if origin_keep_alive && origin_carry.is_empty() => {
             let _ = origin.borrow().set_read_timeout(None);
             origin_pool::give(pool_key, origin.into_inner());

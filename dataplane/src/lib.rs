@@ -29,6 +29,7 @@ pub mod offload;
 pub mod openvpn;
 mod origin_pool;
 mod proxied;
+pub mod proxy_auth;
 pub mod rate_limit;
 pub mod resolver;
 pub mod snapshot;

@@ -18,7 +18,8 @@ use std::time::Duration;
 /// The live-table entry and events of one client connection once it is routed somewhere.
 pub(crate) struct Registered<'a> {
     guard: LiveGuard<'a>,
-    events: &'a crate::events::EventQueue,
+    /// Set when connection events are wanted at open: the close event goes with the open one.
+    events: Option<&'a crate::events::EventQueue>,
 }
 
 impl<'a> Registered<'a> {
@@ -29,27 +30,36 @@ impl<'a> Registered<'a> {
         backend: String,
         protocol: Protocol,
     ) -> Self {
-        ctx.events.push(Event::ConnectionNew {
-            protocol,
-            host: host.clone(),
-            backend: backend.clone(),
-            client: peer,
-        });
+        let events = ctx.events.wants_connection_events().then_some(&*ctx.events);
+        if let Some(events) = events {
+            events.push(Event::ConnectionNew {
+                protocol,
+                host: host.clone(),
+                backend: backend.clone(),
+                client: peer,
+            });
+        }
         Self {
             guard: ctx.live.register(ctx.core, peer, host, backend, protocol),
-            events: &ctx.events,
+            events,
         }
     }
 
     pub fn conn(&self) -> &crate::live::LiveConnection {
         &self.guard.conn
     }
+
+    /// The entry itself, for tasks that outlive a borrow of this registration.
+    pub fn shared(&self) -> std::sync::Arc<crate::live::LiveConnection> {
+        self.guard.conn.clone()
+    }
 }
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
+        let Some(events) = self.events else { return };
         let c = &self.guard.conn;
-        self.events.push(Event::ConnectionClose {
+        events.push(Event::ConnectionClose {
             protocol: c.protocol,
             host: c.host.clone(),
             backend: c.backend.clone(),

@@ -8,6 +8,7 @@
 use crate::access_control::AccessControl;
 use crate::counters::Counters;
 use crate::credentials::{AuthGuard, Users};
+use crate::proxy_auth::{CredentialVerifier, External, NegotiateAuth, ProxyAuth};
 use crate::rate_limit::{BandwidthLimiter, RequestLimiter};
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -154,8 +155,11 @@ pub struct Snapshot {
     pub generation: u64,
     pub routes: RouteTable<RouteTarget>,
     pub backends: Vec<Arc<Backend>>,
-    /// `Some` when proxy authentication is required.
-    pub users: Option<Users>,
+    /// The `auth.mode` check (`None`: no mode).
+    pub auth: Option<ProxyAuth>,
+    /// `auth.negotiate.enabled`: SPNEGO in front of the mode. Authentication is required when
+    /// either this or `auth` is set.
+    pub negotiate: Option<NegotiateAuth>,
     pub access: AccessControl,
     /// Failure budgets and verification slots of proxy authentication.
     pub auth_guard: Arc<AuthGuard>,
@@ -181,6 +185,28 @@ fn split_host_port(address: &str) -> Option<(String, u16)> {
 }
 
 impl Snapshot {
+    /// Hands the verifier of the configured external mode (LDAP, PAM, OAuth) to a snapshot
+    /// that is still failing closed for it.
+    pub fn with_verifier(mut self, verifier: Arc<dyn CredentialVerifier>) -> Self {
+        if matches!(&self.auth, Some(ProxyAuth::FailClosed { mode }) if *mode == verifier.mode()) {
+            self.auth = Some(ProxyAuth::External(Arc::new(External::new(verifier))));
+        }
+        self
+    }
+
+    /// Hands the SPNEGO verifier to a snapshot with `auth.negotiate.enabled`.
+    pub fn with_negotiate(mut self, verifier: Arc<dyn CredentialVerifier>) -> Self {
+        if self.negotiate.is_some() {
+            self.negotiate = Some(NegotiateAuth::Ready(Arc::new(External::new(verifier))));
+        }
+        self
+    }
+
+    /// Whether clients must authenticate.
+    pub fn requires_auth(&self) -> bool {
+        self.auth.is_some() || self.negotiate.is_some()
+    }
+
     /// Compiles `cfg`. `previous` lends its backend counters to backends of the same name and
     /// hands on its limiters and authentication guard.
     pub fn compile(
@@ -318,16 +344,35 @@ impl Snapshot {
             message: e.to_string(),
         })?;
 
-        let users = match cfg.auth.mode {
-            AuthMode::Native => Some(Users::new(
+        let auth = match cfg.auth.mode {
+            AuthMode::None => None,
+            AuthMode::Native => Some(ProxyAuth::Native(Users::new(
                 cfg.auth
                     .native
                     .users
                     .iter()
                     .map(|u| (u.username.clone(), u.password_hash.clone())),
-            )),
-            _ => None,
+            ))),
+            // The mode needs a restart to change, so the running verifier carries over; until
+            // the control plane hands one over, everything is refused.
+            mode => Some(
+                previous
+                    .and_then(|p| match &p.auth {
+                        Some(ProxyAuth::External(e)) if e.verifier.mode() == mode.api_name() => {
+                            Some(ProxyAuth::External(e.clone()))
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or(ProxyAuth::FailClosed {
+                        mode: mode.api_name(),
+                    }),
+            ),
         };
+        let negotiate = cfg.auth.negotiate.as_ref().filter(|n| n.enabled).map(|_| {
+            previous
+                .and_then(|p| p.negotiate.clone())
+                .unwrap_or(NegotiateAuth::FailClosed)
+        });
         let cache = compile_cache(&cfg.cache)?;
         // Nothing below fails: the shared limiters are reconfigured only for a snapshot that
         // will be published.
@@ -360,7 +405,8 @@ impl Snapshot {
             generation: previous.map_or(1, |p| p.generation + 1),
             routes,
             backends,
-            users,
+            auth,
+            negotiate,
             access: AccessControl::new(
                 cfg.access_control.whitelist.clone(),
                 cfg.access_control.blacklist.clone(),

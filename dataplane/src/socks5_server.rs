@@ -3,7 +3,7 @@
 //! `openvpn` backend's tunnel device, or inside a `wireguard` backend's tunnel), BIND refused
 //! with "command not supported".
 
-use crate::credentials::Verdict;
+use crate::credentials::{Credential, Verdict};
 use crate::engine::CoreContext;
 use crate::events::Protocol;
 use crate::snapshot::{BackendKind, Snapshot};
@@ -13,6 +13,7 @@ use glommio::net::{TcpStream, UdpSocket};
 use std::cell::{Cell, RefCell};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 use switchyard_proto::socks5::{self, Command, ReplyCode, Socks5Error, TargetAddr};
 
@@ -56,7 +57,7 @@ async fn send_reply(client: &RefCell<TcpStream>, code: ReplyCode, bound: SocketA
 }
 
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreContext>) {
-    let snapshot = ctx.snapshot.load_full();
+    let snapshot = ctx.current_snapshot();
     let client = RefCell::new(stream);
     let handshake = async {
         let mut carry = Vec::new();
@@ -65,7 +66,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             // Not SOCKS5 (or garbage): close without a reply, as the RFC leaves no other option.
             _ => return None,
         };
-        let need_auth = snapshot.users.is_some();
+        let need_auth = snapshot.requires_auth();
         let wanted = if need_auth { 2u8 } else { 0u8 };
         if !greeting.methods.contains(&wanted) {
             let _ = tunnel::write_all(&client, &socks5::encode_method_selection(0xFF)).await;
@@ -74,20 +75,23 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
         tunnel::write_all(&client, &socks5::encode_method_selection(wanted))
             .await
             .ok()?;
-        if let Some(users) = &snapshot.users {
+        if need_auth {
             let creds = read_msg(&client, &mut carry, socks5::parse_userpass)
                 .await
                 .ok()??;
             let client_ip = crate::access_control::canonical(peer.ip());
-            let verdict = users
-                .verify(
-                    &snapshot.auth_guard,
-                    &ctx.offload,
-                    client_ip,
-                    &creds.username,
-                    &creds.password,
-                )
-                .await;
+            let credential = Credential::Basic {
+                user: creds.username.clone(),
+                password: creds.password,
+            };
+            // Negotiate alone cannot check a user name and password: refused.
+            let verdict = match &snapshot.auth {
+                Some(auth) => {
+                    auth.verify(&snapshot.auth_guard, &ctx.offload, client_ip, &credential)
+                        .await
+                }
+                None => Verdict::Rejected,
+            };
             let ok = verdict == Verdict::Accepted;
             let _ = tunnel::write_all(&client, &socks5::encode_userpass_status(ok)).await;
             if !ok {
@@ -141,17 +145,17 @@ async fn connect(
     let (host, port) = split_target(&addr);
     let label = addr.to_string();
     let mut trace = Trace::new(Protocol::Socks5, "CONNECT");
+    // the request log's url is the same label, copied only when a record is written
     trace.host = label.clone();
-    trace.url = label.clone();
     let Some((_, backend)) = snapshot.select(&host) else {
         send_reply(&client, ReplyCode::NotAllowed, unspecified()).await;
         trace.fail(403, format!("no route for {host}"));
         trace.finish(ctx, snapshot, client_ip);
         return;
     };
-    let backend = backend.clone();
+    // borrowed from the snapshot this connection holds: no count shared by all cores to bump
     trace.backend = backend.name.clone();
-    let connected = match crate::proxied::dial(ctx, snapshot, &backend, &host, port).await {
+    let connected = match crate::proxied::dial(ctx, snapshot, backend, &host, port).await {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(client = %peer, %host, port, error = %e, "SOCKS5 connect failed");
@@ -178,7 +182,7 @@ async fn connect(
         peer,
         Protocol::Socks5,
         &label,
-        &backend,
+        backend,
         trace,
     )
     .await;
@@ -315,6 +319,7 @@ async fn egress_socket(
     tunnel: Option<&crate::wireguard::WireguardBackend>,
     relay: &Rc<UdpSocket>,
     client_udp: &Rc<Cell<Option<SocketAddr>>>,
+    live: &AssociationEntry,
 ) -> Option<Rc<Egress>> {
     if let Some(e) = sockets.borrow().iter().find(|e| e.key == key) {
         return Some(e.socket.clone());
@@ -331,6 +336,7 @@ async fn egress_socket(
     };
     let replies = {
         let (socket, relay, client_udp) = (socket.clone(), relay.clone(), client_udp.clone());
+        let live = live.clone();
         let counters = ctx.counters.clone();
         let core = ctx.core;
         glommio::spawn_local(async move {
@@ -342,6 +348,9 @@ async fn egress_socket(
                 };
                 if send_to_client(&relay, client, from, &buf[..n], &mut out).await {
                     counters.core(core).add_sent(n as u64);
+                    if let Some(entry) = live.borrow().as_ref() {
+                        entry.add_sent(n as u64);
+                    }
                 }
             }
         })
@@ -353,6 +362,10 @@ async fn egress_socket(
     });
     Some(socket)
 }
+
+/// The live-table entry of an association (connections API), shared with its reply tasks; set
+/// when its first datagram is relayed (named after that datagram's destination).
+type AssociationEntry = Rc<RefCell<Option<Arc<crate::live::LiveConnection>>>>;
 
 /// UDP ASSOCIATE: one relay socket per association, alive while the control connection is.
 /// Each datagram is routed by its destination: `direct` routes leave from a host socket,
@@ -396,7 +409,9 @@ async fn udp_associate(
     let client_udp: Rc<Cell<Option<SocketAddr>>> = Rc::new(Cell::new(None));
     let sockets: RefCell<Vec<EgressSocket>> = RefCell::new(Vec::new());
     let idle = snapshot.timeouts.idle;
+    let live: AssociationEntry = Rc::new(RefCell::new(None));
     let pump = async {
+        let mut registered = None;
         let mut buf = vec![0u8; 65_536];
         loop {
             let Ok((n, from)) = relay.recv_from(&mut buf).await else {
@@ -414,6 +429,17 @@ async fn udp_associate(
                 let (host, port) = split_target(&header.addr);
                 let egress = match snapshot.select(&host) {
                     Some((_, b)) => {
+                        if registered.is_none() {
+                            let entry = crate::proxied::Registered::new(
+                                ctx,
+                                peer,
+                                header.addr.to_string(),
+                                b.name.clone(),
+                                Protocol::Socks5,
+                            );
+                            *live.borrow_mut() = Some(entry.shared());
+                            registered = Some(entry);
+                        }
                         if let BackendKind::Wireguard(tunnel) = &b.kind {
                             tunnel.0.ensure_started(ctx, &b.health);
                         }
@@ -462,7 +488,7 @@ async fn udp_associate(
                 };
                 let tunnel = tunnel.as_ref().map(|t| &*t.0);
                 let Some(socket) =
-                    egress_socket(ctx, &sockets, key, tunnel, &relay, &client_udp).await
+                    egress_socket(ctx, &sockets, key, tunnel, &relay, &client_udp, &live).await
                 else {
                     continue;
                 };
@@ -471,6 +497,9 @@ async fn udp_associate(
                 ctx.counters
                     .core(ctx.core)
                     .add_received(payload.len() as u64);
+                if let Some(entry) = live.borrow().as_ref() {
+                    entry.add_recv(payload.len() as u64);
+                }
             }
         }
     };

@@ -62,13 +62,19 @@ impl Trace {
         if !snapshot.request_log {
             return;
         }
+        // SOCKS5 leaves the url to be its destination label, copied only here
+        let url = if self.url.is_empty() && self.protocol == Protocol::Socks5 {
+            self.host.clone()
+        } else {
+            self.url
+        };
         ctx.requests.push(RequestRecord {
             timestamp: self.started_at,
             duration_ms: self.started.elapsed().as_millis() as u64,
             method: self.method,
             host: self.host,
             path: self.path,
-            url: self.url,
+            url,
             user_agent: self.user_agent,
             client_ip,
             username: self.username,

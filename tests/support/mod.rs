@@ -4,8 +4,12 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod kdc;
 pub mod netns;
+pub mod oidc;
 pub mod ovpn_server;
+pub mod slapd;
+pub mod ui_shell;
 pub mod wg_peer;
 
 use std::io::{BufRead, BufReader};
@@ -88,6 +92,11 @@ pub struct Server {
 /// Starts the server with `extra_yaml` appended to a config that listens on port 0 everywhere
 /// (the server reports the ports it got in its JSON log).
 pub fn start_server(extra_yaml: &str) -> Server {
+    start_server_with_yaml_env(extra_yaml, &[])
+}
+
+/// [`start_server`] with extra environment variables.
+pub fn start_server_with_yaml_env(extra_yaml: &str, env: &[(&str, &std::ffi::OsStr)]) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let config_path = dir.path().join("server.yaml");
     let yaml = format!(
@@ -95,7 +104,7 @@ pub fn start_server(extra_yaml: &str) -> Server {
          api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n{extra_yaml}"
     );
     std::fs::write(&config_path, yaml).expect("write config");
-    start_server_with_file(dir, config_path)
+    start_server_with_env(dir, config_path, env)
 }
 
 pub fn start_server_with_file(dir: tempfile::TempDir, config_path: PathBuf) -> Server {

@@ -7,103 +7,23 @@
 //! driver only decodes plain types (text, integers, floats), which is all the schema uses.
 //! SQLite runs in WAL mode with foreign keys on and a busy timeout; migrations run at start.
 
-use std::time::Duration;
-
 use chrono::{SecondsFormat, Utc};
-use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::any::AnyRow;
 use sqlx::{AnyPool, Row};
 
 use crate::error::ApiError;
 
+pub use switchyard_sqlstore::{begin_write, is_unique_violation, now_iso, redact, DbError, Engine};
+
 /// Embedded migrations (control/inventory/migrations).
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-/// Errors opening the database.
-#[derive(Debug, thiserror::Error)]
-pub enum DbError {
-    #[error("connecting to {url}: {source}")]
-    Connect { url: String, source: sqlx::Error },
-    #[error("running migrations: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("preparing the database: {0}")]
-    Setup(#[from] sqlx::Error),
-}
-
-/// Which engine a pool talks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    Sqlite,
-    Postgres,
-}
-
-/// `url` with any password replaced by `***` (for logs).
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
-/// Connect, set SQLite pragmas, run migrations.
+/// Connect, set SQLite pragmas, run migrations, prepare the search index.
 pub async fn open(url: &str) -> Result<(AnyPool, Engine), DbError> {
-    sqlx::any::install_default_drivers();
-    let engine = if url.starts_with("sqlite:") {
-        Engine::Sqlite
-    } else {
-        Engine::Postgres
-    };
-    let pool = AnyPoolOptions::new()
-        .max_connections(if engine == Engine::Sqlite { 8 } else { 16 })
-        .acquire_timeout(Duration::from_secs(10))
-        .after_connect(move |conn, _meta| {
-            Box::pin(async move {
-                if engine == Engine::Sqlite {
-                    sqlx::query("PRAGMA foreign_keys = ON")
-                        .execute(&mut *conn)
-                        .await?;
-                    sqlx::query("PRAGMA busy_timeout = 10000")
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                Ok(())
-            })
-        })
-        .connect(url)
-        .await
-        .map_err(|source| DbError::Connect {
-            url: redact(url),
-            source,
-        })?;
-    if engine == Engine::Sqlite {
-        sqlx::query("PRAGMA journal_mode = WAL")
-            .execute(&pool)
-            .await?;
-    }
-    MIGRATOR.run(&pool).await?;
+    let (pool, engine) = switchyard_sqlstore::open(url, &MIGRATOR).await?;
     search_index(&pool, engine).await?;
     backfill_search_text(&pool).await?;
     Ok((pool, engine))
-}
-
-/// A transaction for work that reads before it writes. On SQLite it is `BEGIN IMMEDIATE`: it
-/// takes the write lock at once (waiting for it under the busy timeout), because a deferred
-/// transaction that has read cannot upgrade to a writer once another connection committed —
-/// SQLite answers that with SQLITE_BUSY without consulting the busy timeout. PostgreSQL's
-/// row locks need no such care.
-pub async fn begin_write(
-    pool: &AnyPool,
-    engine: Engine,
-) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
-    match engine {
-        Engine::Sqlite => pool.begin_with("BEGIN IMMEDIATE").await,
-        Engine::Postgres => pool.begin().await,
-    }
 }
 
 /// The index behind `search` (see migration 0004), per engine because the useful kinds differ:
@@ -205,11 +125,6 @@ async fn backfill_search_text(pool: &AnyPool) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Now as stored: `2026-01-02T03:04:05.678Z`.
-pub fn now_iso() -> String {
-    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
 /// Today at UTC midnight, the default `buyDate`.
 pub fn today_iso() -> String {
     format!("{}T00:00:00.000Z", Utc::now().format("%Y-%m-%d"))
@@ -226,11 +141,6 @@ pub fn new_id() -> String {
 /// carry fewer random bits).
 pub fn new_session_id() -> String {
     uuid::Uuid::new_v4().to_string()
-}
-
-/// Is this a unique-constraint violation?
-pub fn is_unique_violation(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
 }
 
 /// A user row.
@@ -449,6 +359,9 @@ mod tests {
         let ids: Vec<String> = (0..2000).map(|_| new_id()).collect();
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids out of order");
         let sid = new_session_id();
-        assert_eq!(uuid::Uuid::parse_str(&sid).map(|u| u.get_version_num()), Ok(4));
+        assert_eq!(
+            uuid::Uuid::parse_str(&sid).map(|u| u.get_version_num()),
+            Ok(4)
+        );
     }
 }

@@ -35,6 +35,9 @@ use switchyard_api::{LoginRequest, MessageWithTime};
 
 /// Name of the session cookie.
 pub const COOKIE_NAME: &str = "switchyard_session";
+/// Name of the client API's session cookie: cookies do not tell ports apart, so a client and a
+/// server on one host would otherwise overwrite each other's session.
+pub const CLIENT_COOKIE_NAME: &str = "switchyard_client_session";
 /// A session lasts this long after login.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// Header of the CSRF token (in cookie-authenticated responses and state-changing requests).
@@ -54,6 +57,8 @@ pub struct QueryToken(pub String);
 pub struct Sessions {
     map: Mutex<HashMap<[u8; 32], Instant>>,
     ttl: Duration,
+    /// The cookie that carries these sessions' ids.
+    cookie: &'static str,
 }
 
 impl Default for Sessions {
@@ -71,7 +76,36 @@ impl Sessions {
         Self {
             map: Mutex::new(HashMap::new()),
             ttl,
+            cookie: COOKIE_NAME,
         }
+    }
+
+    /// Sessions carried by the cookie `cookie` (instead of [`COOKIE_NAME`]).
+    pub fn named(cookie: &'static str) -> Self {
+        Self {
+            cookie,
+            ..Self::default()
+        }
+    }
+
+    /// The session id the request's cookie carries, valid or not.
+    pub fn id_in<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+        cookie_value(headers, self.cookie)
+    }
+
+    /// The `Set-Cookie` value of a session id (an empty one with `max_age` 0 clears it).
+    pub fn set_cookie(
+        &self,
+        id: &str,
+        max_age: u64,
+        secure: bool,
+    ) -> Result<HeaderValue, ApiError> {
+        let secure = if secure { "; Secure" } else { "" };
+        HeaderValue::from_str(&format!(
+            "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}",
+            self.cookie
+        ))
+        .map_err(|_| ApiError::internal("cannot build the session cookie"))
     }
 
     /// Starts a session and returns its id (64 hex digits).
@@ -161,15 +195,21 @@ pub async fn strip_token_query(mut req: Request) -> Request {
     req
 }
 
-/// The session cookie's value, if the request carries one.
-pub(crate) fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+/// The server session cookie's value, if the request carries one.
+#[cfg(test)]
+fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    cookie_value(headers, COOKIE_NAME)
+}
+
+/// The value of the cookie `cookie`, if the request carries one.
+fn cookie_value<'h>(headers: &'h HeaderMap, cookie: &str) -> Option<&'h str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE_NAME)
+        .find(|(name, _)| *name == cookie)
         .map(|(_, value)| value.trim_matches('"'))
 }
 
@@ -197,7 +237,9 @@ pub fn carries_token(expected: Option<&str>, sessions: &Sessions, req: &Request)
             .extensions()
             .get::<QueryToken>()
             .is_some_and(|t| matches(&t.0))
-        || session_cookie(req.headers()).is_some_and(|id| sessions.is_valid(id))
+        || sessions
+            .id_in(req.headers())
+            .is_some_and(|id| sessions.is_valid(id))
 }
 
 /// The CSRF token of a session: SHA-256 over a fixed label and the (secret) session id, so it
@@ -226,7 +268,9 @@ pub fn cookie_only_session<'r>(
     if by_token {
         return None;
     }
-    session_cookie(req.headers()).filter(|id| sessions.is_valid(id))
+    sessions
+        .id_in(req.headers())
+        .filter(|id| sessions.is_valid(id))
 }
 
 /// True when a cookie-authenticated request of this method must carry the CSRF token.
@@ -300,14 +344,6 @@ pub fn refused(req: &Request) -> Response {
     r
 }
 
-pub(crate) fn cookie(value: &str, max_age: u64, secure: bool) -> Result<HeaderValue, ApiError> {
-    let secure = if secure { "; Secure" } else { "" };
-    HeaderValue::from_str(&format!(
-        "{COOKIE_NAME}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
-    ))
-    .map_err(|_| ApiError::internal("cannot build the session cookie"))
-}
-
 pub(crate) fn message(text: &str) -> Json<MessageWithTime> {
     Json(MessageWithTime {
         message: text.into(),
@@ -347,7 +383,9 @@ pub async fn login(
     let mut r = message("logged in").into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
-        cookie(&id, SESSION_TTL.as_secs(), state.api_tls)?,
+        state
+            .sessions
+            .set_cookie(&id, SESSION_TTL.as_secs(), state.api_tls)?,
     );
     Ok(r)
 }
@@ -359,13 +397,18 @@ pub async fn logout(
     State(state): State<Arc<ServerState>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let ended = session_cookie(&headers).is_some_and(|id| state.sessions.remove(id));
+    let ended = state
+        .sessions
+        .id_in(&headers)
+        .is_some_and(|id| state.sessions.remove(id));
     if ended {
         tracing::info!("API logout: session ended");
     }
     let mut r = message(if ended { "logged out" } else { "no session" }).into_response();
-    r.headers_mut()
-        .insert(header::SET_COOKIE, cookie("", 0, state.api_tls)?);
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        state.sessions.set_cookie("", 0, state.api_tls)?,
+    );
     Ok(r)
 }
 
@@ -464,6 +507,23 @@ mod tests {
             HeaderValue::from_static("Basic dTpw"),
         );
         assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn named_sessions_read_and_set_their_own_cookie() {
+        let client = Sessions::named(CLIENT_COOKIE_NAME);
+        let mut h = HeaderMap::new();
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("switchyard_session=server; switchyard_client_session=client"),
+        );
+        assert_eq!(client.id_in(&h), Some("client"));
+        assert_eq!(Sessions::default().id_in(&h), Some("server"));
+        let set = client.set_cookie("abc", 60, false).unwrap();
+        assert!(set
+            .to_str()
+            .unwrap()
+            .starts_with("switchyard_client_session=abc; Path=/; HttpOnly; SameSite=Strict"));
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! `/api/v1/config*` and `/api/v1/auth/plugins`: the configuration lifecycle over HTTP.
+//! `/api/v1/config*` and `/api/v1/auth/plugins`: the configuration lifecycle over HTTP. The
+//! `/api/v1/config/yaml` endpoints (not in the spec) do the same with the file's own format, for
+//! the dashboard's YAML editor: read, validate and save go through the JSON endpoints' steps.
 
 use super::error::{ApiError, ApiJson};
 use crate::config_store::{self, ConfigError};
 use crate::server::ServerState;
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;
@@ -110,15 +112,19 @@ fn warnings(cfg: &ServerConfig) -> Vec<String> {
 #[utoipa::path(post, path = "/api/v1/config/validate", tag = "config", request_body(content = Object),
     responses((status = 200, body = ValidationResult)))]
 pub async fn validate(ApiJson(value): ApiJson<serde_json::Value>) -> Json<ValidationResult> {
+    Json(validate_value(value))
+}
+
+fn validate_value(value: serde_json::Value) -> ValidationResult {
     match parse(value) {
         Ok(cfg) => {
             let problems = switchyard_config::validate(&cfg);
             let message = (!problems.is_empty()).then(|| format!("{} problems", problems.len()));
             let mut result = validation(&problems, message);
             result.warnings = warnings(&cfg);
-            Json(result)
+            result
         }
-        Err(invalid) => Json(invalid),
+        Err(invalid) => invalid,
     }
 }
 
@@ -152,14 +158,18 @@ pub async fn save(
     State(state): State<Arc<ServerState>>,
     ApiJson(body): ApiJson<ConfigSaveRequest>,
 ) -> Response {
-    let mut posted = body.config;
+    save_value(&state, body.config, body.create_backup).await
+}
+
+/// Saves a posted configuration object (secrets still masked are the running ones).
+async fn save_value(state: &ServerState, mut posted: serde_json::Value, backup: bool) -> Response {
     let running = state.config.load().to_json_value().unwrap_or_default();
     unmask(&mut posted, &running);
     let cfg = match parse(posted) {
         Ok(c) => c,
         Err(invalid) => return (StatusCode::BAD_REQUEST, Json(invalid)).into_response(),
     };
-    match config_store::save(&state, cfg, body.create_backup).await {
+    match config_store::save(state, cfg, backup).await {
         Ok(result) => Json(result).into_response(),
         Err(ConfigError::Invalid(problems)) => {
             let msg = format!("{} problems; nothing was written", problems.len());
@@ -173,6 +183,73 @@ pub async fn save(
             ApiError::conflict("NO_CONFIG_FILE", e.to_string()).into_response()
         }
         Err(e) => ApiError::internal(e.to_string()).into_response(),
+    }
+}
+
+/// A YAML configuration as the JSON value the JSON endpoints take; unreadable YAML (syntax,
+/// unknown keys, wrong types) is a validation result naming the problem.
+fn yaml_value(body: &[u8]) -> Result<serde_json::Value, ValidationResult> {
+    let invalid = |message: String| ValidationResult {
+        valid: false,
+        errors: vec![ValidationError {
+            section: "yaml".into(),
+            message: message.clone(),
+        }],
+        warnings: Vec::new(),
+        message: Some(message),
+    };
+    let text = std::str::from_utf8(body).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
+    let cfg = ServerConfig::from_yaml_str(text, &|name| std::env::var(name).ok())
+        .map_err(|e| invalid(e.to_string()))?;
+    cfg.to_json_value().map_err(|e| invalid(e.to_string()))
+}
+
+/// The running configuration (secrets included) as YAML, as a configuration file holds it.
+#[utoipa::path(get, path = "/api/v1/config/yaml", tag = "config",
+    responses((status = 200, description = "running configuration including secrets, YAML (not in the spec)", content_type = "application/yaml", body = String)))]
+pub async fn get_yaml(State(state): State<Arc<ServerState>>) -> Result<Response, ApiError> {
+    let yaml = state
+        .config
+        .load()
+        .to_yaml_string()
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut r = yaml.into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/yaml; charset=utf-8"),
+    );
+    Ok(r)
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+pub struct BackupQuery {
+    /// Keep a backup of the file before writing (as `create_backup` of `PUT /api/v1/config`).
+    #[serde(default)]
+    create_backup: bool,
+}
+
+/// `POST /api/v1/config/validate` for a YAML configuration (not in the spec).
+#[utoipa::path(post, path = "/api/v1/config/yaml/validate", tag = "config",
+    request_body(content = String, content_type = "application/yaml", description = "a whole server configuration"),
+    responses((status = 200, body = ValidationResult)))]
+pub async fn validate_yaml(body: axum::body::Bytes) -> Json<ValidationResult> {
+    Json(yaml_value(&body).map_or_else(|invalid| invalid, validate_value))
+}
+
+/// `PUT /api/v1/config` for a YAML configuration (not in the spec): the same save result.
+#[utoipa::path(put, path = "/api/v1/config/yaml", tag = "config", params(BackupQuery),
+    request_body(content = String, content_type = "application/yaml", description = "a whole server configuration"),
+    responses((status = 200, body = ConfigSaveResult),
+              (status = 400, description = "invalid configuration, nothing written", body = ValidationResult),
+              (status = 409, description = "no configuration file (running on defaults)", body = switchyard_api::ErrorBody)))]
+pub async fn save_yaml(
+    State(state): State<Arc<ServerState>>,
+    Query(q): Query<BackupQuery>,
+    body: axum::body::Bytes,
+) -> Response {
+    match yaml_value(&body) {
+        Ok(value) => save_value(&state, value, q.create_backup).await,
+        Err(invalid) => (StatusCode::BAD_REQUEST, Json(invalid)).into_response(),
     }
 }
 
@@ -219,7 +296,7 @@ pub async fn auth_plugins() -> Json<AuthPluginList> {
         AuthMode::Native => {
             "users with bcrypt password hashes in the configuration (auth.native.users)"
         }
-        AuthMode::System => "operating-system accounts",
+        AuthMode::System => "operating-system accounts through PAM (auth.system.service)",
         AuthMode::Ldap => "LDAP bind against a directory (auth.ldap)",
         AuthMode::Oauth => "OAuth 2 / OpenID Connect tokens (auth.oauth)",
     };
@@ -230,15 +307,11 @@ pub async fn auth_plugins() -> Json<AuthPluginList> {
             name: m.api_name().into(),
             kind: m.api_name().into(),
             description: describe(m).into(),
-            availability: if m.is_available() {
+            availability: {
+                let a = switchyard_proxy_auth::availability(m);
                 PluginAvailability {
-                    state: "available".into(),
-                    reason: None,
-                }
-            } else {
-                PluginAvailability {
-                    state: "unimplemented".into(),
-                    reason: Some("not implemented in this build".into()),
+                    state: a.state().into(),
+                    reason: a.reason().map(Into::into),
                 }
             },
         })

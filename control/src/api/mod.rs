@@ -8,6 +8,7 @@ pub mod cache;
 pub mod config;
 pub mod connections;
 pub mod error;
+pub mod mesh;
 pub mod openapi;
 pub mod providers;
 pub mod requests;
@@ -17,7 +18,7 @@ pub mod ws;
 
 use crate::server::ServerState;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post, put, MethodRouter};
+use axum::routing::{delete, get, patch, post, put, MethodRouter};
 use axum::{middleware, Router};
 use std::sync::Arc;
 
@@ -72,6 +73,7 @@ fn protected() -> Routes {
         .add("get", "/api/v1/routes", get(routes::list))
         .add("post", "/api/v1/routes", post(routes::create))
         .add("delete", "/api/v1/routes/{name}", delete(routes::delete))
+        .add("get", "/api/v1/routes/test", get(routes::test))
         .add("get", "/api/v1/requests", get(requests::list))
         .add("delete", "/api/v1/requests", delete(requests::clear))
         .add("get", "/api/v1/requests/stats", get(requests::stats))
@@ -84,6 +86,13 @@ fn protected() -> Routes {
         .add("get", "/api/v1/config", get(config::get_sanitized))
         .add("put", "/api/v1/config", put(config::save))
         .add("get", "/api/v1/config/full", get(config::get_full))
+        .add("get", "/api/v1/config/yaml", get(config::get_yaml))
+        .add("put", "/api/v1/config/yaml", put(config::save_yaml))
+        .add(
+            "post",
+            "/api/v1/config/yaml/validate",
+            post(config::validate_yaml),
+        )
         .add("get", "/api/v1/config/meta", get(config::meta))
         .add("post", "/api/v1/config/validate", post(config::validate))
         .add("post", "/api/v1/config/reload", post(config::reload))
@@ -135,6 +144,53 @@ fn protected() -> Routes {
             "post",
             "/api/v1/providers/{provider}/refresh",
             post(providers::refresh_one),
+        )
+        .add("get", "/api/v1/mesh/networks", get(mesh::list_networks))
+        .add("post", "/api/v1/mesh/networks", post(mesh::create_network))
+        .add(
+            "get",
+            "/api/v1/mesh/networks/{networkID}",
+            get(mesh::get_network),
+        )
+        .add(
+            "delete",
+            "/api/v1/mesh/networks/{networkID}",
+            delete(mesh::delete_network),
+        )
+        .add(
+            "get",
+            "/api/v1/mesh/networks/{networkID}/peers",
+            get(mesh::list_peers),
+        )
+        .add(
+            "post",
+            "/api/v1/mesh/networks/{networkID}/peers",
+            post(mesh::register),
+        )
+        .add(
+            "get",
+            "/api/v1/mesh/networks/{networkID}/peers/{peerID}",
+            get(mesh::get_peer),
+        )
+        .add(
+            "patch",
+            "/api/v1/mesh/networks/{networkID}/peers/{peerID}",
+            patch(mesh::update_peer),
+        )
+        .add(
+            "delete",
+            "/api/v1/mesh/networks/{networkID}/peers/{peerID}",
+            delete(mesh::delete_peer),
+        )
+        .add(
+            "post",
+            "/api/v1/mesh/networks/{networkID}/peers/{peerID}/heartbeat",
+            post(mesh::heartbeat),
+        )
+        .add(
+            "get",
+            "/api/v1/mesh/networks/{networkID}/events",
+            get(mesh::events),
         )
         .add("get", "/api/v1/openapi.json", get(openapi::openapi_json))
         .add("get", "/api/v1/ws", get(ws::upgrade))

@@ -27,11 +27,12 @@ impl Modify for BearerAuth {
         super::system::health, super::system::version, super::system::status, super::system::stats,
         super::backends::list, super::backends::create, super::backends::get_one, super::backends::delete,
         super::backends::stats, super::backends::test,
-        super::routes::list, super::routes::create, super::routes::delete,
+        super::routes::list, super::routes::create, super::routes::delete, super::routes::test,
         super::requests::list, super::requests::stats, super::requests::clear,
         super::connections::list, super::connections::clients,
         super::config::get_sanitized, super::config::get_full, super::config::meta, super::config::save,
         super::config::validate, super::config::reload, super::config::auth_plugins,
+        super::config::get_yaml, super::config::save_yaml, super::config::validate_yaml,
         crate::pac::serve, crate::pac::serve_wpad, openapi_json,
         super::auth::login, super::auth::logout, super::ws::upgrade,
         super::cache::stats, super::cache::entries, super::cache::clear, super::cache::entry,
@@ -40,6 +41,10 @@ impl Modify for BearerAuth {
         super::cache::presets_list, super::cache::toggle_preset, super::cache::enable_preset,
         super::cache::disable_preset,
         super::providers::refresh_all, super::providers::refresh_one,
+        super::mesh::list_networks, super::mesh::create_network, super::mesh::get_network,
+        super::mesh::delete_network, super::mesh::register, super::mesh::list_peers,
+        super::mesh::get_peer, super::mesh::update_peer, super::mesh::delete_peer,
+        super::mesh::heartbeat, super::mesh::events,
     )
 )]
 pub struct ServerApiDoc;

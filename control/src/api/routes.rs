@@ -1,15 +1,17 @@
 //! `/api/v1/routes`: list, create, delete. Changes apply to new connections at once and live in
-//! the running configuration (saved to disk only by `PUT /api/v1/config`).
+//! the running configuration (saved to disk only by `PUT /api/v1/config`). `routes/test` asks the
+//! running data plane's route table which route a host takes.
 
 use super::backends::mutate_error;
 use super::error::{ApiError, ApiJson};
 use crate::config_store::mutate;
 use crate::server::ServerState;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
+use serde::Deserialize;
 use std::sync::Arc;
-use switchyard_api::{Route, RouteCreate, RouteCreated, RouteDeleted};
+use switchyard_api::{Route, RouteCreate, RouteCreated, RouteDeleted, RouteTest};
 use switchyard_config::{LoadBalance, RouteConfig};
 
 fn view(r: &RouteConfig) -> Route {
@@ -106,4 +108,84 @@ pub async fn delete(
         status: "deleted".into(),
         route: name,
     }))
+}
+
+/// `?domain=` of a route test (server and client API).
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct TestQuery {
+    /// Host name (a `:port` suffix is ignored).
+    domain: Option<String>,
+}
+
+impl TestQuery {
+    /// The domain as given, trimmed; 400 when missing or blank.
+    pub fn domain(self) -> Result<String, ApiError> {
+        self.domain
+            .map(|d| d.trim().to_owned())
+            .filter(|d| !d.is_empty())
+            .ok_or_else(|| {
+                ApiError::bad_request("DOMAIN_REQUIRED", "query parameter domain is required")
+            })
+    }
+}
+
+/// The host a route table matches for `domain`: without a `:port` suffix or IPv6 brackets.
+pub fn host_of(domain: &str) -> &str {
+    if let Some(rest) = domain.strip_prefix('[') {
+        return rest.split_once(']').map_or(rest, |(host, _)| host);
+    }
+    // a bare IPv6 address has no port
+    if domain.matches(':').count() > 1 {
+        return domain;
+    }
+    domain
+        .rsplit_once(':')
+        .filter(|(_, p)| p.parse::<u16>().is_ok())
+        .map_or(domain, |(h, _)| h)
+}
+
+/// Which route the running data plane gives `domain` (its live route table, so exactly what a
+/// new connection would get), or `refused` when none matches (the proxy answers 403).
+#[utoipa::path(get, path = "/api/v1/routes/test", tag = "routes", params(TestQuery),
+    responses((status = 200, body = RouteTest), (status = 400, body = switchyard_api::ErrorBody)))]
+pub async fn test(
+    State(state): State<Arc<ServerState>>,
+    Query(q): Query<TestQuery>,
+) -> Result<Json<RouteTest>, ApiError> {
+    let domain = q.domain()?;
+    let snapshot = state.snapshot.load();
+    let matched = snapshot.routes.lookup(host_of(&domain));
+    Ok(Json(RouteTest {
+        action: if matched.is_some() {
+            "routed"
+        } else {
+            "refused"
+        }
+        .into(),
+        matched_route: matched.map(|r| r.name.clone()),
+        backends: matched
+            .into_iter()
+            .flat_map(|r| &r.backends)
+            .filter_map(|i| snapshot.backends.get(*i))
+            .map(|b| b.name.clone())
+            .collect(),
+        domain,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn host_of_drops_the_port_and_brackets() {
+        for (domain, host) in [
+            ("example.org", "example.org"),
+            ("example.org:8443", "example.org"),
+            ("[2001:db8::1]:443", "2001:db8::1"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("[2001:db8::1]", "2001:db8::1"),
+            ("example.org:http", "example.org:http"),
+        ] {
+            assert_eq!(super::host_of(domain), host, "{domain}");
+        }
+    }
 }

@@ -1,6 +1,7 @@
-//! `GET /api/v1/ws`: the server's event stream. Each client gets every hub envelope
-//! (`{type, timestamp, data}`) as a text message; the text `ping` is answered with the text
-//! `pong`.
+//! `GET /api/v1/ws`: the server's event stream (and, through [`admit`] and
+//! [`Admitted::serve`], the mesh registry's per-network event streams, under the same rules).
+//! Each client gets every hub envelope (`{type, timestamp, data}`) as a text message; the text
+//! `ping` is answered with the text `pong`.
 //!
 //! - The upgrade passes the API token check (header, `?token=` or session cookie), then the
 //!   Origin/Host policy ([`crate::origin`], 403 with a log line), then the client limit:
@@ -13,6 +14,7 @@
 
 use super::error::ApiError;
 use crate::server::ServerState;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -24,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use switchyard_api::EventEnvelope;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{broadcast, Semaphore};
+use tokio::sync::{broadcast, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// Concurrent WebSocket clients (the spec's limit).
@@ -79,7 +81,9 @@ impl End {
             ),
             End::WriteFailed(e) => format!("write failed: {e}"),
             End::ReadFailed(e) => format!("read failed: {e}"),
-            End::HubClosed => "event hub closed".into(),
+            End::HubClosed => {
+                "event source closed (server stopping, or its mesh network deleted)".into()
+            }
         }
     }
 }
@@ -97,8 +101,30 @@ pub async fn upgrade(
     State(state): State<Arc<ServerState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    match admit(&state, peer, &headers, ws) {
+        Ok(admitted) => admitted.serve(&state, state.hub.subscribe(), "/api/v1/ws"),
+        Err(refused) => refused.into_response(),
+    }
+}
+
+/// An upgrade request that passed the Origin/Host policy and holds a client slot.
+pub struct Admitted {
+    ws: WebSocketUpgrade,
+    slot: OwnedSemaphorePermit,
+    peer: SocketAddr,
+}
+
+/// The checks every event WebSocket of the server API shares (the token was checked by the
+/// auth layer): the Origin/Host policy (403), a real upgrade request (400), a free client
+/// slot of the [`MAX_CLIENTS`] all event streams share (503).
+pub fn admit(
+    state: &ServerState,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Admitted, ApiError> {
     let text = |name| {
         headers
             .get(name)
@@ -114,7 +140,11 @@ pub async fn upgrade(
             crate::origin::Refusal::OriginNotAllowed(_) => "ORIGIN_NOT_ALLOWED",
             _ => "HOST_NOT_ALLOWED",
         };
-        return ApiError::new(StatusCode::FORBIDDEN, code, refusal.to_string()).into_response();
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            code,
+            refusal.to_string(),
+        ));
     }
     let ws = match ws {
         Ok(ws) => ws,
@@ -125,34 +155,50 @@ pub async fn upgrade(
             } else {
                 StatusCode::BAD_REQUEST
             };
-            return ApiError::new(status, "NOT_A_WEBSOCKET", rejection.body_text()).into_response();
+            return Err(ApiError::new(
+                status,
+                "NOT_A_WEBSOCKET",
+                rejection.body_text(),
+            ));
         }
     };
     let Ok(slot) = state.ws.slots.clone().try_acquire_owned() else {
         tracing::warn!(client = %peer, max = MAX_CLIENTS, "WebSocket upgrade refused (503): client limit reached");
-        return ApiError::unavailable(
+        return Err(ApiError::unavailable(
             "TOO_MANY_CLIENTS",
-            format!("the event stream already has {MAX_CLIENTS} clients; try again later"),
-        )
-        .into_response();
+            format!("the event streams already have {MAX_CLIENTS} clients; try again later"),
+        ));
     };
-    let events = state.hub.subscribe();
-    let read_timeout = state.ws.read_timeout;
-    let clients = state.clone();
-    ws.max_message_size(MAX_INCOMING)
-        .max_frame_size(MAX_INCOMING)
-        .on_failed_upgrade(move |e| tracing::debug!(client = %peer, error = %e, "WebSocket upgrade failed"))
-        .on_upgrade(move |socket: WebSocket| async move {
-            tracing::info!(client = %peer, clients = clients.ws.connected(), "WebSocket client connected");
-            let end = session(socket, events, read_timeout).await;
-            drop(slot);
-            match end {
-                End::Lagged(_) | End::WriteTimeout => {
-                    tracing::warn!(client = %peer, reason = %end.describe(), "dropping slow WebSocket client")
+    Ok(Admitted { ws, slot, peer })
+}
+
+impl Admitted {
+    /// Completes the upgrade and runs a [`session`] forwarding `events`; `stream` names it
+    /// in the log.
+    pub fn serve(
+        self,
+        state: &Arc<ServerState>,
+        events: broadcast::Receiver<EventEnvelope>,
+        stream: &'static str,
+    ) -> Response {
+        let Admitted { ws, slot, peer } = self;
+        let read_timeout = state.ws.read_timeout;
+        let clients = state.clone();
+        ws.max_message_size(MAX_INCOMING)
+            .max_frame_size(MAX_INCOMING)
+            .on_failed_upgrade(move |e| tracing::debug!(client = %peer, error = %e, "WebSocket upgrade failed"))
+            .on_upgrade(move |socket: WebSocket| async move {
+                tracing::info!(client = %peer, stream, clients = clients.ws.connected(), "WebSocket client connected");
+                let end = session(socket, events, read_timeout).await;
+                drop(slot);
+                match end {
+                    End::Lagged(_) | End::WriteTimeout => {
+                        tracing::warn!(client = %peer, stream, reason = %end.describe(), "dropping slow WebSocket client")
+                    }
+                    _ => tracing::info!(client = %peer, stream, reason = %end.describe(), "WebSocket client disconnected"),
                 }
-                _ => tracing::info!(client = %peer, reason = %end.describe(), "WebSocket client disconnected"),
-            }
-        })
+            })
+    }
 }
 
 /// Sends one message, giving up after [`WRITE_TIMEOUT`].
@@ -227,7 +273,7 @@ where
                     return End::Lagged(n);
                 }
                 Err(RecvError::Closed) => {
-                    close(&mut sink, close_code::AWAY, "server shutting down").await;
+                    close(&mut sink, close_code::AWAY, "event source closed").await;
                     return End::HubClosed;
                 }
             },

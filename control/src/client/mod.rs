@@ -167,15 +167,19 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         tokio::spawn(drain_dataplane(state.clone(), events, requests));
         tokio::spawn(servers::probe_loop(state.clone()));
         tokio::spawn(vpn_apps_loop(state.clone()));
+        tokio::spawn(vpn_follow_server(state.clone()));
         tokio::spawn(exit_cleanly_on_signals(state.clone()));
         if cfg.vpn.enabled {
-            let server = state.selected_server();
+            let server = state.server_in_use();
             // a failure is the VPN's `error` state, visible in its status
             let _ = state.vpn.enable(&cfg, server.as_ref()).await;
         }
         if let Some(store) = &state.cache {
             let every = cfg.cache.storage.disk.cleanup_interval.as_std();
             tokio::spawn(crate::cache::cleanup(store.clone(), every));
+        }
+        if cfg.web_ui.enabled {
+            serve_web_ui(&cfg, state.clone())?;
         }
         if cfg.api.enabled {
             let listen = crate::net::parse("api", &cfg.api.listen)?;
@@ -196,6 +200,30 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     dataplane.join();
+    Ok(())
+}
+
+/// Binds `web_ui.listen` and serves the web UI there (with the client API beside it, see
+/// [`crate::web_ui::client`]) on its own task; a bind failure stops the start.
+fn serve_web_ui(cfg: &ClientConfig, state: Arc<ClientState>) -> anyhow::Result<()> {
+    let listen = crate::net::parse("web_ui", &cfg.web_ui.listen)?;
+    let listener = crate::net::bind_tokio(&listen)?;
+    let local = listener.local_addr()?;
+    tracing::info!(listen = %local, url = %format!("http://{local}/ui/"), "client web UI listening");
+    if cfg.api.token.is_none() && !local.ip().is_loopback() {
+        tracing::warn!(listen = %local, "api.token is not set and the web UI listens beyond loopback: anyone who reaches it controls the client");
+    }
+    let app = crate::web_ui::client::router(state);
+    tokio::spawn(async move {
+        let served = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the client web UI stopped");
+        }
+    });
     Ok(())
 }
 
@@ -236,6 +264,16 @@ async fn vpn_apps_loop(state: Arc<ClientState>) {
     }
 }
 
+/// A running VPN follows server changes from any source (the API's connection endpoints also
+/// await the same step so that they answer after the VPN followed).
+async fn vpn_follow_server(state: Arc<ClientState>) {
+    let mut changes = state.active_server.subscribe();
+    while changes.changed().await.is_ok() {
+        changes.mark_unchanged();
+        state.vpn_follow_server().await;
+    }
+}
+
 /// Moves request records (→ debug entries) and events (→ failed-dial state) out of the data
 /// plane's bounded queues so they never fill.
 async fn drain_dataplane(
@@ -257,9 +295,7 @@ async fn drain_dataplane(
         }
         while let Some(record) = requests.pop() {
             let entry = debug_log::entry_from(&record);
-            if !entry.error.is_empty() {
-                tracing::warn!(host = %entry.host, action = %entry.action, backend = %entry.backend, error = %entry.error, "request failed");
-            }
+            log_request(&record, &entry);
             state.debug.push(entry);
         }
         let dropped = requests.dropped();
@@ -270,5 +306,21 @@ async fn drain_dataplane(
             );
             record_drops = dropped;
         }
+    }
+}
+
+/// One log record per proxied request (the spec's log fields), so the log and its live stream
+/// show the traffic; a failure is a warning naming the reason.
+fn log_request(
+    record: &switchyard_dataplane::events::RequestRecord,
+    e: &switchyard_api::client::DebugEntry,
+) {
+    let url = format!("{}{}", e.host, e.path);
+    if e.error.is_empty() {
+        tracing::info!(method = %e.method, host = %e.host, url = %url, status_code = e.status_code,
+            duration_ms = record.duration_ms, action = %e.action, backend = %e.backend, "request");
+    } else {
+        tracing::warn!(method = %e.method, host = %e.host, url = %url, action = %e.action,
+            backend = %e.backend, error = %e.error, "request failed");
     }
 }

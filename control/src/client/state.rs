@@ -68,6 +68,9 @@ pub struct ClientState {
     pub diagnostics: switchyard_diagnostics::DiagnosticsState,
     /// VPN (TUN) mode.
     pub vpn: super::vpn::VpnManager,
+    /// The server traffic goes to (the selected one while connected), as last published; the
+    /// VPN follows its changes.
+    pub active_server: tokio::sync::watch::Sender<Option<ClientServerConfig>>,
 }
 
 /// Parts of the state that exist before the data plane starts.
@@ -136,6 +139,11 @@ impl ClientState {
             initial.settings.auto_connect && !initial.settings.current_server.is_empty();
         let selected = (!initial.settings.current_server.is_empty())
             .then(|| initial.settings.current_server.clone());
+        let active = selected
+            .as_ref()
+            .filter(|_| connected)
+            .and_then(|name| initial.config.servers.iter().find(|s| &s.name == name))
+            .cloned();
         Self {
             config: ArcSwap::from_pointee(initial.config),
             config_path: initial.config_path,
@@ -156,11 +164,27 @@ impl ClientState {
             http_addr: dataplane.http_addr,
             socks5_addr: dataplane.socks5_addr,
             started: Instant::now(),
-            sessions: crate::api::auth::Sessions::default(),
+            sessions: crate::api::auth::Sessions::named(crate::api::auth::CLIENT_COOKIE_NAME),
             cache,
             diagnostics: initial.diagnostics,
             vpn: initial.vpn,
+            active_server: tokio::sync::watch::Sender::new(active),
         }
+    }
+
+    /// The server traffic goes to right now: the selected one while connected, else none
+    /// (every destination direct).
+    pub fn server_in_use(&self) -> Option<ClientServerConfig> {
+        self.active_server.borrow().clone()
+    }
+
+    /// Makes a running VPN follow the server in use (see `VpnManager::follow_server`).
+    pub async fn vpn_follow_server(&self) {
+        let server = self.server_in_use();
+        let cfg = self.config.load_full();
+        self.vpn
+            .follow_server(&cfg.vpn.split, server.as_ref())
+            .await;
     }
 
     pub fn selected_name(&self) -> Option<String> {
@@ -196,6 +220,13 @@ impl ClientState {
         let snapshot = engine_config::compile(&cfg, server, Some(&previous), self.cores)
             .map_err(|e| ClientError::Engine(e.to_string()))?;
         self.snapshot.store(Arc::new(snapshot));
+        self.active_server.send_if_modified(|current| {
+            let changed = current.as_ref() != server;
+            if changed {
+                *current = server.cloned();
+            }
+            changed
+        });
         tracing::info!(
             server = server.map_or("(none: every destination direct)", |s| s.name.as_str()),
             routes = cfg.routing.routes.len(),

@@ -108,18 +108,28 @@ fn list_key(o: &ProviderSettings) -> ListKey {
     (o.kind, o.api_url.clone())
 }
 
+/// The client for the providers' APIs. On a system without CA certificates (a minimal image
+/// without `ca-certificates`) the platform verifier cannot be built: the server still starts,
+/// with a client that trusts no certificate, so each HTTPS provider call fails with a TLS error
+/// and the log says what to install.
+fn api_client() -> Result<reqwest::Client, reqwest::Error> {
+    let builder =
+        || reqwest::Client::builder().user_agent(concat!("switchyard/", env!("CARGO_PKG_VERSION")));
+    builder().build().or_else(|e| {
+        tracing::error!(error = %e, "no usable CA certificates on this system: provider APIs over HTTPS will fail (install ca-certificates)");
+        builder().tls_certs_only(Vec::new()).build()
+    })
+}
+
 impl Providers {
-    pub fn new(data_dir: PathBuf) -> Self {
-        Providers {
+    pub fn new(data_dir: PathBuf) -> Result<Self, reqwest::Error> {
+        Ok(Providers {
             state: Mutex::new(State::default()),
-            http: reqwest::Client::builder()
-                .user_agent(concat!("switchyard/", env!("CARGO_PKG_VERSION")))
-                .build()
-                .unwrap_or_default(),
+            http: api_client()?,
             pass: tokio::sync::Mutex::new(()),
             wake: tokio::sync::Notify::new(),
             data_dir,
-        }
+        })
     }
 
     /// Asks the background task to look at the configuration again (after a change).

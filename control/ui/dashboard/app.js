@@ -1,130 +1,18 @@
-// Switchyard server dashboard: plain ES module, public management API only.
-// Session: the HttpOnly cookie of POST /api/v1/login. CSRF: the X-CSRF-Token header value of
-// cookie-authenticated responses, held in memory only and sent on every state change.
+// Switchyard server dashboard: plain ES module, public management API only. The DOM helpers,
+// the API call (session cookie + in-memory CSRF token) and the sign-in shell are common.js.
 
-const $ = (sel) => document.querySelector(sel);
-let csrf = null;
+import {
+  $, el, fill, statList, bytes, when, commaList, showError, flash, api, message, guarded,
+  problemList, sectionList, warningList, renderResult, parseEditor, routeTester, setLive, shell,
+} from './common.js';
+
 let ws = null;
 let wsPing = null;
-let signedIn = false;
-let current = 'overview';
-
-/** Builds an element; children are nodes or text (never parsed as HTML). */
-function el(tag, attrs = {}, ...children) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === 'class') e.className = v;
-    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
-    else e.setAttribute(k, v);
-  }
-  for (const c of children) e.append(c instanceof Node ? c : String(c ?? ''));
-  return e;
-}
-
-function fill(tbody, rows, empty, cols) {
-  tbody.replaceChildren(...(rows.length ? rows : [el('tr', {}, el('td', { colspan: String(cols), class: 'muted' }, empty))]));
-}
-
-const bytes = (n) => {
-  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let i = 0; let v = Number(n) || 0;
-  while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
-  return `${i ? v.toFixed(1) : v} ${u[i]}`;
-};
-const when = (t) => (t ? new Date(t).toLocaleTimeString() : '');
-const commaList = (text) => text.split(',').map((d) => d.trim()).filter(Boolean);
-
-function showError(msg) { const e = $('#error'); e.textContent = msg; e.hidden = !msg; if (msg) $('#flash').hidden = true; }
-function flash(msg) { const f = $('#flash'); f.textContent = msg; f.hidden = false; $('#error').hidden = true; }
-
-class Unauthorized extends Error {}
-
-/** One API call: {status, ok, data}. A 401 returns to the sign-in view. */
-async function api(method, path, body) {
-  const headers = {};
-  if (body !== undefined) headers['Content-Type'] = 'application/json';
-  if (csrf && method !== 'GET') headers['X-CSRF-Token'] = csrf;
-  const r = await fetch(path, {
-    method, headers, credentials: 'same-origin',
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const token = r.headers.get('X-CSRF-Token');
-  if (token) csrf = token;
-  let data = null;
-  try { data = await r.json(); } catch { data = null; }
-  if (r.status === 401 && path !== '/api/v1/login') { signedOut(); throw new Unauthorized(); }
-  return { status: r.status, ok: r.ok, data };
-}
-
-const message = (res) => res.data?.message || `HTTP ${res.status}`;
-
-/** Runs an action, showing its failure in the error banner. */
-async function guarded(fn) {
-  try { await fn(); } catch (e) { if (!(e instanceof Unauthorized)) showError(`Request failed: ${e.message}`); }
-}
-
-// ---- sign-in ---------------------------------------------------------------------------
-
-function signedOut() {
-  signedIn = false; csrf = null;
-  closeWs();
-  $('#app').hidden = true; $('#signout').hidden = true; $('#ws-state').hidden = true;
-  $('#signin').hidden = false;
-  $('#signin-token').focus();
-}
-
-async function enter() {
-  signedIn = true;
-  $('#signin').hidden = true; $('#app').hidden = false;
-  // Cookie-authenticated answers carry a CSRF token; without one the API has no token
-  // configured (open, e.g. on loopback): there is nothing to sign out of.
-  $('#signout').hidden = !csrf; $('#ws-state').hidden = false;
-  $('#open-api').hidden = !!csrf;
-  openWs();
-  show(current);
-}
-
-$('#signin-form').addEventListener('submit', (ev) => {
-  ev.preventDefault();
-  guarded(async () => {
-    const res = await api('POST', '/api/v1/login', { token: $('#signin-token').value });
-    if (!res.ok) { showError(`Sign-in failed: ${message(res)}`); return; }
-    $('#signin-token').value = '';
-    showError('');
-    // The first cookie-authenticated answer carries the CSRF token.
-    const status = await api('GET', '/api/v1/status');
-    if (status.ok) { flash('Signed in.'); await enter(); }
-  });
-});
-
-$('#signout').addEventListener('click', () => guarded(async () => {
-  await api('POST', '/api/v1/logout');
-  signedOut();
-  flash('Signed out.');
-}));
-
-// ---- panels ----------------------------------------------------------------------------
 
 const panels = {
   overview: loadOverview, backends: loadBackends, routes: loadRoutes, requests: loadRequests,
   cache: loadCache, config: loadConfig, auth: loadAuth, mesh: loadMesh,
 };
-
-function show(name) {
-  if (current !== name) $('#flash').hidden = true;
-  current = name;
-  for (const b of document.querySelectorAll('nav button')) {
-    if (b.dataset.panel === name) b.setAttribute('aria-current', 'page'); else b.removeAttribute('aria-current');
-  }
-  for (const p of document.querySelectorAll('.panel')) p.hidden = p.id !== `panel-${name}`;
-  guarded(panels[name]);
-}
-
-for (const b of document.querySelectorAll('nav button')) b.addEventListener('click', () => show(b.dataset.panel));
-
-function statList(dl, pairs) {
-  dl.replaceChildren(...pairs.map(([k, v]) => el('div', {}, el('dt', {}, k), el('dd', {}, v))));
-}
 
 // ---- overview and live events ------------------------------------------------------------
 
@@ -148,13 +36,6 @@ async function loadOverview() {
   }
 }
 
-let refreshTimer = null;
-/** Coalesces bursts of events into one refresh of the visible panel. */
-function refreshSoon(panel) {
-  if (current !== panel || refreshTimer) return;
-  refreshTimer = setTimeout(() => { refreshTimer = null; if (signedIn && current === panel) guarded(panels[panel]); }, 150);
-}
-
 function logEvent(ev) {
   const d = ev.data || {};
   const text = {
@@ -172,49 +53,36 @@ function logEvent(ev) {
   while (list.children.length > 50) list.lastChild.remove();
 }
 
-function setWsState(on) {
-  const b = $('#ws-state');
-  b.textContent = on ? 'live: on' : 'live: off';
-  b.classList.toggle('on', on);
-}
-
 function openWs() {
   closeWs();
   const proto = location.protocol === 'https:' ? 'wss' : 'ws';
   const sock = new WebSocket(`${proto}://${location.host}/api/v1/ws`);
   ws = sock;
   sock.addEventListener('open', () => {
-    setWsState(true);
+    setLive(true);
     // The server closes silent clients; `ping` keeps the session alive.
     wsPing = setInterval(() => sock.readyState === 1 && sock.send('ping'), 25000);
-    refreshSoon(current);
+    ui.refreshSoon(ui.current());
   });
   sock.addEventListener('message', (m) => {
     if (m.data === 'pong') return;
     let ev;
     try { ev = JSON.parse(m.data); } catch { return; }
     logEvent(ev);
-    if (ev.type === 'stats.update' && current === 'overview') renderStats(ev.data);
-    if (ev.type.startsWith('connection.')) refreshSoon('overview');
-    if (ev.type === 'backend.health') refreshSoon('backends');
+    if (ev.type === 'stats.update' && ui.current() === 'overview') renderStats(ev.data);
+    if (ev.type.startsWith('connection.')) ui.refreshSoon('overview');
+    if (ev.type === 'backend.health') ui.refreshSoon('backends');
   });
   sock.addEventListener('close', () => {
-    clearInterval(wsPing); setWsState(false);
-    // Reconnect while the session lasts (a 401 here returns to the sign-in view).
-    if (signedIn && ws === sock) {
-      setTimeout(() => guarded(async () => {
-        if (!signedIn || ws !== sock) return;
-        const res = await api('GET', '/api/v1/status');
-        if (res.ok && signedIn && ws === sock) openWs();
-      }), 2000);
-    }
+    clearInterval(wsPing); setLive(false);
+    ui.reopenLater(() => ws === sock, openWs);
   });
 }
 
 function closeWs() {
   clearInterval(wsPing);
   if (ws) { const s = ws; ws = null; s.close(); }
-  setWsState(false);
+  setLive(false);
 }
 
 // ---- backends --------------------------------------------------------------------------
@@ -286,6 +154,10 @@ $('#route-form').addEventListener('submit', (ev) => {
     await loadRoutes();
   });
 });
+
+routeTester((r) => (r.matched_route
+  ? `${r.domain} → route ${r.matched_route} (backends: ${r.backends.join(', ')})`
+  : `${r.domain} → refused: no route matches (the proxy answers 403)`));
 
 async function deleteRoute(name) {
   await guarded(async () => {
@@ -392,55 +264,49 @@ $('#cache-clear').addEventListener('click', () => cacheAction('DELETE', '/api/v1
 // ---- configuration ---------------------------------------------------------------------
 
 let configLoaded = false;
+const yamlMode = () => $('#config-format').value === 'yaml';
+
+/** The running configuration into the editor, as JSON or (the file's format) YAML. */
 async function loadConfig(force) {
   if (configLoaded && force !== true) return;
-  const res = await api('GET', '/api/v1/config/full');
+  const res = yamlMode()
+    ? await api('GET', '/api/v1/config/yaml', undefined, { text: true })
+    : await api('GET', '/api/v1/config/full');
   if (!res.ok) { showError(message(res)); return; }
-  $('#config-text').value = JSON.stringify(res.data, null, 2);
+  $('#config-text').value = yamlMode() ? res.data : JSON.stringify(res.data, null, 2);
   configLoaded = true;
 }
 $('#config-reload-text').addEventListener('click', () => guarded(() => loadConfig(true)));
+$('#config-format').addEventListener('change', () => guarded(() => loadConfig(true)));
 
-function editedConfig() {
-  try {
-    return JSON.parse($('#config-text').value);
-  } catch (e) {
-    renderConfigResult('bad', `Not valid JSON: ${e.message}`, []);
-    return undefined;
-  }
-}
+const renderConfigResult = (cls, headline, parts) => renderResult($('#config-result'), cls, headline, parts);
 
-function sectionList(label, items, cls) {
-  return el('p', { class: cls }, `${label}: `, items.length ? items.join(', ') : 'none');
-}
-
-function renderConfigResult(cls, headline, parts) {
-  const box = el('div', { class: 'result' }, el('p', { class: cls }, headline), ...parts);
-  $('#config-result').replaceChildren(box);
-}
-
-function problemList(errors) {
-  if (!errors?.length) return [];
-  return [el('ul', { class: 'errors' }, ...errors.map((e) =>
-    el('li', { class: 'bad' }, [e.section, e.field].filter(Boolean).join('.') + (e.section || e.field ? ': ' : '') + e.message)))];
+/** The editor's text as a request body: YAML as is, JSON parsed (undefined when invalid). */
+function editedBody() {
+  if (yamlMode()) return { body: $('#config-text').value, opts: { type: 'application/yaml' } };
+  const config = parseEditor($('#config-text'), $('#config-result'));
+  return config === undefined ? undefined : { body: config, opts: {} };
 }
 
 $('#config-validate').addEventListener('click', () => guarded(async () => {
-  const config = editedConfig();
-  if (config === undefined) return;
-  const res = await api('POST', '/api/v1/config/validate', config);
+  const edited = editedBody();
+  if (edited === undefined) return;
+  const path = yamlMode() ? '/api/v1/config/yaml/validate' : '/api/v1/config/validate';
+  const res = await api('POST', path, edited.body, edited.opts);
   const v = res.data || {};
   if (!res.ok) { renderConfigResult('bad', message(res), []); return; }
   renderConfigResult(v.valid ? 'ok' : 'bad', v.valid ? 'Valid configuration.' : `Invalid: ${v.message || 'see the errors'}`, [
-    ...problemList(v.errors),
-    ...(v.warnings?.length ? [el('ul', {}, ...v.warnings.map((w) => el('li', { class: 'warn' }, w)))] : []),
+    ...problemList(v.errors), ...warningList(v.warnings),
   ]);
 }));
 
 $('#config-save').addEventListener('click', () => guarded(async () => {
-  const config = editedConfig();
-  if (config === undefined) return;
-  const res = await api('PUT', '/api/v1/config', { config, create_backup: $('#config-backup').checked });
+  const edited = editedBody();
+  if (edited === undefined) return;
+  const backup = $('#config-backup').checked;
+  const res = yamlMode()
+    ? await api('PUT', `/api/v1/config/yaml?create_backup=${backup}`, edited.body, edited.opts)
+    : await api('PUT', '/api/v1/config', { config: edited.body, create_backup: backup });
   const r = res.data || {};
   if (res.ok) {
     // The editor shows what was saved before the result appears (so the next edit starts there).
@@ -473,9 +339,70 @@ async function loadAuth() {
 
 // ---- mesh ------------------------------------------------------------------------------
 
+/** One event stream per listed network (`/api/v1/mesh/networks/{id}/events`), kept across
+ *  refreshes so no event is missed while the tables reload. */
+const meshStreams = new Map();
+let meshPing = null;
+
+function meshEvent(network, ev) {
+  const d = ev.data || {};
+  const what = {
+    'peer.joined': () => `${d.name || d.peer_id} joined as ${d.virtual_ip}`,
+    'peer.left': () => `${d.name || d.peer_id} left`,
+    'peer.updated': () => `${d.peer_id} updated its endpoints (${(d.endpoints || []).map((e) => `${e.address}:${e.port}`).join(', ') || 'none'})`,
+  }[ev.type];
+  if (!what) return;
+  const list = $('#mesh-events');
+  list.prepend(el('li', { 'data-type': ev.type },
+    `${when(ev.timestamp)} ${network}: ${what()}`));
+  while (list.children.length > 50) list.lastChild.remove();
+  ui.refreshSoon('mesh');
+}
+
+/** Says how many of the listed networks' streams are open (measured, not assumed). */
+function showMeshLive() {
+  const open = [...meshStreams.values()].filter((s) => s.readyState === 1).length;
+  const badge = $('#mesh-live');
+  badge.textContent = `live: ${open} of ${meshStreams.size} network${meshStreams.size === 1 ? '' : 's'}`;
+  badge.classList.toggle('on', meshStreams.size > 0 && open === meshStreams.size);
+}
+
+function syncMeshStreams(ids) {
+  for (const [id, sock] of meshStreams) {
+    if (!ids.includes(id)) { meshStreams.delete(id); sock.close(); }
+  }
+  const proto = location.protocol === 'https:' ? 'wss' : 'ws';
+  for (const id of ids) {
+    if (meshStreams.has(id)) continue;
+    const sock = new WebSocket(`${proto}://${location.host}/api/v1/mesh/networks/${encodeURIComponent(id)}/events`);
+    meshStreams.set(id, sock);
+    sock.addEventListener('message', (m) => {
+      if (m.data === 'pong') return;
+      try { meshEvent(id, JSON.parse(m.data)); } catch { /* not an envelope */ }
+    });
+    // Gone (network deleted, server restarted): the next refresh opens it again if listed.
+    sock.addEventListener('open', showMeshLive);
+    sock.addEventListener('close', () => {
+      if (meshStreams.get(id) === sock) meshStreams.delete(id);
+      showMeshLive();
+    });
+  }
+  showMeshLive();
+  if (!meshPing) {
+    // The server closes silent clients; `ping` keeps the streams alive.
+    meshPing = setInterval(() => { for (const s of meshStreams.values()) if (s.readyState === 1) s.send('ping'); }, 25000);
+  }
+}
+
 async function loadMesh() {
   const box = $('#mesh');
   const res = await api('GET', '/api/v1/mesh/networks');
+  if (res.status === 503 && res.data?.code === 'MESH_REGISTRY_DISABLED') {
+    syncMeshStreams([]);
+    box.replaceChildren(el('p', { class: 'muted', id: 'mesh-unavailable' },
+      'The mesh registry is off (mesh.registry.enabled: false in the server configuration).'));
+    return;
+  }
   if (res.status === 404 || res.status === 501) {
     box.replaceChildren(el('p', { class: 'muted', id: 'mesh-unavailable' },
       `The mesh registry is not available in this build (the server answered HTTP ${res.status}).`));
@@ -483,18 +410,29 @@ async function loadMesh() {
   }
   if (!res.ok) { box.replaceChildren(el('p', { class: 'bad' }, message(res))); return; }
   const networks = res.data.networks || [];
+  syncMeshStreams(networks.map((n) => n.id));
   const blocks = await Promise.all(networks.map(async (n) => {
     const peers = await api('GET', `/api/v1/mesh/networks/${encodeURIComponent(n.id)}/peers`);
-    const list = peers.ok ? peers.data.peers || [] : [];
-    return el('div', {}, el('h3', {}, `${n.name} (${n.cidr})`),
-      el('ul', {}, ...(list.length ? list.map((p) => el('li', {}, `${p.name} ${p.virtual_ip}`)) : [el('li', { class: 'muted' }, 'no peers')])));
+    const rows = peers.ok ? (peers.data.peers || []).map((p) => el('tr', { 'data-peer': p.id },
+      el('td', {}, p.id), el('td', {}, p.name), el('td', {}, p.virtual_ip),
+      el('td', {}, p.endpoints.map((e) => `${e.address}:${e.port} (${e.type})`).join(', ')),
+      el('td', {}, p.connection_type || ''), el('td', {}, p.latency === undefined ? '' : `${p.latency} ms`),
+      el('td', {}, when(p.last_seen)),
+      el('td', {}, when(p.lease_expires)))) : [];
+    const table = el('table', { class: 'mesh-peers', 'data-network': n.id },
+      el('thead', {}, el('tr', {}, ...['Peer', 'Name', 'Address', 'Endpoints', 'Connection', 'Latency', 'Last seen', 'Lease until'].map((h) => el('th', {}, h)))),
+      el('tbody'));
+    fill(table.querySelector('tbody'), rows, peers.ok ? 'No peers hold a lease.' : message(peers), 8);
+    return el('div', { 'data-network': n.id },
+      el('h3', {}, `${n.name} — ${n.id}, ${n.cidr}, ${n.peer_count} peer${n.peer_count === 1 ? '' : 's'}`),
+      el('div', { class: 'scroll' }, table));
   }));
   box.replaceChildren(...(blocks.length ? blocks : [el('p', { class: 'muted' }, 'No mesh networks.')]));
 }
 
 // ---- start -----------------------------------------------------------------------------
 
-guarded(async () => {
-  const res = await api('GET', '/api/v1/status').catch((e) => { if (e instanceof Unauthorized) return null; throw e; });
-  if (res?.ok) await enter();
+const ui = shell({
+  panels, first: 'overview', onEnter: openWs,
+  onLeave: () => { closeWs(); syncMeshStreams([]); },
 });

@@ -15,8 +15,12 @@
 //! additions per packet); flows land on the cores' ordinary io_uring sockets, so the relay,
 //! backends, metrics, live table and debug entries are the proxy's own. A user-space stack would
 //! reimplement all of that per packet on the cores (smoltcp ignores SACK; see FIELD-NOTES). The
-//! price: only IPv4 TCP is translated; UDP other than DNS (which the split tunnel redirects to the
-//! resolver before it reaches the TUN), ICMP and IPv6 are dropped and counted.
+//! price: only IPv4 is translated; ICMP and IPv6 are dropped and counted.
+//!
+//! UDP takes the same path ([`udp_nat`]): datagrams are rewritten to the data plane's VPN UDP
+//! socket, and [`udp_relay`] on the cores relays each flow (one per NAT port) direct or through
+//! the server's SOCKS5 UDP ASSOCIATE. DNS normally never gets here: the split tunnel redirects it
+//! to the resolver before the TUN.
 //!
 //! Why a pump thread and not the cores: glommio 0.9 cannot poll a generic descriptor, and the
 //! per-packet work is a constant-time rewrite, so one thread that blocks in `poll(2)` on the
@@ -26,15 +30,20 @@ pub mod nat;
 pub mod packet;
 pub mod pump;
 pub(crate) mod serve;
+pub mod udp_nat;
+pub mod udp_relay;
 pub mod vnet;
 
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
+use std::sync::atomic::AtomicU16;
 use std::sync::Arc;
 
 pub use nat::{NatAddresses, NatTable, Translator};
 pub use pump::{TunPump, TunStats};
+pub use udp_nat::UdpNat;
+pub use udp_relay::UdpRelayStats;
 
 /// Most addresses whose DNS name the VPN path keeps for routing by name.
 pub const MAX_NAMES: usize = 65_536;
@@ -49,6 +58,11 @@ pub struct VpnPath {
     pub gateway: Ipv4Addr,
     /// Domains learnt from DNS answers, by address: flows are routed by name when known.
     pub names: ArcSwap<HashMap<Ipv4Addr, String>>,
+    /// Original destinations of UDP flows, by UDP NAT port.
+    pub udp_nat: Arc<NatTable>,
+    /// The VPN UDP socket's port on `tun_ip` (set by the data plane at start; 0 = no UDP relay).
+    pub udp_port: AtomicU16,
+    pub udp_stats: Arc<UdpRelayStats>,
 }
 
 impl std::fmt::Debug for VpnPath {
@@ -68,6 +82,9 @@ impl VpnPath {
             tun_ip,
             gateway,
             names: ArcSwap::from_pointee(HashMap::new()),
+            udp_nat: Arc::new(NatTable::new(nat::FIRST_PORT, nat::PORTS)),
+            udp_port: AtomicU16::new(0),
+            udp_stats: Arc::new(UdpRelayStats::default()),
         }
     }
 

@@ -11,6 +11,7 @@
 //! state (flow lookup by application address, TCP close tracking, expiry) and is never shared.
 
 use super::packet::{self, Checksum, TcpV4, ACK, FIN, RST, SYN};
+use super::udp_nat::{UdpNat, IPPROTO_UDP};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,12 +37,12 @@ impl NatTable {
         }
     }
 
-    fn index(&self, nat_port: u16) -> Option<usize> {
+    pub(super) fn index(&self, nat_port: u16) -> Option<usize> {
         let i = usize::from(nat_port.checked_sub(self.first)?);
         (i < self.slots.len()).then_some(i)
     }
 
-    fn port(&self, index: usize) -> u16 {
+    pub(super) fn port(&self, index: usize) -> u16 {
         self.first + index as u16
     }
 
@@ -51,12 +52,17 @@ impl NatTable {
         (v != 0).then(|| SocketAddrV4::new(Ipv4Addr::from((v >> 16) as u32), (v & 0xffff) as u16))
     }
 
-    fn publish(&self, index: usize, dst: SocketAddrV4) {
+    pub(super) fn publish(&self, index: usize, dst: SocketAddrV4) {
         let v = 1u64 << 63 | u64::from(u32::from(*dst.ip())) << 16 | u64::from(dst.port());
         self.slots[index].store(v, Ordering::Release);
     }
 
-    fn clear(&self, index: usize) {
+    /// How many NAT ports the table has.
+    pub(super) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(super) fn clear(&self, index: usize) {
         self.slots[index].store(0, Ordering::Release);
     }
 
@@ -92,7 +98,8 @@ pub enum Outcome {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drop {
-    /// Not an IPv4 TCP segment (IPv6, UDP, ICMP, fragments).
+    /// Neither an IPv4 TCP segment nor (when UDP is relayed) an IPv4 UDP datagram: IPv6, ICMP,
+    /// fragments.
     Unsupported,
     /// A segment of no known flow that does not open one.
     NoFlow,
@@ -137,6 +144,8 @@ pub struct Translator {
     flows: Vec<Option<Flow>>,
     by_app: HashMap<(SocketAddrV4, SocketAddrV4), usize>,
     next: usize,
+    /// UDP flows, when the data plane relays UDP (else UDP is dropped as unsupported).
+    udp: Option<UdpNat>,
 }
 
 impl Translator {
@@ -152,7 +161,14 @@ impl Translator {
             flows: (0..n).map(|_| None).collect(),
             by_app: HashMap::new(),
             next: 0,
+            udp: None,
         }
+    }
+
+    /// Translates IPv4 UDP too, with `udp`'s own ports.
+    pub fn with_udp(mut self, udp: UdpNat) -> Self {
+        self.udp = Some(udp);
+        self
     }
 
     /// Rewrites `p` in place (when the outcome is not `Dropped`). `now` is in seconds.
@@ -161,8 +177,14 @@ impl Translator {
     }
 
     /// [`Translator::translate`] for a packet whose TCP checksum field holds what `checksum`
-    /// says (a TUN with offloads hands over pending checksums, see `vnet::prepare`).
+    /// says (a TUN with offloads hands over pending checksums, see `vnet::prepare`; a UDP
+    /// datagram's checksum is always complete by then).
     pub fn translate_with(&mut self, p: &mut [u8], checksum: Checksum, now: u64) -> Outcome {
+        if let Some(udp) = self.udp.as_mut() {
+            if p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&IPPROTO_UDP) {
+                return udp.translate(p, now);
+            }
+        }
         let Ok(seg) = packet::parse(p) else {
             return Outcome::Dropped(Drop::Unsupported);
         };
@@ -253,11 +275,12 @@ impl Translator {
                 freed += 1;
             }
         }
-        freed
+        freed + self.udp.as_mut().map_or(0, |u| u.sweep(now))
     }
 
+    /// TCP and UDP flows in the NAT.
     pub fn open_flows(&self) -> usize {
-        self.by_app.len()
+        self.by_app.len() + self.udp.as_ref().map_or(0, UdpNat::open_flows)
     }
 }
 

@@ -54,13 +54,15 @@ pub enum Checksum {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Skip {
     NotIpv4,
+    /// Another transport protocol than the one asked for (TCP, for [`parse`]).
     NotTcp,
     Fragment,
     Truncated,
 }
 
-/// Reads an IPv4 TCP packet's addressing (the first fragment of nothing: fragments are skipped).
-pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
+/// The header and total length of a whole IPv4 packet carrying `protocol` (fragments are
+/// skipped: only the first carries the ports, and the NAT keeps no reassembly state).
+pub(super) fn ipv4_lengths(p: &[u8], protocol: u8) -> Result<(usize, usize), Skip> {
     let first = *p.first().ok_or(Skip::Truncated)?;
     if first >> 4 != 4 {
         return Err(Skip::NotIpv4);
@@ -73,7 +75,7 @@ pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
     if total < ihl || total > p.len() {
         return Err(Skip::Truncated);
     }
-    if p[9] != 6 {
+    if p[9] != protocol {
         return Err(Skip::NotTcp);
     }
     // more-fragments flag or a fragment offset: a piece of a bigger segment
@@ -81,6 +83,12 @@ pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
     if frag & 0x3fff != 0 {
         return Err(Skip::Fragment);
     }
+    Ok((ihl, total))
+}
+
+/// Reads an IPv4 TCP packet's addressing (the first fragment of nothing: fragments are skipped).
+pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
+    let (ihl, total) = ipv4_lengths(p, 6)?;
     let tcp = ihl;
     if total < tcp + 20 {
         return Err(Skip::Truncated);
@@ -101,7 +109,7 @@ pub fn parse(p: &[u8]) -> Result<TcpV4, Skip> {
 }
 
 /// RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'), for one 16-bit word changing from `old` to `new`.
-fn adjust(check: u16, old: u16, new: u16) -> u16 {
+pub(super) fn adjust(check: u16, old: u16, new: u16) -> u16 {
     let mut sum = u32::from(!check) + u32::from(!old) + u32::from(new);
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
@@ -109,7 +117,7 @@ fn adjust(check: u16, old: u16, new: u16) -> u16 {
     !(sum as u16)
 }
 
-fn words(ip: Ipv4Addr) -> [u16; 2] {
+pub(super) fn words(ip: Ipv4Addr) -> [u16; 2] {
     let o = ip.octets();
     [
         u16::from_be_bytes([o[0], o[1]]),
@@ -117,11 +125,11 @@ fn words(ip: Ipv4Addr) -> [u16; 2] {
     ]
 }
 
-fn read16(p: &[u8], at: usize) -> u16 {
+pub(super) fn read16(p: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([p[at], p[at + 1]])
 }
 
-fn write16(p: &mut [u8], at: usize, v: u16) {
+pub(super) fn write16(p: &mut [u8], at: usize, v: u16) {
     p[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 

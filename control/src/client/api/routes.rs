@@ -3,10 +3,10 @@
 
 use super::S;
 use crate::api::error::{ApiError, ApiJson};
+use crate::api::routes::{host_of, TestQuery};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
 use switchyard_api::client::{
     ClientRoute, ClientRouteCreate, ClientRouteCreated, ClientRouteRemoved, RouteTestResult,
 };
@@ -123,12 +123,6 @@ pub async fn remove(
     .into_response())
 }
 
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-pub struct TestQuery {
-    /// Host name (a `:port` suffix is ignored).
-    domain: Option<String>,
-}
-
 /// The action for `domain` under the configured routes (whether or not connected).
 pub fn decide(cfg: &ClientConfig, domain: &str) -> RouteTestResult {
     let entries = cfg
@@ -143,12 +137,7 @@ pub fn decide(cfg: &ClientConfig, domain: &str) -> RouteTestResult {
         .collect();
     // Routes in a running configuration are valid; a bad pattern would never match anyway.
     let (table, _) = RouteTable::build_lenient(entries);
-    let host = domain
-        .rsplit_once(':')
-        .filter(|(_, p)| p.parse::<u16>().is_ok())
-        .map_or(domain, |(h, _)| h);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    match table.lookup(host) {
+    match table.lookup(host_of(domain)) {
         Some((name, action)) => RouteTestResult {
             domain: domain.to_owned(),
             action: action.as_str().to_owned(),
@@ -168,10 +157,7 @@ pub async fn test(
     State(state): State<S>,
     Query(q): Query<TestQuery>,
 ) -> Result<Json<RouteTestResult>, ApiError> {
-    let domain = q.domain.filter(|d| !d.trim().is_empty()).ok_or_else(|| {
-        ApiError::bad_request("DOMAIN_REQUIRED", "query parameter domain is required")
-    })?;
-    Ok(Json(decide(&state.config.load(), domain.trim())))
+    Ok(Json(decide(&state.config.load(), &q.domain()?)))
 }
 
 #[cfg(test)]

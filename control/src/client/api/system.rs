@@ -1,7 +1,7 @@
 //! Health, version, status, the server connection and selection, quick settings, login.
 
 use super::S;
-use crate::api::auth::{constant_time_eq, cookie, message, session_cookie, SESSION_TTL};
+use crate::api::auth::{constant_time_eq, message, SESSION_TTL};
 use crate::api::error::{ApiError, ApiJson};
 use crate::client::state::ClientError;
 use axum::extract::{Path, State};
@@ -61,6 +61,7 @@ pub async fn status(State(state): State<S>) -> Json<ClientStatus> {
     responses((status = 200, body = StatusReply), (status = 409, description = "no server configured", body = switchyard_api::ErrorBody)))]
 pub async fn connect(State(state): State<S>) -> Result<Json<StatusReply>, ClientError> {
     state.connect()?;
+    state.vpn_follow_server().await;
     Ok(Json(StatusReply::new("connected")))
 }
 
@@ -69,6 +70,7 @@ pub async fn connect(State(state): State<S>) -> Result<Json<StatusReply>, Client
     responses((status = 200, body = StatusReply)))]
 pub async fn disconnect(State(state): State<S>) -> Result<Json<StatusReply>, ClientError> {
     state.disconnect()?;
+    state.vpn_follow_server().await;
     Ok(Json(StatusReply::new("disconnected")))
 }
 
@@ -85,6 +87,7 @@ pub async fn select(
     ApiJson(body): ApiJson<SelectServer>,
 ) -> Result<Json<ServerSelected>, ClientError> {
     let name = state.select(&body.server, false)?;
+    state.vpn_follow_server().await;
     Ok(Json(ServerSelected {
         status: "selected".into(),
         server: name,
@@ -100,6 +103,7 @@ pub async fn select_by_id(
     Path(id): Path<String>,
 ) -> Result<Json<StatusReply>, ClientError> {
     state.select(&id, true)?;
+    state.vpn_follow_server().await;
     Ok(Json(StatusReply::new("ok")))
 }
 
@@ -116,6 +120,7 @@ pub async fn update_settings(
     ApiJson(body): ApiJson<QuickSettings>,
 ) -> Result<Json<StatusReply>, ClientError> {
     state.update_settings(body)?;
+    state.vpn_follow_server().await;
     Ok(Json(StatusReply::new("updated")))
 }
 
@@ -144,7 +149,9 @@ pub async fn login(
     let mut r = message("logged in").into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
-        cookie(&id, SESSION_TTL.as_secs(), false)?,
+        state
+            .sessions
+            .set_cookie(&id, SESSION_TTL.as_secs(), false)?,
     );
     Ok(r)
 }
@@ -152,9 +159,12 @@ pub async fn login(
 #[utoipa::path(post, path = "/api/v1/logout", tag = "auth", security(()),
     responses((status = 200, body = MessageWithTime)))]
 pub async fn logout(State(state): State<S>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let ended = session_cookie(&headers).is_some_and(|id| state.sessions.remove(id));
+    let ended = state
+        .sessions
+        .id_in(&headers)
+        .is_some_and(|id| state.sessions.remove(id));
     let mut r = message(if ended { "logged out" } else { "no session" }).into_response();
     r.headers_mut()
-        .insert(header::SET_COOKIE, cookie("", 0, false)?);
+        .insert(header::SET_COOKIE, state.sessions.set_cookie("", 0, false)?);
     Ok(r)
 }

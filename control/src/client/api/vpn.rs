@@ -25,7 +25,7 @@ pub async fn status(State(state): State<S>) -> Json<VpnStatus> {
         (status = 500, description = "a step failed; the VPN is in `error` and nothing it created is left", body = switchyard_api::ErrorBody)))]
 pub async fn enable(State(state): State<S>) -> Response {
     let cfg = state.config.load_full();
-    let server = state.selected_server();
+    let server = state.server_in_use();
     match state.vpn.enable(&cfg, server.as_ref()).await {
         Ok(()) => Json(StatusReply::new("enabled")).into_response(),
         Err(reason) => ApiError::new(

@@ -27,7 +27,7 @@ use switchyard_config::client::{ClientConfig, VpnSplitConfig};
 use switchyard_config::client::{ClientServerConfig, ServerProtocol};
 use switchyard_dataplane::events::Protocol;
 use switchyard_dataplane::live::LiveTable;
-use switchyard_dataplane::tun::{NatAddresses, Translator, TunPump, VpnPath};
+use switchyard_dataplane::tun::{NatAddresses, Translator, TunPump, UdpNat, VpnPath};
 use switchyard_split_tunnel::{
     cgroup, AppRule, DnsRedirect, MechanismChoice, SplitRules, SplitTunnel, SplitTunnelConfig,
     SplitTunnelStatus,
@@ -58,6 +58,8 @@ struct Active {
     _device: std::fs::File,
     /// Added to the configured `always_bypass` (server addresses, LAN), kept for rule edits.
     extra_bypass: Vec<String>,
+    /// The LAN part of `extra_bypass`, kept when the server changes.
+    lan: Vec<String>,
 }
 
 pub struct VpnManager {
@@ -103,6 +105,33 @@ pub fn split_rules(split: &VpnSplitConfig, extra_bypass: &[String]) -> SplitRule
         ips: split.ips.clone(),
         always_bypass,
     }
+}
+
+/// Where the resolver forwards queries: through the server traffic goes to, else direct.
+fn dns_upstream(server: Option<&ClientServerConfig>) -> Upstream {
+    match server {
+        Some(s) => Upstream::Proxy {
+            address: s.address.clone(),
+            protocol: match s.protocol {
+                ServerProtocol::Http => ProxyProtocol::Http,
+                ServerProtocol::Socks5 => ProxyProtocol::Socks5,
+            },
+            username: s.username.clone(),
+            password: s.password.clone(),
+        },
+        None => Upstream::Direct { mark: None },
+    }
+}
+
+/// What is never tunnelled besides `always_bypass`: the server's own addresses and the LAN.
+fn extra_bypass(server: Option<&str>, lan: &[String]) -> Vec<String> {
+    let mut nets: Vec<String> = server.map(host::server_addresses).unwrap_or_default();
+    for net in lan {
+        if !nets.contains(net) {
+            nets.push(net.clone());
+        }
+    }
+    nets
 }
 
 fn classifier(cfg: &ClientConfig) -> MechanismChoice {
@@ -220,18 +249,7 @@ impl VpnManager {
                 dns_server(s).ok_or_else(|| format!("vpn.dns.servers: {s:?} is not an address"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let upstream = match server {
-            Some(s) => Upstream::Proxy {
-                address: s.address.clone(),
-                protocol: match s.protocol {
-                    ServerProtocol::Http => ProxyProtocol::Http,
-                    ServerProtocol::Socks5 => ProxyProtocol::Socks5,
-                },
-                username: s.username.clone(),
-                password: s.password.clone(),
-            },
-            None => Upstream::Direct { mark: None },
-        };
+        let upstream = dns_upstream(server);
         let (hook_split, path) = (split.clone(), self.path.clone());
         let on_resolved: switchyard_vpn_dns::OnResolved = Arc::new(move |name, addrs| {
             if let Some(path) = &path {
@@ -288,8 +306,8 @@ impl VpnManager {
         split_cfg.bypass_cgroups = vec![own];
         split_cfg.mechanism = classifier(cfg);
         split_cfg.dns = dns;
-        let mut extra_bypass: Vec<String> = server.map(host::server_addresses).unwrap_or_default();
-        extra_bypass.extend(host::lan_networks(name));
+        let lan = host::lan_networks(name);
+        let extra_bypass = extra_bypass(server, &lan);
         let rules = split_rules(&vpn.split, &extra_bypass);
         let split =
             SplitTunnel::start(split_cfg, rules).map_err(|e| format!("split tunnel: {e}"))?;
@@ -301,6 +319,20 @@ impl VpnManager {
             },
             path.nat.clone(),
         );
+        // UDP is relayed when the data plane has its VPN UDP socket (else dropped and counted)
+        let udp_port = path.udp_port.load(std::sync::atomic::Ordering::Acquire);
+        let translator = if udp_port == 0 {
+            translator
+        } else {
+            translator.with_udp(UdpNat::new(
+                NatAddresses {
+                    tun_ip: path.tun_ip,
+                    listen_port: udp_port,
+                    gateway: path.gateway,
+                },
+                path.udp_nat.clone(),
+            ))
+        };
         let pump = device
             .try_clone()
             .and_then(|d| TunPump::start(d, translator, path.stats.clone()));
@@ -319,6 +351,7 @@ impl VpnManager {
             pump,
             _device: device,
             extra_bypass,
+            lan,
         })
     }
 
@@ -367,6 +400,43 @@ impl VpnManager {
         Ok(())
     }
 
+    /// The server traffic goes to changed (selected, connected or disconnected): the resolver
+    /// forwards through the new one (direct while disconnected, like every other flow) and the
+    /// new server's addresses replace the old ones in the bypass set, so a running VPN follows
+    /// the switch without being disabled and enabled again. Idempotent; no-op while the VPN is
+    /// off.
+    pub async fn follow_server(&self, split: &VpnSplitConfig, server: Option<&ClientServerConfig>) {
+        let mut active = self.active.lock().await;
+        let Some(a) = active.as_mut() else {
+            return;
+        };
+        let upstream = dns_upstream(server);
+        let dns_changed = a.dns.as_ref().is_some_and(|d| d.upstream() != upstream);
+        if let Some(dns) = a.dns.as_ref().filter(|_| dns_changed) {
+            dns.set_upstream(upstream);
+        }
+        let bypass = extra_bypass(server.map(|s| s.address.as_str()), &a.lan);
+        let bypass_changed = bypass != a.extra_bypass;
+        if bypass_changed {
+            a.extra_bypass = bypass;
+            let rules = split_rules(split, &a.extra_bypass);
+            if let Some(tunnel) = a.split.lock().as_mut() {
+                match tokio::task::block_in_place(|| tunnel.set_rules(rules)) {
+                    Ok(()) => *self.split_status.lock() = Some(tunnel.status()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the new server's addresses could not be added to the VPN bypass")
+                    }
+                }
+            }
+        }
+        if dns_changed || bypass_changed {
+            tracing::info!(
+                server = server.map_or("(none: direct)", |s| s.name.as_str()),
+                "VPN follows the server change"
+            );
+        }
+    }
+
     /// Moves newly started processes of name/path app rules into the apps cgroup.
     pub async fn refresh_apps(&self) {
         let mut active = self.active.lock().await;
@@ -394,12 +464,13 @@ impl VpnManager {
 
     pub fn status(&self, cfg: &ClientConfig) -> VpnStatus {
         let phase = self.phase();
-        let (sent, received, flows) = self.path.as_ref().map_or((0, 0, 0), |p| {
+        let (sent, received, flows, dropped) = self.path.as_ref().map_or((0, 0, 0, 0), |p| {
             use std::sync::atomic::Ordering::Relaxed;
             (
                 p.stats.bytes_sent.load(Relaxed),
                 p.stats.bytes_received.load(Relaxed),
                 p.stats.flows.load(Relaxed),
+                p.stats.dropped.load(Relaxed) + p.udp_stats.dropped.load(Relaxed),
             )
         });
         let split = self.split_status.lock().clone();
@@ -432,21 +503,29 @@ impl VpnManager {
             fallback_reason: split.and_then(|s| s.fallback_reason),
             error: phase.reason().map(str::to_string),
             flows,
+            dropped,
         }
     }
 
-    /// The live flows of the TUN path (measured by the relay).
+    /// The live flows of the TUN path, TCP and UDP (measured by the relay).
     pub fn connections(&self) -> Vec<VpnConnection> {
         use std::sync::atomic::Ordering::Relaxed;
         self.live
             .list()
             .into_iter()
-            .filter(|c| c.protocol == Protocol::Vpn)
-            .map(|c| VpnConnection {
+            .filter_map(|c| {
+                let protocol = match c.protocol {
+                    Protocol::Vpn => "tcp",
+                    Protocol::VpnUdp => "udp",
+                    _ => return None,
+                };
+                Some((c, protocol))
+            })
+            .map(|(c, protocol)| VpnConnection {
                 id: c.id.to_string(),
                 remote_addr: c.host.clone(),
                 local_addr: c.client.to_string(),
-                protocol: "tcp".into(),
+                protocol: protocol.into(),
                 started_at: c.started.into(),
                 bytes_sent: c.bytes_recv.load(Relaxed),
                 bytes_received: c.bytes_sent.load(Relaxed),

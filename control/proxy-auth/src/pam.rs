@@ -1,0 +1,121 @@
+//! `auth.mode: system`: operating-system accounts through PAM (`auth.system.service`, default
+//! `switchyard`, a file under /etc/pam.d/). Each check is a PAM transaction — authenticate, then
+//! account management (expired or locked accounts are refused) — on tokio's blocking pool, as
+//! PAM modules block (pam_unix reads /etc/shadow and may sleep after a failure).
+
+use futures::future::BoxFuture;
+use pam_client::conv_mock::Conversation;
+use pam_client::{Context, ErrorCode, Flag};
+use std::sync::Arc;
+use switchyard_dataplane::credentials::Credential;
+use switchyard_dataplane::proxy_auth::{
+    CredentialVerifier, Decision, VerifierUnavailable, BASIC_CHALLENGE,
+};
+
+#[derive(Debug, Clone)]
+pub struct PamVerifier {
+    service: Arc<str>,
+}
+
+impl PamVerifier {
+    pub fn new(service: &str) -> Self {
+        let file = std::path::Path::new("/etc/pam.d").join(service);
+        if !file.exists() {
+            // PAM then applies the `other` service, which may be stricter or looser than meant.
+            tracing::warn!(service, path = %file.display(), "auth.system.service has no PAM service file; PAM uses its `other` service");
+        }
+        Self {
+            service: service.into(),
+        }
+    }
+}
+
+impl CredentialVerifier for PamVerifier {
+    fn mode(&self) -> &'static str {
+        "system"
+    }
+
+    fn identity(&self) -> &str {
+        &self.service
+    }
+
+    fn challenges(&self) -> &'static [&'static str] {
+        BASIC_CHALLENGE
+    }
+
+    fn verify(
+        &self,
+        credential: Credential,
+    ) -> BoxFuture<'static, Result<Decision, VerifierUnavailable>> {
+        let service = self.service.clone();
+        Box::pin(async move {
+            let Credential::Basic { user, password } = credential else {
+                return Ok(Decision::Rejected);
+            };
+            tokio::task::spawn_blocking(move || authenticate(&service, &user, &password))
+                .await
+                .map_err(|e| VerifierUnavailable(format!("PAM check did not finish: {e}")))?
+                .map(Decision::from)
+        })
+    }
+}
+
+/// One PAM transaction for `user`/`password`.
+fn authenticate(service: &str, user: &str, password: &str) -> Result<bool, VerifierUnavailable> {
+    // PAM takes C strings; an empty password never counts (DISALLOW_NULL_AUTHTOK covers
+    // accounts without one, this covers the client sending none).
+    if user.is_empty() || password.is_empty() || user.contains('\0') || password.contains('\0') {
+        return Ok(false);
+    }
+    let conversation = Conversation::with_credentials(user, password);
+    let mut context = Context::new(service, Some(user), conversation).map_err(|e| {
+        VerifierUnavailable(format!("PAM service `{service}` could not start: {e}"))
+    })?;
+    let checked = context
+        .authenticate(Flag::SILENT | Flag::DISALLOW_NULL_AUTHTOK)
+        .and_then(|()| context.acct_mgmt(Flag::SILENT | Flag::DISALLOW_NULL_AUTHTOK));
+    match checked {
+        Ok(()) => Ok(true),
+        Err(e) if refuses(e.code()) => Ok(false),
+        Err(e) => Err(VerifierUnavailable(format!(
+            "PAM service `{service}` failed: {e}"
+        ))),
+    }
+}
+
+/// PAM answers that mean "not these credentials" (as opposed to "could not check").
+fn refuses(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::AUTH_ERR
+            | ErrorCode::USER_UNKNOWN
+            | ErrorCode::PERM_DENIED
+            | ErrorCode::CRED_INSUFFICIENT
+            | ErrorCode::MAXTRIES
+            | ErrorCode::ACCT_EXPIRED
+            | ErrorCode::NEW_AUTHTOK_REQD
+            | ErrorCode::AUTHTOK_ERR
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_and_outages_are_told_apart() {
+        assert!(refuses(ErrorCode::AUTH_ERR));
+        assert!(refuses(ErrorCode::USER_UNKNOWN));
+        assert!(refuses(ErrorCode::ACCT_EXPIRED));
+        assert!(!refuses(ErrorCode::AUTHINFO_UNAVAIL));
+        assert!(!refuses(ErrorCode::SYSTEM_ERR));
+    }
+
+    #[test]
+    fn empty_or_nul_credentials_never_reach_pam() {
+        // A service that cannot exist: PAM would be asked (and fail) if these got through.
+        assert_eq!(authenticate("no/such", "root", ""), Ok(false));
+        assert_eq!(authenticate("no/such", "", "pw"), Ok(false));
+        assert_eq!(authenticate("no/such", "ro\0ot", "pw"), Ok(false));
+    }
+}

@@ -1,0 +1,666 @@
+//! The registry's rows: networks and peers in SQLite or PostgreSQL (one query set through
+//! sqlx's `Any` driver, see `switchyard-sqlstore`). Every change that reads before it writes
+//! runs in one write transaction; the unique index on (network, address) makes the database
+//! the judge when registrations race, and a registration that loses the race is retried.
+
+use super::lease::{self, LeasePolicy};
+use super::validate::Invalid;
+use chrono::{DateTime, Utc};
+use ipnet::Ipv4Net;
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, AnyPool, Row};
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use switchyard_api::{
+    MeshEndpoint, MeshHeartbeat, MeshNetwork, MeshPeer, MeshPeerRegistration, MeshPeerSummary,
+    MeshPeerUpdate,
+};
+use switchyard_sqlstore::{begin_write, is_unique_violation, iso, Engine};
+
+/// A registration that collided with a concurrent one is tried again this often.
+const REGISTER_ATTEMPTS: usize = 16;
+
+/// Why a registry operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    #[error("no mesh network {0:?}")]
+    UnknownNetwork(String),
+    #[error("no peer {peer:?} in mesh network {network:?}")]
+    UnknownPeer { network: String, peer: String },
+    #[error("mesh network {0:?} already exists")]
+    NetworkExists(String),
+    #[error("peer {peer:?} holds no lease in mesh network {network:?} (it expired); register again to get an address")]
+    NoLease { network: String, peer: String },
+    #[error("peer {peer:?} of mesh network {network:?} holds a lease with another public key; delete the peer or wait until its lease expires")]
+    KeyMismatch { network: String, peer: String },
+    #[error("mesh network {network:?} ({cidr}) is full: all {capacity} addresses are leased")]
+    NetworkFull {
+        network: String,
+        cidr: String,
+        capacity: u64,
+    },
+    #[error("the registry database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("stored registry data is damaged: {0}")]
+    Corrupt(String),
+}
+
+type Result<T> = std::result::Result<T, RegistryError>;
+
+/// A peer whose lease ended (expired, deleted, or its network deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Departed {
+    pub network_id: String,
+    pub peer_id: String,
+    pub name: String,
+}
+
+/// What a registration did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Registered {
+    pub virtual_ip: Ipv4Addr,
+    pub cidr: Ipv4Net,
+    pub lease_expires: DateTime<Utc>,
+    /// A new lease (`peer.joined`), or the held one renewed.
+    pub joined: bool,
+    /// For a renewal: the endpoints differ from the stored ones (`peer.updated`).
+    pub endpoints_changed: bool,
+    pub others: Vec<MeshPeerSummary>,
+    /// Leases of the network that had expired and were ended on the way.
+    pub expired: Vec<Departed>,
+}
+
+/// Leased peers per network (metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkLoad {
+    pub network_id: String,
+    pub leased: u64,
+    pub capacity: u64,
+}
+
+/// The database and the engine it runs on.
+#[derive(Clone)]
+pub struct Store {
+    pub pool: AnyPool,
+    pub engine: Engine,
+}
+
+fn corrupt(what: impl std::fmt::Display) -> RegistryError {
+    RegistryError::Corrupt(what.to_string())
+}
+
+fn time(text: &str) -> Result<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| corrupt(format!("time {text:?}: {e}")))
+}
+
+fn endpoints_from(text: &str) -> Result<Vec<MeshEndpoint>> {
+    serde_json::from_str(text).map_err(|e| corrupt(format!("endpoints: {e}")))
+}
+
+fn endpoints_json(list: &[MeshEndpoint]) -> Result<String> {
+    serde_json::to_string(list).map_err(|e| corrupt(format!("endpoints: {e}")))
+}
+
+fn network_from(row: &AnyRow) -> Result<MeshNetwork> {
+    Ok(MeshNetwork {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        cidr: row.try_get("cidr")?,
+        peer_count: u64::try_from(row.try_get::<i64, _>("peer_count")?).unwrap_or(0),
+        created: time(&row.try_get::<String, _>("created")?)?,
+    })
+}
+
+const PEER_COLS: &str = "id, name, public_key, virtual_ip, endpoints, metadata, connection_type, \
+     latency, last_seen, joined_at, lease_expires, bytes_sent, bytes_received";
+
+fn peer_from(row: &AnyRow) -> Result<MeshPeer> {
+    let metadata: String = row.try_get("metadata")?;
+    Ok(MeshPeer {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        public_key: row.try_get("public_key")?,
+        virtual_ip: row
+            .try_get::<Option<String>, _>("virtual_ip")?
+            .unwrap_or_default(),
+        endpoints: endpoints_from(&row.try_get::<String, _>("endpoints")?)?,
+        metadata: serde_json::from_str(&metadata).map_err(|e| corrupt(format!("metadata: {e}")))?,
+        status: "connected".into(),
+        connection_type: row.try_get("connection_type")?,
+        latency: row.try_get("latency")?,
+        last_seen: time(&row.try_get::<String, _>("last_seen")?)?,
+        joined_at: time(&row.try_get::<String, _>("joined_at")?)?,
+        lease_expires: time(&row.try_get::<String, _>("lease_expires")?)?,
+        bytes_sent: u64::try_from(row.try_get::<i64, _>("bytes_sent")?).unwrap_or(0),
+        bytes_received: u64::try_from(row.try_get::<i64, _>("bytes_received")?).unwrap_or(0),
+    })
+}
+
+async fn network_exists(conn: &mut AnyConnection, id: &str) -> Result<bool> {
+    Ok(sqlx::query("SELECT 1 FROM mesh_networks WHERE id = $1")
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .is_some())
+}
+
+/// `UnknownNetwork` or `UnknownPeer`, whichever is true.
+async fn unknown(conn: &mut AnyConnection, network: &str, peer: &str) -> RegistryError {
+    match network_exists(conn, network).await {
+        Ok(false) => RegistryError::UnknownNetwork(network.into()),
+        Ok(true) => RegistryError::UnknownPeer {
+            network: network.into(),
+            peer: peer.into(),
+        },
+        Err(e) => e,
+    }
+}
+
+/// Ends the leases (of `network`, or all) that are over at `now`. `RETURNING` hands each
+/// ended lease to exactly one caller, so a `peer.left` is never announced twice.
+async fn expire(
+    conn: &mut AnyConnection,
+    now: &str,
+    network: Option<&str>,
+) -> Result<Vec<Departed>> {
+    let rows = sqlx::query(
+        "UPDATE mesh_peers SET previous_ip = virtual_ip, virtual_ip = NULL \
+         WHERE virtual_ip IS NOT NULL AND lease_expires <= $1 \
+         AND ($2 = '' OR network_id = $2) RETURNING network_id, id, name",
+    )
+    .bind(now)
+    .bind(network.unwrap_or(""))
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Departed {
+                network_id: r.try_get("network_id")?,
+                peer_id: r.try_get("id")?,
+                name: r.try_get("name")?,
+            })
+        })
+        .collect()
+}
+
+impl Store {
+    pub async fn open(url: &str) -> std::result::Result<Self, switchyard_sqlstore::DbError> {
+        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/mesh");
+        let (pool, engine) = switchyard_sqlstore::open(url, &MIGRATOR).await?;
+        Ok(Self { pool, engine })
+    }
+
+    pub async fn create_network(&self, id: &str, name: &str, cidr: Ipv4Net) -> Result<MeshNetwork> {
+        let created = Utc::now();
+        let inserted = sqlx::query(
+            "INSERT INTO mesh_networks (id, name, cidr, created) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(id)
+        .bind(name)
+        .bind(cidr.to_string())
+        .bind(iso(created))
+        .execute(&self.pool)
+        .await;
+        match inserted {
+            Err(e) if is_unique_violation(&e) => Err(RegistryError::NetworkExists(id.into())),
+            Err(e) => Err(e.into()),
+            Ok(_) => Ok(MeshNetwork {
+                id: id.into(),
+                name: name.into(),
+                cidr: cidr.to_string(),
+                peer_count: 0,
+                // As stored (millisecond precision), so a later GET shows the same time.
+                created: time(&iso(created))?,
+            }),
+        }
+    }
+
+    /// Networks with the number of peers holding a lease at `now`, or the one named `id`.
+    async fn networks(&self, id: Option<&str>) -> Result<Vec<MeshNetwork>> {
+        let rows = sqlx::query(
+            "SELECT n.id, n.name, n.cidr, n.created, \
+             COUNT(CASE WHEN p.virtual_ip IS NOT NULL AND p.lease_expires > $1 THEN 1 END) AS peer_count \
+             FROM mesh_networks n LEFT JOIN mesh_peers p ON p.network_id = n.id \
+             WHERE ($2 = '' OR n.id = $2) \
+             GROUP BY n.id, n.name, n.cidr, n.created ORDER BY n.id",
+        )
+        .bind(iso(Utc::now()))
+        .bind(id.unwrap_or(""))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(network_from).collect()
+    }
+
+    pub async fn list_networks(&self) -> Result<Vec<MeshNetwork>> {
+        self.networks(None).await
+    }
+
+    pub async fn network(&self, id: &str) -> Result<MeshNetwork> {
+        self.networks(Some(id))
+            .await?
+            .pop()
+            .ok_or_else(|| RegistryError::UnknownNetwork(id.into()))
+    }
+
+    /// Deletes a network and its peers; returns the peers that held a lease.
+    pub async fn delete_network(&self, id: &str) -> Result<Vec<Departed>> {
+        let mut tx = begin_write(&self.pool, self.engine).await?;
+        let rows = sqlx::query(
+            "SELECT id, name FROM mesh_peers WHERE network_id = $1 \
+             AND virtual_ip IS NOT NULL AND lease_expires > $2 ORDER BY id",
+        )
+        .bind(id)
+        .bind(iso(Utc::now()))
+        .fetch_all(&mut *tx)
+        .await?;
+        let departed = rows
+            .iter()
+            .map(|r| {
+                Ok(Departed {
+                    network_id: id.into(),
+                    peer_id: r.try_get("id")?,
+                    name: r.try_get("name")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Peers first: SQLite enforces the foreign key's cascade only with the pragma on, and
+        // this does not depend on it.
+        sqlx::query("DELETE FROM mesh_peers WHERE network_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let deleted = sqlx::query("DELETE FROM mesh_networks WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        if deleted.rows_affected() == 0 {
+            return Err(RegistryError::UnknownNetwork(id.into()));
+        }
+        tx.commit().await?;
+        Ok(departed)
+    }
+
+    /// Registers `peer` in `network` (retrying a registration that lost a race).
+    pub async fn register(
+        &self,
+        policy: &LeasePolicy,
+        network: &str,
+        peer: &MeshPeerRegistration,
+        metadata_json: &str,
+    ) -> Result<Registered> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self
+                .register_once(policy, network, peer, metadata_json)
+                .await
+            {
+                Err(RegistryError::Db(e))
+                    if is_unique_violation(&e) && attempt < REGISTER_ATTEMPTS =>
+                {
+                    tracing::debug!(network, peer = %peer.id, attempt, "registration collided with another; retrying");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn register_once(
+        &self,
+        policy: &LeasePolicy,
+        network: &str,
+        peer: &MeshPeerRegistration,
+        metadata_json: &str,
+    ) -> Result<Registered> {
+        let now = Utc::now();
+        let now_s = iso(now);
+        let expires = policy.expires(now);
+        let expires_s = iso(expires);
+        let endpoints = endpoints_json(&peer.endpoints)?;
+        let mut tx = begin_write(&self.pool, self.engine).await?;
+        let expired = expire(&mut tx, &now_s, Some(network)).await?;
+        // PostgreSQL: lock the network's row, so registrations of one network take turns
+        // instead of all picking the same free address and retrying as a herd. (SQLite's
+        // `BEGIN IMMEDIATE` already serialises writers.)
+        let lock = match self.engine {
+            Engine::Postgres => " FOR UPDATE",
+            Engine::Sqlite => "",
+        };
+        let cidr: String = sqlx::query(&format!(
+            "SELECT cidr FROM mesh_networks WHERE id = $1{lock}"
+        ))
+        .bind(network)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| RegistryError::UnknownNetwork(network.into()))?
+        .try_get("cidr")?;
+        let net: Ipv4Net = cidr
+            .parse()
+            .map_err(|e| corrupt(format!("cidr {cidr:?}: {e}")))?;
+        let existing = sqlx::query(
+            "SELECT public_key, virtual_ip, previous_ip, endpoints FROM mesh_peers \
+             WHERE network_id = $1 AND id = $2",
+        )
+        .bind(network)
+        .bind(&peer.id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let held = match &existing {
+            Some(r) => r
+                .try_get::<Option<String>, _>("virtual_ip")?
+                .map(|ip| {
+                    Ok::<_, RegistryError>((
+                        ip,
+                        r.try_get::<String, _>("public_key")?,
+                        r.try_get::<String, _>("endpoints")?,
+                    ))
+                })
+                .transpose()?,
+            None => None,
+        };
+        let (virtual_ip, joined, endpoints_changed) = if let Some((ip, key, old_endpoints)) = held {
+            if key != peer.public_key {
+                return Err(RegistryError::KeyMismatch {
+                    network: network.into(),
+                    peer: peer.id.clone(),
+                });
+            }
+            sqlx::query(
+                "UPDATE mesh_peers SET name = $1, endpoints = $2, metadata = $3, \
+                 lease_expires = $4, last_seen = $5 WHERE network_id = $6 AND id = $7",
+            )
+            .bind(&peer.name)
+            .bind(&endpoints)
+            .bind(metadata_json)
+            .bind(&expires_s)
+            .bind(&now_s)
+            .bind(network)
+            .bind(&peer.id)
+            .execute(&mut *tx)
+            .await?;
+            let ip: Ipv4Addr = ip
+                .parse()
+                .map_err(|e| corrupt(format!("address {ip:?}: {e}")))?;
+            let changed = endpoints_from(&old_endpoints)? != peer.endpoints;
+            (ip, false, changed)
+        } else {
+            let used = sqlx::query(
+                "SELECT virtual_ip FROM mesh_peers WHERE network_id = $1 AND virtual_ip IS NOT NULL",
+            )
+            .bind(network)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| {
+                let text: String = r.try_get("virtual_ip")?;
+                text.parse::<Ipv4Addr>()
+                    .map_err(|e| corrupt(format!("address {text:?}: {e}")))
+            })
+            .collect::<Result<BTreeSet<_>>>()?;
+            let previous = match &existing {
+                Some(r) => r
+                    .try_get::<Option<String>, _>("previous_ip")?
+                    .and_then(|t| t.parse().ok()),
+                None => None,
+            };
+            let ip = lease::allocate(net, &used, previous).ok_or_else(|| {
+                RegistryError::NetworkFull {
+                    network: network.into(),
+                    cidr: cidr.clone(),
+                    capacity: lease::capacity(net),
+                }
+            })?;
+            let sql = if existing.is_some() {
+                // The peer's lease expired: it comes back as a new member.
+                "UPDATE mesh_peers SET name = $3, public_key = $4, endpoints = $5, metadata = $6, \
+                 virtual_ip = $7, lease_expires = $8, last_seen = $9, joined_at = $9, \
+                 connection_type = NULL, latency = NULL, bytes_sent = 0, bytes_received = 0 \
+                 WHERE network_id = $1 AND id = $2"
+            } else {
+                "INSERT INTO mesh_peers (network_id, id, name, public_key, endpoints, metadata, \
+                 virtual_ip, lease_expires, last_seen, joined_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)"
+            };
+            sqlx::query(sql)
+                .bind(network)
+                .bind(&peer.id)
+                .bind(&peer.name)
+                .bind(&peer.public_key)
+                .bind(&endpoints)
+                .bind(metadata_json)
+                .bind(ip.to_string())
+                .bind(&expires_s)
+                .bind(&now_s)
+                .execute(&mut *tx)
+                .await?;
+            (ip, true, false)
+        };
+        let others = sqlx::query(
+            "SELECT id, name, virtual_ip, public_key, endpoints FROM mesh_peers \
+             WHERE network_id = $1 AND virtual_ip IS NOT NULL AND id <> $2 ORDER BY id",
+        )
+        .bind(network)
+        .bind(&peer.id)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(MeshPeerSummary {
+                id: r.try_get("id")?,
+                name: r.try_get("name")?,
+                virtual_ip: r.try_get("virtual_ip")?,
+                public_key: r.try_get("public_key")?,
+                endpoints: endpoints_from(&r.try_get::<String, _>("endpoints")?)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+        tx.commit().await?;
+        Ok(Registered {
+            virtual_ip,
+            cidr: net,
+            lease_expires: time(&expires_s)?,
+            joined,
+            endpoints_changed,
+            others,
+            expired,
+        })
+    }
+
+    /// Peers of `network` holding a lease now.
+    pub async fn peers(&self, network: &str) -> Result<Vec<MeshPeer>> {
+        let mut conn = self.pool.acquire().await?;
+        if !network_exists(&mut conn, network).await? {
+            return Err(RegistryError::UnknownNetwork(network.into()));
+        }
+        sqlx::query(&format!(
+            "SELECT {PEER_COLS} FROM mesh_peers WHERE network_id = $1 \
+             AND virtual_ip IS NOT NULL AND lease_expires > $2 ORDER BY id"
+        ))
+        .bind(network)
+        .bind(iso(Utc::now()))
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(peer_from)
+        .collect()
+    }
+
+    /// One peer: `UnknownNetwork`, `UnknownPeer`, or `NoLease` when its lease is over.
+    pub async fn peer(&self, network: &str, peer: &str) -> Result<MeshPeer> {
+        let mut conn = self.pool.acquire().await?;
+        Self::leased_peer(&mut conn, network, peer).await
+    }
+
+    async fn leased_peer(conn: &mut AnyConnection, network: &str, peer: &str) -> Result<MeshPeer> {
+        let row = sqlx::query(&format!(
+            "SELECT {PEER_COLS} FROM mesh_peers WHERE network_id = $1 AND id = $2"
+        ))
+        .bind(network)
+        .bind(peer)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some(row) = row else {
+            return Err(unknown(conn, network, peer).await);
+        };
+        let found = peer_from(&row)?;
+        if found.virtual_ip.is_empty() || lease::ended(found.lease_expires, Utc::now()) {
+            return Err(RegistryError::NoLease {
+                network: network.into(),
+                peer: peer.into(),
+            });
+        }
+        Ok(found)
+    }
+
+    /// Replaces the endpoints and/or metadata of a peer holding a lease.
+    pub async fn update_peer(
+        &self,
+        network: &str,
+        peer: &str,
+        update: &MeshPeerUpdate,
+        metadata_json: Option<&str>,
+    ) -> Result<MeshPeer> {
+        let mut tx = begin_write(&self.pool, self.engine).await?;
+        Self::leased_peer(&mut tx, network, peer).await?;
+        if let Some(list) = &update.endpoints {
+            sqlx::query("UPDATE mesh_peers SET endpoints = $1 WHERE network_id = $2 AND id = $3")
+                .bind(endpoints_json(list)?)
+                .bind(network)
+                .bind(peer)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if let Some(meta) = metadata_json {
+            sqlx::query("UPDATE mesh_peers SET metadata = $1 WHERE network_id = $2 AND id = $3")
+                .bind(meta)
+                .bind(network)
+                .bind(peer)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let updated = Self::leased_peer(&mut tx, network, peer).await?;
+        tx.commit().await?;
+        Ok(updated)
+    }
+
+    /// Deletes a peer; `Some` when it held a lease (it leaves the network).
+    pub async fn delete_peer(&self, network: &str, peer: &str) -> Result<Option<Departed>> {
+        let row = sqlx::query(
+            "DELETE FROM mesh_peers WHERE network_id = $1 AND id = $2 \
+             RETURNING name, virtual_ip, lease_expires",
+        )
+        .bind(network)
+        .bind(peer)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else {
+            let mut conn = self.pool.acquire().await?;
+            return Err(unknown(&mut conn, network, peer).await);
+        };
+        let leased = row.try_get::<Option<String>, _>("virtual_ip")?.is_some()
+            && !lease::ended(
+                time(&row.try_get::<String, _>("lease_expires")?)?,
+                Utc::now(),
+            );
+        Ok(leased.then(|| Departed {
+            network_id: network.into(),
+            peer_id: peer.into(),
+            name: row.try_get("name").unwrap_or_default(),
+        }))
+    }
+
+    /// Renews a held lease (and records the peer's reported figures). `NoLease` when the lease
+    /// is over, whether or not the sweep has ended it yet.
+    pub async fn heartbeat(
+        &self,
+        policy: &LeasePolicy,
+        network: &str,
+        peer: &str,
+        report: &MeshHeartbeat,
+    ) -> Result<()> {
+        let now = Utc::now();
+        let now_s = iso(now);
+        let renewed = sqlx::query(
+            "UPDATE mesh_peers SET last_seen = $1, lease_expires = $2, \
+             connection_type = COALESCE($3, connection_type), latency = COALESCE($4, latency), \
+             bytes_sent = COALESCE($5, bytes_sent), bytes_received = COALESCE($6, bytes_received) \
+             WHERE network_id = $7 AND id = $8 AND virtual_ip IS NOT NULL AND lease_expires > $1",
+        )
+        .bind(&now_s)
+        .bind(iso(policy.expires(now)))
+        .bind(report.connection_type.as_deref())
+        .bind(report.latency)
+        .bind(
+            report
+                .bytes_sent
+                .map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
+        )
+        .bind(
+            report
+                .bytes_received
+                .map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
+        )
+        .bind(network)
+        .bind(peer)
+        .execute(&self.pool)
+        .await?;
+        if renewed.rows_affected() == 1 {
+            return Ok(());
+        }
+        let mut conn = self.pool.acquire().await?;
+        let known = sqlx::query("SELECT 1 FROM mesh_peers WHERE network_id = $1 AND id = $2")
+            .bind(network)
+            .bind(peer)
+            .fetch_optional(&mut *conn)
+            .await?
+            .is_some();
+        Err(if known {
+            RegistryError::NoLease {
+                network: network.into(),
+                peer: peer.into(),
+            }
+        } else {
+            unknown(&mut conn, network, peer).await
+        })
+    }
+
+    /// Ends every lease that is over (of one network, or all).
+    pub async fn expire_due(&self, network: Option<&str>) -> Result<Vec<Departed>> {
+        let mut conn = self.pool.acquire().await?;
+        expire(&mut conn, &iso(Utc::now()), network).await
+    }
+
+    /// Forgets peers whose lease ended before `before` (their heartbeat then answers 404).
+    pub async fn forget(&self, before: DateTime<Utc>) -> Result<u64> {
+        Ok(
+            sqlx::query("DELETE FROM mesh_peers WHERE virtual_ip IS NULL AND lease_expires < $1")
+                .bind(iso(before))
+                .execute(&self.pool)
+                .await?
+                .rows_affected(),
+        )
+    }
+
+    /// Leased and leasable addresses per network.
+    pub async fn load(&self) -> Result<Vec<NetworkLoad>> {
+        self.list_networks()
+            .await?
+            .into_iter()
+            .map(|n| {
+                let net: Ipv4Net = n
+                    .cidr
+                    .parse()
+                    .map_err(|e| corrupt(format!("cidr {:?}: {e}", n.cidr)))?;
+                Ok(NetworkLoad {
+                    network_id: n.id,
+                    leased: n.peer_count,
+                    capacity: lease::capacity(net),
+                })
+            })
+            .collect()
+    }
+}
