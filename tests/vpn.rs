@@ -26,6 +26,8 @@ use support::{spawn_with_listeners, Listening, BIN};
 const DIRECT: &str = "10.210.0.2";
 const MARK: &str = "0x5359";
 const TABLE: u32 = 0x5359;
+/// Bytes the bulk probe sends through the VPN.
+const BULK: usize = 8 << 20;
 
 // ---------- helper mode ----------
 
@@ -186,6 +188,21 @@ fn helper() {
             result(&format!("seen={seen}"));
             let mut line = String::new();
             let _ = std::io::stdin().read_line(&mut line);
+        }
+        // connects, sends BULK bytes, half-closes and waits for the origin to close
+        "tcp-bulk" => {
+            let (mut stream, seen) = connect_and_read(arg.parse().expect("address"));
+            let block = vec![0x5a; 64 * 1024];
+            let mut sent = 0;
+            while sent < BULK {
+                if stream.write_all(&block).is_err() {
+                    break;
+                }
+                sent += block.len();
+            }
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            let closed = matches!(stream.read(&mut [0u8; 16]), Ok(0));
+            result(&format!("seen={seen} sent={sent} closed={closed}"));
         }
         // SYVPN_ARG = "dns-server-address name"
         "resolve-tcp" => {
@@ -682,6 +699,56 @@ fn expect_seen(topo: &Topo, client: &Client, cgroup: &Path, dst: &str, want: &st
 
 /// Include and exclude mode, an IP rule added live, measured status and connections, disable
 /// and `kill -9` + restart leaving nothing behind — with the given classifier.
+/// A bulk upload through the VPN arrives whole, and the TUN carried it in TSO super-packets:
+/// the device's average packet (data one way, ACKs the other, both read by the pump) is larger
+/// than its MTU, which one segment per packet can never be.
+fn bulk_crosses_the_tun_in_super_packets(topo: &Topo, client: &Client) {
+    let tun_tx = || {
+        let stats = sh(&format!(
+            "ip -n {} -j -s link show dev {}",
+            topo.lan,
+            topo.tun()
+        ));
+        let v: serde_json::Value = serde_json::from_str(&stats).expect("ip -j");
+        let tx = &v[0]["stats64"]["tx"];
+        let mtu = v[0]["mtu"].as_u64().expect("mtu");
+        (
+            tx["bytes"].as_u64().expect("bytes"),
+            tx["packets"].as_u64().expect("packets"),
+            mtu,
+        )
+    };
+    let sent_before = client.ok("GET", "/api/v1/vpn/status", None)["bytes_sent"]
+        .as_u64()
+        .unwrap_or(0);
+    let (bytes_before, packets_before, mtu) = tun_tx();
+    let out = helper_in(&topo.lan, Some(&topo.inc), "tcp-bulk", "10.211.9.2:8080")
+        .output()
+        .expect("bulk probe");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("seen=10.211.9.2 sent={BULK} closed=true")),
+        "bulk upload through the VPN: {text}\n{}",
+        client.log()
+    );
+    let (bytes, packets) = {
+        let (b, p, _) = tun_tx();
+        (b - bytes_before, p - packets_before)
+    };
+    assert!(bytes >= BULK as u64, "{bytes} bytes crossed the TUN");
+    assert!(
+        bytes / packets.max(1) > mtu,
+        "{packets} packets of {bytes} bytes on a TUN with MTU {mtu}: no super-packets"
+    );
+    let sent = client.ok("GET", "/api/v1/vpn/status", None)["bytes_sent"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        sent - sent_before >= BULK as u64,
+        "pump counted {sent} bytes sent"
+    );
+}
+
 fn vpn_scenario(classifier: &str) {
     let mut topo = Topo::new();
     topo.start_origins();
@@ -757,6 +824,8 @@ fn vpn_scenario(classifier: &str) {
         status["bytes_received"].as_u64().unwrap_or(0) >= 33,
         "{status}"
     );
+
+    bulk_crosses_the_tun_in_super_packets(&topo, &client);
 
     // exclude: everything goes through the VPN except the listed app and IP
     let v = client.ok(

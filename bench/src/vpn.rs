@@ -1,7 +1,7 @@
 //! **vpn**: the client's VPN (TUN) path against the plain link and against redsocks (Debian's
 //! transparent proxy, fed by an nftables redirect) in one run (needs root: namespaces, cgroups).
 //!
-//! Layout (names prefixed `syvpnb`, removed at the end, also on error):
+//! Layout (names prefixed `syvpnb` or `$SWITCHYARD_BENCH_PREFIX`, removed at the end, also on error):
 //! - namespace `syvpnb-net`: `switchyard server` on 10.210.0.1:18080, an iperf3 server and a
 //!   connect-and-close origin on 10.211.9.1;
 //! - namespace `syvpnb-lan` (veth 10.210.0.2, default route to the other side):
@@ -26,12 +26,19 @@ use serde_json::json;
 
 use crate::procs::{which, Procs};
 use crate::scenarios::Ctx;
-use crate::wireguard::cpu_seconds;
+use crate::wireguard::{cpu_seconds, stat_seconds};
 
 const ORIGIN: &str = "10.211.9.1";
 const SERVER: &str = "10.210.0.1:18080";
-const LAN: &str = "syvpnb-lan";
-const NET: &str = "syvpnb-net";
+
+/// Prefix of every name the scenario creates (namespaces, cgroup, interfaces): `syvpnb`, or
+/// `SWITCHYARD_BENCH_PREFIX` so runs in several worktrees on one machine do not collide.
+fn prefix() -> String {
+    std::env::var("SWITCHYARD_BENCH_PREFIX")
+        .ok()
+        .filter(|p| !p.is_empty() && p.len() <= 10 && p.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .unwrap_or_else(|| "syvpnb".to_string())
+}
 const NOBODY: &str = "65534";
 
 fn cgroup_root() -> Result<std::path::PathBuf> {
@@ -39,7 +46,7 @@ fn cgroup_root() -> Result<std::path::PathBuf> {
     info.lines()
         .find(|l| l.contains(" - cgroup2 "))
         .and_then(|l| l.split_whitespace().nth(4))
-        .map(|p| Path::new(p).join("syvpnb"))
+        .map(|p| Path::new(p).join(prefix()))
         .context("no cgroup2 mount")
 }
 
@@ -53,9 +60,10 @@ fn sh(cmd: &str) -> Result<String> {
 
 /// Removes what [`run`] creates; safe to call when nothing exists.
 fn teardown(data: Option<&Path>) {
-    for ns in [LAN, NET] {
+    let p = prefix();
+    for ns in [format!("{p}-lan"), format!("{p}-net")] {
         let _ = Command::new("ip")
-            .args(["netns", "del", ns])
+            .args(["netns", "del", ns.as_str()])
             .stderr(Stdio::null())
             .status();
     }
@@ -117,11 +125,27 @@ fn in_ns(ns: &str, cgroup: Option<&Path>, nobody: bool, program: &str, args: &[&
 const ORIGIN_PY: &str = "import socket\nl=socket.socket()\nl.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\nl.bind(('0.0.0.0',8081))\nl.listen(4096)\nwhile True:\n    c,_=l.accept()\n    c.sendall(b'x')\n    c.close()\n";
 const FLOWS_PY: &str = "import socket,sys,time\ndst=(sys.argv[1],int(sys.argv[2]))\nend=time.time()+float(sys.argv[3])\nn=0\nerr=0\nwhile time.time()<end:\n    try:\n        s=socket.create_connection(dst,5)\n        s.recv(1)\n        s.close()\n        n+=1\n    except OSError:\n        err+=1\nprint(n,err)\n";
 
+/// utime + stime of the threads of `pid` named `name` (the client's TUN pump is `vpn-tun`).
+fn thread_cpu_seconds(pid: u32, name: &str) -> Option<f64> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut found = None;
+    for task in tasks.flatten() {
+        let tid = task.file_name().to_string_lossy().into_owned();
+        let comm = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            *found.get_or_insert(0.0) += stat_seconds(&format!("{pid}/task/{tid}"), 11, 12);
+        }
+    }
+    found
+}
+
 /// One path's figures.
 #[derive(Default, Debug, Clone)]
 struct PathFigures {
     gbps: f64,
     relay_cpu: Option<f64>,
+    /// The TUN pump thread's share of `relay_cpu` (VPN rows only).
+    pump_cpu: Option<f64>,
     server_cpu: Option<f64>,
     flows_per_s: f64,
     flow_errors: u64,
@@ -175,19 +199,22 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     teardown(Some(&data));
     fs::create_dir_all(&data)?;
     let _guard = Guard(data.clone());
+    let p = prefix();
+    let (lan, net) = (format!("{p}-lan"), format!("{p}-net"));
+    let (lan, net) = (lan.as_str(), net.as_str());
     let root = cgroup_root()?;
     let (app, own) = (root.join("app"), root.join("own"));
     for d in [&root, &app, &own] {
         fs::create_dir_all(d)?;
     }
     sh(&format!(
-        "set -e; ip netns add {LAN}; ip netns add {NET}
-         ip link add syvpnbl netns {LAN} type veth peer name syvpnbn netns {NET}
-         ip -n {LAN} link set lo up; ip -n {NET} link set lo up
-         ip -n {LAN} addr add 10.210.0.2/24 dev syvpnbl; ip -n {LAN} link set syvpnbl up
-         ip -n {NET} addr add 10.210.0.1/24 dev syvpnbn; ip -n {NET} link set syvpnbn up
-         ip -n {NET} addr add {ORIGIN}/32 dev lo
-         ip -n {LAN} route add default via 10.210.0.1"
+        "set -e; ip netns add {lan}; ip netns add {net}
+         ip link add {p}l netns {lan} type veth peer name {p}n netns {net}
+         ip -n {lan} link set lo up; ip -n {net} link set lo up
+         ip -n {lan} addr add 10.210.0.2/24 dev {p}l; ip -n {lan} link set {p}l up
+         ip -n {net} addr add 10.210.0.1/24 dev {p}n; ip -n {net} link set {p}n up
+         ip -n {net} addr add {ORIGIN}/32 dev lo
+         ip -n {lan} route add default via 10.210.0.1"
     ))?;
     let mut procs = Procs::default();
     let sy = ctx.switchyard.display().to_string();
@@ -199,7 +226,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     let server = procs.spawn(
         "switchyard server",
         in_ns(
-            NET,
+            net,
             None,
             false,
             &sy,
@@ -210,7 +237,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     procs.spawn(
         "iperf3 -s",
         in_ns(
-            NET,
+            net,
             None,
             false,
             "iperf3",
@@ -220,7 +247,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     )?;
     procs.spawn(
         "origin",
-        in_ns(NET, None, false, "/usr/bin/python3", &["-c", ORIGIN_PY]),
+        in_ns(net, None, false, "/usr/bin/python3", &["-c", ORIGIN_PY]),
         &dir.join("origin.log"),
     )?;
     let client_cfg = dir.join("client.yaml");
@@ -230,7 +257,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"127.0.0.1:0\"}}\nlogging: {{level: info, format: json}}\n\
              servers:\n  - {{name: gw, address: \"{SERVER}\", protocol: HTTP}}\n\
-             vpn:\n  enabled: true\n  interface_name: syvpnbt0\n  scope_cgroup: \"{}\"\n  dns: {{enabled: false}}\n  \
+             vpn:\n  enabled: true\n  interface_name: {p}t0\n  scope_cgroup: \"{}\"\n  dns: {{enabled: false}}\n  \
              split: {{mode: include, apps: [{{name: app, cgroup: \"{}\"}}]}}\n",
             root.display(),
             app.display()
@@ -240,7 +267,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     let client = procs.spawn(
         "switchyard client",
         in_ns(
-            LAN,
+            lan,
             Some(&own),
             false,
             &sy,
@@ -263,7 +290,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     let redsocks = procs.spawn(
         "redsocks",
         in_ns(
-            LAN,
+            lan,
             None,
             false,
             "redsocks",
@@ -272,8 +299,8 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         &dir.join("redsocks.log"),
     )?;
     sh(&format!(
-        "nsenter --net=/run/netns/{LAN} nft -f - <<'EOF'
-table ip syvpnb_redsocks {{
+        "nsenter --net=/run/netns/{lan} nft -f - <<'EOF'
+table ip {p}_redsocks {{
   chain out {{
     type nat hook output priority -100; policy accept;
     meta skuid {NOBODY} ip daddr {ORIGIN} tcp dport {{ 5201, 8081 }} redirect to :12345
@@ -322,19 +349,25 @@ EOF"
         ("redsocks (nft redirect)", None, true, Some(redsocks)),
     ] {
         if name.contains("MTU 9000") {
-            sh(&format!("ip -n {LAN} link set dev syvpnbt0 mtu 9000"))?;
+            sh(&format!("ip -n {lan} link set dev {p}t0 mtu 9000"))?;
         }
         let mut fig = PathFigures::default();
         let relay_before = relay.map(cpu_seconds);
+        let pump = |pid: u32| thread_cpu_seconds(pid, "vpn-tun");
+        let pump_before = relay.and_then(pump);
         let server_before = cpu_seconds(server);
         let started = Instant::now();
-        match iperf(in_ns(LAN, cgroup, nobody, "iperf3", &iperf_args)) {
+        match iperf(in_ns(lan, cgroup, nobody, "iperf3", &iperf_args)) {
             Ok(g) => {
                 let wall = started.elapsed().as_secs_f64().max(0.001);
                 fig.gbps = g;
                 fig.relay_cpu = relay
                     .zip(relay_before)
                     .map(|(pid, before)| (cpu_seconds(pid) - before) / wall / g.max(1e-9));
+                fig.pump_cpu = relay
+                    .and_then(pump)
+                    .zip(pump_before)
+                    .map(|(after, before)| (after - before) / wall / g.max(1e-9));
                 if relay.is_some() {
                     fig.server_cpu =
                         Some((cpu_seconds(server) - server_before) / wall / g.max(1e-9));
@@ -342,7 +375,7 @@ EOF"
             }
             Err(e) => fig.error = Some(format!("{e:#}")),
         }
-        match flows(in_ns(LAN, cgroup, nobody, "/usr/bin/python3", &flow_args)) {
+        match flows(in_ns(lan, cgroup, nobody, "/usr/bin/python3", &flow_args)) {
             Ok((n, errors, took)) => {
                 fig.flows_per_s = n / took.max(0.001);
                 fig.flow_errors = errors;
@@ -368,6 +401,7 @@ EOF"
                 "path": name,
                 "iperf3_gbit_s": f.gbps,
                 "relay_cpu_s_per_gbit": f.relay_cpu,
+                "tun_pump_cpu_s_per_gbit": f.pump_cpu,
                 "server_cpu_s_per_gbit": f.server_cpu,
                 "new_flows_per_s": f.flows_per_s,
                 "flow_errors": f.flow_errors,
@@ -378,17 +412,19 @@ EOF"
     let mut md = String::from("## vpn\n\n");
     let _ = writeln!(
         md,
-        "iperf3 TCP ({}s) and new flows/s (one Python worker: connect, read 1 byte, close) from the lan namespace to the same origin. The VPN and redsocks both relay through the same `switchyard server` (HTTP CONNECT); CPU is CPU-seconds per second of transfer per Gbit/s of the relay process (switchyard client incl. the TUN pump, or redsocks) and of the server. Classifier: {vpn_status}.\n",
-        ctx.seconds
+        "iperf3 TCP ({}s) and new flows/s (one Python worker: connect, read 1 byte, close) from the lan namespace to the same origin. The VPN and redsocks both relay through the same `switchyard server` (HTTP CONNECT); CPU is CPU-seconds per second of transfer per Gbit/s of the relay process (switchyard client incl. the TUN pump, or redsocks), of the client's TUN pump thread alone (kernel work done in its syscalls included) and of the server. Classifier: {vpn_status}. Load average at the end: {}.\n",
+        ctx.seconds,
+        crate::scenarios::loadavg()
     );
-    md.push_str("| path | Gbit/s | relay CPU per Gbit/s | server CPU per Gbit/s | new flows/s | errors |\n|---|---|---|---|---|---|\n");
+    md.push_str("| path | Gbit/s | relay CPU per Gbit/s | of which TUN pump | server CPU per Gbit/s | new flows/s | errors |\n|---|---|---|---|---|---|---|\n");
     let opt = |v: Option<f64>| v.map_or("–".to_string(), |x| format!("{x:.2}"));
     for (name, f) in &results {
         let _ = writeln!(
             md,
-            "| {name} | {:.2} | {} | {} | {:.0} | {} |",
+            "| {name} | {:.2} | {} | {} | {} | {:.0} | {} |",
             f.gbps,
             opt(f.relay_cpu),
+            opt(f.pump_cpu),
             opt(f.server_cpu),
             f.flows_per_s,
             f.error.clone().unwrap_or_else(|| f.flow_errors.to_string())

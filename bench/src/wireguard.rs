@@ -101,7 +101,7 @@ fn children_cpu_seconds() -> f64 {
     stat_seconds("self", 13, 14)
 }
 
-fn stat_seconds(pid: &str, a: usize, b: usize) -> f64 {
+pub(crate) fn stat_seconds(pid: &str, a: usize, b: usize) -> f64 {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit_once(')')

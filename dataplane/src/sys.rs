@@ -107,7 +107,35 @@ pub fn listener_from_fd(fd: RawFd) -> glommio::net::TcpListener {
 /// Creates (or attaches to) the TUN device `name`: layer 3, no packet-info header. The device
 /// is not persistent: it disappears when the last descriptor closes, so a killed process leaves
 /// no device behind.
+///
+/// The device is opened with a virtio-net header before each packet (`IFF_VNET_HDR`) and with
+/// checksum and TCP segmentation offload (`TUNSETOFFLOAD`), so the kernel passes TCP in 64 KiB
+/// super-packets (see `tun::vnet`); a kernel that refuses either gets a plain device or one
+/// without offloads. [`tun_has_vnet_hdr`] tells the reader which it got.
 pub fn open_tun(name: &str) -> io::Result<std::fs::File> {
+    match open_tun_with(name, libc::IFF_VNET_HDR) {
+        Ok(file) => {
+            let offloads = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
+            // SAFETY: TUNSETOFFLOAD on an open TUN descriptor; the argument is passed by value.
+            let rc = unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&file),
+                    libc::TUNSETOFFLOAD,
+                    libc::c_ulong::from(offloads),
+                )
+            };
+            if rc < 0 {
+                tracing::info!(device = name, error = %io::Error::last_os_error(),
+                    "TUN offloads refused: the VPN path moves one segment per packet");
+            }
+            Ok(file)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open_tun_with(name, 0),
+        Err(e) => Err(e),
+    }
+}
+
+fn open_tun_with(name: &str, extra_flags: libc::c_int) -> io::Result<std::fs::File> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
         return Err(io::Error::new(
@@ -124,7 +152,7 @@ pub fn open_tun(name: &str) -> io::Result<std::fs::File> {
     for (dst, src) in req.ifr_name.iter_mut().zip(bytes) {
         *dst = *src as libc::c_char;
     }
-    req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+    req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI | extra_flags) as libc::c_short;
     use std::os::fd::AsRawFd;
     // SAFETY: TUNSETIFF on the descriptor just opened, with a pointer to a live ifreq.
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &req) };
@@ -132,6 +160,20 @@ pub fn open_tun(name: &str) -> io::Result<std::fs::File> {
         return Err(io::Error::last_os_error());
     }
     Ok(file)
+}
+
+/// Whether the TUN device behind `fd` puts a virtio-net header before each packet.
+pub fn tun_has_vnet_hdr(fd: RawFd) -> io::Result<bool> {
+    // SAFETY: an all-zero ifreq is a valid value (a C struct of integers and arrays).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    // SAFETY: TUNGETIFF fills the live ifreq it is given.
+    let rc = unsafe { libc::ioctl(fd, libc::TUNGETIFF, &mut req) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: TUNGETIFF sets the flags member of the union.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    Ok(libc::c_int::from(flags) & libc::IFF_VNET_HDR != 0)
 }
 
 /// Waits up to `timeout_ms` for `fd` to become readable; `Ok(false)` on timeout.

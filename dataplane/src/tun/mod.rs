@@ -32,6 +32,7 @@ pub mod pump;
 pub(crate) mod serve;
 pub mod udp_nat;
 pub mod udp_relay;
+pub mod vnet;
 
 use arc_swap::ArcSwap;
 use std::collections::HashMap;

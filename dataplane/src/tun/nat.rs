@@ -10,7 +10,7 @@
 //! accepted `gateway:nat_port` reads it without any lock. [`Translator`] is the pump thread's own
 //! state (flow lookup by application address, TCP close tracking, expiry) and is never shared.
 
-use super::packet::{self, TcpV4, ACK, FIN, RST, SYN};
+use super::packet::{self, Checksum, TcpV4, ACK, FIN, RST, SYN};
 use super::udp_nat::{UdpNat, IPPROTO_UDP};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -173,6 +173,13 @@ impl Translator {
 
     /// Rewrites `p` in place (when the outcome is not `Dropped`). `now` is in seconds.
     pub fn translate(&mut self, p: &mut [u8], now: u64) -> Outcome {
+        self.translate_with(p, Checksum::Full, now)
+    }
+
+    /// [`Translator::translate`] for a packet whose TCP checksum field holds what `checksum`
+    /// says (a TUN with offloads hands over pending checksums, see `vnet::prepare`; a UDP
+    /// datagram's checksum is always complete by then).
+    pub fn translate_with(&mut self, p: &mut [u8], checksum: Checksum, now: u64) -> Outcome {
         if let Some(udp) = self.udp.as_mut() {
             if p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&IPPROTO_UDP) {
                 return udp.translate(p, now);
@@ -186,15 +193,15 @@ impl Translator {
             && seg.src.port() == a.listen_port
             && *seg.dst.ip() == a.gateway
         {
-            return self.inbound(p, &seg, now);
+            return self.inbound(p, &seg, checksum, now);
         }
         if *seg.dst.ip() == a.gateway || *seg.dst.ip() == a.tun_ip {
             return Outcome::Dropped(Drop::Loop);
         }
-        self.outbound(p, &seg, now)
+        self.outbound(p, &seg, checksum, now)
     }
 
-    fn inbound(&mut self, p: &mut [u8], seg: &TcpV4, now: u64) -> Outcome {
+    fn inbound(&mut self, p: &mut [u8], seg: &TcpV4, checksum: Checksum, now: u64) -> Outcome {
         let Some(i) = self.table.index(seg.dst.port()) else {
             return Outcome::Dropped(Drop::NoFlow);
         };
@@ -208,11 +215,11 @@ impl Translator {
         flow.fin_local |= seg.flags & FIN != 0;
         flow.reset |= seg.flags & RST != 0;
         let (src, dst) = (flow.dst, flow.app);
-        packet::rewrite(p, seg, src, dst);
+        packet::rewrite(p, seg, src, dst, checksum);
         Outcome::Inbound(seg.payload)
     }
 
-    fn outbound(&mut self, p: &mut [u8], seg: &TcpV4, now: u64) -> Outcome {
+    fn outbound(&mut self, p: &mut [u8], seg: &TcpV4, checksum: Checksum, now: u64) -> Outcome {
         let key = (seg.src, seg.dst);
         let i = match self.by_app.get(&key) {
             Some(&i) => i,
@@ -230,7 +237,7 @@ impl Translator {
         flow.reset |= seg.flags & RST != 0;
         let src = SocketAddrV4::new(self.addrs.gateway, self.table.port(i));
         let dst = SocketAddrV4::new(self.addrs.tun_ip, self.addrs.listen_port);
-        packet::rewrite(p, seg, src, dst);
+        packet::rewrite(p, seg, src, dst, checksum);
         Outcome::Outbound(seg.payload)
     }
 

@@ -2,7 +2,9 @@
 //!
 //! Only what the NAT needs: the addresses, ports and flags of an IPv4 TCP packet, and rewriting
 //! the source or destination with incremental checksum updates (RFC 1624), so a rewrite costs a
-//! few additions whatever the payload size. Anything else (IPv6, UDP, ICMP, fragments, options
+//! few additions whatever the payload size. Two checksum cases ([`Checksum`]): a packet whose
+//! TCP checksum is complete, and one whose checksum the kernel left to "the device" (a TUN with
+//! offloads: the field holds only the pseudo-header sum). Anything else (IPv6, UDP, ICMP, fragments, options
 //! that make the header shorter than it claims) is reported as not rewritable.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -23,6 +25,29 @@ pub struct TcpV4 {
     pub payload: usize,
     /// Offset of the TCP header.
     tcp: usize,
+}
+
+impl TcpV4 {
+    /// Offset of the TCP header in the packet (where a pending checksum starts).
+    pub fn tcp_offset(&self) -> usize {
+        self.tcp
+    }
+}
+
+/// Offset of the checksum in the TCP header.
+pub const TCP_CHECKSUM_OFFSET: usize = 16;
+
+/// What the TCP checksum field of a packet holds, and so how a rewrite updates it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checksum {
+    /// The complete checksum (complemented sum of pseudo-header, header and payload): every
+    /// changed word — addresses and ports — is folded in with RFC 1624's complement update.
+    Full,
+    /// Pending (`CHECKSUM_PARTIAL`, virtio `NEEDS_CSUM`): the field holds the *uncomplemented*
+    /// sum of the pseudo-header only, and whoever finishes it sums the TCP header and payload
+    /// from the header's start. So only the addresses (pseudo-header words) are folded in,
+    /// without the complement; the ports are summed later with the rest of the header.
+    Partial,
 }
 
 /// Why a packet is not handled by the NAT.
@@ -108,12 +133,23 @@ pub(super) fn write16(p: &mut [u8], at: usize, v: u16) {
     p[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 
+/// The same change applied to a pending (uncomplemented) sum: S' = S + ~m + m'.
+fn adjust_partial(sum: u16, old: u16, new: u16) -> u16 {
+    !adjust(!sum, old, new)
+}
+
 /// Rewrites the packet's source and destination to `src` and `dst`, updating the IP header
-/// checksum and the TCP checksum (whose pseudo-header covers the addresses) incrementally.
-/// `seg` must come from [`parse`] of this same buffer.
-pub fn rewrite(p: &mut [u8], seg: &TcpV4, src: SocketAddrV4, dst: SocketAddrV4) {
+/// checksum and the TCP checksum (whose pseudo-header covers the addresses) incrementally, as
+/// `checksum` says the field holds. `seg` must come from [`parse`] of this same buffer.
+pub fn rewrite(
+    p: &mut [u8],
+    seg: &TcpV4,
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    checksum: Checksum,
+) {
     let mut ip_check = read16(p, 10);
-    let tcp_check_at = seg.tcp + 16;
+    let tcp_check_at = seg.tcp + TCP_CHECKSUM_OFFSET;
     let mut tcp_check = read16(p, tcp_check_at);
     let pairs = [
         (words(*seg.src.ip()), words(*src.ip()), 12usize),
@@ -122,7 +158,10 @@ pub fn rewrite(p: &mut [u8], seg: &TcpV4, src: SocketAddrV4, dst: SocketAddrV4) 
     for (old, new, at) in pairs {
         for i in 0..2 {
             ip_check = adjust(ip_check, old[i], new[i]);
-            tcp_check = adjust(tcp_check, old[i], new[i]);
+            tcp_check = match checksum {
+                Checksum::Full => adjust(tcp_check, old[i], new[i]),
+                Checksum::Partial => adjust_partial(tcp_check, old[i], new[i]),
+            };
         }
         p[at..at + 4].copy_from_slice(&[new[0].to_be_bytes(), new[1].to_be_bytes()].concat());
     }
@@ -130,11 +169,40 @@ pub fn rewrite(p: &mut [u8], seg: &TcpV4, src: SocketAddrV4, dst: SocketAddrV4) 
         (seg.src.port(), src.port(), seg.tcp),
         (seg.dst.port(), dst.port(), seg.tcp + 2),
     ] {
-        tcp_check = adjust(tcp_check, old, new);
+        if checksum == Checksum::Full {
+            tcp_check = adjust(tcp_check, old, new);
+        }
         write16(p, at, new);
     }
     write16(p, 10, ip_check);
     write16(p, tcp_check_at, tcp_check);
+}
+
+/// Finishes a pending checksum as the device would: sums `p` from `start` to its end (the
+/// field at `start + offset` holds the seed) and stores the complement there (0 as 0xffff, as
+/// the kernel does, which UDP needs). `None` when the field does not lie inside the packet.
+pub fn complete_checksum(p: &mut [u8], start: usize, offset: usize) -> Option<()> {
+    let at = start.checked_add(offset)?;
+    if at.checked_add(2)? > p.len() {
+        return None;
+    }
+    let mut sum: u64 = 0;
+    let mut words = p[start..].chunks_exact(2);
+    for w in &mut words {
+        sum += u64::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    if let [last] = words.remainder() {
+        sum += u64::from(u16::from_be_bytes([*last, 0]));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let check = match !(sum as u16) {
+        0 => 0xffff,
+        c => c,
+    };
+    write16(p, at, check);
+    Some(())
 }
 
 #[cfg(test)]
@@ -199,6 +267,20 @@ pub(crate) mod tests {
         p
     }
 
+    /// The same packet as the kernel hands it to a device with checksum offload: the TCP
+    /// checksum field holds the uncomplemented pseudo-header sum.
+    pub(crate) fn partial(
+        src: SocketAddrV4,
+        dst: SocketAddrV4,
+        flags: u8,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut p = packet(src, dst, flags, payload);
+        let pseudo = sum_words(&p[12..20]) + 6 + (p.len() - 20) as u32;
+        write16(&mut p, 36, !fold(pseudo));
+        p
+    }
+
     fn sa(s: &str) -> SocketAddrV4 {
         s.parse().expect("address")
     }
@@ -224,7 +306,13 @@ pub(crate) mod tests {
                 payload,
             );
             let seg = parse(&p).expect("tcp");
-            rewrite(&mut p, &seg, sa("10.255.0.1:10007"), sa("10.255.0.2:39999"));
+            rewrite(
+                &mut p,
+                &seg,
+                sa("10.255.0.1:10007"),
+                sa("10.255.0.2:39999"),
+                Checksum::Full,
+            );
             let after = parse(&p).expect("still tcp");
             assert_eq!(after.src, sa("10.255.0.1:10007"));
             assert_eq!(after.dst, sa("10.255.0.2:39999"));
@@ -238,6 +326,74 @@ pub(crate) mod tests {
                 payload.len()
             );
         }
+    }
+
+    #[test]
+    fn partial_rewrite_then_completion_equals_a_full_recomputation() {
+        // what the receiver of a CHECKSUM_PARTIAL packet computes must match a packet built
+        // from scratch with the new addresses and ports
+        let cases = [
+            (
+                "10.255.0.2:65535",
+                "255.254.253.252:1",
+                "10.255.0.1:10007",
+                "10.255.0.2:39999",
+            ),
+            (
+                "10.255.0.2:7000",
+                "10.255.0.1:10000",
+                "192.0.2.9:443",
+                "10.255.0.2:40000",
+            ),
+            (
+                "0.0.0.1:0",
+                "255.255.255.255:65535",
+                "255.255.255.255:65535",
+                "0.0.0.0:0",
+            ),
+        ];
+        for (from_src, from_dst, to_src, to_dst) in cases {
+            for payload in [&b""[..], b"x", &[0xff; 1001], &[0x5a; 65000]] {
+                let mut p = partial(sa(from_src), sa(from_dst), ACK, payload);
+                let seg = parse(&p).expect("tcp");
+                rewrite(&mut p, &seg, sa(to_src), sa(to_dst), Checksum::Partial);
+                let expected = partial(sa(to_src), sa(to_dst), ACK, payload);
+                assert_eq!(
+                    p, expected,
+                    "partial sum after rewrite, {from_src} → {to_src}"
+                );
+                complete_checksum(&mut p, 20, TCP_CHECKSUM_OFFSET).expect("inside");
+                let (ip, tcp) = full_checksums(&p);
+                assert_eq!(read16(&p, 10), ip);
+                assert_eq!(read16(&p, 36), tcp, "payload {}", payload.len());
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_update_on_a_partial_packet_would_be_wrong() {
+        // the two cases really differ: the full-checksum update corrupts a pending sum
+        let mut p = partial(sa("10.255.0.2:40000"), sa("192.0.2.9:443"), ACK, b"data");
+        let seg = parse(&p).expect("tcp");
+        rewrite(
+            &mut p,
+            &seg,
+            sa("10.255.0.1:10000"),
+            sa("10.255.0.2:7000"),
+            Checksum::Full,
+        );
+        complete_checksum(&mut p, 20, TCP_CHECKSUM_OFFSET).expect("inside");
+        assert_ne!(read16(&p, 36), full_checksums(&p).1);
+    }
+
+    #[test]
+    fn completion_refuses_a_field_outside_the_packet() {
+        let mut p = packet(sa("1.2.3.4:1"), sa("5.6.7.8:2"), SYN, b"odd");
+        let len = p.len();
+        assert_eq!(complete_checksum(&mut p, len - 1, 0), None);
+        assert_eq!(complete_checksum(&mut p, usize::MAX, 2), None);
+        assert_eq!(complete_checksum(&mut p, 20, usize::MAX), None);
+        assert_eq!(complete_checksum(&mut p, len - 2, 0), Some(()));
     }
 
     #[test]
