@@ -37,6 +37,7 @@
 
 mod cache;
 mod client;
+mod edge;
 mod inventory;
 pub mod load;
 mod peers;
@@ -66,7 +67,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, tunnels, memory, pkgcache, cache, inventory, wireguard, client, vpn
+    /// subset: http, connect, socks5, tunnels, memory, pkgcache, cache, inventory, wireguard, client, vpn, edge
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -75,7 +76,7 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 11] = [
+pub const SCENARIOS: [&str; 12] = [
     "http",
     "connect",
     "socks5",
@@ -87,6 +88,7 @@ pub const SCENARIOS: [&str; 11] = [
     "wireguard",
     "client",
     "vpn",
+    "edge",
 ];
 
 /// Runs the selected scenarios and writes the results. Synchronous; builds its own tokio runtime.
@@ -164,6 +166,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "client" => client::run(&ctx),
             "vpn" => vpn::run(&ctx),
             "tunnels" => tunnels::run(&ctx),
+            "edge" => edge::run(&ctx),
             _ => scenarios::run_one(&ctx, s),
         };
         let section = match result {
