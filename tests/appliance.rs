@@ -118,6 +118,25 @@ impl Guest {
         );
     }
 
+    /// A request through the guest's proxy to the host's nginx (the guest's 10.0.2.100:80).
+    fn assert_proxies_the_origin(&self) {
+        let out = curl(&[
+            "-sS",
+            "-m",
+            "30",
+            "-x",
+            &format!("http://127.0.0.1:{}", self.proxy),
+            "http://10.0.2.100/index.html",
+        ]);
+        assert_eq!(
+            out.stdout,
+            PAGE,
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.console()
+        );
+    }
+
     /// Ctrl-Alt-Del over QMP (the image maps it to poweroff); waits for qemu to exit.
     fn power_off(mut self) {
         let mut qmp = UnixStream::connect(&self.qmp).expect("QMP socket");
@@ -218,21 +237,7 @@ fn image_boots_serves_powers_off_and_upgrades_keeping_its_data() {
     let token = wait_token(&mut guest);
     let took = guest.wait_serving(&token);
     eprintln!("first boot to serving: {took:?}");
-    let out = curl(&[
-        "-sS",
-        "-m",
-        "30",
-        "-x",
-        &format!("http://127.0.0.1:{}", guest.proxy),
-        "http://10.0.2.100/index.html",
-    ]);
-    assert_eq!(
-        out.stdout,
-        PAGE,
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        guest.console()
-    );
+    guest.assert_proxies_the_origin();
     let health = curl(&[
         "-sS",
         "-m",
@@ -285,15 +290,7 @@ fn image_boots_serves_powers_off_and_upgrades_keeping_its_data() {
         printed_token(&console).is_none(),
         "the first-boot secrets were generated again: the data partition was lost\n{console}"
     );
-    let out = curl(&[
-        "-sS",
-        "-m",
-        "30",
-        "-x",
-        &format!("http://127.0.0.1:{}", guest.proxy),
-        "http://10.0.2.100/index.html",
-    ]);
-    assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
+    guest.assert_proxies_the_origin();
     guest.power_off();
 }
 
