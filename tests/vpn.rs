@@ -817,6 +817,7 @@ fn vpn_scenario(classifier: &str) {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(flow["protocol"], "tcp");
+    assert_application_address(&flow);
     drop(hold.stdin.take());
     let _ = hold.wait();
     let status = client.ok("GET", "/api/v1/vpn/status", None);
@@ -1072,6 +1073,16 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
     assert_eq!(topo.leftovers(), Vec::<String>::new());
 }
 
+/// A VPN flow's `local_addr` is the application's own address, not the NAT address
+/// (`vpn.tun.gateway`, 10.255.0.1 by default) the kernel shows the relay.
+fn assert_application_address(flow: &serde_json::Value) {
+    let local = flow["local_addr"].as_str().unwrap_or("");
+    assert!(
+        !local.is_empty() && !local.starts_with("10.255.0.1:"),
+        "local_addr {local:?} is the NAT address: {flow}"
+    );
+}
+
 /// The live VPN flow of `protocol` to `remote`, once the relay has counted `received` bytes
 /// towards the application (bounded wait).
 fn vpn_flow(client: &Client, protocol: &str, remote: &str, received: u64) -> serde_json::Value {
@@ -1084,7 +1095,10 @@ fn vpn_flow(client: &Client, protocol: &str, remote: &str, received: u64) -> ser
                 .cloned()
         });
         match flow {
-            Some(f) if f["bytes_received"] == received => return f,
+            Some(f) if f["bytes_received"] == received => {
+                assert_application_address(&f);
+                return f;
+            }
             other => assert!(
                 Instant::now() < deadline,
                 "no live {protocol} flow to {remote} with {received} bytes received: {other:?} in {conns}"

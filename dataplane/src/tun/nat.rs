@@ -21,11 +21,22 @@ use std::sync::Arc;
 pub const FIRST_PORT: u16 = 10000;
 pub const PORTS: usize = 50000;
 
-/// Original destinations by NAT port, readable from any thread without locks.
+/// Original destinations (and the applications' own addresses) by NAT port, readable from any
+/// thread without locks.
 pub struct NatTable {
     first: u16,
     /// 0 = free; else `1 << 63 | ip << 16 | port`.
     slots: Box<[AtomicU64]>,
+    /// The application's address of each open flow, same encoding (shown as the flow's client).
+    apps: Box<[AtomicU64]>,
+}
+
+fn encode(a: SocketAddrV4) -> u64 {
+    1u64 << 63 | u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port())
+}
+
+fn decode(v: u64) -> Option<SocketAddrV4> {
+    (v != 0).then(|| SocketAddrV4::new(Ipv4Addr::from((v >> 16) as u32), (v & 0xffff) as u16))
 }
 
 impl NatTable {
@@ -34,6 +45,7 @@ impl NatTable {
         NatTable {
             first,
             slots: (0..count).map(|_| AtomicU64::new(0)).collect(),
+            apps: (0..count).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -48,13 +60,18 @@ impl NatTable {
 
     /// The original destination of the flow on `nat_port`, if one is open.
     pub fn lookup(&self, nat_port: u16) -> Option<SocketAddrV4> {
-        let v = self.slots[self.index(nat_port)?].load(Ordering::Acquire);
-        (v != 0).then(|| SocketAddrV4::new(Ipv4Addr::from((v >> 16) as u32), (v & 0xffff) as u16))
+        decode(self.slots[self.index(nat_port)?].load(Ordering::Acquire))
     }
 
-    pub(super) fn publish(&self, index: usize, dst: SocketAddrV4) {
-        let v = 1u64 << 63 | u64::from(u32::from(*dst.ip())) << 16 | u64::from(dst.port());
-        self.slots[index].store(v, Ordering::Release);
+    /// The application's own address of the flow on `nat_port` (read after [`Self::lookup`]
+    /// found the flow: published before it).
+    pub fn app(&self, nat_port: u16) -> Option<SocketAddrV4> {
+        decode(self.apps[self.index(nat_port)?].load(Ordering::Acquire))
+    }
+
+    pub(super) fn publish(&self, index: usize, app: SocketAddrV4, dst: SocketAddrV4) {
+        self.apps[index].store(encode(app), Ordering::Release);
+        self.slots[index].store(encode(dst), Ordering::Release);
     }
 
     /// How many NAT ports the table has.
@@ -64,6 +81,7 @@ impl NatTable {
 
     pub(super) fn clear(&self, index: usize) {
         self.slots[index].store(0, Ordering::Release);
+        self.apps[index].store(0, Ordering::Release);
     }
 
     /// How many flows are open.
@@ -259,7 +277,7 @@ impl Translator {
             reset: false,
         });
         self.by_app.insert((seg.src, seg.dst), i);
-        self.table.publish(i, seg.dst);
+        self.table.publish(i, seg.src, seg.dst);
         Some(i)
     }
 
@@ -419,8 +437,9 @@ mod tests {
         let table = NatTable::new(FIRST_PORT, 4);
         assert_eq!(table.lookup(9999), None);
         assert_eq!(table.lookup(10004), None);
-        table.publish(3, sa("203.0.113.1:65535"));
+        table.publish(3, sa("10.0.0.7:40000"), sa("203.0.113.1:65535"));
         assert_eq!(table.lookup(10003), Some(sa("203.0.113.1:65535")));
+        assert_eq!(table.app(10003), Some(sa("10.0.0.7:40000")));
         table.clear(3);
         assert_eq!(table.lookup(10003), None);
     }

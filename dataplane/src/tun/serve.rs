@@ -25,6 +25,8 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
         tracing::debug!(client = %peer, "VPN listener: no NAT entry");
         return;
     };
+    // the flow's client is the application, not the NAT address the kernel shows
+    let peer = vpn.nat.app(from.port()).map_or(peer, SocketAddr::V4);
     let ip = dst.ip().to_string();
     // route by the name the application resolved when the resolver saw it, else by address;
     // the dial always goes to the address the application chose

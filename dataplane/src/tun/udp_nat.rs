@@ -211,7 +211,7 @@ impl UdpNat {
             replied: false,
         });
         self.by_app.insert((d.src, d.dst), i);
-        self.table.publish(i, d.dst);
+        self.table.publish(i, d.src, d.dst);
         Some(i)
     }
 

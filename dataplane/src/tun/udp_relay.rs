@@ -194,7 +194,11 @@ async fn relay_flow(
     let mut trace = Trace::new(Protocol::VpnUdp, "UDP");
     trace.host = label.clone();
     trace.url = label.clone();
-    let peer = SocketAddr::V4(app);
+    // shown as the flow's client: the application, not the NAT address replies go to
+    let peer = vpn
+        .udp_nat
+        .app(app.port())
+        .map_or(SocketAddr::V4(app), SocketAddr::V4);
     let opened = match snapshot.select(&host) {
         Some((_, backend)) => {
             let backend = backend.clone();
