@@ -80,6 +80,8 @@ pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
 
 pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let cfg = load(config_path.as_ref())?;
+    // before any thread exists (logging, runtime, data plane): it changes the environment
+    switchyard_proxy_auth::set_keytab_environment(&cfg.auth);
     switchyard_service::init_logging(&cfg.logging, "")?;
     match &config_path {
         Some(p) => tracing::info!(config = %p.display(), "configuration loaded"),

@@ -97,6 +97,19 @@ pub fn verifier(auth: &AuthConfig) -> Result<Option<Arc<dyn CredentialVerifier>>
 /// Whether SPNEGO (`auth.negotiate.*`) is built into this binary.
 pub const NEGOTIATE_BUILT: bool = cfg!(feature = "negotiate");
 
+/// Points GSS-API at `auth.negotiate.keytab` through `KRB5_KTNAME`, the only way libgssapi
+/// offers. Changing the environment is sound only while the process has one thread: the server
+/// calls this first thing at start-up, before logging, the runtime and the data plane start
+/// theirs. An operator's own `KRB5_KTNAME` wins.
+pub fn set_keytab_environment(auth: &AuthConfig) {
+    let Some(cfg) = auth.negotiate.as_ref().filter(|n| n.enabled) else {
+        return;
+    };
+    if cfg!(feature = "negotiate") && std::env::var_os("KRB5_KTNAME").is_none() {
+        std::env::set_var("KRB5_KTNAME", format!("FILE:{}", cfg.keytab));
+    }
+}
+
 /// The SPNEGO verifier when `auth.negotiate.enabled`. `Ok(None)` also when this build lacks
 /// the `negotiate` feature: then the data plane fails closed (and start-up warns).
 pub fn negotiate_verifier(

@@ -42,11 +42,8 @@ impl NegotiateVerifier {
         if !std::path::Path::new(&cfg.keytab).is_file() {
             return Err(bad(format!("keytab {} is not a readable file", cfg.keytab)));
         }
-        // GSS-API reads the acceptor keytab from KRB5_KTNAME. Set once at start-up, before the
-        // data-plane cores start; an operator's explicit KRB5_KTNAME wins.
-        if std::env::var_os("KRB5_KTNAME").is_none() {
-            std::env::set_var("KRB5_KTNAME", format!("FILE:{}", cfg.keytab));
-        }
+        // GSS-API reads the acceptor keytab from KRB5_KTNAME: `set_keytab_environment` set it
+        // at start-up, while the process had one thread
         let realm = (!cfg.realm.is_empty()).then(|| cfg.realm.clone());
         let principal = match &realm {
             Some(r) if !cfg.service_principal.contains('@') => {

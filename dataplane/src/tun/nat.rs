@@ -93,6 +93,17 @@ impl NatTable {
     }
 }
 
+/// The first free flow slot at or after `next`, round robin (so a NAT port is reused as late as
+/// possible); advances `next` past it.
+pub(super) fn next_free<T>(flows: &[Option<T>], next: &mut usize) -> Option<usize> {
+    let n = flows.len();
+    let i = (0..n)
+        .map(|k| (*next + k) % n)
+        .find(|&i| flows[i].is_none())?;
+    *next = (i + 1) % n;
+    Some(i)
+}
+
 /// Where the translated flows meet the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NatAddresses {
@@ -260,13 +271,9 @@ impl Translator {
     }
 
     fn allocate(&mut self, seg: &TcpV4, now: u64) -> Option<usize> {
-        let n = self.flows.len();
-        // round robin, so a port is reused as late as possible (the listener side may still
-        // hold the previous flow's 4-tuple in TIME_WAIT)
-        let i = (0..n)
-            .map(|k| (self.next + k) % n)
-            .find(|&i| self.flows[i].is_none())?;
-        self.next = (i + 1) % n;
+        // reused as late as possible: the listener side may still hold the previous flow's
+        // 4-tuple in TIME_WAIT
+        let i = next_free(&self.flows, &mut self.next)?;
         self.flows[i] = Some(Flow {
             app: seg.src,
             dst: seg.dst,

@@ -197,13 +197,9 @@ impl UdpNat {
     }
 
     fn allocate(&mut self, d: &UdpV4, now: u64) -> Option<usize> {
-        let n = self.flows.len();
-        // round robin: a port is reused as late as possible, so a core still relaying the
-        // previous flow of a port sees the new destination in the table and starts afresh
-        let i = (0..n)
-            .map(|k| (self.next + k) % n)
-            .find(|&i| self.flows[i].is_none())?;
-        self.next = (i + 1) % n;
+        // reused as late as possible, so a core still relaying the previous flow of a port sees
+        // the new destination in the table and starts afresh
+        let i = super::nat::next_free(&self.flows, &mut self.next)?;
         self.flows[i] = Some(Flow {
             app: d.src,
             dst: d.dst,
