@@ -1,0 +1,272 @@
+//! The test driver: a coturn process of the test's own, and a one-thread std UDP loop that runs
+//! several `IceEndpoint`s (one socket each) against it, passing each peer's endpoints to the
+//! others the way the registry would.
+
+use std::collections::HashSet;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use switchyard_ice::stun::{Class, Message, Method};
+use switchyard_ice::{Event, IceConfig, IceEndpoint, Path, Received, Via};
+
+/// The program's path, or None after printing why the test skips. Under CI (`CI` set) a
+/// missing program fails the test instead (tests/run installs it).
+pub fn require(cmd: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file());
+    match found {
+        Some(p) => Some(p),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("{cmd} is required in CI (tests/run installs coturn)")
+        }
+        None => {
+            eprintln!(
+                "SKIP: {cmd} is not installed (apt-get install coturn, or run tests/run as root)"
+            );
+            None
+        }
+    }
+}
+
+/// `turnserver` on 127.0.0.1 with a random port, one long-term user, UDP only, no TLS.
+pub struct Coturn {
+    child: Child,
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Coturn {
+    pub fn start(user: &str, password: &str) -> Coturn {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .expect("free port")
+            .port();
+        let d = dir.path().display();
+        let config = format!(
+            "listening-ip=127.0.0.1\nlistening-port={port}\nrelay-ip=127.0.0.1\n\
+             allow-loopback-peers\nlt-cred-mech\nuser={user}:{password}\nrealm=switchyard.test\n\
+             no-cli\nno-tls\nno-dtls\nno-tcp\nno-rfc5780\nfingerprint\n\
+             log-file={d}/turn.log\nsimple-log\npidfile={d}/turn.pid\nuserdb={d}/turndb\n"
+        );
+        let conf = dir.path().join("turnserver.conf");
+        std::fs::write(&conf, config).expect("write config");
+        let child = Command::new(require("turnserver").expect("turnserver"))
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start turnserver");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let turn = Coturn { child, addr, dir };
+        turn.wait_ready();
+        turn
+    }
+
+    /// Waits until the server answers a STUN Binding request.
+    fn wait_ready(&self) {
+        let probe = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        probe
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut buf = [0u8; 1024];
+        while Instant::now() < deadline {
+            let req = Message::new(Class::Request, Method::Binding, [5; 12]).encode(None, true);
+            probe.send_to(&req, self.addr).expect("send");
+            if let Ok((n, _)) = probe.recv_from(&mut buf) {
+                if Message::decode(&buf[..n]).is_ok_and(|m| m.class == Class::Success) {
+                    return;
+                }
+            }
+        }
+        let log = std::fs::read_to_string(self.dir.path().join("turn.log")).unwrap_or_default();
+        panic!("turnserver did not answer on {}; log:\n{log}", self.addr);
+    }
+}
+
+impl Drop for Coturn {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Node {
+    pub id: String,
+    socket: UdpSocket,
+    pub ice: IceEndpoint,
+    pub events: Vec<Event>,
+    /// Data (not ICE) datagrams the endpoint handed back.
+    pub inbox: Vec<(SocketAddr, Via, Vec<u8>)>,
+}
+
+pub struct Net {
+    nodes: Vec<Node>,
+    /// Datagrams to these addresses are dropped by the driver (a path that does not exist).
+    blocked: HashSet<SocketAddr>,
+}
+
+impl Net {
+    pub fn new(
+        _turn: &Coturn,
+        ids: &[&str],
+        config: impl Fn(&str, &UdpSocket) -> IceConfig,
+    ) -> Net {
+        let nodes = ids
+            .iter()
+            .map(|id| {
+                let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+                socket.set_nonblocking(true).expect("nonblocking");
+                let ice = IceEndpoint::new(config(id, &socket), Instant::now());
+                Node {
+                    id: id.to_string(),
+                    socket,
+                    ice,
+                    events: Vec::new(),
+                    inbox: Vec::new(),
+                }
+            })
+            .collect();
+        Net {
+            nodes,
+            blocked: HashSet::new(),
+        }
+    }
+
+    pub fn socket_addrs(&self) -> HashSet<SocketAddr> {
+        self.nodes
+            .iter()
+            .map(|n| n.socket.local_addr().expect("addr"))
+            .collect()
+    }
+
+    pub fn endpoint(&self, id: &str) -> &IceEndpoint {
+        &self.node(id).ice
+    }
+
+    fn node(&self, id: &str) -> &Node {
+        self.nodes.iter().find(|n| n.id == id).expect("node")
+    }
+
+    /// Tells every node about every other node's current endpoints (the registry's job).
+    pub fn introduce(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.publish(i);
+        }
+    }
+
+    fn publish(&mut self, from: usize) {
+        let id = self.nodes[from].id.clone();
+        let endpoints = self.nodes[from].ice.local_endpoints();
+        let now = Instant::now();
+        for (j, n) in self.nodes.iter_mut().enumerate() {
+            if j != from {
+                let errors = n.ice.set_peer(&id, &endpoints, now);
+                assert!(errors.is_empty(), "{errors:?}");
+            }
+        }
+    }
+
+    /// One round: send what every endpoint wants sent, read what arrived, run due timers.
+    pub fn step(&mut self) {
+        let mut buf = [0u8; 65536];
+        let mut republish = Vec::new();
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            let now = Instant::now();
+            if n.ice.poll_timeout().is_some_and(|t| t <= now) {
+                n.ice.handle_timeout(now);
+            }
+            while let Ok((len, from)) = n.socket.recv_from(&mut buf) {
+                match n.ice.handle_datagram(from, &buf[..len], Instant::now()) {
+                    Received::Data { from, via, payload } => {
+                        n.inbox.push((from, via, payload.into_owned()))
+                    }
+                    Received::Consumed | Received::Dropped => {}
+                }
+            }
+            while let Some(t) = n.ice.poll_transmit() {
+                if !self.blocked.contains(&t.to) {
+                    let _ = n.socket.send_to(&t.bytes, t.to);
+                }
+            }
+            while let Some(e) = n.ice.poll_event() {
+                if matches!(e, Event::CandidateGathered(_)) {
+                    republish.push(i);
+                }
+                n.events.push(e);
+            }
+        }
+        for i in republish {
+            self.publish(i);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+
+    /// Runs until every node has a selected path to every other; returns them.
+    pub fn run_until_selected(&mut self, blocked: HashSet<SocketAddr>) -> Vec<(String, Path)> {
+        self.blocked = blocked;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.step();
+            let mut paths = Vec::new();
+            for n in &self.nodes {
+                for other in &self.nodes {
+                    if other.id != n.id {
+                        if let Some(p) = n.ice.selected_path(&other.id) {
+                            paths.push((format!("{}→{}", n.id, other.id), p));
+                        }
+                    }
+                }
+            }
+            let want = self.nodes.len() * (self.nodes.len() - 1);
+            if paths.len() == want {
+                return paths;
+            }
+            if Instant::now() > deadline {
+                let events: Vec<_> = self.nodes.iter().map(|n| (&n.id, &n.events)).collect();
+                panic!("no paths within 30 s; selected {paths:?}; events {events:?}");
+            }
+        }
+    }
+
+    /// Sends `data` from one node to another along the selected path and waits for it there.
+    pub fn exchange(&mut self, from: &str, to: &str, data: &[u8]) {
+        let t = self
+            .node(from)
+            .ice
+            .encapsulate(to, data)
+            .expect("a selected path");
+        assert!(!self.blocked.contains(&t.to), "selected path is blocked");
+        self.node(from)
+            .socket
+            .send_to(&t.bytes, t.to)
+            .expect("send");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            self.step();
+            if self.node(to).inbox.iter().any(|(_, _, d)| d == data) {
+                return;
+            }
+        }
+        panic!("{to} never received the data {from} sent to {}", t.to);
+    }
+
+    pub fn run_until_event<T>(&mut self, id: &str, pick: impl Fn(&Event) -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.step();
+            if let Some(t) = self.node(id).events.iter().find_map(&pick) {
+                return t;
+            }
+            assert!(Instant::now() < deadline, "no such event within 30 s");
+        }
+    }
+}
