@@ -136,6 +136,7 @@ pub fn success_response(request: &Message, from: SocketAddr) -> Message {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

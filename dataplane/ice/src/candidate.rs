@@ -130,6 +130,7 @@ pub struct Endpoint {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

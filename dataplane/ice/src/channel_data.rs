@@ -26,6 +26,7 @@ pub fn encode(channel: u16, data: &[u8]) -> Vec<u8> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

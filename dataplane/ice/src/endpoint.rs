@@ -575,3 +575,176 @@ impl IceEndpoint {
         self.events.push_back(Event::CandidateGathered(candidate));
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::agent::PathKind;
+
+    /// Endpoints on a simulated network with a virtual clock: every transmit to a known
+    /// address arrives at once while the network is up.
+    struct Sim {
+        now: Instant,
+        nodes: Vec<(SocketAddr, IceEndpoint)>,
+        events: Vec<(usize, Event)>,
+        up: bool,
+    }
+
+    impl Sim {
+        fn new(ids: &[&str], tweak: impl Fn(&mut IceConfig)) -> Sim {
+            let now = Instant::now();
+            let nodes: Vec<(SocketAddr, IceEndpoint)> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let addr: SocketAddr = format!("10.0.0.{}:51820", i + 1).parse().unwrap();
+                    let mut c = IceConfig::new(id, vec![addr]);
+                    tweak(&mut c);
+                    (addr, IceEndpoint::new(c, now))
+                })
+                .collect();
+            let mut sim = Sim {
+                now,
+                nodes,
+                events: Vec::new(),
+                up: true,
+            };
+            let all: Vec<(String, Vec<Endpoint>)> = ids
+                .iter()
+                .zip(&sim.nodes)
+                .map(|(id, (_, e))| (id.to_string(), e.local_endpoints()))
+                .collect();
+            for (_, e) in &mut sim.nodes {
+                for (id, endpoints) in &all {
+                    assert!(e.set_peer(id, endpoints, now).is_empty());
+                }
+            }
+            sim
+        }
+
+        /// Runs until `done` or `limit` of virtual time passed; true when done.
+        fn run(&mut self, limit: Duration, done: impl Fn(&Sim) -> bool) -> bool {
+            let end = self.now + limit;
+            loop {
+                let mut moved = true;
+                while moved {
+                    moved = false;
+                    for i in 0..self.nodes.len() {
+                        let from = self.nodes[i].0;
+                        while let Some(t) = self.nodes[i].1.poll_transmit() {
+                            moved = true;
+                            let Some(j) = self.nodes.iter().position(|(a, _)| *a == t.to) else {
+                                continue;
+                            };
+                            if self.up {
+                                let now = self.now;
+                                let r = self.nodes[j].1.handle_datagram(from, &t.bytes, now);
+                                assert_eq!(r, Received::Consumed);
+                            }
+                        }
+                        while let Some(e) = self.nodes[i].1.poll_event() {
+                            self.events.push((i, e));
+                        }
+                    }
+                }
+                if done(self) {
+                    return true;
+                }
+                let next = self
+                    .nodes
+                    .iter()
+                    .filter_map(|(_, e)| e.poll_timeout())
+                    .min();
+                match next {
+                    Some(t) if t <= end => {
+                        self.now = self.now.max(t);
+                        let now = self.now;
+                        for (_, e) in &mut self.nodes {
+                            e.handle_timeout(now);
+                        }
+                    }
+                    _ => return false,
+                }
+            }
+        }
+
+        fn selected(&self, i: usize, peer: &str) -> Option<Path> {
+            self.nodes[i].1.selected_path(peer)
+        }
+
+        fn count(&self, pick: impl Fn(&Event) -> bool) -> usize {
+            self.events.iter().filter(|(_, e)| pick(e)).count()
+        }
+    }
+
+    #[test]
+    fn direct_path_selected_lost_and_found_again() {
+        let mut sim = Sim::new(&["a", "b"], |_| {});
+        assert!(sim.run(Duration::from_secs(10), |s| {
+            s.selected(0, "b").is_some() && s.selected(1, "a").is_some()
+        }));
+        let path = sim.selected(0, "b").unwrap();
+        assert_eq!(path.kind, PathKind::Direct);
+        assert_eq!(path.remote, sim.nodes[1].0);
+        assert_eq!(sim.count(|e| matches!(e, Event::PathSelected { .. })), 2);
+
+        // Consent keeps the path while the network is up …
+        assert!(!sim.run(Duration::from_secs(120), |s| s
+            .count(|e| matches!(e, Event::PathLost { .. }))
+            > 0));
+        // … and both sides lose it when it goes down.
+        sim.up = false;
+        assert!(sim.run(Duration::from_secs(60), |s| s
+            .count(|e| matches!(e, Event::PathLost { .. }))
+            == 2));
+        assert_eq!(sim.selected(0, "b"), None);
+        // Checks go on; when the network is back, the path is found again.
+        sim.up = true;
+        assert!(sim.run(Duration::from_secs(120), |s| {
+            s.selected(0, "b").is_some() && s.selected(1, "a").is_some()
+        }));
+        assert_eq!(sim.count(|e| matches!(e, Event::PathSelected { .. })), 4);
+    }
+
+    #[test]
+    fn no_path_means_unreachable_and_checks_go_on() {
+        let mut sim = Sim::new(&["a", "b"], |c| c.connect_timeout = Duration::from_secs(10));
+        sim.up = false;
+        assert!(sim.run(Duration::from_secs(30), |s| s
+            .count(|e| matches!(e, Event::Unreachable { .. }))
+            == 2));
+        sim.up = true;
+        assert!(sim.run(Duration::from_secs(60), |s| {
+            s.selected(0, "b").is_some() && s.selected(1, "a").is_some()
+        }));
+    }
+
+    #[test]
+    fn direct_connect_off_and_no_relay_means_no_path() {
+        let mut sim = Sim::new(&["a", "b"], |c| c.direct_connect = false);
+        assert!(!sim.run(Duration::from_secs(60), |s| s.selected(0, "b").is_some()));
+        assert_eq!(sim.count(|e| matches!(e, Event::Unreachable { .. })), 2);
+    }
+
+    #[test]
+    fn checks_with_another_networks_secret_are_dropped() {
+        let mut sim = Sim::new(&["a", "b"], |_| {});
+        // b derives its check password from a different network key.
+        let b_addr = sim.nodes[1].0;
+        let mut c = IceConfig::new("b", vec![b_addr]);
+        c.secret = b"other network".to_vec();
+        let mut b = IceEndpoint::new(c, sim.now);
+        b.set_peer("a", &sim.nodes[0].1.local_endpoints(), sim.now);
+        sim.nodes[1].1 = b;
+        let now = sim.now;
+        sim.nodes[0].1.handle_timeout(now);
+        let t = sim.nodes[0].1.poll_transmit().expect("a check");
+        let a_addr = sim.nodes[0].0;
+        assert_eq!(
+            sim.nodes[1].1.handle_datagram(a_addr, &t.bytes, now),
+            Received::Dropped
+        );
+        assert!(sim.nodes[1].1.poll_transmit().is_none());
+    }
+}

@@ -98,6 +98,7 @@ pub fn classify(datagram: &[u8]) -> DatagramKind {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};

@@ -161,7 +161,7 @@ impl Message {
             && datagram[4..8] == MAGIC_COOKIE.to_be_bytes()
             && usize::from(u16::from_be_bytes([datagram[2], datagram[3]])) + HEADER_LEN
                 == datagram.len()
-            && datagram[3] % 4 == 0
+            && datagram[3].is_multiple_of(4)
     }
 
     pub fn decode(datagram: &[u8]) -> Result<Message, StunError> {
@@ -172,7 +172,7 @@ impl Message {
             return Err(StunError::NotStun);
         }
         let length = usize::from(u16::from_be_bytes([datagram[2], datagram[3]]));
-        if length % 4 != 0 || HEADER_LEN + length != datagram.len() {
+        if !length.is_multiple_of(4) || HEADER_LEN + length != datagram.len() {
             return Err(StunError::Truncated);
         }
         let message_type = u16::from_be_bytes([datagram[0], datagram[1]]);
@@ -539,6 +539,7 @@ fn xor(a: SocketAddr, tid: &TransactionId) -> SocketAddr {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};

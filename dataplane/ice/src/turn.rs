@@ -25,6 +25,9 @@ const CHANNEL_REFRESH: Duration = Duration::from_secs(540);
 const REFRESH_MARGIN: Duration = Duration::from_secs(60);
 /// A failed permission or channel request is tried again after this long.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// A failed allocation (timeout, server error) is tried again after this long; refused
+/// credentials are not (they need a configuration change).
+const ALLOCATE_RETRY: Duration = Duration::from_secs(30);
 /// UDP, in REQUESTED-TRANSPORT.
 const PROTOCOL_UDP: u8 = 17;
 /// Stale-nonce retries per request before giving up (a server that keeps answering 438).
@@ -86,6 +89,7 @@ pub struct TurnClient {
     state: TurnState,
     expires: Option<Instant>,
     refresh_at: Option<Instant>,
+    retry_allocate_at: Option<Instant>,
     pending: HashMap<TransactionId, Pending>,
     permissions: HashMap<IpAddr, Refreshable>,
     channels: HashMap<SocketAddr, (u16, Refreshable)>,
@@ -115,6 +119,7 @@ impl TurnClient {
             state: TurnState::Allocating,
             expires: None,
             refresh_at: None,
+            retry_allocate_at: None,
             pending: HashMap::new(),
             permissions: HashMap::new(),
             channels: HashMap::new(),
@@ -279,10 +284,13 @@ impl TurnClient {
                     Attribute::XorRelayedAddress(r) => Some(*r),
                     _ => None,
                 }) else {
-                    self.fail(IceError::TurnProtocol {
-                        server: self.server,
-                        why: "Allocate success without XOR-RELAYED-ADDRESS".into(),
-                    });
+                    self.fail(
+                        IceError::TurnProtocol {
+                            server: self.server,
+                            why: "Allocate success without XOR-RELAYED-ADDRESS".into(),
+                        },
+                        now,
+                    );
                     return;
                 };
                 let mapped = message.xor_mapped_address();
@@ -341,10 +349,13 @@ impl TurnClient {
         match code {
             401 if !pending.authenticated => {
                 let (Some(realm), Some(nonce)) = (message.realm(), message.nonce()) else {
-                    self.fail(IceError::TurnProtocol {
-                        server: self.server,
-                        why: "401 without REALM and NONCE".into(),
-                    });
+                    self.fail(
+                        IceError::TurnProtocol {
+                            server: self.server,
+                            why: "401 without REALM and NONCE".into(),
+                        },
+                        now,
+                    );
                     return;
                 };
                 self.realm = realm.to_string();
@@ -352,11 +363,14 @@ impl TurnClient {
                 self.key = Some(long_term_key(&self.username, &self.realm, &self.password));
                 self.send(pending.request, 0, now);
             }
-            401 => self.fail(IceError::TurnUnauthorized {
-                server: self.server,
-                username: self.username.clone(),
-                realm: self.realm.clone(),
-            }),
+            401 => self.fail(
+                IceError::TurnUnauthorized {
+                    server: self.server,
+                    username: self.username.clone(),
+                    realm: self.realm.clone(),
+                },
+                now,
+            ),
             438 if pending.stale_retries < MAX_STALE_RETRIES => {
                 if let Some(nonce) = message.nonce() {
                     self.nonce = nonce.to_string();
@@ -370,11 +384,14 @@ impl TurnClient {
                 self.send(pending.request, pending.stale_retries + 1, now);
             }
             _ => match pending.request {
-                Request::Allocate => self.fail(IceError::TurnRejected {
-                    server: self.server,
-                    code,
-                    reason,
-                }),
+                Request::Allocate => self.fail(
+                    IceError::TurnRejected {
+                        server: self.server,
+                        code,
+                        reason,
+                    },
+                    now,
+                ),
                 // 437: the server no longer knows the allocation.
                 Request::Refresh { lifetime } if lifetime > 0 => self.lost(now),
                 Request::Refresh { .. } => self.state = TurnState::Closed,
@@ -410,8 +427,11 @@ impl TurnClient {
         self.refresh_at = Some(now + early);
     }
 
-    fn fail(&mut self, error: IceError) {
+    fn fail(&mut self, error: IceError, now: Instant) {
         tracing::warn!(%error, "TURN allocation failed");
+        if !matches!(error, IceError::TurnUnauthorized { .. }) {
+            self.retry_allocate_at = Some(now + ALLOCATE_RETRY);
+        }
         self.state = TurnState::Failed(error.clone());
         self.pending.clear();
         self.expires = None;
@@ -452,6 +472,7 @@ impl TurnClient {
             .values()
             .map(|p| p.timer.next_timeout())
             .chain(self.refresh_at)
+            .chain(self.retry_allocate_at)
             .chain(self.expires)
             .chain(refreshes)
             .min()
@@ -471,15 +492,24 @@ impl TurnClient {
                 continue;
             };
             match p.request {
-                Request::Allocate => self.fail(IceError::Timeout {
-                    server: self.server,
-                    what: "TURN Allocate",
-                }),
+                Request::Allocate => self.fail(
+                    IceError::Timeout {
+                        server: self.server,
+                        what: "TURN Allocate",
+                    },
+                    now,
+                ),
                 Request::Refresh { lifetime: 0 } => self.state = TurnState::Closed,
                 Request::Refresh { .. } => self.refresh_at = Some(now + RETRY_AFTER),
                 Request::CreatePermission(ip) => self.retry_permission(ip, now),
                 Request::ChannelBind { peer, .. } => self.retry_channel(peer, now),
             }
+        }
+        if self.retry_allocate_at.is_some_and(|t| now >= t) {
+            self.retry_allocate_at = None;
+            self.key = None;
+            self.state = TurnState::Allocating;
+            self.send(Request::Allocate, 0, now);
         }
         if self.relayed().is_none() {
             return;
@@ -566,6 +596,7 @@ impl TurnClient {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -88,6 +88,7 @@ fn parse(url: &str, scheme: &str) -> Result<ServerUrl, IceError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
