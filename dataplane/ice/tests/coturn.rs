@@ -247,9 +247,7 @@ fn ice_config(id: &str, socket: &UdpSocket, turn: &Coturn, password: &str) -> Ic
 #[test]
 fn reachable_agents_select_direct() {
     let Some(turn) = coturn() else { return };
-    let mut net = Net::new(&turn, &["alpha", "beta"], |id, s| {
-        ice_config(id, s, &turn, "p")
-    });
+    let mut net = Net::new(&["alpha", "beta"], |id, s| ice_config(id, s, &turn, "p"));
     net.introduce();
     let paths = net.run_until_selected(HashSet::new());
     for (peer, path) in &paths {
@@ -265,9 +263,7 @@ fn reachable_agents_select_direct() {
 #[test]
 fn agents_without_direct_reachability_select_the_relay() {
     let Some(turn) = coturn() else { return };
-    let mut net = Net::new(&turn, &["alpha", "beta"], |id, s| {
-        ice_config(id, s, &turn, "p")
-    });
+    let mut net = Net::new(&["alpha", "beta"], |id, s| ice_config(id, s, &turn, "p"));
     let blocked: HashSet<SocketAddr> = net.socket_addrs();
     net.introduce();
     let paths = net.run_until_selected(blocked.clone());
@@ -282,7 +278,7 @@ fn agents_without_direct_reachability_select_the_relay() {
 #[test]
 fn wrong_turn_password_is_a_clear_error() {
     let Some(turn) = coturn() else { return };
-    let mut net = Net::new(&turn, &["alpha"], |id, s| ice_config(id, s, &turn, "wrong"));
+    let mut net = Net::new(&["alpha"], |id, s| ice_config(id, s, &turn, "wrong"));
     let error = net.run_until_event("alpha", |e| match e {
         Event::ServerFailed { error, .. } => Some(error.clone()),
         _ => None,

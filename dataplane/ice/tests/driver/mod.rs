@@ -1,9 +1,14 @@
 //! The test driver: a coturn process of the test's own, and a one-thread std UDP loop that runs
 //! several `IceEndpoint`s (one socket each) against it, passing each peer's endpoints to the
-//! others the way the registry would.
+//! others the way the registry would. Sockets may live in network namespaces (bound by a thread
+//! that entered the namespace; a socket keeps its namespace).
+#![allow(unsafe_code)] // setns(2) in `bind_in`, the one syscall std does not wrap.
+#![allow(dead_code)] // each test binary uses part of the driver
 
 use std::collections::HashSet;
+use std::fs::File;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,45 +39,84 @@ pub fn require(cmd: &str) -> Option<PathBuf> {
     }
 }
 
-/// `turnserver` on 127.0.0.1 with a random port, one long-term user, UDP only, no TLS.
+/// A UDP socket bound to `addr` inside network namespace `netns` (None: this one).
+pub fn bind_in(netns: Option<&str>, addr: &str) -> UdpSocket {
+    let Some(netns) = netns else {
+        return UdpSocket::bind(addr).expect("bind");
+    };
+    let (path, addr) = (format!("/var/run/netns/{netns}"), addr.to_string());
+    std::thread::spawn(move || {
+        let ns = File::open(&path).expect("netns file");
+        // SAFETY: setns(2) with a valid namespace fd only moves this short-lived thread, which
+        // does nothing but bind the socket, into that network namespace.
+        let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        UdpSocket::bind(&addr).expect("bind in netns")
+    })
+    .join()
+    .expect("bind thread")
+}
+
+/// `turnserver` with a random port, one long-term user, UDP only, no TLS: on 127.0.0.1, or on
+/// `ip` inside a network namespace.
 pub struct Coturn {
     child: Child,
     pub addr: SocketAddr,
+    netns: Option<String>,
     dir: tempfile::TempDir,
 }
 
 impl Coturn {
     pub fn start(user: &str, password: &str) -> Coturn {
+        Coturn::start_in(None, "127.0.0.1", user, password)
+    }
+
+    pub fn start_in(netns: Option<&str>, ip: &str, user: &str, password: &str) -> Coturn {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
+        let port = bind_in(netns, &format!("{ip}:0"))
+            .local_addr()
             .expect("free port")
             .port();
         let d = dir.path().display();
         let config = format!(
-            "listening-ip=127.0.0.1\nlistening-port={port}\nrelay-ip=127.0.0.1\n\
+            "listening-ip={ip}\nlistening-port={port}\nrelay-ip={ip}\n\
              allow-loopback-peers\nlt-cred-mech\nuser={user}:{password}\nrealm=switchyard.test\n\
-             no-cli\nno-tls\nno-dtls\nno-tcp\nno-rfc5780\nfingerprint\n\
+             verbose\nno-cli\nno-tls\nno-dtls\nno-tcp\nno-rfc5780\nfingerprint\n\
              log-file={d}/turn.log\nsimple-log\npidfile={d}/turn.pid\nuserdb={d}/turndb\n"
         );
         let conf = dir.path().join("turnserver.conf");
         std::fs::write(&conf, config).expect("write config");
-        let child = Command::new(require("turnserver").expect("turnserver"))
+        let turnserver = require("turnserver").expect("turnserver");
+        // `ip netns exec` execs the program, so the child's PID is turnserver's.
+        let mut command = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(turnserver);
+                c
+            }
+            None => Command::new(turnserver),
+        };
+        let child = command
             .arg("-c")
             .arg(&conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start turnserver");
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let turn = Coturn { child, addr, dir };
+        let addr: SocketAddr = format!("{ip}:{port}").parse().expect("addr");
+        let turn = Coturn {
+            child,
+            addr,
+            netns: netns.map(str::to_string),
+            dir,
+        };
         turn.wait_ready();
         turn
     }
 
     /// Waits until the server answers a STUN Binding request.
     fn wait_ready(&self) {
-        let probe = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let probe = bind_in(self.netns.as_deref(), &format!("{}:0", self.addr.ip()));
         probe
             .set_read_timeout(Some(Duration::from_millis(100)))
             .expect("timeout");
@@ -94,6 +138,14 @@ impl Coturn {
 
 impl Drop for Coturn {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.path().join("turn.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!(
+                "turnserver log (last lines, newest first):\n{}",
+                tail.join("\n")
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -115,15 +167,22 @@ pub struct Net {
 }
 
 impl Net {
-    pub fn new(
-        _turn: &Coturn,
-        ids: &[&str],
+    /// One node per id, each with a socket on 127.0.0.1.
+    pub fn new(ids: &[&str], config: impl Fn(&str, &UdpSocket) -> IceConfig) -> Net {
+        let sockets = ids
+            .iter()
+            .map(|id| (*id, UdpSocket::bind("127.0.0.1:0").expect("bind")))
+            .collect();
+        Net::with_sockets(sockets, config)
+    }
+
+    pub fn with_sockets(
+        sockets: Vec<(&str, UdpSocket)>,
         config: impl Fn(&str, &UdpSocket) -> IceConfig,
     ) -> Net {
-        let nodes = ids
-            .iter()
-            .map(|id| {
-                let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let nodes = sockets
+            .into_iter()
+            .map(|(id, socket)| {
                 socket.set_nonblocking(true).expect("nonblocking");
                 let ice = IceEndpoint::new(config(id, &socket), Instant::now());
                 Node {
@@ -185,6 +244,13 @@ impl Net {
                 n.ice.handle_timeout(now);
             }
             while let Ok((len, from)) = n.socket.recv_from(&mut buf) {
+                if std::env::var_os("SYICE_TRACE").is_some() {
+                    eprintln!(
+                        "{} ← {from} {:?} {len}",
+                        n.id,
+                        switchyard_ice::classify(&buf[..len])
+                    );
+                }
                 match n.ice.handle_datagram(from, &buf[..len], Instant::now()) {
                     Received::Data { from, via, payload } => {
                         n.inbox.push((from, via, payload.into_owned()))
@@ -194,7 +260,16 @@ impl Net {
             }
             while let Some(t) = n.ice.poll_transmit() {
                 if !self.blocked.contains(&t.to) {
-                    let _ = n.socket.send_to(&t.bytes, t.to);
+                    let r = n.socket.send_to(&t.bytes, t.to);
+                    if std::env::var_os("SYICE_TRACE").is_some() {
+                        eprintln!(
+                            "{} → {} {:?} {} {r:?}",
+                            n.id,
+                            t.to,
+                            switchyard_ice::classify(&t.bytes),
+                            t.bytes.len()
+                        );
+                    }
                 }
             }
             while let Some(e) = n.ice.poll_event() {
@@ -212,6 +287,16 @@ impl Net {
 
     /// Runs until every node has a selected path to every other; returns them.
     pub fn run_until_selected(&mut self, blocked: HashSet<SocketAddr>) -> Vec<(String, Path)> {
+        self.run_until_paths(blocked, |_| true)
+    }
+
+    /// Runs until every node has a selected path to every other that `wanted` accepts (paths
+    /// can be upgraded after the first selection).
+    pub fn run_until_paths(
+        &mut self,
+        blocked: HashSet<SocketAddr>,
+        wanted: impl Fn(&Path) -> bool,
+    ) -> Vec<(String, Path)> {
         self.blocked = blocked;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -227,12 +312,12 @@ impl Net {
                 }
             }
             let want = self.nodes.len() * (self.nodes.len() - 1);
-            if paths.len() == want {
+            if paths.len() == want && paths.iter().all(|(_, p)| wanted(p)) {
                 return paths;
             }
             if Instant::now() > deadline {
                 let events: Vec<_> = self.nodes.iter().map(|n| (&n.id, &n.events)).collect();
-                panic!("no paths within 30 s; selected {paths:?}; events {events:?}");
+                panic!("no wanted paths within 30 s; selected {paths:?}; events {events:?}");
             }
         }
     }
