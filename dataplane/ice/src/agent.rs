@@ -268,7 +268,15 @@ impl Agent {
     /// Adds the peer's published candidates (known ones are kept as they are).
     pub fn add_remote_candidates(&mut self, candidates: &[Candidate]) {
         for c in candidates {
-            if self.remotes.iter().any(|r| r.addr == c.addr) {
+            if let Some(known) = self.remotes.iter_mut().find(|r| r.addr == c.addr) {
+                // A peer-reflexive address the peer now publishes (e.g. its relay, seen in a
+                // check before the registry told us) takes the published kind.
+                if known.kind == CandidateKind::PeerReflexive && c.kind != known.kind {
+                    known.kind = c.kind;
+                    for p in self.pairs.iter_mut().filter(|p| p.remote == c.addr) {
+                        p.remote_kind = c.kind;
+                    }
+                }
                 continue;
             }
             self.remotes.push(*c);
@@ -314,6 +322,17 @@ impl Agent {
         });
         self.retry_at = None;
         Some(self.pairs.len() - 1)
+    }
+
+    #[cfg(test)]
+    fn check_request_for_test(&mut self) -> Vec<u8> {
+        self.add_local(Via::Direct, 1);
+        self.add_remote_candidates(&[Candidate::new(
+            CandidateKind::Host,
+            "10.9.9.9:9".parse().expect("addr"),
+            1,
+        )]);
+        self.check_request(0, false).1
     }
 
     fn check_request(&mut self, pair: usize, nominate: bool) -> (TransactionId, Vec<u8>) {
@@ -699,6 +718,22 @@ mod tests {
         let now = Instant::now();
         assert!(Agent::new("alpha", "beta", b"", config(), now).controlling());
         assert!(!Agent::new("beta", "alpha", b"", config(), now).controlling());
+    }
+
+    #[test]
+    fn published_kind_replaces_peer_reflexive() {
+        let now = Instant::now();
+        let mut a = Agent::new("a", "b", b"", config(), now);
+        a.add_local(Via::Direct, 1);
+        let their_relay: SocketAddr = "10.0.0.3:2".parse().unwrap();
+        // A check from b's relay arrives before b's relay candidate is known.
+        let check = Agent::new("b", "a", b"", config(), now).check_request_for_test();
+        let m = Message::decode(&check).unwrap();
+        assert!(a.handle_request(Via::Direct, their_relay, &m, &check, now));
+        assert_eq!(a.pairs[0].kind(), PathKind::Direct);
+        a.add_remote_candidates(&[Candidate::new(CandidateKind::Relayed, their_relay, 1)]);
+        assert_eq!(a.pairs.len(), 1);
+        assert_eq!(a.pairs[0].kind(), PathKind::Relayed);
     }
 
     #[test]

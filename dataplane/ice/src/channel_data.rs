@@ -19,10 +19,16 @@ pub fn decode(datagram: &[u8]) -> Option<(u16, &[u8])> {
 /// Frames `data` for `channel` (the data must fit the 16-bit length, as any UDP payload does).
 pub fn encode(channel: u16, data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + data.len());
-    out.extend_from_slice(&channel.to_be_bytes());
-    out.extend_from_slice(&(data.len().min(usize::from(u16::MAX)) as u16).to_be_bytes());
-    out.extend_from_slice(&data[..data.len().min(usize::from(u16::MAX))]);
+    encode_into(channel, data, &mut out);
     out
+}
+
+/// [`encode`] appending to `out`.
+pub fn encode_into(channel: u16, data: &[u8], out: &mut Vec<u8>) {
+    let data = &data[..data.len().min(usize::from(u16::MAX))];
+    out.extend_from_slice(&channel.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+    out.extend_from_slice(data);
 }
 
 #[cfg(test)]

@@ -275,6 +275,26 @@ impl IceEndpoint {
         self.route(path.via, path.remote, data)
     }
 
+    /// The data plane's form of [`IceEndpoint::encapsulate`]: where to send `data` for `peer`,
+    /// and whether `out` (a buffer the caller reuses) holds the framed datagram to send instead
+    /// of `data` (true when the path goes through our relay). None while there is no path.
+    pub fn encapsulate_into(
+        &self,
+        peer: &str,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Option<(SocketAddr, bool)> {
+        let path = self.selected_path(peer)?;
+        match path.via {
+            Via::Direct => Some((path.remote, false)),
+            Via::Relay(server) => {
+                let turn = self.turn.iter().find(|t| t.server() == server)?;
+                turn.wrap_into(path.remote, data, out);
+                Some((server, true))
+            }
+        }
+    }
+
     fn route(&self, via: Via, to: SocketAddr, bytes: &[u8]) -> Option<Transmit> {
         match via {
             Via::Direct => Some(Transmit {

@@ -212,12 +212,23 @@ impl TurnClient {
     /// Frames `data` for `peer` through the relay: ChannelData when a channel is bound, a Send
     /// indication otherwise. The result goes to [`TurnClient::server`].
     pub fn wrap(&self, peer: SocketAddr, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(data.len() + 4);
+        self.wrap_into(peer, data, &mut out);
+        out
+    }
+
+    /// [`TurnClient::wrap`] into a buffer the caller reuses (the data plane's hot path: a
+    /// ChannelData frame is the data behind a 4-byte header).
+    pub fn wrap_into(&self, peer: SocketAddr, data: &[u8], out: &mut Vec<u8>) {
+        out.clear();
         match self.channels.get(&peer) {
-            Some((channel, r)) if r.confirmed => channel_data::encode(*channel, data),
-            _ => Message::new(Class::Indication, Method::Send, rand::thread_rng().gen())
-                .with(Attribute::XorPeerAddress(peer))
-                .with(Attribute::Data(data.to_vec()))
-                .encode(None, false),
+            Some((channel, r)) if r.confirmed => channel_data::encode_into(*channel, data, out),
+            _ => out.extend_from_slice(
+                &Message::new(Class::Indication, Method::Send, rand::thread_rng().gen())
+                    .with(Attribute::XorPeerAddress(peer))
+                    .with(Attribute::Data(data.to_vec()))
+                    .encode(None, false),
+            ),
         }
     }
 

@@ -272,6 +272,28 @@ fn agents_without_direct_reachability_select_the_relay() {
     }
     net.exchange("alpha", "beta", &wg("through the relay"));
     net.exchange("beta", "alpha", &wg("and back"));
+
+    // One side sends through its own allocation (the other's pair is the mirror image: to that
+    // relayed address). Its selected path gets a channel, and data then goes as ChannelData.
+    let (own, path) = paths
+        .iter()
+        .find(|(_, p)| matches!(p.via, Via::Relay(_)))
+        .expect("a path through our own relay");
+    let (from, to) = own.split_once('→').expect("pair name");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = Vec::new();
+    loop {
+        let sent = net
+            .endpoint(from)
+            .encapsulate_into(to, &wg("framed"), &mut out);
+        assert_eq!(sent.map(|(addr, _)| addr), Some(turn.addr), "{path:?}");
+        if classify(&out) == DatagramKind::ChannelData {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no channel bound within 10 s");
+        net.step();
+    }
+    net.exchange(from, to, &wg("on the channel"));
 }
 
 /// A wrong TURN password ends in a clear credentials error; no relay candidate appears.
