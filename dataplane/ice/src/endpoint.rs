@@ -605,6 +605,7 @@ mod tests {
     /// Endpoints on a simulated network with a virtual clock: every transmit to a known
     /// address arrives at once while the network is up.
     struct Sim {
+        start: Instant,
         now: Instant,
         nodes: Vec<(SocketAddr, IceEndpoint)>,
         events: Vec<(usize, Event)>,
@@ -625,6 +626,7 @@ mod tests {
                 })
                 .collect();
             let mut sim = Sim {
+                start: now,
                 now,
                 nodes,
                 events: Vec::new(),
@@ -646,6 +648,7 @@ mod tests {
         /// Runs until `done` or `limit` of virtual time passed; true when done.
         fn run(&mut self, limit: Duration, done: impl Fn(&Sim) -> bool) -> bool {
             let end = self.now + limit;
+            let mut stuck = 0;
             loop {
                 let mut moved = true;
                 while moved {
@@ -676,6 +679,17 @@ mod tests {
                     .iter()
                     .filter_map(|(_, e)| e.poll_timeout())
                     .min();
+                // A timer that stays due after handle_timeout would spin a real event loop.
+                if next.is_some_and(|t| t <= self.now) {
+                    stuck += 1;
+                    assert!(
+                        stuck < 1000,
+                        "a timer stays due at {:?}",
+                        next.map(|t| t - self.start)
+                    );
+                } else {
+                    stuck = 0;
+                }
                 match next {
                     Some(t) if t <= end => {
                         self.now = self.now.max(t);

@@ -15,7 +15,8 @@ use switchyard_ice::binding::{BindingClient, BindingEvent};
 use switchyard_ice::stun::Message;
 use switchyard_ice::turn::{TurnClient, TurnEvent};
 use switchyard_ice::{
-    classify, DatagramKind, Event, IceConfig, IceError, PathKind, TurnServerConfig, Via,
+    classify, CandidateKind, DatagramKind, Event, IceConfig, IceError, PathKind, TurnServerConfig,
+    Via,
 };
 
 /// A WireGuard-looking datagram (type 4 = transport data, little-endian): neither STUN nor
@@ -294,6 +295,27 @@ fn agents_without_direct_reachability_select_the_relay() {
         net.step();
     }
     net.exchange(from, to, &wg("on the channel"));
+}
+
+/// The peers meet only after both relays are allocated: the permissions for the peer's
+/// addresses must then come from learning its candidates, not from the allocation.
+#[test]
+fn relay_works_for_peers_that_meet_after_allocation() {
+    let Some(turn) = coturn() else { return };
+    let mut net = Net::new(&["alpha", "beta"], |id, s| ice_config(id, s, &turn, "p"));
+    net.registry_open = false;
+    for id in ["alpha", "beta"] {
+        net.run_until_event(id, |e| match e {
+            Event::CandidateGathered(c) if c.kind == CandidateKind::Relayed => Some(()),
+            _ => None,
+        });
+    }
+    net.registry_open = true;
+    net.introduce();
+    let blocked: HashSet<SocketAddr> = net.socket_addrs();
+    let paths = net.run_until_selected(blocked);
+    assert!(paths.iter().all(|(_, p)| p.kind == PathKind::Relayed));
+    net.exchange("alpha", "beta", &wg("late but relayed"));
 }
 
 /// A wrong TURN password ends in a clear credentials error; no relay candidate appears.

@@ -164,6 +164,8 @@ pub struct Net {
     nodes: Vec<Node>,
     /// Datagrams to these addresses are dropped by the driver (a path that does not exist).
     blocked: HashSet<SocketAddr>,
+    /// While false, gathered candidates are not passed on (the peers have not met yet).
+    pub registry_open: bool,
 }
 
 impl Net {
@@ -197,6 +199,7 @@ impl Net {
         Net {
             nodes,
             blocked: HashSet::new(),
+            registry_open: true,
         }
     }
 
@@ -279,8 +282,10 @@ impl Net {
                 n.events.push(e);
             }
         }
-        for i in republish {
-            self.publish(i);
+        if self.registry_open {
+            for i in republish {
+                self.publish(i);
+            }
         }
         std::thread::sleep(Duration::from_millis(1));
     }
