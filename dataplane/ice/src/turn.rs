@@ -651,6 +651,18 @@ mod tests {
         assert_eq!(c.handle_message(&decoded, &raw, at), None);
     }
 
+    /// An error answer carrying a realm and a nonce, as 401 and 438 do.
+    fn challenge(code: u16, reason: &str, nonce: &str) -> Vec<Attribute> {
+        vec![
+            Attribute::ErrorCode {
+                code,
+                reason: reason.into(),
+            },
+            Attribute::Realm("r".into()),
+            Attribute::Nonce(nonce.into()),
+        ]
+    }
+
     fn allocated(now: Instant) -> (TurnClient, Vec<u8>) {
         let mut c = TurnClient::new(server(), "u", "p", Duration::from_secs(5), now);
         let req = last_request(&mut c);
@@ -660,14 +672,7 @@ mod tests {
             &mut c,
             &req,
             Class::Error,
-            vec![
-                Attribute::ErrorCode {
-                    code: 401,
-                    reason: "Unauthorized".into(),
-                },
-                Attribute::Realm("r".into()),
-                Attribute::Nonce("n1".into()),
-            ],
+            challenge(401, "Unauthorized", "n1"),
             None,
             now,
         );
@@ -710,14 +715,7 @@ mod tests {
                 &mut c,
                 &req,
                 Class::Error,
-                vec![
-                    Attribute::ErrorCode {
-                        code: 401,
-                        reason: "Unauthorized".into(),
-                    },
-                    Attribute::Realm("r".into()),
-                    Attribute::Nonce(nonce.into()),
-                ],
+                challenge(401, "Unauthorized", nonce),
                 None,
             );
         }
@@ -742,14 +740,7 @@ mod tests {
             &mut c,
             &req,
             Class::Error,
-            vec![
-                Attribute::ErrorCode {
-                    code: 438,
-                    reason: "Stale Nonce".into(),
-                },
-                Attribute::Realm("r".into()),
-                Attribute::Nonce("n2".into()),
-            ],
+            challenge(438, "Stale Nonce", "n2"),
             Some(&key),
         );
         let req2 = last_request(&mut c);
