@@ -1,0 +1,201 @@
+//! ARP (RFC 826) for Ethernet/IPv4, just enough to learn virtual IP ⇄ MAC from the requests
+//! and replies that cross the bridge.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use super::mac::MacAddr;
+use super::L2Error;
+
+pub const ETHERTYPE_ARP: u16 = 0x0806;
+const ETHERTYPE_VLAN: u16 = 0x8100;
+
+/// ARP operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArpOp {
+    Request,
+    Reply,
+    Other(u16),
+}
+
+/// An Ethernet/IPv4 ARP packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArpPacket {
+    pub op: ArpOp,
+    pub sender_mac: MacAddr,
+    pub sender_ip: Ipv4Addr,
+    pub target_mac: MacAddr,
+    pub target_ip: Ipv4Addr,
+}
+
+/// The ARP packet in an Ethernet frame (one 802.1Q tag allowed); `Ok(None)` when the frame is
+/// not ARP, an error when it claims to be ARP but is not Ethernet/IPv4 ARP.
+pub fn parse_arp(frame: &[u8]) -> Result<Option<ArpPacket>, L2Error> {
+    let u16_at = |at: usize| -> Result<u16, L2Error> {
+        let b: [u8; 2] = frame
+            .get(at..at + 2)
+            .and_then(|s| s.try_into().ok())
+            .ok_or(L2Error::Truncated("Ethernet header"))?;
+        Ok(u16::from_be_bytes(b))
+    };
+    let mut at = 12;
+    let mut ethertype = u16_at(at)?;
+    if ethertype == ETHERTYPE_VLAN {
+        at += 4;
+        ethertype = u16_at(at)?;
+    }
+    if ethertype != ETHERTYPE_ARP {
+        return Ok(None);
+    }
+    let body = frame.get(at + 2..).ok_or(L2Error::Truncated("ARP"))?;
+    let arp = body.get(..28).ok_or(L2Error::Truncated("ARP"))?;
+    let field = |from: usize, to: usize| arp.get(from..to).ok_or(L2Error::Truncated("ARP"));
+    let be16 = |from: usize| -> Result<u16, L2Error> {
+        let b: [u8; 2] = field(from, from + 2)?
+            .try_into()
+            .map_err(|_| L2Error::Truncated("ARP"))?;
+        Ok(u16::from_be_bytes(b))
+    };
+    let mac = |from: usize| -> Result<MacAddr, L2Error> {
+        Ok(MacAddr(
+            field(from, from + 6)?
+                .try_into()
+                .map_err(|_| L2Error::Truncated("ARP"))?,
+        ))
+    };
+    let ip = |from: usize| -> Result<Ipv4Addr, L2Error> {
+        let b: [u8; 4] = field(from, from + 4)?
+            .try_into()
+            .map_err(|_| L2Error::Truncated("ARP"))?;
+        Ok(Ipv4Addr::from(b))
+    };
+    // Hardware Ethernet (1), protocol IPv4, address lengths 6 and 4.
+    if be16(0)? != 1 || be16(2)? != 0x0800 || field(4, 6)? != [6, 4] {
+        return Err(L2Error::Truncated("Ethernet/IPv4 ARP"));
+    }
+    let op = match be16(6)? {
+        1 => ArpOp::Request,
+        2 => ArpOp::Reply,
+        other => ArpOp::Other(other),
+    };
+    Ok(Some(ArpPacket {
+        op,
+        sender_mac: mac(8)?,
+        sender_ip: ip(14)?,
+        target_mac: mac(18)?,
+        target_ip: ip(24)?,
+    }))
+}
+
+/// Virtual IP ⇄ MAC, learned from ARP senders, with ageing.
+#[derive(Debug, Default)]
+pub struct ArpTable {
+    by_ip: BTreeMap<Ipv4Addr, (MacAddr, Instant)>,
+}
+
+impl ArpTable {
+    /// Learns the sender of an ARP packet in `frame`; returns the binding learned. Probes
+    /// (sender 0.0.0.0) and group sender MACs teach nothing.
+    pub fn learn_from_frame(&mut self, frame: &[u8], now: Instant) -> Option<(Ipv4Addr, MacAddr)> {
+        let arp = parse_arp(frame).ok()??;
+        if arp.sender_ip.is_unspecified() || arp.sender_mac.is_multicast() {
+            return None;
+        }
+        self.by_ip.insert(arp.sender_ip, (arp.sender_mac, now));
+        Some((arp.sender_ip, arp.sender_mac))
+    }
+
+    pub fn mac_of(&self, ip: Ipv4Addr, now: Instant, ageing: Duration) -> Option<MacAddr> {
+        let (mac, seen) = self.by_ip.get(&ip)?;
+        (now.saturating_duration_since(*seen) < ageing).then_some(*mac)
+    }
+
+    pub fn ip_of(&self, mac: MacAddr, now: Instant, ageing: Duration) -> Option<Ipv4Addr> {
+        self.by_ip
+            .iter()
+            .find(|(_, (m, seen))| *m == mac && now.saturating_duration_since(*seen) < ageing)
+            .map(|(ip, _)| *ip)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xa]);
+    const B_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xb]);
+    const A_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+    const B_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
+
+    fn arp_frame(op: u16, smac: MacAddr, sip: Ipv4Addr, tmac: MacAddr, tip: Ipv4Addr) -> Vec<u8> {
+        let dst = if op == 1 { MacAddr::BROADCAST } else { tmac };
+        let mut f = dst.0.to_vec();
+        f.extend(smac.0);
+        f.extend([0x08, 0x06, 0, 1, 0x08, 0, 6, 4]);
+        f.extend(op.to_be_bytes());
+        f.extend(smac.0);
+        f.extend(sip.octets());
+        f.extend(tmac.0);
+        f.extend(tip.octets());
+        f
+    }
+
+    #[test]
+    fn requests_and_replies_are_parsed() {
+        let req = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        let p = parse_arp(&req).unwrap().unwrap();
+        assert_eq!(
+            (p.op, p.sender_mac, p.sender_ip, p.target_ip),
+            (ArpOp::Request, A_MAC, A_IP, B_IP)
+        );
+        let rep = arp_frame(2, B_MAC, B_IP, A_MAC, A_IP);
+        assert_eq!(parse_arp(&rep).unwrap().unwrap().op, ArpOp::Reply);
+    }
+
+    #[test]
+    fn vlan_tagged_arp_is_parsed_and_other_frames_are_not_arp() {
+        let req = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        let mut tagged = req[..12].to_vec();
+        tagged.extend([0x81, 0x00, 0x00, 0x05]);
+        tagged.extend(&req[12..]);
+        assert_eq!(parse_arp(&tagged).unwrap(), parse_arp(&req).unwrap());
+        let mut ipv4 = req.clone();
+        ipv4[12..14].copy_from_slice(&[0x08, 0x00]);
+        assert_eq!(parse_arp(&ipv4), Ok(None));
+    }
+
+    #[test]
+    fn truncated_and_foreign_arp_is_an_error() {
+        let req = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        for cut in 0..req.len() {
+            assert!(parse_arp(&req[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut ipv6ish = req.clone();
+        ipv6ish[16..18].copy_from_slice(&[0x86, 0xdd]);
+        assert!(parse_arp(&ipv6ish).is_err());
+    }
+
+    #[test]
+    fn the_table_learns_senders_both_ways_and_ages_them() {
+        let t0 = Instant::now();
+        let ageing = Duration::from_secs(60);
+        let mut t = ArpTable::default();
+        let req = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        assert_eq!(t.learn_from_frame(&req, t0), Some((A_IP, A_MAC)));
+        let probe = arp_frame(1, B_MAC, Ipv4Addr::UNSPECIFIED, MacAddr([0; 6]), B_IP);
+        assert_eq!(t.learn_from_frame(&probe, t0), None);
+        assert_eq!(t.mac_of(A_IP, t0, ageing), Some(A_MAC));
+        assert_eq!(t.ip_of(A_MAC, t0, ageing), Some(A_IP));
+        assert_eq!(t.mac_of(B_IP, t0, ageing), None);
+        assert_eq!(t.mac_of(A_IP, t0 + ageing, ageing), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_frames_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..80)) {
+            let _ = parse_arp(&bytes);
+            let _ = ArpTable::default().learn_from_frame(&bytes, Instant::now());
+        }
+    }
+}

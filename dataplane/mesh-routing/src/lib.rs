@@ -1,0 +1,114 @@
+//! Mesh routing for the Switchyard mesh peer, as plain code: no sockets, no runtime, no clock.
+//! Time comes in as `Instant` arguments and everything to send comes out as
+//! `(neighbour peer id, datagram)` pairs for the mesh control port ([`CONTROL_PORT`], 7387,
+//! UDP from virtual IP to virtual IP inside the sessions). The peer owns the sessions, the
+//! device and the timers; this crate decides.
+//!
+//! * [`wire`]: the control messages (route announcement, latency probe and reply, group
+//!   membership, flooded broadcast/multicast packet): versioned, first byte = kind, bounded,
+//!   with a decoder that never panics.
+//! * [`Router`] (module [`router`]): the distance-vector table — direct neighbours with
+//!   measured latency, routes learned from announcements, metric = latency ms + hop count ×
+//!   100, split horizon with poisoned reverse, path-vector loop prevention, `max_hops`,
+//!   `route_timeout`, triggered withdrawals, periodic announcements with jitter, hysteresis;
+//!   plus probes, group membership, anycast choice and the broadcast/multicast delivery tree.
+//! * [`delivery`]: which traffic mode (unicast, broadcast, multicast, anycast) an IP packet
+//!   from the device asks for, from its destination address.
+//! * [`l2`]: TAP-mode helpers — EtherIP (RFC 3378) encapsulation, the generated device MAC,
+//!   the MAC learning table with the flood/unicast decision, ARP parsing.
+//!
+//! Not here: sessions (boringtun), NAT traversal (`switchyard-ice`), the registry, the device,
+//! TTL handling of forwarded IP packets (the peer decrements the IP TTL and drops at 0 — the
+//! other half of loop prevention).
+//!
+//! # How the peer drives this
+//!
+//! ```
+//! use std::net::Ipv4Addr;
+//! use std::time::{Duration, Instant};
+//! use switchyard_mesh_routing::{classify_destination, Delivery, FloodMode, MeshNetwork, Router, RoutingConfig};
+//!
+//! let now = Instant::now();
+//! // From mesh.routing: max_hops, route_timeout, split_horizon.
+//! let config = RoutingConfig::new(8, Duration::from_secs(300), true);
+//! // seq_start: Unix milliseconds (grows across restarts); random_seed: any random u64.
+//! let mut router = Router::new("peer-a", Ipv4Addr::new(10, 99, 0, 1), config, 1_700_000_000_000, 42, now)?;
+//!
+//! // A session came up (ICE/boringtun): tell the router, with the handshake's RTT.
+//! router.neighbour_up("peer-b", Ipv4Addr::new(10, 99, 0, 2), Duration::from_millis(12), now)?;
+//!
+//! // After every event and whenever `router.poll_timeout()` passes: send what is due, each as
+//! // UDP from our vip to the neighbour's vip, port 7387, through that neighbour's session.
+//! for (neighbour, datagram) in router.poll_announcements(now) {
+//!     # let _ = (neighbour, datagram);
+//! }
+//!
+//! // A datagram arrived on port 7387 through peer-b's session:
+//! # let datagram = switchyard_mesh_routing::wire::Message::Probe(
+//! #     switchyard_mesh_routing::wire::Probe { nonce: 1, timestamp_us: 2 }).encode().unwrap();
+//! let outcome = router.handle_control("peer-b", &datagram, now)?;
+//! for (neighbour, reply) in outcome.send { /* send as above */ # let _ = (neighbour, reply);
+//! }
+//! if let Some(packet) = outcome.deliver { /* write to the device */ # let _ = packet;
+//! }
+//!
+//! // A packet read from the device:
+//! let network = MeshNetwork::new("10.99.0.0/16".parse().unwrap(), router.local_vip(), router.known_groups());
+//! # let packet = [0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 99, 0, 1, 10, 99, 0, 2];
+//! match classify_destination(&packet, &network) {
+//!     Ok(Delivery::Unicast(vip)) => {
+//!         if let Some(hop) = router.next_hop(vip) {
+//!             // encrypt with hop.peer_id's session (hop.peer_id == the destination when direct)
+//!             assert_eq!(hop.peer_id, "peer-b");
+//!         }
+//!     }
+//!     Ok(Delivery::Broadcast) => {
+//!         for (neighbour, datagram) in router.originate_flood(FloodMode::Broadcast, packet.to_vec(), now)? {
+//!             # let _ = (neighbour, datagram);
+//!         }
+//!     }
+//!     Ok(Delivery::Multicast(group)) => { /* originate_flood(FloodMode::Multicast(group), ..) */ # let _ = group;
+//!     }
+//!     Ok(Delivery::Anycast(group)) => { /* router.anycast_target(group): Local or the next hop */ # let _ = group;
+//!     }
+//!     Ok(Delivery::Local) | Ok(Delivery::NotMesh) | Err(_) => {}
+//! }
+//!
+//! // The session went away: routes through it are withdrawn at the next poll.
+//! router.neighbour_down("peer-b", now);
+//! // GET /api/v1/mesh/routes maps router.routes() (RouteView) field by field.
+//! assert!(router.routes().is_empty());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! In TAP mode frames from the device go through [`l2::learning::MacTable::decide`]: unicast
+//! to the learned peer, or flood (one EtherIP copy per peer, [`l2::etherip::encapsulate`]);
+//! frames from peers are decapsulated, their source MAC learned, and written to the device.
+//!
+//! Non-test code may not panic on input: indexing, `unwrap`, `expect` and `panic!` are denied.
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo
+    )
+)]
+
+pub mod delivery;
+pub mod groups;
+pub mod l2;
+pub mod router;
+pub mod seen;
+pub mod wire;
+
+pub use delivery::{classify_destination, ClassifyError, Delivery, MeshNetwork};
+pub use router::{
+    metric, AnycastTarget, ControlOutcome, NextHop, RouteKind, RouteView, Router, RoutingConfig,
+    RoutingError, HOP_PENALTY_MS,
+};
+pub use wire::{FloodMode, Message, CONTROL_PORT};
