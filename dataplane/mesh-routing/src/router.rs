@@ -637,7 +637,12 @@ impl Router {
         n.probe = None;
         let rtt = now.saturating_duration_since(sent);
         let sample = duration_ms(rtt);
-        n.latency_ms = n.latency_ms.saturating_mul(3).saturating_add(sample) / 4;
+        // Step a quarter of the way, rounded away from the old value so it reaches the sample.
+        n.latency_ms = if sample >= n.latency_ms {
+            n.latency_ms + (sample - n.latency_ms).div_ceil(4)
+        } else {
+            n.latency_ms - (n.latency_ms - sample).div_ceil(4)
+        };
         n.updated = now;
         self.reselect_all(now);
         Some(rtt)
