@@ -38,10 +38,7 @@ impl MeshNetwork {
         MeshNetwork {
             cidr: cidr.trunc(),
             local_vip,
-            anycast: anycast
-                .into_iter()
-                .filter(|a| !a.is_multicast())
-                .collect(),
+            anycast: anycast.into_iter().filter(|a| !a.is_multicast()).collect(),
         }
     }
 }
@@ -109,6 +106,7 @@ pub fn classify_address(dst: Ipv4Addr, network: &MeshNetwork) -> Delivery {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -165,6 +165,7 @@ impl GroupTable {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -186,9 +187,15 @@ mod tests {
         assert!(t.accept(&m("b", 5, &[g]), t0));
         assert!(!t.accept(&m("b", 5, &[h]), t0), "same seq is a duplicate");
         assert!(!t.accept(&m("b", 4, &[h]), t0), "older seq");
-        assert_eq!(t.remote_members(g), vec![("b".into(), Ipv4Addr::new(10, 0, 0, 9))]);
+        assert_eq!(
+            t.remote_members(g),
+            vec![("b".into(), Ipv4Addr::new(10, 0, 0, 9))]
+        );
         assert!(t.accept(&m("b", 6, &[h]), t0));
-        assert!(t.remote_members(g).is_empty(), "the new set replaces the old");
+        assert!(
+            t.remote_members(g).is_empty(),
+            "the new set replaces the old"
+        );
         assert_eq!(t.remote_members(h).len(), 1);
     }
 

@@ -26,53 +26,72 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use std::time::{Duration, Instant};
-//! use switchyard_mesh_routing::{classify_destination, Delivery, FloodMode, MeshNetwork, Router, RoutingConfig};
+//! use switchyard_mesh_routing::{
+//!     classify_destination, AnycastTarget, Delivery, FloodMode, MeshNetwork, Router, RoutingConfig,
+//! };
+//!
+//! // Stand-ins for the peer's own I/O.
+//! fn send_control(_neighbour: &str, _datagram: &[u8]) { /* UDP vip→vip:7387 via its session */ }
+//! fn send_packet(_neighbour: &str, _packet: &[u8]) { /* encrypt with that neighbour's session */ }
+//! fn write_device(_packet: &[u8]) {}
 //!
 //! let now = Instant::now();
 //! // From mesh.routing: max_hops, route_timeout, split_horizon.
 //! let config = RoutingConfig::new(8, Duration::from_secs(300), true);
 //! // seq_start: Unix milliseconds (grows across restarts); random_seed: any random u64.
-//! let mut router = Router::new("peer-a", Ipv4Addr::new(10, 99, 0, 1), config, 1_700_000_000_000, 42, now)?;
+//! let mut router =
+//!     Router::new("peer-a", Ipv4Addr::new(10, 99, 0, 1), config, 1_700_000_000_000, 42, now)?;
 //!
-//! // A session came up (ICE/boringtun): tell the router, with the handshake's RTT.
+//! // A session came up (ICE + boringtun): tell the router, with the measured round trip.
 //! router.neighbour_up("peer-b", Ipv4Addr::new(10, 99, 0, 2), Duration::from_millis(12), now)?;
 //!
-//! // After every event and whenever `router.poll_timeout()` passes: send what is due, each as
-//! // UDP from our vip to the neighbour's vip, port 7387, through that neighbour's session.
+//! // After every event, and whenever router.poll_timeout() passes: send what is due.
 //! for (neighbour, datagram) in router.poll_announcements(now) {
-//!     # let _ = (neighbour, datagram);
+//!     send_control(&neighbour, &datagram);
 //! }
 //!
-//! // A datagram arrived on port 7387 through peer-b's session:
+//! // A datagram arrived on port 7387 through peer-b's session.
 //! # let datagram = switchyard_mesh_routing::wire::Message::Probe(
-//! #     switchyard_mesh_routing::wire::Probe { nonce: 1, timestamp_us: 2 }).encode().unwrap();
+//! #     switchyard_mesh_routing::wire::Probe { nonce: 1, timestamp_us: 2 }).encode()?;
 //! let outcome = router.handle_control("peer-b", &datagram, now)?;
-//! for (neighbour, reply) in outcome.send { /* send as above */ # let _ = (neighbour, reply);
+//! for (neighbour, reply) in &outcome.send {
+//!     send_control(neighbour, reply);
 //! }
-//! if let Some(packet) = outcome.deliver { /* write to the device */ # let _ = packet;
+//! if let Some(packet) = &outcome.deliver {
+//!     write_device(packet); // a broadcast or multicast packet for us
 //! }
 //!
-//! // A packet read from the device:
-//! let network = MeshNetwork::new("10.99.0.0/16".parse().unwrap(), router.local_vip(), router.known_groups());
-//! # let packet = [0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 99, 0, 1, 10, 99, 0, 2];
+//! // A packet read from the device (here UDP from 10.99.0.1 to 10.99.0.2).
+//! let packet = [0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 99, 0, 1, 10, 99, 0, 2];
+//! let network =
+//!     MeshNetwork::new("10.99.0.0/16".parse()?, router.local_vip(), router.known_groups());
 //! match classify_destination(&packet, &network) {
 //!     Ok(Delivery::Unicast(vip)) => {
+//!         // The neighbour to encrypt for: the destination itself when direct.
 //!         if let Some(hop) = router.next_hop(vip) {
-//!             // encrypt with hop.peer_id's session (hop.peer_id == the destination when direct)
-//!             assert_eq!(hop.peer_id, "peer-b");
+//!             send_packet(&hop.peer_id, &packet);
 //!         }
 //!     }
 //!     Ok(Delivery::Broadcast) => {
-//!         for (neighbour, datagram) in router.originate_flood(FloodMode::Broadcast, packet.to_vec(), now)? {
-//!             # let _ = (neighbour, datagram);
+//!         for (n, d) in router.originate_flood(FloodMode::Broadcast, packet.to_vec(), now)? {
+//!             send_control(&n, &d);
 //!         }
 //!     }
-//!     Ok(Delivery::Multicast(group)) => { /* originate_flood(FloodMode::Multicast(group), ..) */ # let _ = group;
+//!     Ok(Delivery::Multicast(group)) => {
+//!         for (n, d) in router.originate_flood(FloodMode::Multicast(group), packet.to_vec(), now)? {
+//!             send_control(&n, &d);
+//!         }
 //!     }
-//!     Ok(Delivery::Anycast(group)) => { /* router.anycast_target(group): Local or the next hop */ # let _ = group;
-//!     }
+//!     Ok(Delivery::Anycast(group)) => match router.anycast_target(group) {
+//!         Some(AnycastTarget::Remote(hop)) => send_packet(&hop.peer_id, &packet),
+//!         Some(AnycastTarget::Local) => write_device(&packet),
+//!         None => {}
+//!     },
 //!     Ok(Delivery::Local) | Ok(Delivery::NotMesh) | Err(_) => {}
 //! }
+//!
+//! // A forwarded packet (destination another vip) takes the same next_hop, after the peer
+//! // decremented its IP TTL (dropped at 0), and only when relay_via_peers is on.
 //!
 //! // The session went away: routes through it are withdrawn at the next poll.
 //! router.neighbour_down("peer-b", now);

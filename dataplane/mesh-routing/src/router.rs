@@ -35,8 +35,8 @@ use thiserror::Error;
 use crate::groups::GroupTable;
 use crate::seen::SeenCache;
 use crate::wire::{
-    announcement_header_len, entry_len, Announcement, Flood, FloodMode, Membership, Message,
-    Probe, RouteEntry, WireError, MAX_DATAGRAM, MAX_ID_LEN, MAX_PATH, METRIC_INFINITY,
+    announcement_header_len, entry_len, Announcement, Flood, FloodMode, Membership, Message, Probe,
+    RouteEntry, WireError, MAX_DATAGRAM, MAX_ID_LEN, MAX_PATH, METRIC_INFINITY,
 };
 
 /// Metric added per peer between us and the destination (spec: hop count × 100).
@@ -397,7 +397,6 @@ impl Router {
             });
         }
         let local = self.local_id.clone();
-        let max_hops = self.config.max_hops;
         let n = self
             .neighbours
             .get_mut(from)
@@ -419,7 +418,7 @@ impl Router {
             }
             let sender_next_hop = e.path.first().unwrap_or(&e.dest);
             let via_us = *sender_next_hop == local;
-            let route = usable(e, from, &local, max_hops).then(|| Learned {
+            let route = usable(e, from, &local).then(|| Learned {
                 vip: e.vip,
                 latency_ms: e.latency_ms,
                 path: e.path.clone(),
@@ -555,8 +554,8 @@ impl Router {
         }
         // Memberships: a change goes out at once, the current set is refreshed well within
         // route_timeout, and a new neighbour gets every membership we hold.
-        let refresh_due = now >= self.next_membership_refresh
-            && self.groups.local_groups().next().is_some();
+        let refresh_due =
+            now >= self.next_membership_refresh && self.groups.local_groups().next().is_some();
         if self.groups.is_dirty() || refresh_due {
             self.next_membership_refresh = now + self.membership_refresh_interval();
             let m = self
@@ -1006,9 +1005,10 @@ impl Router {
                 self.pending.insert(dest.to_owned());
             }
             (Some(old), Some(new)) => {
-                let moved = self.announced.get(dest).is_none_or(|m| {
-                    m.abs_diff(new.metric) > self.hysteresis(new.metric.min(*m))
-                });
+                let moved = self
+                    .announced
+                    .get(dest)
+                    .is_none_or(|m| m.abs_diff(new.metric) > self.hysteresis(new.metric.min(*m)));
                 if old.next_hop != new.next_hop || old.path != new.path || moved {
                     self.pending.insert(dest.to_owned());
                 }
@@ -1027,21 +1027,21 @@ fn rank(r: &Route) -> (u32, usize, &str) {
     (r.metric, r.path.len(), r.next_hop.as_str())
 }
 
-/// Whether an entry from `from` can be used as a route at all.
-fn usable(e: &RouteEntry, from: &str, local: &str, max_hops: u8) -> bool {
+/// Whether an entry from `from` can be used as a route at all (max_hops is applied when the
+/// candidates are built).
+fn usable(e: &RouteEntry, from: &str, local: &str) -> bool {
     if e.metric == METRIC_INFINITY || e.dest == local {
         return false;
     }
     // Path vector: our id anywhere on the path means the route runs through us.
-    if e.path.iter().any(|p| p == local || p == from || *p == e.dest) {
+    if e.path
+        .iter()
+        .any(|p| p == local || p == from || *p == e.dest)
+    {
         return false;
     }
     let mut ids: BTreeSet<&str> = BTreeSet::new();
-    if !e.path.iter().all(|p| ids.insert(p.as_str())) {
-        return false;
-    }
-    // Our hop count would be one more than the sender's.
-    e.path.len() < usize::from(max_hops)
+    e.path.iter().all(|p| ids.insert(p.as_str()))
 }
 
 fn duration_ms(d: Duration) -> u32 {

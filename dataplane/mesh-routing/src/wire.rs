@@ -176,7 +176,11 @@ impl Message {
                 out.extend([KIND_ANNOUNCEMENT, VERSION]);
                 put_id(&mut out, &a.sender)?;
                 out.extend(a.seq.to_be_bytes());
-                out.push(count(a.entries.len(), usize::from(u8::MAX), "route entries")?);
+                out.push(count(
+                    a.entries.len(),
+                    usize::from(u8::MAX),
+                    "route entries",
+                )?);
                 for e in &a.entries {
                     encode_entry(&mut out, e)?;
                 }
@@ -252,7 +256,9 @@ fn put_id(out: &mut Vec<u8>, id: &str) -> Result<(), WireError> {
 
 fn encode_entry(out: &mut Vec<u8>, e: &RouteEntry) -> Result<(), WireError> {
     if usize::from(e.hop_count) != e.path.len() {
-        return Err(WireError::Inconsistent("hop_count differs from the path length"));
+        return Err(WireError::Inconsistent(
+            "hop_count differs from the path length",
+        ));
     }
     put_id(out, &e.dest)?;
     out.extend(e.vip.octets());
@@ -282,7 +288,9 @@ fn decode_announcement(r: &mut Reader<'_>) -> Result<Announcement, WireError> {
             return Err(WireError::TooLong("path vector"));
         }
         if plen != usize::from(hop_count) {
-            return Err(WireError::Inconsistent("hop_count differs from the path length"));
+            return Err(WireError::Inconsistent(
+                "hop_count differs from the path length",
+            ));
         }
         let mut path = Vec::with_capacity(plen);
         for _ in 0..plen {
@@ -370,9 +378,7 @@ impl<'a> Reader<'a> {
     }
 
     fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
-        self.take(N)?
-            .try_into()
-            .map_err(|_| WireError::Truncated)
+        self.take(N)?.try_into().map_err(|_| WireError::Truncated)
     }
 
     fn u8(&mut self) -> Result<u8, WireError> {
@@ -408,6 +414,7 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -480,10 +487,7 @@ mod tests {
 
     #[test]
     fn first_byte_is_kind_and_second_is_version() {
-        let kinds: Vec<u8> = samples()
-            .iter()
-            .map(|m| m.encode().unwrap()[0])
-            .collect();
+        let kinds: Vec<u8> = samples().iter().map(|m| m.encode().unwrap()[0]).collect();
         assert_eq!(kinds, vec![1, 2, 3, 4, 5, 5]);
         for m in samples() {
             assert_eq!(m.encode().unwrap()[1], VERSION);
@@ -496,8 +500,8 @@ mod tests {
             unreachable!()
         };
         let bytes = sample_announcement().encode().unwrap();
-        let expected = announcement_header_len(&a.sender)
-            + a.entries.iter().map(entry_len).sum::<usize>();
+        let expected =
+            announcement_header_len(&a.sender) + a.entries.iter().map(entry_len).sum::<usize>();
         assert_eq!(bytes.len(), expected);
     }
 
@@ -547,7 +551,9 @@ mod tests {
         bytes[hop] = 3;
         assert_eq!(
             Message::decode(&bytes),
-            Err(WireError::Inconsistent("hop_count differs from the path length"))
+            Err(WireError::Inconsistent(
+                "hop_count differs from the path length"
+            ))
         );
         // Invalid UTF-8 in a peer id.
         let mut bytes = Message::Probe(Probe {

@@ -76,7 +76,12 @@ pub fn encapsulate(
 /// Unwraps an IPv4 EtherIP packet, checking version, header length, checksum, protocol,
 /// fragmentation and the EtherIP header; bytes past the IPv4 total length are ignored.
 pub fn decapsulate(packet: &[u8]) -> Result<EtherIp<'_>, L2Error> {
-    let byte = |i: usize| packet.get(i).copied().ok_or(L2Error::Truncated("IPv4 header"));
+    let byte = |i: usize| {
+        packet
+            .get(i)
+            .copied()
+            .ok_or(L2Error::Truncated("IPv4 header"))
+    };
     let first = byte(0)?;
     if first >> 4 != 4 {
         return Err(L2Error::NotIpv4);
@@ -85,9 +90,7 @@ pub fn decapsulate(packet: &[u8]) -> Result<EtherIp<'_>, L2Error> {
     if ihl < IPV4_HEADER_LEN {
         return Err(L2Error::Truncated("IPv4 header"));
     }
-    let header = packet
-        .get(..ihl)
-        .ok_or(L2Error::Truncated("IPv4 header"))?;
+    let header = packet.get(..ihl).ok_or(L2Error::Truncated("IPv4 header"))?;
     let total = usize::from(u16::from_be_bytes([byte(2)?, byte(3)?]));
     if total < ihl || total > packet.len() {
         return Err(L2Error::Truncated("IPv4 packet"));
@@ -133,6 +136,7 @@ pub fn decapsulate(packet: &[u8]) -> Result<EtherIp<'_>, L2Error> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

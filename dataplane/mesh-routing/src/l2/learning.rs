@@ -124,6 +124,7 @@ impl MacTable {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -142,7 +143,11 @@ mod tests {
     fn unicast_to_a_learned_mac_goes_to_its_peer_and_the_rest_floods() {
         let t0 = Instant::now();
         let mut t = MacTable::new(LOCAL, DEFAULT_AGEING, DEFAULT_CAPACITY);
-        assert_eq!(t.decide(&frame(M2, LOCAL), t0), FrameDelivery::Flood, "unknown");
+        assert_eq!(
+            t.decide(&frame(M2, LOCAL), t0),
+            FrameDelivery::Flood,
+            "unknown"
+        );
         assert!(t.learn_from_frame(&frame(LOCAL, M2), "peer-b", t0));
         assert_eq!(
             t.decide(&frame(M2, LOCAL), t0),
@@ -173,7 +178,10 @@ mod tests {
         let mut t = MacTable::new(LOCAL, Duration::from_secs(10), DEFAULT_CAPACITY);
         t.learn(M2, "peer-b", t0);
         assert_eq!(t.lookup(M2, t0 + Duration::from_secs(9)), Some("peer-b"));
-        assert!(!t.learn(M2, "peer-b", t0 + Duration::from_secs(9)), "refresh");
+        assert!(
+            !t.learn(M2, "peer-b", t0 + Duration::from_secs(9)),
+            "refresh"
+        );
         assert_eq!(t.lookup(M2, t0 + Duration::from_secs(18)), Some("peer-b"));
         assert_eq!(t.lookup(M2, t0 + Duration::from_secs(19)), None);
         assert!(t.learn(M2, "peer-c", t0 + Duration::from_secs(20)));

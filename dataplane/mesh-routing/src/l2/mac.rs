@@ -94,6 +94,7 @@ pub fn device_mac(configured: &str, peer_id: &str) -> Result<MacAddr, L2Error> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -102,7 +103,12 @@ mod tests {
         let a = generate_mac("peer-a");
         assert_eq!(a, generate_mac("peer-a"));
         assert_ne!(a, generate_mac("peer-b"));
-        for id in ["peer-a", "peer-b", "x", "a-much-longer-peer-identifier-0123456789"] {
+        for id in [
+            "peer-a",
+            "peer-b",
+            "x",
+            "a-much-longer-peer-identifier-0123456789",
+        ] {
             let m = generate_mac(id);
             assert!(!m.is_multicast(), "{m}");
             assert!(m.is_locally_administered(), "{m}");
@@ -124,7 +130,12 @@ mod tests {
             device_mac("01:00:5e:00:00:01", "p"),
             Err(L2Error::MulticastMac)
         );
-        for bad in ["02:00:5e:10:00", "02:00:5e:10:00:01:02", "zz:00:5e:10:00:01", "2:0:5e:10:0:1"] {
+        for bad in [
+            "02:00:5e:10:00",
+            "02:00:5e:10:00:01:02",
+            "zz:00:5e:10:00:01",
+            "2:0:5e:10:0:1",
+        ] {
             assert!(device_mac(bad, "p").is_err(), "{bad}");
         }
     }
