@@ -12,7 +12,11 @@
 //!   candidate, so small latency changes do not make traffic flap between next hops.
 //! * **Path vector**: every entry carries the peers between its sender and the destination; an
 //!   entry whose path holds our id (or repeats an id) is never used — the loop is refused
-//!   before it forms, so there is no count-to-infinity. `max_hops` bounds the hop count.
+//!   before it forms, so there is no count-to-infinity. `max_hops` bounds the hop count. A
+//!   path through a neighbour that itself told us it cannot reach the destination is stale and
+//!   skipped too. While updates are in flight two peers can still briefly use each other's
+//!   stale routes (a micro-loop lasting until the updates cross); the IP TTL, decremented by
+//!   the peer on every forward, is the other half of loop prevention for those packets.
 //! * **Split horizon with poisoned reverse**: when `split_horizon` is on, the route to D whose
 //!   next hop is N is announced to N with metric infinity rather than left out. Why: N drops a
 //!   route through us at once instead of waiting for `route_timeout`, and the poisoned entry
@@ -944,6 +948,18 @@ impl Router {
             };
             let Some(l) = &a.route else { continue };
             if now.saturating_duration_since(a.received) >= self.config.route_timeout {
+                continue;
+            }
+            // A neighbour's own word beats hearsay: a path through a neighbour that told us
+            // it cannot reach `dest` (withdrawn, or only through us) is stale, and taking it
+            // while the updates travel would make a short-lived loop.
+            let stale = l.path.iter().any(|hop| {
+                self.neighbours
+                    .get(hop)
+                    .and_then(|m| m.adverts.get(dest))
+                    .is_some_and(|b| b.route.is_none())
+            });
+            if stale {
                 continue;
             }
             let mut path = Vec::with_capacity(l.path.len() + 1);

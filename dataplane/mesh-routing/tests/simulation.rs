@@ -718,7 +718,7 @@ mod random_topologies {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
         #[test]
         fn routes_are_loop_free_and_complete(
@@ -747,10 +747,10 @@ mod random_topologies {
                 .collect();
             prop_assert_eq!(s.deliveries_of(b"bcast"), want);
 
-            // Cut a link. While updates travel, two peers may briefly point at each other with
-            // stale routes (a micro-loop: the IP TTL drops what is caught in it); the path
-            // vector must clear it as soon as the updates cross, well within a second here
-            // (links ≤ 60 ms), with no periodic round or timeout needed.
+            // Cut a link. While updates travel, peers may briefly point at each other with
+            // stale routes (a micro-loop — rare: about 1 case in 1,400 in a 1,500-case run —
+            // and the IP TTL drops what is caught in it); the path vector must clear it as
+            // soon as the updates cross (links ≤ 60 ms), with no periodic round or timeout.
             let links: Vec<(String, String)> = s.links.keys().cloned().collect();
             if links.is_empty() {
                 return Ok(());
@@ -770,7 +770,7 @@ mod random_topologies {
                 }
             }
             if let Some(at) = last_loop {
-                prop_assert!(at <= Duration::from_millis(500), "a loop lasted {:?}", at);
+                prop_assert!(at <= Duration::from_millis(100), "a loop lasted {:?}", at);
             }
             check(&s, &names)?;
             s.run(Duration::from_secs(30));
