@@ -12,6 +12,9 @@
 //!   closest member, which only ever lowers the metric, so it cannot loop.
 //! * our own virtual IP → [`Delivery::Local`]; another address of the network →
 //!   [`Delivery::Unicast`] ([`crate::Router::next_hop`]); anything else → [`Delivery::NotMesh`].
+//!
+//! A peer that receives a packet for another virtual IP forwards it with [`decrement_ttl`]
+//! first (dropping it at 0) and then the same next-hop lookup.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -105,6 +108,53 @@ pub fn classify_address(dst: Ipv4Addr, network: &MeshNetwork) -> Delivery {
     }
 }
 
+/// What forwarding did to a packet's TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forward {
+    /// TTL decremented (checksum updated): send it on.
+    Forward,
+    /// TTL reached 0: drop it (the TTL half of loop prevention).
+    Expired,
+}
+
+/// Decrements the IPv4 TTL of a packet a peer forwards to another peer, updating the header
+/// checksum incrementally (RFC 1624); a packet whose TTL would reach 0 is [`Forward::Expired`]
+/// and left unchanged.
+pub fn decrement_ttl(packet: &mut [u8]) -> Result<Forward, ClassifyError> {
+    let first = *packet.first().ok_or(ClassifyError::Truncated)?;
+    if first >> 4 != 4 {
+        return Err(ClassifyError::NotIpv4(first >> 4));
+    }
+    if packet.len() < 20 {
+        return Err(ClassifyError::Truncated);
+    }
+    let ttl = packet.get(8).copied().ok_or(ClassifyError::Truncated)?;
+    if ttl <= 1 {
+        return Ok(Forward::Expired);
+    }
+    let proto = packet.get(9).copied().ok_or(ClassifyError::Truncated)?;
+    let sum_bytes = packet.get(10..12).ok_or(ClassifyError::Truncated)?;
+    let old_sum = u16::from_be_bytes([
+        sum_bytes.first().copied().unwrap_or(0),
+        sum_bytes.get(1).copied().unwrap_or(0),
+    ]);
+    let old_word = u16::from_be_bytes([ttl, proto]);
+    let new_word = u16::from_be_bytes([ttl - 1, proto]);
+    // HC' = ~(~HC + ~m + m')
+    let mut sum = u32::from(!old_sum) + u32::from(!old_word) + u32::from(new_word);
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let new_sum = !(sum as u16);
+    if let Some(t) = packet.get_mut(8) {
+        *t = ttl - 1;
+    }
+    if let Some(c) = packet.get_mut(10..12) {
+        c.copy_from_slice(&new_sum.to_be_bytes());
+    }
+    Ok(Forward::Forward)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -182,10 +232,56 @@ mod tests {
         );
     }
 
+    #[test]
+    fn forwarding_decrements_the_ttl_and_keeps_the_checksum_valid() {
+        let mut p = crate::l2::etherip::encapsulate(
+            Ipv4Addr::new(10, 99, 0, 1),
+            Ipv4Addr::new(10, 99, 0, 3),
+            0x1234,
+            3,
+            &[0; 14],
+        )
+        .unwrap();
+        for ttl in [2u8, 1] {
+            assert_eq!(decrement_ttl(&mut p), Ok(Forward::Forward));
+            assert_eq!(p[8], ttl);
+            assert_eq!(crate::l2::etherip::ipv4_checksum(&p[..20]), 0);
+        }
+        let before = p.clone();
+        assert_eq!(decrement_ttl(&mut p), Ok(Forward::Expired));
+        assert_eq!(p, before, "an expired packet is left alone");
+        assert!(crate::l2::etherip::decapsulate(&p).is_ok());
+        assert_eq!(
+            decrement_ttl(&mut [0x45; 19]),
+            Err(ClassifyError::Truncated)
+        );
+        assert_eq!(
+            decrement_ttl(&mut [0x60; 40]),
+            Err(ClassifyError::NotIpv4(6))
+        );
+    }
+
     proptest::proptest! {
         #[test]
         fn random_packets_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
             let _ = classify_destination(&bytes, &net());
+            let _ = decrement_ttl(&mut bytes.clone());
+        }
+
+        #[test]
+        fn the_incremental_checksum_equals_a_full_recompute(
+            header in proptest::collection::vec(proptest::num::u8::ANY, 20),
+            ttl in 2u8..=255,
+        ) {
+            let mut p = header;
+            p[0] = 0x45;
+            p[8] = ttl;
+            p[10] = 0;
+            p[11] = 0;
+            let sum = crate::l2::etherip::ipv4_checksum(&p);
+            p[10..12].copy_from_slice(&sum.to_be_bytes());
+            decrement_ttl(&mut p).unwrap();
+            proptest::prop_assert_eq!(crate::l2::etherip::ipv4_checksum(&p), 0);
         }
     }
 }

@@ -17,9 +17,9 @@
 //! * [`l2`]: TAP-mode helpers — EtherIP (RFC 3378) encapsulation, the generated device MAC,
 //!   the MAC learning table with the flood/unicast decision, ARP parsing.
 //!
-//! Not here: sessions (boringtun), NAT traversal (`switchyard-ice`), the registry, the device,
-//! TTL handling of forwarded IP packets (the peer decrements the IP TTL and drops at 0 — the
-//! other half of loop prevention).
+//! Not here: sessions (boringtun), NAT traversal (`switchyard-ice`), the registry, the device.
+//! The peer forwards packets for other virtual IPs hop by hop with [`decrement_ttl`] (dropping
+//! at TTL 0, the other half of loop prevention) and [`Router::next_hop`].
 //!
 //! # How the peer drives this
 //!
@@ -90,8 +90,13 @@
 //!     Ok(Delivery::Local) | Ok(Delivery::NotMesh) | Err(_) => {}
 //! }
 //!
-//! // A forwarded packet (destination another vip) takes the same next_hop, after the peer
-//! // decremented its IP TTL (dropped at 0), and only when relay_via_peers is on.
+//! // A packet from a session for another vip (only when relay_via_peers is on):
+//! let mut forwarded = packet;
+//! if switchyard_mesh_routing::decrement_ttl(&mut forwarded)? == switchyard_mesh_routing::Forward::Forward {
+//!     if let Some(hop) = router.next_hop(Ipv4Addr::new(10, 99, 0, 2)) {
+//!         send_packet(&hop.peer_id, &forwarded);
+//!     }
+//! }
 //!
 //! // The session went away: routes through it are withdrawn at the next poll.
 //! router.neighbour_down("peer-b", now);
@@ -125,7 +130,9 @@ pub mod router;
 pub mod seen;
 pub mod wire;
 
-pub use delivery::{classify_destination, ClassifyError, Delivery, MeshNetwork};
+pub use delivery::{
+    classify_destination, decrement_ttl, ClassifyError, Delivery, Forward, MeshNetwork,
+};
 pub use router::{
     metric, AnycastTarget, ControlOutcome, NextHop, RouteKind, RouteView, Router, RoutingConfig,
     RoutingError, HOP_PENALTY_MS,

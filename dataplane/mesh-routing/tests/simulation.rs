@@ -10,9 +10,16 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use switchyard_mesh_routing::l2::arp::{parse_arp, ArpOp, ArpTable};
+use switchyard_mesh_routing::l2::etherip::{decapsulate, encapsulate, DEFAULT_TTL};
+use switchyard_mesh_routing::l2::learning::{
+    FrameDelivery, MacTable, DEFAULT_AGEING, DEFAULT_CAPACITY,
+};
+use switchyard_mesh_routing::l2::mac::{generate_mac, MacAddr};
 use switchyard_mesh_routing::wire::{Message, METRIC_INFINITY};
 use switchyard_mesh_routing::{
-    AnycastTarget, FloodMode, RouteKind, Router, RoutingConfig, HOP_PENALTY_MS,
+    decrement_ttl, AnycastTarget, FloodMode, Forward, RouteKind, Router, RoutingConfig,
+    HOP_PENALTY_MS,
 };
 
 fn vip_of(index: usize) -> Ipv4Addr {
@@ -681,6 +688,130 @@ fn a_late_joiner_learns_routes_and_groups_at_once() {
     s.run(Duration::from_millis(100)); // no periodic round in between
     assert_eq!(s.walk("c", "a").unwrap(), ["c", "b", "a"]);
     assert_eq!(s.r("c").group_members(group).len(), 1);
+}
+
+/// Carries an IP packet from `from` to the peer owning `dst` hop by hop, as the peers'
+/// data planes would: each relay decrements the TTL. Returns the packet as it arrives.
+fn carry(s: &Sim, from: &str, dst: Ipv4Addr, mut packet: Vec<u8>) -> (String, Vec<u8>) {
+    let mut at = from.to_owned();
+    for _ in 0..16 {
+        let hop = s.r(&at).next_hop(dst).expect("a route");
+        at = hop.peer_id;
+        if s.vips[&at] == dst {
+            return (at, packet);
+        }
+        assert_eq!(decrement_ttl(&mut packet), Ok(Forward::Forward));
+    }
+    panic!("no arrival");
+}
+
+fn arp_frame(op: u16, smac: MacAddr, sip: Ipv4Addr, tmac: MacAddr, tip: Ipv4Addr) -> Vec<u8> {
+    let dst = if op == 1 { MacAddr::BROADCAST } else { tmac };
+    let mut f = dst.0.to_vec();
+    f.extend(smac.0);
+    f.extend([0x08, 0x06, 0, 1, 0x08, 0, 6, 4]);
+    f.extend(op.to_be_bytes());
+    f.extend(smac.0);
+    f.extend(sip.octets());
+    f.extend(tmac.0);
+    f.extend(tip.octets());
+    f
+}
+
+/// One peer's bridge state in TAP mode.
+struct Bridge {
+    mac: MacAddr,
+    macs: MacTable,
+    arp: ArpTable,
+    received: Vec<Vec<u8>>,
+}
+
+/// TAP mode over the mesh: an ARP request (broadcast frame) goes to every peer as EtherIP,
+/// relayed hop by hop; the owner learns who asked and answers unicast; from then on frames to
+/// that MAC go to one peer only.
+#[test]
+fn tap_mode_carries_arp_and_learns_where_each_mac_lives() {
+    let s = line(true);
+    let mut bridges: BTreeMap<String, Bridge> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| {
+            let mac = generate_mac(n);
+            let b = Bridge {
+                mac,
+                macs: MacTable::new(mac, DEFAULT_AGEING, DEFAULT_CAPACITY),
+                arp: ArpTable::default(),
+                received: Vec::new(),
+            };
+            (n.to_string(), b)
+        })
+        .collect();
+    let now = s.now;
+    let mut send_frame = |bridges: &mut BTreeMap<String, Bridge>, from: &str, frame: Vec<u8>| {
+        let targets: Vec<Ipv4Addr> = match bridges[from].macs.decide(&frame, now) {
+            FrameDelivery::Flood => s.r(from).forwarding_table().into_keys().collect(),
+            FrameDelivery::Unicast(peer) => vec![s.vips[&peer]],
+            FrameDelivery::Drop => vec![],
+        };
+        let mut ttls = BTreeMap::new();
+        for dst in targets {
+            let packet = encapsulate(s.vips[from], dst, 1, DEFAULT_TTL, &frame).unwrap();
+            let (at, packet) = carry(&s, from, dst, packet);
+            let got = decapsulate(&packet).unwrap();
+            assert_eq!((got.src, got.dst), (s.vips[from], dst));
+            ttls.insert(at.clone(), got.ttl);
+            let b = bridges.get_mut(&at).unwrap();
+            b.macs.learn_from_frame(got.frame, from, now);
+            b.arp.learn_from_frame(got.frame, now);
+            b.received.push(got.frame.to_vec());
+        }
+        ttls
+    };
+    let (a_mac, c_mac) = (bridges["a"].mac, bridges["c"].mac);
+    let (a_ip, c_ip) = (s.vips["a"], s.vips["c"]);
+
+    // a asks who has c's address: flooded, one copy per peer, relays count in the TTL.
+    let request = arp_frame(1, a_mac, a_ip, MacAddr([0; 6]), c_ip);
+    let ttls = send_frame(&mut bridges, "a", request.clone());
+    assert_eq!(
+        ttls,
+        BTreeMap::from([("b".into(), 64), ("c".into(), 63), ("d".into(), 62)])
+    );
+    for n in ["b", "c", "d"] {
+        assert_eq!(bridges[n].received, vec![request.clone()], "{n}");
+    }
+    assert_eq!(
+        bridges["c"].arp.mac_of(a_ip, now, DEFAULT_AGEING),
+        Some(a_mac)
+    );
+
+    // c answers a, unicast: c learned a's MAC from the request.
+    let reply = arp_frame(2, c_mac, c_ip, a_mac, a_ip);
+    assert_eq!(
+        bridges["c"].macs.decide(&reply, now),
+        FrameDelivery::Unicast("a".into())
+    );
+    let ttls = send_frame(&mut bridges, "c", reply.clone());
+    assert_eq!(ttls.keys().collect::<Vec<_>>(), ["a"]);
+    assert_eq!(
+        parse_arp(&bridges["a"].received[0]).unwrap().unwrap().op,
+        ArpOp::Reply
+    );
+    assert_eq!(
+        bridges["a"].arp.mac_of(c_ip, now, DEFAULT_AGEING),
+        Some(c_mac)
+    );
+    assert_eq!(bridges["b"].received.len(), 1, "b saw only the broadcast");
+
+    // a now knows where c's MAC lives; b's is still unknown and floods.
+    let mut to_c = c_mac.0.to_vec();
+    to_c.extend(a_mac.0);
+    to_c.extend([0x08, 0x00]);
+    assert_eq!(
+        bridges["a"].macs.decide(&to_c, now),
+        FrameDelivery::Unicast("c".into())
+    );
+    to_c[..6].copy_from_slice(&bridges["b"].mac.0);
+    assert_eq!(bridges["a"].macs.decide(&to_c, now), FrameDelivery::Flood);
 }
 
 mod random_topologies {
