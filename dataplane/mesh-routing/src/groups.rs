@@ -27,8 +27,8 @@ pub struct GroupTable {
 }
 
 impl GroupTable {
-    /// `seq_start` should grow across restarts (e.g. Unix milliseconds) so that peers that
-    /// still remember the old sequence accept the new announcements.
+    /// `seq_start` should grow across restarts (Unix microseconds) so that peers that still
+    /// remember the old sequence take the new announcements as newer.
     pub fn new(seq_start: u64) -> Self {
         GroupTable {
             local: BTreeSet::new(),
@@ -82,7 +82,7 @@ impl GroupTable {
     /// (so it should be passed on).
     pub fn accept(&mut self, m: &Membership, now: Instant) -> bool {
         if let Some(held) = self.remote.get(&m.origin) {
-            if m.seq <= held.seq {
+            if crate::router::is_stale(m.seq, held.seq) {
                 return false;
             }
         }
@@ -197,6 +197,17 @@ mod tests {
             "the new set replaces the old"
         );
         assert_eq!(t.remote_members(h).len(), 1);
+    }
+
+    #[test]
+    fn a_restarted_origin_far_behind_is_believed() {
+        let g = Ipv4Addr::new(239, 0, 0, 1);
+        let t0 = Instant::now();
+        let mut t = GroupTable::new(0);
+        assert!(t.accept(&m("b", 1_000_000, &[]), t0));
+        assert!(!t.accept(&m("b", 999_000, &[g]), t0), "reordered");
+        assert!(t.accept(&m("b", 1, &[g]), t0), "restarted from 0");
+        assert_eq!(t.remote_members(g).len(), 1);
     }
 
     #[test]

@@ -38,9 +38,9 @@
 //! let now = Instant::now();
 //! // From mesh.routing: max_hops, route_timeout, split_horizon.
 //! let config = RoutingConfig::new(8, Duration::from_secs(300), true);
-//! // seq_start: Unix milliseconds (grows across restarts); random_seed: any random u64.
+//! // seq_start: Unix microseconds (grows across restarts); random_seed: any random u64.
 //! let mut router =
-//!     Router::new("peer-a", Ipv4Addr::new(10, 99, 0, 1), config, 1_700_000_000_000, 42, now)?;
+//!     Router::new("peer-a", Ipv4Addr::new(10, 99, 0, 1), config, 1_700_000_000_000_000, 42, now)?;
 //!
 //! // A session came up (ICE + boringtun): tell the router, with the measured round trip.
 //! router.neighbour_up("peer-b", Ipv4Addr::new(10, 99, 0, 2), Duration::from_millis(12), now)?;

@@ -746,7 +746,7 @@ fn tap_mode_carries_arp_and_learns_where_each_mac_lives() {
         })
         .collect();
     let now = s.now;
-    let mut send_frame = |bridges: &mut BTreeMap<String, Bridge>, from: &str, frame: Vec<u8>| {
+    let send_frame = |bridges: &mut BTreeMap<String, Bridge>, from: &str, frame: Vec<u8>| {
         let targets: Vec<Ipv4Addr> = match bridges[from].macs.decide(&frame, now) {
             FrameDelivery::Flood => s.r(from).forwarding_table().into_keys().collect(),
             FrameDelivery::Unicast(peer) => vec![s.vips[&peer]],

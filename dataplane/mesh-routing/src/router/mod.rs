@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use thiserror::Error;
 
@@ -144,12 +144,21 @@ pub struct RouteView {
     pub metric: u32,
     pub latency_ms: u32,
     pub hop_count: u8,
-    /// Monotonic; the peer converts it to a date-time (`now_utc - (now - last_updated)`).
+    /// Monotonic; [`RouteView::last_updated_at`] gives the date-time.
     pub last_updated: Instant,
     /// The route in use for the destination (the others are alternatives).
     pub active: bool,
     /// Peers between us and the destination, next hop first.
     pub path: Vec<String>,
+}
+
+impl RouteView {
+    /// `last_updated` as wall-clock time for the API, from one reading of both clocks.
+    pub fn last_updated_at(&self, now: Instant, wall_now: SystemTime) -> SystemTime {
+        wall_now
+            .checked_sub(now.saturating_duration_since(self.last_updated))
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    }
 }
 
 /// Why a control message was refused.
@@ -280,8 +289,10 @@ pub struct Router {
 }
 
 impl Router {
-    /// A router for the local peer. `seq_start` should grow across restarts (e.g. Unix time in
-    /// milliseconds) so neighbours that remember our old sequence numbers accept the new ones;
+    /// A router for the local peer. `seq_start` should grow across restarts (Unix time in
+    /// microseconds) so neighbours that remember our old sequence and flood numbers take the
+    /// new ones as new (a restart that goes backwards by more than [`REORDER_WINDOW`] is
+    /// believed too, but its first floods may meet old (origin, id) keys for a while);
     /// `random_seed` seeds the jitter and probe nonces (any random u64).
     pub fn new(
         local_id: impl Into<String>,
@@ -410,7 +421,7 @@ impl Router {
             .get_mut(from)
             .ok_or_else(|| RoutingError::NotNeighbour(from.to_owned()))?;
         if let Some(last) = n.last_seq {
-            if msg.seq <= last {
+            if is_stale(msg.seq, last) {
                 return Err(RoutingError::Stale {
                     from: from.to_owned(),
                     seq: msg.seq,
@@ -911,6 +922,16 @@ impl Router {
             }
         }
     }
+}
+
+/// How far behind the last sequence number a datagram may be and still count as reordered
+/// (refused); further behind, the sender restarted with a lower start and is believed.
+/// Sessions are authenticated and replay-protected, so this only guards against reordering.
+pub const REORDER_WINDOW: u64 = 4096;
+
+/// A sequence number at or just behind the last one seen: a reordered or repeated datagram.
+pub fn is_stale(seq: u64, last: u64) -> bool {
+    seq <= last && last - seq <= REORDER_WINDOW
 }
 
 /// Selection order: metric, then hop count, then next-hop id (deterministic ties).

@@ -91,8 +91,17 @@ fn announcements_from_strangers_impostors_and_the_past_are_refused() {
             ..
         })
     ));
-    // A new session resets nothing but latency; a restarted peer starts from a higher seq.
     r.handle_announcement("b", &ann("b", 6, vec![]), now)
+        .unwrap();
+    // Far behind the last one: b restarted from a lower start, and is believed.
+    let far = 6 + REORDER_WINDOW + 1;
+    r.handle_announcement("b", &ann("b", far, vec![]), now)
+        .unwrap();
+    assert!(matches!(
+        r.handle_announcement("b", &ann("b", 7, vec![]), now),
+        Err(RoutingError::Stale { .. })
+    ));
+    r.handle_announcement("b", &ann("b", 1, vec![]), now)
         .unwrap();
 }
 
@@ -155,6 +164,21 @@ fn a_vip_claimed_twice_stays_routed_while_one_claim_remains() {
     let msg = ann("b", 2, vec![gone]);
     r.handle_announcement("b", &msg, now).unwrap();
     assert_eq!(r.next_hop(C).unwrap().dest_peer_id, "new");
+}
+
+#[test]
+fn last_updated_converts_to_wall_clock_time() {
+    let t0 = Instant::now();
+    let mut r = router(t0);
+    r.neighbour_up("b", B, MS, t0).unwrap();
+    let later = t0 + Duration::from_secs(90);
+    let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let v = &r.routes()[0];
+    assert_eq!(v.last_updated, t0);
+    assert_eq!(
+        v.last_updated_at(later, wall),
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 - 90)
+    );
 }
 
 #[test]
