@@ -22,6 +22,8 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use thiserror::Error;
 
+use crate::l2::array_at;
+
 /// What classification needs to know about the mesh network.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MeshNetwork {
@@ -73,10 +75,7 @@ pub fn ipv4_destination(packet: &[u8]) -> Result<Ipv4Addr, ClassifyError> {
     if first >> 4 != 4 {
         return Err(ClassifyError::NotIpv4(first >> 4));
     }
-    let dst: [u8; 4] = packet
-        .get(16..20)
-        .and_then(|b| b.try_into().ok())
-        .ok_or(ClassifyError::Truncated)?;
+    let dst = array_at::<4>(packet, 16).ok_or(ClassifyError::Truncated)?;
     Ok(Ipv4Addr::from(dst))
 }
 
@@ -133,11 +132,9 @@ pub fn decrement_ttl(packet: &mut [u8]) -> Result<Forward, ClassifyError> {
         return Ok(Forward::Expired);
     }
     let proto = packet.get(9).copied().ok_or(ClassifyError::Truncated)?;
-    let sum_bytes = packet.get(10..12).ok_or(ClassifyError::Truncated)?;
-    let old_sum = u16::from_be_bytes([
-        sum_bytes.first().copied().unwrap_or(0),
-        sum_bytes.get(1).copied().unwrap_or(0),
-    ]);
+    let old_sum = array_at::<2>(packet, 10)
+        .map(u16::from_be_bytes)
+        .ok_or(ClassifyError::Truncated)?;
     let old_word = u16::from_be_bytes([ttl, proto]);
     let new_word = u16::from_be_bytes([ttl - 1, proto]);
     // HC' = ~(~HC + ~m + m')

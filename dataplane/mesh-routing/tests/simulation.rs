@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use switchyard_mesh_routing::l2::arp::{parse_arp, ArpOp, ArpTable};
+use switchyard_mesh_routing::l2::arp::{parse_arp, ArpOp, ArpPacket, ArpTable};
 use switchyard_mesh_routing::l2::etherip::{decapsulate, encapsulate, DEFAULT_TTL};
 use switchyard_mesh_routing::l2::learning::{
     FrameDelivery, MacTable, DEFAULT_AGEING, DEFAULT_CAPACITY,
@@ -705,17 +705,15 @@ fn carry(s: &Sim, from: &str, dst: Ipv4Addr, mut packet: Vec<u8>) -> (String, Ve
     panic!("no arrival");
 }
 
-fn arp_frame(op: u16, smac: MacAddr, sip: Ipv4Addr, tmac: MacAddr, tip: Ipv4Addr) -> Vec<u8> {
-    let dst = if op == 1 { MacAddr::BROADCAST } else { tmac };
-    let mut f = dst.0.to_vec();
-    f.extend(smac.0);
-    f.extend([0x08, 0x06, 0, 1, 0x08, 0, 6, 4]);
-    f.extend(op.to_be_bytes());
-    f.extend(smac.0);
-    f.extend(sip.octets());
-    f.extend(tmac.0);
-    f.extend(tip.octets());
-    f
+fn arp_frame(op: ArpOp, smac: MacAddr, sip: Ipv4Addr, tmac: MacAddr, tip: Ipv4Addr) -> Vec<u8> {
+    ArpPacket {
+        op,
+        sender_mac: smac,
+        sender_ip: sip,
+        target_mac: tmac,
+        target_ip: tip,
+    }
+    .to_frame()
 }
 
 /// One peer's bridge state in TAP mode.
@@ -770,7 +768,7 @@ fn tap_mode_carries_arp_and_learns_where_each_mac_lives() {
     let (a_ip, c_ip) = (s.vips["a"], s.vips["c"]);
 
     // a asks who has c's address: flooded, one copy per peer, relays count in the TTL.
-    let request = arp_frame(1, a_mac, a_ip, MacAddr([0; 6]), c_ip);
+    let request = arp_frame(ArpOp::Request, a_mac, a_ip, MacAddr([0; 6]), c_ip);
     let ttls = send_frame(&mut bridges, "a", request.clone());
     assert_eq!(
         ttls,
@@ -785,7 +783,7 @@ fn tap_mode_carries_arp_and_learns_where_each_mac_lives() {
     );
 
     // c answers a, unicast: c learned a's MAC from the request.
-    let reply = arp_frame(2, c_mac, c_ip, a_mac, a_ip);
+    let reply = arp_frame(ArpOp::Reply, c_mac, c_ip, a_mac, a_ip);
     assert_eq!(
         bridges["c"].macs.decide(&reply, now),
         FrameDelivery::Unicast("a".into())

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use super::mac::MacAddr;
-use super::L2Error;
+use super::{array_at, L2Error};
 
 pub const ETHERTYPE_ARP: u16 = 0x0806;
 const ETHERTYPE_VLAN: u16 = 0x8100;
@@ -32,47 +32,39 @@ pub struct ArpPacket {
 /// The ARP packet in an Ethernet frame (one 802.1Q tag allowed); `Ok(None)` when the frame is
 /// not ARP, an error when it claims to be ARP but is not Ethernet/IPv4 ARP.
 pub fn parse_arp(frame: &[u8]) -> Result<Option<ArpPacket>, L2Error> {
-    let u16_at = |at: usize| -> Result<u16, L2Error> {
-        let b: [u8; 2] = frame
-            .get(at..at + 2)
-            .and_then(|s| s.try_into().ok())
-            .ok_or(L2Error::Truncated("Ethernet header"))?;
-        Ok(u16::from_be_bytes(b))
+    let ethertype_at = |at: usize| {
+        array_at::<2>(frame, at)
+            .map(u16::from_be_bytes)
+            .ok_or(L2Error::Truncated("Ethernet header"))
     };
     let mut at = 12;
-    let mut ethertype = u16_at(at)?;
+    let mut ethertype = ethertype_at(at)?;
     if ethertype == ETHERTYPE_VLAN {
         at += 4;
-        ethertype = u16_at(at)?;
+        ethertype = ethertype_at(at)?;
     }
     if ethertype != ETHERTYPE_ARP {
         return Ok(None);
     }
-    let body = frame.get(at + 2..).ok_or(L2Error::Truncated("ARP"))?;
-    let arp = body.get(..28).ok_or(L2Error::Truncated("ARP"))?;
-    let field = |from: usize, to: usize| arp.get(from..to).ok_or(L2Error::Truncated("ARP"));
-    let be16 = |from: usize| -> Result<u16, L2Error> {
-        let b: [u8; 2] = field(from, from + 2)?
-            .try_into()
-            .map_err(|_| L2Error::Truncated("ARP"))?;
-        Ok(u16::from_be_bytes(b))
+    let arp = frame
+        .get(at + 2..)
+        .and_then(|body| body.get(..28))
+        .ok_or(L2Error::Truncated("ARP"))?;
+    let truncated = || L2Error::Truncated("ARP");
+    let be16 = |i: usize| {
+        array_at::<2>(arp, i)
+            .map(u16::from_be_bytes)
+            .ok_or_else(truncated)
     };
-    let mac = |from: usize| -> Result<MacAddr, L2Error> {
-        Ok(MacAddr(
-            field(from, from + 6)?
-                .try_into()
-                .map_err(|_| L2Error::Truncated("ARP"))?,
-        ))
-    };
-    let ip = |from: usize| -> Result<Ipv4Addr, L2Error> {
-        let b: [u8; 4] = field(from, from + 4)?
-            .try_into()
-            .map_err(|_| L2Error::Truncated("ARP"))?;
-        Ok(Ipv4Addr::from(b))
+    let mac = |i: usize| array_at::<6>(arp, i).map(MacAddr).ok_or_else(truncated);
+    let ip = |i: usize| {
+        array_at::<4>(arp, i)
+            .map(Ipv4Addr::from)
+            .ok_or_else(truncated)
     };
     // Hardware Ethernet (1), protocol IPv4, address lengths 6 and 4.
-    if be16(0)? != 1 || be16(2)? != 0x0800 || field(4, 6)? != [6, 4] {
-        return Err(L2Error::Truncated("Ethernet/IPv4 ARP"));
+    if be16(0)? != 1 || be16(2)? != 0x0800 || array_at::<2>(arp, 4) != Some([6, 4]) {
+        return Err(L2Error::NotEthernetIpv4Arp);
     }
     let op = match be16(6)? {
         1 => ArpOp::Request,
@@ -86,6 +78,29 @@ pub fn parse_arp(frame: &[u8]) -> Result<Option<ArpPacket>, L2Error> {
         target_mac: mac(18)?,
         target_ip: ip(24)?,
     }))
+}
+
+impl ArpPacket {
+    /// The packet in an untagged Ethernet frame: requests to the broadcast address, replies
+    /// to the target (e.g. for a gratuitous ARP when the device comes up).
+    pub fn to_frame(&self) -> Vec<u8> {
+        let (dst, op) = match self.op {
+            ArpOp::Request => (MacAddr::BROADCAST, 1),
+            ArpOp::Reply => (self.target_mac, 2),
+            ArpOp::Other(op) => (self.target_mac, op),
+        };
+        let mut f = Vec::with_capacity(42);
+        f.extend(dst.0);
+        f.extend(self.sender_mac.0);
+        f.extend(ETHERTYPE_ARP.to_be_bytes());
+        f.extend([0, 1, 0x08, 0, 6, 4]);
+        f.extend(u16::to_be_bytes(op));
+        f.extend(self.sender_mac.0);
+        f.extend(self.sender_ip.octets());
+        f.extend(self.target_mac.0);
+        f.extend(self.target_ip.octets());
+        f
+    }
 }
 
 /// Virtual IP ⇄ MAC, learned from ARP senders, with ageing.
@@ -130,16 +145,34 @@ mod tests {
     const B_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
 
     fn arp_frame(op: u16, smac: MacAddr, sip: Ipv4Addr, tmac: MacAddr, tip: Ipv4Addr) -> Vec<u8> {
-        let dst = if op == 1 { MacAddr::BROADCAST } else { tmac };
-        let mut f = dst.0.to_vec();
-        f.extend(smac.0);
-        f.extend([0x08, 0x06, 0, 1, 0x08, 0, 6, 4]);
-        f.extend(op.to_be_bytes());
-        f.extend(smac.0);
-        f.extend(sip.octets());
-        f.extend(tmac.0);
-        f.extend(tip.octets());
-        f
+        let op = if op == 1 {
+            ArpOp::Request
+        } else {
+            ArpOp::Reply
+        };
+        ArpPacket {
+            op,
+            sender_mac: smac,
+            sender_ip: sip,
+            target_mac: tmac,
+            target_ip: tip,
+        }
+        .to_frame()
+    }
+
+    #[test]
+    fn frames_are_built_byte_for_byte() {
+        let f = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        let mut want = vec![0xff; 6];
+        want.extend(A_MAC.0);
+        want.extend([0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+        want.extend(A_MAC.0);
+        want.extend(A_IP.octets());
+        want.extend([0; 6]);
+        want.extend(B_IP.octets());
+        assert_eq!(f, want);
+        let reply = arp_frame(2, B_MAC, B_IP, A_MAC, A_IP);
+        assert_eq!(&reply[..6], &A_MAC.0);
     }
 
     #[test]

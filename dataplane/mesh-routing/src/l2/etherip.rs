@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 
-use super::L2Error;
+use super::{array_at, L2Error};
 
 /// IPv4 protocol number of EtherIP.
 pub const IPPROTO_ETHERIP: u8 = 97;
@@ -28,16 +28,13 @@ pub struct EtherIp<'a> {
 
 /// The RFC 1071 checksum of an IPv4 header (0 over a header with a valid checksum field).
 pub fn ipv4_checksum(header: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
     let mut words = header.chunks_exact(2);
-    for w in &mut words {
-        sum += u32::from(u16::from_be_bytes([
-            w.first().copied().unwrap_or(0),
-            w.get(1).copied().unwrap_or(0),
-        ]));
-    }
+    let mut sum: u64 = (&mut words)
+        .filter_map(|w| array_at::<2>(w, 0))
+        .map(|w| u64::from(u16::from_be_bytes(w)))
+        .sum();
     if let Some(&last) = words.remainder().first() {
-        sum += u32::from(last) << 8;
+        sum += u64::from(last) << 8;
     }
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
@@ -76,11 +73,17 @@ pub fn encapsulate(
 /// Unwraps an IPv4 EtherIP packet, checking version, header length, checksum, protocol,
 /// fragmentation and the EtherIP header; bytes past the IPv4 total length are ignored.
 pub fn decapsulate(packet: &[u8]) -> Result<EtherIp<'_>, L2Error> {
-    let byte = |i: usize| {
-        packet
-            .get(i)
-            .copied()
-            .ok_or(L2Error::Truncated("IPv4 header"))
+    let truncated = || L2Error::Truncated("IPv4 header");
+    let byte = |i: usize| packet.get(i).copied().ok_or_else(truncated);
+    let be16 = |i: usize| {
+        array_at::<2>(packet, i)
+            .map(u16::from_be_bytes)
+            .ok_or_else(truncated)
+    };
+    let addr = |i: usize| {
+        array_at::<4>(packet, i)
+            .map(Ipv4Addr::from)
+            .ok_or_else(truncated)
     };
     let first = byte(0)?;
     if first >> 4 != 4 {
@@ -88,10 +91,10 @@ pub fn decapsulate(packet: &[u8]) -> Result<EtherIp<'_>, L2Error> {
     }
     let ihl = usize::from(first & 0x0f) * 4;
     if ihl < IPV4_HEADER_LEN {
-        return Err(L2Error::Truncated("IPv4 header"));
+        return Err(truncated());
     }
-    let header = packet.get(..ihl).ok_or(L2Error::Truncated("IPv4 header"))?;
-    let total = usize::from(u16::from_be_bytes([byte(2)?, byte(3)?]));
+    let header = packet.get(..ihl).ok_or_else(truncated)?;
+    let total = usize::from(be16(2)?);
     if total < ihl || total > packet.len() {
         return Err(L2Error::Truncated("IPv4 packet"));
     }
@@ -102,24 +105,13 @@ pub fn decapsulate(packet: &[u8]) -> Result<EtherIp<'_>, L2Error> {
     if proto != IPPROTO_ETHERIP {
         return Err(L2Error::NotEtherIp(proto));
     }
-    let flags_offset = u16::from_be_bytes([byte(6)?, byte(7)?]);
-    if flags_offset & 0x3fff != 0 {
+    if be16(6)? & 0x3fff != 0 {
         return Err(L2Error::Fragmented);
     }
-    let addr = |at: usize| -> Result<Ipv4Addr, L2Error> {
-        let b: [u8; 4] = packet
-            .get(at..at + 4)
-            .and_then(|s| s.try_into().ok())
-            .ok_or(L2Error::Truncated("IPv4 header"))?;
-        Ok(Ipv4Addr::from(b))
-    };
     let body = packet
         .get(ihl..total)
         .ok_or(L2Error::Truncated("IPv4 packet"))?;
-    let eh: [u8; 2] = body
-        .get(..2)
-        .and_then(|s| s.try_into().ok())
-        .ok_or(L2Error::Truncated("EtherIP header"))?;
+    let eh = array_at::<2>(body, 0).ok_or(L2Error::Truncated("EtherIP header"))?;
     if eh != ETHERIP_HEADER {
         return Err(L2Error::BadEtherIpHeader(u16::from_be_bytes(eh)));
     }

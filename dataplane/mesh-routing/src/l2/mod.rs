@@ -36,4 +36,11 @@ pub enum L2Error {
     BadMac(String),
     #[error("a device MAC address must be unicast")]
     MulticastMac,
+    #[error("ARP for other than Ethernet and IPv4")]
+    NotEthernetIpv4Arp,
+}
+
+/// The `N` bytes at `at`, if the buffer holds them.
+pub(crate) fn array_at<const N: usize>(buf: &[u8], at: usize) -> Option<[u8; N]> {
+    buf.get(at..at.checked_add(N)?)?.try_into().ok()
 }
