@@ -705,17 +705,6 @@ fn carry(s: &Sim, from: &str, dst: Ipv4Addr, mut packet: Vec<u8>) -> (String, Ve
     panic!("no arrival");
 }
 
-fn arp_frame(op: ArpOp, smac: MacAddr, sip: Ipv4Addr, tmac: MacAddr, tip: Ipv4Addr) -> Vec<u8> {
-    ArpPacket {
-        op,
-        sender_mac: smac,
-        sender_ip: sip,
-        target_mac: tmac,
-        target_ip: tip,
-    }
-    .to_frame()
-}
-
 /// One peer's bridge state in TAP mode.
 struct Bridge {
     mac: MacAddr,
@@ -768,7 +757,8 @@ fn tap_mode_carries_arp_and_learns_where_each_mac_lives() {
     let (a_ip, c_ip) = (s.vips["a"], s.vips["c"]);
 
     // a asks who has c's address: flooded, one copy per peer, relays count in the TTL.
-    let request = arp_frame(ArpOp::Request, a_mac, a_ip, MacAddr([0; 6]), c_ip);
+    let who_has = ArpPacket::request(a_mac, a_ip, c_ip);
+    let request = who_has.to_frame();
     let ttls = send_frame(&mut bridges, "a", request.clone());
     assert_eq!(
         ttls,
@@ -783,7 +773,7 @@ fn tap_mode_carries_arp_and_learns_where_each_mac_lives() {
     );
 
     // c answers a, unicast: c learned a's MAC from the request.
-    let reply = arp_frame(ArpOp::Reply, c_mac, c_ip, a_mac, a_ip);
+    let reply = who_has.reply(c_mac).to_frame();
     assert_eq!(
         bridges["c"].macs.decide(&reply, now),
         FrameDelivery::Unicast("a".into())

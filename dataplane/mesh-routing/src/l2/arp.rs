@@ -81,6 +81,28 @@ pub fn parse_arp(frame: &[u8]) -> Result<Option<ArpPacket>, L2Error> {
 }
 
 impl ArpPacket {
+    /// "Who has `target_ip`? Tell `sender_ip`."
+    pub fn request(sender_mac: MacAddr, sender_ip: Ipv4Addr, target_ip: Ipv4Addr) -> ArpPacket {
+        ArpPacket {
+            op: ArpOp::Request,
+            sender_mac,
+            sender_ip,
+            target_mac: MacAddr([0; 6]),
+            target_ip,
+        }
+    }
+
+    /// The answer to this request from the owner of its target address.
+    pub fn reply(&self, owner_mac: MacAddr) -> ArpPacket {
+        ArpPacket {
+            op: ArpOp::Reply,
+            sender_mac: owner_mac,
+            sender_ip: self.target_ip,
+            target_mac: self.sender_mac,
+            target_ip: self.sender_ip,
+        }
+    }
+
     /// The packet in an untagged Ethernet frame: requests to the broadcast address, replies
     /// to the target (e.g. for a gratuitous ARP when the device comes up).
     pub fn to_frame(&self) -> Vec<u8> {
@@ -144,25 +166,13 @@ mod tests {
     const A_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
     const B_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
 
-    fn arp_frame(op: u16, smac: MacAddr, sip: Ipv4Addr, tmac: MacAddr, tip: Ipv4Addr) -> Vec<u8> {
-        let op = if op == 1 {
-            ArpOp::Request
-        } else {
-            ArpOp::Reply
-        };
-        ArpPacket {
-            op,
-            sender_mac: smac,
-            sender_ip: sip,
-            target_mac: tmac,
-            target_ip: tip,
-        }
-        .to_frame()
+    fn request(smac: MacAddr, sip: Ipv4Addr, tip: Ipv4Addr) -> Vec<u8> {
+        ArpPacket::request(smac, sip, tip).to_frame()
     }
 
     #[test]
     fn frames_are_built_byte_for_byte() {
-        let f = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        let f = request(A_MAC, A_IP, B_IP);
         let mut want = vec![0xff; 6];
         want.extend(A_MAC.0);
         want.extend([0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
@@ -171,25 +181,29 @@ mod tests {
         want.extend([0; 6]);
         want.extend(B_IP.octets());
         assert_eq!(f, want);
-        let reply = arp_frame(2, B_MAC, B_IP, A_MAC, A_IP);
+        let reply = ArpPacket::request(A_MAC, A_IP, B_IP)
+            .reply(B_MAC)
+            .to_frame();
         assert_eq!(&reply[..6], &A_MAC.0);
     }
 
     #[test]
     fn requests_and_replies_are_parsed() {
-        let req = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        let req = request(A_MAC, A_IP, B_IP);
         let p = parse_arp(&req).unwrap().unwrap();
         assert_eq!(
             (p.op, p.sender_mac, p.sender_ip, p.target_ip),
             (ArpOp::Request, A_MAC, A_IP, B_IP)
         );
-        let rep = arp_frame(2, B_MAC, B_IP, A_MAC, A_IP);
+        let rep = ArpPacket::request(A_MAC, A_IP, B_IP)
+            .reply(B_MAC)
+            .to_frame();
         assert_eq!(parse_arp(&rep).unwrap().unwrap().op, ArpOp::Reply);
     }
 
     #[test]
     fn vlan_tagged_arp_is_parsed_and_other_frames_are_not_arp() {
-        let req = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        let req = request(A_MAC, A_IP, B_IP);
         let mut tagged = req[..12].to_vec();
         tagged.extend([0x81, 0x00, 0x00, 0x05]);
         tagged.extend(&req[12..]);
@@ -201,7 +215,7 @@ mod tests {
 
     #[test]
     fn truncated_and_foreign_arp_is_an_error() {
-        let req = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        let req = request(A_MAC, A_IP, B_IP);
         for cut in 0..req.len() {
             assert!(parse_arp(&req[..cut]).is_err(), "cut at {cut}");
         }
@@ -215,9 +229,9 @@ mod tests {
         let t0 = Instant::now();
         let ageing = Duration::from_secs(60);
         let mut t = ArpTable::default();
-        let req = arp_frame(1, A_MAC, A_IP, MacAddr([0; 6]), B_IP);
+        let req = request(A_MAC, A_IP, B_IP);
         assert_eq!(t.learn_from_frame(&req, t0), Some((A_IP, A_MAC)));
-        let probe = arp_frame(1, B_MAC, Ipv4Addr::UNSPECIFIED, MacAddr([0; 6]), B_IP);
+        let probe = request(B_MAC, Ipv4Addr::UNSPECIFIED, B_IP);
         assert_eq!(t.learn_from_frame(&probe, t0), None);
         assert_eq!(t.mac_of(A_IP, t0, ageing), Some(A_MAC));
         assert_eq!(t.ip_of(A_MAC, t0, ageing), Some(A_IP));
