@@ -56,10 +56,15 @@ pub const DEFAULT_ANNOUNCE_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_ANNOUNCE_JITTER: Duration = Duration::from_secs(2);
 /// Smallest metric improvement that moves a route to another next hop.
 pub const DEFAULT_HYSTERESIS_MS: u32 = 10;
+/// Shortest announcement interval the router accepts.
+pub const MIN_ANNOUNCE_INTERVAL: Duration = Duration::from_secs(1);
 /// How many periodic rounds repeat a withdrawal.
 const WITHDRAWAL_ROUNDS: u8 = 2;
 
-/// The routing keys (`mesh.routing.*`) plus the timers this crate chooses.
+/// The routing keys (`mesh.routing.*`) plus the timers this crate chooses. [`Router::new`]
+/// keeps them workable: max_hops ≤ [`MAX_PATH`], announce_interval ≥
+/// [`MIN_ANNOUNCE_INTERVAL`], jitter ≤ half the interval, route_timeout ≥ three intervals
+/// ([`Router::config`] shows what is in force).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutingConfig {
     /// Most peers between us and a destination (0: direct sessions only). At most [`MAX_PATH`].
@@ -308,6 +313,11 @@ impl Router {
         }
         let mut config = config;
         config.max_hops = config.max_hops.min(MAX_PATH as u8);
+        // A zero interval would announce on every poll; a timeout shorter than a few rounds
+        // would expire every learned route between two announcements.
+        config.announce_interval = config.announce_interval.max(MIN_ANNOUNCE_INTERVAL);
+        config.announce_jitter = config.announce_jitter.min(config.announce_interval / 2);
+        config.route_timeout = config.route_timeout.max(config.announce_interval * 3);
         Ok(Router {
             local_id,
             local_vip,

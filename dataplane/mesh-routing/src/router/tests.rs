@@ -54,6 +54,23 @@ fn config_clamps_max_hops_and_keeps_the_keys() {
 }
 
 #[test]
+fn degenerate_timers_are_made_workable() {
+    let now = Instant::now();
+    let config = RoutingConfig {
+        announce_interval: Duration::ZERO,
+        announce_jitter: Duration::from_secs(5),
+        route_timeout: Duration::ZERO,
+        ..RoutingConfig::default()
+    };
+    let r = Router::new("a", A, config, 0, 1, now).unwrap();
+    let c = r.config();
+    assert_eq!(c.announce_interval, MIN_ANNOUNCE_INTERVAL);
+    assert_eq!(c.announce_jitter, MIN_ANNOUNCE_INTERVAL / 2);
+    assert_eq!(c.route_timeout, MIN_ANNOUNCE_INTERVAL * 3);
+    assert!(r.poll_timeout() > now);
+}
+
+#[test]
 fn bad_peer_ids_are_refused() {
     let now = Instant::now();
     assert_eq!(
