@@ -15,7 +15,11 @@
 //! * [`delivery`]: which traffic mode (unicast, broadcast, multicast, anycast) an IP packet
 //!   from the device asks for, from its destination address.
 //! * [`l2`]: TAP-mode helpers — EtherIP (RFC 3378) encapsulation, the generated device MAC,
-//!   the MAC learning table with the flood/unicast decision, ARP parsing.
+//!   the MAC learning table with the flood/unicast decision, ARP parsing and building.
+//!
+//! Broadcast and multicast packets cross the mesh as [`wire::Flood`] control messages (kind 5
+//! on port 7387): the peer consumes them like the other control messages and writes the
+//! carried packet to its device when [`ControlOutcome::deliver`] says so.
 //!
 //! Not here: sessions (boringtun), NAT traversal (`switchyard-ice`), the registry, the device.
 //! The peer forwards packets for other virtual IPs hop by hop with [`decrement_ttl`] (dropping
