@@ -138,7 +138,7 @@ pub use delivery::{
     classify_destination, decrement_ttl, ClassifyError, Delivery, Forward, MeshNetwork,
 };
 pub use router::{
-    metric, AnycastTarget, ControlOutcome, NextHop, RouteKind, RouteView, Router, RoutingConfig,
-    RoutingError, HOP_PENALTY_MS,
+    metric, AnycastTarget, ControlOutcome, NextHop, RouteKind, RouteView, Router, RouterStats,
+    RoutingConfig, RoutingError, HOP_PENALTY_MS,
 };
 pub use wire::{FloodMode, Message, CONTROL_PORT};

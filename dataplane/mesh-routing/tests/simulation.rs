@@ -449,6 +449,10 @@ fn the_path_vector_refuses_routes_through_ourselves() {
         assert_eq!(s.next_hop("b", "c"), None, "b took a route to c via a");
     }
     assert_eq!(s.next_hop("a", "c"), None, "a kept a route to c");
+    assert_eq!(
+        s.r("b").stats().entries_refused,
+        s.r("b").stats().entries_refused.max(1)
+    );
     // One withdrawal each way, not a count up to max_hops.
     let announcements = s.sent_by_kind.get(&1).copied().unwrap_or(0) - before;
     assert!(announcements <= 2, "{announcements} announcements");
@@ -494,6 +498,7 @@ fn routes_from_a_silent_neighbour_expire_after_route_timeout() {
     assert_eq!(s.next_hop("a", "d").as_deref(), Some("b"));
     s.run(Duration::from_secs(10));
     assert_eq!(s.next_hop("b", "d"), None, "expired");
+    assert_eq!(s.r("b").stats().routes_expired, 1);
     assert_eq!(s.next_hop("a", "d"), None, "and withdrawn onwards");
     // The direct route to c lives on: it is the session, not an announcement.
     assert_eq!(s.next_hop("b", "c").as_deref(), Some("c"));
@@ -586,6 +591,10 @@ fn broadcast_before_routes_converge_is_still_delivered_once() {
         s.deliveries_of(b"early"),
         BTreeMap::from([("b".into(), 1), ("c".into(), 1), ("d".into(), 1)])
     );
+    let dups: u64 = s.routers.values().map(|r| r.stats().flood_duplicates).sum();
+    let delivered: u64 = s.routers.values().map(|r| r.stats().floods_delivered).sum();
+    assert!(dups > 0, "copies crossed and were dropped");
+    assert_eq!(delivered, 3);
 }
 
 #[test]

@@ -166,6 +166,33 @@ impl RouteView {
     }
 }
 
+/// Counters since start, for the peer's stats endpoint and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouterStats {
+    pub announcements_sent: u64,
+    pub announcements_received: u64,
+    /// Refused whole: stale, from a stranger, or claiming another sender.
+    pub announcements_refused: u64,
+    /// Entries not usable as routes: through us, repeated ids, through the sender (withdrawals
+    /// and poisoned entries are not counted).
+    pub entries_refused: u64,
+    /// Learned routes dropped for not being refreshed within route_timeout.
+    pub routes_expired: u64,
+    /// Destinations that became unreachable (withdrawn to the neighbours).
+    pub routes_lost: u64,
+    pub probes_sent: u64,
+    pub probe_replies: u64,
+    pub memberships_accepted: u64,
+    pub floods_originated: u64,
+    pub floods_delivered: u64,
+    /// Copies passed on down delivery trees.
+    pub floods_forwarded: u64,
+    /// Copies dropped by the seen-cache.
+    pub flood_duplicates: u64,
+    /// Control datagrams that did not decode.
+    pub malformed: u64,
+}
+
 /// Why a control message was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RoutingError {
@@ -291,6 +318,7 @@ pub struct Router {
     groups: GroupTable,
     seen: SeenCache,
     flood_seq: u64,
+    stats: RouterStats,
 }
 
 impl Router {
@@ -339,6 +367,7 @@ impl Router {
             groups: GroupTable::new(seq_start),
             seen: SeenCache::default(),
             flood_seq: seq_start,
+            stats: RouterStats::default(),
             config,
         })
     }
@@ -411,6 +440,11 @@ impl Router {
             .map(|(id, n)| (id.as_str(), n.vip, n.latency_ms))
     }
 
+    /// Counters since start.
+    pub fn stats(&self) -> &RouterStats {
+        &self.stats
+    }
+
     /// Takes in one announcement from neighbour `from`.
     pub fn handle_announcement(
         &mut self,
@@ -419,6 +453,20 @@ impl Router {
         now: Instant,
     ) -> Result<(), RoutingError> {
         self.last_now = now;
+        let result = self.take_announcement(from, msg, now);
+        match result {
+            Ok(()) => self.stats.announcements_received += 1,
+            Err(_) => self.stats.announcements_refused += 1,
+        }
+        result
+    }
+
+    fn take_announcement(
+        &mut self,
+        from: &str,
+        msg: &Announcement,
+        now: Instant,
+    ) -> Result<(), RoutingError> {
         if msg.sender != from {
             return Err(RoutingError::SenderMismatch {
                 from: from.to_owned(),
@@ -441,6 +489,7 @@ impl Router {
         }
         n.last_seq = Some(msg.seq);
         let mut touched = BTreeSet::new();
+        let mut refused = 0;
         for e in &msg.entries {
             if e.dest == from {
                 continue; // we know the sender directly
@@ -452,6 +501,9 @@ impl Router {
                 latency_ms: e.latency_ms,
                 path: e.path.clone(),
             });
+            if route.is_none() && e.metric != METRIC_INFINITY && e.dest != local {
+                refused += 1;
+            }
             n.adverts.insert(
                 e.dest.clone(),
                 Advert {
@@ -462,6 +514,7 @@ impl Router {
             );
             touched.insert(e.dest.clone());
         }
+        self.stats.entries_refused += refused;
         for dest in touched {
             if dest != local {
                 self.reselect(&dest, now);
@@ -635,7 +688,8 @@ impl Router {
         now: Instant,
     ) -> Result<ControlOutcome, RoutingError> {
         let mut out = ControlOutcome::default();
-        match Message::decode(datagram)? {
+        let msg = Message::decode(datagram).inspect_err(|_| self.stats.malformed += 1)?;
+        match msg {
             Message::Announcement(a) => self.handle_announcement(from, &a, now)?,
             Message::Probe(p) => {
                 // Echoed to anyone whose datagram reached us through a session.
@@ -663,6 +717,7 @@ impl Router {
             return None;
         }
         n.probe = None;
+        self.stats.probe_replies += 1;
         let rtt = now.saturating_duration_since(sent);
         let sample = duration_ms(rtt);
         // Step a quarter of the way, rounded away from the old value so it reaches the sample.
@@ -703,6 +758,7 @@ impl Router {
             u64::try_from(now.saturating_duration_since(self.epoch).as_micros()).unwrap_or(0);
         if let Some(n) = self.neighbours.get_mut(to) {
             n.probe = Some((nonce, now));
+            self.stats.probes_sent += 1;
             push_message(
                 out,
                 &[to.to_owned()],
@@ -767,6 +823,7 @@ impl Router {
 
     fn push_batch(&mut self, out: &mut Vec<(String, Vec<u8>)>, to: &str, entries: Vec<RouteEntry>) {
         self.seq = self.seq.wrapping_add(1);
+        self.stats.announcements_sent += 1;
         let msg = Message::Announcement(Announcement {
             sender: self.local_id.clone(),
             seq: self.seq,
@@ -779,15 +836,20 @@ impl Router {
     fn expire(&mut self, now: Instant) {
         let timeout = self.config.route_timeout;
         let mut touched = BTreeSet::new();
+        let mut expired = 0;
         for n in self.neighbours.values_mut() {
             n.adverts.retain(|dest, a| {
                 let alive = now.saturating_duration_since(a.received) < timeout;
                 if !alive {
                     touched.insert(dest.clone());
+                    if a.route.is_some() {
+                        expired += 1;
+                    }
                 }
                 alive
             });
         }
+        self.stats.routes_expired += expired;
         for dest in touched {
             self.reselect(&dest, now);
         }
@@ -903,6 +965,7 @@ impl Router {
         match (old, chosen) {
             (None, None) => {}
             (Some(old), None) => {
+                self.stats.routes_lost += 1;
                 self.routes.remove(dest);
                 self.unindex_vip(old.vip, dest);
                 self.announced.remove(dest);

@@ -61,6 +61,7 @@ impl Router {
         if m.origin == self.local_id || !self.groups.accept(m, now) {
             return Ok(Vec::new());
         }
+        self.stats.memberships_accepted += 1;
         let to: Vec<String> = self
             .neighbours
             .keys()
@@ -101,6 +102,7 @@ impl Router {
     ) -> Result<Vec<(String, Vec<u8>)>, RoutingError> {
         self.last_now = now;
         self.flood_seq = self.flood_seq.wrapping_add(1);
+        self.stats.floods_originated += 1;
         let flood = Flood {
             origin: self.local_id.clone(),
             id: self.flood_seq,
@@ -129,6 +131,7 @@ impl Router {
             return Err(RoutingError::NotNeighbour(from.to_owned()));
         }
         if flood.origin == self.local_id || !self.seen.insert(&flood.origin, flood.id, now) {
+            self.stats.flood_duplicates += 1;
             return Ok((None, Vec::new()));
         }
         let mut send = Vec::new();
@@ -138,12 +141,14 @@ impl Router {
             if !to.is_empty() {
                 let bytes = Message::Flood(flood.clone()).encode()?;
                 send = to.into_iter().map(|t| (t, bytes.clone())).collect();
+                self.stats.floods_forwarded += send.len() as u64;
             }
         }
         let deliver = match flood.mode {
             FloodMode::Broadcast => true,
             FloodMode::Multicast(g) => self.groups.is_local_member(g),
         };
+        self.stats.floods_delivered += u64::from(deliver);
         Ok((deliver.then_some(flood.payload), send))
     }
 
