@@ -449,9 +449,9 @@ fn the_path_vector_refuses_routes_through_ourselves() {
         assert_eq!(s.next_hop("b", "c"), None, "b took a route to c via a");
     }
     assert_eq!(s.next_hop("a", "c"), None, "a kept a route to c");
-    assert_eq!(
-        s.r("b").stats().entries_refused,
-        s.r("b").stats().entries_refused.max(1)
+    assert!(
+        s.r("b").stats().entries_refused > 0,
+        "a's route to c (path [b]) was refused"
     );
     // One withdrawal each way, not a count up to max_hops.
     let announcements = s.sent_by_kind.get(&1).copied().unwrap_or(0) - before;

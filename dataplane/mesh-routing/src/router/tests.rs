@@ -289,6 +289,30 @@ fn only_the_matching_probe_reply_updates_latency() {
 }
 
 #[test]
+fn refusals_are_counted() {
+    let now = Instant::now();
+    let mut r = router(now);
+    assert!(r.handle_control("b", &[0xff, 1], now).is_err());
+    assert!(r.handle_control("b", &[], now).is_err());
+    assert_eq!(r.stats().malformed, 2);
+    let a1 = ann("b", 1, vec![]);
+    assert!(r.handle_announcement("b", &a1, now).is_err());
+    r.neighbour_up("b", B, MS, now).unwrap();
+    r.handle_announcement("b", &a1, now).unwrap();
+    let loop_entry = ann("b", 2, vec![entry("c", C, 1, &["a"])]);
+    r.handle_announcement("b", &loop_entry, now).unwrap();
+    let s = r.stats();
+    assert_eq!(
+        (
+            s.announcements_refused,
+            s.announcements_received,
+            s.entries_refused
+        ),
+        (1, 2, 1)
+    );
+}
+
+#[test]
 fn probes_are_echoed() {
     let now = Instant::now();
     let mut r = router(now);
