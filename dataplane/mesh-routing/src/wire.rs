@@ -577,7 +577,95 @@ mod tests {
         );
     }
 
+    mod arb {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn id() -> impl Strategy<Value = String> {
+            "[a-z0-9-]{1,64}"
+        }
+
+        fn ip() -> impl Strategy<Value = Ipv4Addr> {
+            any::<u32>().prop_map(Ipv4Addr::from)
+        }
+
+        fn entry() -> impl Strategy<Value = RouteEntry> {
+            (
+                id(),
+                ip(),
+                any::<u32>(),
+                any::<u32>(),
+                proptest::collection::vec(id(), 0..=MAX_PATH),
+            )
+                .prop_map(|(dest, vip, metric, latency_ms, path)| RouteEntry {
+                    dest,
+                    vip,
+                    metric,
+                    latency_ms,
+                    hop_count: path.len() as u8,
+                    path,
+                })
+        }
+
+        pub fn message() -> impl Strategy<Value = Message> {
+            let probe = (any::<u64>(), any::<u64>()).prop_map(|(nonce, timestamp_us)| Probe {
+                nonce,
+                timestamp_us,
+            });
+            prop_oneof![
+                (id(), any::<u64>(), proptest::collection::vec(entry(), 0..6)).prop_map(
+                    |(sender, seq, entries)| Message::Announcement(Announcement {
+                        sender,
+                        seq,
+                        entries
+                    })
+                ),
+                probe.clone().prop_map(Message::Probe),
+                probe.prop_map(Message::ProbeReply),
+                (
+                    id(),
+                    ip(),
+                    any::<u64>(),
+                    proptest::collection::vec(ip(), 0..=MAX_GROUPS)
+                )
+                    .prop_map(|(origin, vip, seq, groups)| {
+                        Message::Membership(Membership {
+                            origin,
+                            vip,
+                            seq,
+                            groups,
+                        })
+                    }),
+                (
+                    id(),
+                    any::<u64>(),
+                    any::<u8>(),
+                    proptest::option::of(ip()),
+                    proptest::collection::vec(any::<u8>(), 0..512)
+                )
+                    .prop_map(|(origin, id, ttl, group, payload)| {
+                        Message::Flood(Flood {
+                            origin,
+                            id,
+                            ttl,
+                            mode: group.map_or(FloodMode::Broadcast, FloodMode::Multicast),
+                            payload,
+                        })
+                    }),
+            ]
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn any_valid_message_round_trips_and_every_truncation_fails(m in arb::message()) {
+            let bytes = m.encode().unwrap();
+            proptest::prop_assert_eq!(Message::decode(&bytes).unwrap(), m);
+            for cut in 0..bytes.len() {
+                proptest::prop_assert!(Message::decode(&bytes[..cut]).is_err());
+            }
+        }
+
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2048)) {
             let _ = Message::decode(&bytes);
