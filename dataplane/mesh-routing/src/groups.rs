@@ -81,10 +81,10 @@ impl GroupTable {
     /// Stores a remote announcement when it is newer than the one held; true when stored
     /// (so it should be passed on).
     pub fn accept(&mut self, m: &Membership, now: Instant) -> bool {
-        if let Some(held) = self.remote.get(&m.origin) {
-            if crate::router::is_stale(m.seq, held.seq) {
-                return false;
-            }
+        match self.remote.get(&m.origin) {
+            Some(held) if crate::router::is_stale(m.seq, held.seq) => return false,
+            None if self.remote.len() >= crate::router::MAX_DESTINATIONS => return false,
+            _ => {}
         }
         self.remote.insert(
             m.origin.clone(),

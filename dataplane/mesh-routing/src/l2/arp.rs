@@ -125,6 +125,9 @@ impl ArpPacket {
     }
 }
 
+/// Most bindings an [`ArpTable`] holds; new addresses beyond it are not learned.
+pub const ARP_CAPACITY: usize = 4096;
+
 /// Virtual IP ⇄ MAC, learned from ARP senders, with ageing.
 #[derive(Debug, Default)]
 pub struct ArpTable {
@@ -137,6 +140,9 @@ impl ArpTable {
     pub fn learn_from_frame(&mut self, frame: &[u8], now: Instant) -> Option<(Ipv4Addr, MacAddr)> {
         let arp = parse_arp(frame).ok()??;
         if arp.sender_ip.is_unspecified() || arp.sender_mac.is_multicast() {
+            return None;
+        }
+        if self.by_ip.len() >= ARP_CAPACITY && !self.by_ip.contains_key(&arp.sender_ip) {
             return None;
         }
         self.by_ip.insert(arp.sender_ip, (arp.sender_mac, now));
@@ -237,6 +243,22 @@ mod tests {
         assert_eq!(t.ip_of(A_MAC, t0, ageing), Some(A_IP));
         assert_eq!(t.mac_of(B_IP, t0, ageing), None);
         assert_eq!(t.mac_of(A_IP, t0 + ageing, ageing), None);
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let t0 = Instant::now();
+        let mut t = ArpTable::default();
+        for i in 0..ARP_CAPACITY as u32 + 10 {
+            let ip = Ipv4Addr::from(0x0a00_0000 + i);
+            t.learn_from_frame(&request(A_MAC, ip, B_IP), t0);
+        }
+        assert_eq!(t.by_ip.len(), ARP_CAPACITY);
+        // Known addresses are still refreshed.
+        let first = Ipv4Addr::from(0x0a00_0000);
+        assert!(t
+            .learn_from_frame(&request(B_MAC, first, B_IP), t0)
+            .is_some());
     }
 
     proptest::proptest! {

@@ -56,6 +56,9 @@ pub const DEFAULT_ANNOUNCE_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_ANNOUNCE_JITTER: Duration = Duration::from_secs(2);
 /// Smallest metric improvement that moves a route to another next hop.
 pub const DEFAULT_HYSTERESIS_MS: u32 = 10;
+/// Most destinations kept per neighbour (a /16 mesh network): a neighbour announcing more
+/// cannot grow our memory without bound.
+pub const MAX_DESTINATIONS: usize = 65_536;
 /// Shortest announcement interval the router accepts.
 pub const MIN_ANNOUNCE_INTERVAL: Duration = Duration::from_secs(1);
 /// How many periodic rounds repeat a withdrawal.
@@ -503,6 +506,10 @@ impl Router {
             });
             if route.is_none() && e.metric != METRIC_INFINITY && e.dest != local {
                 refused += 1;
+            }
+            if n.adverts.len() >= MAX_DESTINATIONS && !n.adverts.contains_key(&e.dest) {
+                refused += 1;
+                continue;
             }
             n.adverts.insert(
                 e.dest.clone(),

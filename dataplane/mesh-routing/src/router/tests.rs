@@ -289,6 +289,35 @@ fn only_the_matching_probe_reply_updates_latency() {
 }
 
 #[test]
+fn a_neighbour_cannot_grow_the_table_without_bound() {
+    let now = Instant::now();
+    let mut r = router(now);
+    r.neighbour_up("b", B, MS, now).unwrap();
+    let mut seq = 0;
+    let mut n = 0u32;
+    while n < MAX_DESTINATIONS as u32 + 100 {
+        let entries = (0..200)
+            .map(|i| entry(&format!("d{}", n + i), Ipv4Addr::from(n + i), 1, &[]))
+            .collect();
+        seq += 1;
+        r.handle_announcement("b", &ann("b", seq, entries), now)
+            .unwrap();
+        n += 200;
+    }
+    assert_eq!(
+        r.forwarding_table().len(),
+        MAX_DESTINATIONS + 1,
+        "+ b itself"
+    );
+    assert!(r.stats().entries_refused >= 100);
+}
+
+fn _router_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Router>();
+}
+
+#[test]
 fn refusals_are_counted() {
     let now = Instant::now();
     let mut r = router(now);
