@@ -582,7 +582,9 @@ impl Agent {
             } else if now >= consent.next {
                 consent.next = now + self.config.consent_interval;
                 if let Some(i) = self.selected {
-                    let (tid, bytes) = self.check_request(i, false);
+                    // The controlling side's consent checks nominate again, so a controlled
+                    // side that lost the path on its own (one-way loss) takes it back.
+                    let (tid, bytes) = self.check_request(i, self.controlling);
                     if let Some(consent) = &mut self.consent {
                         consent.outstanding.push_back(tid);
                         if consent.outstanding.len() > CONSENT_OUTSTANDING {

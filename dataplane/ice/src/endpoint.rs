@@ -610,6 +610,8 @@ mod tests {
         nodes: Vec<(SocketAddr, IceEndpoint)>,
         events: Vec<(usize, Event)>,
         up: bool,
+        /// Binding requests sent by this node are lost (one-way loss).
+        drop_requests_from: Option<usize>,
     }
 
     impl Sim {
@@ -631,6 +633,7 @@ mod tests {
                 nodes,
                 events: Vec::new(),
                 up: true,
+                drop_requests_from: None,
             };
             let all: Vec<(String, Vec<Endpoint>)> = ids
                 .iter()
@@ -660,7 +663,9 @@ mod tests {
                             let Some(j) = self.nodes.iter().position(|(a, _)| *a == t.to) else {
                                 continue;
                             };
-                            if self.up {
+                            let request =
+                                Message::decode(&t.bytes).is_ok_and(|m| m.class == Class::Request);
+                            if self.up && !(request && self.drop_requests_from == Some(i)) {
                                 let now = self.now;
                                 let r = self.nodes[j].1.handle_datagram(from, &t.bytes, now);
                                 assert_eq!(r, Received::Consumed);
@@ -739,6 +744,24 @@ mod tests {
             s.selected(0, "b").is_some() && s.selected(1, "a").is_some()
         }));
         assert_eq!(sim.count(|e| matches!(e, Event::PathSelected { .. })), 4);
+    }
+
+    #[test]
+    fn controlled_side_that_lost_the_path_alone_gets_it_back() {
+        let mut sim = Sim::new(&["a", "b"], |_| {});
+        assert!(sim.run(Duration::from_secs(10), |s| {
+            s.selected(0, "b").is_some() && s.selected(1, "a").is_some()
+        }));
+        // b's consent checks go unanswered; a's are answered: only b (controlled) loses it.
+        sim.drop_requests_from = Some(1);
+        assert!(sim.run(Duration::from_secs(60), |s| s
+            .count(|e| matches!(e, Event::PathLost { .. }))
+            == 1));
+        assert_eq!(sim.selected(1, "a"), None);
+        assert!(sim.selected(0, "b").is_some());
+        sim.drop_requests_from = None;
+        assert!(sim.run(Duration::from_secs(60), |s| s.selected(1, "a").is_some()));
+        assert_eq!(sim.count(|e| matches!(e, Event::PathLost { .. })), 1);
     }
 
     #[test]
