@@ -30,8 +30,10 @@
 //! config.stun_servers = vec!["203.0.113.1:3478".parse().unwrap()]; // resolved mesh.stun.servers
 //! let mut ice = IceEndpoint::new(config, Instant::now());
 //! publish(ice.local_endpoints()); // register with the host candidates now …
+//! // Every peer of the registry's list, and again on `peer.updated` with its new endpoints.
 //! ice.set_peer("peer-b", &registry_endpoints_of_b, Instant::now());
 //! let mut buf = [0u8; 65536];
+//! let mut out = Vec::with_capacity(2048);
 //! loop {
 //!     while let Some(t) = ice.poll_transmit() {
 //!         send_to(t.to, &t.bytes);
@@ -42,6 +44,8 @@
 //!             Event::CandidateGathered(_) => publish(ice.local_endpoints()),
 //!             Event::PathSelected { peer, path } => { /* connection_type = path.kind.as_str() */ }
 //!             Event::PathLost { peer } => { /* the agent is checking again */ }
+//!             // A wrong TURN password: IceError::TurnUnauthorized — log it, relay is off.
+//!             Event::ServerFailed { server, error } => {}
 //!             _ => {}
 //!         }
 //!     }
@@ -52,9 +56,11 @@
 //!         Received::Consumed | Received::Dropped => {}
 //!     }
 //!     ice.handle_timeout(Instant::now());
-//!     // Outgoing WireGuard for peer-b: frames it for the selected path (direct or via our relay).
-//!     if let Some(t) = ice.encapsulate("peer-b", b"wireguard message") {
-//!         send_to(t.to, &t.bytes);
+//!     // Outgoing WireGuard for peer-b along the selected path: as it is when direct, framed
+//!     // (ChannelData or a Send indication) in a reused buffer when through our relay.
+//!     let wireguard = b"\x04\0\0\0 a WireGuard transport message";
+//!     if let Some((to, framed)) = ice.encapsulate_into("peer-b", wireguard, &mut out) {
+//!         send_to(to, if framed { &out } else { wireguard });
 //!     }
 //! }
 //! ```
