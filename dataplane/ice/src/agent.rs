@@ -81,6 +81,9 @@ pub struct AgentConfig {
     pub consent_timeout: Duration,
     pub nomination_wait: Duration,
     pub check_pacing: Duration,
+    /// While a path is selected, better pairs that failed are checked again this often (a
+    /// relayed path moves to direct once the NATs let it).
+    pub upgrade_interval: Duration,
     pub direct_connect: bool,
     pub relay_enabled: bool,
 }
@@ -172,6 +175,7 @@ pub struct Agent {
     first_valid: Option<Instant>,
     next_check: Instant,
     retry_at: Option<Instant>,
+    upgrade_at: Option<Instant>,
     connect_deadline: Option<Instant>,
     consent: Option<Consent>,
     out: VecDeque<Outgoing>,
@@ -212,6 +216,7 @@ impl Agent {
             first_valid: None,
             next_check: now,
             retry_at: None,
+            upgrade_at: None,
             consent: None,
             out: VecDeque::new(),
             events: VecDeque::new(),
@@ -525,6 +530,7 @@ impl Agent {
         self.consent = None;
         self.first_valid = None;
         self.retry_at = None;
+        self.upgrade_at = None;
         self.next_check = now;
         self.connect_deadline = Some(now + self.config.connect_timeout);
         for p in &mut self.pairs {
@@ -542,8 +548,8 @@ impl Agent {
         let waiting = self
             .pairs
             .iter()
-            .any(|p| matches!(p.state, PairState::Waiting));
-        let checks = (self.selected.is_none() && waiting).then_some(self.next_check);
+            .any(|p| matches!(p.state, PairState::Waiting) && self.better(p));
+        let checks = waiting.then_some(self.next_check);
         let nomination = (self.controlling && self.selected.is_none())
             .then(|| self.first_valid.map(|t| t + self.config.nomination_wait))
             .flatten();
@@ -555,6 +561,7 @@ impl Agent {
             .chain(checks)
             .chain(nomination)
             .chain(self.retry_at)
+            .chain(self.upgrade_at)
             .chain(self.connect_deadline)
             .chain(consent)
             .min()
@@ -601,12 +608,12 @@ impl Agent {
             }
         }
 
-        if self.selected.is_none() && now >= self.next_check {
+        if now >= self.next_check {
             let next = self
                 .pairs
                 .iter()
                 .enumerate()
-                .filter(|(_, p)| matches!(p.state, PairState::Waiting))
+                .filter(|(_, p)| matches!(p.state, PairState::Waiting) && self.better(p))
                 .max_by_key(|(_, p)| p.priority)
                 .map(|(i, _)| i);
             if let Some(i) = next {
@@ -639,11 +646,54 @@ impl Agent {
             }
         }
 
+        if self.selected.is_some() {
+            self.maybe_upgrade(now);
+        }
+
         if self.connect_deadline.is_some_and(|t| now >= t) {
             self.connect_deadline = None;
             if self.selected.is_none() {
                 self.events.push_back(AgentEvent::Unreachable);
             }
+        }
+    }
+
+    /// Better than the selected pair (every pair is while none is selected).
+    fn better(&self, p: &Pair) -> bool {
+        self.selected
+            .and_then(|s| self.pairs.get(s))
+            .is_none_or(|s| p.priority > s.priority)
+    }
+
+    /// With a path selected, pairs better than it that failed are checked again every
+    /// `upgrade_interval` (e.g. direct pairs whose NAT holes opened after a relay was chosen).
+    fn maybe_upgrade(&mut self, now: Instant) {
+        let failed = self
+            .pairs
+            .iter()
+            .any(|p| matches!(p.state, PairState::Failed) && self.better(p));
+        let pending = self.pairs.iter().any(|p| p.pending() && self.better(p));
+        if !failed || pending {
+            self.upgrade_at = None;
+            return;
+        }
+        match self.upgrade_at {
+            None => self.upgrade_at = Some(now + self.config.upgrade_interval),
+            Some(t) if now >= t => {
+                self.upgrade_at = None;
+                self.next_check = now;
+                let floor = self
+                    .selected
+                    .and_then(|s| self.pairs.get(s))
+                    .map(|s| s.priority);
+                for p in &mut self.pairs {
+                    if matches!(p.state, PairState::Failed) && floor.is_none_or(|f| p.priority > f)
+                    {
+                        p.state = PairState::Waiting;
+                    }
+                }
+            }
+            Some(_) => {}
         }
     }
 
@@ -699,6 +749,7 @@ mod tests {
             consent_timeout: Duration::from_secs(30),
             nomination_wait: Duration::from_secs(1),
             check_pacing: Duration::from_millis(20),
+            upgrade_interval: Duration::from_secs(30),
             direct_connect: true,
             relay_enabled: true,
         }

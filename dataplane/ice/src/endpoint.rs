@@ -53,6 +53,9 @@ pub struct IceConfig {
     pub nomination_wait: Duration,
     /// Ta: one new check per this interval (RFC 8445 §14.2 recommends 50 ms).
     pub check_pacing: Duration,
+    /// While a path is selected, better pairs that failed are checked again this often, so a
+    /// relayed path becomes direct once the NATs allow it.
+    pub upgrade_interval: Duration,
     /// `mesh.connection.direct_connect`.
     pub direct_connect: bool,
     /// `mesh.connection.relay_enabled`.
@@ -75,6 +78,7 @@ impl IceConfig {
             consent_timeout: Duration::from_secs(30),
             nomination_wait: Duration::from_secs(1),
             check_pacing: Duration::from_millis(50),
+            upgrade_interval: Duration::from_secs(30),
             direct_connect: true,
             relay_enabled: true,
         }
@@ -88,6 +92,7 @@ impl IceConfig {
             consent_timeout: self.consent_timeout,
             nomination_wait: self.nomination_wait,
             check_pacing: self.check_pacing,
+            upgrade_interval: self.upgrade_interval,
             direct_connect: self.direct_connect,
             relay_enabled: self.relay_enabled,
         }

@@ -241,6 +241,7 @@ fn ice_config(id: &str, socket: &UdpSocket, turn: &Coturn, password: &str) -> Ic
         password: password.into(),
     }];
     c.stun_timeout = Duration::from_secs(2);
+    c.upgrade_interval = Duration::from_secs(2);
     c
 }
 
@@ -295,6 +296,11 @@ fn agents_without_direct_reachability_select_the_relay() {
         net.step();
     }
     net.exchange(from, to, &wg("on the channel"));
+
+    // The direct path opens: the agents check the better pairs again and move to it.
+    let paths = net.run_until_paths(HashSet::new(), |p| p.kind == PathKind::Direct);
+    assert!(paths.iter().all(|(_, p)| p.via == Via::Direct));
+    net.exchange("alpha", "beta", &wg("direct at last"));
 }
 
 /// The peers meet only after both relays are allocated: the permissions for the peer's
