@@ -297,7 +297,9 @@ fn agents_without_direct_reachability_select_the_relay() {
     }
     net.exchange(from, to, &wg("on the channel"));
 
-    // The direct path opens: the agents check the better pairs again and move to it.
+    // Every direct check has failed by now (the STUN timeout is 2 s) …
+    net.run_for(Duration::from_secs(3));
+    // … when the direct path opens: the agents check the better pairs again and move to it.
     let paths = net.run_until_paths(HashSet::new(), |p| p.kind == PathKind::Direct);
     assert!(paths.iter().all(|(_, p)| p.via == Via::Direct));
     net.exchange("alpha", "beta", &wg("direct at last"));

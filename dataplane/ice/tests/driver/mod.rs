@@ -290,6 +290,14 @@ impl Net {
         std::thread::sleep(Duration::from_millis(1));
     }
 
+    /// Runs the loop for a while (to let timers run out).
+    pub fn run_for(&mut self, span: Duration) {
+        let end = Instant::now() + span;
+        while Instant::now() < end {
+            self.step();
+        }
+    }
+
     /// Runs until every node has a selected path to every other; returns them.
     pub fn run_until_selected(&mut self, blocked: HashSet<SocketAddr>) -> Vec<(String, Path)> {
         self.run_until_paths(blocked, |_| true)
