@@ -75,17 +75,44 @@ pub fn pair_password(secret: &[u8], a: &str, b: &str) -> String {
 /// Timing and policy of the agents (from `mesh.stun` and `mesh.connection`).
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
+    /// `mesh.stun.timeout`: caps every STUN/TURN transaction and connectivity check.
     pub stun_timeout: Duration,
+    /// `mesh.connection.connect_timeout`: after this long without a path, the agent reports
+    /// the peer unreachable (and goes on checking).
     pub connect_timeout: Duration,
+    /// Consent checks on a selected path go out this often (RFC 7675: about 5 s) …
     pub consent_interval: Duration,
+    /// … and the path is lost when none was answered for this long (RFC 7675: 30 s).
     pub consent_timeout: Duration,
+    /// The controlling side nominates a valid pair at the latest this long after the first one
+    /// succeeded, even while better pairs are still being checked.
     pub nomination_wait: Duration,
+    /// Ta: one new check per this interval (RFC 8445 §14.2 recommends 50 ms).
     pub check_pacing: Duration,
-    /// While a path is selected, better pairs that failed are checked again this often (a
-    /// relayed path moves to direct once the NATs let it).
+    /// While a path is selected, better pairs that failed are checked again this often, so a
+    /// relayed path becomes direct once the NATs allow it.
     pub upgrade_interval: Duration,
+    /// `mesh.connection.direct_connect`: pairs without a relay on either side.
     pub direct_connect: bool,
+    /// `mesh.connection.relay_enabled`: our TURN allocations and the peer's relay candidates.
     pub relay_enabled: bool,
+}
+
+impl Default for AgentConfig {
+    /// The spec's sample values (`mesh.stun.timeout` 5s, `connect_timeout` 30s) and the RFCs'.
+    fn default() -> Self {
+        AgentConfig {
+            stun_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(30),
+            consent_interval: Duration::from_secs(5),
+            consent_timeout: Duration::from_secs(30),
+            nomination_wait: Duration::from_secs(1),
+            check_pacing: Duration::from_millis(50),
+            upgrade_interval: Duration::from_secs(30),
+            direct_connect: true,
+            relay_enabled: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -745,13 +772,8 @@ mod tests {
         AgentConfig {
             stun_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
-            consent_interval: Duration::from_secs(5),
-            consent_timeout: Duration::from_secs(30),
-            nomination_wait: Duration::from_secs(1),
             check_pacing: Duration::from_millis(20),
-            upgrade_interval: Duration::from_secs(30),
-            direct_connect: true,
-            relay_enabled: true,
+            ..AgentConfig::default()
         }
     }
 

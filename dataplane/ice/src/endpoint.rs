@@ -35,31 +35,14 @@ pub struct IceConfig {
     pub host_addrs: Vec<SocketAddr>,
     /// `mesh.stun.servers`.
     pub stun_servers: Vec<SocketAddr>,
-    /// `mesh.turn.servers` (used only when `relay_enabled`).
+    /// `mesh.turn.servers` (used only when `agent.relay_enabled`).
     pub turn_servers: Vec<TurnServerConfig>,
-    /// `mesh.stun.timeout`: caps every STUN/TURN transaction and connectivity check.
-    pub stun_timeout: Duration,
-    /// `mesh.connection.connect_timeout`: after this long without a path, [`Event::Unreachable`].
-    pub connect_timeout: Duration,
     /// `mesh.connection.keep_alive_interval`: how often the STUN mapping is asked again (keeps
     /// the NAT binding open).
     pub keepalive_interval: Duration,
-    /// Consent checks on a selected path go out this often (RFC 7675: about 5 s) …
-    pub consent_interval: Duration,
-    /// … and the path is lost when none was answered for this long (RFC 7675: 30 s).
-    pub consent_timeout: Duration,
-    /// The controlling side nominates a valid pair at the latest this long after the first one
-    /// succeeded, even while better pairs are still being checked.
-    pub nomination_wait: Duration,
-    /// Ta: one new check per this interval (RFC 8445 §14.2 recommends 50 ms).
-    pub check_pacing: Duration,
-    /// While a path is selected, better pairs that failed are checked again this often, so a
-    /// relayed path becomes direct once the NATs allow it.
-    pub upgrade_interval: Duration,
-    /// `mesh.connection.direct_connect`.
-    pub direct_connect: bool,
-    /// `mesh.connection.relay_enabled`.
-    pub relay_enabled: bool,
+    /// Timeouts, checks, nomination, consent and the direct/relay policy (`agent.stun_timeout`
+    /// also caps the STUN and TURN transactions).
+    pub agent: AgentConfig,
 }
 
 impl IceConfig {
@@ -71,30 +54,8 @@ impl IceConfig {
             host_addrs,
             stun_servers: Vec::new(),
             turn_servers: Vec::new(),
-            stun_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(30),
             keepalive_interval: Duration::from_secs(25),
-            consent_interval: Duration::from_secs(5),
-            consent_timeout: Duration::from_secs(30),
-            nomination_wait: Duration::from_secs(1),
-            check_pacing: Duration::from_millis(50),
-            upgrade_interval: Duration::from_secs(30),
-            direct_connect: true,
-            relay_enabled: true,
-        }
-    }
-
-    fn agent_config(&self) -> AgentConfig {
-        AgentConfig {
-            stun_timeout: self.stun_timeout,
-            connect_timeout: self.connect_timeout,
-            consent_interval: self.consent_interval,
-            consent_timeout: self.consent_timeout,
-            nomination_wait: self.nomination_wait,
-            check_pacing: self.check_pacing,
-            upgrade_interval: self.upgrade_interval,
-            direct_connect: self.direct_connect,
-            relay_enabled: self.relay_enabled,
+            agent: AgentConfig::default(),
         }
     }
 }
@@ -172,14 +133,27 @@ impl IceEndpoint {
         let stun = config
             .stun_servers
             .iter()
-            .map(|s| BindingClient::new(*s, config.stun_timeout, config.keepalive_interval, now))
+            .map(|s| {
+                BindingClient::new(
+                    *s,
+                    config.agent.stun_timeout,
+                    config.keepalive_interval,
+                    now,
+                )
+            })
             .collect();
-        let turn = if config.relay_enabled {
+        let turn = if config.agent.relay_enabled {
             config
                 .turn_servers
                 .iter()
                 .map(|t| {
-                    TurnClient::new(t.addr, &t.username, &t.password, config.stun_timeout, now)
+                    TurnClient::new(
+                        t.addr,
+                        &t.username,
+                        &t.password,
+                        config.agent.stun_timeout,
+                        now,
+                    )
                 })
                 .collect()
         } else {
@@ -236,7 +210,7 @@ impl IceEndpoint {
                 &self.config.local_id,
                 peer,
                 &self.config.secret,
-                self.config.agent_config(),
+                self.config.agent.clone(),
                 now,
             );
             let host_priority = self
@@ -771,7 +745,9 @@ mod tests {
 
     #[test]
     fn no_path_means_unreachable_and_checks_go_on() {
-        let mut sim = Sim::new(&["a", "b"], |c| c.connect_timeout = Duration::from_secs(10));
+        let mut sim = Sim::new(&["a", "b"], |c| {
+            c.agent.connect_timeout = Duration::from_secs(10)
+        });
         sim.up = false;
         assert!(sim.run(Duration::from_secs(30), |s| s
             .count(|e| matches!(e, Event::Unreachable { .. }))
@@ -784,7 +760,7 @@ mod tests {
 
     #[test]
     fn direct_connect_off_and_no_relay_means_no_path() {
-        let mut sim = Sim::new(&["a", "b"], |c| c.direct_connect = false);
+        let mut sim = Sim::new(&["a", "b"], |c| c.agent.direct_connect = false);
         assert!(!sim.run(Duration::from_secs(60), |s| s.selected(0, "b").is_some()));
         assert_eq!(sim.count(|e| matches!(e, Event::Unreachable { .. })), 2);
     }

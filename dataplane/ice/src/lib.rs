@@ -76,7 +76,7 @@ pub mod transaction;
 pub mod turn;
 mod url;
 
-pub use agent::{pair_password, Path, PathKind, Via};
+pub use agent::{pair_password, AgentConfig, Path, PathKind, Via};
 pub use candidate::{Candidate, CandidateKind, Endpoint};
 pub use endpoint::{Event, IceConfig, IceEndpoint, Received, Transmit, TurnServerConfig};
 pub use error::IceError;

@@ -240,8 +240,8 @@ fn ice_config(id: &str, socket: &UdpSocket, turn: &Coturn, password: &str) -> Ic
         username: "u".into(),
         password: password.into(),
     }];
-    c.stun_timeout = Duration::from_secs(2);
-    c.upgrade_interval = Duration::from_secs(2);
+    c.agent.stun_timeout = Duration::from_secs(2);
+    c.agent.upgrade_interval = Duration::from_secs(2);
     c
 }
 

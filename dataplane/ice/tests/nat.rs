@@ -135,7 +135,7 @@ EOF
             username: "u".into(),
             password: "p".into(),
         }];
-        c.stun_timeout = Duration::from_secs(3);
+        c.agent.stun_timeout = Duration::from_secs(3);
         c
     }
 }
