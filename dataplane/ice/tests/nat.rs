@@ -9,9 +9,9 @@
 //! Each nat namespace masquerades its lan behind its wan address with nftables and, like a home
 //! router, silently drops unsolicited datagrams to itself (no ICMP errors, and no conntrack
 //! entry that would later clash with the lan host's own mapping). The wan namespace silently
-//! discards traffic to the private lan ranges, as the internet does (a route into a veth
-//! nobody answers on: a blackhole or missing route would make coturn's sends fail, and coturn
-//! stops relaying for an allocation after such an error). A plain
+//! discards traffic to the private lan ranges, as the internet does (a route into a veth nobody
+//! answers on: with a blackhole or missing route coturn's relayed sends to the private host
+//! candidates failed, and in our runs it relayed nothing more for those allocations). A plain
 //! masquerade keeps the source port for every destination (endpoint-independent mapping), so the
 //! agents punch through with their server-reflexive candidates and select a direct path. With
 //! `masquerade fully-random` on b's side every destination gets its own port (a symmetric NAT):

@@ -1,7 +1,8 @@
 //! The test driver: a coturn process of the test's own, and a one-thread std UDP loop that runs
 //! several `IceEndpoint`s (one socket each) against it, passing each peer's endpoints to the
 //! others the way the registry would. Sockets may live in network namespaces (bound by a thread
-//! that entered the namespace; a socket keeps its namespace).
+//! that entered the namespace; a socket keeps its namespace). `SYICE_TRACE=1` prints every
+//! datagram the driver sends and receives.
 #![allow(unsafe_code)] // setns(2) in `bind_in`, the one syscall std does not wrap.
 #![allow(dead_code)] // each test binary uses part of the driver
 
