@@ -202,10 +202,7 @@ fn teardown(names: &Names) {
             .stderr(Stdio::null())
             .status();
         for kind in ['w', 'x'] {
-            let _ = fs::remove_file(format!(
-                "/var/run/wireguard/{}.sock",
-                names.dev(kind, side)
-            ));
+            let _ = fs::remove_file(format!("/var/run/wireguard/{}.sock", names.dev(kind, side)));
         }
     }
 }
@@ -293,12 +290,6 @@ pub fn run(ctx: &Ctx) -> Result<String> {
          ip -n {b} addr add {}/24 dev {vb}; ip -n {b} link set {vb} up",
         UNDERLAY[0], UNDERLAY[1]
     ))?;
-    let mut base = Tracked::default();
-    base.spawn(
-        "iperf3 -s",
-        in_ns(&b, None, false, "iperf3", &["-s", "-p", "5201"]),
-        &dir.join("iperf3-server.log"),
-    )?;
     let setup = Setup {
         ctx,
         names: &names,
@@ -329,7 +320,6 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         tracing::info!("bench mesh: {}: {}", overlay.name(), entry.status());
         entries.push(entry);
     }
-    drop(base);
     ctx.write_json(
         "mesh",
         json!({
@@ -345,6 +335,37 @@ pub fn run(ctx: &Ctx) -> Result<String> {
 
 /// Starts `overlay` between the two namespaces and waits until `b` answers over it.
 fn start(s: &Setup<'_>, overlay: Overlay, procs: &mut Tracked) -> Result<Up> {
+    // A fresh iperf3 server per program: one whose streams were cut by the previous program's
+    // stop stays "busy running a test" for a while. --forceflush: its "Server listening" line
+    // reaches the log at once and tells that it is ready.
+    let log = s.dir.join(format!(
+        "iperf3-server-{}.log",
+        overlay.name().replace(' ', "_")
+    ));
+    let iperf_server = procs.spawn(
+        "iperf3 -s",
+        in_ns(
+            &s.ns(1),
+            None,
+            false,
+            "iperf3",
+            &["-s", "-p", "5201", "--forceflush"],
+        ),
+        &log,
+    )?;
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("Server listening")
+    {
+        if let Some(reason) = procs.exited(&[iperf_server]) {
+            bail!("{reason}: {}", tail(&log, 3));
+        }
+        if Instant::now() > deadline {
+            bail!("iperf3 -s not listening after {READY_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let up = match overlay {
         Overlay::Underlay => Up {
             peers: Vec::new(),
@@ -693,7 +714,9 @@ fn tinc(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
         peers,
         target: overlay_ip(4, 1),
         version: deb_version("tinc"),
-        notes: vec!["router mode, UDP, default Cipher/Digest (tinc 1.0: blowfish-CBC, SHA-1)".into()],
+        notes: vec![
+            "router mode, UDP, default Cipher/Digest (tinc 1.0: blowfish-CBC, SHA-1)".into(),
+        ],
     })
 }
 
@@ -731,6 +754,14 @@ fn leased_ip(peers: &Value, name: &str) -> Option<String> {
         .as_str()
         .filter(|ip| ip.parse::<std::net::Ipv4Addr>().is_ok())
         .map(str::to_string)
+}
+
+/// A client's `GET /api/v1/mesh/status` in a few words: its `status` and `enabled`.
+fn mesh_state(code: u16, v: &Value) -> String {
+    match (code, v["status"].as_str()) {
+        (200, Some(status)) => format!("{status} (enabled: {})", v["enabled"]),
+        _ => format!("HTTP {code} {v}"),
+    }
 }
 
 /// `switchyard client`'s configuration for `side`: only the mesh, registry in `a`.
@@ -826,9 +857,15 @@ fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let target = loop {
         if let Some(reason) = procs.exited(&peers) {
-            bail!("{reason}; logs: a: {} / b: {}", tail(&logs[0], 3), tail(&logs[1], 3));
+            bail!(
+                "{reason}; logs: a: {} / b: {}",
+                tail(&logs[0], 3),
+                tail(&logs[1], 3)
+            );
         }
-        let list = http(&a, "GET", &listed, None).map(|(_, v)| v).unwrap_or(Value::Null);
+        let list = http(&a, "GET", &listed, None)
+            .map(|(_, v)| v)
+            .unwrap_or(Value::Null);
         if let (Some(_), Some(ip)) = (leased_ip(&list, "a"), leased_ip(&list, "b")) {
             break ip;
         }
@@ -840,14 +877,14 @@ fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
                     &format!("http://127.0.0.1:{CLIENT_API_PORT}/api/v1/mesh/status"),
                     None,
                 )
-                .map(|(code, v)| format!("{code} {v}"))
+                .map(|(code, v)| mesh_state(code, &v))
                 .unwrap_or_else(|e| format!("{e:#}"))
             };
             bail!(
-                "the peers did not both register within {READY_TIMEOUT:?}: registry lists {}; mesh status a: {}; b: {}; log a: {}",
-                list["peers"],
+                "the peers did not both register within {READY_TIMEOUT:?} (client mesh status a: {}, b: {}; registry lists {}); log a: {}",
                 status(0),
                 status(1),
+                list["peers"],
                 tail(&logs[0], 3)
             );
         }
@@ -994,16 +1031,22 @@ fn targets(entries: &[Entry<MeshFigures>], reference: Option<&MeshFigures>) -> S
         return md;
     };
     let lines = [
-        ("1 stream", sy.tcp_1_stream_gbit_s, reference.map(|r| r.tcp_1_stream_gbit_s), &c1),
-        ("4 streams", sy.tcp_4_streams_gbit_s, reference.map(|r| r.tcp_4_streams_gbit_s), &c4),
+        (
+            "1 stream",
+            sy.tcp_1_stream_gbit_s,
+            reference.map(|r| r.tcp_1_stream_gbit_s),
+            &c1,
+        ),
+        (
+            "4 streams",
+            sy.tcp_4_streams_gbit_s,
+            reference.map(|r| r.tcp_4_streams_gbit_s),
+            &c4,
+        ),
     ];
     for (what, mine, reference, c) in lines {
         let target = match reference {
-            Some(r) if r > 0.0 => format!(
-                "{} ({})",
-                ratio(mine, r),
-                verdict(mine >= 2.0 * r)
-            ),
+            Some(r) if r > 0.0 => format!("{} ({})", ratio(mine, r), verdict(mine >= 2.0 * r)),
             _ => format!("not evaluated ({REFERENCE} not measured)"),
         };
         let best = c
@@ -1084,13 +1127,23 @@ mod tests {
     }
 
     #[test]
+    fn mesh_state_names_status_and_enabled() {
+        let v = json!({"status": "disabled", "enabled": false, "peer_count": 0});
+        assert_eq!(mesh_state(200, &v), "disabled (enabled: false)");
+        assert_eq!(mesh_state(404, &Value::Null), "HTTP 404 null");
+    }
+
+    #[test]
     fn names_fit_interface_limits_and_carry_the_prefix() {
         let names = Names {
             prefix: "abcdefghij".into(),
         };
         assert_eq!(names.ns(1), "abcdefghij-b");
         assert!(names.dev('w', 0).len() <= 15);
-        assert_eq!(Names::new().dev('t', 1).len(), Names::new().prefix.len() + 2);
+        assert_eq!(
+            Names::new().dev('t', 1).len(),
+            Names::new().prefix.len() + 2
+        );
     }
 
     #[test]
@@ -1137,7 +1190,10 @@ mod tests {
             entry("switchyard", Role::Switchyard, Some(2.5)),
         ];
         let md = section(5, &es);
-        assert!(md.contains("switchyard / boringtun-cli --threads 1 2.50× (**met**)"), "{md}");
+        assert!(
+            md.contains("switchyard / boringtun-cli --threads 1 2.50× (**met**)"),
+            "{md}"
+        );
         assert!(md.contains("/ best peer 1.67× (nebula)"), "{md}");
         assert!(md.contains("/ raw underlay 0.25×"), "{md}");
         assert!(md.contains("1.00 → 4.00 ⚠"), "{md}");
