@@ -61,7 +61,8 @@ const REFERENCE: &str = "boringtun-cli --threads 1";
 /// One overlay's figures.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct MeshFigures {
-    pub mtu: u32,
+    /// MTU of the device `a` reaches `b` through (read from the kernel).
+    pub mtu: Option<u32>,
     pub tcp_1_stream_gbit_s: f64,
     pub tcp_4_streams_gbit_s: f64,
     pub ping_sent: u32,
@@ -427,14 +428,26 @@ fn ping_times(output: &str) -> Vec<f64> {
         .collect()
 }
 
+/// The word after `key` in `ip -o` output (`dev NAME`, `mtu N`).
+fn word_after<'t>(text: &'t str, key: &str) -> Option<&'t str> {
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == key)?;
+    words.next()
+}
+
+/// MTU of the device that namespace `ns` routes `target` through, as the kernel reports it
+/// (shows what the program really set up); `None` when it cannot be read.
+fn route_mtu(ns: &str, target: &str) -> Option<u32> {
+    let route = run_cmd("ip", &["-n", ns, "-o", "route", "get", target]).ok()?;
+    let dev = word_after(&route, "dev")?;
+    let link = run_cmd("ip", &["-n", ns, "-o", "link", "show", "dev", dev]).ok()?;
+    word_after(&link, "mtu")?.parse().ok()
+}
+
 fn measure(s: &Setup<'_>, procs: &mut Tracked, up: &Up) -> Result<MeshFigures> {
     let a = s.ns(0);
     let mut fig = MeshFigures {
-        mtu: if up.peers.is_empty() {
-            1500
-        } else {
-            OVERLAY_MTU
-        },
+        mtu: route_mtu(&a, &up.target),
         ..MeshFigures::default()
     };
     let count = ping_count(s.ctx.seconds);
@@ -523,6 +536,16 @@ mod tests {
         assert!(ping_times("ping: connect: Network is unreachable").is_empty());
         assert_eq!(ping_count(5), 500);
         assert_eq!(ping_count(600), 1000);
+    }
+
+    #[test]
+    fn device_and_mtu_are_read_from_ip_output() {
+        let route = "10.219.3.2 dev symbna src 10.219.3.1 uid 0 \\    cache ";
+        assert_eq!(word_after(route, "dev"), Some("symbna"));
+        let link = "7: symbna: <POINTOPOINT,MULTICAST,NOARP,UP,LOWER_UP> mtu 1400 qdisc fq_codel state UNKNOWN";
+        assert_eq!(word_after(link, "mtu"), Some("1400"));
+        assert_eq!(word_after("dev", "dev"), None);
+        assert_eq!(word_after("", "mtu"), None);
     }
 
     #[test]

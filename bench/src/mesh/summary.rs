@@ -37,7 +37,7 @@ pub(super) fn section(seconds: u64, entries: &[Entry<MeshFigures>]) -> String {
     let mut md = String::from("## mesh\n\n");
     let _ = writeln!(
         md,
-        "Two peers in network namespaces joined by a veth pair (underlay {} / {}, MTU 1500); each program builds its overlay over it (every overlay device at MTU {OVERLAY_MTU}), one program at a time. From `a` to `b`'s overlay address: iperf3 TCP for {seconds} s with 1 and 4 streams; latency of ICMP echo, `ping -i 0.01 -c {}`, p50/p99 of the per-reply times; peer CPU = CPU-seconds per second of both peer processes per Gbit/s over the two iperf3 runs; memory = VmRSS and PSS of each peer process (a / b) after the runs. Load averages above {BUSY_LOAD} are marked ⚠ (other work shared the 2 cores).\n",
+        "Two peers in network namespaces joined by a veth pair (underlay {} / {}, MTU 1500); each program builds its overlay over it (every overlay device configured to MTU {OVERLAY_MTU}; the MTU column is what the kernel reports for the device `a` reaches `b` through), one program at a time. From `a` to `b`'s overlay address: iperf3 TCP for {seconds} s with 1 and 4 streams; latency of ICMP echo, `ping -i 0.01 -c {}`, p50/p99 of the per-reply times; peer CPU = CPU-seconds per second of both peer processes per Gbit/s over the two iperf3 runs; memory = VmRSS and PSS of each peer process (a / b) after the runs. Load averages above {BUSY_LOAD} are marked ⚠ (other work shared the 2 cores).\n",
         UNDERLAY[0],
         UNDERLAY[1],
         ping_count(seconds)
@@ -69,6 +69,9 @@ pub(super) fn section(seconds: u64, entries: &[Entry<MeshFigures>]) -> String {
             vec![
                 e.program.clone(),
                 version_cell(&e.version),
+                fig.and_then(|x| x.mtu)
+                    .map(|m| m.to_string())
+                    .unwrap_or_else(|| "–".into()),
                 num(|x| x.tcp_1_stream_gbit_s, 2),
                 num(|x| x.tcp_4_streams_gbit_s, 2),
                 vs_ref,
@@ -92,6 +95,7 @@ pub(super) fn section(seconds: u64, entries: &[Entry<MeshFigures>]) -> String {
         &[
             "program",
             "version",
+            "MTU",
             "TCP 1 stream Gbit/s",
             "TCP 4 streams Gbit/s",
             "1 stream vs boringtun-cli --threads 1",
