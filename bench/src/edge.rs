@@ -61,7 +61,7 @@ fn command(bin: &Path, name: &str, port: u16, dir: &Path) -> Result<Command> {
 }
 
 /// PSS in KiB from `/proc/PID/smaps_rollup`.
-fn pss_kib(pid: u32) -> Result<u64> {
+pub(crate) fn pss_kib(pid: u32) -> Result<u64> {
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
     rollup
         .lines()

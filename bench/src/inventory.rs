@@ -349,7 +349,8 @@ fn import_document(n: usize) -> Value {
            "locations": locations, "items": items})
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// Nearest-rank percentile `p` (0..=100) of ascending `sorted`; 0 when empty.
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -31,6 +31,11 @@
 //!   two-squid chain (requests/s and transfer, 1 KiB and 1 MiB), and the client's idle RSS (see
 //!   [`client`](mod@client)).
 //!
+//! - **mesh**: two mesh peers in network namespaces, switchyard's mesh peer against nebula,
+//!   tinc and boringtun-cli (`--threads 1` and default): TCP throughput (1 and 4 streams), ping
+//!   latency p50/p99, CPU and memory per peer, the bare veth as the ceiling (needs root; see
+//!   [`mesh`](mod@mesh)).
+//!
 //! Results go to `<out>/<scenario>.json` and `<out>/summary.md` (tables, ratios, targets). A peer
 //! that is missing or fails to start is reported as such; every started process is stopped by PID
 //! when its scenario ends, also on error.
@@ -40,6 +45,7 @@ mod client;
 mod edge;
 mod inventory;
 pub mod load;
+mod mesh;
 mod peers;
 mod pkgcache;
 mod procs;
@@ -67,7 +73,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, tunnels, memory, pkgcache, cache, inventory, wireguard, client, vpn, edge
+    /// subset: http, connect, socks5, tunnels, memory, pkgcache, cache, inventory, wireguard, client, vpn, mesh, edge
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -76,7 +82,7 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 12] = [
+pub const SCENARIOS: [&str; 13] = [
     "http",
     "connect",
     "socks5",
@@ -88,6 +94,7 @@ pub const SCENARIOS: [&str; 12] = [
     "wireguard",
     "client",
     "vpn",
+    "mesh",
     "edge",
 ];
 
@@ -165,6 +172,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "wireguard" => wireguard::run(&ctx),
             "client" => client::run(&ctx),
             "vpn" => vpn::run(&ctx),
+            "mesh" => mesh::run(&ctx),
             "tunnels" => tunnels::run(&ctx),
             "edge" => edge::run(&ctx),
             _ => scenarios::run_one(&ctx, s),

@@ -34,10 +34,15 @@ const SERVER: &str = "10.210.0.1:18080";
 /// Prefix of every name the scenario creates (namespaces, cgroup, interfaces): `syvpnb`, or
 /// `SWITCHYARD_BENCH_PREFIX` so runs in several worktrees on one machine do not collide.
 fn prefix() -> String {
+    prefix_or("syvpnb")
+}
+
+/// `SWITCHYARD_BENCH_PREFIX` when set and valid (≤ 10 alphanumerics), else `default`.
+pub(crate) fn prefix_or(default: &str) -> String {
     std::env::var("SWITCHYARD_BENCH_PREFIX")
         .ok()
         .filter(|p| !p.is_empty() && p.len() <= 10 && p.bytes().all(|b| b.is_ascii_alphanumeric()))
-        .unwrap_or_else(|| "syvpnb".to_string())
+        .unwrap_or_else(|| default.to_string())
 }
 const NOBODY: &str = "65534";
 
@@ -50,7 +55,7 @@ fn cgroup_root() -> Result<std::path::PathBuf> {
         .context("no cgroup2 mount")
 }
 
-fn sh(cmd: &str) -> Result<String> {
+pub(crate) fn sh(cmd: &str) -> Result<String> {
     let out = Command::new("sh").arg("-c").arg(cmd).output()?;
     if !out.status.success() {
         bail!("`{cmd}`: {}", String::from_utf8_lossy(&out.stderr).trim());
@@ -102,7 +107,13 @@ impl Drop for Guard {
 }
 
 /// A command inside `ns`, optionally as a process of `cgroup` or as uid 65534.
-fn in_ns(ns: &str, cgroup: Option<&Path>, nobody: bool, program: &str, args: &[&str]) -> Command {
+pub(crate) fn in_ns(
+    ns: &str,
+    cgroup: Option<&Path>,
+    nobody: bool,
+    program: &str,
+    args: &[&str],
+) -> Command {
     let join = cgroup
         .map(|cg| format!("echo $$ > '{}/cgroup.procs' && ", cg.display()))
         .unwrap_or_default();
@@ -152,7 +163,8 @@ struct PathFigures {
     error: Option<String>,
 }
 
-fn iperf(cmd: Command) -> Result<f64> {
+/// Runs an `iperf3 -c … -J` command; the received Gbit/s (all streams).
+pub(crate) fn iperf(cmd: Command) -> Result<f64> {
     let mut cmd = cmd;
     let out = cmd.output().context("iperf3")?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)

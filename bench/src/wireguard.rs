@@ -33,7 +33,7 @@ use crate::scenarios::Ctx;
 const ORIGIN: &str = "10.216.0.1";
 const BIG: u64 = 1 << 30;
 
-fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
+pub(crate) fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -47,7 +47,8 @@ fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-fn keypair() -> Result<(String, String)> {
+/// A WireGuard key pair (private, public) in base64, made by `wg genkey` / `wg pubkey`.
+pub(crate) fn keypair() -> Result<(String, String)> {
     let private = run_cmd("wg", &["genkey"])?;
     let mut child = Command::new("wg")
         .arg("pubkey")
@@ -116,15 +117,25 @@ pub(crate) fn stat_seconds(pid: &str, a: usize, b: usize) -> f64 {
     (ticks(a) + ticks(b)) / 100.0
 }
 
-fn start_boringtun(procs: &mut Procs, bin: &Path, ns: &str, tun: &str, log: &Path) -> Result<u32> {
+/// Starts boringtun-cli in namespace `ns` with TUN `tun` and `--threads threads` (its own
+/// default, 4, when `None`); returns its PID once its UAPI socket exists.
+pub(crate) fn start_boringtun(
+    procs: &mut Procs,
+    bin: &Path,
+    ns: &str,
+    tun: &str,
+    threads: Option<u32>,
+    log: &Path,
+) -> Result<u32> {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns]).arg(bin).args([
         tun,
         "--foreground",
         "--disable-drop-privileges",
-        "--threads",
-        "1",
     ]);
+    if let Some(n) = threads {
+        cmd.arg("--threads").arg(n.to_string());
+    }
     let pid = procs.spawn(tun, cmd, log)?;
     let sock = format!("/var/run/wireguard/{tun}.sock");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -224,17 +235,22 @@ async fn conn_rate(proxy: std::net::SocketAddr, workers: u32, seconds: u64) -> (
     )
 }
 
+/// boringtun-cli on PATH or in `~/.cargo/bin`.
+pub(crate) fn boringtun_cli() -> Result<std::path::PathBuf> {
+    which("boringtun-cli")
+        .or_else(|| {
+            let p = Path::new(&std::env::var("HOME").ok()?).join(".cargo/bin/boringtun-cli");
+            p.is_file().then_some(p)
+        })
+        .context("boringtun-cli is not installed (cargo install boringtun-cli --locked)")
+}
+
 pub fn run(ctx: &Ctx) -> Result<String> {
     let is_root = run_cmd("id", &["-u"]).map(|u| u == "0").unwrap_or(false);
     if !is_root {
         bail!("needs root (network namespaces, TUN devices)");
     }
-    let boringtun = which("boringtun-cli")
-        .or_else(|| {
-            let p = Path::new(&std::env::var("HOME").ok()?).join(".cargo/bin/boringtun-cli");
-            p.is_file().then_some(p)
-        })
-        .context("boringtun-cli is not installed (cargo install boringtun-cli --locked)")?;
+    let boringtun = boringtun_cli()?;
     let nginx = which("nginx").context("nginx is not installed")?;
     which("wg").context("wg (wireguard-tools) is not installed")?;
     teardown();
@@ -278,6 +294,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         &boringtun,
         "sywgb-srv",
         "sywgbt0",
+        Some(1),
         &dir.join("srv.log"),
     )?;
     run_cmd(
@@ -321,6 +338,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         &boringtun,
         "sywgb-cli",
         "sywgbt1",
+        Some(1),
         &dir.join("ref.log"),
     )?;
     run_cmd(
