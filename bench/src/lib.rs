@@ -79,6 +79,10 @@ pub struct BenchArgs {
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
     #[arg(long, default_value_t = 64)]
     pub connections: u32,
+    /// data-plane cores of the measured `switchyard server` (`server.cores`; 0 = every CPU), for
+    /// the per-core scaling figures
+    #[arg(long, default_value_t = 0)]
+    pub switchyard_cores: usize,
 }
 
 /// All scenarios, in run order.
@@ -123,6 +127,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.connections == 0 || args.connections > 10_000 {
         bail!("--connections must be 1..=10000");
     }
+    if args.switchyard_cores > 1024 {
+        bail!("--switchyard-cores must be 0 (every CPU) or a core count");
+    }
     let switchyard = match &args.switchyard {
         Some(p) => p.clone(),
         None => std::env::current_exe().context("locate the current executable")?,
@@ -141,6 +148,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         dir: tmp.path().to_path_buf(),
         cpus,
         nofile,
+        switchyard_cores: args.switchyard_cores,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cpus)

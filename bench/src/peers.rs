@@ -20,6 +20,8 @@ pub struct Env {
     pub cpus: usize,
     /// RLIMIT_NOFILE soft limit children inherit.
     pub nofile: u64,
+    /// `server.cores` of the measured switchyard server (0 = every CPU).
+    pub switchyard_cores: usize,
 }
 
 /// A started program.
@@ -277,8 +279,9 @@ pub fn switchyard(procs: &mut Procs, env: &Env, bin: &Path) -> Result<Started> {
     let d = workdir(env, "switchyard")?;
     let (http, socks, api) = (free_port()?, free_port()?, free_port()?);
     let conf = format!(
-        "server:\n  http: {{ listen: \"127.0.0.1:{http}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks}\" }}\n\
-         api: {{ listen: \"127.0.0.1:{api}\" }}\nlogging: {{ level: warn }}\n"
+        "server:\n  http: {{ listen: \"127.0.0.1:{http}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks}\" }}\n  cores: {cores}\n\
+         api: {{ listen: \"127.0.0.1:{api}\" }}\nlogging: {{ level: warn }}\n",
+        cores = env.switchyard_cores
     );
     let conf_path = d.join("switchyard.yaml");
     fs::write(&conf_path, conf)?;
@@ -317,7 +320,10 @@ pub fn switchyard(procs: &mut Procs, env: &Env, bin: &Path) -> Result<Started> {
         addr: http_addr,
         socks5: Some(socks_addr),
         version,
-        notes: vec![],
+        notes: match env.switchyard_cores {
+            0 => vec![],
+            n => vec![format!("server.cores {n}")],
+        },
     })
 }
 

@@ -106,7 +106,7 @@ impl Ctx {
         let mut s = String::from("# Switchyard benchmark summary\n\n");
         let _ = writeln!(
             s,
-            "- date: {}\n- kernel: {}\n- CPUs: {} ({})\n- RLIMIT_NOFILE: {}\n- seconds per measurement: {}, connections: {}\n- switchyard: `{}`\n- load average at start / end: {} / {}\n\nAll traffic on loopback; load generators run on the same cores as the programs measured, so anything else busy on the machine (see the load average) skews the figures.\n",
+            "- date: {}\n- kernel: {}\n- CPUs: {} ({})\n- RLIMIT_NOFILE: {}\n- seconds per measurement: {}, connections: {}\n- switchyard: `{}` (server.cores {})\n- load average at start / end: {} / {}\n\nAll traffic on loopback; load generators run on the same cores as the programs measured, so anything else busy on the machine (see the load average) skews the figures.\n",
             chrono::Local::now().format("%Y-%m-%d %H:%M:%S %z"),
             kernel(),
             self.env.cpus,
@@ -115,6 +115,10 @@ impl Ctx {
             self.seconds,
             self.connections,
             self.switchyard.display(),
+            match self.env.switchyard_cores {
+                0 => "0 = every CPU".to_string(),
+                n => n.to_string(),
+            },
             load_at_start,
             loadavg(),
         );
