@@ -135,6 +135,20 @@ pub fn open_tun(name: &str) -> io::Result<std::fs::File> {
     }
 }
 
+/// Creates (or attaches to) the TUN device `name`: layer 3, no packet-info header, no
+/// virtio-net header (the mesh device: one IP packet per read and write).
+pub fn open_tun_plain(name: &str) -> io::Result<std::fs::File> {
+    open_tun_with(name, 0)
+}
+
+/// Wraps a bound std UDP socket into a glommio socket on this core.
+pub fn udp_from_std(socket: std::net::UdpSocket) -> glommio::net::UdpSocket {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let fd = socket.into_raw_fd();
+    // SAFETY: `fd` comes from `IntoRawFd` of a bound UDP socket; ownership moves here.
+    unsafe { glommio::net::UdpSocket::from_raw_fd(fd) }
+}
+
 fn open_tun_with(name: &str, extra_flags: libc::c_int) -> io::Result<std::fs::File> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {

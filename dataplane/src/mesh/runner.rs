@@ -1,0 +1,578 @@
+//! The mesh on its owner core: the sessions, the socket, the device, the timers. Three tasks
+//! share one [`Mesh`] through a `RefCell` on this core: the receiver (datagrams from the
+//! socket, never cancelled mid-receive), the main loop (packets from the device, peer-table
+//! changes, timers) and nothing else; a plain thread reads the device (a TUN descriptor cannot
+//! be awaited on glommio's ring) and hands packets over a bounded queue.
+
+use super::wire::{self, DatagramKind, Probe, CONTROL_PORT};
+use super::{next_hop, MeshSettings, MeshShared, MeshStart, PathToPeer, PeerEntry, SessionState};
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519::{PublicKey, StaticSecret};
+use crossbeam_queue::ArrayQueue;
+use glommio::net::UdpSocket;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// boringtun wants `update_timers` every 250 ms or so.
+const TIMER_TICK: Duration = Duration::from_millis(250);
+/// Latency probes per connected peer.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// A session older than this without a new handshake is gone (WireGuard's REJECT_AFTER_TIME).
+const SESSION_LIFETIME: Duration = Duration::from_secs(180);
+/// Packets read from the device waiting for the owner.
+const DEVICE_QUEUE: usize = 1024;
+/// Datagram scratch: the largest IP packet plus WireGuard's overhead.
+const SCRATCH: usize = 65_536 + 256;
+/// Receiver indexes are 24 bits (boringtun keeps the low 8 for the session).
+const MAX_INDEX: u32 = (1 << 24) - 1;
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+struct Session {
+    entry: Arc<PeerEntry>,
+    tunn: Tunn,
+    /// Learnt from the last authenticated datagram (the peer may roam); else a published one.
+    learnt: Option<SocketAddr>,
+    /// Which published endpoint is tried (moves on after each unanswered connect timeout).
+    choice: usize,
+    /// Since when this session tries to connect without success.
+    trying_since: Instant,
+    last_probe: Option<Instant>,
+}
+
+impl Session {
+    fn path(&self) -> Option<PathToPeer> {
+        if let Some(a) = self.learnt {
+            return Some(PathToPeer::Direct(a));
+        }
+        let eps = &self.entry.endpoints;
+        (!eps.is_empty()).then(|| PathToPeer::Direct(eps[self.choice % eps.len()]))
+    }
+
+    fn connected(&self) -> bool {
+        self.tunn
+            .time_since_last_handshake()
+            .is_some_and(|d| d < SESSION_LIFETIME)
+    }
+}
+
+struct Mesh {
+    settings: MeshSettings,
+    shared: Arc<MeshShared>,
+    secret: StaticSecret,
+    public: PublicKey,
+    table: Arc<super::PeerTable>,
+    sessions: HashMap<u32, Session>,
+    next_index: u32,
+    device: std::fs::File,
+    /// Datagrams to send once the `RefCell` borrow ends.
+    outgoing: Vec<(SocketAddr, Vec<u8>)>,
+    epoch: Instant,
+    scratch: Vec<u8>,
+}
+
+impl Mesh {
+    fn new(settings: MeshSettings, shared: Arc<MeshShared>, device: std::fs::File) -> Self {
+        let secret = StaticSecret::from(settings.private_key);
+        let public = PublicKey::from(&secret);
+        Mesh {
+            settings,
+            shared,
+            secret,
+            public,
+            table: Arc::new(super::PeerTable::default()),
+            sessions: HashMap::new(),
+            next_index: 1,
+            device,
+            outgoing: Vec::new(),
+            epoch: Instant::now(),
+            scratch: vec![0u8; SCRATCH],
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    fn local_vip(&self) -> Ipv4Addr {
+        self.shared.local_vip()
+    }
+
+    /// Applies a new peer table: sessions of unchanged peers (same id and key) stay, others
+    /// start or end.
+    fn sync_table(&mut self) {
+        let table = self.shared.peers.load_full();
+        if Arc::ptr_eq(&table, &self.table) {
+            return;
+        }
+        let mut keep: HashMap<u32, Session> = HashMap::new();
+        let mut old: Vec<(u32, Session)> = self.sessions.drain().collect();
+        for entry in &table.peers {
+            let found = old
+                .iter()
+                .position(|(_, s)| s.entry.id == entry.id && s.entry.public_key == entry.public_key);
+            match found {
+                Some(i) => {
+                    let (index, mut s) = old.swap_remove(i);
+                    if s.entry.endpoints != entry.endpoints {
+                        s.choice = 0;
+                    }
+                    s.entry = entry.clone();
+                    keep.insert(index, s);
+                }
+                None => {
+                    let index = self.allocate_index(&keep, &old);
+                    let tunn = Tunn::new(
+                        self.secret.clone(),
+                        PublicKey::from(entry.public_key),
+                        self.settings.preshared_key,
+                        Some(self.settings.keep_alive.as_secs().clamp(1, 65_535) as u16),
+                        index,
+                        None,
+                    );
+                    entry.counters.set_state(SessionState::Connecting);
+                    let mut s = Session {
+                        entry: entry.clone(),
+                        tunn,
+                        learnt: None,
+                        choice: 0,
+                        trying_since: Instant::now(),
+                        last_probe: None,
+                    };
+                    // the peer with the lower key opens the session at once; the other waits
+                    // for it (or for traffic), so crossing handshakes are rare
+                    if self.public.as_bytes() < &entry.public_key {
+                        self.initiate(&mut s);
+                    }
+                    tracing::info!(peer = %entry.id, vip = %entry.vip, "mesh peer added");
+                    keep.insert(index, s);
+                }
+            }
+        }
+        for (_, s) in old {
+            tracing::info!(peer = %s.entry.id, "mesh peer removed");
+        }
+        self.sessions = keep;
+        self.table = table;
+    }
+
+    fn allocate_index(&mut self, a: &HashMap<u32, Session>, b: &[(u32, Session)]) -> u32 {
+        loop {
+            let i = self.next_index;
+            self.next_index = if i >= MAX_INDEX { 1 } else { i + 1 };
+            if !a.contains_key(&i) && !b.iter().any(|(j, _)| *j == i) {
+                return i;
+            }
+        }
+    }
+
+    fn initiate(&mut self, s: &mut Session) {
+        let Some(PathToPeer::Direct(to)) = s.path() else {
+            return;
+        };
+        if let TunnResult::WriteToNetwork(d) =
+            s.tunn.format_handshake_initiation(&mut self.scratch, false)
+        {
+            self.outgoing.push((to, d.to_vec()));
+        }
+    }
+
+    /// A datagram from the socket.
+    fn on_datagram(&mut self, d: &[u8], from: SocketAddr) {
+        let index = match wire::classify(d) {
+            DatagramKind::Stun | DatagramKind::ChannelData => {
+                // the ICE agent's hook (switchyard-ice); nothing consumes these yet
+                self.shared.totals.ice_dropped.fetch_add(1, Relaxed);
+                return;
+            }
+            DatagramKind::Unknown => {
+                self.shared.totals.invalid.fetch_add(1, Relaxed);
+                return;
+            }
+            DatagramKind::WireGuard { receiver } => receiver >> 8,
+            DatagramKind::HandshakeInit => match self.initiator_index(d) {
+                Some(i) => i,
+                None => {
+                    self.shared.totals.unknown_key.fetch_add(1, Relaxed);
+                    tracing::debug!(%from, "mesh handshake from a key the registry does not list: dropped");
+                    return;
+                }
+            },
+        };
+        let Some(mut s) = self.sessions.remove(&index) else {
+            self.shared.totals.invalid.fetch_add(1, Relaxed);
+            return;
+        };
+        self.decapsulate(&mut s, d, from);
+        self.sessions.insert(index, s);
+    }
+
+    /// The session of the peer whose static key a handshake initiation carries.
+    fn initiator_index(&self, d: &[u8]) -> Option<u32> {
+        let Ok(Packet::HandshakeInit(init)) = Tunn::parse_incoming_packet(d) else {
+            return None;
+        };
+        let half = parse_handshake_anon(&self.secret, &self.public, &init).ok()?;
+        self.sessions
+            .iter()
+            .find(|(_, s)| s.entry.public_key == half.peer_static_public)
+            .map(|(i, _)| *i)
+    }
+
+    fn decapsulate(&mut self, s: &mut Session, d: &[u8], from: SocketAddr) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut first = true;
+        loop {
+            let input: &[u8] = if first { d } else { &[] };
+            let src = first.then_some(from.ip());
+            first = false;
+            match s.tunn.decapsulate(src, input, &mut scratch) {
+                TunnResult::Done => {
+                    if src.is_some() {
+                        self.authenticated(s, from);
+                    }
+                    break;
+                }
+                TunnResult::WriteToNetwork(out) => {
+                    self.outgoing.push((from, out.to_vec()));
+                    self.authenticated(s, from);
+                }
+                TunnResult::WriteToTunnelV4(packet, _) => {
+                    self.authenticated(s, from);
+                    let packet = packet.to_vec();
+                    self.from_peer(s, packet);
+                    break;
+                }
+                TunnResult::WriteToTunnelV6(..) => {
+                    self.shared.totals.no_route.fetch_add(1, Relaxed);
+                    break;
+                }
+                TunnResult::Err(e) => {
+                    self.shared.totals.invalid.fetch_add(1, Relaxed);
+                    tracing::debug!(peer = %s.entry.id, %from, error = ?e, "mesh datagram refused");
+                    break;
+                }
+            }
+        }
+        self.scratch = scratch;
+    }
+
+    /// A datagram passed the session's authentication: `from` is where the peer is now.
+    fn authenticated(&self, s: &mut Session, from: SocketAddr) {
+        s.learnt = Some(from);
+        s.entry.counters.last_seen_ms.store(unix_ms(), Relaxed);
+        self.refresh_state(s);
+    }
+
+    fn refresh_state(&self, s: &mut Session) {
+        let c = &s.entry.counters;
+        if s.connected() {
+            if c.state() != SessionState::Connected {
+                tracing::info!(peer = %s.entry.id, path = ?s.path(), "mesh session up");
+            }
+            c.set_state(SessionState::Connected);
+            s.trying_since = Instant::now();
+            if let Some(age) = s.tunn.time_since_last_handshake() {
+                c.last_handshake_ms
+                    .store(unix_ms().saturating_sub(age.as_millis() as u64), Relaxed);
+            }
+        }
+    }
+
+    /// A decrypted IP packet from peer `s`.
+    fn from_peer(&mut self, s: &mut Session, mut packet: Vec<u8>) {
+        if packet.is_empty() {
+            return; // keepalive
+        }
+        let Some((src, dst)) = wire::ipv4_addresses(&packet) else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        // a peer speaks for its own address only, unless it forwards for others
+        if src != s.entry.vip && !self.settings.relay_via_peers {
+            self.shared.totals.invalid.fetch_add(1, Relaxed);
+            return;
+        }
+        let c = &s.entry.counters;
+        c.bytes_received.fetch_add(packet.len() as u64, Relaxed);
+        c.packets_received.fetch_add(1, Relaxed);
+        let totals = &self.shared.totals;
+        totals.bytes_received.fetch_add(packet.len() as u64, Relaxed);
+        totals.packets_received.fetch_add(1, Relaxed);
+        if dst == self.local_vip() {
+            match wire::udp_to(&packet) {
+                Some((CONTROL_PORT, payload)) => {
+                    let payload = payload.to_vec();
+                    self.control(s, &payload);
+                }
+                _ => self.to_device(&packet),
+            }
+            return;
+        }
+        // forwarding: the seam for routing (hop by hop, TTL decremented)
+        if !self.settings.relay_via_peers || !wire::decrement_ttl(&mut packet) {
+            totals.no_route.fetch_add(1, Relaxed);
+            return;
+        }
+        self.to_peer(&packet);
+    }
+
+    /// A message on the mesh control port.
+    fn control(&mut self, s: &mut Session, payload: &[u8]) {
+        match Probe::decode(payload) {
+            Some(Probe::Request { sent_us }) => {
+                let reply = wire::udp_packet(
+                    self.local_vip(),
+                    s.entry.vip,
+                    CONTROL_PORT,
+                    &Probe::Reply { sent_us }.encode(),
+                );
+                self.encapsulate(s, &reply);
+            }
+            Some(Probe::Reply { sent_us }) => {
+                let rtt = self.now_us().saturating_sub(sent_us).max(1);
+                s.entry.counters.rtt_us.store(rtt, Relaxed);
+            }
+            // route announcements: the routing crate's hook; nothing consumes them yet
+            None => {
+                self.shared.totals.control_dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    fn to_device(&mut self, packet: &[u8]) {
+        if let Err(e) = self.device.write(packet) {
+            self.shared.totals.overflow.fetch_add(1, Relaxed);
+            tracing::trace!(error = %e, "mesh device write failed");
+        }
+    }
+
+    /// An IP packet for the mesh (from the device, or forwarded).
+    fn to_peer(&mut self, packet: &[u8]) {
+        let Some((_, dst)) = wire::ipv4_addresses(packet) else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        let index = next_hop(&self.table, dst).and_then(|entry| {
+            self.sessions
+                .iter()
+                .find(|(_, s)| Arc::ptr_eq(&s.entry, entry))
+                .map(|(i, _)| *i)
+        });
+        let Some(mut s) = index.and_then(|i| self.sessions.remove(&i)) else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        let c = &s.entry.counters;
+        c.bytes_sent.fetch_add(packet.len() as u64, Relaxed);
+        c.packets_sent.fetch_add(1, Relaxed);
+        let totals = &self.shared.totals;
+        totals.bytes_sent.fetch_add(packet.len() as u64, Relaxed);
+        totals.packets_sent.fetch_add(1, Relaxed);
+        self.encapsulate(&mut s, packet);
+        if let Some(i) = index {
+            self.sessions.insert(i, s);
+        }
+    }
+
+    fn encapsulate(&mut self, s: &mut Session, packet: &[u8]) {
+        let Some(PathToPeer::Direct(to)) = s.path() else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        // boringtun queues the packet itself while a handshake is under way
+        if let TunnResult::WriteToNetwork(d) = s.tunn.encapsulate(packet, &mut self.scratch) {
+            self.outgoing.push((to, d.to_vec()));
+        }
+    }
+
+    /// Timers of every session: WireGuard's, the connect timeout, latency probes.
+    fn tick(&mut self) {
+        let indexes: Vec<u32> = self.sessions.keys().copied().collect();
+        for i in indexes {
+            let Some(mut s) = self.sessions.remove(&i) else {
+                continue;
+            };
+            if let TunnResult::WriteToNetwork(d) = s.tunn.update_timers(&mut self.scratch) {
+                if let Some(PathToPeer::Direct(to)) = s.path() {
+                    self.outgoing.push((to, d.to_vec()));
+                }
+            }
+            self.refresh_state(&mut s);
+            if s.connected() {
+                let due = s.last_probe.is_none_or(|t| t.elapsed() >= PROBE_EVERY);
+                if due {
+                    s.last_probe = Some(Instant::now());
+                    let probe = wire::udp_packet(
+                        self.local_vip(),
+                        s.entry.vip,
+                        CONTROL_PORT,
+                        &Probe::Request {
+                            sent_us: self.now_us(),
+                        }
+                        .encode(),
+                    );
+                    self.encapsulate(&mut s, &probe);
+                }
+            } else if s.trying_since.elapsed() >= self.settings.connect_timeout {
+                let c = &s.entry.counters;
+                if c.state() != SessionState::Unreachable {
+                    tracing::warn!(peer = %s.entry.id, path = ?s.path(),
+                        "mesh peer unreachable: no handshake within connect_timeout");
+                }
+                c.set_state(SessionState::Unreachable);
+                c.rtt_us.store(0, Relaxed);
+                // try the next published endpoint, from this side too
+                s.learnt = None;
+                s.choice = s.choice.wrapping_add(1);
+                s.trying_since = Instant::now();
+                self.initiate(&mut s);
+            }
+            self.sessions.insert(i, s);
+        }
+    }
+}
+
+async fn send_all(udp: &UdpSocket, out: Vec<(SocketAddr, Vec<u8>)>) {
+    for (to, d) in out {
+        if let Err(e) = udp.send_to(&d, to).await {
+            tracing::debug!(%to, error = %e, "mesh datagram not sent");
+        }
+    }
+}
+
+async fn receive(udp: Rc<UdpSocket>, mesh: Rc<RefCell<Mesh>>) {
+    let mut buf = vec![0u8; SCRATCH];
+    loop {
+        let (n, from) = match udp.recv_from(&mut buf).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "mesh receive failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let out = {
+            let mut m = mesh.borrow_mut();
+            m.sync_table();
+            m.on_datagram(&buf[..n], from);
+            std::mem::take(&mut m.outgoing)
+        };
+        send_all(&udp, out).await;
+    }
+}
+
+/// Reads the device on a plain thread (blocking poll with a timeout, so the stop flag is
+/// seen) and queues IPv4 packets for the owner; a full queue drops, as a router would.
+fn read_device(
+    mut device: std::fs::File,
+    queue: Arc<ArrayQueue<Vec<u8>>>,
+    shared: Arc<MeshShared>,
+) {
+    let fd = device.as_raw_fd();
+    if let Err(e) = crate::sys::set_nonblocking(fd) {
+        tracing::error!(error = %e, "the mesh device cannot be made non-blocking");
+        return;
+    }
+    let mut buf = vec![0u8; usize::from(u16::MAX)];
+    while !shared.stop.load(Acquire) {
+        match device.read(&mut buf) {
+            Ok(n) => {
+                // the first packets are often IPv6 router solicitations: the mesh is IPv4
+                if n >= 20 && buf[0] >> 4 == 4 {
+                    if queue.push(buf[..n].to_vec()).is_err() {
+                        shared.totals.overflow.fetch_add(1, Relaxed);
+                    }
+                    shared.wake.notify();
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Err(e) = crate::sys::wait_readable(fd, 200) {
+                    tracing::error!(error = %e, "polling the mesh device failed");
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::error!(error = %e, "reading the mesh device failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Runs the mesh until the control plane raises the stop flag.
+pub(crate) async fn run(start: MeshStart) {
+    let MeshStart {
+        settings,
+        shared,
+        socket,
+        device,
+    } = start;
+    shared.running.store(true, Relaxed);
+    let reader_device = match device.try_clone() {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(error = %e, "mesh device descriptor");
+            shared.running.store(false, Relaxed);
+            return;
+        }
+    };
+    let queue = Arc::new(ArrayQueue::new(DEVICE_QUEUE));
+    let reader = {
+        let (queue, shared) = (queue.clone(), shared.clone());
+        std::thread::Builder::new()
+            .name("mesh-device".into())
+            .spawn(move || read_device(reader_device, queue, shared))
+    };
+    if let Err(e) = reader {
+        tracing::error!(error = %e, "mesh device reader thread");
+        shared.running.store(false, Relaxed);
+        return;
+    }
+    let mesh = Rc::new(RefCell::new(Mesh::new(settings, shared.clone(), device)));
+    let udp = Rc::new(crate::sys::udp_from_std(socket));
+    // dropping the task handle when this function returns stops the receiver too
+    let _receiver = glommio::spawn_local(receive(udp.clone(), mesh.clone()));
+    tracing::info!(local = ?udp.local_addr().ok(), "mesh data plane running");
+    let mut last_tick = Instant::now();
+    loop {
+        if shared.stop.load(Acquire) {
+            break;
+        }
+        let listener = shared.wake.listen();
+        if !shared.wake.take() {
+            let wait = TIMER_TICK.saturating_sub(last_tick.elapsed());
+            futures_lite::future::or(listener, glommio::timer::sleep(wait)).await;
+            shared.wake.take();
+        }
+        let out = {
+            let mut m = mesh.borrow_mut();
+            m.sync_table();
+            while let Some(packet) = queue.pop() {
+                m.to_peer(&packet);
+            }
+            if last_tick.elapsed() >= TIMER_TICK {
+                last_tick = Instant::now();
+                m.tick();
+            }
+            std::mem::take(&mut m.outgoing)
+        };
+        send_all(&udp, out).await;
+    }
+    tracing::info!("mesh data plane stopped");
+    shared.running.store(false, Relaxed);
+}
