@@ -81,7 +81,11 @@ struct Mesh {
     /// Datagrams to send once the `RefCell` borrow ends.
     outgoing: Vec<(SocketAddr, Vec<u8>)>,
     epoch: Instant,
+    /// Output of encapsulation and timers.
     scratch: Vec<u8>,
+    /// Output of decapsulation: separate, because a decrypted packet may be answered (a
+    /// probe reply) or forwarded, which encapsulates, while it is still being read.
+    decrypted: Vec<u8>,
 }
 
 impl Mesh {
@@ -100,6 +104,7 @@ impl Mesh {
             outgoing: Vec::new(),
             epoch: Instant::now(),
             scratch: vec![0u8; SCRATCH],
+            decrypted: vec![0u8; SCRATCH],
         }
     }
 
@@ -233,7 +238,7 @@ impl Mesh {
     }
 
     fn decapsulate(&mut self, s: &mut Session, d: &[u8], from: SocketAddr) {
-        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut scratch = std::mem::take(&mut self.decrypted);
         let mut first = true;
         loop {
             let input: &[u8] = if first { d } else { &[] };
@@ -267,7 +272,7 @@ impl Mesh {
                 }
             }
         }
-        self.scratch = scratch;
+        self.decrypted = scratch;
     }
 
     /// A datagram passed the session's authentication: `from` is where the peer is now.
