@@ -176,7 +176,7 @@ fn start_registry(lan: &Lan) -> Server {
     let yaml = format!(
         "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 1\n  data_dir: {data:?}\n\
          api: {{ listen: \"{}:0\" }}\nlogging: {{ level: info, format: json }}\n\
-         mesh:\n  registry: {{ enabled: true, lease_time: 30s }}\n",
+         mesh:\n  registry: {{ enabled: true, lease_time: 5m }}\n",
         lan.registry_ip()
     );
     let path = dir.path().join("server.yaml");
@@ -285,8 +285,16 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
 
     // ping and TCP across the mesh between every pair (TCP: the other peer's client API,
     // a multi-segment answer, compared with the same document fetched over the LAN)
-    let openapi = curl(&["-sS", "--max-time", "10", &format!("http://{}/api/v1/openapi.json", peers[0].api)]);
-    assert!(openapi.status.success() && openapi.stdout.len() > 20_000, "openapi over the LAN");
+    let openapi = curl(&[
+        "-sS",
+        "--max-time",
+        "10",
+        &format!("http://{}/api/v1/openapi.json", peers[0].api),
+    ]);
+    assert!(
+        openapi.status.success() && openapi.stdout.len() > 20_000,
+        "openapi over the LAN"
+    );
     for (i, from) in lan.peers.iter().take(3).enumerate() {
         for (j, to) in peers.iter().enumerate() {
             if i == j {
@@ -303,25 +311,53 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
             );
             let url = format!("http://{}:{}/api/v1/openapi.json", vips[j], to.api.port());
             let out = Command::new("ip")
-                .args(["netns", "exec", from, "curl", "-sS", "--max-time", "20", &url])
+                .args([
+                    "netns",
+                    "exec",
+                    from,
+                    "curl",
+                    "-sS",
+                    "--max-time",
+                    "20",
+                    &url,
+                ])
                 .output()
                 .expect("curl");
-            assert!(out.status.success(), "TCP {} → {}: {}", names[i], names[j], String::from_utf8_lossy(&out.stderr));
-            assert!(out.stdout == openapi.stdout, "TCP {} → {}: the document arrived changed", names[i], names[j]);
+            assert!(
+                out.status.success(),
+                "TCP {} → {}: {}",
+                names[i],
+                names[j],
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                out.stdout == openapi.stdout,
+                "TCP {} → {}: the document arrived changed",
+                names[i],
+                names[j]
+            );
         }
     }
 
     // the client API shows the peers connected, with measured latency and traffic
     for (i, p) in peers.iter().enumerate() {
         let list = p.wait_for("/api/v1/mesh/peers/connected", "latency measured", |v| {
-            v.as_array()
-                .is_some_and(|a| a.len() == 2 && a.iter().all(|x| x["latency_ms"].as_u64() >= Some(1)))
+            v.as_array().is_some_and(|a| {
+                a.len() == 2 && a.iter().all(|x| x["latency_ms"].as_u64() >= Some(1))
+            })
         });
         for v in list.as_array().expect("array") {
             assert_eq!(v["status"], "connected", "{v}");
             assert_eq!(v["connection_type"], "direct", "{v}");
-            assert!(v["bytes_sent"].as_u64() > Some(20_000) || v["bytes_received"].as_u64() > Some(20_000), "{v}");
-            assert!(v["bytes_sent"].as_u64() > Some(0) && v["bytes_received"].as_u64() > Some(0), "{v}");
+            assert!(
+                v["bytes_sent"].as_u64() > Some(20_000)
+                    || v["bytes_received"].as_u64() > Some(20_000),
+                "{v}"
+            );
+            assert!(
+                v["bytes_sent"].as_u64() > Some(0) && v["bytes_received"].as_u64() > Some(0),
+                "{v}"
+            );
             assert_ne!(v["id"], names[i]);
             assert_eq!(v["endpoints"][0]["type"], "lan", "{v}");
         }
@@ -329,12 +365,27 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
         let routes = routes.as_array().expect("routes");
         assert_eq!(routes.len(), 2, "{routes:?}");
         for r in routes {
-            assert_eq!((r["type"].as_str(), r["next_hop"].as_str(), r["hop_count"].as_u64()), (Some("direct"), Some(""), Some(1)), "{r}");
-            assert_eq!(r["metric"].as_u64(), r["latency_ms"].as_u64().map(|l| l + 100), "{r}");
+            assert_eq!(
+                (
+                    r["type"].as_str(),
+                    r["next_hop"].as_str(),
+                    r["hop_count"].as_u64()
+                ),
+                (Some("direct"), Some(""), Some(1)),
+                "{r}"
+            );
+            assert_eq!(
+                r["metric"].as_u64(),
+                r["latency_ms"].as_u64().map(|l| l + 100),
+                "{r}"
+            );
             assert_eq!(r["active"], true);
         }
         let stats = p.get("/api/v1/mesh/stats");
-        assert!(stats["packets_sent"].as_u64() > Some(0) && stats["bytes_received"].as_u64() > Some(0), "{stats}");
+        assert!(
+            stats["packets_sent"].as_u64() > Some(0) && stats["bytes_received"].as_u64() > Some(0),
+            "{stats}"
+        );
         let one = p.get(&format!("/api/v1/mesh/peers/{}", names[(i + 1) % 3]));
         assert_eq!(one["virtual_ip"], vips[(i + 1) % 3]);
         assert_eq!(p.call("GET", "/api/v1/mesh/peers/nobody").0, 404);
@@ -347,21 +398,52 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
     // a wrong key cannot talk: mallory joins properly, then the registry lists another key
     // for it; the others follow the registry, mallory's real key no longer opens a session
     let mallory = Peer::start(&lan, 3, "mallory", server.api);
-    mallory.wait_for("/api/v1/mesh/status", "mallory connected", |s| s["connected_peers"] == 3);
-    let mallory_vip = mallory.get("/api/v1/mesh/status")["virtual_ip"].as_str().expect("vip").to_owned();
-    assert!(ping(&lan.peers[0], &mallory_vip, 2), "mallory reachable with its registered key");
+    mallory.wait_for("/api/v1/mesh/status", "mallory connected", |s| {
+        s["connected_peers"] == 3
+    });
+    let mallory_vip = mallory.get("/api/v1/mesh/status")["virtual_ip"]
+        .as_str()
+        .expect("vip")
+        .to_owned();
+    assert!(
+        ping(&lan.peers[0], &mallory_vip, 2),
+        "mallory reachable with its registered key"
+    );
     let entry = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/mallory"));
-    let (status, _) = api_call(&server, "DELETE", &format!("/api/v1/mesh/networks/{NETWORK}/peers/mallory"), None, None);
+    let (status, _) = api_call(
+        &server,
+        "DELETE",
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers/mallory"),
+        None,
+        None,
+    );
     assert_eq!(status, 204);
     let forged = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
         "public_key": "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=", "endpoints": entry["endpoints"]}});
-    let (status, body) = api_call(&server, "POST", &format!("/api/v1/mesh/networks/{NETWORK}/peers"), Some(&forged.to_string()), None);
+    let (status, body) = api_call(
+        &server,
+        "POST",
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
+        Some(&forged.to_string()),
+        None,
+    );
     assert_eq!(status, 201, "{body}");
-    peers[0].wait_for("/api/v1/mesh/peers/mallory", "alpha follows the registry's key for mallory", |v| {
-        v["public_key"] == "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=" && v["status"] != "connected"
-    });
-    assert!(!ping(&lan.peers[3], &vips[0], 3), "mallory → alpha with a key the registry does not list");
-    assert!(!ping(&lan.peers[0], &mallory_vip, 3), "alpha → mallory under the listed (wrong) key");
+    peers[0].wait_for(
+        "/api/v1/mesh/peers/mallory",
+        "alpha follows the registry's key for mallory",
+        |v| {
+            v["public_key"] == "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI="
+                && v["status"] != "connected"
+        },
+    );
+    assert!(
+        !ping(&lan.peers[3], &vips[0], 3),
+        "mallory → alpha with a key the registry does not list"
+    );
+    assert!(
+        !ping(&lan.peers[0], &mallory_vip, 3),
+        "alpha → mallory under the listed (wrong) key"
+    );
     assert!(ping(&lan.peers[0], &vips[1], 1), "alpha ↔ bravo unaffected");
     drop(mallory);
 
@@ -370,20 +452,32 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
     assert_eq!((status, body["status"].as_str()), (200, Some("disabled")));
     next_event(&rt, &mut ws, "peer.left", "charlie");
     assert_eq!(peers[2].get("/api/v1/mesh/status")["status"], "disabled");
-    assert!(!ping(&lan.peers[0], &vips[2], 1), "a disabled peer does not answer");
+    assert!(
+        !ping(&lan.peers[0], &vips[2], 1),
+        "a disabled peer does not answer"
+    );
     let (status, body) = peers[2].call("POST", "/api/v1/mesh/enable");
     assert_eq!((status, body["status"].as_str()), (200, Some("enabled")));
     next_event(&rt, &mut ws, "peer.joined", "charlie");
-    peers[2].wait_for("/api/v1/mesh/status", "charlie back", |s| s["connected_peers"] == 2);
-    let vip = peers[2].get("/api/v1/mesh/status")["virtual_ip"].as_str().expect("vip").to_owned();
-    assert!(ping(&lan.peers[0], &vip, 3), "alpha → charlie after re-enabling");
+    peers[2].wait_for("/api/v1/mesh/status", "charlie back", |s| {
+        s["connected_peers"] == 2
+    });
+    let vip = peers[2].get("/api/v1/mesh/status")["virtual_ip"]
+        .as_str()
+        .expect("vip")
+        .to_owned();
+    assert!(
+        ping(&lan.peers[0], &vip, 3),
+        "alpha → charlie after re-enabling"
+    );
 
     // a peer that stops (SIGTERM) leaves: peer.left, and the others drop it
     sh(&format!("kill -TERM {}", peers[1].pid()));
     next_event(&rt, &mut ws, "peer.left", "bravo");
     for p in [&peers[0], &peers[2]] {
         p.wait_for("/api/v1/mesh/peers", "bravo dropped", |v| {
-            v.as_array().is_some_and(|a| a.iter().all(|x| x["id"] != "bravo"))
+            v.as_array()
+                .is_some_and(|a| a.iter().all(|x| x["id"] != "bravo"))
         });
         assert_eq!(p.call("GET", "/api/v1/mesh/peers/bravo").0, 404);
         assert!(!connected_ids(p).contains(&"bravo".to_owned()));

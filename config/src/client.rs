@@ -846,7 +846,10 @@ mod tests {
         let mut cfg = ClientConfig::default();
         cfg.mesh.discovery.token = Some("registry-token".into());
         cfg.mesh.connection.preshared_key = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=".into();
-        assert_eq!(mesh_preshared_key(&cfg.mesh.connection).unwrap(), Some([1; 32]));
+        assert_eq!(
+            mesh_preshared_key(&cfg.mesh.connection).unwrap(),
+            Some([1; 32])
+        );
         let shown = serde_json::to_value(masked(&cfg)).unwrap();
         assert_eq!(shown["mesh"]["discovery"]["token"], MASKED);
         assert_eq!(shown["mesh"]["connection"]["preshared_key"], MASKED);

@@ -126,9 +126,9 @@ impl Mesh {
         let mut keep: HashMap<u32, Session> = HashMap::new();
         let mut old: Vec<(u32, Session)> = self.sessions.drain().collect();
         for entry in &table.peers {
-            let found = old
-                .iter()
-                .position(|(_, s)| s.entry.id == entry.id && s.entry.public_key == entry.public_key);
+            let found = old.iter().position(|(_, s)| {
+                s.entry.id == entry.id && s.entry.public_key == entry.public_key
+            });
             match found {
                 Some(i) => {
                     let (index, mut s) = old.swap_remove(i);
@@ -258,7 +258,7 @@ impl Mesh {
                 TunnResult::WriteToTunnelV4(packet, _) => {
                     self.authenticated(s, from);
                     let packet = packet.to_vec();
-                    self.from_peer(s, packet);
+                    self.decrypted_packet(s, packet);
                     break;
                 }
                 TunnResult::WriteToTunnelV6(..) => {
@@ -298,7 +298,7 @@ impl Mesh {
     }
 
     /// A decrypted IP packet from peer `s`.
-    fn from_peer(&mut self, s: &mut Session, mut packet: Vec<u8>) {
+    fn decrypted_packet(&mut self, s: &mut Session, mut packet: Vec<u8>) {
         if packet.is_empty() {
             return; // keepalive
         }
@@ -315,7 +315,9 @@ impl Mesh {
         c.bytes_received.fetch_add(packet.len() as u64, Relaxed);
         c.packets_received.fetch_add(1, Relaxed);
         let totals = &self.shared.totals;
-        totals.bytes_received.fetch_add(packet.len() as u64, Relaxed);
+        totals
+            .bytes_received
+            .fetch_add(packet.len() as u64, Relaxed);
         totals.packets_received.fetch_add(1, Relaxed);
         if dst == self.local_vip() {
             match wire::udp_to(&packet) {
@@ -323,7 +325,7 @@ impl Mesh {
                     let payload = payload.to_vec();
                     self.control(s, &payload);
                 }
-                _ => self.to_device(&packet),
+                _ => self.write_device(&packet),
             }
             return;
         }
@@ -332,7 +334,7 @@ impl Mesh {
             totals.no_route.fetch_add(1, Relaxed);
             return;
         }
-        self.to_peer(&packet);
+        self.send_to_mesh(&packet);
     }
 
     /// A message on the mesh control port.
@@ -358,7 +360,7 @@ impl Mesh {
         }
     }
 
-    fn to_device(&mut self, packet: &[u8]) {
+    fn write_device(&mut self, packet: &[u8]) {
         if let Err(e) = self.device.write(packet) {
             self.shared.totals.overflow.fetch_add(1, Relaxed);
             tracing::trace!(error = %e, "mesh device write failed");
@@ -366,7 +368,7 @@ impl Mesh {
     }
 
     /// An IP packet for the mesh (from the device, or forwarded).
-    fn to_peer(&mut self, packet: &[u8]) {
+    fn send_to_mesh(&mut self, packet: &[u8]) {
         let Some((_, dst)) = wire::ipv4_addresses(packet) else {
             self.shared.totals.no_route.fetch_add(1, Relaxed);
             return;
@@ -568,7 +570,7 @@ pub(crate) async fn run(start: MeshStart) {
             let mut m = mesh.borrow_mut();
             m.sync_table();
             while let Some(packet) = queue.pop() {
-                m.to_peer(&packet);
+                m.send_to_mesh(&packet);
             }
             if last_tick.elapsed() >= TIMER_TICK {
                 last_tick = Instant::now();

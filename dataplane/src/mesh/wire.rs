@@ -22,7 +22,9 @@ pub enum DatagramKind {
     /// WireGuard handshake initiation (matched to a peer by its static key).
     HandshakeInit,
     /// WireGuard response, cookie reply or data, addressed by our receiver index.
-    WireGuard { receiver: u32 },
+    WireGuard {
+        receiver: u32,
+    },
     Unknown,
 }
 
@@ -196,24 +198,21 @@ mod tests {
         // a wrong length field is not STUN
         stun[3] = 12;
         assert_ne!(classify(&stun), DatagramKind::Stun);
-        assert_eq!(classify(&[0x40, 0, 0, 4, 1, 2, 3, 4]), DatagramKind::ChannelData);
+        assert_eq!(
+            classify(&[0x40, 0, 0, 4, 1, 2, 3, 4]),
+            DatagramKind::ChannelData
+        );
         let mut init = vec![0u8; 148];
         init[0] = 1;
         assert_eq!(classify(&init), DatagramKind::HandshakeInit);
         let mut data = vec![0u8; 48];
         data[0] = 4;
         data[4..8].copy_from_slice(&0x0000_0301u32.to_le_bytes());
-        assert_eq!(
-            classify(&data),
-            DatagramKind::WireGuard { receiver: 0x301 }
-        );
+        assert_eq!(classify(&data), DatagramKind::WireGuard { receiver: 0x301 });
         let mut resp = vec![0u8; 92];
         resp[0] = 2;
         resp[8..12].copy_from_slice(&0x0000_0200u32.to_le_bytes());
-        assert_eq!(
-            classify(&resp),
-            DatagramKind::WireGuard { receiver: 0x200 }
-        );
+        assert_eq!(classify(&resp), DatagramKind::WireGuard { receiver: 0x200 });
         assert_eq!(classify(&[9, 0, 0, 0, 1]), DatagramKind::Unknown);
         assert_eq!(classify(&init[..100]), DatagramKind::Unknown);
         assert_eq!(classify(&[]), DatagramKind::Unknown);

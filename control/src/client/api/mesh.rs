@@ -152,7 +152,10 @@ pub async fn connected_peers(State(state): State<S>) -> Json<Vec<MeshPeerView>> 
 
 #[utoipa::path(get, path = "/api/v1/mesh/peers/{id}", tag = "mesh", params(("id" = String, Path)),
     responses((status = 200, body = MeshPeerView), (status = 404, body = switchyard_api::ErrorBody)))]
-pub async fn peer(State(state): State<S>, Path(id): Path<String>) -> Result<Json<MeshPeerView>, ApiError> {
+pub async fn peer(
+    State(state): State<S>,
+    Path(id): Path<String>,
+) -> Result<Json<MeshPeerView>, ApiError> {
     all_peers(&state)
         .into_iter()
         .find(|p| p.id == id)

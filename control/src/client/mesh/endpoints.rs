@@ -76,7 +76,10 @@ mod tests {
             .iter()
             .map(|e| (e.address.as_str(), e.port, e.kind.as_str()))
             .collect();
-        assert_eq!(got, [("192.168.1.5", 41000, "lan"), ("10.0.0.7", 41000, "lan")]);
+        assert_eq!(
+            got,
+            [("192.168.1.5", 41000, "lan"), ("10.0.0.7", 41000, "lan")]
+        );
         assert!(list[0].priority > list[1].priority);
         assert_eq!(host_priority(65535), 2_130_706_431);
     }

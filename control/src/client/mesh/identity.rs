@@ -16,7 +16,9 @@ pub enum IdentityError {
         path: String,
         source: std::io::Error,
     },
-    #[error("mesh key file {path} does not hold a base64 32-byte key; remove it to make a new one")]
+    #[error(
+        "mesh key file {path} does not hold a base64 32-byte key; remove it to make a new one"
+    )]
     Invalid { path: String },
 }
 
@@ -55,8 +57,11 @@ pub fn load_or_create(data_dir: &Path) -> Result<Identity, IdentityError> {
                 source,
             };
             let mut bytes = [0u8; 32];
-            getrandom::fill(&mut bytes)
-                .map_err(|e| io(std::io::Error::other(format!("no randomness for a key: {e}"))))?;
+            getrandom::fill(&mut bytes).map_err(|e| {
+                io(std::io::Error::other(format!(
+                    "no randomness for a key: {e}"
+                )))
+            })?;
             std::fs::create_dir_all(data_dir).map_err(io)?;
             // create_new: two starts at once never overwrite each other's key
             let mut f = std::fs::OpenOptions::new()
@@ -65,12 +70,21 @@ pub fn load_or_create(data_dir: &Path) -> Result<Identity, IdentityError> {
                 .mode(0o600)
                 .open(&path)
                 .map_err(io)?;
-            f.write_all(base64::engine::general_purpose::STANDARD.encode(bytes).as_bytes())
-                .map_err(io)?;
+            f.write_all(
+                base64::engine::general_purpose::STANDARD
+                    .encode(bytes)
+                    .as_bytes(),
+            )
+            .map_err(io)?;
             tracing::info!(path = %shown, "mesh key generated");
             bytes
         }
-        Err(source) => return Err(IdentityError::Io { path: shown, source }),
+        Err(source) => {
+            return Err(IdentityError::Io {
+                path: shown,
+                source,
+            })
+        }
     };
     let public = PublicKey::from(&StaticSecret::from(private)).to_bytes();
     Ok(Identity { private, public })

@@ -259,8 +259,12 @@ impl MeshManager {
         if registered {
             match tokio::time::timeout(LEAVE_WAIT, r.registry.leave(&r.live.peer_id)).await {
                 Ok(Ok(())) => tracing::info!(peer = %r.live.peer_id, "mesh peer left the network"),
-                Ok(Err(e)) => tracing::warn!(error = %e, "leaving the mesh network failed: the lease expires instead"),
-                Err(_) => tracing::warn!("leaving the mesh network timed out: the lease expires instead"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "leaving the mesh network failed: the lease expires instead")
+                }
+                Err(_) => {
+                    tracing::warn!("leaving the mesh network timed out: the lease expires instead")
+                }
             }
         }
         // the device goes when the owner and its reader thread have closed it

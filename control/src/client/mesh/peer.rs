@@ -294,10 +294,15 @@ pub fn build_table(
             continue;
         };
         let mut eps: Vec<&MeshEndpoint> = p.endpoints.iter().collect();
-        eps.sort_by(|a, b| b.priority.cmp(&a.priority));
+        eps.sort_by_key(|e| std::cmp::Reverse(e.priority));
         let endpoints: Vec<SocketAddr> = eps
             .iter()
-            .filter_map(|e| e.address.parse::<Ipv4Addr>().ok().map(|ip| (ip, e.port).into()))
+            .filter_map(|e| {
+                e.address
+                    .parse::<Ipv4Addr>()
+                    .ok()
+                    .map(|ip| (ip, e.port).into())
+            })
             .collect();
         let slot = counters
             .entry(p.id.clone())
@@ -381,21 +386,34 @@ mod tests {
     #[test]
     fn the_table_keeps_counters_of_unchanged_peers_and_renews_them_on_a_new_key() {
         let mut counters = HashMap::new();
-        let t = build_table(&[peer("a", 1, "10.1.0.2"), peer("b", 2, "10.1.0.3")], &mut counters);
+        let t = build_table(
+            &[peer("a", 1, "10.1.0.2"), peer("b", 2, "10.1.0.3")],
+            &mut counters,
+        );
         assert_eq!(t.peers.len(), 2);
         assert_eq!(
             t.peers[0].endpoints,
-            ["198.51.100.1:4001".parse().unwrap(), "192.0.2.1:4000".parse().unwrap()],
+            [
+                "198.51.100.1:4001".parse().unwrap(),
+                "192.0.2.1:4000".parse().unwrap()
+            ],
             "best priority first, unusable ones left out"
         );
         t.peers[0].counters.bytes_sent.store(7, Relaxed);
-        let again = build_table(&[peer("a", 1, "10.1.0.2"), peer("b", 9, "10.1.0.3")], &mut counters);
+        let again = build_table(
+            &[peer("a", 1, "10.1.0.2"), peer("b", 9, "10.1.0.3")],
+            &mut counters,
+        );
         assert_eq!(again.peers[0].counters.bytes_sent.load(Relaxed), 7);
         assert!(!Arc::ptr_eq(&again.peers[1].counters, &t.peers[1].counters));
         let mut bad = peer("c", 3, "10.1.0.4");
         bad.public_key = "short".into();
         let last = build_table(&[peer("a", 1, "10.1.0.2"), bad], &mut counters);
-        assert_eq!(last.peers.len(), 1, "a peer with an unusable key is not accepted");
+        assert_eq!(
+            last.peers.len(),
+            1,
+            "a peer with an unusable key is not accepted"
+        );
         assert_eq!(counters.len(), 1, "counters of departed peers go");
         assert_eq!(prefix_of("10.1.0.0/24"), Some(24));
         assert_eq!(backoff(0), Duration::from_secs(1));

@@ -91,14 +91,12 @@ impl RegistryClient {
         what: &'static str,
         req: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, RegistryError> {
-        req.send().await.map_err(|e| RegistryError::Unreachable {
+        let resp = req.send().await.map_err(|e| RegistryError::Unreachable {
             url: self.base.clone(),
             reason: e.to_string(),
-        })
-        .map(|r| {
-            tracing::trace!(what, status = %r.status(), "registry call");
-            r
-        })
+        })?;
+        tracing::trace!(what, status = %resp.status(), "registry call");
+        Ok(resp)
     }
 
     async fn refused(what: &'static str, resp: reqwest::Response) -> RegistryError {
@@ -125,7 +123,10 @@ impl RegistryClient {
             peer,
         };
         let resp = self
-            .send(what, self.request(reqwest::Method::POST, "/peers").json(&body))
+            .send(
+                what,
+                self.request(reqwest::Method::POST, "/peers").json(&body),
+            )
             .await?;
         if !resp.status().is_success() {
             return Err(Self::refused(what, resp).await);
@@ -184,7 +185,10 @@ impl RegistryClient {
         };
         let tail = format!("/peers/{peer_id}");
         let resp = self
-            .send(what, self.request(reqwest::Method::PATCH, &tail).json(&body))
+            .send(
+                what,
+                self.request(reqwest::Method::PATCH, &tail).json(&body),
+            )
             .await?;
         if !resp.status().is_success() {
             return Err(Self::refused(what, resp).await);
@@ -217,7 +221,9 @@ impl RegistryClient {
             .unwrap_or(url);
         let mut req = url.into_client_request().map_err(|e| e.to_string())?;
         if let Some(t) = &self.token {
-            let value = format!("Bearer {t}").parse().map_err(|_| "token is not a header value".to_string())?;
+            let value = format!("Bearer {t}")
+                .parse()
+                .map_err(|_| "token is not a header value".to_string())?;
             req.headers_mut().insert("authorization", value);
         }
         Ok(req)
@@ -230,13 +236,20 @@ mod tests {
 
     #[test]
     fn the_discovery_server_is_a_url_or_host_and_port() {
-        assert_eq!(base_url("10.0.0.1:7082").as_deref(), Some("http://10.0.0.1:7082"));
+        assert_eq!(
+            base_url("10.0.0.1:7082").as_deref(),
+            Some("http://10.0.0.1:7082")
+        );
         assert_eq!(
             base_url("https://reg.example/").as_deref(),
             Some("https://reg.example")
         );
         assert_eq!(base_url("  "), None);
-        let c = RegistryClient::new("https://reg.example".into(), Some("t".into()), "office".into());
+        let c = RegistryClient::new(
+            "https://reg.example".into(),
+            Some("t".into()),
+            "office".into(),
+        );
         let req = c.events_request().expect("request");
         assert_eq!(
             req.uri().to_string(),

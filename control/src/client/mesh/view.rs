@@ -47,7 +47,11 @@ pub fn peer_view(peer: &MeshPeer, counters: Option<&PeerCounters>) -> MeshPeerVi
         virtual_mac: String::new(),
         public_key: peer.public_key.clone(),
         status: status_word(state).into(),
-        connection_type: if connected { "direct".into() } else { String::new() },
+        connection_type: if connected {
+            "direct".into()
+        } else {
+            String::new()
+        },
         latency_ms: latency_ms(load(|c| c.rtt_us.load(Relaxed))),
         last_seen: at_ms(load(|c| c.last_seen_ms.load(Relaxed))).unwrap_or(peer.last_seen),
         joined_at: peer.joined_at,
@@ -113,13 +117,23 @@ mod tests {
         c.bytes_sent.store(42, Relaxed);
         c.last_seen_ms.store(1_800_000_000_000, Relaxed);
         let view = peer_view(&p, Some(&c));
-        assert_eq!((view.status.as_str(), view.connection_type.as_str()), ("connected", "direct"));
+        assert_eq!(
+            (view.status.as_str(), view.connection_type.as_str()),
+            ("connected", "direct")
+        );
         assert_eq!((view.latency_ms, view.bytes_sent), (2, 42));
         assert_eq!(view.last_seen.timestamp_millis(), 1_800_000_000_000);
         let r = direct_route(&p, &c).unwrap();
         assert_eq!((r.metric, r.hop_count, r.next_hop.as_str()), (102, 1, ""));
-        assert_eq!((r.dest_ip.as_str(), r.kind.as_str(), r.active), ("10.100.0.3", "direct", true));
-        assert_eq!(latency_ms(300), 1, "a measured sub-millisecond round trip shows as 1");
+        assert_eq!(
+            (r.dest_ip.as_str(), r.kind.as_str(), r.active),
+            ("10.100.0.3", "direct", true)
+        );
+        assert_eq!(
+            latency_ms(300),
+            1,
+            "a measured sub-millisecond round trip shows as 1"
+        );
         assert_eq!(metric(35, 2), 235);
     }
 }
