@@ -20,6 +20,8 @@ const PATIENCE: Duration = Duration::from_secs(30);
 const NETWORK: &str = "lab";
 /// The network's pre-shared key (base64 of 32 bytes 0x07).
 const PSK: &str = "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
+/// A key nobody holds the private half of (32 bytes 0x02).
+const FORGED_KEY: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
 
 /// A LAN of namespaces: a bridge in a hub namespace, one namespace per peer with `eth0` on the
 /// bridge, and a host-side veth (the registry's and the test's way in). Removed on drop.
@@ -202,6 +204,11 @@ fn ping(ns: &str, ip: &str, count: u32) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false)
+}
+
+/// Pings for about five seconds (long enough for a fresh handshake): whether any reply came.
+fn ping_long(ns: &str, ip: &str) -> bool {
+    ping(ns, ip, 10)
 }
 
 type Ws =
@@ -396,7 +403,8 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
     assert!(listed["bytes_sent"].as_u64() > Some(0), "{listed}");
 
     // a wrong key cannot talk: mallory joins properly, then the registry lists another key
-    // for it; the others follow the registry, mallory's real key no longer opens a session
+    // for it. alpha restarts its peer (fresh sessions): it follows the registry, so mallory's
+    // real key no longer opens a session, in either direction
     let mallory = Peer::start(&lan, 3, "mallory", server.api);
     mallory.wait_for("/api/v1/mesh/status", "mallory connected", |s| {
         s["connected_peers"] == 3
@@ -419,7 +427,7 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
     );
     assert_eq!(status, 204);
     let forged = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
-        "public_key": "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=", "endpoints": entry["endpoints"]}});
+        "public_key": FORGED_KEY, "endpoints": entry["endpoints"]}});
     let (status, body) = api_call(
         &server,
         "POST",
@@ -428,23 +436,39 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
         None,
     );
     assert_eq!(status, 201, "{body}");
+    assert_eq!(peers[0].call("POST", "/api/v1/mesh/disable").0, 200);
+    assert_eq!(peers[0].call("POST", "/api/v1/mesh/enable").0, 200);
     peers[0].wait_for(
-        "/api/v1/mesh/peers/mallory",
-        "alpha follows the registry's key for mallory",
-        |v| {
-            v["public_key"] == "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI="
-                && v["status"] != "connected"
-        },
+        "/api/v1/mesh/status",
+        "alpha back with bravo and charlie",
+        |s| s["status"] == "connected" && s["connected_peers"] == 2 && s["peer_count"] == 3,
+    );
+    let alpha_vip = peers[0].get("/api/v1/mesh/status")["virtual_ip"]
+        .as_str()
+        .expect("vip")
+        .to_owned();
+    assert_eq!(
+        peers[0].get("/api/v1/mesh/peers/mallory")["public_key"],
+        FORGED_KEY,
+        "alpha knows mallory by the registry's key"
     );
     assert!(
-        !ping(&lan.peers[3], &vips[0], 3),
+        !ping_long(&lan.peers[3], &alpha_vip),
         "mallory → alpha with a key the registry does not list"
     );
     assert!(
         !ping(&lan.peers[0], &mallory_vip, 3),
         "alpha → mallory under the listed (wrong) key"
     );
-    assert!(ping(&lan.peers[0], &vips[1], 1), "alpha ↔ bravo unaffected");
+    assert_ne!(
+        peers[0].get("/api/v1/mesh/peers/mallory")["status"],
+        "connected"
+    );
+    assert!(
+        ping(&lan.peers[1], &alpha_vip, 2),
+        "bravo → alpha unaffected"
+    );
+    vips[0] = alpha_vip;
     drop(mallory);
 
     // disable and enable at runtime: charlie leaves (peer.left) and comes back

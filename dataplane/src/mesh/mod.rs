@@ -83,6 +83,9 @@ pub struct PeerEntry {
     pub public_key: [u8; 32],
     /// Its published endpoints, best first.
     pub endpoints: Vec<SocketAddr>,
+    /// When it joined (registry, Unix ms): a peer that left and joined again has lost its
+    /// sessions, so ours with it starts afresh instead of waiting for a stale one to time out.
+    pub joined_ms: i64,
     pub counters: Arc<PeerCounters>,
 }
 

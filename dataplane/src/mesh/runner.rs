@@ -127,7 +127,9 @@ impl Mesh {
         let mut old: Vec<(u32, Session)> = self.sessions.drain().collect();
         for entry in &table.peers {
             let found = old.iter().position(|(_, s)| {
-                s.entry.id == entry.id && s.entry.public_key == entry.public_key
+                s.entry.id == entry.id
+                    && s.entry.public_key == entry.public_key
+                    && s.entry.joined_ms == entry.joined_ms
             });
             match found {
                 Some(i) => {

@@ -317,6 +317,7 @@ pub fn build_table(
             vip,
             public_key: key,
             endpoints,
+            joined_ms: p.joined_at.timestamp_millis(),
             counters: slot.1.clone(),
         }));
     }
