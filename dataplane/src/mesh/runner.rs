@@ -162,7 +162,7 @@ impl Mesh {
                     // the peer with the lower key opens the session at once; the other waits
                     // for it (or for traffic), so crossing handshakes are rare
                     if self.public.as_bytes() < &entry.public_key {
-                        self.initiate(&mut s);
+                        self.initiate(&mut s, false);
                     }
                     tracing::info!(peer = %entry.id, vip = %entry.vip, "mesh peer added");
                     keep.insert(index, s);
@@ -186,12 +186,13 @@ impl Mesh {
         }
     }
 
-    fn initiate(&mut self, s: &mut Session) {
+    /// Sends a handshake initiation; `again` also when one is under way (a new path).
+    fn initiate(&mut self, s: &mut Session, again: bool) {
         let Some(PathToPeer::Direct(to)) = s.path() else {
             return;
         };
         if let TunnResult::WriteToNetwork(d) =
-            s.tunn.format_handshake_initiation(&mut self.scratch, false)
+            s.tunn.format_handshake_initiation(&mut self.scratch, again)
         {
             self.outgoing.push((to, d.to_vec()));
         }
@@ -448,7 +449,7 @@ impl Mesh {
                 s.learnt = None;
                 s.choice = s.choice.wrapping_add(1);
                 s.trying_since = Instant::now();
-                self.initiate(&mut s);
+                self.initiate(&mut s, true);
             }
             self.sessions.insert(i, s);
         }
@@ -584,4 +585,137 @@ pub(crate) async fn run(start: MeshStart) {
     }
     tracing::info!("mesh data plane stopped");
     shared.running.store(false, Relaxed);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::mesh::{PeerCounters, PeerTable};
+    use std::io::{Seek, SeekFrom};
+
+    struct Side {
+        mesh: Mesh,
+        addr: SocketAddr,
+        vip: Ipv4Addr,
+        public: [u8; 32],
+        device: std::fs::File,
+    }
+
+    fn side(seed: u8, last: u8) -> Side {
+        let private = [seed; 32];
+        let public = PublicKey::from(&StaticSecret::from(private)).to_bytes();
+        let shared = Arc::new(MeshShared::default());
+        let vip = Ipv4Addr::new(10, 100, 0, last);
+        shared.set_local_vip(vip);
+        let device = tempfile::tempfile().unwrap();
+        let settings = MeshSettings {
+            private_key: private,
+            preshared_key: Some([9; 32]),
+            keep_alive: Duration::from_secs(25),
+            connect_timeout: Duration::from_secs(30),
+            relay_via_peers: false,
+        };
+        Side {
+            mesh: Mesh::new(settings, shared, device.try_clone().unwrap()),
+            addr: SocketAddr::from(([192, 0, 2, last], 40_000)),
+            vip,
+            public,
+            device,
+        }
+    }
+
+    /// Lists `other` in `me`'s table under `key`.
+    fn list(me: &mut Side, other: &Side, key: [u8; 32]) -> Arc<PeerCounters> {
+        let counters = Arc::new(PeerCounters::default());
+        me.mesh.shared.publish(PeerTable {
+            peers: vec![Arc::new(PeerEntry {
+                id: format!("peer{}", other.vip.octets()[3]),
+                name: String::new(),
+                vip: other.vip,
+                public_key: key,
+                endpoints: vec![other.addr],
+                joined_ms: 1,
+                counters: counters.clone(),
+            })],
+        });
+        me.mesh.sync_table();
+        counters
+    }
+
+    /// Delivers every datagram `from` has queued for `to`; how many there were.
+    fn deliver(from: &mut Side, to: &mut Side) -> usize {
+        let out = std::mem::take(&mut from.mesh.outgoing);
+        for (dst, d) in &out {
+            assert_eq!(*dst, to.addr);
+            to.mesh.on_datagram(d, from.addr);
+        }
+        out.len()
+    }
+
+    fn device_bytes(s: &mut Side) -> Vec<u8> {
+        let mut all = Vec::new();
+        s.device.seek(SeekFrom::Start(0)).unwrap();
+        s.device.read_to_end(&mut all).unwrap();
+        all
+    }
+
+    #[test]
+    fn only_the_listed_key_gets_a_session_and_packets_and_probes_cross_it() {
+        // the lower key initiates; make `a` the lower one
+        let (mut a, mut b) = {
+            let (x, y) = (side(1, 1), side(2, 2));
+            if x.public < y.public {
+                (x, y)
+            } else {
+                (y, x)
+            }
+        };
+        let b_key = b.public;
+        let a_counters = list(&mut b, &a, [7; 32]);
+        let b_counters = list(&mut a, &b, b_key);
+        // a → b: b lists another key for a, so the initiation is dropped and counted
+        assert_eq!(deliver(&mut a, &mut b), 1, "a initiates at once");
+        assert!(b.mesh.outgoing.is_empty(), "no answer to an unlisted key");
+        assert_eq!(b.mesh.shared.totals.unknown_key.load(Relaxed), 1);
+        assert_eq!(a_counters.state(), SessionState::Connecting);
+
+        // with the right key listed, the next attempt completes the handshake
+        let a_key = a.public;
+        let a_counters = list(&mut b, &a, a_key);
+        let mut first = a.mesh.sessions.remove(&1).unwrap();
+        first.trying_since = Instant::now() - Duration::from_secs(60);
+        a.mesh.sessions.insert(1, first);
+        a.mesh.tick();
+        assert_eq!(b_counters.state(), SessionState::Unreachable);
+        assert!(deliver(&mut a, &mut b) >= 1);
+        assert!(deliver(&mut b, &mut a) >= 1, "handshake response");
+        // a's next turn: session up, first latency probe sent along with a data packet
+        a.mesh.tick();
+        assert_eq!(b_counters.state(), SessionState::Connected);
+        let packet = wire::udp_packet(a.vip, b.vip, 5000, b"hello mesh");
+        a.mesh.send_to_mesh(&packet);
+        deliver(&mut a, &mut b);
+        deliver(&mut b, &mut a);
+        assert_eq!(a_counters.state(), SessionState::Connected);
+        assert!(b_counters.rtt_us.load(Relaxed) >= 1, "b answered a's probe");
+        // the data packet reached b's device; the probe was consumed, not written
+        assert_eq!(device_bytes(&mut b), packet);
+        assert!(a_counters.packets_received.load(Relaxed) >= 2);
+        assert!(b_counters.bytes_sent.load(Relaxed) >= packet.len() as u64);
+
+        // a packet for a virtual IP nobody owns has no route
+        a.mesh.send_to_mesh(&wire::udp_packet(
+            a.vip,
+            Ipv4Addr::new(10, 100, 0, 99),
+            1,
+            b"x",
+        ));
+        assert_eq!(a.mesh.shared.totals.no_route.load(Relaxed), 1);
+        // garbage and STUN are counted, never answered
+        a.mesh.on_datagram(&[0xde, 0xad], b.addr);
+        a.mesh.on_datagram(&[0x40, 0, 0, 0], b.addr);
+        assert!(a.mesh.outgoing.is_empty());
+        assert_eq!(a.mesh.shared.totals.ice_dropped.load(Relaxed), 1);
+    }
 }
