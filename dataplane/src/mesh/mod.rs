@@ -152,6 +152,9 @@ pub struct MeshShared {
     pub stop: AtomicBool,
     /// True while the owner runs.
     pub running: AtomicBool,
+    /// Unix ms of the owner's last loop turn (at least every 250 ms while it runs): an owner
+    /// whose core panicked stops stamping it.
+    pub beat_ms: AtomicU64,
 }
 
 impl MeshShared {
@@ -167,6 +170,16 @@ impl MeshShared {
 
     pub fn local_vip(&self) -> Ipv4Addr {
         Ipv4Addr::from(self.local_vip.load(Relaxed))
+    }
+
+    /// Whether the owner turned its loop within `within` (it is alive).
+    pub fn owner_alive(&self, within: Duration) -> bool {
+        let beat = self.beat_ms.load(Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        beat > 0 && now.saturating_sub(beat) <= within.as_millis() as u64
     }
 
     pub fn request_stop(&self) {

@@ -533,6 +533,7 @@ pub(crate) async fn run(start: MeshStart) {
         device,
     } = start;
     shared.running.store(true, Relaxed);
+    shared.beat_ms.store(unix_ms(), Relaxed);
     let reader_device = match device.try_clone() {
         Ok(d) => d,
         Err(e) => {
@@ -563,6 +564,7 @@ pub(crate) async fn run(start: MeshStart) {
         if shared.stop.load(Acquire) {
             break;
         }
+        shared.beat_ms.store(unix_ms(), Relaxed);
         let listener = shared.wake.listen();
         if !shared.wake.take() {
             let wait = TIMER_TICK.saturating_sub(last_tick.elapsed());
@@ -585,6 +587,7 @@ pub(crate) async fn run(start: MeshStart) {
     }
     tracing::info!("mesh data plane stopped");
     shared.running.store(false, Relaxed);
+    shared.beat_ms.store(0, Relaxed);
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use super::S;
 use crate::api::error::ApiError;
-use crate::client::mesh::{view, Live, MeshError};
+use crate::client::mesh::{view, Live, MeshError, Phase};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -56,8 +56,18 @@ pub async fn status(State(state): State<S>) -> Json<MeshStatus> {
     let (peer_count, connected) = peer_counts(&live);
     let t = &live.shared.totals;
     let info = live.info.lock();
+    // measured: a data plane that stopped turning is an error whatever the last step said
+    let status = if info.phase == Phase::Connected
+        && !live
+            .shared
+            .owner_alive(crate::client::mesh::peer::OWNER_LOST)
+    {
+        "error"
+    } else {
+        info.phase.as_str()
+    };
     Json(MeshStatus {
-        status: info.phase.as_str().into(),
+        status: status.into(),
         enabled: true,
         peer_id: live.peer_id.clone(),
         virtual_ip: info.virtual_ip.map(|v| v.to_string()).unwrap_or_default(),

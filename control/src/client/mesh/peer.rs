@@ -24,6 +24,8 @@ use switchyard_dataplane::mesh::{
 
 /// Longest pause between registration attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// An owner that has not turned its loop for this long is gone (it turns at least every 250 ms).
+pub const OWNER_LOST: Duration = Duration::from_secs(3);
 /// How often the interfaces are checked for changed host candidates.
 const ENDPOINT_CHECK: Duration = Duration::from_secs(30);
 
@@ -169,28 +171,24 @@ impl PeerTask {
         }
     }
 
-    pub async fn run(self) {
-        let mut published = Vec::new();
-        let (mut vip, prefix) = self.register(&mut published).await;
-        let device = match switchyard_dataplane::mesh::open_device(&self.cfg.device.name) {
-            Ok(d) => d,
-            Err(e) => {
-                return self.fail(format!(
+    /// Creates and addresses the device and starts the data plane on its owner core; waits
+    /// (bounded) until the owner runs.
+    async fn start_data_plane(&self, vip: Ipv4Addr, prefix: u8) -> Result<(), String> {
+        let device =
+            switchyard_dataplane::mesh::open_device(&self.cfg.device.name).map_err(|e| {
+                format!(
                     "creating the mesh device {}: {e} (needs CAP_NET_ADMIN)",
                     self.cfg.device.name
-                ))
-            }
-        };
-        if let Err(e) = self.address_device(vip, prefix).await {
-            return self.fail(format!("configuring the mesh device: {e}"));
-        }
+                )
+            })?;
+        self.address_device(vip, prefix)
+            .await
+            .map_err(|e| format!("configuring the mesh device: {e}"))?;
         self.live.shared.set_local_vip(vip);
-        let mut counters = HashMap::new();
-        self.resync(&mut counters).await;
-        let socket = match self.socket.try_clone() {
-            Ok(s) => s,
-            Err(e) => return self.fail(format!("mesh socket: {e}")),
-        };
+        let socket = self
+            .socket
+            .try_clone()
+            .map_err(|e| format!("mesh socket: {e}"))?;
         let start = MeshStart {
             settings: MeshSettings {
                 private_key: self.identity.private,
@@ -203,12 +201,43 @@ impl PeerTask {
             socket,
             device,
         };
-        if self
-            .commands
+        self.commands
             .try_send(Command::StartMesh(Box::new(start)))
-            .is_err()
-        {
-            return self.fail("the data plane's command queue is full or closed");
+            .map_err(|_| "the data plane's command queue is full or closed".to_string())?;
+        for _ in 0..40 {
+            if self.live.shared.owner_alive(OWNER_LOST) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err("the mesh data plane did not start on its core".into())
+    }
+
+    /// The owner core stopped turning (its core panicked and was restarted empty): stop what
+    /// is left (the device reader) and start the data plane again.
+    async fn restart_data_plane(&self, vip: Ipv4Addr, prefix: u8) {
+        self.fail("the mesh data plane stopped (its core was restarted): starting it again");
+        self.live.shared.request_stop();
+        // the device reader sees the flag within one poll; the device goes with it
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        self.live.shared.stop.store(false, Relaxed);
+        match self.start_data_plane(vip, prefix).await {
+            Ok(()) => {
+                let mut info = self.live.info.lock();
+                info.phase = Phase::Connected;
+                info.error = None;
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    pub async fn run(self) {
+        let mut published = Vec::new();
+        let (mut vip, mut prefix) = self.register(&mut published).await;
+        let mut counters = HashMap::new();
+        self.resync(&mut counters).await;
+        if let Err(e) = self.start_data_plane(vip, prefix).await {
+            return self.fail(e);
         }
         {
             let mut info = self.live.info.lock();
@@ -252,7 +281,8 @@ impl PeerTask {
                             } else {
                                 tracing::info!("mesh lease lost (409): registering again");
                             }
-                            let (again, prefix) = self.register(&mut published).await;
+                            let (again, again_prefix) = self.register(&mut published).await;
+                            prefix = again_prefix;
                             if again != vip {
                                 if let Err(e) = self.address_device(again, prefix).await {
                                     self.fail(format!("configuring the mesh device: {e}"));
@@ -267,6 +297,9 @@ impl PeerTask {
                         }
                         // unreachable registry: the sessions keep running meanwhile
                         Err(e) => tracing::warn!(error = %e, "mesh heartbeat failed"),
+                    }
+                    if !self.live.shared.owner_alive(OWNER_LOST) {
+                        self.restart_data_plane(vip, prefix).await;
                     }
                     // the list also catches events missed while the stream was down
                     self.resync(&mut counters).await;
