@@ -398,9 +398,22 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
         assert_eq!(p.call("GET", "/api/v1/mesh/peers/nobody").0, 404);
     }
     // the registry shows what the peers measured (heartbeat bodies)
-    let listed = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/alpha"));
-    assert_eq!(listed["connection_type"], "direct", "{listed}");
-    assert!(listed["bytes_sent"].as_u64() > Some(0), "{listed}");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let listed = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/alpha"));
+        let reported = listed["connection_type"] == "direct"
+            && listed["latency"].as_f64().is_some_and(|l| l > 0.0)
+            && listed["bytes_sent"].as_u64() > Some(0)
+            && listed["bytes_received"].as_u64() > Some(0);
+        if reported {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "alpha's heartbeats carry its measurements: {listed}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
 
     // a wrong key cannot talk: mallory joins properly, then the registry lists another key
     // for it. alpha restarts its peer (fresh sessions): it follows the registry, so mallory's

@@ -5,7 +5,10 @@
 //! be awaited on glommio's ring) and hands packets over a bounded queue.
 
 use super::wire::{self, DatagramKind, Probe, CONTROL_PORT};
-use super::{next_hop, MeshSettings, MeshShared, MeshStart, PathToPeer, PeerEntry, SessionState};
+use super::{
+    next_hop, MeshSettings, MeshShared, MeshStart, MeshTotals, PathToPeer, PeerCounters, PeerEntry,
+    SessionState,
+};
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
@@ -314,14 +317,13 @@ impl Mesh {
             self.shared.totals.invalid.fetch_add(1, Relaxed);
             return;
         }
-        let c = &s.entry.counters;
-        c.bytes_received.fetch_add(packet.len() as u64, Relaxed);
-        c.packets_received.fetch_add(1, Relaxed);
+        count(
+            &s.entry.counters,
+            &self.shared.totals,
+            packet.len(),
+            Direction::Received,
+        );
         let totals = &self.shared.totals;
-        totals
-            .bytes_received
-            .fetch_add(packet.len() as u64, Relaxed);
-        totals.packets_received.fetch_add(1, Relaxed);
         if dst == self.local_vip() {
             match wire::udp_to(&packet) {
                 Some((CONTROL_PORT, payload)) => {
@@ -386,12 +388,12 @@ impl Mesh {
             self.shared.totals.no_route.fetch_add(1, Relaxed);
             return;
         };
-        let c = &s.entry.counters;
-        c.bytes_sent.fetch_add(packet.len() as u64, Relaxed);
-        c.packets_sent.fetch_add(1, Relaxed);
-        let totals = &self.shared.totals;
-        totals.bytes_sent.fetch_add(packet.len() as u64, Relaxed);
-        totals.packets_sent.fetch_add(1, Relaxed);
+        count(
+            &s.entry.counters,
+            &self.shared.totals,
+            packet.len(),
+            Direction::Sent,
+        );
         self.encapsulate(&mut s, packet);
         if let Some(i) = index {
             self.sessions.insert(i, s);
@@ -454,6 +456,35 @@ impl Mesh {
             self.sessions.insert(i, s);
         }
     }
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Sent,
+    Received,
+}
+
+/// Counts one IP packet of `len` bytes for the peer and for the mesh.
+fn count(peer: &PeerCounters, totals: &MeshTotals, len: usize, d: Direction) {
+    let len = len as u64;
+    let (peer_bytes, peer_packets, bytes, packets) = match d {
+        Direction::Sent => (
+            &peer.bytes_sent,
+            &peer.packets_sent,
+            &totals.bytes_sent,
+            &totals.packets_sent,
+        ),
+        Direction::Received => (
+            &peer.bytes_received,
+            &peer.packets_received,
+            &totals.bytes_received,
+            &totals.packets_received,
+        ),
+    };
+    peer_bytes.fetch_add(len, Relaxed);
+    peer_packets.fetch_add(1, Relaxed);
+    bytes.fetch_add(len, Relaxed);
+    packets.fetch_add(1, Relaxed);
 }
 
 async fn send_all(udp: &UdpSocket, out: Vec<(SocketAddr, Vec<u8>)>) {
