@@ -27,6 +27,9 @@
 //!   low stock, deep page) for one user with 100,000 items on SQLite and PostgreSQL (see
 //!   [`inventory`](mod@inventory)).
 //!
+//! - **mesh**: TCP throughput between two mesh peers of `switchyard client` against two
+//!   boringtun-cli peers (1 and 4 streams, iperf3; needs root; see [`mesh`](mod@mesh)).
+//!
 //! - **client**: `switchyard client` → `switchyard server` → nginx against nginx direct and a
 //!   two-squid chain (requests/s and transfer, 1 KiB and 1 MiB), and the client's idle RSS (see
 //!   [`client`](mod@client)).
@@ -40,6 +43,7 @@ mod client;
 mod edge;
 mod inventory;
 pub mod load;
+mod mesh;
 mod peers;
 mod pkgcache;
 mod procs;
@@ -67,7 +71,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, tunnels, memory, pkgcache, cache, inventory, wireguard, client, vpn, edge
+    /// subset: http, connect, socks5, tunnels, memory, pkgcache, cache, inventory, wireguard, client, vpn, edge, mesh
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -76,7 +80,7 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 12] = [
+pub const SCENARIOS: [&str; 13] = [
     "http",
     "connect",
     "socks5",
@@ -89,6 +93,7 @@ pub const SCENARIOS: [&str; 12] = [
     "client",
     "vpn",
     "edge",
+    "mesh",
 ];
 
 /// Runs the selected scenarios and writes the results. Synchronous; builds its own tokio runtime.
@@ -167,6 +172,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "vpn" => vpn::run(&ctx),
             "tunnels" => tunnels::run(&ctx),
             "edge" => edge::run(&ctx),
+            "mesh" => mesh::run(&ctx),
             _ => scenarios::run_one(&ctx, s),
         };
         let section = match result {

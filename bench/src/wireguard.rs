@@ -33,7 +33,7 @@ use crate::scenarios::Ctx;
 const ORIGIN: &str = "10.216.0.1";
 const BIG: u64 = 1 << 30;
 
-fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
+pub(crate) fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -47,7 +47,7 @@ fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-fn keypair() -> Result<(String, String)> {
+pub(crate) fn keypair() -> Result<(String, String)> {
     let private = run_cmd("wg", &["genkey"])?;
     let mut child = Command::new("wg")
         .arg("pubkey")
@@ -116,7 +116,13 @@ pub(crate) fn stat_seconds(pid: &str, a: usize, b: usize) -> f64 {
     (ticks(a) + ticks(b)) / 100.0
 }
 
-fn start_boringtun(procs: &mut Procs, bin: &Path, ns: &str, tun: &str, log: &Path) -> Result<u32> {
+pub(crate) fn start_boringtun(
+    procs: &mut Procs,
+    bin: &Path,
+    ns: &str,
+    tun: &str,
+    log: &Path,
+) -> Result<u32> {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns]).arg(bin).args([
         tun,
