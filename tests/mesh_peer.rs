@@ -94,11 +94,15 @@ struct Peer {
 
 impl Peer {
     fn start(lan: &Lan, i: usize, name: &str, registry: SocketAddr) -> Peer {
+        Peer::start_with(lan, i, name, registry, "tun")
+    }
+
+    fn start_with(lan: &Lan, i: usize, name: &str, registry: SocketAddr, device: &str) -> Peer {
         let dir = tempfile::tempdir().expect("tempdir");
         let yaml = format!(
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"0.0.0.0:0\"}}\nlogging: {{level: debug, format: json}}\n\
-             mesh:\n  enabled: true\n  network_id: {NETWORK}\n  peer_name: {name}\n\
+             mesh:\n  enabled: true\n  network_id: {NETWORK}\n  peer_name: {name}\n  device: {{type: {device}}}\n\
              \x20 discovery: {{server: \"http://{registry}\", heartbeat_interval: 1s}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\"}}\n"
         );
@@ -519,4 +523,76 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
         assert_eq!(p.call("GET", "/api/v1/mesh/peers/bravo").0, 404);
         assert!(!connected_ids(p).contains(&"bravo".to_owned()));
     }
+}
+
+#[test]
+fn tap_mode_carries_arp_and_ip_between_two_peers() {
+    if !root_with_tools_or_skip("mesh peer namespaces", &["ip", "nsenter", "ping"]) {
+        return;
+    }
+    let lan = Lan::new(1, 2);
+    let server = start_registry(&lan);
+    let peers: Vec<Peer> = ["left", "right"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Peer::start_with(&lan, i, n, server.api, "tap"))
+        .collect();
+    let mut vips = Vec::new();
+    for p in &peers {
+        let s = p.wait_for("/api/v1/mesh/status", "connected", |s| {
+            s["status"] == "connected" && s["connected_peers"] == 1
+        });
+        vips.push(s["virtual_ip"].as_str().expect("vip").to_owned());
+    }
+    // the device is layer 2 with the MAC the peer publishes
+    let right_mac = peers[0].get("/api/v1/mesh/peers/right")["virtual_mac"]
+        .as_str()
+        .expect("mac")
+        .to_owned();
+    assert_eq!(right_mac.len(), 17, "{right_mac}");
+    let link = sh(&format!("ip -n {} link show symesh0", lan.peers[1]));
+    assert!(
+        link.contains("link/ether") && link.contains(&right_mac),
+        "{link}"
+    );
+    // ping needs ARP first: the broadcast request crosses the mesh, the answer comes back
+    for (i, j) in [(0, 1), (1, 0)] {
+        assert!(
+            ping(&lan.peers[i], &vips[j], 3),
+            "ping over TAP {i} → {j}\n{}\n{}",
+            peers[i].log_text(),
+            peers[j].log_text()
+        );
+    }
+    let neigh = sh(&format!("ip -n {} neigh show dev symesh0", lan.peers[0]));
+    assert!(
+        neigh.contains(&vips[1]) && neigh.contains(&right_mac),
+        "left learnt right's MAC by ARP across the mesh: {neigh}"
+    );
+    // and TCP: right's client API over the mesh
+    let url = format!(
+        "http://{}:{}/api/v1/mesh/status",
+        vips[1],
+        peers[1].api.port()
+    );
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lan.peers[0],
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            &url,
+        ])
+        .output()
+        .expect("curl");
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        status["peer_id"],
+        "right",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

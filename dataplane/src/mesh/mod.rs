@@ -199,6 +199,8 @@ pub struct MeshSettings {
     pub connect_timeout: Duration,
     /// Forward decrypted packets for other virtual IPs (hop by hop, TTL decremented).
     pub relay_via_peers: bool,
+    /// TAP mode: the device carries Ethernet frames, sent to peers as EtherIP.
+    pub layer2: bool,
 }
 
 impl std::fmt::Debug for MeshSettings {
@@ -220,6 +222,11 @@ pub struct MeshStart {
     pub socket: std::net::UdpSocket,
     /// The mesh TUN device, configured (address, MTU, up) by the control plane.
     pub device: std::fs::File,
+}
+
+/// Creates the mesh TAP device `name` (Ethernet frames; TAP mode).
+pub fn open_tap_device(name: &str) -> std::io::Result<std::fs::File> {
+    crate::sys::open_tap(name)
 }
 
 /// Creates the mesh TUN device `name` (layer 3, no offloads: the mesh moves one IP packet per

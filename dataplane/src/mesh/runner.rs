@@ -45,6 +45,8 @@ fn unix_ms() -> u64 {
 }
 
 struct Session {
+    /// Its key in the session map (our receiver index).
+    index: u32,
     entry: Arc<PeerEntry>,
     tunn: Tunn,
     /// Learnt from the last authenticated datagram (the peer may roam); else a published one.
@@ -79,6 +81,8 @@ struct Mesh {
     public: PublicKey,
     table: Arc<super::PeerTable>,
     sessions: HashMap<u32, Session>,
+    /// TAP mode: which session a MAC address was last seen behind.
+    macs: HashMap<[u8; 6], u32>,
     next_index: u32,
     device: std::fs::File,
     /// Datagrams to send once the `RefCell` borrow ends.
@@ -102,6 +106,7 @@ impl Mesh {
             public,
             table: Arc::new(super::PeerTable::default()),
             sessions: HashMap::new(),
+            macs: HashMap::new(),
             next_index: 1,
             device,
             outgoing: Vec::new(),
@@ -155,6 +160,7 @@ impl Mesh {
                     );
                     entry.counters.set_state(SessionState::Connecting);
                     let mut s = Session {
+                        index,
                         entry: entry.clone(),
                         tunn,
                         learnt: None,
@@ -175,6 +181,7 @@ impl Mesh {
         for (_, s) in old {
             tracing::info!(peer = %s.entry.id, "mesh peer removed");
         }
+        self.macs.retain(|_, i| keep.contains_key(i));
         self.sessions = keep;
         self.table = table;
     }
@@ -325,12 +332,22 @@ impl Mesh {
         );
         let totals = &self.shared.totals;
         if dst == self.local_vip() {
-            match wire::udp_to(&packet) {
-                Some((CONTROL_PORT, payload)) => {
-                    let payload = payload.to_vec();
-                    self.control(s, &payload);
+            if let Some((CONTROL_PORT, payload)) = wire::udp_to(&packet) {
+                let payload = payload.to_vec();
+                self.control(s, &payload);
+            } else if !self.settings.layer2 {
+                self.write_device(&packet);
+            } else if let Some(frame) = wire::etherip_frame(&packet) {
+                // learn where the sender's MAC lives, then hand the frame to the device
+                if let Some((_, src)) = wire::macs(frame) {
+                    if !wire::is_group(&src) {
+                        self.macs.insert(src, s.index);
+                    }
                 }
-                _ => self.write_device(&packet),
+                self.write_device(frame);
+            } else {
+                // TAP mode carries frames only
+                totals.invalid.fetch_add(1, Relaxed);
             }
             return;
         }
@@ -384,20 +401,59 @@ impl Mesh {
                 .find(|(_, s)| Arc::ptr_eq(&s.entry, entry))
                 .map(|(i, _)| *i)
         });
-        let Some(mut s) = index.and_then(|i| self.sessions.remove(&i)) else {
+        match index {
+            Some(i) => self.send_to_session(i, |_| packet.to_vec()),
+            None => {
+                self.shared.totals.no_route.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// A packet from the device: an IP packet (TUN) or an Ethernet frame (TAP).
+    fn device_packet(&mut self, packet: &[u8]) {
+        if self.settings.layer2 {
+            self.send_frame(packet);
+        } else {
+            self.send_to_mesh(packet);
+        }
+    }
+
+    /// TAP mode: a frame goes as EtherIP to the peer that has its destination MAC (learnt
+    /// from the frames it sent), or to every peer when it is broadcast, multicast or unknown.
+    fn send_frame(&mut self, frame: &[u8]) {
+        let Some((dst, _)) = wire::macs(frame) else {
             self.shared.totals.no_route.fetch_add(1, Relaxed);
             return;
         };
+        let known = (!wire::is_group(&dst))
+            .then(|| self.macs.get(&dst).copied())
+            .flatten()
+            .filter(|i| self.sessions.contains_key(i));
+        let targets: Vec<u32> = match known {
+            Some(i) => vec![i],
+            None => self.sessions.keys().copied().collect(),
+        };
+        let local = self.local_vip();
+        for i in targets {
+            self.send_to_session(i, |s| wire::etherip_packet(local, s.entry.vip, frame));
+        }
+    }
+
+    /// Counts and encapsulates the packet `make` builds for the session `index`.
+    fn send_to_session(&mut self, index: u32, make: impl FnOnce(&Session) -> Vec<u8>) {
+        let Some(mut s) = self.sessions.remove(&index) else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        let packet = make(&s);
         count(
             &s.entry.counters,
             &self.shared.totals,
             packet.len(),
             Direction::Sent,
         );
-        self.encapsulate(&mut s, packet);
-        if let Some(i) = index {
-            self.sessions.insert(i, s);
-        }
+        self.encapsulate(&mut s, &packet);
+        self.sessions.insert(index, s);
     }
 
     fn encapsulate(&mut self, s: &mut Session, packet: &[u8]) {
@@ -519,6 +575,7 @@ async fn receive(udp: Rc<UdpSocket>, mesh: Rc<RefCell<Mesh>>) {
 /// Reads the device on a plain thread (blocking poll with a timeout, so the stop flag is
 /// seen) and queues IPv4 packets for the owner; a full queue drops, as a router would.
 fn read_device(
+    layer2: bool,
     mut device: std::fs::File,
     queue: Arc<ArrayQueue<Vec<u8>>>,
     shared: Arc<MeshShared>,
@@ -533,7 +590,12 @@ fn read_device(
         match device.read(&mut buf) {
             Ok(n) => {
                 // the first packets are often IPv6 router solicitations: the mesh is IPv4
-                if n >= 20 && buf[0] >> 4 == 4 {
+                let wanted = if layer2 {
+                    n >= 14
+                } else {
+                    n >= 20 && buf[0] >> 4 == 4
+                };
+                if wanted {
                     if queue.push(buf[..n].to_vec()).is_err() {
                         shared.totals.overflow.fetch_add(1, Relaxed);
                     }
@@ -565,6 +627,7 @@ pub(crate) async fn run(start: MeshStart) {
     } = start;
     shared.running.store(true, Relaxed);
     shared.beat_ms.store(unix_ms(), Relaxed);
+    let layer2 = settings.layer2;
     let reader_device = match device.try_clone() {
         Ok(d) => d,
         Err(e) => {
@@ -578,7 +641,7 @@ pub(crate) async fn run(start: MeshStart) {
         let (queue, shared) = (queue.clone(), shared.clone());
         std::thread::Builder::new()
             .name("mesh-device".into())
-            .spawn(move || read_device(reader_device, queue, shared))
+            .spawn(move || read_device(layer2, reader_device, queue, shared))
     };
     if let Err(e) = reader {
         tracing::error!(error = %e, "mesh device reader thread");
@@ -606,7 +669,7 @@ pub(crate) async fn run(start: MeshStart) {
             let mut m = mesh.borrow_mut();
             m.sync_table();
             while let Some(packet) = queue.pop() {
-                m.send_to_mesh(&packet);
+                m.device_packet(&packet);
             }
             if last_tick.elapsed() >= TIMER_TICK {
                 last_tick = Instant::now();
@@ -649,6 +712,7 @@ mod tests {
             keep_alive: Duration::from_secs(25),
             connect_timeout: Duration::from_secs(30),
             relay_via_peers: false,
+            layer2: false,
         };
         Side {
             mesh: Mesh::new(settings, shared, device.try_clone().unwrap()),

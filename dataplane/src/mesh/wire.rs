@@ -113,24 +113,73 @@ pub fn decrement_ttl(p: &mut [u8]) -> bool {
     true
 }
 
-/// A UDP datagram in an IPv4 packet, TTL 64, UDP checksum 0 (optional in IPv4).
-pub fn udp_packet(src: Ipv4Addr, dst: Ipv4Addr, port: u16, payload: &[u8]) -> Vec<u8> {
-    let total = 28 + payload.len();
+/// An IPv4 packet (no options, TTL 64, don't fragment) around `payload`.
+fn ipv4_packet(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, payload: &[u8]) -> Vec<u8> {
+    let total = 20 + payload.len();
     let mut p = vec![0u8; total];
     p[0] = 0x45;
     p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
     p[6] = 0x40; // don't fragment
     p[8] = 64;
-    p[9] = 17;
+    p[9] = protocol;
     p[12..16].copy_from_slice(&src.octets());
     p[16..20].copy_from_slice(&dst.octets());
     let sum = checksum(&p[..20]);
     p[10..12].copy_from_slice(&sum.to_be_bytes());
-    p[20..22].copy_from_slice(&port.to_be_bytes());
-    p[22..24].copy_from_slice(&port.to_be_bytes());
-    p[24..26].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
-    p[28..].copy_from_slice(payload);
+    p[20..].copy_from_slice(payload);
     p
+}
+
+/// A UDP datagram in an IPv4 packet, UDP checksum 0 (optional in IPv4).
+pub fn udp_packet(src: Ipv4Addr, dst: Ipv4Addr, port: u16, payload: &[u8]) -> Vec<u8> {
+    let mut udp = vec![0u8; 8 + payload.len()];
+    udp[0..2].copy_from_slice(&port.to_be_bytes());
+    udp[2..4].copy_from_slice(&port.to_be_bytes());
+    udp[4..6].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    udp[8..].copy_from_slice(payload);
+    ipv4_packet(src, dst, 17, &udp)
+}
+
+/// IP protocol number of EtherIP (RFC 3378).
+pub const ETHERIP: u8 = 97;
+/// The EtherIP header: version 3, reserved bits 0.
+const ETHERIP_HEADER: [u8; 2] = [0x30, 0x00];
+
+/// An Ethernet frame carried as EtherIP between two virtual IPs (TAP mode).
+pub fn etherip_packet(src: Ipv4Addr, dst: Ipv4Addr, frame: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(2 + frame.len());
+    payload.extend_from_slice(&ETHERIP_HEADER);
+    payload.extend_from_slice(frame);
+    ipv4_packet(src, dst, ETHERIP, &payload)
+}
+
+/// The Ethernet frame of an EtherIP packet; `None` for anything else.
+pub fn etherip_frame(p: &[u8]) -> Option<&[u8]> {
+    if p.len() < 20 || p[0] >> 4 != 4 || p[9] != ETHERIP {
+        return None;
+    }
+    if u16::from_be_bytes([p[6], p[7]]) & 0x3FFF != 0 {
+        return None; // fragments are not reassembled
+    }
+    let ihl = usize::from(p[0] & 0x0F) * 4;
+    let total = usize::from(u16::from_be_bytes([p[2], p[3]])).min(p.len());
+    let body = p.get(ihl..total)?;
+    if body.len() < 2 + 14 || body[..2] != ETHERIP_HEADER {
+        return None;
+    }
+    Some(&body[2..])
+}
+
+/// A frame's destination and source MAC addresses.
+pub fn macs(frame: &[u8]) -> Option<([u8; 6], [u8; 6])> {
+    let dst = frame.get(0..6)?.try_into().ok()?;
+    let src = frame.get(6..12)?.try_into().ok()?;
+    Some((dst, src))
+}
+
+/// Broadcast and multicast frames (group bit set) go to every peer.
+pub fn is_group(mac: &[u8; 6]) -> bool {
+    mac[0] & 1 == 1
 }
 
 fn checksum(header: &[u8]) -> u16 {
@@ -228,6 +277,23 @@ mod tests {
         assert_eq!(port, CONTROL_PORT);
         assert_eq!(Probe::decode(payload), Some(Probe::Request { sent_us: 42 }));
         assert_eq!(Probe::decode(&payload[..9]), None);
+    }
+
+    #[test]
+    fn an_ethernet_frame_round_trips_through_etherip() {
+        let (a, b) = (Ipv4Addr::new(10, 100, 0, 1), Ipv4Addr::new(10, 100, 0, 2));
+        let mut frame = vec![0xff; 6];
+        frame.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06]);
+        frame.extend_from_slice(&[0u8; 28]);
+        let p = etherip_packet(a, b, &frame);
+        assert_eq!(ipv4_addresses(&p), Some((a, b)));
+        assert_eq!(checksum(&p[..20]), 0);
+        assert_eq!(etherip_frame(&p), Some(&frame[..]));
+        let (dst, src) = macs(&frame).expect("macs");
+        assert!(is_group(&dst));
+        assert!(!is_group(&src));
+        assert_eq!(etherip_frame(&udp_packet(a, b, 1, &frame)), None);
+        assert_eq!(etherip_frame(&p[..30]), None, "truncated");
     }
 
     #[test]

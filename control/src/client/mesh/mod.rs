@@ -35,8 +35,8 @@ const LEAVE_WAIT: Duration = Duration::from_secs(3);
 pub enum MeshError {
     #[error("{field} is not set: the mesh needs it")]
     Missing { field: &'static str },
-    #[error("mesh.device.type tap (layer 2) is not in this build yet; use tun")]
-    TapUnsupported,
+    #[error("mesh.device.mac_address {0:?} is not a unicast MAC address (aa:bb:cc:dd:ee:ff)")]
+    Mac(String),
     #[error("mesh.connection.preshared_key: {0}")]
     PresharedKey(String),
     #[error(transparent)]
@@ -124,6 +124,31 @@ pub fn peer_id(peer_name: &str, public_key: &[u8; 32]) -> String {
     format!("peer-{hex}")
 }
 
+/// The TAP device's MAC when none is configured: locally administered, unicast, from the key
+/// (the same on every start).
+pub fn generated_mac(public_key: &[u8; 32]) -> [u8; 6] {
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(&public_key[..6]);
+    mac[0] = (mac[0] & 0xFC) | 0x02;
+    mac
+}
+
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let parts: Vec<u8> = text
+        .split([':', '-'])
+        .map(|p| u8::from_str_radix(p, 16).ok().filter(|_| p.len() == 2))
+        .collect::<Option<_>>()?;
+    let mac: [u8; 6] = parts.try_into().ok()?;
+    (mac[0] & 1 == 0 && mac != [0; 6]).then_some(mac)
+}
+
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -191,11 +216,17 @@ impl MeshManager {
         let base = registry::base_url(&cfg.discovery.server).ok_or(MeshError::Missing {
             field: "mesh.discovery.server",
         })?;
-        if cfg.device.kind == "tap" {
-            return Err(MeshError::TapUnsupported);
-        }
         let psk = mesh_preshared_key(&cfg.connection).map_err(MeshError::PresharedKey)?;
         let identity = identity::load_or_create(&self.data_dir)?;
+        let mac = if cfg.device.kind == "tap" {
+            let mac = match cfg.device.mac_address.trim() {
+                "" => generated_mac(&identity.public),
+                given => parse_mac(given).ok_or_else(|| MeshError::Mac(given.to_owned()))?,
+            };
+            Some(format_mac(&mac))
+        } else {
+            None
+        };
         let socket = bind(cfg, &self.data_dir)?;
         let port = socket.local_addr().map(|a| a.port()).unwrap_or_default();
         let id = peer_id(&cfg.peer_name, &identity.public);
@@ -231,6 +262,7 @@ impl MeshManager {
             identity,
             cfg: cfg.clone(),
             psk,
+            mac,
             socket,
             port,
             commands: self.commands.clone(),
@@ -289,5 +321,18 @@ mod tests {
         assert_eq!(peer_id("", &key), "peer-abababababab");
         assert_eq!(peer_id("-x", &key), "peer-abababababab");
         assert_eq!(peer_id(&"a".repeat(80), &key).len(), 64);
+    }
+
+    #[test]
+    fn a_tap_mac_is_generated_unicast_and_local_or_parsed() {
+        let mac = generated_mac(&[0xff; 32]);
+        assert_eq!(format_mac(&mac), "fe:ff:ff:ff:ff:ff");
+        assert_eq!(
+            parse_mac("02:00:5E:10:00:01"),
+            Some([2, 0, 0x5e, 0x10, 0, 1])
+        );
+        assert_eq!(parse_mac("01:00:5e:00:00:01"), None, "multicast");
+        assert_eq!(parse_mac("02:00:5e:10:00"), None);
+        assert_eq!(parse_mac("2:0:5e:10:0:1"), None);
     }
 }

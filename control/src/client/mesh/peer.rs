@@ -35,6 +35,8 @@ pub struct PeerTask {
     pub identity: Identity,
     pub cfg: MeshConfig,
     pub psk: Option<[u8; 32]>,
+    /// TAP mode: the device's MAC (also published as the `mac` metadata); `None` in TUN mode.
+    pub mac: Option<String>,
     pub socket: std::net::UdpSocket,
     pub port: u16,
     pub commands: CommandSender,
@@ -85,7 +87,11 @@ impl PeerTask {
                 name: self.live.peer_name.clone(),
                 public_key: self.identity.public_base64(),
                 endpoints: published.clone(),
-                metadata: serde_json::Map::new(),
+                metadata: self
+                    .mac
+                    .iter()
+                    .map(|m| ("mac".to_owned(), serde_json::Value::String(m.clone())))
+                    .collect(),
             };
             match self.registry.register(req).await {
                 Ok(r) => {
@@ -174,13 +180,17 @@ impl PeerTask {
     /// Creates and addresses the device and starts the data plane on its owner core; waits
     /// (bounded) until the owner runs.
     async fn start_data_plane(&self, vip: Ipv4Addr, prefix: u8) -> Result<(), String> {
-        let device =
-            switchyard_dataplane::mesh::open_device(&self.cfg.device.name).map_err(|e| {
-                format!(
-                    "creating the mesh device {}: {e} (needs CAP_NET_ADMIN)",
-                    self.cfg.device.name
-                )
-            })?;
+        let name = &self.cfg.device.name;
+        let device = match &self.mac {
+            Some(_) => switchyard_dataplane::mesh::open_tap_device(name),
+            None => switchyard_dataplane::mesh::open_device(name),
+        }
+        .map_err(|e| format!("creating the mesh device {name}: {e} (needs CAP_NET_ADMIN)"))?;
+        if let Some(mac) = &self.mac {
+            switchyard_split_tunnel::host::Host::default()
+                .run("ip", &["link", "set", "dev", name, "address", mac], None)
+                .map_err(|e| format!("setting the mesh device's MAC: {e}"))?;
+        }
         self.address_device(vip, prefix)
             .await
             .map_err(|e| format!("configuring the mesh device: {e}"))?;
@@ -196,6 +206,7 @@ impl PeerTask {
                 keep_alive: self.cfg.connection.keep_alive_interval.as_std(),
                 connect_timeout: self.cfg.connection.connect_timeout.as_std(),
                 relay_via_peers: self.cfg.connection.relay_via_peers,
+                layer2: self.mac.is_some(),
             },
             shared: self.live.shared.clone(),
             socket,

@@ -43,8 +43,13 @@ pub fn peer_view(peer: &MeshPeer, counters: Option<&PeerCounters>) -> MeshPeerVi
         id: peer.id.clone(),
         name: peer.name.clone(),
         virtual_ip: peer.virtual_ip.clone(),
-        // layer 3 (TUN) mode: peers have no MAC address
-        virtual_mac: String::new(),
+        // TAP peers publish their device's MAC as the `mac` metadata; TUN peers have none
+        virtual_mac: peer
+            .metadata
+            .get("mac")
+            .and_then(|m| m.as_str())
+            .unwrap_or_default()
+            .to_owned(),
         public_key: peer.public_key.clone(),
         status: status_word(state).into(),
         connection_type: if connected {
