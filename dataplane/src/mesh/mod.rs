@@ -2,7 +2,9 @@
 //! peer-to-peer datagram uses, one boringtun session per peer the registry lists, and the mesh
 //! TUN device. IP packets from the device go to the peer that owns the destination virtual IP;
 //! datagrams from the socket are demultiplexed ([`wire::classify`]) and decrypted, then written
-//! to the device, consumed as control traffic (port [`wire::CONTROL_PORT`]) or forwarded.
+//! to the device, consumed as control traffic (port [`wire::CONTROL_PORT`]) or forwarded. In TAP
+//! mode the device carries Ethernet frames, which travel as EtherIP between the virtual IPs
+//! (group and unknown destinations to every peer, MACs learnt per session).
 //!
 //! The control plane (tokio) talks to the owner only through [`MeshShared`]: it publishes the
 //! peer table as an `ArcSwap` snapshot and wakes the owner, reads per-peer atomics, and raises
