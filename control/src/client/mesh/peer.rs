@@ -245,16 +245,14 @@ impl PeerTask {
     pub async fn run(self) {
         let mut published = Vec::new();
         let (mut vip, mut prefix) = self.register(&mut published).await;
+        // registered: disabling leaves the network from now on
+        self.live.info.lock().virtual_ip = Some(vip);
         let mut counters = HashMap::new();
         self.resync(&mut counters).await;
         if let Err(e) = self.start_data_plane(vip, prefix).await {
             return self.fail(e);
         }
-        {
-            let mut info = self.live.info.lock();
-            info.phase = Phase::Connected;
-            info.virtual_ip = Some(vip);
-        }
+        self.live.info.lock().phase = Phase::Connected;
         let changed = Arc::new(tokio::sync::Notify::new());
         let _events = AbortOnDrop(tokio::spawn(follow_events(
             self.registry.clone(),
