@@ -452,8 +452,13 @@ impl Default for MeshDeviceConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MeshDiscoveryConfig {
-    /// Discovery (registry) server address.
+    /// Discovery (registry) server: the server's management API, `http://host:port` (or
+    /// `host:port`, read as http).
     pub server: String,
+    /// The server API's token (`api.token` of the server), sent as a Bearer token to the
+    /// registry; none when the server's API has no token. Secret: masked in GET /api/v1/config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
     pub heartbeat_interval: Duration,
     pub peer_timeout: Duration,
 }
@@ -462,6 +467,7 @@ impl Default for MeshDiscoveryConfig {
     fn default() -> Self {
         MeshDiscoveryConfig {
             server: String::new(),
+            token: None,
             heartbeat_interval: Duration::from_secs(30),
             peer_timeout: Duration::from_secs(120),
         }
@@ -513,6 +519,12 @@ pub struct MeshConnectionConfig {
     /// The spec's key tables spell it both ways; `keepalive_interval` is read too.
     #[serde(alias = "keepalive_interval")]
     pub keep_alive_interval: Duration,
+    /// UDP port of the mesh socket; 0 = pick one on the first start and keep it (saved in the
+    /// data directory) across restarts.
+    pub listen_port: u16,
+    /// The network's pre-shared key (base64 of 32 bytes, the WireGuard PSK), every peer of
+    /// the network the same; empty = none. Secret: masked in GET /api/v1/config.
+    pub preshared_key: String,
 }
 
 impl Default for MeshConnectionConfig {
@@ -523,6 +535,8 @@ impl Default for MeshConnectionConfig {
             relay_via_peers: false,
             connect_timeout: Duration::from_secs(30),
             keep_alive_interval: Duration::from_secs(25),
+            listen_port: 0,
+            preshared_key: String::new(),
         }
     }
 }
@@ -581,6 +595,36 @@ pub fn restart_fields(old: &ClientConfig, new: &ClientConfig) -> Vec<String> {
 /// Applies a partial configuration (a JSON object holding only the keys to change) onto `base`:
 /// objects merge key by key, everything else (arrays included) replaces. Unknown keys and wrong
 /// types are errors naming the key path.
+/// What GET /api/v1/config shows instead of a secret; sent back, it keeps the secret.
+pub const MASKED: &str = "********";
+
+/// The configuration as GET /api/v1/config shows it: the mesh's secrets masked.
+pub fn masked(cfg: &ClientConfig) -> ClientConfig {
+    let mut cfg = cfg.clone();
+    if cfg.mesh.discovery.token.is_some() {
+        cfg.mesh.discovery.token = Some(MASKED.into());
+    }
+    if !cfg.mesh.connection.preshared_key.is_empty() {
+        cfg.mesh.connection.preshared_key = MASKED.into();
+    }
+    cfg
+}
+
+/// `mesh.connection.preshared_key` decoded; `Ok(None)` when empty.
+pub fn mesh_preshared_key(cfg: &MeshConnectionConfig) -> Result<Option<[u8; 32]>, String> {
+    use base64::Engine as _;
+    let text = cfg.preshared_key.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| format!("not base64: {e}"))?;
+    <[u8; 32]>::try_from(bytes.as_slice())
+        .map(Some)
+        .map_err(|_| format!("{} bytes, a pre-shared key has 32", bytes.len()))
+}
+
 pub fn merge_partial(
     base: &ClientConfig,
     partial: &serde_json::Value,
@@ -597,6 +641,8 @@ pub fn merge_partial(
                     }
                 }
             }
+            // a masked secret sent back unchanged (GET → edit → PUT) keeps its value
+            (serde_json::Value::String(_), serde_json::Value::String(v)) if v == MASKED => {}
             (slot, v) => *slot = v.clone(),
         }
     }
@@ -743,6 +789,9 @@ pub fn validate_client(cfg: &ClientConfig) -> Vec<Problem> {
     if !(576..=65535).contains(&cfg.vpn.mtu) {
         problem("vpn.mtu".into(), "must be between 576 and 65535".into());
     }
+    if let Err(e) = mesh_preshared_key(&cfg.mesh.connection) {
+        problem("mesh.connection.preshared_key".into(), e);
+    }
     if !matches!(cfg.mesh.device.kind.as_str(), "tun" | "tap") {
         problem(
             "mesh.device.type".into(),
@@ -790,6 +839,31 @@ mod tests {
         assert_eq!(json["mesh"]["stun"]["timeout"], "1.5s");
         assert_eq!(json["mesh"]["connection"]["keep_alive_interval"], "1m30s");
         assert_eq!(json["vpn"]["dns"]["cache_ttl"], "5m0s");
+    }
+
+    #[test]
+    fn mesh_secrets_are_masked_and_a_masked_value_sent_back_keeps_the_secret() {
+        let mut cfg = ClientConfig::default();
+        cfg.mesh.discovery.token = Some("registry-token".into());
+        cfg.mesh.connection.preshared_key = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=".into();
+        assert_eq!(
+            mesh_preshared_key(&cfg.mesh.connection).unwrap(),
+            Some([1; 32])
+        );
+        let shown = serde_json::to_value(masked(&cfg)).unwrap();
+        assert_eq!(shown["mesh"]["discovery"]["token"], MASKED);
+        assert_eq!(shown["mesh"]["connection"]["preshared_key"], MASKED);
+        let back = merge_partial(&cfg, &shown).unwrap();
+        assert_eq!(back, cfg, "the masked values keep the secrets");
+        let changed = merge_partial(
+            &cfg,
+            &serde_json::json!({"mesh": {"connection": {"preshared_key": "short"}}}),
+        )
+        .unwrap();
+        assert!(validate_client(&changed)
+            .iter()
+            .any(|p| p.field == "mesh.connection.preshared_key"));
+        assert!(validate_client(&cfg).is_empty());
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub enum Command {
         /// How long the attempt took, and why it failed.
         reply: futures::channel::oneshot::Sender<(Duration, Result<(), String>)>,
     },
+    /// Run the mesh peer on this core (core 0 is the mesh's owner) until its stop flag.
+    StartMesh(Box<crate::mesh::MeshStart>),
 }
 
 pub type CommandSender = async_channel::Sender<Command>;
@@ -68,5 +70,6 @@ async fn handle(cmd: Command, ctx: &CoreContext) {
             let result = outcome.map(|_| ()).map_err(|e| e.to_string());
             let _ = reply.send((took, result));
         }
+        Command::StartMesh(start) => crate::mesh::run(*start).await,
     }
 }

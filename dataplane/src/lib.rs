@@ -25,6 +25,7 @@ pub mod error;
 pub mod events;
 mod http_proxy;
 pub mod live;
+pub mod mesh;
 pub mod offload;
 pub mod openvpn;
 mod origin_pool;

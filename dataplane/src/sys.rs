@@ -135,6 +135,25 @@ pub fn open_tun(name: &str) -> io::Result<std::fs::File> {
     }
 }
 
+/// Creates (or attaches to) the TUN device `name`: layer 3, no packet-info header, no
+/// virtio-net header (the mesh device: one IP packet per read and write).
+pub fn open_tun_plain(name: &str) -> io::Result<std::fs::File> {
+    open_tun_with(name, 0)
+}
+
+/// Creates (or attaches to) the TAP device `name`: Ethernet frames, no packet-info header.
+pub fn open_tap(name: &str) -> io::Result<std::fs::File> {
+    open_tun_with(name, libc::IFF_TAP)
+}
+
+/// Wraps a bound std UDP socket into a glommio socket on this core.
+pub fn udp_from_std(socket: std::net::UdpSocket) -> glommio::net::UdpSocket {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let fd = socket.into_raw_fd();
+    // SAFETY: `fd` comes from `IntoRawFd` of a bound UDP socket; ownership moves here.
+    unsafe { glommio::net::UdpSocket::from_raw_fd(fd) }
+}
+
 fn open_tun_with(name: &str, extra_flags: libc::c_int) -> io::Result<std::fs::File> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
@@ -152,7 +171,13 @@ fn open_tun_with(name: &str, extra_flags: libc::c_int) -> io::Result<std::fs::Fi
     for (dst, src) in req.ifr_name.iter_mut().zip(bytes) {
         *dst = *src as libc::c_char;
     }
-    req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI | extra_flags) as libc::c_short;
+    // IFF_TAP in `extra_flags` asks for a layer-2 device instead
+    let kind = if extra_flags & libc::IFF_TAP != 0 {
+        0
+    } else {
+        libc::IFF_TUN
+    };
+    req.ifr_ifru.ifru_flags = (kind | libc::IFF_NO_PI | extra_flags) as libc::c_short;
     use std::os::fd::AsRawFd;
     // SAFETY: TUNSETIFF on the descriptor just opened, with a pointer to a live ifreq.
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &req) };

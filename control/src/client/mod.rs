@@ -4,11 +4,12 @@
 //! listed servers ([`servers`]), keeps the debug-entry ring ([`debug_log`]) fed from the engine's
 //! bounded request queue, and serves the client API ([`api`]) with the diagnostics endpoints of
 //! `switchyard-diagnostics` (captured log, log stream, memory, pprof) mounted behind its token. VPN (TUN)
-//! mode is [`vpn`]; mesh answers `disabled` until its issue lands.
+//! mode is [`vpn`]; the mesh peer is [`mesh`].
 
 pub mod api;
 pub mod debug_log;
 pub mod engine_config;
+pub mod mesh;
 pub mod servers;
 pub mod state;
 pub mod vpn;
@@ -174,6 +175,11 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
             // a failure is the VPN's `error` state, visible in its status
             let _ = state.vpn.enable(&cfg, server.as_ref()).await;
         }
+        if cfg.mesh.enabled {
+            if let Err(e) = state.mesh.enable(&cfg.mesh).await {
+                tracing::error!(error = %e, "mesh peer not started");
+            }
+        }
         if let Some(store) = &state.cache {
             let every = cfg.cache.storage.disk.cleanup_interval.as_std();
             tokio::spawn(crate::cache::cleanup(store.clone(), every));
@@ -247,6 +253,8 @@ fn vpn_path(cfg: &ClientConfig) -> Option<Arc<switchyard_dataplane::tun::VpnPath
 /// before exiting, so a clean stop leaves nothing for the next start to recover.
 async fn exit_cleanly_on_signals(state: Arc<ClientState>) {
     switchyard_service::shutdown_signal().await;
+    // leave the mesh first: the other peers see peer.left at once
+    state.mesh.disable().await;
     if let Err(e) = state.vpn.disable().await {
         tracing::warn!(error = %e, "VPN teardown at shutdown was incomplete: the next start removes what is left");
     }

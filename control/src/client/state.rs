@@ -68,6 +68,8 @@ pub struct ClientState {
     pub diagnostics: switchyard_diagnostics::DiagnosticsState,
     /// VPN (TUN) mode.
     pub vpn: super::vpn::VpnManager,
+    /// The mesh peer.
+    pub mesh: super::mesh::MeshManager,
     /// The server traffic goes to (the selected one while connected), as last published; the
     /// VPN follows its changes.
     pub active_server: tokio::sync::watch::Sender<Option<ClientServerConfig>>,
@@ -147,7 +149,7 @@ impl ClientState {
         Self {
             config: ArcSwap::from_pointee(initial.config),
             config_path: initial.config_path,
-            data_dir: initial.data_dir,
+            data_dir: initial.data_dir.clone(),
             config_write: tokio::sync::Mutex::new(()),
             connection: Mutex::new(Connection {
                 connected,
@@ -167,6 +169,10 @@ impl ClientState {
             sessions: crate::api::auth::Sessions::named(crate::api::auth::CLIENT_COOKIE_NAME),
             cache,
             diagnostics: initial.diagnostics,
+            mesh: super::mesh::MeshManager::new(
+                dataplane.commands.clone(),
+                initial.data_dir.clone(),
+            ),
             vpn: initial.vpn,
             active_server: tokio::sync::watch::Sender::new(active),
         }

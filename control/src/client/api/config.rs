@@ -17,7 +17,7 @@ use switchyard_config::client::{merge_partial, restart_fields, validate_client, 
 #[utoipa::path(get, path = "/api/v1/config", tag = "config",
     responses((status = 200, description = "the running ClientConfig", body = Object)))]
 pub async fn get(State(state): State<S>) -> Json<ClientConfig> {
-    Json((*state.config.load_full()).clone())
+    Json(switchyard_config::client::masked(&state.config.load_full()))
 }
 
 /// What a change would need: restart warnings and notes on features not in this build.
@@ -31,9 +31,9 @@ fn warnings(old: &ClientConfig, new: &ClientConfig) -> (Vec<String>, Vec<String>
         warnings
             .push("vpn.enabled: POST /api/v1/vpn/enable or /disable switches the VPN now".into());
     }
-    if new.mesh.enabled && !old.mesh.enabled {
+    if new.mesh.enabled != old.mesh.enabled {
         warnings.push(
-            "mesh.enabled: the mesh peer is not in this build yet; mesh stays disabled".into(),
+            "mesh.enabled: POST /api/v1/mesh/enable or /disable switches the mesh peer now".into(),
         );
     }
     (restart, warnings)

@@ -1,0 +1,86 @@
+//! This peer's host candidates: the IPv4 addresses of the machine's interfaces that are up
+//! (not loopback, not the mesh device itself) with the mesh UDP port, as the registry's Mesh
+//! endpoints (`type` `lan`). Priorities follow RFC 8445 §5.1.2 for host candidates (type
+//! preference 126, local preference by interface order, component 1), so the ICE crate's
+//! server-reflexive and relay candidates rank below them.
+
+use std::net::Ipv4Addr;
+use switchyard_api::MeshEndpoint;
+
+/// RFC 8445 priority of a host candidate with local preference `local`, component 1.
+pub fn host_priority(local: u16) -> i32 {
+    ((126u32 << 24) + (u32::from(local) << 8) + 255) as i32
+}
+
+/// Host endpoints from `(interface, address)` pairs, in order, without duplicates.
+pub fn host_endpoints(
+    addresses: &[(String, Ipv4Addr)],
+    mesh_device: &str,
+    port: u16,
+) -> Vec<MeshEndpoint> {
+    let mut out: Vec<MeshEndpoint> = Vec::new();
+    for (ifname, ip) in addresses {
+        if ifname == mesh_device || ip.is_loopback() || ip.is_unspecified() || ip.is_link_local() {
+            continue;
+        }
+        let address = ip.to_string();
+        if out.iter().any(|e| e.address == address) {
+            continue;
+        }
+        let local = u16::MAX.saturating_sub(out.len() as u16);
+        out.push(MeshEndpoint {
+            address,
+            port,
+            kind: "lan".into(),
+            priority: host_priority(local),
+        });
+    }
+    out
+}
+
+/// The IPv4 addresses of the interfaces that are up.
+pub fn interface_addresses() -> Vec<(String, Ipv4Addr)> {
+    use nix::net::if_::InterfaceFlags;
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    addrs
+        .filter(|a| a.flags.contains(InterfaceFlags::IFF_UP))
+        .filter_map(|a| {
+            let ip = a.address?.as_sockaddr_in()?.ip();
+            Some((a.interface_name, ip))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_candidates_skip_loopback_the_mesh_device_and_duplicates() {
+        let a = |n: &str, ip: &str| (n.to_string(), ip.parse::<Ipv4Addr>().expect("ip"));
+        let list = host_endpoints(
+            &[
+                a("lo", "127.0.0.1"),
+                a("eth0", "192.168.1.5"),
+                a("symesh0", "10.100.0.2"),
+                a("eth1", "169.254.3.3"),
+                a("eth1", "10.0.0.7"),
+                a("eth2", "192.168.1.5"),
+            ],
+            "symesh0",
+            41000,
+        );
+        let got: Vec<(&str, u16, &str)> = list
+            .iter()
+            .map(|e| (e.address.as_str(), e.port, e.kind.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("192.168.1.5", 41000, "lan"), ("10.0.0.7", 41000, "lan")]
+        );
+        assert!(list[0].priority > list[1].priority);
+        assert_eq!(host_priority(65535), 2_130_706_431);
+    }
+}

@@ -1,0 +1,465 @@
+//! The running mesh peer's control loop (tokio): register (retrying with backoff), bring up
+//! the mesh device with the leased address, start the data plane on its owner core, then keep
+//! the lease with heartbeats (409 → register again, 404 → say so and retry), follow the
+//! network's events (any event → re-read the peer list) and publish the peer table to the
+//! data plane as a snapshot. Endpoint changes (interfaces coming and going) are sent to the
+//! registry.
+
+use super::endpoints;
+use super::identity::Identity;
+use super::registry::{Heartbeat, RegistryClient, RegistryError};
+use super::{Live, Phase};
+use futures::StreamExt as _;
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_api::{MeshEndpoint, MeshHeartbeat, MeshPeer, MeshPeerRegistration};
+use switchyard_config::client::MeshConfig;
+use switchyard_dataplane::commands::{Command, CommandSender};
+use switchyard_dataplane::mesh::{
+    MeshSettings, MeshStart, PeerCounters, PeerEntry, PeerTable, SessionState,
+};
+
+/// Longest pause between registration attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// An owner that has not turned its loop for this long is gone (it turns at least every 250 ms).
+pub const OWNER_LOST: Duration = Duration::from_secs(3);
+/// How often the interfaces are checked for changed host candidates.
+const ENDPOINT_CHECK: Duration = Duration::from_secs(30);
+
+pub struct PeerTask {
+    pub live: Arc<Live>,
+    pub registry: RegistryClient,
+    pub identity: Identity,
+    pub cfg: MeshConfig,
+    pub psk: Option<[u8; 32]>,
+    /// TAP mode: the device's MAC (also published as the `mac` metadata); `None` in TUN mode.
+    pub mac: Option<String>,
+    pub socket: std::net::UdpSocket,
+    pub port: u16,
+    pub commands: CommandSender,
+}
+
+/// Aborts a spawned task when dropped (the event follower ends with the peer).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << attempt.min(5)).min(MAX_BACKOFF)
+}
+
+/// The registry's network CIDR → its prefix length.
+fn prefix_of(cidr: &str) -> Option<u8> {
+    cidr.parse::<ipnet::Ipv4Net>().ok().map(|n| n.prefix_len())
+}
+
+impl PeerTask {
+    fn endpoints(&self) -> Vec<MeshEndpoint> {
+        endpoints::host_endpoints(
+            &endpoints::interface_addresses(),
+            &self.cfg.device.name,
+            self.port,
+        )
+    }
+
+    fn fail(&self, e: impl std::fmt::Display) {
+        let message = e.to_string();
+        tracing::warn!(error = %message, "mesh peer");
+        let mut info = self.live.info.lock();
+        info.phase = Phase::Error;
+        info.error = Some(message);
+    }
+
+    /// Registers until the registry accepts; the leased address and the network's prefix.
+    async fn register(&self, published: &mut Vec<MeshEndpoint>) -> (Ipv4Addr, u8) {
+        let mut attempt = 0;
+        loop {
+            *published = self.endpoints();
+            let req = MeshPeerRegistration {
+                id: self.live.peer_id.clone(),
+                name: self.live.peer_name.clone(),
+                public_key: self.identity.public_base64(),
+                endpoints: published.clone(),
+                metadata: self
+                    .mac
+                    .iter()
+                    .map(|m| ("mac".to_owned(), serde_json::Value::String(m.clone())))
+                    .collect(),
+            };
+            match self.registry.register(req).await {
+                Ok(r) => {
+                    let vip = r.virtual_ip.parse::<Ipv4Addr>();
+                    let prefix = prefix_of(&r.network_cidr);
+                    if let (Ok(vip), Some(prefix)) = (vip, prefix) {
+                        tracing::info!(peer = %self.live.peer_id, virtual_ip = %vip,
+                            network = %r.network_cidr, peers = r.peers.len(), "mesh peer registered");
+                        let mut info = self.live.info.lock();
+                        info.network_cidr = r.network_cidr.clone();
+                        info.error = None;
+                        return (vip, prefix);
+                    }
+                    self.fail(RegistryError::Invalid {
+                        what: "the registration",
+                        reason: format!("address {:?} in {:?}", r.virtual_ip, r.network_cidr),
+                    });
+                }
+                Err(e) => self.fail(e),
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+            attempt += 1;
+        }
+    }
+
+    /// Gives the device its (new) address.
+    async fn address_device(&self, vip: Ipv4Addr, prefix: u8) -> Result<(), String> {
+        let name = self.cfg.device.name.clone();
+        let mtu = self.cfg.device.mtu;
+        tokio::task::spawn_blocking(move || {
+            let host = switchyard_split_tunnel::host::Host::default();
+            host.run("ip", &["-4", "addr", "flush", "dev", &name], None)
+                .map_err(|e| e.to_string())?;
+            crate::client::vpn::host::configure_tun(&name, vip, prefix, mtu)
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
+    /// Re-reads the peer list and publishes the table (counters kept for unchanged peers).
+    async fn resync(&self, counters: &mut HashMap<String, ([u8; 32], Arc<PeerCounters>)>) {
+        let peers = match self.registry.peers().await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(error = %e, "mesh peer list not refreshed");
+                return;
+            }
+        };
+        let others: Vec<MeshPeer> = peers
+            .into_iter()
+            .filter(|p| p.id != self.live.peer_id)
+            .collect();
+        let table = build_table(&others, counters);
+        {
+            let mut info = self.live.info.lock();
+            info.peers = others;
+            info.counters = counters.clone();
+        }
+        self.live.shared.publish(table);
+    }
+
+    fn heartbeat_body(&self) -> MeshHeartbeat {
+        let info = self.live.info.lock();
+        let rtts: Vec<u64> = info
+            .counters
+            .values()
+            .filter(|(_, c)| c.state() == SessionState::Connected)
+            .map(|(_, c)| c.rtt_us.load(Relaxed))
+            .filter(|rtt| *rtt > 0)
+            .collect();
+        let connected = info
+            .counters
+            .values()
+            .any(|(_, c)| c.state() == SessionState::Connected);
+        let totals = &self.live.shared.totals;
+        MeshHeartbeat {
+            connection_type: connected.then(|| "direct".to_owned()),
+            latency: (!rtts.is_empty())
+                .then(|| rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 / 1000.0),
+            bytes_sent: Some(totals.bytes_sent.load(Relaxed)),
+            bytes_received: Some(totals.bytes_received.load(Relaxed)),
+        }
+    }
+
+    /// Creates and addresses the device and starts the data plane on its owner core; waits
+    /// (bounded) until the owner runs.
+    async fn start_data_plane(&self, vip: Ipv4Addr, prefix: u8) -> Result<(), String> {
+        let name = &self.cfg.device.name;
+        let device = match &self.mac {
+            Some(_) => switchyard_dataplane::mesh::open_tap_device(name),
+            None => switchyard_dataplane::mesh::open_device(name),
+        }
+        .map_err(|e| format!("creating the mesh device {name}: {e} (needs CAP_NET_ADMIN)"))?;
+        if let Some(mac) = &self.mac {
+            switchyard_split_tunnel::host::Host::default()
+                .run("ip", &["link", "set", "dev", name, "address", mac], None)
+                .map_err(|e| format!("setting the mesh device's MAC: {e}"))?;
+        }
+        self.address_device(vip, prefix)
+            .await
+            .map_err(|e| format!("configuring the mesh device: {e}"))?;
+        self.live.shared.set_local_vip(vip);
+        let socket = self
+            .socket
+            .try_clone()
+            .map_err(|e| format!("mesh socket: {e}"))?;
+        let start = MeshStart {
+            settings: MeshSettings {
+                private_key: self.identity.private,
+                preshared_key: self.psk,
+                keep_alive: self.cfg.connection.keep_alive_interval.as_std(),
+                connect_timeout: self.cfg.connection.connect_timeout.as_std(),
+                relay_via_peers: self.cfg.connection.relay_via_peers,
+                layer2: self.mac.is_some(),
+            },
+            shared: self.live.shared.clone(),
+            socket,
+            device,
+        };
+        self.commands
+            .try_send(Command::StartMesh(Box::new(start)))
+            .map_err(|_| "the data plane's command queue is full or closed".to_string())?;
+        for _ in 0..40 {
+            if self.live.shared.owner_alive(OWNER_LOST) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err("the mesh data plane did not start on its core".into())
+    }
+
+    /// The owner core stopped turning (its core panicked and was restarted empty): stop what
+    /// is left (the device reader) and start the data plane again.
+    async fn restart_data_plane(&self, vip: Ipv4Addr, prefix: u8) {
+        self.fail("the mesh data plane stopped (its core was restarted): starting it again");
+        self.live.shared.request_stop();
+        // the device reader sees the flag within one poll; the device goes with it
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        self.live.shared.stop.store(false, Relaxed);
+        match self.start_data_plane(vip, prefix).await {
+            Ok(()) => {
+                let mut info = self.live.info.lock();
+                info.phase = Phase::Connected;
+                info.error = None;
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    pub async fn run(self) {
+        let mut published = Vec::new();
+        let (mut vip, mut prefix) = self.register(&mut published).await;
+        // registered: disabling leaves the network from now on
+        self.live.info.lock().virtual_ip = Some(vip);
+        let mut counters = HashMap::new();
+        self.resync(&mut counters).await;
+        if let Err(e) = self.start_data_plane(vip, prefix).await {
+            return self.fail(e);
+        }
+        self.live.info.lock().phase = Phase::Connected;
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let _events = AbortOnDrop(tokio::spawn(follow_events(
+            self.registry.clone(),
+            changed.clone(),
+        )));
+        let mut heartbeat = tokio::time::interval(self.cfg.discovery.heartbeat_interval.as_std());
+        heartbeat.tick().await;
+        let mut endpoint_check = tokio::time::interval(ENDPOINT_CHECK);
+        endpoint_check.tick().await;
+        loop {
+            tokio::select! {
+                _ = changed.notified() => self.resync(&mut counters).await,
+                _ = endpoint_check.tick() => {
+                    let now = self.endpoints();
+                    if now != published {
+                        match self.registry.update_endpoints(&self.live.peer_id, now.clone()).await {
+                            Ok(()) => published = now,
+                            Err(e) => tracing::debug!(error = %e, "mesh endpoints not updated"),
+                        }
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    match self.registry.heartbeat(&self.live.peer_id, &self.heartbeat_body()).await {
+                        Ok(Heartbeat::Renewed) => {
+                            let mut info = self.live.info.lock();
+                            info.phase = Phase::Connected;
+                            info.error = None;
+                        }
+                        Ok(answer) => {
+                            if answer == Heartbeat::Unknown {
+                                self.fail(format!(
+                                    "the registry does not know network {} or this peer any more (404); registering again",
+                                    self.cfg.network_id
+                                ));
+                            } else {
+                                tracing::info!("mesh lease lost (409): registering again");
+                            }
+                            let (again, again_prefix) = self.register(&mut published).await;
+                            prefix = again_prefix;
+                            if again != vip {
+                                if let Err(e) = self.address_device(again, prefix).await {
+                                    self.fail(format!("configuring the mesh device: {e}"));
+                                    continue;
+                                }
+                                self.live.shared.set_local_vip(again);
+                                vip = again;
+                            }
+                            let mut info = self.live.info.lock();
+                            info.phase = Phase::Connected;
+                            info.virtual_ip = Some(vip);
+                        }
+                        // unreachable registry: the sessions keep running meanwhile
+                        Err(e) => tracing::warn!(error = %e, "mesh heartbeat failed"),
+                    }
+                    if !self.live.shared.owner_alive(OWNER_LOST) {
+                        self.restart_data_plane(vip, prefix).await;
+                    }
+                    // the list also catches events missed while the stream was down
+                    self.resync(&mut counters).await;
+                }
+            }
+        }
+    }
+}
+
+/// The data plane's table for `peers` (keys the registry lists; endpoints best first).
+pub fn build_table(
+    peers: &[MeshPeer],
+    counters: &mut HashMap<String, ([u8; 32], Arc<PeerCounters>)>,
+) -> PeerTable {
+    use base64::Engine as _;
+    let mut entries = Vec::new();
+    let mut seen = Vec::new();
+    for p in peers {
+        let key = base64::engine::general_purpose::STANDARD
+            .decode(&p.public_key)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok());
+        let (Some(key), Ok(vip)) = (key, p.virtual_ip.parse::<Ipv4Addr>()) else {
+            tracing::warn!(peer = %p.id, "mesh peer with an unusable key or address: ignored");
+            continue;
+        };
+        let mut eps: Vec<&MeshEndpoint> = p.endpoints.iter().collect();
+        eps.sort_by_key(|e| std::cmp::Reverse(e.priority));
+        let endpoints: Vec<SocketAddr> = eps
+            .iter()
+            .filter_map(|e| {
+                e.address
+                    .parse::<Ipv4Addr>()
+                    .ok()
+                    .map(|ip| (ip, e.port).into())
+            })
+            .collect();
+        let slot = counters
+            .entry(p.id.clone())
+            .or_insert_with(|| (key, Arc::default()));
+        if slot.0 != key {
+            *slot = (key, Arc::default());
+        }
+        seen.push(p.id.clone());
+        entries.push(Arc::new(PeerEntry {
+            id: p.id.clone(),
+            name: p.name.clone(),
+            vip,
+            public_key: key,
+            endpoints,
+            joined_ms: p.joined_at.timestamp_millis(),
+            counters: slot.1.clone(),
+        }));
+    }
+    counters.retain(|id, _| seen.contains(id));
+    PeerTable { peers: entries }
+}
+
+/// Follows the network's event stream; every event (and every reconnect) asks for a resync.
+async fn follow_events(registry: RegistryClient, changed: Arc<tokio::sync::Notify>) {
+    let mut attempt = 0;
+    loop {
+        let req = match registry.events_request() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "mesh events: bad request; the peer list is read at each heartbeat");
+                return;
+            }
+        };
+        match tokio_tungstenite::connect_async(req).await {
+            Ok((mut ws, _)) => {
+                attempt = 0;
+                changed.notify_one();
+                while let Some(msg) = ws.next().await {
+                    match msg {
+                        Ok(tokio_tungstenite::tungstenite::Message::Text(t)) => {
+                            tracing::debug!(event = %t.as_str(), "mesh event");
+                            changed.notify_one();
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::debug!(error = %e, "mesh event stream ended");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "mesh event stream not opened"),
+        }
+        tokio::time::sleep(backoff(attempt)).await;
+        attempt += 1;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn peer(id: &str, key: u8, vip: &str) -> MeshPeer {
+        use base64::Engine as _;
+        serde_json::from_value(serde_json::json!({
+            "id": id, "name": id,
+            "public_key": base64::engine::general_purpose::STANDARD.encode([key; 32]),
+            "virtual_ip": vip,
+            "endpoints": [
+                {"address": "192.0.2.1", "port": 4000, "type": "lan", "priority": 10},
+                {"address": "198.51.100.1", "port": 4001, "type": "srflx", "priority": 20},
+                {"address": "not-an-ip", "port": 1, "type": "lan", "priority": 30}
+            ],
+            "metadata": {}, "status": "connected",
+            "last_seen": "2026-01-01T00:00:00Z", "joined_at": "2026-01-01T00:00:00Z",
+            "lease_expires": "2026-01-01T00:05:00Z", "bytes_sent": 0, "bytes_received": 0
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_table_keeps_counters_of_unchanged_peers_and_renews_them_on_a_new_key() {
+        let mut counters = HashMap::new();
+        let t = build_table(
+            &[peer("a", 1, "10.1.0.2"), peer("b", 2, "10.1.0.3")],
+            &mut counters,
+        );
+        assert_eq!(t.peers.len(), 2);
+        assert_eq!(
+            t.peers[0].endpoints,
+            [
+                "198.51.100.1:4001".parse().unwrap(),
+                "192.0.2.1:4000".parse().unwrap()
+            ],
+            "best priority first, unusable ones left out"
+        );
+        t.peers[0].counters.bytes_sent.store(7, Relaxed);
+        let again = build_table(
+            &[peer("a", 1, "10.1.0.2"), peer("b", 9, "10.1.0.3")],
+            &mut counters,
+        );
+        assert_eq!(again.peers[0].counters.bytes_sent.load(Relaxed), 7);
+        assert!(!Arc::ptr_eq(&again.peers[1].counters, &t.peers[1].counters));
+        let mut bad = peer("c", 3, "10.1.0.4");
+        bad.public_key = "short".into();
+        let last = build_table(&[peer("a", 1, "10.1.0.2"), bad], &mut counters);
+        assert_eq!(
+            last.peers.len(),
+            1,
+            "a peer with an unusable key is not accepted"
+        );
+        assert_eq!(counters.len(), 1, "counters of departed peers go");
+        assert_eq!(prefix_of("10.1.0.0/24"), Some(24));
+        assert_eq!(backoff(0), Duration::from_secs(1));
+        assert_eq!(backoff(10), MAX_BACKOFF);
+    }
+}

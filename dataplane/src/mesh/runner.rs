@@ -1,0 +1,819 @@
+//! The mesh on its owner core: the sessions, the socket, the device, the timers. Three tasks
+//! share one [`Mesh`] through a `RefCell` on this core: the receiver (datagrams from the
+//! socket, never cancelled mid-receive), the main loop (packets from the device, peer-table
+//! changes, timers) and nothing else; a plain thread reads the device (a TUN descriptor cannot
+//! be awaited on glommio's ring) and hands packets over a bounded queue.
+
+use super::wire::{self, DatagramKind, Probe, CONTROL_PORT};
+use super::{
+    next_hop, MeshSettings, MeshShared, MeshStart, MeshTotals, PathToPeer, PeerCounters, PeerEntry,
+    SessionState,
+};
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519::{PublicKey, StaticSecret};
+use crossbeam_queue::ArrayQueue;
+use glommio::net::UdpSocket;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// boringtun wants `update_timers` every 250 ms or so.
+const TIMER_TICK: Duration = Duration::from_millis(250);
+/// Latency probes per connected peer.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// A session older than this without a new handshake is gone (WireGuard's REJECT_AFTER_TIME).
+const SESSION_LIFETIME: Duration = Duration::from_secs(180);
+/// Packets read from the device waiting for the owner.
+const DEVICE_QUEUE: usize = 1024;
+/// Datagram scratch: the largest IP packet plus WireGuard's overhead.
+const SCRATCH: usize = 65_536 + 256;
+/// Receiver indexes are 24 bits (boringtun keeps the low 8 for the session).
+const MAX_INDEX: u32 = (1 << 24) - 1;
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+struct Session {
+    /// Its key in the session map (our receiver index).
+    index: u32,
+    entry: Arc<PeerEntry>,
+    tunn: Tunn,
+    /// Learnt from the last authenticated datagram (the peer may roam); else a published one.
+    learnt: Option<SocketAddr>,
+    /// Which published endpoint is tried (moves on after each unanswered connect timeout).
+    choice: usize,
+    /// Since when this session tries to connect without success.
+    trying_since: Instant,
+    last_probe: Option<Instant>,
+}
+
+impl Session {
+    fn path(&self) -> Option<PathToPeer> {
+        if let Some(a) = self.learnt {
+            return Some(PathToPeer::Direct(a));
+        }
+        let eps = &self.entry.endpoints;
+        (!eps.is_empty()).then(|| PathToPeer::Direct(eps[self.choice % eps.len()]))
+    }
+
+    fn connected(&self) -> bool {
+        self.tunn
+            .time_since_last_handshake()
+            .is_some_and(|d| d < SESSION_LIFETIME)
+    }
+}
+
+struct Mesh {
+    settings: MeshSettings,
+    shared: Arc<MeshShared>,
+    secret: StaticSecret,
+    public: PublicKey,
+    table: Arc<super::PeerTable>,
+    sessions: HashMap<u32, Session>,
+    /// TAP mode: which session a MAC address was last seen behind.
+    macs: HashMap<[u8; 6], u32>,
+    next_index: u32,
+    device: std::fs::File,
+    /// Datagrams to send once the `RefCell` borrow ends.
+    outgoing: Vec<(SocketAddr, Vec<u8>)>,
+    epoch: Instant,
+    /// Output of encapsulation and timers.
+    scratch: Vec<u8>,
+    /// Output of decapsulation: separate, because a decrypted packet may be answered (a
+    /// probe reply) or forwarded, which encapsulates, while it is still being read.
+    decrypted: Vec<u8>,
+}
+
+impl Mesh {
+    fn new(settings: MeshSettings, shared: Arc<MeshShared>, device: std::fs::File) -> Self {
+        let secret = StaticSecret::from(settings.private_key);
+        let public = PublicKey::from(&secret);
+        Mesh {
+            settings,
+            shared,
+            secret,
+            public,
+            table: Arc::new(super::PeerTable::default()),
+            sessions: HashMap::new(),
+            macs: HashMap::new(),
+            next_index: 1,
+            device,
+            outgoing: Vec::new(),
+            epoch: Instant::now(),
+            scratch: vec![0u8; SCRATCH],
+            decrypted: vec![0u8; SCRATCH],
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    fn local_vip(&self) -> Ipv4Addr {
+        self.shared.local_vip()
+    }
+
+    /// Applies a new peer table: sessions of unchanged peers (same id and key) stay, others
+    /// start or end.
+    fn sync_table(&mut self) {
+        let table = self.shared.peers.load_full();
+        if Arc::ptr_eq(&table, &self.table) {
+            return;
+        }
+        let mut keep: HashMap<u32, Session> = HashMap::new();
+        let mut old: Vec<(u32, Session)> = self.sessions.drain().collect();
+        for entry in &table.peers {
+            let found = old.iter().position(|(_, s)| {
+                s.entry.id == entry.id
+                    && s.entry.public_key == entry.public_key
+                    && s.entry.joined_ms == entry.joined_ms
+            });
+            match found {
+                Some(i) => {
+                    let (index, mut s) = old.swap_remove(i);
+                    if s.entry.endpoints != entry.endpoints {
+                        s.choice = 0;
+                    }
+                    s.entry = entry.clone();
+                    keep.insert(index, s);
+                }
+                None => {
+                    let index = self.allocate_index(&keep, &old);
+                    let tunn = Tunn::new(
+                        self.secret.clone(),
+                        PublicKey::from(entry.public_key),
+                        self.settings.preshared_key,
+                        Some(self.settings.keep_alive.as_secs().clamp(1, 65_535) as u16),
+                        index,
+                        None,
+                    );
+                    entry.counters.set_state(SessionState::Connecting);
+                    let mut s = Session {
+                        index,
+                        entry: entry.clone(),
+                        tunn,
+                        learnt: None,
+                        choice: 0,
+                        trying_since: Instant::now(),
+                        last_probe: None,
+                    };
+                    // the peer with the lower key opens the session at once; the other waits
+                    // for it (or for traffic), so crossing handshakes are rare
+                    if self.public.as_bytes() < &entry.public_key {
+                        self.initiate(&mut s, false);
+                    }
+                    tracing::info!(peer = %entry.id, vip = %entry.vip, "mesh peer added");
+                    keep.insert(index, s);
+                }
+            }
+        }
+        for (_, s) in old {
+            tracing::info!(peer = %s.entry.id, "mesh peer removed");
+        }
+        self.macs.retain(|_, i| keep.contains_key(i));
+        self.sessions = keep;
+        self.table = table;
+    }
+
+    fn allocate_index(&mut self, a: &HashMap<u32, Session>, b: &[(u32, Session)]) -> u32 {
+        loop {
+            let i = self.next_index;
+            self.next_index = if i >= MAX_INDEX { 1 } else { i + 1 };
+            if !a.contains_key(&i) && !b.iter().any(|(j, _)| *j == i) {
+                return i;
+            }
+        }
+    }
+
+    /// Sends a handshake initiation; `again` also when one is under way (a new path).
+    fn initiate(&mut self, s: &mut Session, again: bool) {
+        let Some(PathToPeer::Direct(to)) = s.path() else {
+            return;
+        };
+        if let TunnResult::WriteToNetwork(d) =
+            s.tunn.format_handshake_initiation(&mut self.scratch, again)
+        {
+            self.outgoing.push((to, d.to_vec()));
+        }
+    }
+
+    /// A datagram from the socket.
+    fn on_datagram(&mut self, d: &[u8], from: SocketAddr) {
+        let index = match wire::classify(d) {
+            DatagramKind::Stun | DatagramKind::ChannelData => {
+                // the ICE agent's hook (switchyard-ice); nothing consumes these yet
+                self.shared.totals.ice_dropped.fetch_add(1, Relaxed);
+                return;
+            }
+            DatagramKind::Unknown => {
+                self.shared.totals.invalid.fetch_add(1, Relaxed);
+                return;
+            }
+            DatagramKind::WireGuard { receiver } => receiver >> 8,
+            DatagramKind::HandshakeInit => match self.initiator_index(d) {
+                Some(i) => i,
+                None => {
+                    self.shared.totals.unknown_key.fetch_add(1, Relaxed);
+                    tracing::debug!(%from, "mesh handshake from a key the registry does not list: dropped");
+                    return;
+                }
+            },
+        };
+        let Some(mut s) = self.sessions.remove(&index) else {
+            self.shared.totals.invalid.fetch_add(1, Relaxed);
+            return;
+        };
+        self.decapsulate(&mut s, d, from);
+        self.sessions.insert(index, s);
+    }
+
+    /// The session of the peer whose static key a handshake initiation carries.
+    fn initiator_index(&self, d: &[u8]) -> Option<u32> {
+        let Ok(Packet::HandshakeInit(init)) = Tunn::parse_incoming_packet(d) else {
+            return None;
+        };
+        let half = parse_handshake_anon(&self.secret, &self.public, &init).ok()?;
+        self.sessions
+            .iter()
+            .find(|(_, s)| s.entry.public_key == half.peer_static_public)
+            .map(|(i, _)| *i)
+    }
+
+    fn decapsulate(&mut self, s: &mut Session, d: &[u8], from: SocketAddr) {
+        let mut scratch = std::mem::take(&mut self.decrypted);
+        let mut first = true;
+        loop {
+            let input: &[u8] = if first { d } else { &[] };
+            let src = first.then_some(from.ip());
+            first = false;
+            match s.tunn.decapsulate(src, input, &mut scratch) {
+                TunnResult::Done => {
+                    if src.is_some() {
+                        self.authenticated(s, from);
+                    }
+                    break;
+                }
+                TunnResult::WriteToNetwork(out) => {
+                    self.outgoing.push((from, out.to_vec()));
+                    self.authenticated(s, from);
+                }
+                TunnResult::WriteToTunnelV4(packet, _) => {
+                    self.authenticated(s, from);
+                    let packet = packet.to_vec();
+                    self.decrypted_packet(s, packet);
+                    break;
+                }
+                TunnResult::WriteToTunnelV6(..) => {
+                    self.shared.totals.no_route.fetch_add(1, Relaxed);
+                    break;
+                }
+                TunnResult::Err(e) => {
+                    self.shared.totals.invalid.fetch_add(1, Relaxed);
+                    tracing::debug!(peer = %s.entry.id, %from, error = ?e, "mesh datagram refused");
+                    break;
+                }
+            }
+        }
+        self.decrypted = scratch;
+    }
+
+    /// A datagram passed the session's authentication: `from` is where the peer is now.
+    fn authenticated(&self, s: &mut Session, from: SocketAddr) {
+        s.learnt = Some(from);
+        s.entry.counters.last_seen_ms.store(unix_ms(), Relaxed);
+        self.refresh_state(s);
+    }
+
+    fn refresh_state(&self, s: &mut Session) {
+        let c = &s.entry.counters;
+        if s.connected() {
+            if c.state() != SessionState::Connected {
+                tracing::info!(peer = %s.entry.id, path = ?s.path(), "mesh session up");
+            }
+            c.set_state(SessionState::Connected);
+            s.trying_since = Instant::now();
+            if let Some(age) = s.tunn.time_since_last_handshake() {
+                c.last_handshake_ms
+                    .store(unix_ms().saturating_sub(age.as_millis() as u64), Relaxed);
+            }
+        }
+    }
+
+    /// A decrypted IP packet from peer `s`.
+    fn decrypted_packet(&mut self, s: &mut Session, mut packet: Vec<u8>) {
+        if packet.is_empty() {
+            return; // keepalive
+        }
+        let Some((src, dst)) = wire::ipv4_addresses(&packet) else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        // a peer speaks for its own address only, unless it forwards for others
+        if src != s.entry.vip && !self.settings.relay_via_peers {
+            self.shared.totals.invalid.fetch_add(1, Relaxed);
+            return;
+        }
+        count(
+            &s.entry.counters,
+            &self.shared.totals,
+            packet.len(),
+            Direction::Received,
+        );
+        let totals = &self.shared.totals;
+        if dst == self.local_vip() {
+            if let Some((CONTROL_PORT, payload)) = wire::udp_to(&packet) {
+                let payload = payload.to_vec();
+                self.control(s, &payload);
+            } else if !self.settings.layer2 {
+                self.write_device(&packet);
+            } else if let Some(frame) = wire::etherip_frame(&packet) {
+                // learn where the sender's MAC lives, then hand the frame to the device
+                if let Some((_, src)) = wire::macs(frame) {
+                    if !wire::is_group(&src) {
+                        self.macs.insert(src, s.index);
+                    }
+                }
+                self.write_device(frame);
+            } else {
+                // TAP mode carries frames only
+                totals.invalid.fetch_add(1, Relaxed);
+            }
+            return;
+        }
+        // forwarding: the seam for routing (hop by hop, TTL decremented)
+        if !self.settings.relay_via_peers || !wire::decrement_ttl(&mut packet) {
+            totals.no_route.fetch_add(1, Relaxed);
+            return;
+        }
+        self.send_to_mesh(&packet);
+    }
+
+    /// A message on the mesh control port.
+    fn control(&mut self, s: &mut Session, payload: &[u8]) {
+        match Probe::decode(payload) {
+            Some(Probe::Request { sent_us }) => {
+                let reply = wire::udp_packet(
+                    self.local_vip(),
+                    s.entry.vip,
+                    CONTROL_PORT,
+                    &Probe::Reply { sent_us }.encode(),
+                );
+                self.encapsulate(s, &reply);
+            }
+            Some(Probe::Reply { sent_us }) => {
+                let rtt = self.now_us().saturating_sub(sent_us).max(1);
+                s.entry.counters.rtt_us.store(rtt, Relaxed);
+            }
+            // route announcements: the routing crate's hook; nothing consumes them yet
+            None => {
+                self.shared.totals.control_dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    fn write_device(&mut self, packet: &[u8]) {
+        if let Err(e) = self.device.write(packet) {
+            self.shared.totals.overflow.fetch_add(1, Relaxed);
+            tracing::trace!(error = %e, "mesh device write failed");
+        }
+    }
+
+    /// An IP packet for the mesh (from the device, or forwarded).
+    fn send_to_mesh(&mut self, packet: &[u8]) {
+        let Some((_, dst)) = wire::ipv4_addresses(packet) else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        let index = next_hop(&self.table, dst).and_then(|entry| {
+            self.sessions
+                .iter()
+                .find(|(_, s)| Arc::ptr_eq(&s.entry, entry))
+                .map(|(i, _)| *i)
+        });
+        match index {
+            Some(i) => self.send_to_session(i, |_| packet.to_vec()),
+            None => {
+                self.shared.totals.no_route.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// A packet from the device: an IP packet (TUN) or an Ethernet frame (TAP).
+    fn device_packet(&mut self, packet: &[u8]) {
+        if self.settings.layer2 {
+            self.send_frame(packet);
+        } else {
+            self.send_to_mesh(packet);
+        }
+    }
+
+    /// TAP mode: a frame goes as EtherIP to the peer that has its destination MAC (learnt
+    /// from the frames it sent), or to every peer when it is broadcast, multicast or unknown.
+    fn send_frame(&mut self, frame: &[u8]) {
+        let Some((dst, _)) = wire::macs(frame) else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        let known = (!wire::is_group(&dst))
+            .then(|| self.macs.get(&dst).copied())
+            .flatten()
+            .filter(|i| self.sessions.contains_key(i));
+        let targets: Vec<u32> = match known {
+            Some(i) => vec![i],
+            None => self.sessions.keys().copied().collect(),
+        };
+        let local = self.local_vip();
+        for i in targets {
+            self.send_to_session(i, |s| wire::etherip_packet(local, s.entry.vip, frame));
+        }
+    }
+
+    /// Counts and encapsulates the packet `make` builds for the session `index`.
+    fn send_to_session(&mut self, index: u32, make: impl FnOnce(&Session) -> Vec<u8>) {
+        let Some(mut s) = self.sessions.remove(&index) else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        let packet = make(&s);
+        count(
+            &s.entry.counters,
+            &self.shared.totals,
+            packet.len(),
+            Direction::Sent,
+        );
+        self.encapsulate(&mut s, &packet);
+        self.sessions.insert(index, s);
+    }
+
+    fn encapsulate(&mut self, s: &mut Session, packet: &[u8]) {
+        let Some(PathToPeer::Direct(to)) = s.path() else {
+            self.shared.totals.no_route.fetch_add(1, Relaxed);
+            return;
+        };
+        // boringtun queues the packet itself while a handshake is under way
+        if let TunnResult::WriteToNetwork(d) = s.tunn.encapsulate(packet, &mut self.scratch) {
+            self.outgoing.push((to, d.to_vec()));
+        }
+    }
+
+    /// Timers of every session: WireGuard's, the connect timeout, latency probes.
+    fn tick(&mut self) {
+        let indexes: Vec<u32> = self.sessions.keys().copied().collect();
+        for i in indexes {
+            let Some(mut s) = self.sessions.remove(&i) else {
+                continue;
+            };
+            if let TunnResult::WriteToNetwork(d) = s.tunn.update_timers(&mut self.scratch) {
+                if let Some(PathToPeer::Direct(to)) = s.path() {
+                    self.outgoing.push((to, d.to_vec()));
+                }
+            }
+            self.refresh_state(&mut s);
+            if s.connected() {
+                let due = s.last_probe.is_none_or(|t| t.elapsed() >= PROBE_EVERY);
+                if due {
+                    s.last_probe = Some(Instant::now());
+                    let probe = wire::udp_packet(
+                        self.local_vip(),
+                        s.entry.vip,
+                        CONTROL_PORT,
+                        &Probe::Request {
+                            sent_us: self.now_us(),
+                        }
+                        .encode(),
+                    );
+                    self.encapsulate(&mut s, &probe);
+                }
+            } else if s.trying_since.elapsed() >= self.settings.connect_timeout {
+                let c = &s.entry.counters;
+                if c.state() != SessionState::Unreachable {
+                    tracing::warn!(peer = %s.entry.id, path = ?s.path(),
+                        "mesh peer unreachable: no handshake within connect_timeout");
+                }
+                c.set_state(SessionState::Unreachable);
+                c.rtt_us.store(0, Relaxed);
+                // try the next published endpoint, from this side too
+                s.learnt = None;
+                s.choice = s.choice.wrapping_add(1);
+                s.trying_since = Instant::now();
+                self.initiate(&mut s, true);
+            }
+            self.sessions.insert(i, s);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Sent,
+    Received,
+}
+
+/// Counts one IP packet of `len` bytes for the peer and for the mesh.
+fn count(peer: &PeerCounters, totals: &MeshTotals, len: usize, d: Direction) {
+    let len = len as u64;
+    let (peer_bytes, peer_packets, bytes, packets) = match d {
+        Direction::Sent => (
+            &peer.bytes_sent,
+            &peer.packets_sent,
+            &totals.bytes_sent,
+            &totals.packets_sent,
+        ),
+        Direction::Received => (
+            &peer.bytes_received,
+            &peer.packets_received,
+            &totals.bytes_received,
+            &totals.packets_received,
+        ),
+    };
+    peer_bytes.fetch_add(len, Relaxed);
+    peer_packets.fetch_add(1, Relaxed);
+    bytes.fetch_add(len, Relaxed);
+    packets.fetch_add(1, Relaxed);
+}
+
+async fn send_all(udp: &UdpSocket, out: Vec<(SocketAddr, Vec<u8>)>) {
+    for (to, d) in out {
+        if let Err(e) = udp.send_to(&d, to).await {
+            tracing::debug!(%to, error = %e, "mesh datagram not sent");
+        }
+    }
+}
+
+async fn receive(udp: Rc<UdpSocket>, mesh: Rc<RefCell<Mesh>>) {
+    let mut buf = vec![0u8; SCRATCH];
+    loop {
+        let (n, from) = match udp.recv_from(&mut buf).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "mesh receive failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let out = {
+            let mut m = mesh.borrow_mut();
+            m.sync_table();
+            m.on_datagram(&buf[..n], from);
+            std::mem::take(&mut m.outgoing)
+        };
+        send_all(&udp, out).await;
+    }
+}
+
+/// Reads the device on a plain thread (blocking poll with a timeout, so the stop flag is
+/// seen) and queues IPv4 packets for the owner; a full queue drops, as a router would.
+fn read_device(
+    layer2: bool,
+    mut device: std::fs::File,
+    queue: Arc<ArrayQueue<Vec<u8>>>,
+    shared: Arc<MeshShared>,
+) {
+    let fd = device.as_raw_fd();
+    if let Err(e) = crate::sys::set_nonblocking(fd) {
+        tracing::error!(error = %e, "the mesh device cannot be made non-blocking");
+        return;
+    }
+    let mut buf = vec![0u8; usize::from(u16::MAX)];
+    while !shared.stop.load(Acquire) {
+        match device.read(&mut buf) {
+            Ok(n) => {
+                // the first packets are often IPv6 router solicitations: the mesh is IPv4
+                let wanted = if layer2 {
+                    n >= 14
+                } else {
+                    n >= 20 && buf[0] >> 4 == 4
+                };
+                if wanted {
+                    if queue.push(buf[..n].to_vec()).is_err() {
+                        shared.totals.overflow.fetch_add(1, Relaxed);
+                    }
+                    shared.wake.notify();
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Err(e) = crate::sys::wait_readable(fd, 200) {
+                    tracing::error!(error = %e, "polling the mesh device failed");
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::error!(error = %e, "reading the mesh device failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Runs the mesh until the control plane raises the stop flag.
+pub(crate) async fn run(start: MeshStart) {
+    let MeshStart {
+        settings,
+        shared,
+        socket,
+        device,
+    } = start;
+    shared.running.store(true, Relaxed);
+    shared.beat_ms.store(unix_ms(), Relaxed);
+    let layer2 = settings.layer2;
+    let reader_device = match device.try_clone() {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(error = %e, "mesh device descriptor");
+            shared.running.store(false, Relaxed);
+            return;
+        }
+    };
+    let queue = Arc::new(ArrayQueue::new(DEVICE_QUEUE));
+    let reader = {
+        let (queue, shared) = (queue.clone(), shared.clone());
+        std::thread::Builder::new()
+            .name("mesh-device".into())
+            .spawn(move || read_device(layer2, reader_device, queue, shared))
+    };
+    if let Err(e) = reader {
+        tracing::error!(error = %e, "mesh device reader thread");
+        shared.running.store(false, Relaxed);
+        return;
+    }
+    let mesh = Rc::new(RefCell::new(Mesh::new(settings, shared.clone(), device)));
+    let udp = Rc::new(crate::sys::udp_from_std(socket));
+    // dropping the task handle when this function returns stops the receiver too
+    let _receiver = glommio::spawn_local(receive(udp.clone(), mesh.clone()));
+    tracing::info!(local = ?udp.local_addr().ok(), "mesh data plane running");
+    let mut last_tick = Instant::now();
+    loop {
+        if shared.stop.load(Acquire) {
+            break;
+        }
+        shared.beat_ms.store(unix_ms(), Relaxed);
+        let listener = shared.wake.listen();
+        if !shared.wake.take() {
+            let wait = TIMER_TICK.saturating_sub(last_tick.elapsed());
+            futures_lite::future::or(listener, glommio::timer::sleep(wait)).await;
+            shared.wake.take();
+        }
+        let out = {
+            let mut m = mesh.borrow_mut();
+            m.sync_table();
+            while let Some(packet) = queue.pop() {
+                m.device_packet(&packet);
+            }
+            if last_tick.elapsed() >= TIMER_TICK {
+                last_tick = Instant::now();
+                m.tick();
+            }
+            std::mem::take(&mut m.outgoing)
+        };
+        send_all(&udp, out).await;
+    }
+    tracing::info!("mesh data plane stopped");
+    shared.running.store(false, Relaxed);
+    shared.beat_ms.store(0, Relaxed);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::mesh::{PeerCounters, PeerTable};
+    use std::io::{Seek, SeekFrom};
+
+    struct Side {
+        mesh: Mesh,
+        addr: SocketAddr,
+        vip: Ipv4Addr,
+        public: [u8; 32],
+        device: std::fs::File,
+    }
+
+    fn side(seed: u8, last: u8) -> Side {
+        let private = [seed; 32];
+        let public = PublicKey::from(&StaticSecret::from(private)).to_bytes();
+        let shared = Arc::new(MeshShared::default());
+        let vip = Ipv4Addr::new(10, 100, 0, last);
+        shared.set_local_vip(vip);
+        let device = tempfile::tempfile().unwrap();
+        let settings = MeshSettings {
+            private_key: private,
+            preshared_key: Some([9; 32]),
+            keep_alive: Duration::from_secs(25),
+            connect_timeout: Duration::from_secs(30),
+            relay_via_peers: false,
+            layer2: false,
+        };
+        Side {
+            mesh: Mesh::new(settings, shared, device.try_clone().unwrap()),
+            addr: SocketAddr::from(([192, 0, 2, last], 40_000)),
+            vip,
+            public,
+            device,
+        }
+    }
+
+    /// Lists `other` in `me`'s table under `key`.
+    fn list(me: &mut Side, other: &Side, key: [u8; 32]) -> Arc<PeerCounters> {
+        let counters = Arc::new(PeerCounters::default());
+        me.mesh.shared.publish(PeerTable {
+            peers: vec![Arc::new(PeerEntry {
+                id: format!("peer{}", other.vip.octets()[3]),
+                name: String::new(),
+                vip: other.vip,
+                public_key: key,
+                endpoints: vec![other.addr],
+                joined_ms: 1,
+                counters: counters.clone(),
+            })],
+        });
+        me.mesh.sync_table();
+        counters
+    }
+
+    /// Delivers every datagram `from` has queued for `to`; how many there were.
+    fn deliver(from: &mut Side, to: &mut Side) -> usize {
+        let out = std::mem::take(&mut from.mesh.outgoing);
+        for (dst, d) in &out {
+            assert_eq!(*dst, to.addr);
+            to.mesh.on_datagram(d, from.addr);
+        }
+        out.len()
+    }
+
+    fn device_bytes(s: &mut Side) -> Vec<u8> {
+        let mut all = Vec::new();
+        s.device.seek(SeekFrom::Start(0)).unwrap();
+        s.device.read_to_end(&mut all).unwrap();
+        all
+    }
+
+    #[test]
+    fn only_the_listed_key_gets_a_session_and_packets_and_probes_cross_it() {
+        // the lower key initiates; make `a` the lower one
+        let (mut a, mut b) = {
+            let (x, y) = (side(1, 1), side(2, 2));
+            if x.public < y.public {
+                (x, y)
+            } else {
+                (y, x)
+            }
+        };
+        let b_key = b.public;
+        let a_counters = list(&mut b, &a, [7; 32]);
+        let b_counters = list(&mut a, &b, b_key);
+        // a → b: b lists another key for a, so the initiation is dropped and counted
+        assert_eq!(deliver(&mut a, &mut b), 1, "a initiates at once");
+        assert!(b.mesh.outgoing.is_empty(), "no answer to an unlisted key");
+        assert_eq!(b.mesh.shared.totals.unknown_key.load(Relaxed), 1);
+        assert_eq!(a_counters.state(), SessionState::Connecting);
+
+        // with the right key listed, the next attempt completes the handshake
+        let a_key = a.public;
+        let a_counters = list(&mut b, &a, a_key);
+        let mut first = a.mesh.sessions.remove(&1).unwrap();
+        first.trying_since = Instant::now() - Duration::from_secs(60);
+        a.mesh.sessions.insert(1, first);
+        a.mesh.tick();
+        assert_eq!(b_counters.state(), SessionState::Unreachable);
+        assert!(deliver(&mut a, &mut b) >= 1);
+        assert!(deliver(&mut b, &mut a) >= 1, "handshake response");
+        // a's next turn: session up, first latency probe sent along with a data packet
+        a.mesh.tick();
+        assert_eq!(b_counters.state(), SessionState::Connected);
+        let packet = wire::udp_packet(a.vip, b.vip, 5000, b"hello mesh");
+        a.mesh.send_to_mesh(&packet);
+        deliver(&mut a, &mut b);
+        deliver(&mut b, &mut a);
+        assert_eq!(a_counters.state(), SessionState::Connected);
+        assert!(b_counters.rtt_us.load(Relaxed) >= 1, "b answered a's probe");
+        // the data packet reached b's device; the probe was consumed, not written
+        assert_eq!(device_bytes(&mut b), packet);
+        assert!(a_counters.packets_received.load(Relaxed) >= 2);
+        assert!(b_counters.bytes_sent.load(Relaxed) >= packet.len() as u64);
+
+        // a packet for a virtual IP nobody owns has no route
+        a.mesh.send_to_mesh(&wire::udp_packet(
+            a.vip,
+            Ipv4Addr::new(10, 100, 0, 99),
+            1,
+            b"x",
+        ));
+        assert_eq!(a.mesh.shared.totals.no_route.load(Relaxed), 1);
+        // garbage and STUN are counted, never answered
+        a.mesh.on_datagram(&[0xde, 0xad], b.addr);
+        a.mesh.on_datagram(&[0x40, 0, 0, 0], b.addr);
+        assert!(a.mesh.outgoing.is_empty());
+        assert_eq!(a.mesh.shared.totals.ice_dropped.load(Relaxed), 1);
+    }
+}
