@@ -43,8 +43,8 @@ impl Wake {
     }
 }
 
-/// The owner's side of a flow.
-pub(super) struct FlowEnds {
+/// The owner's side of a flow (a tunnel's owner core, or a QUIC endpoint's).
+pub(crate) struct FlowEnds {
     /// Peer → client chunks.
     pub to_client: async_channel::Sender<Vec<u8>>,
     /// Client → peer chunks; closed by the client when it has nothing more to send.
@@ -73,7 +73,7 @@ impl std::fmt::Debug for FlowStream {
     }
 }
 
-pub(super) fn pair(owner: Arc<Wake>, local: SocketAddr) -> (FlowEnds, FlowStream) {
+pub(crate) fn pair(owner: Arc<Wake>, local: SocketAddr) -> (FlowEnds, FlowStream) {
     let (to_client, rx) = async_channel::unbounded();
     let (tx, from_client) = async_channel::unbounded();
     let space = Arc::new(Event::new());

@@ -56,7 +56,7 @@ pub(crate) struct Owner {
 }
 
 impl Owner {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             epoch: Instant::now(),
             beat: AtomicU64::new(0),
@@ -76,7 +76,7 @@ impl Owner {
 
     /// Takes over from an owner that stopped beating; the new generation, or None when the
     /// owner is alive or another core took over first.
-    fn take_over_if_lost(&self) -> Option<u64> {
+    pub(crate) fn take_over_if_lost(&self) -> Option<u64> {
         let seen = self.beat.load(Ordering::Acquire);
         let now = self.now_ms();
         if now.saturating_sub(seen) < OWNER_LOST.as_millis() as u64 {
@@ -88,7 +88,7 @@ impl Owner {
         Some(self.generation.fetch_add(1, Ordering::AcqRel) + 1)
     }
 
-    fn start(&self) -> u64 {
+    pub(crate) fn start(&self) -> u64 {
         self.beat.store(self.now_ms(), Ordering::Release);
         self.generation.load(Ordering::Acquire)
     }
