@@ -84,9 +84,16 @@ pub struct QuicClientStatus {
     blocked_until: Mutex<Option<Instant>>,
     /// Whether the last connection resumed with 0-RTT.
     pub resumed_0rtt: AtomicBool,
+    /// The connection's smoothed round-trip time, microseconds.
+    rtt_us: std::sync::atomic::AtomicU64,
 }
 
 impl QuicClientStatus {
+    /// The connection's round-trip time (the list's latency).
+    pub fn rtt(&self) -> Duration {
+        Duration::from_micros(self.rtt_us.load(Ordering::Relaxed))
+    }
+
     fn blocked(&self) -> bool {
         self.blocked_until
             .lock()
@@ -524,6 +531,11 @@ impl Runner {
                         d.send_datagram(c.ch, Bytes::from(out));
                     }
                 }
+            }
+            if let Some(rtt) = current.as_ref().and_then(|c| d.rtt(c.ch)) {
+                self.status
+                    .rtt_us
+                    .store(rtt.as_micros() as u64, Ordering::Relaxed);
             }
             // flushing may have produced more work (a datagram handed on)
             let _ = d.turn();

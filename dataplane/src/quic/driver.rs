@@ -186,6 +186,11 @@ impl Driver {
         sent
     }
 
+    pub fn rtt(&self, ch: ConnectionHandle) -> Option<std::time::Duration> {
+        let st = self.state.borrow();
+        st.conns.get(&ch).map(|c| c.quic.rtt())
+    }
+
     /// Whether 0-RTT was accepted by the server on this connection (client side).
     pub fn accepted_0rtt(&self, ch: ConnectionHandle) -> bool {
         let st = self.state.borrow();
