@@ -1,0 +1,435 @@
+//! The QUIC transport end to end: a real `switchyard server` with `server.quic.listen`, a real
+//! `switchyard client` whose server entry says `protocol: QUIC`, real curl and nginx, on
+//! loopback with random ports. The namespace tests (root) move the client's address in the
+//! middle of a download and add loss and delay with `tc netem`.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::{curl, spawn_with_listeners, start_nginx, Nginx, Proc, BIN};
+
+/// A server with a QUIC listener and what it reported.
+struct QuicServer {
+    _proc: Proc,
+    api: SocketAddr,
+    quic: SocketAddr,
+    http: SocketAddr,
+    metrics: SocketAddr,
+    fingerprint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl QuicServer {
+    fn get(&self, path: &str) -> serde_json::Value {
+        let out = curl(&["-sS", "--max-time", "10", &format!("http://{}{}", self.api, path)]);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("GET {path}: {e}: {}", String::from_utf8_lossy(&out.stdout))
+        })
+    }
+}
+
+/// Starts a server whose QUIC listener is on `quic_listen`, with `extra` YAML appended.
+fn quic_server_on(quic_listen: &str, quic_extra: &str, extra: &str) -> QuicServer {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("server.yaml");
+    let yaml = format!(
+        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
+         \x20 data_dir: \"{data}\"\n  quic: {{ listen: \"{quic_listen}\"{quic_extra} }}\n\
+         api: {{ listen: \"127.0.0.1:0\", enable_request_log: true }}\n\
+         metrics: {{ enabled: true, listen: \"127.0.0.1:0\" }}\nlogging: {{ level: debug, format: json }}\n{extra}",
+        data = dir.path().join("data").display()
+    );
+    std::fs::write(&config, yaml).expect("config");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["server", "--config"]).arg(&config);
+    let started = spawn_with_listeners(
+        cmd,
+        "switchyard server",
+        &[
+            "HTTP proxy",
+            "management API",
+            "QUIC transport listening",
+            "metrics listening",
+        ],
+    );
+    let [http, api, quic, metrics] = started.addrs[..] else {
+        unreachable!()
+    };
+    let mut server = QuicServer {
+        _proc: started.proc,
+        api,
+        quic,
+        http,
+        metrics,
+        fingerprint: String::new(),
+        _dir: dir,
+    };
+    let status = server.get("/api/v1/quic");
+    assert_eq!(status["enabled"], true, "{status}");
+    assert_eq!(status["self_signed"], true, "{status}");
+    server.fingerprint = status["fingerprint"].as_str().expect("fingerprint").to_owned();
+    server
+}
+
+fn quic_server(quic_extra: &str, extra: &str) -> QuicServer {
+    quic_server_on("127.0.0.1:0", quic_extra, extra)
+}
+
+struct Client {
+    _proc: Proc,
+    http: SocketAddr,
+    socks5: SocketAddr,
+    api: SocketAddr,
+    _dir: tempfile::TempDir,
+    logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Client {
+    fn get(&self, path: &str) -> serde_json::Value {
+        let out = curl(&["-sS", "--max-time", "10", &format!("http://{}{}", self.api, path)]);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("GET {path}: {e}: {}", String::from_utf8_lossy(&out.stdout))
+        })
+    }
+
+    fn log_has(&self, needle: &str) -> bool {
+        self.logs
+            .lock()
+            .map(|l| l.iter().any(|line| line.contains(needle)))
+            .unwrap_or(false)
+    }
+
+    /// The server list entry `name`, once `want` holds for it (bounded wait).
+    fn server_entry_when(
+        &self,
+        name: &str,
+        want: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let list = self.get("/api/v1/servers");
+            let entry = list
+                .as_array()
+                .or_else(|| list["servers"].as_array())
+                .and_then(|a| a.iter().find(|s| s["name"] == name).cloned())
+                .unwrap_or_default();
+            if want(&entry) || Instant::now() > deadline {
+                return entry;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A client whose only server is `entry` (a YAML flow mapping body).
+fn client_with(entry: &str) -> Client {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n\
+         api: {{listen: \"127.0.0.1:0\"}}\nlogging: {{level: debug, format: json}}\n\
+         servers:\n  - {{name: quic-gw, is_default: true, {entry}}}\n"
+    );
+    std::fs::write(dir.path().join("client.yaml"), yaml).expect("config");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("client")
+        .arg("--config")
+        .arg(dir.path().join("client.yaml"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"));
+    let started = spawn_with_listeners(
+        cmd,
+        "switchyard client",
+        &[
+            "client HTTP proxy listening",
+            "client SOCKS5 proxy listening",
+            "client API listening",
+        ],
+    );
+    let [http, socks5, api] = started.addrs[..] else {
+        unreachable!()
+    };
+    Client {
+        _proc: started.proc,
+        http,
+        socks5,
+        api,
+        _dir: dir,
+        logs: started.logs,
+    }
+}
+
+fn quic_entry(server: &QuicServer, extra: &str) -> String {
+    format!(
+        "address: \"{}\", protocol: QUIC, fingerprint: \"{}\"{extra}",
+        server.quic, server.fingerprint
+    )
+}
+
+const HELLO: &[u8] = b"hello over quic";
+
+fn origin() -> Option<Nginx> {
+    start_nginx(&[("hello.txt", HELLO)])
+}
+
+fn run_curl(args: &[&str]) -> std::process::Output {
+    let mut all = vec!["-sS", "--max-time", "20"];
+    all.extend_from_slice(args);
+    curl(&all)
+}
+
+/// (host, protocol) of what the server's request log recorded.
+fn server_requests(server: &QuicServer, n: usize) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = server.get("/api/v1/requests")["requests"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if r.len() >= n || Instant::now() > deadline {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn curl_reaches_the_origin_through_a_quic_server_leg() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server("", "");
+    let client = client_with(&quic_entry(&server, ""));
+    let url = nginx.url("/hello.txt");
+    let http = format!("http://{}", client.http);
+    let socks = client.socks5.to_string();
+    for (how, out) in [
+        ("HTTP proxy", run_curl(&["-x", &http, &url])),
+        ("CONNECT", run_curl(&["-p", "-x", &http, &url])),
+        ("SOCKS5", run_curl(&["--socks5-hostname", &socks, &url])),
+    ] {
+        assert!(
+            out.status.success(),
+            "{how}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, HELLO, "{how}");
+    }
+    // The server routed each flow like a CONNECT and logged it as QUIC.
+    let origin_host = format!("127.0.0.1:{}", nginx.port);
+    let requests = server_requests(&server, 3);
+    let quic_flows = requests
+        .iter()
+        .filter(|r| r["protocol"] == "QUIC" && r["host"] == origin_host.as_str())
+        .count();
+    assert!(quic_flows >= 1, "{requests:?}");
+    // Every flow rode on one QUIC connection.
+    let status = server.get("/api/v1/quic");
+    assert_eq!(status["connections_total"], 1, "{status}");
+    assert!(status["streams_total"].as_u64().unwrap_or(0) >= 3, "{status}");
+    let metrics = curl(&["-sS", &format!("http://{}/metrics", server.metrics)]);
+    let text = String::from_utf8_lossy(&metrics.stdout);
+    assert!(
+        text.contains("switchyard_quic_connections_total 1"),
+        "{text}"
+    );
+    let entry = client.server_entry_when("quic-gw", |e| e["status"] == "connected");
+    assert_eq!(entry["protocol"], "QUIC", "{entry}");
+    assert_eq!(entry["status"], "connected", "{entry}");
+}
+
+/// Opens a CONNECT tunnel through the client's HTTP proxy to `origin` and keeps it open.
+fn open_tunnel(proxy: SocketAddr, origin: u16) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(proxy).expect("connect proxy");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        s,
+        "CONNECT 127.0.0.1:{origin} HTTP/1.1\r\nHost: 127.0.0.1:{origin}\r\n\r\n"
+    )
+    .expect("CONNECT");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).expect("CONNECT answer");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s
+}
+
+#[test]
+fn a_hundred_concurrent_flows_share_one_quic_connection() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server("", "");
+    let client = client_with(&quic_entry(&server, ""));
+    let proxy = client.http;
+    let port = nginx.port;
+    // 100 tunnels open at once (each is a stream), then one request on each.
+    let tunnels: Vec<std::net::TcpStream> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..100)
+            .map(|_| scope.spawn(move || open_tunnel(proxy, port)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("tunnel"))
+            .collect()
+    });
+    let live = server.get("/api/v1/connections")["connections"]
+        .as_array()
+        .map_or(0, |c| c.iter().filter(|c| c["protocol"] == "QUIC").count());
+    assert!(live >= 100, "the server holds {live} QUIC flows at once");
+    std::thread::scope(|scope| {
+        for mut t in tunnels {
+            scope.spawn(move || {
+                t.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .expect("request");
+                let mut answer = Vec::new();
+                t.read_to_end(&mut answer).expect("answer");
+                assert!(answer.ends_with(HELLO), "{}", String::from_utf8_lossy(&answer));
+            });
+        }
+    });
+    let status = server.get("/api/v1/quic");
+    assert_eq!(status["connections_total"], 1, "one connection: {status}");
+    assert!(status["streams_total"].as_u64().unwrap_or(0) >= 100, "{status}");
+}
+
+#[test]
+fn a_wrong_pin_is_refused_with_a_clear_error() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server("", "");
+    let wrong = "00:".repeat(31) + "00";
+    let client = client_with(&format!(
+        "address: \"{}\", protocol: QUIC, fingerprint: \"{wrong}\"",
+        server.quic
+    ));
+    let out = run_curl(&["-x", &format!("http://{}", client.http), &nginx.url("/hello.txt")]);
+    assert_ne!(out.stdout, HELLO, "a wrong pin must not carry traffic");
+    let entry = client.server_entry_when("quic-gw", |e| e["error"].is_string());
+    let error = entry["error"].as_str().unwrap_or_default();
+    assert!(error.contains("does not match the pinned"), "{entry}");
+    assert!(client.log_has("does not match the pinned"));
+    assert_eq!(server.get("/api/v1/quic")["streams_total"], 0);
+}
+
+#[test]
+fn a_wrong_token_is_refused_and_the_right_one_accepted() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server(", token: s3cret", "");
+    let url = nginx.url("/hello.txt");
+    let wrong = client_with(&quic_entry(&server, ", token: nope"));
+    let out = run_curl(&["-x", &format!("http://{}", wrong.http), &url]);
+    assert_ne!(out.stdout, HELLO, "a wrong token must not carry traffic");
+    let entry = wrong.server_entry_when("quic-gw", |e| e["error"].is_string());
+    let error = entry["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("refused this client") && error.contains("wrong token"),
+        "{entry}"
+    );
+    assert!(server.get("/api/v1/quic")["refused"].as_u64().unwrap_or(0) >= 1);
+
+    let right = client_with(&quic_entry(&server, ", token: s3cret"));
+    let out = run_curl(&["-x", &format!("http://{}", right.http), &url]);
+    assert_eq!(out.stdout, HELLO, "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn proxy_credentials_authenticate_a_quic_client() {
+    let Some(nginx) = origin() else { return };
+    let hash = bcrypt::hash("pw", 4).expect("hash");
+    let auth = format!(
+        "auth:\n  mode: native\n  native:\n    users:\n      - {{username: alice, password_hash: \"{hash}\"}}\n"
+    );
+    let server = quic_server("", &auth);
+    let url = nginx.url("/hello.txt");
+    let good = client_with(&quic_entry(&server, ", username: alice, password: pw"));
+    let out = run_curl(&["-x", &format!("http://{}", good.http), &url]);
+    assert_eq!(out.stdout, HELLO, "{}", String::from_utf8_lossy(&out.stderr));
+    let bad = client_with(&quic_entry(&server, ", username: alice, password: wrong"));
+    let out = run_curl(&["-x", &format!("http://{}", bad.http), &url]);
+    assert_ne!(out.stdout, HELLO);
+    let entry = bad.server_entry_when("quic-gw", |e| e["error"].is_string());
+    assert!(
+        entry["error"].as_str().unwrap_or_default().contains("credentials of alice refused"),
+        "{entry}"
+    );
+}
+
+/// A UDP echo server on loopback: answers each datagram with `echo:` + the payload.
+fn udp_echo() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let addr = socket.local_addr().expect("addr");
+    let handle = std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+            let mut out = b"echo:".to_vec();
+            out.extend_from_slice(&buf[..n]);
+            let _ = socket.send_to(&out, from);
+        }
+    });
+    (addr, handle)
+}
+
+#[test]
+fn socks5_udp_associate_travels_as_quic_datagrams() {
+    let server = quic_server("", "");
+    let client = client_with(&quic_entry(&server, ""));
+    let (echo, _thread) = udp_echo();
+    let (_ctl, relay) = support::socks5_udp_associate(client.socks5);
+    let udp = support::udp_client();
+    let std::net::SocketAddr::V4(dest) = echo else {
+        unreachable!()
+    };
+    let (header, data) = support::udp_exchange(&udp, relay, dest, b"ping-1");
+    assert_eq!(data, "echo:ping-1");
+    let mut want = vec![0, 0, 0, 1];
+    want.extend_from_slice(&dest.ip().octets());
+    want.extend_from_slice(&dest.port().to_be_bytes());
+    assert_eq!(header, want, "the reply names the echo server");
+    let (_, data) = support::udp_exchange(&udp, relay, dest, b"ping-2");
+    assert_eq!(data, "echo:ping-2");
+    let status = server.get("/api/v1/quic");
+    assert!(status["datagrams_received"].as_u64().unwrap_or(0) >= 2, "{status}");
+    assert_eq!(status["connections_total"], 1, "{status}");
+}
+
+#[test]
+fn blocked_udp_falls_back_to_the_tcp_proxy() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server("", "");
+    // A UDP port that swallows everything: the handshake never gets an answer.
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let client = client_with(&format!(
+        "address: \"{}\", protocol: QUIC, fingerprint: \"{}\", fallback: {{address: \"{}\", protocol: HTTP}}",
+        sink.local_addr().expect("addr"),
+        server.fingerprint,
+        server.http
+    ));
+    let out = run_curl(&["-x", &format!("http://{}", client.http), &nginx.url("/hello.txt")]);
+    assert_eq!(out.stdout, HELLO, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        client.log_has("falling back to the server's TCP proxy"),
+        "the fallback is logged"
+    );
+    // The flow went through the server's HTTP proxy (a CONNECT tunnel the client keeps
+    // pooled, so it shows among the live connections), not QUIC.
+    assert_eq!(server.get("/api/v1/quic")["connections_total"], 0);
+    let live = server.get("/api/v1/connections")["connections"].clone();
+    let requests = server.get("/api/v1/requests")["requests"].clone();
+    let origin_host = format!("127.0.0.1:{}", nginx.port);
+    let via_tcp = [&live, &requests]
+        .iter()
+        .filter_map(|v| v.as_array())
+        .flatten()
+        .any(|r| r["host"] == origin_host.as_str() && r["protocol"] != "QUIC");
+    assert!(via_tcp, "live {live}, requests {requests}");
+    drop(sink);
+}
