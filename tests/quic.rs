@@ -433,3 +433,274 @@ fn blocked_udp_falls_back_to_the_tcp_proxy() {
     assert!(via_tcp, "live {live}, requests {requests}");
     drop(sink);
 }
+
+/// A user-space UDP impairment relay (the kernel here has no `sch_netem`): forwards the
+/// client's datagrams to `upstream` and the answers back, each after `delay_ms` and each
+/// dropped with probability `loss` (seeded, so runs are comparable). Prints its port.
+const IMPAIR: &str = r#"
+import heapq, random, select, socket, sys, time
+upstream = (sys.argv[1], int(sys.argv[2])); delay = float(sys.argv[3]) / 1000; loss = float(sys.argv[4])
+front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); front.bind(("127.0.0.1", 0))
+back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); back.bind(("127.0.0.1", 0))
+for s in (front, back):
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+print(front.getsockname()[1], flush=True)
+rnd = random.Random(7); queue = []; seq = 0; client = None
+while True:
+    wait = max(0.0, queue[0][0] - time.time()) if queue else 0.5
+    ready, _, _ = select.select([front, back], [], [], wait)
+    now = time.time()
+    for sock in ready:
+        data, addr = sock.recvfrom(65535)
+        if rnd.random() < loss:
+            continue
+        seq += 1
+        if sock is front:
+            client = addr
+            heapq.heappush(queue, (now + delay, seq, back, data, upstream))
+        elif client is not None:
+            heapq.heappush(queue, (now + delay, seq, front, data, client))
+    while queue and queue[0][0] <= time.time():
+        _, _, sock, data, addr = heapq.heappop(queue)
+        sock.sendto(data, addr)
+"#;
+
+fn impairment_relay(upstream: SocketAddr, delay_ms: u32, loss: f64) -> Option<(Proc, SocketAddr)> {
+    let python = support::require("python3")?;
+    let mut child = Command::new(python)
+        .args(["-c", IMPAIR])
+        .args([
+            upstream.ip().to_string(),
+            upstream.port().to_string(),
+            delay_ms.to_string(),
+            loss.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("impairment relay");
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("port");
+    let port: u16 = line.trim().parse().expect("relay port");
+    Some((
+        Proc {
+            child,
+            name: "impairment relay".into(),
+        },
+        SocketAddr::from(([127, 0, 0, 1], port)),
+    ))
+}
+
+/// Deterministic test content of `len` bytes.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+#[test]
+fn a_download_completes_over_delay_and_loss() {
+    let body = pattern(4 << 20);
+    let Some(nginx) = start_nginx(&[("big.bin", &body)]) else {
+        return;
+    };
+    let server = quic_server("", "");
+    // 25 ms each way (50 ms RTT) and 2 % of the datagrams lost in each direction
+    let Some((_relay, relay_addr)) = impairment_relay(server.quic, 25, 0.02) else {
+        return;
+    };
+    let client = client_with(&format!(
+        "address: \"{relay_addr}\", protocol: QUIC, fingerprint: \"{}\"",
+        server.fingerprint
+    ));
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "90",
+        "-x",
+        &format!("http://{}", client.http),
+        &nginx.url("/big.bin"),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout.len(), body.len());
+    assert!(out.stdout == body, "the download arrived intact");
+    // the path really had the delay: the connection's RTT shows it
+    let entry = client.server_entry_when("quic-gw", |e| e["latency_ms"].as_u64() >= Some(50));
+    assert!(entry["latency_ms"].as_u64() >= Some(50), "{entry}");
+    assert_eq!(server.get("/api/v1/quic")["connections_total"], 1);
+}
+
+/// An HTTP origin that sends one file at about 1.3 MB/s to every request.
+const SLOW_ORIGIN: &str = r#"
+import socket, sys, threading, time
+data = open(sys.argv[2], "rb").read()
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", int(sys.argv[1]))); srv.listen(16)
+def serve(c):
+    try:
+        req = b""
+        while b"\r\n\r\n" not in req:
+            chunk = c.recv(4096)
+            if not chunk:
+                return
+            req += chunk
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(data))
+        if req.startswith(b"HEAD"):
+            return
+        for i in range(0, len(data), 65536):
+            c.sendall(data[i:i + 65536]); time.sleep(0.05)
+    finally:
+        c.close()
+while True:
+    c, _ = srv.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Namespaces of one migration test (`syquic…`), deleted (with their links) on drop.
+struct Namespaces(Vec<String>);
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            support::netns::sh_quiet(&format!("ip netns del {ns}"));
+        }
+    }
+}
+
+/// `args` run inside namespace `ns`.
+fn in_ns(ns: &str, program: &str) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, program]);
+    cmd
+}
+
+fn ns_curl(ns: &str, args: &[&str]) -> std::process::Output {
+    in_ns(ns, "curl").args(args).output().expect("curl in netns")
+}
+
+#[test]
+fn a_download_survives_the_client_changing_its_address() {
+    use support::netns::{root_with_tools_or_skip, sh};
+    if !root_with_tools_or_skip("QUIC migration", &["ip", "curl", "python3"]) {
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let (s_ns, c_ns) = (format!("syquic-s{id}"), format!("syquic-c{id}"));
+    let _guard = Namespaces(vec![s_ns.clone(), c_ns.clone()]);
+    // 10.<a>.<b>.0/24 from the pid keeps parallel runs apart
+    let net = format!("10.{}.{}", 100 + id % 100, id / 100 % 250);
+    let (s_if, c_if) = (format!("syqs{id}"), format!("syqc{id}"));
+    sh(&format!(
+        "ip netns add {s_ns} && ip netns add {c_ns} && \
+         ip link add {s_if} netns {s_ns} type veth peer name {c_if} netns {c_ns} && \
+         ip -n {s_ns} link set lo up && ip -n {c_ns} link set lo up && \
+         ip -n {s_ns} addr add {net}.1/24 dev {s_if} && ip -n {s_ns} link set {s_if} up && \
+         ip -n {c_ns} addr add {net}.2/24 dev {c_if} && ip -n {c_ns} link set {c_if} up && \
+         ip netns exec {c_ns} sysctl -qw net.ipv4.conf.{c_if}.promote_secondaries=1"
+    ));
+    // the origin in the server's namespace: sends the file slowly (64 KiB per 50 ms), so the
+    // transfer over QUIC is still running when the client's address changes
+    let www = tempfile::tempdir().expect("www");
+    let body = pattern(6 << 20);
+    std::fs::write(www.path().join("big.bin"), &body).expect("file");
+    let origin_port = 18_000 + (id % 1000) as u16;
+    let _origin = Proc {
+        child: in_ns(&s_ns, "python3")
+            .args(["-c", SLOW_ORIGIN, &origin_port.to_string()])
+            .arg(www.path().join("big.bin"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("origin"),
+        name: "origin".into(),
+    };
+    let origin_url = format!("http://127.0.0.1:{origin_port}/big.bin");
+    let waiting = Instant::now();
+    while !ns_curl(&s_ns, &["-sSfI", "--max-time", "2", &origin_url]).status.success() {
+        assert!(waiting.elapsed() < Duration::from_secs(20), "the origin does not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // the server in its namespace (QUIC on the veth address)
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("server.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ enabled: false }}\n  cores: 2\n\
+             \x20 data_dir: \"{}\"\n  quic: {{ listen: \"{net}.1:0\" }}\n\
+             api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: debug, format: json }}\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .expect("config");
+    let mut cmd = in_ns(&s_ns, BIN);
+    cmd.args(["server", "--config"]).arg(&config);
+    let server = spawn_with_listeners(
+        cmd,
+        "switchyard server (netns)",
+        &["management API", "QUIC transport listening"],
+    );
+    let [api, quic] = server.addrs[..] else {
+        unreachable!()
+    };
+    let server_get = |path: &str| -> serde_json::Value {
+        let out = ns_curl(&s_ns, &["-sS", "--max-time", "10", &format!("http://{api}{path}")]);
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    };
+    let fingerprint = server_get("/api/v1/quic")["fingerprint"]
+        .as_str()
+        .expect("fingerprint")
+        .to_owned();
+    // the client in its namespace
+    let cdir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        cdir.path().join("client.yaml"),
+        format!(
+            "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n\
+             api: {{listen: \"127.0.0.1:0\"}}\nlogging: {{level: debug, format: json}}\n\
+             servers:\n  - {{name: quic-gw, is_default: true, address: \"{quic}\", protocol: QUIC, fingerprint: \"{fingerprint}\"}}\n"
+        ),
+    )
+    .expect("client config");
+    let mut cmd = in_ns(&c_ns, BIN);
+    cmd.arg("client")
+        .arg("--config")
+        .arg(cdir.path().join("client.yaml"))
+        .arg("--data-dir")
+        .arg(cdir.path().join("data"));
+    let client = spawn_with_listeners(
+        cmd,
+        "switchyard client (netns)",
+        &["client HTTP proxy listening"],
+    );
+    let proxy = format!("http://{}", client.addrs[0]);
+    // a slow download (about 5 s) through the client, the address moved in the middle
+    let out_file = cdir.path().join("download.bin");
+    let mut download = in_ns(&c_ns, "curl")
+        .args(["-sS", "--max-time", "60", "-x", &proxy])
+        .arg(&origin_url)
+        .arg("-o")
+        .arg(&out_file)
+        .spawn()
+        .expect("download");
+    let started = Instant::now();
+    while std::fs::metadata(&out_file).map_or(0, |m| m.len()) < 1 << 20 {
+        if started.elapsed() > Duration::from_secs(30) {
+            let logs = server.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+            let clogs = client.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+            panic!("the download does not start\nSERVER:\n{logs}\nCLIENT:\n{clogs}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sh(&format!(
+        "ip -n {c_ns} addr add {net}.3/24 dev {c_if} && ip -n {c_ns} addr del {net}.2/24 dev {c_if}"
+    ));
+    let moved_at = std::fs::metadata(&out_file).map_or(0, |m| m.len());
+    assert!(moved_at < body.len() as u64, "moved before the end");
+    let status = download.wait().expect("curl");
+    assert!(status.success(), "the download failed after the address change");
+    let got = std::fs::read(&out_file).expect("downloaded");
+    assert_eq!(got.len(), body.len());
+    assert!(got == body, "the download arrived intact");
+    // one connection carried it all: migrated, not reconnected
+    let quic_status = server_get("/api/v1/quic");
+    assert_eq!(quic_status["connections_total"], 1, "{quic_status}");
+    drop(client);
+}
