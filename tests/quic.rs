@@ -24,10 +24,14 @@ struct QuicServer {
 
 impl QuicServer {
     fn get(&self, path: &str) -> serde_json::Value {
-        let out = curl(&["-sS", "--max-time", "10", &format!("http://{}{}", self.api, path)]);
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("GET {path}: {e}: {}", String::from_utf8_lossy(&out.stdout))
-        })
+        let out = curl(&[
+            "-sS",
+            "--max-time",
+            "10",
+            &format!("http://{}{}", self.api, path),
+        ]);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
     }
 }
 
@@ -70,7 +74,10 @@ fn quic_server_on(quic_listen: &str, quic_extra: &str, extra: &str) -> QuicServe
     let status = server.get("/api/v1/quic");
     assert_eq!(status["enabled"], true, "{status}");
     assert_eq!(status["self_signed"], true, "{status}");
-    server.fingerprint = status["fingerprint"].as_str().expect("fingerprint").to_owned();
+    server.fingerprint = status["fingerprint"]
+        .as_str()
+        .expect("fingerprint")
+        .to_owned();
     server
 }
 
@@ -89,10 +96,14 @@ struct Client {
 
 impl Client {
     fn get(&self, path: &str) -> serde_json::Value {
-        let out = curl(&["-sS", "--max-time", "10", &format!("http://{}{}", self.api, path)]);
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("GET {path}: {e}: {}", String::from_utf8_lossy(&out.stdout))
-        })
+        let out = curl(&[
+            "-sS",
+            "--max-time",
+            "10",
+            &format!("http://{}{}", self.api, path),
+        ]);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
     }
 
     fn log_has(&self, needle: &str) -> bool {
@@ -226,7 +237,10 @@ fn curl_reaches_the_origin_through_a_quic_server_leg() {
     // Every flow rode on one QUIC connection.
     let status = server.get("/api/v1/quic");
     assert_eq!(status["connections_total"], 1, "{status}");
-    assert!(status["streams_total"].as_u64().unwrap_or(0) >= 3, "{status}");
+    assert!(
+        status["streams_total"].as_u64().unwrap_or(0) >= 3,
+        "{status}"
+    );
     let metrics = curl(&["-sS", &format!("http://{}/metrics", server.metrics)]);
     let text = String::from_utf8_lossy(&metrics.stdout);
     assert!(
@@ -290,13 +304,20 @@ fn a_hundred_concurrent_flows_share_one_quic_connection() {
                     .expect("request");
                 let mut answer = Vec::new();
                 t.read_to_end(&mut answer).expect("answer");
-                assert!(answer.ends_with(HELLO), "{}", String::from_utf8_lossy(&answer));
+                assert!(
+                    answer.ends_with(HELLO),
+                    "{}",
+                    String::from_utf8_lossy(&answer)
+                );
             });
         }
     });
     let status = server.get("/api/v1/quic");
     assert_eq!(status["connections_total"], 1, "one connection: {status}");
-    assert!(status["streams_total"].as_u64().unwrap_or(0) >= 100, "{status}");
+    assert!(
+        status["streams_total"].as_u64().unwrap_or(0) >= 100,
+        "{status}"
+    );
 }
 
 #[test]
@@ -308,7 +329,11 @@ fn a_wrong_pin_is_refused_with_a_clear_error() {
         "address: \"{}\", protocol: QUIC, fingerprint: \"{wrong}\"",
         server.quic
     ));
-    let out = run_curl(&["-x", &format!("http://{}", client.http), &nginx.url("/hello.txt")]);
+    let out = run_curl(&[
+        "-x",
+        &format!("http://{}", client.http),
+        &nginx.url("/hello.txt"),
+    ]);
     assert_ne!(out.stdout, HELLO, "a wrong pin must not carry traffic");
     let entry = client.server_entry_when("quic-gw", |e| e["error"].is_string());
     let error = entry["error"].as_str().unwrap_or_default();
@@ -335,7 +360,12 @@ fn a_wrong_token_is_refused_and_the_right_one_accepted() {
 
     let right = client_with(&quic_entry(&server, ", token: s3cret"));
     let out = run_curl(&["-x", &format!("http://{}", right.http), &url]);
-    assert_eq!(out.stdout, HELLO, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.stdout,
+        HELLO,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -349,13 +379,21 @@ fn proxy_credentials_authenticate_a_quic_client() {
     let url = nginx.url("/hello.txt");
     let good = client_with(&quic_entry(&server, ", username: alice, password: pw"));
     let out = run_curl(&["-x", &format!("http://{}", good.http), &url]);
-    assert_eq!(out.stdout, HELLO, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.stdout,
+        HELLO,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let bad = client_with(&quic_entry(&server, ", username: alice, password: wrong"));
     let out = run_curl(&["-x", &format!("http://{}", bad.http), &url]);
     assert_ne!(out.stdout, HELLO);
     let entry = bad.server_entry_when("quic-gw", |e| e["error"].is_string());
     assert!(
-        entry["error"].as_str().unwrap_or_default().contains("credentials of alice refused"),
+        entry["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("credentials of alice refused"),
         "{entry}"
     );
 }
@@ -397,7 +435,10 @@ fn socks5_udp_associate_travels_as_quic_datagrams() {
     let (_, data) = support::udp_exchange(&udp, relay, dest, b"ping-2");
     assert_eq!(data, "echo:ping-2");
     let status = server.get("/api/v1/quic");
-    assert!(status["datagrams_received"].as_u64().unwrap_or(0) >= 2, "{status}");
+    assert!(
+        status["datagrams_received"].as_u64().unwrap_or(0) >= 2,
+        "{status}"
+    );
     assert_eq!(status["connections_total"], 1, "{status}");
 }
 
@@ -413,8 +454,17 @@ fn blocked_udp_falls_back_to_the_tcp_proxy() {
         server.fingerprint,
         server.http
     ));
-    let out = run_curl(&["-x", &format!("http://{}", client.http), &nginx.url("/hello.txt")]);
-    assert_eq!(out.stdout, HELLO, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_curl(&[
+        "-x",
+        &format!("http://{}", client.http),
+        &nginx.url("/hello.txt"),
+    ]);
+    assert_eq!(
+        out.stdout,
+        HELLO,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         client.log_has("falling back to the server's TCP proxy"),
         "the fallback is logged"
@@ -519,7 +569,11 @@ fn a_download_completes_over_delay_and_loss() {
         &format!("http://{}", client.http),
         &nginx.url("/big.bin"),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(out.stdout.len(), body.len());
     assert!(out.stdout == body, "the download arrived intact");
     // the path really had the delay: the connection's RTT shows it
@@ -572,7 +626,10 @@ fn in_ns(ns: &str, program: &str) -> Command {
 }
 
 fn ns_curl(ns: &str, args: &[&str]) -> std::process::Output {
-    in_ns(ns, "curl").args(args).output().expect("curl in netns")
+    in_ns(ns, "curl")
+        .args(args)
+        .output()
+        .expect("curl in netns")
 }
 
 #[test]
@@ -613,8 +670,14 @@ fn a_download_survives_the_client_changing_its_address() {
     };
     let origin_url = format!("http://127.0.0.1:{origin_port}/big.bin");
     let waiting = Instant::now();
-    while !ns_curl(&s_ns, &["-sSfI", "--max-time", "2", &origin_url]).status.success() {
-        assert!(waiting.elapsed() < Duration::from_secs(20), "the origin does not start");
+    while !ns_curl(&s_ns, &["-sSfI", "--max-time", "2", &origin_url])
+        .status
+        .success()
+    {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(20),
+            "the origin does not start"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // the server in its namespace (QUIC on the veth address)
@@ -641,7 +704,10 @@ fn a_download_survives_the_client_changing_its_address() {
         unreachable!()
     };
     let server_get = |path: &str| -> serde_json::Value {
-        let out = ns_curl(&s_ns, &["-sS", "--max-time", "10", &format!("http://{api}{path}")]);
+        let out = ns_curl(
+            &s_ns,
+            &["-sS", "--max-time", "10", &format!("http://{api}{path}")],
+        );
         serde_json::from_slice(&out.stdout).unwrap_or_default()
     };
     let fingerprint = server_get("/api/v1/quic")["fingerprint"]
@@ -695,7 +761,10 @@ fn a_download_survives_the_client_changing_its_address() {
     let moved_at = std::fs::metadata(&out_file).map_or(0, |m| m.len());
     assert!(moved_at < body.len() as u64, "moved before the end");
     let status = download.wait().expect("curl");
-    assert!(status.success(), "the download failed after the address change");
+    assert!(
+        status.success(),
+        "the download failed after the address change"
+    );
     let got = std::fs::read(&out_file).expect("downloaded");
     assert_eq!(got.len(), body.len());
     assert!(got == body, "the download arrived intact");

@@ -914,7 +914,11 @@ routing:
              token: t, fallback: {{address: 'h:7080', protocol: HTTP}}}}]"
         );
         let cfg = ClientConfig::from_yaml_str(&yaml, &|_| None).unwrap();
-        assert!(validate_client(&cfg).is_empty(), "{:?}", validate_client(&cfg));
+        assert!(
+            validate_client(&cfg).is_empty(),
+            "{:?}",
+            validate_client(&cfg)
+        );
         assert_eq!(parse_fingerprint(&pin).unwrap(), [0xab; 32]);
         let mut bad = cfg.clone();
         bad.servers[0].fingerprint = None;
@@ -923,8 +927,14 @@ routing:
             protocol: ServerProtocol::Quic,
         });
         let fields: Vec<String> = validate_client(&bad).into_iter().map(|p| p.field).collect();
-        assert!(fields.contains(&"servers[0].fingerprint".to_string()), "{fields:?}");
-        assert!(fields.contains(&"servers[0].fallback.protocol".to_string()), "{fields:?}");
+        assert!(
+            fields.contains(&"servers[0].fingerprint".to_string()),
+            "{fields:?}"
+        );
+        assert!(
+            fields.contains(&"servers[0].fallback.protocol".to_string()),
+            "{fields:?}"
+        );
         assert!(parse_fingerprint("abcd").is_err());
         assert!(parse_fingerprint(&"zz".repeat(32)).is_err());
     }
@@ -932,9 +942,10 @@ routing:
     #[test]
     fn unknown_keys_are_refused() {
         assert!(ClientConfig::from_yaml_str("proxy: {htp: {}}", &|_| None).is_err());
-        assert!(
-            ClientConfig::from_yaml_str("servers: [{name: a, protocol: QUIC, pin: x}]", &|_| None)
-                .is_err()
-        );
+        assert!(ClientConfig::from_yaml_str(
+            "servers: [{name: a, protocol: QUIC, pin: x}]",
+            &|_| None
+        )
+        .is_err());
     }
 }

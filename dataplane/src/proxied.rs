@@ -181,7 +181,10 @@ async fn account(
 
 /// The client side of a tunnel: a TCP connection, or a QUIC stream's flow.
 pub(crate) trait ClientStream:
-    futures_lite::io::AsyncRead + futures_lite::io::AsyncWrite + crate::backend_stream::HalfClose + Unpin
+    futures_lite::io::AsyncRead
+    + futures_lite::io::AsyncWrite
+    + crate::backend_stream::HalfClose
+    + Unpin
 {
     /// The handshake's read timeout no longer applies once the tunnel relays.
     fn clear_read_timeout(&self);

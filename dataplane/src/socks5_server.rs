@@ -323,6 +323,7 @@ async fn open_egress(
 }
 
 /// The association's egress socket for `key`, opened (with its reply task) on first use.
+#[allow(clippy::too_many_arguments)]
 async fn egress_socket(
     ctx: &CoreContext,
     sockets: &RefCell<Vec<EgressSocket>>,

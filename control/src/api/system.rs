@@ -77,7 +77,9 @@ pub async fn status(State(state): State<Arc<ServerState>>) -> Json<ServerStatus>
 }
 
 #[utoipa::path(get, path = "/api/v1/quic", tag = "system", responses((status = 200, body = switchyard_api::server::QuicStatus)))]
-pub async fn quic(State(state): State<Arc<ServerState>>) -> Json<switchyard_api::server::QuicStatus> {
+pub async fn quic(
+    State(state): State<Arc<ServerState>>,
+) -> Json<switchyard_api::server::QuicStatus> {
     use std::sync::atomic::Ordering::Relaxed;
     let Some(q) = &state.quic else {
         return Json(switchyard_api::server::QuicStatus {

@@ -6,11 +6,11 @@
 //! and compiled into the engine's [`Snapshot`]. Routing, pooling, keep-alive, counters and request
 //! records then all come from the same engine the server runs.
 
+use std::sync::Arc;
 use switchyard_config::client::{ClientConfig, ClientServerConfig, RouteAction, ServerProtocol};
 use switchyard_config::{
     BackendConfig, BackendType, LoadBalance, RouteConfig, ServerConfig, UpstreamProxyConfig,
 };
-use std::sync::Arc;
 use switchyard_dataplane::quic::{QuicBackend, QuicSettings};
 use switchyard_dataplane::snapshot::{Backend, BackendKind, QuicRef, SnapshotError};
 use switchyard_dataplane::Snapshot;
@@ -156,7 +156,9 @@ fn quic_settings(s: &ClientServerConfig) -> Result<QuicSettings, SnapshotError> 
                         .as_ref()
                         .map(|u| (u.clone(), s.password.clone().unwrap_or_default())),
                 },
-                ServerProtocol::Quic => return Err(bad("the fallback must be HTTP or SOCKS5".into())),
+                ServerProtocol::Quic => {
+                    return Err(bad("the fallback must be HTTP or SOCKS5".into()))
+                }
             };
             Some(Box::new(kind))
         }

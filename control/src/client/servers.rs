@@ -4,11 +4,11 @@
 //! server's probe and the engine's failed dials.
 
 use super::state::ClientState;
-use switchyard_config::client::ServerProtocol;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchyard_config::client::ServerProtocol;
 
 /// The outcome of one probe of one server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,10 @@ pub async fn probe_loop(state: Arc<ClientState>) {
                                 at,
                             })
                         } else {
-                            q.last_error.lock().is_some().then_some(Probe { latency: None, at })
+                            q.last_error
+                                .lock()
+                                .is_some()
+                                .then_some(Probe { latency: None, at })
                         }
                     });
                 }

@@ -260,6 +260,7 @@ pub fn parse_datagram(datagram: &[u8]) -> Result<(u32, TargetAddr, usize), WireE
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -302,7 +303,10 @@ mod tests {
         assert_eq!(parse_open(&out[..out.len() - 1]).unwrap(), None);
         assert_eq!(parse_open(b"\x07").unwrap_err(), WireError::Kind(7));
         assert!(parse_open(b"\x01\x00\x00\x50").is_err(), "empty host");
-        assert!(parse_open(b"\x01\x02\xff\xfe\x00\x50").is_err(), "not UTF-8");
+        assert!(
+            parse_open(b"\x01\x02\xff\xfe\x00\x50").is_err(),
+            "not UTF-8"
+        );
         let long = Open {
             host: "a".repeat(300),
             port: 1,

@@ -28,7 +28,6 @@ use crate::wireguard::datagrams::{self, DatagramEnds, DatagramPort};
 use crate::wireguard::flow::{FlowStream, Wake};
 use crate::wireguard::Owner;
 use bytes::Bytes;
-use futures_lite::io::AsyncWriteExt;
 use parking_lot::Mutex;
 use quinn_proto::ConnectionHandle;
 use std::cell::RefCell;
@@ -137,7 +136,11 @@ impl QuicBackend {
     }
 
     /// Starts the connection's owner on the calling core unless a live core runs it already.
-    pub(crate) fn ensure_started(&self, ctx: &crate::engine::CoreContext, health: &Arc<BackendHealth>) {
+    pub(crate) fn ensure_started(
+        &self,
+        ctx: &crate::engine::CoreContext,
+        health: &Arc<BackendHealth>,
+    ) {
         let generation = if self.started.load(Ordering::Acquire) {
             let Some(generation) = self.owner.take_over_if_lost() else {
                 return;
@@ -186,11 +189,12 @@ impl QuicBackend {
         }
         let result = self.open_quic(host, port, deadline).await;
         match (&result, self.settings.fallback.as_deref()) {
-            (Err(DataplaneError::Quic { unanswered: true, .. }), Some(fallback))
-                if Instant::now() < deadline =>
-            {
-                Box::pin(dialer.connect(fallback, host, port)).await
-            }
+            (
+                Err(DataplaneError::Quic {
+                    unanswered: true, ..
+                }),
+                Some(fallback),
+            ) if Instant::now() < deadline => Box::pin(dialer.connect(fallback, host, port)).await,
             _ => result,
         }
     }
@@ -233,8 +237,7 @@ impl QuicBackend {
         .ok_or_else(timed_out)??;
         let flow = RefCell::new(opened);
         let exchange = async {
-            flow.borrow_mut()
-                .write_all(&header)
+            crate::tunnel::write_all(&flow, &header)
                 .await
                 .map_err(|e| fail(format!("stream closed: {e}")))?;
             let left = deadline.saturating_duration_since(Instant::now());
@@ -328,15 +331,23 @@ fn transport() -> Arc<quinn_proto::TransportConfig> {
 fn describe_loss(reason: &quinn_proto::ConnectionError, connected: bool) -> String {
     use quinn_proto::ConnectionError as E;
     match reason {
-        E::ApplicationClosed(close) if close.error_code.into_inner() == u64::from(quic_wire::CLOSE_AUTH_REFUSED) => {
-            format!("the server refused this client: {}", String::from_utf8_lossy(&close.reason))
+        E::ApplicationClosed(close)
+            if close.error_code.into_inner() == u64::from(quic_wire::CLOSE_AUTH_REFUSED) =>
+        {
+            format!(
+                "the server refused this client: {}",
+                String::from_utf8_lossy(&close.reason)
+            )
         }
         E::ApplicationClosed(close) => format!(
             "closed by the server (code {}): {}",
             close.error_code,
             String::from_utf8_lossy(&close.reason)
         ),
-        E::TransportError(e) if e.to_string().contains("does not match the pinned") || e.to_string().contains("certificate") => {
+        E::TransportError(e)
+            if e.to_string().contains("does not match the pinned")
+                || e.to_string().contains("certificate") =>
+        {
             format!("TLS handshake failed (certificate pin): {e}")
         }
         E::TimedOut if !connected => "no answer to the QUIC handshake (UDP blocked?)".to_owned(),
@@ -354,7 +365,9 @@ fn any_addr(for_remote: SocketAddr) -> SocketAddr {
 
 impl Runner {
     fn fail_all(
-        waiting: &mut VecDeque<futures::channel::oneshot::Sender<Result<FlowStream, DataplaneError>>>,
+        waiting: &mut VecDeque<
+            futures::channel::oneshot::Sender<Result<FlowStream, DataplaneError>>,
+        >,
         error: impl Fn() -> DataplaneError,
     ) {
         for reply in waiting.drain(..) {
@@ -417,7 +430,10 @@ impl Runner {
             udp.retain(|_, ends| !ends.from_client.is_closed() || !ends.from_client.is_empty());
 
             if current.is_none() && (!waiting.is_empty() || !udp.is_empty()) {
-                match self.connect(&mut driver, &mut receiver, &config, &host, port).await {
+                match self
+                    .connect(&mut driver, &mut receiver, &config, &host, port)
+                    .await
+                {
                     Ok(c) => current = Some(c),
                     Err(e) => {
                         tracing::warn!(backend = %self.name, error = %e, "QUIC connection failed");
@@ -491,10 +507,13 @@ impl Runner {
                             zero_rtt = resumed, "QUIC connection established");
                         self.record(true, None);
                     }
-                    DriverEvent::Lost { conn, reason } if current.as_ref().is_some_and(|c| c.ch == conn) => {
+                    DriverEvent::Lost { conn, reason }
+                        if current.as_ref().is_some_and(|c| c.ch == conn) =>
+                    {
                         let connected = current.as_ref().is_some_and(|c| c.connected);
                         let why = describe_loss(&reason, connected);
-                        let unanswered = !connected && matches!(reason, quinn_proto::ConnectionError::TimedOut);
+                        let unanswered =
+                            !connected && matches!(reason, quinn_proto::ConnectionError::TimedOut);
                         tracing::warn!(backend = %self.name, server = %self.settings.address, reason = %why, "QUIC connection ended");
                         if unanswered {
                             self.udp_blocked(&why);
@@ -557,7 +576,9 @@ impl Runner {
         }
     }
 
-    fn settings_crypto(&self) -> Result<Arc<quinn_proto::crypto::rustls::QuicClientConfig>, String> {
+    fn settings_crypto(
+        &self,
+    ) -> Result<Arc<quinn_proto::crypto::rustls::QuicClientConfig>, String> {
         super::tls::client_config(self.settings.pin).map_err(|e| e.to_string())
     }
 
@@ -599,7 +620,8 @@ impl Runner {
         let d = match driver {
             Some(d) => d.clone(),
             None => {
-                let socket = UdpPort::bind(any_addr(remote)).map_err(|e| format!("UDP socket: {e}"))?;
+                let socket =
+                    UdpPort::bind(any_addr(remote)).map_err(|e| format!("UDP socket: {e}"))?;
                 let d = Driver::new(socket, None, None, self.wake.clone());
                 *receiver = Some(glommio::spawn_local(d.clone().receive()));
                 *driver = Some(d.clone());
@@ -653,11 +675,12 @@ async fn send_hello(
         return;
     }
     let flow = RefCell::new(flow);
-    if flow.borrow_mut().write_all(&out).await.is_err() {
+    if crate::tunnel::write_all(&flow, &out).await.is_err() {
         return;
     }
     flow.borrow().shutdown_write();
-    match super::server::read_message(&flow, quic_wire::parse_reply, Duration::from_secs(30)).await {
+    match super::server::read_message(&flow, quic_wire::parse_reply, Duration::from_secs(30)).await
+    {
         Ok((reply, _)) if reply.status == Status::Ok => {
             tracing::debug!(backend = %name, "QUIC hello accepted");
         }

@@ -32,9 +32,12 @@ struct Association {
     _replies: glommio::Task<()>,
 }
 
+/// The associations by (connection, flow id).
+type FlowTable = HashMap<(ConnectionHandle, u32), Rc<Association>>;
+
 #[derive(Default, Clone)]
 pub(crate) struct Relays {
-    flows: Rc<RefCell<HashMap<(ConnectionHandle, u32), Rc<Association>>>>,
+    flows: Rc<RefCell<FlowTable>>,
 }
 
 fn split_target(addr: &TargetAddr) -> (String, u16) {
@@ -72,10 +75,11 @@ impl Relays {
             tracing::debug!(%host, backend = %backend.name, "QUIC datagram dropped: route cannot carry UDP");
             return;
         }
-        let association = match self.association(ctx, driver, conn, flow, peer, &addr, &backend.name) {
-            Some(a) => a,
-            None => return,
-        };
+        let association =
+            match self.association(ctx, driver, conn, flow, peer, &addr, &backend.name) {
+                Some(a) => a,
+                None => return,
+            };
         let ctx = ctx.clone();
         glommio::spawn_local(async move {
             let Ok(addrs) = ctx.resolver.resolve(&ctx.offload, &host, port).await else {
@@ -85,7 +89,9 @@ impl Relays {
                 return;
             };
             if association.socket.send_to(&payload, *dest).await.is_ok() {
-                ctx.counters.core(ctx.core).add_received(payload.len() as u64);
+                ctx.counters
+                    .core(ctx.core)
+                    .add_received(payload.len() as u64);
                 if let Some(live) = association.live.borrow().as_ref() {
                     live.add_recv(payload.len() as u64);
                 }
@@ -146,7 +152,8 @@ impl Relays {
                         return;
                     };
                     let mut out = Vec::with_capacity(n + 32);
-                    let from = SocketAddr::new(crate::access_control::canonical(from.ip()), from.port());
+                    let from =
+                        SocketAddr::new(crate::access_control::canonical(from.ip()), from.port());
                     quic_wire::encode_datagram(
                         flow,
                         &TargetAddr::Ip(from),

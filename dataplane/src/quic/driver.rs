@@ -250,14 +250,9 @@ impl Driver {
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
         st.scratch.clear();
-        let event = st.endpoint.handle(
-            now,
-            from,
-            None,
-            None,
-            BytesMut::from(data),
-            &mut st.scratch,
-        );
+        let event =
+            st.endpoint
+                .handle(now, from, None, None, BytesMut::from(data), &mut st.scratch);
         match event {
             Some(DatagramEvent::ConnectionEvent(ch, ev)) => {
                 if let Some(conn) = st.conns.get_mut(&ch) {
@@ -355,7 +350,8 @@ impl Driver {
                 }
             }
             if !conn.lost {
-                conn.pipes.retain(|&id, pipe| bridge(&mut conn.quic, id, pipe));
+                conn.pipes
+                    .retain(|&id, pipe| bridge(&mut conn.quic, id, pipe));
             }
             for sent in 0..=MAX_TRANSMITS_PER_TURN {
                 if sent == MAX_TRANSMITS_PER_TURN {

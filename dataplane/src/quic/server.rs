@@ -86,11 +86,7 @@ pub(super) fn transport() -> Arc<quinn_proto::TransportConfig> {
 
 /// Runs the listener's endpoint on this core until the core ends.
 pub(crate) async fn serve(ctx: Rc<CoreContext>, listener: Arc<QuicListener>) {
-    let port = match listener
-        .socket
-        .try_clone()
-        .and_then(UdpPort::from_socket)
-    {
+    let port = match listener.socket.try_clone().and_then(UdpPort::from_socket) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(error = %e, "QUIC listener: cannot use the UDP socket");
@@ -100,7 +96,8 @@ pub(crate) async fn serve(ctx: Rc<CoreContext>, listener: Arc<QuicListener>) {
     let mut config = quinn_proto::ServerConfig::with_crypto(listener.crypto.clone());
     config.transport_config(transport());
     let admit_ctx = ctx.clone();
-    let admit = Box::new(move |peer: SocketAddr| admit_ctx.snapshot.load().access.allows(peer.ip()));
+    let admit =
+        Box::new(move |peer: SocketAddr| admit_ctx.snapshot.load().access.allows(peer.ip()));
     let driver = Driver::new(
         port,
         Some(Arc::new(config)),
@@ -123,7 +120,12 @@ pub(crate) async fn serve(ctx: Rc<CoreContext>, listener: Arc<QuicListener>) {
                     tracing::debug!(client = %peer, "QUIC connection accepted");
                     conns.insert(conn, (Rc::new(ConnAuth::new()), peer));
                 }
-                DriverEvent::Stream { conn, id, flow, peer } => {
+                DriverEvent::Stream {
+                    conn,
+                    id,
+                    flow,
+                    peer,
+                } => {
                     let Some((auth, _)) = conns.get(&conn) else {
                         continue;
                     };
@@ -237,8 +239,7 @@ async fn hello(
 ) {
     let snapshot = ctx.current_snapshot();
     let flow = RefCell::new(flow);
-    let hello = match read_message(&flow, quic_wire::parse_hello, snapshot.timeouts.header).await
-    {
+    let hello = match read_message(&flow, quic_wire::parse_hello, snapshot.timeouts.header).await {
         Ok((h, _)) => h,
         Err(e) => {
             tracing::debug!(client = %peer, error = %e, "QUIC hello refused");
@@ -355,17 +356,18 @@ async fn serve_flow(ctx: Rc<CoreContext>, auth: Rc<ConnAuth>, flow: FlowStream, 
         return;
     };
     trace.backend = backend.name.clone();
-    let connected =
-        match crate::proxied::dial(&ctx, &snapshot, backend, &open.host, open.port).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(client = %peer, target = %label, error = %e, "QUIC flow connect failed");
-                reply(&flow, status_of(&e), &e.to_string()).await;
-                trace.fail(e.http_status().0, e.to_string());
-                trace.finish(&ctx, &snapshot, client_ip);
-                return;
-            }
-        };
+    let connected = match crate::proxied::dial(&ctx, &snapshot, backend, &open.host, open.port)
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(client = %peer, target = %label, error = %e, "QUIC flow connect failed");
+            reply(&flow, status_of(&e), &e.to_string()).await;
+            trace.fail(e.http_status().0, e.to_string());
+            trace.finish(&ctx, &snapshot, client_ip);
+            return;
+        }
+    };
     if !reply(&flow, Status::Ok, "").await {
         return;
     }

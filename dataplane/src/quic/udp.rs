@@ -69,7 +69,12 @@ impl UdpPort {
     }
 
     /// Sends `data` to `to`: one datagram, or `segment`-sized datagrams back to back.
-    pub async fn send(&self, to: SocketAddr, data: &[u8], segment: Option<usize>) -> io::Result<()> {
+    pub async fn send(
+        &self,
+        to: SocketAddr,
+        data: &[u8],
+        segment: Option<usize>,
+    ) -> io::Result<()> {
         let Some(segment) = segment.filter(|s| *s > 0 && data.len() > *s) else {
             return self.send_one(to, data).await;
         };
@@ -77,7 +82,12 @@ impl UdpPort {
             match send_segmented(&self.raw, to, data, segment) {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)) => {
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                    ) =>
+                {
                     tracing::info!(error = %e, "UDP segmentation offload refused; sending QUIC datagrams one by one");
                     self.gso.set(false);
                 }
@@ -106,7 +116,8 @@ impl UdpPort {
 
 /// One `sendmsg(2)` with `UDP_SEGMENT`: the kernel cuts `data` into `segment`-byte datagrams.
 fn send_segmented(raw: &Socket, to: SocketAddr, data: &[u8], segment: usize) -> io::Result<usize> {
-    let segment = u16::try_from(segment).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let segment =
+        u16::try_from(segment).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let control = udp_segment_cmsg(segment);
     let addr = SockAddr::from(to);
     let bufs = [IoSlice::new(data)];
