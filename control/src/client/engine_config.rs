@@ -294,4 +294,40 @@ mod tests {
         assert_eq!(action_of(&b.name), ("server", "home"));
         assert_eq!(action_of("direct"), ("direct", "direct"));
     }
+
+    #[test]
+    fn a_quic_server_becomes_the_quic_backend_and_survives_reloads() {
+        let mut cfg = config();
+        cfg.servers[0].protocol = ServerProtocol::Quic;
+        cfg.servers[0].fingerprint = Some("ab".repeat(32));
+        cfg.servers[0].fallback = Some(switchyard_config::client::ServerFallback {
+            address: "127.0.0.1:7080".into(),
+            protocol: ServerProtocol::Http,
+        });
+        let first = compile(&cfg, cfg.servers.first(), None, 1).unwrap();
+        let (_, b) = first.select("example.org").unwrap();
+        let BackendKind::Quic(quic) = &b.kind else {
+            panic!("unexpected {:?}", b.kind)
+        };
+        assert_eq!(quic.0.settings.pin, [0xab; 32]);
+        assert_eq!(quic.0.settings.username, "u");
+        assert!(matches!(
+            quic.0.settings.fallback.as_deref(),
+            Some(BackendKind::HttpProxy {
+                port: 7080,
+                authorization: Some(_),
+                ..
+            })
+        ));
+        // same settings: the same backend (and connection) after a reload
+        let again = compile(&cfg, cfg.servers.first(), Some(&first), 1).unwrap();
+        assert_eq!(again.select("example.org").unwrap().1.kind, b.kind);
+        // a new pin: a new backend
+        cfg.servers[0].fingerprint = Some("cd".repeat(32));
+        let changed = compile(&cfg, cfg.servers.first(), Some(&again), 1).unwrap();
+        assert_ne!(changed.select("example.org").unwrap().1.kind, b.kind);
+        // no pin: refused
+        cfg.servers[0].fingerprint = None;
+        assert!(compile(&cfg, cfg.servers.first(), None, 1).is_err());
+    }
 }
