@@ -773,3 +773,137 @@ fn a_download_survives_the_client_changing_its_address() {
     assert_eq!(quic_status["connections_total"], 1, "{quic_status}");
     drop(client);
 }
+
+/// A user-space TCP relay that delays every chunk by `delay_ms` each way (the TCP twin of
+/// [`IMPAIR`], for the same RTT on the CONNECT path). Prints its port.
+const TCP_DELAY: &str = r#"
+import socket, sys, threading, time, queue
+upstream = (sys.argv[1], int(sys.argv[2])); delay = float(sys.argv[3]) / 1000
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0)); srv.listen(256); print(srv.getsockname()[1], flush=True)
+def pipe(a, b):
+    q = queue.Queue()
+    def reader():
+        while True:
+            try:
+                d = a.recv(262144)
+            except OSError:
+                d = b""
+            q.put((time.time() + delay, d))
+            if not d:
+                return
+    def writer():
+        while True:
+            due, d = q.get()
+            time.sleep(max(0.0, due - time.time()))
+            if not d:
+                try: b.shutdown(socket.SHUT_WR)
+                except OSError: pass
+                return
+            try: b.sendall(d)
+            except OSError: return
+    threading.Thread(target=reader, daemon=True).start()
+    threading.Thread(target=writer, daemon=True).start()
+while True:
+    c, _ = srv.accept()
+    u = socket.create_connection(upstream)
+    for s in (c, u): s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    pipe(c, u); pipe(u, c)
+"#;
+
+fn tcp_delay_relay(upstream: SocketAddr, delay_ms: u32) -> Option<(Proc, SocketAddr)> {
+    let python = support::require("python3")?;
+    let mut child = Command::new(python)
+        .args(["-c", TCP_DELAY])
+        .args([
+            upstream.ip().to_string(),
+            upstream.port().to_string(),
+            delay_ms.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("tcp delay relay");
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("port");
+    let port: u16 = line.trim().parse().expect("relay port");
+    Some((
+        Proc {
+            child,
+            name: "tcp delay relay".into(),
+        },
+        SocketAddr::from(([127, 0, 0, 1], port)),
+    ))
+}
+
+/// Median milliseconds of `n` new flows (CONNECT through the client's proxy, `GET /1k.bin`,
+/// read to the end), one after another.
+fn new_flow_ms(proxy: SocketAddr, origin: u16, n: usize) -> f64 {
+    let mut times: Vec<f64> = (0..n)
+        .map(|_| {
+            let started = Instant::now();
+            let mut t = open_tunnel(proxy, origin);
+            t.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .expect("request");
+            let mut answer = Vec::new();
+            t.read_to_end(&mut answer).expect("answer");
+            assert!(answer.len() >= 1024);
+            started.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    times.sort_by(|a, b| a.total_cmp(b));
+    times[times.len() / 2]
+}
+
+/// MB/s of one download of `/big.bin` through the client's HTTP proxy.
+fn download_mbps(proxy: SocketAddr, url: &str, len: usize) -> f64 {
+    let started = Instant::now();
+    let out = curl(&["-sS", "--max-time", "120", "-p", "-x", &format!("http://{proxy}"), url]);
+    assert_eq!(out.stdout.len(), len, "{}", String::from_utf8_lossy(&out.stderr));
+    len as f64 / 1e6 / started.elapsed().as_secs_f64()
+}
+
+/// Side by side: new-flow latency and bulk throughput through a client whose server leg is QUIC
+/// or CONNECT over TCP, at 0 and 50 ms RTT, and QUIC at 1 % loss (the TCP path cannot lose
+/// packets in user space and this kernel has no netem). Prints a table; run with
+/// `cargo test -p switchyard --test quic -- --ignored --nocapture measure`.
+#[test]
+#[ignore = "a measurement, not a check; prints figures"]
+fn measure_quic_against_connect() {
+    let big = pattern(32 << 20);
+    let Some(nginx) = start_nginx(&[("1k.bin", &[7u8; 1024][..]), ("big.bin", &big)]) else {
+        return;
+    };
+    let server = quic_server("", "");
+    let url = nginx.url("/big.bin");
+    println!("| leg | RTT | loss | new flow p50 (ms) | download (MB/s) |");
+    println!("|---|---|---|---|---|");
+    for (rtt, loss) in [(0u32, 0.0f64), (50, 0.0), (50, 0.01)] {
+        // QUIC leg
+        let relay = (rtt > 0 || loss > 0.0)
+            .then(|| impairment_relay(server.quic, rtt / 2, loss))
+            .flatten();
+        let quic_addr = relay.as_ref().map_or(server.quic, |(_, a)| *a);
+        let client = client_with(&format!(
+            "address: \"{quic_addr}\", protocol: QUIC, fingerprint: \"{}\"",
+            server.fingerprint
+        ));
+        let _ = new_flow_ms(client.http, nginx.port, 2); // connect first
+        let flow = new_flow_ms(client.http, nginx.port, 21);
+        let mbps = download_mbps(client.http, &url, big.len());
+        println!("| QUIC | {rtt} ms | {:.0} % | {flow:.1} | {mbps:.1} |", loss * 100.0);
+        drop(client);
+        drop(relay);
+        if loss > 0.0 {
+            continue;
+        }
+        // CONNECT over TCP to the server's HTTP proxy
+        let tcp = (rtt > 0).then(|| tcp_delay_relay(server.http, rtt / 2)).flatten();
+        let http_addr = tcp.as_ref().map_or(server.http, |(_, a)| *a);
+        let client = client_with(&format!("address: \"{http_addr}\", protocol: HTTP"));
+        let _ = new_flow_ms(client.http, nginx.port, 2);
+        let flow = new_flow_ms(client.http, nginx.port, 21);
+        let mbps = download_mbps(client.http, &url, big.len());
+        println!("| CONNECT/TCP | {rtt} ms | 0 % | {flow:.1} | {mbps:.1} |");
+    }
+}
