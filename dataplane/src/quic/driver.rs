@@ -26,6 +26,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Datagrams taken from the socket without waiting after each awaited one.
+const MAX_BURST: usize = 64;
 /// Transmits built per connection per turn before the loop yields to other tasks.
 const MAX_TRANSMITS_PER_TURN: usize = 64;
 
@@ -241,6 +243,13 @@ impl Driver {
                 }
             };
             self.handle_datagram(from, buf.get(..n).unwrap_or_default());
+            // take the rest of a burst before the loop turns (one turn per burst, not per packet)
+            for _ in 0..MAX_BURST {
+                match port.try_recv(&mut buf) {
+                    Ok((n, from)) => self.handle_datagram(from, buf.get(..n).unwrap_or_default()),
+                    Err(_) => break,
+                }
+            }
             self.wake.notify();
         }
     }
