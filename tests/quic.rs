@@ -858,8 +858,21 @@ fn new_flow_ms(proxy: SocketAddr, origin: u16, n: usize) -> f64 {
 /// MB/s of one download of `/big.bin` through the client's HTTP proxy.
 fn download_mbps(proxy: SocketAddr, url: &str, len: usize) -> f64 {
     let started = Instant::now();
-    let out = curl(&["-sS", "--max-time", "120", "-p", "-x", &format!("http://{proxy}"), url]);
-    assert_eq!(out.stdout.len(), len, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "120",
+        "-p",
+        "-x",
+        &format!("http://{proxy}"),
+        url,
+    ]);
+    assert_eq!(
+        out.stdout.len(),
+        len,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     len as f64 / 1e6 / started.elapsed().as_secs_f64()
 }
 
@@ -895,14 +908,19 @@ fn measure_quic_against_connect() {
         let _ = new_flow_ms(client.http, nginx.port, 2); // connect first
         let flow = new_flow_ms(client.http, nginx.port, 21);
         let mbps = download_mbps(client.http, &url, big.len());
-        println!("| QUIC | {rtt} ms | {:.0} % | {flow:.1} | {mbps:.1} |", loss * 100.0);
+        println!(
+            "| QUIC | {rtt} ms | {:.0} % | {flow:.1} | {mbps:.1} |",
+            loss * 100.0
+        );
         drop(client);
         drop(relay);
         if loss > 0.0 {
             continue;
         }
         // CONNECT over TCP to the server's HTTP proxy
-        let tcp = (rtt > 0).then(|| tcp_delay_relay(server.http, rtt / 2)).flatten();
+        let tcp = (rtt > 0)
+            .then(|| tcp_delay_relay(server.http, rtt / 2))
+            .flatten();
         let http_addr = tcp.as_ref().map_or(server.http, |(_, a)| *a);
         let client = client_with(&format!("address: \"{http_addr}\", protocol: HTTP"));
         let _ = new_flow_ms(client.http, nginx.port, 2);
