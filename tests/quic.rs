@@ -515,19 +515,15 @@ while True:
         sock.sendto(data, addr)
 "#;
 
-fn impairment_relay(upstream: SocketAddr, delay_ms: u32, loss: f64) -> Option<(Proc, SocketAddr)> {
+/// Runs a relay script with `args`; its process and the loopback port it printed.
+fn python_relay(name: &str, script: &str, args: &[String]) -> Option<(Proc, SocketAddr)> {
     let python = support::require("python3")?;
     let mut child = Command::new(python)
-        .args(["-c", IMPAIR])
-        .args([
-            upstream.ip().to_string(),
-            upstream.port().to_string(),
-            delay_ms.to_string(),
-            loss.to_string(),
-        ])
+        .args(["-c", script])
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .expect("impairment relay");
+        .expect("relay");
     let mut line = String::new();
     let stdout = child.stdout.take().expect("stdout");
     std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("port");
@@ -535,10 +531,20 @@ fn impairment_relay(upstream: SocketAddr, delay_ms: u32, loss: f64) -> Option<(P
     Some((
         Proc {
             child,
-            name: "impairment relay".into(),
+            name: name.into(),
         },
         SocketAddr::from(([127, 0, 0, 1], port)),
     ))
+}
+
+fn impairment_relay(upstream: SocketAddr, delay_ms: u32, loss: f64) -> Option<(Proc, SocketAddr)> {
+    let args = [
+        upstream.ip().to_string(),
+        upstream.port().to_string(),
+        delay_ms.to_string(),
+        loss.to_string(),
+    ];
+    python_relay("impairment relay", IMPAIR, &args)
 }
 
 /// Deterministic test content of `len` bytes.
@@ -812,28 +818,12 @@ while True:
 "#;
 
 fn tcp_delay_relay(upstream: SocketAddr, delay_ms: u32) -> Option<(Proc, SocketAddr)> {
-    let python = support::require("python3")?;
-    let mut child = Command::new(python)
-        .args(["-c", TCP_DELAY])
-        .args([
-            upstream.ip().to_string(),
-            upstream.port().to_string(),
-            delay_ms.to_string(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("tcp delay relay");
-    let mut line = String::new();
-    let stdout = child.stdout.take().expect("stdout");
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("port");
-    let port: u16 = line.trim().parse().expect("relay port");
-    Some((
-        Proc {
-            child,
-            name: "tcp delay relay".into(),
-        },
-        SocketAddr::from(([127, 0, 0, 1], port)),
-    ))
+    let args = [
+        upstream.ip().to_string(),
+        upstream.port().to_string(),
+        delay_ms.to_string(),
+    ];
+    python_relay("tcp delay relay", TCP_DELAY, &args)
 }
 
 /// Median milliseconds of `n` new flows (CONNECT through the client's proxy, `GET /1k.bin`,

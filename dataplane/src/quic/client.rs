@@ -141,22 +141,13 @@ impl QuicBackend {
         ctx: &crate::engine::CoreContext,
         health: &Arc<BackendHealth>,
     ) {
-        let generation = if self.started.load(Ordering::Acquire) {
-            let Some(generation) = self.owner.take_over_if_lost() else {
-                return;
-            };
+        let Some((generation, take_over)) = self.owner.claim(&self.started) else {
+            return;
+        };
+        if take_over {
             tracing::warn!(backend = %self.name, core = ctx.core,
                 "the core running the QUIC connection stopped; starting it again here");
-            generation
-        } else if self
-            .started
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return;
-        } else {
-            self.owner.start()
-        };
+        }
         let runner = Runner {
             owner: self.owner.clone(),
             generation,

@@ -92,6 +92,19 @@ impl Owner {
         self.beat.store(self.now_ms(), Ordering::Release);
         self.generation.load(Ordering::Acquire)
     }
+
+    /// Whether the calling core must run the owner task: the first call (flagged in
+    /// `started`), or a take-over from a lost owner. The generation to run with, and whether it
+    /// is a take-over; None when a live core owns it already.
+    pub(crate) fn claim(&self, started: &AtomicBool) -> Option<(u64, bool)> {
+        if started.load(Ordering::Acquire) {
+            return self.take_over_if_lost().map(|g| (g, true));
+        }
+        started
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        Some((self.start(), false))
+    }
 }
 
 /// Where a flow goes: an address, or a name the tunnel's DNS servers resolve.
@@ -155,22 +168,13 @@ impl WireguardBackend {
         ctx: &crate::engine::CoreContext,
         health: &Arc<BackendHealth>,
     ) {
-        let generation = if self.started.load(Ordering::Acquire) {
-            let Some(generation) = self.owner.take_over_if_lost() else {
-                return;
-            };
+        let Some((generation, take_over)) = self.owner.claim(&self.started) else {
+            return;
+        };
+        if take_over {
             tracing::warn!(backend = %self.name, core = ctx.core, silent_for = ?OWNER_LOST,
                 "the core running the WireGuard tunnel stopped; starting it again here");
-            generation
-        } else if self
-            .started
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return;
-        } else {
-            self.owner.start()
-        };
+        }
         tracing::info!(backend = %self.name, core = ctx.core, endpoint = %self.settings.endpoint,
             "starting WireGuard tunnel");
         let args = runner::RunnerArgs {
