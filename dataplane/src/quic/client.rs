@@ -50,6 +50,9 @@ const MAX_PENDING_OPENS: usize = 1024;
 const TICK: Duration = Duration::from_millis(250);
 /// Keep-alive of an idle connection (well inside the server's idle timeout).
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// After the server refused this client (pin, token, credentials), flows fail at once for this
+/// long instead of each starting a handshake that will be refused again.
+const REFUSED_RETRY: Duration = Duration::from_secs(5);
 /// Consecutive send failures after which the socket is replaced.
 const SEND_FAILURES_TO_REBIND: u32 = 3;
 
@@ -399,6 +402,7 @@ impl Runner {
         let mut udp: HashMap<u32, DatagramEnds> = HashMap::new();
         let mut next_flow: u32 = 1;
         let mut send_failures_seen = 0u64;
+        let mut refused: Option<(Instant, String)> = None;
         loop {
             if !self.owner.beat(self.generation) {
                 tracing::info!(backend = %self.name, "a newer core runs this QUIC connection; stopping here");
@@ -420,6 +424,18 @@ impl Runner {
             waiting.retain(|r| !r.is_canceled());
             udp.retain(|_, ends| !ends.from_client.is_closed() || !ends.from_client.is_empty());
 
+            if let Some((until, why)) = &refused {
+                if Instant::now() < *until {
+                    let server = self.settings.address.clone();
+                    Self::fail_all(&mut waiting, || DataplaneError::Quic {
+                        server: server.clone(),
+                        reason: why.clone(),
+                        unanswered: false,
+                    });
+                } else {
+                    refused = None;
+                }
+            }
             if current.is_none() && (!waiting.is_empty() || !udp.is_empty()) {
                 match self
                     .connect(&mut driver, &mut receiver, &config, &host, port)
@@ -510,6 +526,14 @@ impl Runner {
                             self.udp_blocked(&why);
                         } else {
                             self.record(false, Some(why.clone()));
+                        }
+                        let auth_refused = matches!(&reason,
+                            quinn_proto::ConnectionError::ApplicationClosed(c)
+                                if c.error_code.into_inner() == u64::from(quic_wire::CLOSE_AUTH_REFUSED));
+                        let tls_refused = !connected
+                            && matches!(reason, quinn_proto::ConnectionError::TransportError(_));
+                        if auth_refused || tls_refused {
+                            refused = Some((Instant::now() + REFUSED_RETRY, why.clone()));
                         }
                         current = None;
                         let server = self.settings.address.clone();

@@ -23,6 +23,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -328,7 +329,10 @@ impl Driver {
                     Event::Connected => st.events.push(DriverEvent::Connected(ch)),
                     Event::ConnectionLost { reason } => {
                         conn.lost = true;
-                        // Every flow of the connection ends with it.
+                        // Every flow of the connection is cut with it.
+                        for pipe in conn.pipes.values() {
+                            pipe.ends.aborted.store(true, Ordering::Release);
+                        }
                         conn.pipes.clear();
                         st.events.push(DriverEvent::Lost { conn: ch, reason });
                     }
@@ -467,6 +471,7 @@ fn bridge(quic: &mut quinn_proto::Connection, id: StreamId, pipe: &mut Pipe) -> 
             }
             Err(quinn_proto::ReadError::Blocked) => break,
             Err(quinn_proto::ReadError::Reset(_)) => {
+                pipe.ends.aborted.store(true, Ordering::Release);
                 pipe.ends.to_client.close();
                 pipe.recv_done = true;
             }
