@@ -750,6 +750,7 @@ fn a_download_survives_the_client_changing_its_address() {
         .arg(&origin_url)
         .arg("-o")
         .arg(&out_file)
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("download");
     let started = Instant::now();
@@ -766,11 +767,26 @@ fn a_download_survives_the_client_changing_its_address() {
     ));
     let moved_at = std::fs::metadata(&out_file).map_or(0, |m| m.len());
     assert!(moved_at < body.len() as u64, "moved before the end");
-    let status = download.wait().expect("curl");
-    assert!(
-        status.success(),
-        "the download failed after the address change"
-    );
+    let done = download.wait_with_output().expect("curl");
+    if !done.status.success() {
+        let quic_lines = |logs: &std::sync::Arc<std::sync::Mutex<Vec<String>>>| {
+            logs.lock()
+                .map(|l| {
+                    l.iter()
+                        .filter(|line| line.contains("QUIC") || line.contains("quinn"))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+                .unwrap_or_default()
+        };
+        panic!(
+            "the download failed after the address change: {}\nclient:\n{}\nserver:\n{}",
+            String::from_utf8_lossy(&done.stderr),
+            quic_lines(&client.logs),
+            quic_lines(&server.logs)
+        );
+    }
     let got = std::fs::read(&out_file).expect("downloaded");
     assert_eq!(got.len(), body.len());
     assert!(got == body, "the download arrived intact");
