@@ -745,7 +745,7 @@ fn a_download_survives_the_client_changing_its_address() {
     let proxy = format!("http://{}", client.addrs[0]);
     // a slow download (about 5 s) through the client, the address moved in the middle
     let out_file = cdir.path().join("download.bin");
-    let mut download = in_ns(&c_ns, "curl")
+    let download = in_ns(&c_ns, "curl")
         .args(["-sS", "--max-time", "60", "-x", &proxy])
         .arg(&origin_url)
         .arg("-o")
