@@ -22,16 +22,16 @@ struct QuicServer {
     _dir: tempfile::TempDir,
 }
 
+/// `GET path` of an API on loopback, as JSON.
+fn api_get(api: SocketAddr, path: &str) -> serde_json::Value {
+    let out = curl(&["-sS", "--max-time", "10", &format!("http://{api}{path}")]);
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("GET {path}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
 impl QuicServer {
     fn get(&self, path: &str) -> serde_json::Value {
-        let out = curl(&[
-            "-sS",
-            "--max-time",
-            "10",
-            &format!("http://{}{}", self.api, path),
-        ]);
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("GET {path}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+        api_get(self.api, path)
     }
 }
 
@@ -96,14 +96,7 @@ struct Client {
 
 impl Client {
     fn get(&self, path: &str) -> serde_json::Value {
-        let out = curl(&[
-            "-sS",
-            "--max-time",
-            "10",
-            &format!("http://{}{}", self.api, path),
-        ]);
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("GET {path}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+        api_get(self.api, path)
     }
 
     fn log_has(&self, needle: &str) -> bool {
