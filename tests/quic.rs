@@ -482,7 +482,10 @@ fn blocked_udp_falls_back_to_the_tcp_proxy() {
 /// dropped with probability `loss` (seeded, so runs are comparable). Prints its port.
 const IMPAIR: &str = r#"
 import heapq, random, select, socket, sys, time
+import os
 upstream = (sys.argv[1], int(sys.argv[2])); delay = float(sys.argv[3]) / 1000; loss = float(sys.argv[4])
+# while this file exists every datagram is dropped (a network outage)
+outage = sys.argv[5] if len(sys.argv) > 5 else None
 front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); front.bind(("127.0.0.1", 0))
 back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); back.bind(("127.0.0.1", 0))
 for s in (front, back):
@@ -495,7 +498,7 @@ while True:
     now = time.time()
     for sock in ready:
         data, addr = sock.recvfrom(65535)
-        if rnd.random() < loss:
+        if rnd.random() < loss or (outage and os.path.exists(outage)):
             continue
         seq += 1
         if sock is front:
@@ -927,4 +930,57 @@ fn measure_quic_against_connect() {
         let mbps = download_mbps(client.http, &url, big.len());
         println!("| CONNECT/TCP | {rtt} ms | 0 % | {flow:.1} | {mbps:.1} |");
     }
+}
+
+#[test]
+fn a_reconnect_resumes_with_0rtt() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server("", "");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outage = dir.path().join("outage");
+    let args = [
+        server.quic.ip().to_string(),
+        server.quic.port().to_string(),
+        "0".into(),
+        "0".into(),
+        outage.display().to_string(),
+    ];
+    let Some((_relay, relay_addr)) = python_relay("outage relay", IMPAIR, &args) else {
+        return;
+    };
+    let client = client_with(&format!(
+        "address: \"{relay_addr}\", protocol: QUIC, fingerprint: \"{}\"",
+        server.fingerprint
+    ));
+    let url = nginx.url("/hello.txt");
+    let proxy = format!("http://{}", client.http);
+    assert_eq!(run_curl(&["-x", &proxy, &url]).stdout, HELLO);
+    // an outage longer than the idle timeout ends the connection on both sides
+    std::fs::write(&outage, b"").expect("outage");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !client.log_has("QUIC connection ended") {
+        assert!(Instant::now() < deadline, "the connection did not end");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::remove_file(&outage).expect("outage over");
+    // the next flow reconnects with the session ticket: 0-RTT
+    let out = run_curl(&["-x", &proxy, &url]);
+    assert_eq!(
+        out.stdout,
+        HELLO,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resumed = client
+        .logs
+        .lock()
+        .map(|l| {
+            l.iter()
+                .filter(|line| line.contains("QUIC connection established"))
+                .map(|line| line.contains("\"zero_rtt\":true"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    assert_eq!(resumed, [false, true], "first full handshake, then 0-RTT");
+    assert_eq!(server.get("/api/v1/quic")["connections_total"], 2);
 }
