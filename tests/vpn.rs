@@ -1237,3 +1237,73 @@ fn syvu_nftables_udp_through_the_server_socks5_association_and_direct() {
         udp_scenario("nftables");
     }
 }
+
+/// The VPN's flows through a server reached over QUIC: UDP as QUIC datagrams, TCP as streams.
+#[test]
+fn syquic_vpn_udp_and_tcp_through_a_quic_server() {
+    if !tools_or_skip("syquic_vpn_udp_and_tcp_through_a_quic_server") {
+        return;
+    }
+    let mut topo = Topo::named("syquic");
+    topo.start_udp_origin();
+    let path = topo.dir.path().join("server.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "server:\n  http: {{listen: \"10.210.0.1:0\"}}\n  socks5: {{enabled: false}}\n  cores: 1\n\
+             \x20 data_dir: \"{}\"\n  quic: {{listen: \"10.210.0.1:0\"}}\n\
+             api: {{listen: \"127.0.0.1:0\", enable_request_log: true}}\nlogging: {{level: info, format: json}}\n",
+            topo.dir.path().join("server-data").display()
+        ),
+    )
+    .expect("server config");
+    let mut cmd = in_netns(&topo.net, None, Path::new(BIN));
+    cmd.args(["server", "--config"]).arg(&path);
+    let s = spawn_with_listeners(
+        cmd,
+        "switchyard server",
+        &["HTTP proxy", "management API", "QUIC transport listening"],
+    );
+    let quic = s.addrs[2];
+    topo.server = Some(s);
+    let (net, api) = (topo.net.clone(), topo.server_api());
+    let quic_status = move || -> serde_json::Value {
+        let (_, text) = curl_in(&net, "GET", &format!("http://{api}/api/v1/quic"), None);
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+    };
+    let fingerprint = quic_status()["fingerprint"]
+        .as_str()
+        .expect("fingerprint")
+        .to_owned();
+    let split = format!(
+        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}]}}",
+        topo.inc.display()
+    );
+    let yaml = topo.client_yaml(quic, true, "nftables", &split).replace(
+        "protocol: HTTP",
+        &format!("protocol: QUIC, fingerprint: \"{fingerprint}\""),
+    );
+    let client = topo.start_client(&yaml);
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+
+    // UDP through the server: the origin sees the server's address, three round trips
+    assert_eq!(
+        topo.udp_seen(&topo.inc, "10.211.9.1", 3),
+        "seen=10.211.9.1 replies=3",
+        "{}",
+        client.log()
+    );
+    let q = quic_status();
+    assert!(q["datagrams_received"].as_u64().unwrap_or(0) >= 3, "{q}");
+    // TCP through the same connection
+    topo.start_origins();
+    expect_seen(&topo, &client, &topo.inc, "10.211.9.1", "10.211.9.1");
+    let q = quic_status();
+    assert_eq!(q["connections_total"], 1, "{q}");
+    assert!(q["streams_total"].as_u64().unwrap_or(0) >= 1, "{q}");
+
+    let v = client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(v["status"], "disabled");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+}

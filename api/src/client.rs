@@ -56,13 +56,17 @@ pub struct ServerEntry {
     pub name: String,
     /// `host:port`.
     pub address: String,
-    /// `HTTP` or `SOCKS5`.
+    /// `HTTP`, `SOCKS5` or `QUIC`.
     pub protocol: String,
     pub is_default: bool,
     /// Connect latency of the last probe (0 when it failed or none ran yet).
     pub latency_ms: u64,
     /// `connected` (selected and connected), `online`, `busy` (slow probe) or `offline`.
     pub status: String,
+    /// `QUIC` servers (an extension): why the last connection attempt failed or the
+    /// connection ended (wrong pin, refused token, no answer), while not connected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `POST /api/v1/server/select` body.

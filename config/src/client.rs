@@ -132,6 +132,9 @@ pub enum ServerProtocol {
     Http,
     #[serde(rename = "SOCKS5", alias = "socks5")]
     Socks5,
+    /// The server's QUIC listener (`server.quic.listen`): one connection carries every flow.
+    #[serde(rename = "QUIC", alias = "quic")]
+    Quic,
 }
 
 impl ServerProtocol {
@@ -139,6 +142,7 @@ impl ServerProtocol {
         match self {
             ServerProtocol::Http => "HTTP",
             ServerProtocol::Socks5 => "SOCKS5",
+            ServerProtocol::Quic => "QUIC",
         }
     }
 }
@@ -160,6 +164,27 @@ pub struct ClientServerConfig {
     pub password: Option<String>,
     /// Selected at start when no other selection is stored.
     pub is_default: bool,
+    /// QUIC: the SHA-256 fingerprint (hex, colons allowed) of the server's certificate, as the
+    /// server prints it. Required for `protocol: QUIC` (the connection is pinned to it).
+    #[serde(skip_serializing_if = "Option::is_none", alias = "pin_sha256")]
+    pub fingerprint: Option<String>,
+    /// QUIC: the server's `server.quic.token`, presented instead of (or with) the credentials.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// QUIC: where flows go when the QUIC handshake fails (UDP blocked): the server's HTTP or
+    /// SOCKS5 proxy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<ServerFallback>,
+}
+
+/// `servers[].fallback:` — a TCP proxy of the same server used while QUIC cannot connect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerFallback {
+    /// `host:port` of the server's HTTP proxy or SOCKS5 listener.
+    pub address: String,
+    /// `HTTP` or `SOCKS5`.
+    pub protocol: ServerProtocol,
 }
 
 impl Default for ClientServerConfig {
@@ -172,6 +197,9 @@ impl Default for ClientServerConfig {
             username: None,
             password: None,
             is_default: false,
+            fingerprint: None,
+            token: None,
+            fallback: None,
         }
     }
 }
@@ -658,6 +686,21 @@ pub fn merge_partial(
 }
 
 /// Every semantic problem of `cfg`; empty means valid.
+/// A SHA-256 fingerprint written as 64 hex digits, optionally separated by colons.
+pub fn parse_fingerprint(text: &str) -> Result<[u8; 32], String> {
+    let hex: String = text.chars().filter(|c| *c != ':').collect();
+    let bad = || format!("`{text}` is not a SHA-256 fingerprint (64 hex digits, colons allowed)");
+    if hex.len() != 64 || !hex.is_ascii() {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16)
+            .map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
 pub fn validate_client(cfg: &ClientConfig) -> Vec<Problem> {
     let mut out = Vec::new();
     let mut problem = |field: String, message: String| {
@@ -734,6 +777,29 @@ pub fn validate_client(cfg: &ClientConfig) -> Vec<Problem> {
             );
         }
         ids.push(s.id());
+        if s.protocol == ServerProtocol::Quic {
+            match s.fingerprint.as_deref().map(parse_fingerprint) {
+                None => problem(
+                    format!("{base}.fingerprint"),
+                    "a QUIC server needs the SHA-256 fingerprint of its certificate (the \
+                     server prints it at start)"
+                        .into(),
+                ),
+                Some(Err(e)) => problem(format!("{base}.fingerprint"), e),
+                Some(Ok(_)) => {}
+            }
+        }
+        if let Some(f) = &s.fallback {
+            if f.protocol == ServerProtocol::Quic {
+                problem(
+                    format!("{base}.fallback.protocol"),
+                    "the fallback is a TCP proxy: HTTP or SOCKS5".into(),
+                );
+            }
+            if let Err(e) = check_host_port(&f.address) {
+                problem(format!("{base}.fallback.address"), e);
+            }
+        }
         if let Err(e) = check_host_port(&s.address) {
             problem(format!("{base}.address"), e);
         }
@@ -915,10 +981,45 @@ routing:
     }
 
     #[test]
+    fn quic_servers_need_a_valid_pin_and_a_tcp_fallback() {
+        let pin = "AB:".repeat(31) + "AB";
+        let yaml = format!(
+            "servers: [{{name: q, address: 'h:7443', protocol: QUIC, pin_sha256: '{pin}', \
+             token: t, fallback: {{address: 'h:7080', protocol: HTTP}}}}]"
+        );
+        let cfg = ClientConfig::from_yaml_str(&yaml, &|_| None).unwrap();
+        assert!(
+            validate_client(&cfg).is_empty(),
+            "{:?}",
+            validate_client(&cfg)
+        );
+        assert_eq!(parse_fingerprint(&pin).unwrap(), [0xab; 32]);
+        let mut bad = cfg.clone();
+        bad.servers[0].fingerprint = None;
+        bad.servers[0].fallback = Some(ServerFallback {
+            address: "h:1".into(),
+            protocol: ServerProtocol::Quic,
+        });
+        let fields: Vec<String> = validate_client(&bad).into_iter().map(|p| p.field).collect();
+        assert!(
+            fields.contains(&"servers[0].fingerprint".to_string()),
+            "{fields:?}"
+        );
+        assert!(
+            fields.contains(&"servers[0].fallback.protocol".to_string()),
+            "{fields:?}"
+        );
+        assert!(parse_fingerprint("abcd").is_err());
+        assert!(parse_fingerprint(&"zz".repeat(32)).is_err());
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         assert!(ClientConfig::from_yaml_str("proxy: {htp: {}}", &|_| None).is_err());
-        assert!(
-            ClientConfig::from_yaml_str("servers: [{name: a, protocol: QUIC}]", &|_| None).is_err()
-        );
+        assert!(ClientConfig::from_yaml_str(
+            "servers: [{name: a, protocol: QUIC, pin: x}]",
+            &|_| None
+        )
+        .is_err());
     }
 }

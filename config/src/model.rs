@@ -135,6 +135,27 @@ pub struct ServerSection {
     /// Defaults of every backend's active health checks (off unless enabled here or per backend).
     #[serde(deserialize_with = "null_default")]
     pub health_check: crate::health_check::HealthCheckDefaults,
+    /// The QUIC transport clients connect to (off unless `listen` is set).
+    #[serde(deserialize_with = "null_default")]
+    pub quic: QuicListenerConfig,
+}
+
+/// `server.quic:` — the QUIC listener that switchyard clients with `protocol: QUIC` use: one
+/// connection per client carries every proxied flow as a stream (UDP flows as datagrams).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuicListenerConfig {
+    /// UDP `host:port` (`:7443`); empty = no QUIC listener.
+    pub listen: String,
+    /// Certificate chain and key (PEM). Unset: a self-signed certificate is generated on first
+    /// start and kept in `server.data_dir` (`quic-cert.pem`, `quic-key.pem`); clients pin its
+    /// SHA-256 fingerprint, printed at start and shown by `GET /api/v1/quic`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ApiTlsConfig>,
+    /// A shared secret clients may present instead of proxy credentials. With neither a token
+    /// nor `auth.mode`, any client is served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 impl Default for ServerSection {
@@ -148,6 +169,7 @@ impl Default for ServerSection {
             max_connections: 10_000,
             data_dir: "./data/server".into(),
             health_check: crate::health_check::HealthCheckDefaults::default(),
+            quic: QuicListenerConfig::default(),
         }
     }
 }

@@ -83,6 +83,9 @@ fn check_server(cfg: &ServerConfig, p: &mut Problems) {
     let s = &cfg.server;
     check_listen("server.http.listen", &s.http.listen, p);
     check_listen("server.socks5.listen", &s.socks5.listen, p);
+    if !s.quic.listen.is_empty() {
+        check_listen("server.quic.listen", &s.quic.listen, p);
+    }
     if s.http.max_header_size.0 == 0 {
         p.push(
             "server.http.max_header_size",

@@ -28,6 +28,7 @@
 //! | `switchyard_mesh_registrations_total` | counter | `result` (joined, renewed, refused) |
 //! | `switchyard_mesh_heartbeats_total` | counter | `result` (renewed, no_lease, unknown, error) |
 //! | `switchyard_mesh_leases_expired_total` | counter | |
+//! | `switchyard_quic_connections_active` / `_total`, `switchyard_quic_streams_total`, `switchyard_quic_datagrams_received_total`, `switchyard_quic_refused_total` | gauge / counter | |
 //! | `proxy_cache_hits_total` | counter | `domain` |
 //! | `proxy_cache_misses_total` | counter | `domain`, `reason` |
 //! | `proxy_cache_bytes_served_total` | counter | `source` (cache, origin) |
@@ -80,6 +81,8 @@ pub struct Sample {
     pub health_checks: Option<prometheus::HistogramVec>,
     /// The mesh registry's collectors (long-lived, join each scrape) when it runs.
     pub mesh: Option<crate::mesh::MeshMetrics>,
+    /// The QUIC listener's counters (`server.quic.listen`).
+    pub quic: Option<Arc<switchyard_dataplane::quic::QuicListener>>,
 }
 
 pub fn sample(state: &ServerState) -> Sample {
@@ -106,6 +109,7 @@ pub fn sample(state: &ServerState) -> Sample {
         cache: state.cache.clone(),
         health_checks: Some(state.health_checks.durations.clone()),
         mesh: state.mesh.as_ref().map(|m| m.metrics.clone()),
+        quic: state.quic.clone(),
     }
 }
 
@@ -321,6 +325,34 @@ pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
         s.uptime_secs,
     )?;
 
+    if let Some(q) = &s.quic {
+        let st = &q.stats;
+        b.gauge(
+            "switchyard_quic_connections_active",
+            "QUIC client connections open now",
+            st.connections_active.load(Ordering::Relaxed),
+        )?;
+        b.counter(
+            "switchyard_quic_connections_total",
+            "QUIC client connections accepted since start",
+            st.connections_total.load(Ordering::Relaxed),
+        )?;
+        b.counter(
+            "switchyard_quic_streams_total",
+            "proxied TCP flows (streams) opened over QUIC",
+            st.streams_total.load(Ordering::Relaxed),
+        )?;
+        b.counter(
+            "switchyard_quic_datagrams_received_total",
+            "QUIC datagrams (UDP flows) received from clients",
+            st.datagrams_in.load(Ordering::Relaxed),
+        )?;
+        b.counter(
+            "switchyard_quic_refused_total",
+            "QUIC connections closed because their token or credentials were refused",
+            st.refused.load(Ordering::Relaxed),
+        )?;
+    }
     if let Some(cache) = &s.cache {
         for collector in cache.stats.collectors() {
             b.registry.register(collector)?;
@@ -442,6 +474,7 @@ mod tests {
             cache: None,
             health_checks: None,
             mesh: None,
+            quic: None,
         };
         let text = render(&s).unwrap();
         let checks = [

@@ -60,6 +60,8 @@ pub struct ServerState {
     pub openvpn: crate::openvpn::Manager,
     /// The mesh registry (`mesh.registry.enabled`; opened at start, changes need a restart).
     pub mesh: Option<Arc<crate::mesh::Registry>>,
+    /// The QUIC listener (`server.quic.listen`; changes need a restart).
+    pub quic: Option<Arc<switchyard_dataplane::quic::QuicListener>>,
 }
 
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
@@ -138,6 +140,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     }
     let snapshot: SnapshotHandle = Arc::new(ArcSwap::from_pointee(snapshot));
     let cache = crate::cache::open(&cfg.cache);
+    let quic = quic_listener(&cfg)?;
     let dataplane = Dataplane::start(
         snapshot.clone(),
         DataplaneOptions {
@@ -146,9 +149,14 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             socks5: socks_listen.as_ref().map(crate::net::spec),
             cache: cache.clone(),
             vpn: None,
+            quic,
         },
         runtime.handle().clone(),
     )?;
+    if let Some(q) = &dataplane.quic {
+        tracing::info!(listen = %q.local_addr, fingerprint = %q.fingerprint, self_signed = q.self_signed,
+            "QUIC transport listening (clients pin this fingerprint)");
+    }
     let admits = cfg.access_control.describe();
     if let Some(a) = dataplane.http_addr {
         tracing::info!(listen = %a, clients = %admits, "HTTP proxy (and CONNECT) listening");
@@ -206,6 +214,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         health_checks: crate::health_checks::CheckMetrics::new(),
         openvpn,
         mesh,
+        quic: dataplane.quic.clone(),
     });
 
     runtime.block_on(async move {
@@ -308,6 +317,31 @@ async fn reload_on_hangup(state: Arc<ServerState>) {
             Err(e) => tracing::error!(error = %e, "reload failed; the running configuration stays"),
         }
     }
+}
+
+/// The QUIC listener of `server.quic` (bound here so its errors stop the start): the
+/// configured certificate, or the one generated in the data directory on first start.
+fn quic_listener(
+    cfg: &ServerConfig,
+) -> anyhow::Result<Option<Arc<switchyard_dataplane::quic::QuicListener>>> {
+    use switchyard_dataplane::quic::{tls, QuicListener, QuicServerOptions};
+    let q = &cfg.server.quic;
+    if q.listen.is_empty() {
+        return Ok(None);
+    }
+    let listen = crate::net::parse("server.quic", &q.listen)?;
+    let configured = q
+        .tls
+        .as_ref()
+        .map(|t| (std::path::Path::new(&t.cert), std::path::Path::new(&t.key)));
+    let identity = tls::server_identity(configured, std::path::Path::new(&cfg.server.data_dir))
+        .context("the QUIC listener's certificate")?;
+    let listener = QuicListener::bind(QuicServerOptions {
+        listen: crate::net::spec(&listen),
+        identity,
+        token: q.token.clone(),
+    })?;
+    Ok(Some(listener))
 }
 
 impl ServerState {

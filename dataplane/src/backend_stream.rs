@@ -1,5 +1,5 @@
-//! The stream a backend connector hands back: a kernel TCP socket (direct, upstream proxies)
-//! or a flow inside a user-space WireGuard tunnel. Relays, the origin pool and the cache read
+//! The stream a backend connector hands back: a kernel TCP socket (direct, upstream proxies),
+//! a flow inside a user-space WireGuard tunnel, or a stream of a QUIC connection. Relays, the origin pool and the cache read
 //! and write it through `AsyncRead`/`AsyncWrite` and [`HalfClose`], whichever it is.
 
 use crate::wireguard::FlowStream;
@@ -23,10 +23,18 @@ impl HalfClose for TcpStream {
     }
 }
 
+impl HalfClose for FlowStream {
+    fn shutdown_write(&self) {
+        FlowStream::shutdown_write(self)
+    }
+}
+
 #[derive(Debug)]
 pub enum BackendStream {
     Tcp(TcpStream),
     Wireguard(FlowStream),
+    /// A stream of a QUIC connection to a switchyard server.
+    Quic(FlowStream),
 }
 
 impl BackendStream {
@@ -34,21 +42,21 @@ impl BackendStream {
     pub fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         match self {
             Self::Tcp(s) => s.set_read_timeout(d).map_err(io::Error::from),
-            Self::Wireguard(_) => Ok(()),
+            Self::Wireguard(_) | Self::Quic(_) => Ok(()),
         }
     }
 
     pub fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         match self {
             Self::Tcp(s) => s.set_write_timeout(d).map_err(io::Error::from),
-            Self::Wireguard(_) => Ok(()),
+            Self::Wireguard(_) | Self::Quic(_) => Ok(()),
         }
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         match self {
             Self::Tcp(s) => s.local_addr().map_err(io::Error::from),
-            Self::Wireguard(f) => Ok(f.local_addr()),
+            Self::Wireguard(f) | Self::Quic(f) => Ok(f.local_addr()),
         }
     }
 
@@ -56,7 +64,7 @@ impl BackendStream {
     pub fn idle_is_clean(&self) -> bool {
         match self {
             Self::Tcp(s) => crate::sys::idle_socket_is_clean(s.as_raw_fd()),
-            Self::Wireguard(f) => f.idle_is_clean(),
+            Self::Wireguard(f) | Self::Quic(f) => f.idle_is_clean(),
         }
     }
 }
@@ -65,7 +73,7 @@ impl HalfClose for BackendStream {
     fn shutdown_write(&self) {
         match self {
             Self::Tcp(s) => s.shutdown_write(),
-            Self::Wireguard(f) => f.shutdown_write(),
+            Self::Wireguard(f) | Self::Quic(f) => f.shutdown_write(),
         }
     }
 }
@@ -78,7 +86,7 @@ impl AsyncRead for BackendStream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Self::Wireguard(f) => Pin::new(f).poll_read(cx, buf),
+            Self::Wireguard(f) | Self::Quic(f) => Pin::new(f).poll_read(cx, buf),
         }
     }
 }
@@ -91,21 +99,21 @@ impl AsyncWrite for BackendStream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Self::Wireguard(f) => Pin::new(f).poll_write(cx, buf),
+            Self::Wireguard(f) | Self::Quic(f) => Pin::new(f).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Self::Wireguard(f) => Pin::new(f).poll_flush(cx),
+            Self::Wireguard(f) | Self::Quic(f) => Pin::new(f).poll_flush(cx),
         }
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Tcp(s) => Pin::new(s).poll_close(cx),
-            Self::Wireguard(f) => Pin::new(f).poll_close(cx),
+            Self::Wireguard(f) | Self::Quic(f) => Pin::new(f).poll_close(cx),
         }
     }
 }

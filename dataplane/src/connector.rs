@@ -81,6 +81,7 @@ impl Dialer<'_> {
                 stream: BackendStream::Wireguard(tunnel.0.open(self, host, port, deadline).await?),
                 early_data: Vec::new(),
             }),
+            BackendKind::Quic(server) => server.0.open(self, host, port, deadline).await,
             BackendKind::Openvpn(link) => Ok(Connected {
                 stream: BackendStream::Tcp(link.0.open(self, host, port, deadline).await?),
                 early_data: Vec::new(),

@@ -62,6 +62,9 @@ pub struct DataplaneOptions {
     /// The client's VPN path: a listener on the TUN address (bound before the device exists)
     /// that serves the flows the TUN pump translates.
     pub vpn: Option<Arc<crate::tun::VpnPath>>,
+    /// The server's QUIC listener (`server.quic.listen`, bound by
+    /// [`crate::quic::QuicListener::bind`]), run by core 0.
+    pub quic: Option<Arc<crate::quic::QuicListener>>,
 }
 
 /// Shared state of one running data plane, readable from the control plane.
@@ -79,6 +82,8 @@ pub struct Dataplane {
     pub socks5_addr: Option<SocketAddr>,
     /// The VPN listener's address (the TUN pump translates flows to it).
     pub vpn_addr: Option<SocketAddr>,
+    /// The QUIC listener (address, certificate fingerprint, counters).
+    pub quic: Option<Arc<crate::quic::QuicListener>>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -281,6 +286,8 @@ struct CoreSeed {
     vpn: Option<Arc<crate::tun::VpnPath>>,
     vpn_listen: Option<ListenSpec>,
     vpn_udp_listen: Option<SocketAddr>,
+    /// Bound once; the core running it (0, also after a restart) uses a duplicate of its socket.
+    quic: Option<Arc<crate::quic::QuicListener>>,
 }
 
 /// Restarts allowed per core before the process gives up and exits.
@@ -360,6 +367,12 @@ impl CoreSeed {
                         seed.commands,
                         ctx.clone(),
                     )));
+                    if let Some(quic) = seed.quic.clone() {
+                        tasks.push(glommio::spawn_local(crate::quic::server::serve(
+                            ctx.clone(),
+                            quic,
+                        )));
+                    }
                 }
                 for (socket, service) in [
                     (listeners.http, Service::Http),
@@ -515,6 +528,7 @@ impl Dataplane {
         if let (Some(vpn), Some((_, addr))) = (&opts.vpn, &vpn_udp) {
             vpn.udp_port.store(addr.port(), Ordering::Release);
         }
+        let quic = opts.quic.clone();
         let http_addr = http.as_ref().map(|(_, _, a)| *a);
         let socks5_addr = socks.as_ref().map(|(_, _, a)| *a);
         let seed = CoreSeed {
@@ -534,6 +548,7 @@ impl Dataplane {
             vpn: opts.vpn.clone(),
             vpn_listen: vpn_listen.as_ref().map(|(_, spec, _)| *spec),
             vpn_udp_listen: vpn_udp.as_ref().map(|(_, a)| *a),
+            quic: quic.clone(),
         };
         let mut vpn_udp_sockets = vpn_udp.map(|(s, _)| s).unwrap_or_default();
         let mut vpn_sockets = vpn_listen.map(|(s, _, _)| s).unwrap_or_default();
@@ -601,6 +616,7 @@ impl Dataplane {
             http_addr,
             socks5_addr,
             vpn_addr,
+            quic,
             threads,
         })
     }
@@ -778,6 +794,7 @@ mod tests {
                 socks5: None,
                 cache: None,
                 vpn: None,
+                quic: None,
             },
             runtime.handle().clone(),
         )

@@ -31,6 +31,13 @@ pub enum DataplaneError {
     },
     #[error("WireGuard backend {backend}: {reason}")]
     Tunnel { backend: String, reason: String },
+    #[error("QUIC server {server}: {reason}")]
+    Quic {
+        server: String,
+        reason: String,
+        /// The handshake got no answer (UDP blocked?): a fallback may carry the flow.
+        unanswered: bool,
+    },
     #[error("OpenVPN backend {backend}: {reason}")]
     Openvpn { backend: String, reason: String },
     #[error("backend {0} is not available in this build")]
@@ -54,6 +61,7 @@ impl DataplaneError {
             | Self::ConnectTimeout { .. }
             | Self::UpstreamProxy { .. }
             | Self::Tunnel { .. }
+            | Self::Quic { .. }
             | Self::Openvpn { .. } => Side::Upstream,
             Self::BackendUnavailable(_) | Self::NoRoute(_) | Self::Overloaded(_) => Side::Internal,
             Self::Start(_) | Self::Io(_) => Side::Internal,

@@ -19,6 +19,8 @@ pub enum Protocol {
     Vpn,
     /// A UDP flow of the client's VPN (TUN) path.
     VpnUdp,
+    /// A flow (stream or datagrams) of the QUIC transport.
+    Quic,
 }
 
 impl Protocol {
@@ -29,6 +31,7 @@ impl Protocol {
             Self::Socks5 => "SOCKS5",
             Self::Vpn => "VPN",
             Self::VpnUdp => "VPN-UDP",
+            Self::Quic => "QUIC",
         }
     }
 }

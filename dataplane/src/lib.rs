@@ -31,6 +31,7 @@ pub mod openvpn;
 mod origin_pool;
 mod proxied;
 pub mod proxy_auth;
+pub mod quic;
 pub mod rate_limit;
 pub mod resolver;
 pub mod snapshot;

@@ -124,8 +124,10 @@ pub(crate) async fn probe(
 
 /// Starts a tunnel backend's tunnel on its first use.
 fn start_tunnel(ctx: &CoreContext, backend: &Backend) {
-    if let BackendKind::Wireguard(tunnel) = &backend.kind {
-        tunnel.0.ensure_started(ctx, &backend.health);
+    match &backend.kind {
+        BackendKind::Wireguard(tunnel) => tunnel.0.ensure_started(ctx, &backend.health),
+        BackendKind::Quic(server) => server.0.ensure_started(ctx, &backend.health),
+        _ => {}
     }
 }
 
@@ -177,12 +179,34 @@ async fn account(
     result
 }
 
-/// Relays a CONNECT or SOCKS5 tunnel, reports it, and finishes its trace.
+/// The client side of a tunnel: a TCP connection, or a QUIC stream's flow.
+pub(crate) trait ClientStream:
+    futures_lite::io::AsyncRead
+    + futures_lite::io::AsyncWrite
+    + crate::backend_stream::HalfClose
+    + Unpin
+{
+    /// The handshake's read timeout no longer applies once the tunnel relays.
+    fn clear_read_timeout(&self);
+}
+
+impl ClientStream for TcpStream {
+    fn clear_read_timeout(&self) {
+        let _ = self.set_read_timeout(None);
+    }
+}
+
+impl ClientStream for crate::wireguard::FlowStream {
+    // the relay's idle timer covers a flow
+    fn clear_read_timeout(&self) {}
+}
+
+/// Relays a CONNECT, SOCKS5 or QUIC tunnel, reports it, and finishes its trace.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn run_tunnel(
+pub(crate) async fn run_tunnel<C: ClientStream>(
     ctx: &CoreContext,
     snapshot: &Snapshot,
-    client: RefCell<TcpStream>,
+    client: RefCell<C>,
     connected: Connected,
     client_early: Vec<u8>,
     peer: SocketAddr,
@@ -196,7 +220,7 @@ pub(crate) async fn run_tunnel(
     let bcore = backend.counters.core(ctx.core);
     bcore.opened();
     let registered = Registered::new(ctx, peer, label.to_owned(), backend.name.clone(), protocol);
-    let _ = client.borrow_mut().set_read_timeout(None);
+    client.borrow().clear_read_timeout();
     let mut ok = true;
     // bytes that arrived with the handshake count like relayed ones (an origin that speaks first
     // often has its first bytes in the same segment as the proxy's CONNECT answer)

@@ -49,6 +49,9 @@ pub enum BackendKind {
     Wireguard(TunnelRef),
     /// An OpenVPN tunnel run by the control plane (shared across snapshots by name).
     Openvpn(LinkRef),
+    /// A switchyard server reached over QUIC (client role; shared across snapshots while
+    /// its settings stay, so a reload keeps the connection).
+    Quic(QuicRef),
     /// Parsed and validated, but its transport is not in this build yet.
     Unavailable {
         type_name: &'static str,
@@ -68,6 +71,24 @@ impl PartialEq for TunnelRef {
 impl Eq for TunnelRef {}
 
 impl std::hash::Hash for TunnelRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state)
+    }
+}
+
+/// A QUIC server backend; two refer to the same one only if they are the same one.
+#[derive(Debug, Clone)]
+pub struct QuicRef(pub Arc<crate::quic::QuicBackend>);
+
+impl PartialEq for QuicRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for QuicRef {}
+
+impl std::hash::Hash for QuicRef {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         std::ptr::hash(Arc::as_ptr(&self.0), state)
     }
@@ -127,6 +148,7 @@ impl Backend {
             BackendKind::Socks5 { .. } => "socks5",
             BackendKind::Wireguard(_) => "wireguard",
             BackendKind::Openvpn(_) => "openvpn",
+            BackendKind::Quic(_) => "quic",
             BackendKind::Unavailable { type_name } => type_name,
         }
     }

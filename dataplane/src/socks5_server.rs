@@ -197,6 +197,8 @@ enum UdpEgress {
     Openvpn(crate::snapshot::LinkRef),
     /// From a UDP port inside the WireGuard tunnel (a smoltcp socket on its owner core).
     Wireguard(crate::snapshot::TunnelRef),
+    /// As QUIC datagrams of the connection to a switchyard server (client role).
+    Quic(crate::snapshot::QuicRef),
     /// Dropped: the backend cannot carry UDP (proxies speak TCP only).
     Unsupported,
 }
@@ -206,6 +208,7 @@ fn udp_egress(kind: &BackendKind) -> UdpEgress {
         BackendKind::Direct => UdpEgress::Direct,
         BackendKind::Openvpn(link) => UdpEgress::Openvpn(link.clone()),
         BackendKind::Wireguard(tunnel) => UdpEgress::Wireguard(tunnel.clone()),
+        BackendKind::Quic(server) => UdpEgress::Quic(server.clone()),
         _ => UdpEgress::Unsupported,
     }
 }
@@ -219,6 +222,8 @@ enum EgressKey {
     Device(String),
     /// A WireGuard backend's tunnel, by backend name.
     Wireguard(String),
+    /// A QUIC server backend's connection, by backend name.
+    Quic(String),
 }
 
 /// Where an association's datagrams for one egress go out.
@@ -282,7 +287,11 @@ async fn send_to_client(
 async fn open_egress(
     key: &EgressKey,
     tunnel: Option<&crate::wireguard::WireguardBackend>,
+    quic: Option<&crate::quic::QuicBackend>,
 ) -> Result<Egress, crate::error::DataplaneError> {
+    if let (EgressKey::Quic(_), Some(server)) = (key, quic) {
+        return Ok(Egress::Tunnel(server.open_datagrams().await?));
+    }
     let io = |e: std::io::Error| crate::error::DataplaneError::Tunnel {
         backend: format!("{key:?}"),
         reason: e.to_string(),
@@ -304,19 +313,23 @@ async fn open_egress(
         (EgressKey::Wireguard(_), Some(tunnel)) => {
             Ok(Egress::Tunnel(tunnel.open_datagrams().await?))
         }
-        (EgressKey::Wireguard(name), None) => Err(crate::error::DataplaneError::Tunnel {
-            backend: name.clone(),
-            reason: "no tunnel".into(),
-        }),
+        (EgressKey::Wireguard(name) | EgressKey::Quic(name), _) => {
+            Err(crate::error::DataplaneError::Tunnel {
+                backend: name.clone(),
+                reason: "no tunnel".into(),
+            })
+        }
     }
 }
 
 /// The association's egress socket for `key`, opened (with its reply task) on first use.
+#[allow(clippy::too_many_arguments)]
 async fn egress_socket(
     ctx: &CoreContext,
     sockets: &RefCell<Vec<EgressSocket>>,
     key: EgressKey,
     tunnel: Option<&crate::wireguard::WireguardBackend>,
+    quic: Option<&crate::quic::QuicBackend>,
     relay: &Rc<UdpSocket>,
     client_udp: &Rc<Cell<Option<SocketAddr>>>,
     live: &AssociationEntry,
@@ -327,7 +340,7 @@ async fn egress_socket(
     if sockets.borrow().len() >= MAX_EGRESS_SOCKETS {
         return None;
     }
-    let socket = match open_egress(&key, tunnel).await {
+    let socket = match open_egress(&key, tunnel, quic).await {
         Ok(s) => Rc::new(s),
         Err(e) => {
             tracing::debug!(?key, error = %e, "SOCKS5 UDP egress socket failed");
@@ -440,14 +453,19 @@ async fn udp_associate(
                             *live.borrow_mut() = Some(entry.shared());
                             registered = Some(entry);
                         }
-                        if let BackendKind::Wireguard(tunnel) = &b.kind {
-                            tunnel.0.ensure_started(ctx, &b.health);
+                        match &b.kind {
+                            BackendKind::Wireguard(tunnel) => {
+                                tunnel.0.ensure_started(ctx, &b.health)
+                            }
+                            BackendKind::Quic(server) => server.0.ensure_started(ctx, &b.health),
+                            _ => {}
                         }
                         udp_egress(&b.kind)
                     }
                     None => UdpEgress::Unsupported,
                 };
                 let mut tunnel = None;
+                let mut quic = None;
                 let device = match egress {
                     UdpEgress::Direct => None,
                     UdpEgress::Openvpn(link) => match link.0.current() {
@@ -462,6 +480,11 @@ async fn udp_associate(
                         tunnel = Some(t);
                         Some(key)
                     }
+                    UdpEgress::Quic(server) => {
+                        let key = EgressKey::Quic(server.0.name.clone());
+                        quic = Some(server);
+                        Some(key)
+                    }
                     UdpEgress::Unsupported => {
                         tracing::debug!(%host, "SOCKS5 UDP datagram dropped: route cannot carry UDP");
                         continue;
@@ -471,6 +494,8 @@ async fn udp_associate(
                     continue;
                 };
                 let (dest, key) = match (device, &tunnel) {
+                    // the server resolves again; any address of the name will do
+                    (Some(key @ EgressKey::Quic(_)), _) => (addrs.first(), key),
                     (Some(key), Some(t)) => (addrs.iter().find(|a| t.0.carries(a.ip())), key),
                     // OpenVPN carries IPv4 only (the address the server assigned).
                     (Some(key), None) => (addrs.iter().find(|a| a.is_ipv4()), key),
@@ -487,8 +512,10 @@ async fn udp_associate(
                     continue;
                 };
                 let tunnel = tunnel.as_ref().map(|t| &*t.0);
+                let quic = quic.as_ref().map(|q| &*q.0);
                 let Some(socket) =
-                    egress_socket(ctx, &sockets, key, tunnel, &relay, &client_udp, &live).await
+                    egress_socket(ctx, &sockets, key, tunnel, quic, &relay, &client_udp, &live)
+                        .await
                 else {
                     continue;
                 };

@@ -62,12 +62,13 @@ impl Trace {
         if !snapshot.request_log {
             return;
         }
-        // SOCKS5 leaves the url to be its destination label, copied only here
-        let url = if self.url.is_empty() && self.protocol == Protocol::Socks5 {
-            self.host.clone()
-        } else {
-            self.url
-        };
+        // SOCKS5 and QUIC leave the url to be its destination label, copied only here
+        let url =
+            if self.url.is_empty() && matches!(self.protocol, Protocol::Socks5 | Protocol::Quic) {
+                self.host.clone()
+            } else {
+                self.url
+            };
         ctx.requests.push(RequestRecord {
             timestamp: self.started_at,
             duration_ms: self.started.elapsed().as_millis() as u64,

@@ -60,6 +60,7 @@ fn protected() -> Routes {
         .add("get", "/api/v1/version", get(system::version))
         .add("get", "/api/v1/status", get(system::status))
         .add("get", "/api/v1/stats", get(system::stats))
+        .add("get", "/api/v1/quic", get(system::quic))
         .add("get", "/api/v1/backends", get(backends::list))
         .add("post", "/api/v1/backends", post(backends::create))
         .add("get", "/api/v1/backends/{name}", get(backends::get_one))

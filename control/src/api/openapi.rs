@@ -25,6 +25,7 @@ impl Modify for BearerAuth {
     security(("bearer" = [])),
     paths(
         super::system::health, super::system::version, super::system::status, super::system::stats,
+        super::system::quic,
         super::backends::list, super::backends::create, super::backends::get_one, super::backends::delete,
         super::backends::stats, super::backends::test,
         super::routes::list, super::routes::create, super::routes::delete, super::routes::test,

@@ -76,6 +76,37 @@ pub async fn status(State(state): State<Arc<ServerState>>) -> Json<ServerStatus>
     })
 }
 
+#[utoipa::path(get, path = "/api/v1/quic", tag = "system", responses((status = 200, body = switchyard_api::server::QuicStatus)))]
+pub async fn quic(
+    State(state): State<Arc<ServerState>>,
+) -> Json<switchyard_api::server::QuicStatus> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(q) = &state.quic else {
+        return Json(switchyard_api::server::QuicStatus {
+            enabled: false,
+            listen: String::new(),
+            fingerprint: String::new(),
+            self_signed: false,
+            connections_active: 0,
+            connections_total: 0,
+            streams_total: 0,
+            datagrams_received: 0,
+            refused: 0,
+        });
+    };
+    Json(switchyard_api::server::QuicStatus {
+        enabled: true,
+        listen: q.local_addr.to_string(),
+        fingerprint: q.fingerprint.clone(),
+        self_signed: q.self_signed,
+        connections_active: q.stats.connections_active.load(Relaxed),
+        connections_total: q.stats.connections_total.load(Relaxed),
+        streams_total: q.stats.streams_total.load(Relaxed),
+        datagrams_received: q.stats.datagrams_in.load(Relaxed),
+        refused: q.stats.refused.load(Relaxed),
+    })
+}
+
 #[utoipa::path(get, path = "/api/v1/stats", tag = "system", responses((status = 200, body = ServerStats)))]
 pub async fn stats(State(state): State<Arc<ServerState>>) -> Json<ServerStats> {
     let totals = state.counters.totals();

@@ -1,15 +1,18 @@
 //! The client role of the one data-plane engine: a client configuration (routes `direct` |
 //! `server`, the selected server) is expressed as the engine's own configuration — two backends,
 //! `direct` and `server/<name>` (an upstream HTTP proxy or SOCKS5 backend with the server's
-//! credentials), and one engine route per client route plus a catch-all for the default action —
+//! credentials, or for `protocol: QUIC` the data plane's QUIC backend, which the engine's
+//! configuration cannot name and [`compile`] puts in place), and one engine route per client route plus a catch-all for the default action —
 //! and compiled into the engine's [`Snapshot`]. Routing, pooling, keep-alive, counters and request
 //! records then all come from the same engine the server runs.
 
+use std::sync::Arc;
 use switchyard_config::client::{ClientConfig, ClientServerConfig, RouteAction, ServerProtocol};
 use switchyard_config::{
     BackendConfig, BackendType, LoadBalance, RouteConfig, ServerConfig, UpstreamProxyConfig,
 };
-use switchyard_dataplane::snapshot::SnapshotError;
+use switchyard_dataplane::quic::{QuicBackend, QuicSettings};
+use switchyard_dataplane::snapshot::{Backend, BackendKind, QuicRef, SnapshotError};
 use switchyard_dataplane::Snapshot;
 
 /// Name of the direct backend.
@@ -41,6 +44,8 @@ pub fn engine_config(cfg: &ClientConfig, server: Option<&ClientServerConfig>) ->
         let (kind, http_proxy, socks5) = match s.protocol {
             ServerProtocol::Http => (BackendType::HttpProxy, Some(upstream), None),
             ServerProtocol::Socks5 => (BackendType::Socks5, None, Some(upstream)),
+            // a stand-in that compiles; `compile` replaces it with the QUIC backend
+            ServerProtocol::Quic => (BackendType::Direct, None, None),
         };
         backends.push(BackendConfig {
             name: name.clone(),
@@ -107,7 +112,94 @@ pub fn compile(
 ) -> Result<Snapshot, SnapshotError> {
     let mut snapshot = Snapshot::compile(&engine_config(cfg, server), previous, cores)?;
     snapshot.timeouts.connect = cfg.server.connect_timeout.as_std();
+    if let Some(s) = server.filter(|s| s.protocol == ServerProtocol::Quic) {
+        put_quic_backend(&mut snapshot, s, previous)?;
+    }
     Ok(snapshot)
+}
+
+/// The QUIC settings of a server entry: its pin, token, credentials and TCP fallback.
+fn quic_settings(s: &ClientServerConfig) -> Result<QuicSettings, SnapshotError> {
+    let bad = |message: String| SnapshotError::Backend {
+        backend: format!("{SERVER_PREFIX}{}", s.name),
+        message,
+    };
+    let pin = s
+        .fingerprint
+        .as_deref()
+        .ok_or_else(|| bad("a QUIC server needs `fingerprint`".into()))
+        .and_then(|f| switchyard_config::client::parse_fingerprint(f).map_err(bad))?;
+    let fallback = match &s.fallback {
+        None => None,
+        Some(f) => {
+            let (host, port) = f
+                .address
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_owned(), p.parse().ok()?)))
+                .ok_or_else(|| bad(format!("fallback address {} is not host:port", f.address)))?;
+            let kind = match f.protocol {
+                ServerProtocol::Http => BackendKind::HttpProxy {
+                    host,
+                    port,
+                    authorization: s.username.as_ref().map(|u| {
+                        switchyard_dataplane::credentials::encode_basic(
+                            u,
+                            s.password.as_deref().unwrap_or(""),
+                        )
+                    }),
+                },
+                ServerProtocol::Socks5 => BackendKind::Socks5 {
+                    host,
+                    port,
+                    credentials: s
+                        .username
+                        .as_ref()
+                        .map(|u| (u.clone(), s.password.clone().unwrap_or_default())),
+                },
+                ServerProtocol::Quic => {
+                    return Err(bad("the fallback must be HTTP or SOCKS5".into()))
+                }
+            };
+            Some(Box::new(kind))
+        }
+    };
+    Ok(QuicSettings {
+        address: s.address.clone(),
+        pin,
+        token: s.token.clone().unwrap_or_default(),
+        username: s.username.clone().unwrap_or_default(),
+        password: s.password.clone().unwrap_or_default(),
+        fallback,
+    })
+}
+
+/// Replaces the stand-in of a QUIC server with its backend, keeping the running one (and its
+/// connection) when the settings did not change.
+fn put_quic_backend(
+    snapshot: &mut Snapshot,
+    s: &ClientServerConfig,
+    previous: Option<&Snapshot>,
+) -> Result<(), SnapshotError> {
+    let name = format!("{SERVER_PREFIX}{}", s.name);
+    let settings = quic_settings(s)?;
+    let kept = previous
+        .and_then(|p| p.backends.iter().find(|b| b.name == name))
+        .and_then(|b| match &b.kind {
+            BackendKind::Quic(q) if q.0.settings == settings => Some(q.clone()),
+            _ => None,
+        });
+    let quic = kept.unwrap_or_else(|| QuicRef(Arc::new(QuicBackend::new(&name, settings))));
+    for slot in snapshot.backends.iter_mut().filter(|b| b.name == name) {
+        *slot = Arc::new(Backend {
+            name: slot.name.clone(),
+            kind: BackendKind::Quic(quic.clone()),
+            enabled: slot.enabled,
+            counters: slot.counters.clone(),
+            health: slot.health.clone(),
+            health_check: None,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -201,5 +293,41 @@ mod tests {
         ));
         assert_eq!(action_of(&b.name), ("server", "home"));
         assert_eq!(action_of("direct"), ("direct", "direct"));
+    }
+
+    #[test]
+    fn a_quic_server_becomes_the_quic_backend_and_survives_reloads() {
+        let mut cfg = config();
+        cfg.servers[0].protocol = ServerProtocol::Quic;
+        cfg.servers[0].fingerprint = Some("ab".repeat(32));
+        cfg.servers[0].fallback = Some(switchyard_config::client::ServerFallback {
+            address: "127.0.0.1:7080".into(),
+            protocol: ServerProtocol::Http,
+        });
+        let first = compile(&cfg, cfg.servers.first(), None, 1).unwrap();
+        let (_, b) = first.select("example.org").unwrap();
+        let BackendKind::Quic(quic) = &b.kind else {
+            panic!("unexpected {:?}", b.kind)
+        };
+        assert_eq!(quic.0.settings.pin, [0xab; 32]);
+        assert_eq!(quic.0.settings.username, "u");
+        assert!(matches!(
+            quic.0.settings.fallback.as_deref(),
+            Some(BackendKind::HttpProxy {
+                port: 7080,
+                authorization: Some(_),
+                ..
+            })
+        ));
+        // same settings: the same backend (and connection) after a reload
+        let again = compile(&cfg, cfg.servers.first(), Some(&first), 1).unwrap();
+        assert_eq!(again.select("example.org").unwrap().1.kind, b.kind);
+        // a new pin: a new backend
+        cfg.servers[0].fingerprint = Some("cd".repeat(32));
+        let changed = compile(&cfg, cfg.servers.first(), Some(&again), 1).unwrap();
+        assert_ne!(changed.select("example.org").unwrap().1.kind, b.kind);
+        // no pin: refused
+        cfg.servers[0].fingerprint = None;
+        assert!(compile(&cfg, cfg.servers.first(), None, 1).is_err());
     }
 }

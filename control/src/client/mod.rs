@@ -126,6 +126,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
             socks5,
             cache: cache.clone(),
             vpn: vpn_path.clone(),
+            quic: None,
         },
         runtime.handle().clone(),
     )?;

@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchyard_config::client::ServerProtocol;
 
 /// The outcome of one probe of one server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,21 +62,41 @@ pub async fn probe_loop(state: Arc<ClientState>) {
         let timeout = cfg.server.connect_timeout.as_std();
         let rounds = cfg.servers.iter().map(|s| {
             let address = s.address.clone();
+            // A QUIC server is measured by its connection (no TCP port to probe); one the
+            // client has not needed yet keeps its last probe.
+            let quic = (s.protocol == ServerProtocol::Quic).then(|| state.quic_status(&s.name));
             async move {
+                if let Some(quic) = quic {
+                    let at = Instant::now();
+                    return quic.and_then(|q| {
+                        if q.connected.load(std::sync::atomic::Ordering::Acquire) {
+                            Some(Probe {
+                                latency: Some(q.rtt()),
+                                at,
+                            })
+                        } else {
+                            q.last_error
+                                .lock()
+                                .is_some()
+                                .then_some(Probe { latency: None, at })
+                        }
+                    });
+                }
                 let start = Instant::now();
                 let ok = matches!(
                     tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&address)).await,
                     Ok(Ok(_))
                 );
                 let at = Instant::now();
-                Probe {
+                Some(Probe {
                     latency: ok.then(|| at - start),
                     at,
-                }
+                })
             }
         });
         let results = futures::future::join_all(rounds).await;
         for (server, probe) in cfg.servers.iter().zip(results) {
+            let Some(probe) = probe else { continue };
             let before = state.probes.get(&server.name).map(|p| p.latency.is_some());
             state.probes.set(&server.name, probe);
             let now = probe.latency.is_some();

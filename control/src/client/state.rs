@@ -406,6 +406,23 @@ impl ClientState {
         Ok(restart)
     }
 
+    /// The connection state of the QUIC server `name` while it is the engine's server.
+    pub fn quic_status(
+        &self,
+        name: &str,
+    ) -> Option<Arc<switchyard_dataplane::quic::client::QuicClientStatus>> {
+        let backend = format!("{}{name}", super::engine_config::SERVER_PREFIX);
+        let snapshot = self.snapshot.load();
+        snapshot
+            .backends
+            .iter()
+            .find(|b| b.name == backend)
+            .and_then(|b| match &b.kind {
+                switchyard_dataplane::snapshot::BackendKind::Quic(q) => Some(q.0.status.clone()),
+                _ => None,
+            })
+    }
+
     pub fn server_entries(&self) -> Vec<switchyard_api::client::ServerEntry> {
         let cfg = self.config.load();
         cfg.servers
@@ -422,6 +439,11 @@ impl ClientState {
                         .and_then(|p| p.latency)
                         .map_or(0, |l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX)),
                     status: self.status_of(&s.name).to_owned(),
+                    error: self.quic_status(&s.name).and_then(|q| {
+                        (!q.connected.load(std::sync::atomic::Ordering::Acquire))
+                            .then(|| q.last_error.lock().clone())
+                            .flatten()
+                    }),
                 }
             })
             .collect()

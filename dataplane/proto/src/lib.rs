@@ -9,6 +9,7 @@
 //! * [`socks5`]: RFC 1928 / RFC 1929 messages, server and client side, plus UDP ASSOCIATE headers.
 //! * [`route_matcher`]: domain patterns (`example.com`, `*.example.com`, `cdn*.example.com`, `*`)
 //!   compiled into an indexed table that picks the winning route by priority, then config order.
+//! * [`quic_wire`]: the hello, stream-open, reply and datagram messages of the QUIC transport.
 //! * [`pac`]: a PAC script (ES5) with exactly the route matcher's semantics, for browsers.
 //! * [`cache`]: the HTTP cache's policy and formats — presets, rules, cache keys, freshness and
 //!   bypass decisions, byte ranges, the on-disk entry header and the eviction index.
@@ -31,5 +32,6 @@
 pub mod cache;
 pub mod http1;
 pub mod pac;
+pub mod quic_wire;
 pub mod route_matcher;
 pub mod socks5;

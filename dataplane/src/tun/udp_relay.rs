@@ -305,6 +305,8 @@ enum Egress {
         socket: UdpSocket,
         relay: SocketAddr,
     },
+    /// QUIC datagrams of the connection to a switchyard server.
+    Quic(crate::wireguard::DatagramPort),
 }
 
 fn udp_socket(ip: IpAddr) -> Result<UdpSocket, DataplaneError> {
@@ -356,8 +358,12 @@ async fn open_egress(
             };
             Ok((egress, Some(association.control)))
         }
+        BackendKind::Quic(server) => {
+            server.0.ensure_started(ctx, &backend.health);
+            Ok((Egress::Quic(server.0.open_datagrams().await?), None))
+        }
         _ => Err(DataplaneError::BackendUnavailable(format!(
-            "{} for UDP (only direct and socks5 routes carry UDP)",
+            "{} for UDP (only direct, socks5 and quic routes carry UDP)",
             backend.type_name()
         ))),
     }
@@ -374,6 +380,7 @@ impl Egress {
                 out.extend_from_slice(payload);
                 socket.send_to(out, *relay).await.is_ok()
             }
+            Egress::Quic(port) => port.send(SocketAddr::V4(dst), payload.to_vec()),
         }
     }
 
@@ -395,6 +402,14 @@ impl Egress {
                     }
                     if let Some(payload) = socks5_payload(&buf[..n], dst) {
                         return Some(payload);
+                    }
+                }
+                Egress::Quic(port) => {
+                    let (from, data) = port.recv().await?;
+                    if from == SocketAddr::V4(dst) {
+                        let n = data.len().min(buf.len());
+                        buf[..n].copy_from_slice(&data[..n]);
+                        return Some(0..n);
                     }
                 }
             }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 pub const MAX_QUEUED_DATAGRAMS: usize = 64;
 
 /// The owner's side of an association.
-pub(super) struct DatagramEnds {
+pub(crate) struct DatagramEnds {
     /// Peer → relay: (sender, payload).
     pub to_client: async_channel::Sender<(SocketAddr, Vec<u8>)>,
     /// Relay → peer: (destination, payload); closed when the relay drops its port.
@@ -31,7 +31,7 @@ impl std::fmt::Debug for DatagramPort {
     }
 }
 
-pub(super) fn pair(owner: Arc<Wake>) -> (DatagramEnds, DatagramPort) {
+pub(crate) fn pair(owner: Arc<Wake>) -> (DatagramEnds, DatagramPort) {
     let (to_client, rx) = async_channel::bounded(MAX_QUEUED_DATAGRAMS);
     let (tx, from_client) = async_channel::bounded(MAX_QUEUED_DATAGRAMS);
     (

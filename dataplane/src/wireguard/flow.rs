@@ -43,14 +43,17 @@ impl Wake {
     }
 }
 
-/// The owner's side of a flow.
-pub(super) struct FlowEnds {
+/// The owner's side of a flow (a tunnel's owner core, or a QUIC endpoint's).
+pub(crate) struct FlowEnds {
     /// Peer → client chunks.
     pub to_client: async_channel::Sender<Vec<u8>>,
     /// Client → peer chunks; closed by the client when it has nothing more to send.
     pub from_client: async_channel::Receiver<Vec<u8>>,
     /// Signalled when the owner took a chunk from `from_client`.
     pub space: Arc<Event>,
+    /// Set before the channels close when the flow was cut (reset, connection lost) rather
+    /// than ended: the connection's reads then fail instead of seeing an orderly end.
+    pub aborted: Arc<AtomicBool>,
 }
 
 /// The connection's side of a flow.
@@ -63,6 +66,7 @@ pub struct FlowStream {
     owner: Arc<Wake>,
     reading: Option<(Vec<u8>, usize)>,
     local: SocketAddr,
+    aborted: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for FlowStream {
@@ -73,15 +77,17 @@ impl std::fmt::Debug for FlowStream {
     }
 }
 
-pub(super) fn pair(owner: Arc<Wake>, local: SocketAddr) -> (FlowEnds, FlowStream) {
+pub(crate) fn pair(owner: Arc<Wake>, local: SocketAddr) -> (FlowEnds, FlowStream) {
     let (to_client, rx) = async_channel::unbounded();
     let (tx, from_client) = async_channel::unbounded();
     let space = Arc::new(Event::new());
+    let aborted = Arc::new(AtomicBool::new(false));
     (
         FlowEnds {
             to_client,
             from_client,
             space: space.clone(),
+            aborted: aborted.clone(),
         },
         FlowStream {
             rx: Box::pin(rx),
@@ -91,6 +97,7 @@ pub(super) fn pair(owner: Arc<Wake>, local: SocketAddr) -> (FlowEnds, FlowStream
             owner,
             reading: None,
             local,
+            aborted,
         },
     )
 }
@@ -136,6 +143,9 @@ impl AsyncRead for FlowStream {
                     if !chunk.is_empty() {
                         self.reading = Some((chunk, 0));
                     }
+                }
+                Poll::Ready(None) if self.aborted.load(Ordering::Acquire) => {
+                    return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()))
                 }
                 Poll::Ready(None) => return Poll::Ready(Ok(0)),
                 Poll::Pending => return Poll::Pending,
@@ -193,5 +203,33 @@ impl Drop for FlowStream {
         self.rx.close();
         self.tx.close();
         self.owner.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_lite::io::AsyncReadExt;
+
+    #[test]
+    fn a_cut_flow_fails_its_reads_and_an_ended_one_reads_eof() {
+        let (ends, mut ended) = pair(Arc::new(Wake::default()), ([127, 0, 0, 1], 1).into());
+        let _ = ends.to_client.try_send(b"last".to_vec());
+        ends.to_client.close();
+        let mut buf = [0u8; 8];
+        let read = |s: &mut FlowStream, b: &mut [u8]| futures::executor::block_on(s.read(b));
+        assert_eq!(read(&mut ended, &mut buf).expect("data"), 4);
+        assert_eq!(read(&mut ended, &mut buf).expect("eof"), 0);
+
+        let (ends, mut cut) = pair(Arc::new(Wake::default()), ([127, 0, 0, 1], 1).into());
+        let _ = ends.to_client.try_send(b"part".to_vec());
+        ends.aborted.store(true, Ordering::Release);
+        drop(ends);
+        assert_eq!(
+            read(&mut cut, &mut buf).expect("queued bytes still read"),
+            4
+        );
+        let err = read(&mut cut, &mut buf).expect_err("cut");
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
     }
 }

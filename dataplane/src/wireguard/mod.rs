@@ -56,7 +56,7 @@ pub(crate) struct Owner {
 }
 
 impl Owner {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             epoch: Instant::now(),
             beat: AtomicU64::new(0),
@@ -76,7 +76,7 @@ impl Owner {
 
     /// Takes over from an owner that stopped beating; the new generation, or None when the
     /// owner is alive or another core took over first.
-    fn take_over_if_lost(&self) -> Option<u64> {
+    pub(crate) fn take_over_if_lost(&self) -> Option<u64> {
         let seen = self.beat.load(Ordering::Acquire);
         let now = self.now_ms();
         if now.saturating_sub(seen) < OWNER_LOST.as_millis() as u64 {
@@ -88,9 +88,22 @@ impl Owner {
         Some(self.generation.fetch_add(1, Ordering::AcqRel) + 1)
     }
 
-    fn start(&self) -> u64 {
+    pub(crate) fn start(&self) -> u64 {
         self.beat.store(self.now_ms(), Ordering::Release);
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether the calling core must run the owner task: the first call (flagged in
+    /// `started`), or a take-over from a lost owner. The generation to run with, and whether it
+    /// is a take-over; None when a live core owns it already.
+    pub(crate) fn claim(&self, started: &AtomicBool) -> Option<(u64, bool)> {
+        if started.load(Ordering::Acquire) {
+            return self.take_over_if_lost().map(|g| (g, true));
+        }
+        started
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        Some((self.start(), false))
     }
 }
 
@@ -155,22 +168,13 @@ impl WireguardBackend {
         ctx: &crate::engine::CoreContext,
         health: &Arc<BackendHealth>,
     ) {
-        let generation = if self.started.load(Ordering::Acquire) {
-            let Some(generation) = self.owner.take_over_if_lost() else {
-                return;
-            };
+        let Some((generation, take_over)) = self.owner.claim(&self.started) else {
+            return;
+        };
+        if take_over {
             tracing::warn!(backend = %self.name, core = ctx.core, silent_for = ?OWNER_LOST,
                 "the core running the WireGuard tunnel stopped; starting it again here");
-            generation
-        } else if self
-            .started
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return;
-        } else {
-            self.owner.start()
-        };
+        }
         tracing::info!(backend = %self.name, core = ctx.core, endpoint = %self.settings.endpoint,
             "starting WireGuard tunnel");
         let args = runner::RunnerArgs {

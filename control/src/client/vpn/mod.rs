@@ -108,16 +108,23 @@ pub fn split_rules(split: &VpnSplitConfig, extra_bypass: &[String]) -> SplitRule
 }
 
 /// Where the resolver forwards queries: through the server traffic goes to, else direct.
+/// A QUIC server's queries go through its TCP fallback (the resolver runs on the control plane
+/// and speaks only the TCP proxy protocols), or direct without one.
 fn dns_upstream(server: Option<&ClientServerConfig>) -> Upstream {
+    let proxy = |address: &str, protocol: ServerProtocol, s: &ClientServerConfig| Upstream::Proxy {
+        address: address.to_owned(),
+        protocol: match protocol {
+            ServerProtocol::Socks5 => ProxyProtocol::Socks5,
+            _ => ProxyProtocol::Http,
+        },
+        username: s.username.clone(),
+        password: s.password.clone(),
+    };
     match server {
-        Some(s) => Upstream::Proxy {
-            address: s.address.clone(),
-            protocol: match s.protocol {
-                ServerProtocol::Http => ProxyProtocol::Http,
-                ServerProtocol::Socks5 => ProxyProtocol::Socks5,
-            },
-            username: s.username.clone(),
-            password: s.password.clone(),
+        Some(s) if s.protocol != ServerProtocol::Quic => proxy(&s.address, s.protocol, s),
+        Some(s) => match &s.fallback {
+            Some(f) => proxy(&f.address, f.protocol, s),
+            None => Upstream::Direct { mark: None },
         },
         None => Upstream::Direct { mark: None },
     }

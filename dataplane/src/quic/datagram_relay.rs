@@ -1,0 +1,179 @@
+//! UDP flows carried in QUIC datagrams, on the server: each (connection, flow id) is one
+//! association with its own host UDP socket, like a SOCKS5 UDP ASSOCIATE. Every datagram is
+//! routed by its destination: a `direct` route leaves from the host socket; other backends
+//! (proxies, tunnels) cannot carry these datagrams yet and drop them (counted in the log at
+//! debug level). Replies come back on the association's socket and go to the client as
+//! datagrams of the same flow, naming their source.
+
+use super::driver::Driver;
+use crate::engine::CoreContext;
+use crate::events::Protocol;
+use crate::snapshot::BackendKind;
+use bytes::Bytes;
+use glommio::net::UdpSocket;
+use quinn_proto::ConnectionHandle;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::rc::Rc;
+use std::sync::Arc;
+use switchyard_proto::quic_wire;
+use switchyard_proto::socks5::TargetAddr;
+
+/// Associations one connection may hold at once; datagrams of further flows are dropped.
+const MAX_FLOWS_PER_CONNECTION: usize = 256;
+
+struct Association {
+    socket: Rc<UdpSocket>,
+    /// The live-table entry, registered by the reply task (which owns the context it borrows).
+    live: Rc<RefCell<Option<Arc<crate::live::LiveConnection>>>>,
+    /// Set by the reply task when the association idled out.
+    ended: Rc<Cell<bool>>,
+    _replies: glommio::Task<()>,
+}
+
+/// The associations by (connection, flow id).
+type FlowTable = HashMap<(ConnectionHandle, u32), Rc<Association>>;
+
+#[derive(Default, Clone)]
+pub(crate) struct Relays {
+    flows: Rc<RefCell<FlowTable>>,
+}
+
+fn split_target(addr: &TargetAddr) -> (String, u16) {
+    match addr {
+        TargetAddr::Ip(sa) => (sa.ip().to_string(), sa.port()),
+        TargetAddr::Domain(h, p) => (h.clone(), *p),
+    }
+}
+
+impl Relays {
+    /// Drops every association of a connection that ended.
+    pub fn forget(&self, conn: ConnectionHandle) {
+        self.flows.borrow_mut().retain(|(c, _), _| *c != conn);
+    }
+
+    /// Relays one datagram from the client (resolution and sending run in their own task).
+    pub async fn relay(
+        &self,
+        ctx: &Rc<CoreContext>,
+        driver: &Rc<Driver>,
+        conn: ConnectionHandle,
+        peer: SocketAddr,
+        data: &[u8],
+    ) {
+        let Ok((flow, addr, at)) = quic_wire::parse_datagram(data) else {
+            return;
+        };
+        let payload = data.get(at..).unwrap_or_default().to_vec();
+        let (host, port) = split_target(&addr);
+        let snapshot = ctx.current_snapshot();
+        let Some((_, backend)) = snapshot.select(&host) else {
+            return;
+        };
+        if !matches!(backend.kind, BackendKind::Direct) {
+            tracing::debug!(%host, backend = %backend.name, "QUIC datagram dropped: route cannot carry UDP");
+            return;
+        }
+        let association =
+            match self.association(ctx, driver, conn, flow, peer, &addr, &backend.name) {
+                Some(a) => a,
+                None => return,
+            };
+        let ctx = ctx.clone();
+        glommio::spawn_local(async move {
+            let Ok(addrs) = ctx.resolver.resolve(&ctx.offload, &host, port).await else {
+                return;
+            };
+            let Some(dest) = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()) else {
+                return;
+            };
+            if association.socket.send_to(&payload, *dest).await.is_ok() {
+                ctx.counters
+                    .core(ctx.core)
+                    .add_received(payload.len() as u64);
+                if let Some(live) = association.live.borrow().as_ref() {
+                    live.add_recv(payload.len() as u64);
+                }
+            }
+        })
+        .detach();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn association(
+        &self,
+        ctx: &Rc<CoreContext>,
+        driver: &Rc<Driver>,
+        conn: ConnectionHandle,
+        flow: u32,
+        peer: SocketAddr,
+        first: &TargetAddr,
+        backend: &str,
+    ) -> Option<Rc<Association>> {
+        let key = (conn, flow);
+        if let Some(a) = self.flows.borrow().get(&key).filter(|a| !a.ended.get()) {
+            return Some(a.clone());
+        }
+        let mut flows = self.flows.borrow_mut();
+        flows.retain(|_, a| !a.ended.get());
+        if flows.keys().filter(|(c, _)| *c == conn).count() >= MAX_FLOWS_PER_CONNECTION {
+            return None;
+        }
+        // Dual-stack where the host has IPv6, IPv4 otherwise.
+        let socket = UdpSocket::bind(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0))
+            .or_else(|_| UdpSocket::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)))
+            .ok()?;
+        let socket = Rc::new(socket);
+        let live = Rc::new(RefCell::new(None));
+        let ended = Rc::new(Cell::new(false));
+        let replies = {
+            let (socket, driver, live, ended) =
+                (socket.clone(), driver.clone(), live.clone(), ended.clone());
+            let idle = ctx.current_snapshot().timeouts.idle;
+            let ctx = ctx.clone();
+            let (label, backend) = (first.to_string(), backend.to_owned());
+            glommio::spawn_local(async move {
+                let registered =
+                    crate::proxied::Registered::new(&ctx, peer, label, backend, Protocol::Quic);
+                *live.borrow_mut() = Some(registered.shared());
+                let mut buf = vec![0u8; 65_536];
+                loop {
+                    let got = futures_lite::future::or(
+                        async { socket.recv_from(&mut buf).await.ok() },
+                        async {
+                            glommio::timer::sleep(idle).await;
+                            None
+                        },
+                    )
+                    .await;
+                    let Some((n, from)) = got else {
+                        ended.set(true);
+                        return;
+                    };
+                    let mut out = Vec::with_capacity(n + 32);
+                    let from =
+                        SocketAddr::new(crate::access_control::canonical(from.ip()), from.port());
+                    quic_wire::encode_datagram(
+                        flow,
+                        &TargetAddr::Ip(from),
+                        buf.get(..n).unwrap_or_default(),
+                        &mut out,
+                    );
+                    if driver.send_datagram(conn, Bytes::from(out)) {
+                        ctx.counters.core(ctx.core).add_sent(n as u64);
+                        registered.conn().add_sent(n as u64);
+                    }
+                }
+            })
+        };
+        let association = Rc::new(Association {
+            socket,
+            live,
+            ended,
+            _replies: replies,
+        });
+        flows.insert(key, association.clone());
+        Some(association)
+    }
+}
