@@ -944,3 +944,100 @@ fn pac_file_follows_the_route_table() {
         );
     }
 }
+
+/// More keep-alive clients than the old per-destination pool limit (32) on one core, all with a
+/// request in flight at once, twice: the second round finds every origin connection of the
+/// first in the pool, so the origin is connected to once per client and never again (with the
+/// old limit, 8 of 40 connections were closed after each round and opened again).
+#[test]
+fn origin_connections_of_many_concurrent_clients_are_all_pooled() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
+    const CLIENTS: usize = 40;
+    const ROUNDS: usize = 2;
+
+    // The origin answers a round's requests only once all of them have arrived, so the proxy
+    // holds CLIENTS origin connections at the same time.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind origin");
+    let origin = listener.local_addr().expect("origin address");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let all_in = Arc::new(Barrier::new(CLIENTS));
+    {
+        let (accepted, all_in) = (accepted.clone(), all_in.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let all_in = all_in.clone();
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match conn.read(&mut chunk) {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buf.clear();
+                        all_in.wait();
+                        let reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        if conn.write_all(reply).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_path = dir.path().join("server.yaml");
+    std::fs::write(
+        &config_path,
+        "server:\n  http: { listen: \"127.0.0.1:0\" }\n  socks5: { listen: \"127.0.0.1:0\" }\n  cores: 1\n\
+         api: { listen: \"127.0.0.1:0\" }\nlogging: { level: info, format: json }\n",
+    )
+    .expect("write config");
+    let server = start_server_with_file(dir, config_path);
+
+    let round_done = Arc::new(Barrier::new(CLIENTS));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (proxy, round_done) = (server.http, round_done.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut s = TcpStream::connect(proxy).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(Duration::from_secs(20)))
+                    .map_err(|e| e.to_string())?;
+                for _ in 0..ROUNDS {
+                    let request =
+                        format!("GET http://{origin}/ HTTP/1.1\r\nHost: {origin}\r\n\r\n");
+                    s.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
+                    let mut got = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while !got.ends_with(b"\r\n\r\nok") {
+                        let n = s.read(&mut chunk).map_err(|e| e.to_string())?;
+                        if n == 0 {
+                            return Err(format!("proxy closed: {got:?}"));
+                        }
+                        got.extend_from_slice(&chunk[..n]);
+                    }
+                    if !got.starts_with(b"HTTP/1.1 200") {
+                        return Err(String::from_utf8_lossy(&got).into_owned());
+                    }
+                    // every origin connection is back in the pool before the next round
+                    round_done.wait();
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().expect("client thread").expect("client");
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        CLIENTS,
+        "origin connections for {CLIENTS} clients × {ROUNDS} rounds"
+    );
+}

@@ -121,7 +121,7 @@ impl Dialer<'_> {
         deadline: Instant,
     ) -> Result<TcpStream, DataplaneError> {
         let addrs = self.resolver.resolve(self.offload, host, port).await?;
-        race_connect(&addrs, deadline, &format!("{host}:{port}")).await
+        race_connect(&addrs, deadline, &HostPort { host, port }).await
     }
 }
 
@@ -140,16 +140,29 @@ async fn within<T>(
     .await
 }
 
-fn classify(target: &str, e: io::Error) -> DataplaneError {
+/// `host:port` as error messages name a connect target, formatted only when one is made (a
+/// connect that succeeds allocates no label).
+struct HostPort<'a> {
+    host: &'a str,
+    port: u16,
+}
+
+impl std::fmt::Display for HostPort<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+fn classify(target: &dyn std::fmt::Display, e: io::Error) -> DataplaneError {
     match e.kind() {
         io::ErrorKind::ConnectionRefused => DataplaneError::Refused {
-            target: target.to_owned(),
+            target: target.to_string(),
         },
         io::ErrorKind::TimedOut => DataplaneError::ConnectTimeout {
-            target: target.to_owned(),
+            target: target.to_string(),
         },
         _ => DataplaneError::Connect {
-            target: target.to_owned(),
+            target: target.to_string(),
             source: e,
         },
     }
@@ -166,14 +179,14 @@ async fn attempt(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
 pub async fn race_connect(
     addrs: &[SocketAddr],
     deadline: Instant,
-    target: &str,
+    target: &dyn std::fmt::Display,
 ) -> Result<TcpStream, DataplaneError> {
     // One address (an IP literal, or a name with one record): nothing to race.
     if let [addr] = addrs {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(DataplaneError::ConnectTimeout {
-                target: target.to_owned(),
+                target: target.to_string(),
             });
         }
         let stream = attempt(*addr, left)
@@ -189,13 +202,13 @@ pub async fn race_connect(
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(DataplaneError::ConnectTimeout {
-                target: target.to_owned(),
+                target: target.to_string(),
             });
         }
         if attempts.is_empty() {
             let Some(&addr) = addrs.get(next) else {
                 return Err(last_error.unwrap_or_else(|| DataplaneError::Resolve {
-                    host: target.to_owned(),
+                    host: target.to_string(),
                     reason: "no addresses".into(),
                 }));
             };
@@ -220,7 +233,7 @@ pub async fn race_connect(
                 if attempts.is_empty() && !more {
                     return Err(
                         last_error.unwrap_or_else(|| DataplaneError::ConnectTimeout {
-                            target: target.to_owned(),
+                            target: target.to_string(),
                         }),
                     );
                 }

@@ -143,6 +143,8 @@ fn listen_socket_on(spec: ListenSpec, port: u16, freebind: bool) -> std::io::Res
         s.set_reuse_address(true)?;
         s.set_reuse_port(true)?;
         s.set_nonblocking(true)?;
+        // accepted sockets inherit it: no setsockopt(2) per connection
+        s.set_nodelay(true)?;
         if freebind {
             // the VPN listener binds to the TUN address before the device exists
             crate::sys::set_freebind(std::os::fd::AsRawFd::as_raw_fd(&s))?;
@@ -692,8 +694,10 @@ impl Acceptor {
     /// The next connection and its peer. While connections are queued, one `accept4(2)` on the
     /// non-blocking listener takes each one with its peer address; glommio's `accept` costs
     /// three `fcntl(2)` calls around every accept plus a `getpeername(2)` (measured with
-    /// `strace`), so it is used only to wait when the queue is empty. `None`: a connection that
-    /// went away before its peer could be read (dropped, nothing to back off from).
+    /// `strace`), so when the queue is empty the accept goes straight to the ring (the
+    /// vendored glommio's `accept_from_ring`) and only that one costs a `getpeername(2)`.
+    /// `None`: a connection that went away before its peer could be read (dropped, nothing to
+    /// back off from).
     async fn accept_one(&self) -> std::io::Result<Option<(glommio::net::TcpStream, SocketAddr)>> {
         if let Some(direct) = &self.direct {
             match direct.accept() {
@@ -711,7 +715,11 @@ impl Acceptor {
                 Err(e) => return Err(e),
             }
         }
-        let stream = self.listener.accept().await.map_err(std::io::Error::from)?;
+        let stream = self
+            .listener
+            .accept_from_ring()
+            .await
+            .map_err(std::io::Error::from)?;
         Ok(stream.peer_addr().ok().map(|peer| (stream, peer)))
     }
 }
@@ -750,7 +758,6 @@ async fn accept_loop(acceptor: Acceptor, ctx: Rc<CoreContext>, service: Service)
             continue;
         }
         drop(snapshot);
-        let _ = stream.set_nodelay(true);
         let ctx = ctx.clone();
         glommio::spawn_local(async move {
             let _slot = slot;
@@ -769,6 +776,61 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
+
+    /// The vendored glommio keeps its preemption timer armed across reactor turns instead of
+    /// re-arming it on every turn (vendor/glommio/PATCHES.md). A task that keeps its core busy,
+    /// yielding only when glommio says it has run long enough, must still be preempted, or a
+    /// connection on the same core would never be served.
+    #[test]
+    fn a_busy_task_is_preempted_so_io_on_its_core_is_served() {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let client = std::thread::spawn(move || {
+            let addr: SocketAddr = addr_rx.recv().expect("listener address");
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.write_all(b"x").expect("write");
+            // hold the connection until the executor has read the byte
+            let _ = s.read(&mut [0u8; 1]);
+        });
+        let served = LocalExecutorBuilder::new(Placement::Unbound)
+            .preempt_timer(Duration::from_millis(10))
+            .spawn(move || async move {
+                let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+                addr_tx
+                    .send(listener.local_addr().expect("address"))
+                    .expect("send address");
+                let served = Rc::new(std::cell::Cell::new(false));
+                let io = glommio::spawn_local({
+                    let served = served.clone();
+                    async move {
+                        let mut stream = listener.accept().await.expect("accept");
+                        let mut byte = [0u8; 1];
+                        futures_lite::io::AsyncReadExt::read(&mut stream, &mut byte)
+                            .await
+                            .expect("read");
+                        served.set(true);
+                    }
+                });
+                // The busy task: a bound on its own running time, not an assertion on it.
+                let give_up = Instant::now() + Duration::from_secs(30);
+                while !served.get() && Instant::now() < give_up {
+                    for i in 0..1000u32 {
+                        std::hint::black_box(i);
+                    }
+                    glommio::yield_if_needed().await;
+                }
+                let was_served = served.get();
+                io.cancel().await;
+                was_served
+            })
+            .expect("executor")
+            .join()
+            .expect("executor ran");
+        client.join().expect("client");
+        assert!(
+            served,
+            "the busy task was never preempted: the connection was not served"
+        );
+    }
 
     #[test]
     fn a_core_that_panics_is_reported_and_restarted_on_a_fresh_listener() {
