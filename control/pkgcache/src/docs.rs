@@ -64,7 +64,7 @@ const REDOC_HTML: &str = r#"<!doctype html>
 </body></html>
 "#;
 
-fn asset(bytes: &'static [u8], content_type: &'static str) -> Response {
+fn asset(bytes: impl IntoResponse, content_type: &'static str) -> Response {
     (
         [
             (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
@@ -88,17 +88,7 @@ fn gzip_asset(gz: &'static [u8], content_type: &'static str, accepts_gzip: bool)
         r
     } else {
         match inflate(gz) {
-            Ok(plain) => (
-                [
-                    (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
-                    (
-                        header::CACHE_CONTROL,
-                        HeaderValue::from_static("public, max-age=86400"),
-                    ),
-                ],
-                plain,
-            )
-                .into_response(),
+            Ok(plain) => asset(plain, content_type),
             Err(e) => {
                 tracing::error!(error = %e, "an embedded documentation asset does not inflate");
                 return StatusCode::INTERNAL_SERVER_ERROR.into_response();
