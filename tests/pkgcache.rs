@@ -356,6 +356,13 @@ fn vcpkg_flow_every_status_and_restart_totals() {
         let (code, js) = call(&[], &srv.url(asset));
         assert_eq!(code, 200);
         assert!(js.len() > 100_000, "{asset} is {} bytes", js.len());
+        // stored gzip-compressed: browsers get the gzip bytes, curl --compressed inflates them
+        // to the same text the client without Accept-Encoding got
+        let (_, headers) = head(&srv.url(asset), &["-H", "Accept-Encoding: gzip, br"]);
+        assert!(headers.contains("content-encoding: gzip"), "{headers}");
+        let (code, inflated) = call(&["--compressed"], &srv.url(asset));
+        assert_eq!(code, 200);
+        assert!(inflated == js, "{asset}: gzip and identity bodies differ");
     }
     assert!(srv.logs().contains("stored"), "{}", srv.logs());
 

@@ -141,25 +141,34 @@ fn connect_tunnel_and_socks5_reach_the_origin() {
 }
 
 /// A minimal system without CA certificates (the appliance's first image had none): the server
-/// used to panic building the provider API client; now it serves and logs what to install.
+/// used to panic building the provider API client; now it serves and logs what to install. The
+/// client is built only when a provider backend needs it (it loads every CA certificate), so a
+/// server without one never says a word about certificates.
 #[test]
 fn serves_on_a_system_without_ca_certificates() {
     let Some(origin) = start_nginx(&[("index.html", PAGE)]) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config_path = dir.path().join("server.yaml");
-    std::fs::write(
-        &config_path,
-        "server:\n  http: { listen: \"127.0.0.1:0\" }\n  socks5: { listen: \"127.0.0.1:0\" }\n\
-         api: { listen: \"127.0.0.1:0\" }\nlogging: { level: info, format: json }\n",
-    )
-    .expect("write config");
     let no_certs = [
         ("SSL_CERT_FILE", std::ffi::OsStr::new("/dev/null")),
         ("SSL_CERT_DIR", std::ffi::OsStr::new("/nonexistent")),
     ];
-    let server = start_server_with_env(dir, config_path, &no_certs);
+    let start = |extra: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("server.yaml");
+        std::fs::write(
+            &config_path,
+            format!(
+                "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n\
+                 api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n{extra}"
+            ),
+        )
+        .expect("write config");
+        start_server_with_env(dir, config_path, &no_certs)
+    };
+    let logs = |server: &Server| server.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+
+    let server = start("");
     let out = curl(&[
         "-sS",
         "-x",
@@ -167,8 +176,29 @@ fn serves_on_a_system_without_ca_certificates() {
         &origin.url("/index.html"),
     ]);
     assert_eq!(out.stdout, PAGE, "{}", String::from_utf8_lossy(&out.stderr));
-    let logs = server.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
-    assert!(logs.contains("install ca-certificates"), "{logs}");
+    let logs_without = logs(&server);
+    assert!(
+        !logs_without.contains("install ca-certificates"),
+        "no provider backend, yet the provider API client was built: {logs_without}"
+    );
+    drop(server);
+
+    // A provider backend (its API on a closed loopback port) needs the client at once.
+    let dead = free_port();
+    let server = start(&format!(
+        "backends:\n  - {{name: nord, type: nordvpn, config: {{country: se, \
+         private_key: \"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\", \
+         api_url: \"http://127.0.0.1:{dead}\"}}}}\n"
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !logs(&server).contains("install ca-certificates") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no word about CA certificates: {}",
+            logs(&server)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 #[test]

@@ -209,8 +209,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         ws: crate::api::ws::WsClients::new(cfg.api.ws_read_timeout.as_std()),
         api_tls: api_tls.is_some(),
         cache,
-        providers: crate::providers::Providers::new(PathBuf::from(&cfg.server.data_dir))
-            .context("the HTTP client for provider APIs")?,
+        providers: crate::providers::Providers::new(PathBuf::from(&cfg.server.data_dir)),
         health_checks: crate::health_checks::CheckMetrics::new(),
         openvpn,
         mesh,

@@ -336,12 +336,13 @@ impl CoreSeed {
         reports: std::sync::mpsc::Sender<CoreReport>,
     ) -> Result<glommio::ExecutorJoinHandle<()>, DataplaneError> {
         let seed = self.clone();
-        // Registered I/O memory: small without a cache; cache fills write through DMA buffers
-        // (1 MiB, four in flight) and fall back to heap buffers past this.
+        // Registered I/O memory (pinned, so resident from start): cache fills write through DMA
+        // buffers (1 MiB, four in flight). Without a cache only UDP receives use it, and they
+        // fall back to heap buffers when it is taken: glommio's minimum, 64 KiB, is enough.
         let io_memory = if self.cache.is_some() {
             4 << 20
         } else {
-            512 << 10
+            64 << 10
         };
         LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("dataplane-{index}"))

@@ -142,9 +142,14 @@ impl EventQueue {
     }
 }
 
+/// A bounded queue of boxed items. The slots are allocated and written (their stamps) when the
+/// queue is made, so their size is idle memory whether or not anything is ever queued: a
+/// 4096-slot queue of [`RequestRecord`]s held 1.2 MiB from start, of boxes it holds 64 KiB. The
+/// box costs one allocation per item, and items are only made while someone wants them (the
+/// request log, event subscribers).
 #[derive(Debug)]
 pub struct BoundedQueue<T> {
-    queue: ArrayQueue<T>,
+    queue: ArrayQueue<Box<T>>,
     dropped: AtomicU64,
 }
 
@@ -158,13 +163,13 @@ impl<T> BoundedQueue<T> {
 
     /// Never blocks; a full queue costs the event, not the caller.
     pub fn push(&self, event: T) {
-        if self.queue.push(event).is_err() {
+        if self.queue.push(Box::new(event)).is_err() {
             self.dropped.fetch_add(1, Relaxed);
         }
     }
 
     pub fn pop(&self) -> Option<T> {
-        self.queue.pop()
+        self.queue.pop().map(|boxed| *boxed)
     }
 
     pub fn dropped(&self) -> u64 {

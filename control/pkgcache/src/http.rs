@@ -113,7 +113,14 @@ async fn serve(st: &Shared, endpoint: Endpoint, req: Request) -> Response {
                 Endpoint::Ready => ready(st).await,
                 Endpoint::Details => details(st).await.into_response(),
                 Endpoint::Metrics => metrics(st).await,
-                Endpoint::Doc(page) => docs::page(page),
+                Endpoint::Doc(page) => {
+                    let gzip = req
+                        .headers()
+                        .get(header::ACCEPT_ENCODING)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(docs::accepts_gzip);
+                    docs::page(page, gzip)
+                }
                 Endpoint::Package(_) | Endpoint::InvalidPackage(_) | Endpoint::NotFound => {
                     Error::NotFound.into_response()
                 }

@@ -20,6 +20,7 @@ pub mod select;
 
 use crate::server::ServerState;
 use cache::{ListCache, ListKey};
+use http::ApiError;
 use parking_lot::Mutex;
 use select::Server;
 use std::collections::HashMap;
@@ -82,7 +83,9 @@ pub struct ListStatus {
 
 pub struct Providers {
     state: Mutex<State>,
-    http: reqwest::Client,
+    /// Built on first use: most servers have no provider backend, and building it loads and
+    /// parses the system's CA certificates (memory and start-up time for nothing).
+    http: std::sync::OnceLock<Result<reqwest::Client, String>>,
     /// Serialises resolution passes (the task's and the refresh endpoints').
     pass: tokio::sync::Mutex<()>,
     wake: tokio::sync::Notify,
@@ -122,14 +125,22 @@ fn api_client() -> Result<reqwest::Client, reqwest::Error> {
 }
 
 impl Providers {
-    pub fn new(data_dir: PathBuf) -> Result<Self, reqwest::Error> {
-        Ok(Providers {
+    /// The client for the providers' APIs, built on first use.
+    fn http(&self) -> Result<&reqwest::Client, ApiError> {
+        self.http
+            .get_or_init(|| api_client().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| ApiError::Refused(format!("the HTTP client for provider APIs: {e}")))
+    }
+
+    pub fn new(data_dir: PathBuf) -> Self {
+        Providers {
             state: Mutex::new(State::default()),
-            http: api_client()?,
+            http: std::sync::OnceLock::new(),
             pass: tokio::sync::Mutex::new(()),
             wake: tokio::sync::Notify::new(),
             data_dir,
-        })
+        }
     }
 
     /// Asks the background task to look at the configuration again (after a change).
@@ -220,15 +231,16 @@ impl Providers {
                 return (Some(l.servers), state.lists.error(&key));
             }
         }
-        let fetched = match o.kind {
-            ProviderKind::Nordvpn => nordvpn::fetch(&self.http, &o.api_url).await,
-            ProviderKind::Mullvad => mullvad::fetch(&self.http, &o.api_url)
-                .await
-                .map(|l| l.servers),
-            ProviderKind::PrivateInternetAccess => {
-                pia::fetch(&self.http, &pia::Endpoints::of(o).list).await
-            }
-            ProviderKind::Protonvpn => protonvpn::fetch(&self.http, &o.api_url).await,
+        let fetched = match self.http() {
+            Err(e) => Err(e),
+            Ok(http) => match o.kind {
+                ProviderKind::Nordvpn => nordvpn::fetch(http, &o.api_url).await,
+                ProviderKind::Mullvad => mullvad::fetch(http, &o.api_url).await.map(|l| l.servers),
+                ProviderKind::PrivateInternetAccess => {
+                    pia::fetch(http, &pia::Endpoints::of(o).list).await
+                }
+                ProviderKind::Protonvpn => protonvpn::fetch(http, &o.api_url).await,
+            },
         };
         let mut state = self.state.lock();
         match fetched {
@@ -413,7 +425,10 @@ impl Providers {
                         let token = self.pia_token(o).await?;
                         let (private, public) = keys::generate()?;
                         let (client, base) = match &ep.server {
-                            Some(base) => (self.http.clone(), base.clone()),
+                            Some(base) => (
+                                self.http().map_err(|e| e.to_string())?.clone(),
+                                base.clone(),
+                            ),
                             None => (
                                 pia::server_client(
                                     &server.hostname,
@@ -504,7 +519,8 @@ impl Providers {
             return Ok(stored);
         }
         let (private, public) = keys::generate()?;
-        let device = mullvad::register(&self.http, &o.api_url, account, &public)
+        let http = self.http().map_err(|e| e.to_string())?;
+        let device = mullvad::register(http, &o.api_url, account, &public)
             .await
             .map_err(|e| format!("key registration: {e}"))?;
         let stored = keys::StoredDevice {
@@ -531,7 +547,7 @@ impl Providers {
             }
         }
         let token = pia::token(
-            &self.http,
+            self.http().map_err(|e| e.to_string())?,
             &ep.token,
             &user,
             o.password.as_deref().unwrap_or_default(),
@@ -570,7 +586,10 @@ impl Providers {
         };
         let mut changed = false;
         for (name, base, f) in due {
-            let result = pia::bind_port(&self.http, &base, &f).await;
+            let result = match self.http() {
+                Ok(http) => pia::bind_port(http, &base, &f).await,
+                Err(e) => Err(e),
+            };
             let mut state = self.state.lock();
             let Some(s) = state.backends.get_mut(&name) else {
                 continue;
