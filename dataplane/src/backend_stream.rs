@@ -7,7 +7,7 @@ use futures_lite::io::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,6 +20,17 @@ pub trait HalfClose {
 impl HalfClose for TcpStream {
     fn shutdown_write(&self) {
         crate::sys::shutdown_write(self.as_raw_fd());
+    }
+}
+
+/// The kernel socket behind a stream, if there is one: a relay between two of them can splice.
+pub trait KernelSocket {
+    fn socket_fd(&self) -> Option<RawFd>;
+}
+
+impl KernelSocket for TcpStream {
+    fn socket_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
     }
 }
 
@@ -66,6 +77,15 @@ impl HalfClose for BackendStream {
         match self {
             Self::Tcp(s) => s.shutdown_write(),
             Self::Wireguard(f) => f.shutdown_write(),
+        }
+    }
+}
+
+impl KernelSocket for BackendStream {
+    fn socket_fd(&self) -> Option<RawFd> {
+        match self {
+            Self::Tcp(s) => s.socket_fd(),
+            Self::Wireguard(_) => None,
         }
     }
 }
