@@ -39,6 +39,7 @@ mod cache;
 mod client;
 mod edge;
 mod inventory;
+mod iperf;
 pub mod load;
 mod peers;
 mod pkgcache;

@@ -150,6 +150,7 @@ pub async fn pump(
         give_pipe(pipe);
         last_activity.set(Instant::now());
         meter.count(n as u64);
+        meter.count_spliced(n as u64);
     }
 }
 

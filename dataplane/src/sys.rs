@@ -3,7 +3,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Shuts down the write half of a socket synchronously (a FIN to the peer), so a tunnel can
 /// half-close one side while the other direction keeps running on the same stream.
@@ -303,6 +303,42 @@ pub fn glommio_stream_on_dup(fd: RawFd) -> io::Result<glommio::net::TcpStream> {
     let owned = dup(fd)?;
     // SAFETY: ownership of the fresh duplicate moves into the stream, which closes it on drop.
     Ok(unsafe { glommio::net::TcpStream::from_raw_fd(owned.into_raw_fd()) })
+}
+
+/// A memfd holding `bytes`, sealed against any change (size and content), and a read-only
+/// mapping of it. The seals make the mapping safe: no process can truncate the file under it.
+pub fn sealed_memfd(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<(OwnedFd, memmap2::Mmap)> {
+    use std::io::Write;
+    // SAFETY: memfd_create(2) with a NUL-terminated name; the result is checked below.
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl(2) F_ADD_SEALS with an int argument on the memfd we own.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the file is sealed against shrinking and writes, so the mapped bytes can neither
+    // change nor disappear (no SIGBUS) while the map lives.
+    let map = unsafe { memmap2::Mmap::map(&file)? };
+    Ok((OwnedFd::from(file), map))
+}
+
+/// One `sendfile(2)` of up to `len` bytes of `file` from `offset` to socket `to` (non-blocking
+/// when `to` is): `WouldBlock` when the socket has no room.
+pub fn sendfile(to: RawFd, file: RawFd, offset: u64, len: usize) -> io::Result<usize> {
+    let mut off = libc::off_t::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: sendfile(2) between descriptors owned by live objects, with a live offset.
+    let n = unsafe { libc::sendfile(to, file, &mut off, len) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 #[cfg(test)]

@@ -51,6 +51,13 @@ impl Meter<'_> {
         }
     }
 
+    /// Bytes already [`count`](Self::count)ed that went through `splice(2)`.
+    pub(crate) fn count_spliced(&self, n: u64) {
+        for c in self.counters {
+            c.add_spliced(n);
+        }
+    }
+
     pub(crate) async fn shape(&self, n: usize) {
         let Some(limiter) = self.limiter else { return };
         let mut left = n as u64;
