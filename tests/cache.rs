@@ -1209,15 +1209,26 @@ fn memory_tier_hits_from_sealed_memfd_are_exact() {
         "-o",
         b.to_str().expect("path"),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1 0");
     assert!(std::fs::read(&a).expect("a") == big, "big hit differs");
-    assert!(std::fs::read(&b).expect("b") == medium, "medium hit differs");
+    assert!(
+        std::fs::read(&b).expect("b") == medium,
+        "medium hit differs"
+    );
 
     let slice = fetch(&server, &origin.url("/big.bin"), &["-r", "7000000-7999999"]);
     assert_eq!(slice.status, 206);
     assert!(slice.body == big[7_000_000..], "range differs");
-    let multi = fetch(&server, &origin.url("/medium.bin"), &["-r", "0-99,500000-700000"]);
+    let multi = fetch(
+        &server,
+        &origin.url("/medium.bin"),
+        &["-r", "0-99,500000-700000"],
+    );
     assert_eq!(multi.status, 206);
     let boundary = multi.headers["content-type"]
         .split("boundary=")

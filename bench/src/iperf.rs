@@ -14,7 +14,14 @@ use crate::procs::{self, Procs};
 pub fn loopback_bulk(procs: &mut Procs, dir: &std::path::Path, seconds: u64) -> Result<Bulk> {
     let port = procs::free_port()?;
     let mut server = Command::new("iperf3");
-    server.args(["-s", "--forceflush", "-B", "127.0.0.1", "-p", &port.to_string()]);
+    server.args([
+        "-s",
+        "--forceflush",
+        "-B",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+    ]);
     std::fs::create_dir_all(dir)?;
     let log = dir.join("iperf3-server.log");
     let pid = procs.spawn("iperf3 -s", server, &log)?;
@@ -35,12 +42,8 @@ pub fn loopback_bulk(procs: &mut Procs, dir: &std::path::Path, seconds: u64) -> 
         .args(["-t", &seconds.to_string()])
         .output()
         .context("run iperf3 -c")?;
-    parse(&out.stdout).with_context(|| {
-        format!(
-            "iperf3 -c: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-    })
+    parse(&out.stdout)
+        .with_context(|| format!("iperf3 -c: {}", String::from_utf8_lossy(&out.stderr).trim()))
 }
 
 /// The receiver's side of iperf3's JSON report.

@@ -450,7 +450,10 @@ fn iperf3_entry(ctx: &Ctx, previous: Option<Entry<load::Bulk>>) -> Entry<load::B
                     first.gbit_per_sec, b.gbit_per_sec
                 ));
             }
-            if e.figures.as_ref().is_none_or(|f| b.gbit_per_sec > f.gbit_per_sec) {
+            if e.figures
+                .as_ref()
+                .is_none_or(|f| b.gbit_per_sec > f.gbit_per_sec)
+            {
                 e.figures = Some(b);
             }
             e.error = None;
@@ -467,7 +470,9 @@ fn copy_vs_zero_copy(es: &[Entry<load::Bulk>]) -> String {
     match (find(Role::Switchyard), find(Role::Variant)) {
         (Some(z), Some(c)) => {
             let cpu = match (z.proxy_cpu_s_per_gib, c.proxy_cpu_s_per_gib) {
-                (Some(a), Some(b)) => format!(", CPU per GiB {a:.3} s against {b:.3} s ({:.2}×)", a / b),
+                (Some(a), Some(b)) => {
+                    format!(", CPU per GiB {a:.3} s against {b:.3} s ({:.2}×)", a / b)
+                }
                 _ => String::new(),
             };
             format!(
@@ -575,10 +580,7 @@ fn connect(ctx: &Ctx) -> Result<String> {
         "## CONNECT bulk throughput ({streams} stream, {}s, client → in-process sink)\n\n",
         ctx.seconds
     );
-    md.push_str(&table(
-        &BULK_COLUMNS,
-        &bulk_rows(&entries),
-    ));
+    md.push_str(&table(&BULK_COLUMNS, &bulk_rows(&entries)));
     md.push_str(&notes(&entries));
     md.push('\n');
     let c = compare(&entries, |b| b.gbit_per_sec);
@@ -678,7 +680,10 @@ fn socks5(ctx: &Ctx) -> Result<String> {
     let mut e = Entry::new(copy.name, copy.role);
     if let Some(s) = start_into(&copy, &mut procs, &ctx.env, &mut e) {
         tracing::info!("socks5: {} bulk", copy.name);
-        match s.socks5.map(|a| bulk_with_cpu(ctx, Via::Socks5(a), sink, &count, s.pid)) {
+        match s
+            .socks5
+            .map(|a| bulk_with_cpu(ctx, Via::Socks5(a), sink, &count, s.pid))
+        {
             Some(Ok(b)) => e.figures = Some(b),
             Some(Err(err)) => e.error = Some(format!("{err:#}")),
             None => e.error = Some("no SOCKS5 listener".into()),
@@ -759,10 +764,7 @@ fn socks5(ctx: &Ctx) -> Result<String> {
         "\n### Bulk throughput (1 stream, {}s, client → in-process sink)\n",
         ctx.seconds
     );
-    md.push_str(&table(
-        &BULK_COLUMNS,
-        &bulk_rows(&bulks),
-    ));
+    md.push_str(&table(&BULK_COLUMNS, &bulk_rows(&bulks)));
     md.push_str(&notes(&bulks));
     md.push('\n');
     let c = compare(&bulks, |b| b.gbit_per_sec);

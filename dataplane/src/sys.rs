@@ -310,7 +310,8 @@ pub fn glommio_stream_on_dup(fd: RawFd) -> io::Result<glommio::net::TcpStream> {
 pub fn sealed_memfd(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<(OwnedFd, memmap2::Mmap)> {
     use std::io::Write;
     // SAFETY: memfd_create(2) with a NUL-terminated name; the result is checked below.
-    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }

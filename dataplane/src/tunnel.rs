@@ -153,13 +153,7 @@ pub async fn relay<C, U>(
     };
     let both = async {
         let a = pump(client, upstream, &up, &last, sockets);
-        let b = pump(
-            upstream,
-            client,
-            &down,
-            &last,
-            sockets.map(|(c, u)| (u, c)),
-        );
+        let b = pump(upstream, client, &down, &last, sockets.map(|(c, u)| (u, c)));
         // try_zip ends at the first error: a reset on either side ends the tunnel.
         let _ = futures_lite::future::try_zip(a, b).await;
     };

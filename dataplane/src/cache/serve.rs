@@ -13,8 +13,8 @@
 //! * The fill continues when the client that started it disconnects, so the object still lands.
 
 use super::disk::DiskFill;
-use super::memory_body::MemoryBody;
 use super::fill::{Advance, Claim, Fill, FillLease, Fills, Streamable};
+use super::memory_body::MemoryBody;
 use super::stats::Operation;
 use super::store::{now_unix, Body, Entry, EvictReason, Lookup, Tier};
 use super::{CachePolicy, CacheStore};
