@@ -203,7 +203,8 @@ impl TunnelBackend {
 /// (sized for every request and handshake it might have handled) ends and frees its state: an
 /// idle tunnel keeps only the relay's. The tunnel task takes over the connection's place in
 /// the active count.
-#[allow(clippy::too_many_arguments)]
+// Rc<Arc<_>>: the core's per-connection snapshot handle (see `CoreContext::current_snapshot`).
+#[allow(clippy::too_many_arguments, clippy::redundant_allocation)]
 pub(crate) fn spawn_tunnel(
     ctx: &Rc<CoreContext>,
     snapshot: &Rc<Arc<Snapshot>>,

@@ -133,6 +133,8 @@ fn split_target(addr: &TargetAddr) -> (String, u16) {
     }
 }
 
+// Rc<Arc<_>>: the core's per-connection snapshot handle (see `CoreContext::current_snapshot`).
+#[allow(clippy::redundant_allocation)]
 async fn connect(
     ctx: &Rc<CoreContext>,
     snapshot: &Rc<std::sync::Arc<Snapshot>>,
