@@ -6,9 +6,16 @@
 
 use std::ops::Deref;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// Below this a body is written together with its head (see `serve::INLINE_BODY`).
 pub const SEALED_MIN: usize = 64 << 10;
+
+/// Each sealed body holds a descriptor; past this many the rest stay on the heap, so a memory
+/// tier full of mid-sized objects cannot eat the descriptors connections need.
+const MAX_SEALED: usize = 4096;
+
+static SEALED: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Debug)]
 pub enum MemoryBody {
@@ -23,9 +30,15 @@ impl MemoryBody {
         if bytes.len() < SEALED_MIN {
             return Self::Heap(bytes);
         }
+        // Fills of large objects only: a count every core writes, but rarely.
+        if SEALED.fetch_add(1, Relaxed) >= MAX_SEALED {
+            SEALED.fetch_sub(1, Relaxed);
+            return Self::Heap(bytes);
+        }
         match crate::sys::sealed_memfd(c"switchyard-cache", &bytes) {
             Ok((fd, map)) => Self::Sealed { map, fd },
             Err(e) => {
+                SEALED.fetch_sub(1, Relaxed);
                 tracing::debug!(error = %e, "memfd for a cached body failed; kept on the heap");
                 Self::Heap(bytes)
             }
@@ -37,6 +50,14 @@ impl MemoryBody {
         match self {
             Self::Heap(_) => None,
             Self::Sealed { fd, .. } => Some(fd.as_raw_fd()),
+        }
+    }
+}
+
+impl Drop for MemoryBody {
+    fn drop(&mut self) {
+        if let Self::Sealed { .. } = self {
+            SEALED.fetch_sub(1, Relaxed);
         }
     }
 }
