@@ -1156,3 +1156,89 @@ fn a_disk_entry_shortened_outside_the_cache_is_dropped_and_refetched() {
     let log = server.logs.lock().expect("logs").join("\n");
     assert!(log.contains("shrank while served"), "{log}");
 }
+
+/// Memory-tier bodies of 64 KiB and more are sealed in a memfd and sent with sendfile(2): full
+/// hits (two on one keep-alive connection, the second after the socket went non-blocking),
+/// single and multiple ranges all carry the stored bytes exactly; small bodies stay on the heap.
+#[test]
+fn memory_tier_hits_from_sealed_memfd_are_exact() {
+    let Some(_) = require("curl") else { return };
+    let big = pattern(8_000_000, 5);
+    let medium = pattern(1 << 20, 9);
+    let small = pattern(10_000, 3);
+    let origin = Origin::start(vec![
+        ("/big.bin", resource(big.clone())),
+        ("/medium.bin", resource(medium.clone())),
+        ("/small.bin", resource(small.clone())),
+    ]);
+    let server = start_server(&cache_yaml(&memory_storage("64MiB", "lru")));
+    for (path, body) in [
+        ("/big.bin", &big),
+        ("/medium.bin", &medium),
+        ("/small.bin", &small),
+    ] {
+        let miss = fetch(&server, &origin.url(path), &[]);
+        assert_eq!(x_cache(&miss), "MISS");
+        assert_eq!(&miss.body, body);
+    }
+    wait_stored(&server, "memory", 3);
+    // One memfd per large body, none for the small one.
+    let memfds = std::fs::read_dir(format!("/proc/{}/fd", server.pid()))
+        .expect("fd dir")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy().contains("memfd:switchyard-cache"))
+        .count();
+    assert_eq!(memfds, 2);
+
+    // Two full hits on one connection: curl reuses it for the second URL.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let proxy = format!("http://{}", server.http);
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "60",
+        "-x",
+        &proxy,
+        "-w",
+        "%{num_connects} ",
+        &origin.url("/big.bin"),
+        "-o",
+        a.to_str().expect("path"),
+        &origin.url("/medium.bin"),
+        "-o",
+        b.to_str().expect("path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1 0");
+    assert!(std::fs::read(&a).expect("a") == big, "big hit differs");
+    assert!(
+        std::fs::read(&b).expect("b") == medium,
+        "medium hit differs"
+    );
+
+    let slice = fetch(&server, &origin.url("/big.bin"), &["-r", "7000000-7999999"]);
+    assert_eq!(slice.status, 206);
+    assert!(slice.body == big[7_000_000..], "range differs");
+    let multi = fetch(
+        &server,
+        &origin.url("/medium.bin"),
+        &["-r", "0-99,500000-700000"],
+    );
+    assert_eq!(multi.status, 206);
+    let boundary = multi.headers["content-type"]
+        .split("boundary=")
+        .nth(1)
+        .expect("boundary")
+        .to_owned();
+    let parts = split_multipart(&multi.body, &boundary);
+    assert_eq!(parts.len(), 2);
+    assert_eq!(parts[0].1, &medium[..100]);
+    assert_eq!(parts[1].1, &medium[500_000..=700_000]);
+    assert_eq!(origin.count("/big.bin"), 1);
+    assert_eq!(origin.count("/medium.bin"), 1);
+}

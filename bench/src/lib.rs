@@ -44,6 +44,7 @@ mod cache;
 mod client;
 mod edge;
 mod inventory;
+mod iperf;
 pub mod load;
 mod mesh;
 mod peers;

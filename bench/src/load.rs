@@ -143,6 +143,9 @@ pub struct Bulk {
     pub seconds: f64,
     pub bytes: u64,
     pub gbit_per_sec: f64,
+    /// CPU seconds (user + system) the proxy spent per GiB it relayed, warm-up included: a
+    /// figure that moves less with the machine's load than the rate does.
+    pub proxy_cpu_s_per_gib: Option<f64>,
 }
 
 /// Pushes bytes through `streams` parallel streams for `seconds` (after a short warm-up) and
@@ -187,6 +190,7 @@ pub async fn bulk(
         seconds: secs,
         bytes,
         gbit_per_sec: bytes as f64 * 8.0 / secs / 1e9,
+        proxy_cpu_s_per_gib: None,
     })
 }
 

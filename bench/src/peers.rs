@@ -270,6 +270,16 @@ pub fn danted(procs: &mut Procs, env: &Env) -> Result<Started> {
 
 /// switchyard `server` with a generated config; ready when the health endpoint answers 200.
 pub fn switchyard(procs: &mut Procs, env: &Env, bin: &Path) -> Result<Started> {
+    switchyard_with_env(procs, env, bin, &[])
+}
+
+/// [`switchyard`] with extra environment variables (e.g. `SWITCHYARD_RELAY=copy`).
+pub fn switchyard_with_env(
+    procs: &mut Procs,
+    env: &Env,
+    bin: &Path,
+    vars: &[(&str, &str)],
+) -> Result<Started> {
     if !bin.is_file() {
         bail!(
             "switchyard binary {} not found (build it: cargo build --release -p switchyard)",
@@ -290,7 +300,8 @@ pub fn switchyard(procs: &mut Procs, env: &Env, bin: &Path) -> Result<Started> {
     cmd.arg("server")
         .arg("--config")
         .arg(&conf_path)
-        .current_dir(&d);
+        .current_dir(&d)
+        .envs(vars.iter().copied());
     let pid = procs.spawn("switchyard", cmd, &log)?;
     let api_addr = loopback(api);
     let deadline = Instant::now() + START_TIMEOUT;

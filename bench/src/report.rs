@@ -12,6 +12,9 @@ pub enum Role {
     Peer,
     /// The no-proxy baseline (direct to nginx, raw loopback TCP).
     Ceiling,
+    /// switchyard in another configuration, shown beside it (e.g. the copy relay), never the
+    /// figure a target is judged by.
+    Variant,
 }
 
 /// One program's outcome in one scenario.

@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | `switchyard_connections_total` / `switchyard_connections_active` | counter / gauge | |
 //! | `switchyard_bytes_sent_total` / `switchyard_bytes_received_total` | counter | |
+//! | `switchyard_relay_spliced_bytes_total` | counter | |
 //! | `switchyard_requests_total` | counter | `protocol` (HTTP, CONNECT, SOCKS5) |
 //! | `switchyard_responses_total` | counter | `class` (1xx … 5xx, `none` = no status) |
 //! | `switchyard_backend_connections_total` / `_active` | counter / gauge | `backend` |
@@ -183,6 +184,11 @@ pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
         "switchyard_bytes_received_total",
         "bytes read from proxy clients",
         t.bytes_received,
+    )?;
+    b.counter(
+        "switchyard_relay_spliced_bytes_total",
+        "tunnel bytes (both directions) relayed by splice(2), without a copy through user space",
+        t.bytes_spliced,
     )?;
     let requests = b.counter_vec(
         "switchyard_requests_total",

@@ -7,7 +7,7 @@ use futures_lite::io::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -26,6 +26,17 @@ impl HalfClose for TcpStream {
 impl HalfClose for FlowStream {
     fn shutdown_write(&self) {
         FlowStream::shutdown_write(self)
+    }
+}
+
+/// The kernel socket behind a stream, if there is one: a relay between two of them can splice.
+pub trait KernelSocket {
+    fn socket_fd(&self) -> Option<RawFd>;
+}
+
+impl KernelSocket for TcpStream {
+    fn socket_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
     }
 }
 
@@ -74,6 +85,22 @@ impl HalfClose for BackendStream {
         match self {
             Self::Tcp(s) => s.shutdown_write(),
             Self::Wireguard(f) | Self::Quic(f) => f.shutdown_write(),
+        }
+    }
+}
+
+/// A tunnel or QUIC flow lives in user space: its relay copies.
+impl KernelSocket for FlowStream {
+    fn socket_fd(&self) -> Option<RawFd> {
+        None
+    }
+}
+
+impl KernelSocket for BackendStream {
+    fn socket_fd(&self) -> Option<RawFd> {
+        match self {
+            Self::Tcp(s) => s.socket_fd(),
+            Self::Wireguard(_) | Self::Quic(_) => None,
         }
     }
 }

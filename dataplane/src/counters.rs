@@ -13,6 +13,9 @@ pub struct CoreCounters {
     pub bytes_sent: AtomicU64,
     /// Bytes read from proxy clients (upstream direction).
     pub bytes_received: AtomicU64,
+    /// Of the tunnel bytes above (both directions), those moved by `splice(2)`, never copied
+    /// through user space.
+    pub bytes_spliced: AtomicU64,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
     /// Sum of connect latencies in microseconds, with `connects`, for an average.
@@ -37,6 +40,7 @@ pub struct CounterTotals {
     pub active_connections: u64,
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    pub bytes_spliced: u64,
     pub requests: u64,
     pub errors: u64,
     /// Average connect latency in milliseconds (0 before the first connect).
@@ -68,6 +72,7 @@ impl Counters {
             active += c.active_connections.load(Relaxed);
             t.bytes_sent += c.bytes_sent.load(Relaxed);
             t.bytes_received += c.bytes_received.load(Relaxed);
+            t.bytes_spliced += c.bytes_spliced.load(Relaxed);
             t.requests += c.requests.load(Relaxed);
             t.errors += c.errors.load(Relaxed);
             lat += c.connect_latency_us.load(Relaxed);
@@ -142,6 +147,9 @@ impl CoreCounters {
     }
     pub fn add_received(&self, n: u64) {
         self.bytes_received.fetch_add(n, Relaxed);
+    }
+    pub fn add_spliced(&self, n: u64) {
+        self.bytes_spliced.fetch_add(n, Relaxed);
     }
     pub fn request(&self, protocol: crate::events::Protocol, status: u16) {
         self.requests.fetch_add(1, Relaxed);

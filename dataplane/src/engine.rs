@@ -673,6 +673,18 @@ pub(crate) struct ConnectionSlot {
     ctx: Rc<CoreContext>,
 }
 
+impl ConnectionSlot {
+    /// A second slot for a task that outlives the connection's own (a tunnel run as a task of
+    /// its own): counted active, not as a new connection.
+    pub(crate) fn take_over(ctx: &Rc<CoreContext>) -> Self {
+        ctx.counters
+            .core(ctx.core)
+            .active_connections
+            .fetch_add(1, Ordering::Relaxed);
+        Self { ctx: ctx.clone() }
+    }
+}
+
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         self.ctx.counters.core(self.ctx.core).closed();

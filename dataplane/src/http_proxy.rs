@@ -8,7 +8,7 @@ use crate::engine::CoreContext;
 use crate::error::DataplaneError;
 use crate::events::Protocol;
 use crate::origin_pool::{self, PoolKey};
-use crate::proxied::{dial, dial_for_request, run_tunnel, Registered};
+use crate::proxied::{dial, dial_for_request, Registered};
 use crate::proxy_auth::NEGOTIATE_CHALLENGE;
 use crate::snapshot::{Backend, BackendKind, Snapshot};
 use crate::trace::Trace;
@@ -322,7 +322,8 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
             Next::Tunnel(job) => {
                 drop(registered.take());
                 let carry = std::mem::take(&mut carry);
-                run_tunnel(
+                let backend = crate::proxied::TunnelBackend::of(&snapshot, &job.backend);
+                crate::proxied::spawn_tunnel(
                     &ctx,
                     &snapshot,
                     client,
@@ -330,11 +331,10 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
                     carry,
                     peer,
                     Protocol::Connect,
-                    &job.label,
-                    &job.backend,
+                    job.label,
+                    backend,
                     job.trace,
-                )
-                .await;
+                );
                 return;
             }
         }

@@ -36,6 +36,7 @@ pub mod rate_limit;
 pub mod resolver;
 pub mod snapshot;
 mod socks5_server;
+mod splice;
 mod sys;
 mod trace;
 pub mod tun;

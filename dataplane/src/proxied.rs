@@ -13,6 +13,8 @@ use crate::tunnel::{self, Meter};
 use glommio::net::TcpStream;
 use std::cell::RefCell;
 use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The live-table entry and events of one client connection once it is routed somewhere.
@@ -184,6 +186,7 @@ pub(crate) trait ClientStream:
     futures_lite::io::AsyncRead
     + futures_lite::io::AsyncWrite
     + crate::backend_stream::HalfClose
+    + crate::backend_stream::KernelSocket
     + Unpin
 {
     /// The handshake's read timeout no longer applies once the tunnel relays.
@@ -199,6 +202,71 @@ impl ClientStream for TcpStream {
 impl ClientStream for crate::wireguard::FlowStream {
     // the relay's idle timer covers a flow
     fn clear_read_timeout(&self) {}
+}
+
+/// A tunnel's backend for a task of its own: found again by its place in the snapshot the task
+/// holds (no reference count that every core writes), or held when it is not in it.
+pub(crate) enum TunnelBackend {
+    InSnapshot(usize),
+    Held(Arc<Backend>),
+}
+
+impl TunnelBackend {
+    pub fn of(snapshot: &Snapshot, backend: &Arc<Backend>) -> Self {
+        match snapshot
+            .backends
+            .iter()
+            .position(|b| Arc::ptr_eq(b, backend))
+        {
+            Some(i) => Self::InSnapshot(i),
+            None => Self::Held(backend.clone()),
+        }
+    }
+}
+
+/// Starts [`run_tunnel`] as a task of its own and returns at once, so the connection's task
+/// (sized for every request and handshake it might have handled) ends and frees its state: an
+/// idle tunnel keeps only the relay's. The tunnel task takes over the connection's place in
+/// the active count.
+// Rc<Arc<_>>: the core's per-connection snapshot handle (see `CoreContext::current_snapshot`).
+#[allow(clippy::too_many_arguments, clippy::redundant_allocation)]
+pub(crate) fn spawn_tunnel(
+    ctx: &Rc<CoreContext>,
+    snapshot: &Rc<Arc<Snapshot>>,
+    client: RefCell<TcpStream>,
+    connected: Connected,
+    client_early: Vec<u8>,
+    peer: SocketAddr,
+    protocol: Protocol,
+    label: String,
+    backend: TunnelBackend,
+    trace: Trace,
+) {
+    let slot = crate::engine::ConnectionSlot::take_over(ctx);
+    let (ctx, snapshot) = (ctx.clone(), snapshot.clone());
+    glommio::spawn_local(async move {
+        let _slot = slot;
+        let backend = match &backend {
+            TunnelBackend::InSnapshot(i) => snapshot.backends.get(*i),
+            TunnelBackend::Held(b) => Some(b),
+        };
+        if let Some(backend) = backend {
+            run_tunnel(
+                &ctx,
+                &snapshot,
+                client,
+                connected,
+                client_early,
+                peer,
+                protocol,
+                &label,
+                backend,
+                trace,
+            )
+            .await;
+        }
+    })
+    .detach();
 }
 
 /// Relays a CONNECT, SOCKS5 or QUIC tunnel, reports it, and finishes its trace.

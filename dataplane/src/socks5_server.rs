@@ -133,9 +133,11 @@ fn split_target(addr: &TargetAddr) -> (String, u16) {
     }
 }
 
+// Rc<Arc<_>>: the core's per-connection snapshot handle (see `CoreContext::current_snapshot`).
+#[allow(clippy::redundant_allocation)]
 async fn connect(
-    ctx: &CoreContext,
-    snapshot: &Snapshot,
+    ctx: &Rc<CoreContext>,
+    snapshot: &Rc<std::sync::Arc<Snapshot>>,
     client: RefCell<TcpStream>,
     carry: Vec<u8>,
     peer: SocketAddr,
@@ -173,7 +175,8 @@ async fn connect(
         return;
     }
     trace.status = 200;
-    crate::proxied::run_tunnel(
+    let backend = crate::proxied::TunnelBackend::of(snapshot, backend);
+    crate::proxied::spawn_tunnel(
         ctx,
         snapshot,
         client,
@@ -181,11 +184,10 @@ async fn connect(
         carry,
         peer,
         Protocol::Socks5,
-        &label,
+        label,
         backend,
         trace,
-    )
-    .await;
+    );
 }
 
 /// Where a datagram of a UDP association leaves, decided from the route its destination matched.

@@ -3,7 +3,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Shuts down the write half of a socket synchronously (a FIN to the peer), so a tunnel can
 /// half-close one side while the other direction keeps running on the same stream.
@@ -250,6 +250,121 @@ pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A pipe, both ends non-blocking and close-on-exec: the in-kernel buffer of a splice relay.
+pub fn pipe_nonblocking() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2(2) writes two descriptors into a live two-element array.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Asks for a pipe buffer of `bytes` (F_SETPIPE_SZ); returns the size the kernel granted.
+pub fn set_pipe_size(fd: RawFd, bytes: usize) -> io::Result<usize> {
+    let want = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: fcntl(2) F_SETPIPE_SZ with an int argument on a pipe the caller owns.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, want) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc as usize)
+}
+
+/// One non-blocking `splice(2)` of up to `len` bytes from `from` to `to` (one of them a pipe).
+/// `Ok(0)` means end of stream on `from`; `WouldBlock` means no data or no room right now.
+pub fn splice(from: RawFd, to: RawFd, len: usize, more: bool) -> io::Result<usize> {
+    let mut flags = libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MOVE;
+    if more {
+        flags |= libc::SPLICE_F_MORE;
+    }
+    // SAFETY: splice(2) between two descriptors owned by live streams/pipes, no offsets.
+    let n = unsafe {
+        libc::splice(
+            from,
+            std::ptr::null_mut(),
+            to,
+            std::ptr::null_mut(),
+            len,
+            flags,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// One non-blocking `read(2)` into `buf` (a pipe's first bytes).
+pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: read(2) into a live, writable buffer of `buf.len()` bytes.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// `dup(2)` with close-on-exec: a second descriptor for the same socket, so a relay can wait on
+/// it through its own glommio stream without borrowing the one the other direction uses.
+pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(2) F_DUPFD_CLOEXEC on a descriptor owned by a live stream.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// A glommio stream on a duplicate of socket `fd` (see [`dup`]); dropping it closes only the
+/// duplicate.
+pub fn glommio_stream_on_dup(fd: RawFd) -> io::Result<glommio::net::TcpStream> {
+    use std::os::fd::IntoRawFd;
+    let owned = dup(fd)?;
+    // SAFETY: ownership of the fresh duplicate moves into the stream, which closes it on drop.
+    Ok(unsafe { glommio::net::TcpStream::from_raw_fd(owned.into_raw_fd()) })
+}
+
+/// A memfd holding `bytes`, sealed against any change (size and content), and a read-only
+/// mapping of it. The seals make the mapping safe: no process can truncate the file under it.
+pub fn sealed_memfd(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<(OwnedFd, memmap2::Mmap)> {
+    use std::io::Write;
+    // SAFETY: memfd_create(2) with a NUL-terminated name; the result is checked below.
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl(2) F_ADD_SEALS with an int argument on the memfd we own.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the file is sealed against shrinking and writes, so the mapped bytes can neither
+    // change nor disappear (no SIGBUS) while the map lives.
+    let map = unsafe { memmap2::Mmap::map(&file)? };
+    Ok((OwnedFd::from(file), map))
+}
+
+/// One `sendfile(2)` of up to `len` bytes of `file` from `offset` to socket `to` (non-blocking
+/// when `to` is): `WouldBlock` when the socket has no room.
+pub fn sendfile(to: RawFd, file: RawFd, offset: u64, len: usize) -> io::Result<usize> {
+    let mut off = libc::off_t::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: sendfile(2) between descriptors owned by live objects, with a live offset.
+    let n = unsafe { libc::sendfile(to, file, &mut off, len) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 #[cfg(test)]

@@ -4,22 +4,21 @@
 //! hand. Half-closes propagate (EOF on one side → FIN on the other); the tunnel ends when both
 //! directions are done, on an error, or after `idle` without traffic either way.
 //!
-//! Why copies and not `splice(2)`: glommio 0.9 waits for readiness internally but exposes neither
-//! a readiness wait nor `IORING_OP_SPLICE`, and splicing with non-blocking syscalls needs both a
-//! read- and a write-readiness wait per direction. Measured cost: CONNECT bulk reaches 16–26 % of
-//! raw loopback on 2 cores (bench/results). The next step is a per-core side ring (io-uring crate)
-//! for splice ops whose completions are awaited through an eventfd read on glommio, used only
-//! once a tunnel has moved enough bytes to be "bulk" (idle tunnels stay buffer-free).
+//! Between two kernel sockets a direction that has moved [`splice::BULK_BYTES`] switches to
+//! `splice(2)` through a pipe ([`crate::splice`]): no copy through user space. A WireGuard
+//! flow has no socket and always copies; `SWITCHYARD_RELAY=copy` turns splicing off (bench A/B).
 
-use crate::backend_stream::HalfClose;
+use crate::backend_stream::{HalfClose, KernelSocket};
 use crate::buffer_pool;
 use crate::counters::CoreCounters;
 use crate::rate_limit::{BandwidthLimiter, Take};
+use crate::splice;
 use futures_lite::io::{AsyncRead, AsyncWrite};
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
 use std::io;
 use std::net::IpAddr;
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -35,7 +34,7 @@ pub struct Meter<'a> {
 }
 
 impl Meter<'_> {
-    fn count(&self, n: u64) {
+    pub(crate) fn count(&self, n: u64) {
         for c in self.counters {
             if self.upload {
                 c.add_received(n);
@@ -52,7 +51,14 @@ impl Meter<'_> {
         }
     }
 
-    async fn shape(&self, n: usize) {
+    /// Bytes already [`count`](Self::count)ed that went through `splice(2)`.
+    pub(crate) fn count_spliced(&self, n: u64) {
+        for c in self.counters {
+            c.add_spliced(n);
+        }
+    }
+
+    pub(crate) async fn shape(&self, n: usize) {
         let Some(limiter) = self.limiter else { return };
         let mut left = n as u64;
         while left > 0 {
@@ -103,8 +109,15 @@ async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + HalfClose + Unpin>(
     to: &RefCell<W>,
     meter: &Meter<'_>,
     last_activity: &Cell<Instant>,
+    sockets: Option<(RawFd, RawFd)>,
 ) -> io::Result<()> {
+    let mut moved = 0u64;
     loop {
+        if let Some((from_fd, to_fd)) = sockets.filter(|_| moved >= splice::BULK_BYTES) {
+            splice::pump(from_fd, to_fd, meter, last_activity).await?;
+            to.borrow().shutdown_write();
+            return Ok(());
+        }
         let (buf, n) = read_pooled(from).await?;
         if n == 0 {
             buffer_pool::give(buf);
@@ -118,6 +131,7 @@ async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + HalfClose + Unpin>(
         written?;
         last_activity.set(Instant::now());
         meter.count(n as u64);
+        moved += n as u64;
     }
 }
 
@@ -129,13 +143,17 @@ pub async fn relay<C, U>(
     down: Meter<'_>,
     idle: Duration,
 ) where
-    C: AsyncRead + AsyncWrite + HalfClose + Unpin,
-    U: AsyncRead + AsyncWrite + HalfClose + Unpin,
+    C: AsyncRead + AsyncWrite + HalfClose + KernelSocket + Unpin,
+    U: AsyncRead + AsyncWrite + HalfClose + KernelSocket + Unpin,
 {
     let last = Cell::new(Instant::now());
+    let sockets = match (client.borrow().socket_fd(), upstream.borrow().socket_fd()) {
+        (Some(c), Some(u)) if splice::enabled() => Some((c, u)),
+        _ => None,
+    };
     let both = async {
-        let a = pump(client, upstream, &up, &last);
-        let b = pump(upstream, client, &down, &last);
+        let a = pump(client, upstream, &up, &last, sockets);
+        let b = pump(upstream, client, &down, &last, sockets.map(|(c, u)| (u, c)));
         // try_zip ends at the first error: a reset on either side ends the tunnel.
         let _ = futures_lite::future::try_zip(a, b).await;
     };

@@ -6,6 +6,7 @@
 //! * [`store`]: the index shared by all cores, tiers, eviction, rebuild from disk at start.
 //! * [`fill`]: one origin fetch per key while others wait (request coalescing).
 //! * [`disk`]: writing an entry file crash-safely (temp name, header, rename).
+//! * [`memory_body`]: memory-tier bodies, large ones in a sealed memfd for `sendfile(2)`.
 //! * [`janitor`]: deleting files on a thread of its own, never on a core.
 //! * [`serve`]: the request path — hit, miss with fill, bypass.
 //! * [`stats`]: counters and the `proxy_cache_*` metrics.
@@ -17,6 +18,7 @@
 pub mod disk;
 pub mod fill;
 pub mod janitor;
+pub mod memory_body;
 pub(crate) mod serve;
 pub mod stats;
 pub mod store;

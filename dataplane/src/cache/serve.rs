@@ -14,6 +14,7 @@
 
 use super::disk::DiskFill;
 use super::fill::{Advance, Claim, Fill, FillLease, Fills, Streamable};
+use super::memory_body::MemoryBody;
 use super::stats::Operation;
 use super::store::{now_unix, Body, Entry, EvictReason, Lookup, Tier};
 use super::{CachePolicy, CacheStore};
@@ -327,7 +328,8 @@ async fn answer_hit(
 /// io_uring. Reads (not a memory map) so that a file shortened by another process while it is
 /// served ends the response with an error instead of a SIGBUS that would kill the process.
 enum BodySource<'e> {
-    Memory(&'e [u8]),
+    /// With the memfd the bytes are sealed in, when they are (see [`MemoryBody`]).
+    Memory(&'e [u8], Option<std::os::fd::RawFd>),
     File {
         file: glommio::io::BufferedFile,
         offset: u64,
@@ -345,7 +347,7 @@ fn shrunk_file() -> io::Error {
 impl<'e> BodySource<'e> {
     async fn open(entry: &'e Entry) -> io::Result<Self> {
         match &entry.body {
-            Body::Memory(bytes) => Ok(BodySource::Memory(bytes)),
+            Body::Memory(body) => Ok(BodySource::Memory(body, body.fd())),
             Body::Disk { path, offset } => {
                 let file = glommio::io::BufferedFile::open(path)
                     .await
@@ -370,7 +372,7 @@ impl<'e> BodySource<'e> {
         mut each: impl AsyncFnMut(&[u8]) -> io::Result<()>,
     ) -> io::Result<()> {
         match self {
-            BodySource::Memory(bytes) => {
+            BodySource::Memory(bytes, _) => {
                 let start = usize::try_from(range.start).unwrap_or(usize::MAX);
                 let end = usize::try_from(range.end + 1).unwrap_or(usize::MAX);
                 each(bytes.get(start..end).ok_or_else(shrunk_file)?).await
@@ -412,6 +414,11 @@ impl<'e> BodySource<'e> {
         range: ByteRange,
         meter: &ByteMeter<'_>,
     ) -> io::Result<u64> {
+        if let BodySource::Memory(bytes, Some(fd)) = self {
+            if zero_copy() {
+                return sendfile_range(client, *fd, bytes, range, meter).await;
+            }
+        }
         let mut sent = 0u64;
         self.for_each_piece(range, async |piece: &[u8]| {
             let mut left = piece;
@@ -430,6 +437,48 @@ impl<'e> BodySource<'e> {
         .await?;
         Ok(sent)
     }
+}
+
+/// Whether sealed bodies go out with `sendfile(2)`: unless `SWITCHYARD_RELAY=copy` (the
+/// bench's copy-path comparison, the same switch as the tunnel relay's).
+fn zero_copy() -> bool {
+    crate::splice::enabled()
+}
+
+/// Sends `range` of a body sealed in memfd `fd` (mapped as `bytes`) with `sendfile(2)`: the
+/// socket gets page references, the body is not copied through user space. When the socket's
+/// buffer is full, the next byte goes through glommio's write (which waits for room) and
+/// `sendfile` carries on from there.
+async fn sendfile_range(
+    client: &RefCell<TcpStream>,
+    fd: std::os::fd::RawFd,
+    bytes: &[u8],
+    range: ByteRange,
+    meter: &ByteMeter<'_>,
+) -> io::Result<u64> {
+    let socket = std::os::fd::AsRawFd::as_raw_fd(&*client.borrow());
+    crate::sys::set_nonblocking(socket)?;
+    let end = range.end + 1;
+    let mut pos = range.start;
+    while pos < end {
+        let left = usize::try_from(end - pos).unwrap_or(usize::MAX);
+        match crate::sys::sendfile(socket, fd, pos, left) {
+            Ok(0) => return Err(shrunk_file()),
+            Ok(n) => {
+                meter.down(n as u64);
+                pos += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let at = usize::try_from(pos).unwrap_or(usize::MAX);
+                let next = bytes.get(at..at + 1).ok_or_else(shrunk_file)?;
+                tunnel::write_all(client, next).await?;
+                meter.down(1);
+                pos += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(end - range.start)
 }
 
 fn response_head(status: u16, reason: &str, entry: &Entry, keep_alive: bool) -> ResponseHead {
@@ -977,7 +1026,7 @@ impl Tee<'_> {
                 let mut checksum = switchyard_proto::cache::entry::BodyChecksum::new();
                 checksum.update(&bytes);
                 meta.body_checksum = checksum.finish();
-                Entry::new(meta, Body::Memory(bytes))
+                Entry::new(meta, Body::Memory(MemoryBody::new(bytes)))
             }
             Sink::Disk(d) => match d.finish(&mut meta).await {
                 Ok((path, offset)) => {

@@ -82,7 +82,7 @@ pub struct StoreSettings {
 /// A stored body.
 #[derive(Debug)]
 pub enum Body {
-    Memory(Vec<u8>),
+    Memory(super::memory_body::MemoryBody),
     /// The entry file; the body starts at `offset` (after the header block).
     Disk {
         path: PathBuf,
@@ -790,7 +790,7 @@ mod tests {
                 created_unix: 1,
                 expires_unix,
             },
-            Body::Memory(vec![b'x']),
+            Body::Memory(super::super::memory_body::MemoryBody::new(vec![b'x'])),
         )
     }
 
