@@ -974,4 +974,103 @@ mod tests {
         assert!(a.mesh.outgoing.is_empty());
         assert_eq!(a.mesh.shared.totals.ice_dropped.load(Relaxed), 1);
     }
+
+    /// Lists every other side in each side's table.
+    fn list_all(sides: &mut [Side]) {
+        let entries: Vec<(Ipv4Addr, [u8; 32], SocketAddr)> =
+            sides.iter().map(|s| (s.vip, s.public, s.addr)).collect();
+        for me in sides.iter_mut() {
+            let peers = entries
+                .iter()
+                .filter(|(vip, _, _)| *vip != me.vip)
+                .map(|(vip, key, addr)| {
+                    Arc::new(PeerEntry {
+                        id: format!("peer{}", vip.octets()[3]),
+                        name: String::new(),
+                        vip: *vip,
+                        public_key: *key,
+                        endpoints: vec![*addr],
+                        joined_ms: 1,
+                        counters: Arc::new(PeerCounters::default()),
+                    })
+                })
+                .collect();
+            me.mesh.shared.publish(PeerTable { peers });
+            me.mesh.sync_table();
+        }
+    }
+
+    /// Delivers datagrams between the sides until none are left, except between the pairs
+    /// in `cut` (no underlay path); ticks every side first.
+    fn pump(sides: &mut [Side], cut: (usize, usize)) {
+        for s in sides.iter_mut() {
+            s.mesh.tick();
+        }
+        for _ in 0..50 {
+            let mut any = false;
+            for i in 0..sides.len() {
+                let out = std::mem::take(&mut sides[i].mesh.outgoing);
+                let from = sides[i].addr;
+                for (dst, d) in out {
+                    any = true;
+                    let j = sides.iter().position(|s| s.addr == dst).unwrap();
+                    if (i, j) == cut || (j, i) == cut {
+                        continue;
+                    }
+                    sides[j].mesh.on_datagram(&d, from);
+                }
+            }
+            if !any {
+                return;
+            }
+        }
+        panic!("the sides kept talking");
+    }
+
+    #[test]
+    fn a_peer_without_a_session_is_reached_through_a_relaying_neighbour() {
+        let mut sides = vec![side(1, 1), side(2, 2), side(3, 3)];
+        sides[1].mesh.settings.relay_via_peers = true;
+        list_all(&mut sides);
+        // 0 and 2 have no underlay path: sessions 0–1 and 1–2 come up, 0–2 never does
+        for _ in 0..4 {
+            pump(&mut sides, (0, 2));
+        }
+        let route = |s: &Side, dest: Ipv4Addr| s.mesh.router.as_ref().unwrap().next_hop(dest);
+        let (v0, v1, v2) = (sides[0].vip, sides[1].vip, sides[2].vip);
+        let hop = route(&sides[0], v2).expect("0 learnt 2 from 1");
+        assert_eq!((hop.peer_id.as_str(), hop.hop_count), ("peer2", 1));
+        assert_eq!(route(&sides[2], v0).unwrap().peer_id, "peer2");
+        assert_eq!(route(&sides[0], v1).unwrap().hop_count, 0, "1 is direct");
+        let published = sides[0].mesh.shared.routes.load();
+        assert!(
+            published
+                .iter()
+                .any(|r| r.dest_ip == v2 && r.relayed && r.next_hop == "peer2" && r.active),
+            "{published:?}"
+        );
+
+        // 0 → 2 through 1, TTL decremented once; the answer 2 → 0 passes the source check
+        let packet = wire::udp_packet(v0, v2, 5000, b"two hops");
+        sides[0].mesh.send_to_mesh(&packet);
+        pump(&mut sides, (0, 2));
+        let mut expected = packet.clone();
+        assert!(wire::decrement_ttl(&mut expected));
+        assert_eq!(device_bytes(&mut sides[2]), expected);
+        let answer = wire::udp_packet(v2, v0, 5001, b"back");
+        sides[2].mesh.send_to_mesh(&answer);
+        pump(&mut sides, (0, 2));
+        let mut expected = answer.clone();
+        assert!(wire::decrement_ttl(&mut expected));
+        assert_eq!(device_bytes(&mut sides[0]), expected);
+
+        // without relaying, 1 offers no routes: a fresh 0 learns nothing about 2
+        let mut sides = vec![side(1, 1), side(2, 2), side(3, 3)];
+        list_all(&mut sides);
+        for _ in 0..4 {
+            pump(&mut sides, (0, 2));
+        }
+        assert!(route(&sides[0], v2).is_none());
+        assert!(route(&sides[0], v1).is_some());
+    }
 }
