@@ -685,30 +685,14 @@ fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middl
     let lan = Lan::named("syhop", "syhopi", 2, 3);
     let second = SecondBridge::new(&lan, 1, 2);
     let server = start_registry(&lan);
-    let alpha = Peer::launch(
-        &lan.peers[0],
-        &lan.lan_ip(0),
-        "alpha",
-        server.api,
-        "tun",
-        false,
-    );
-    let bravo = Peer::launch(
-        &lan.peers[1],
-        &lan.lan_ip(1),
-        "bravo",
-        server.api,
-        "tun",
-        true,
-    );
-    let charlie = Peer::launch(
-        &lan.peers[2],
-        &second.moved_ip(),
-        "charlie",
-        server.api,
-        "tun",
-        false,
-    );
+    let start = |i: usize, ip: &str, name: &str, relay: bool| {
+        Peer::launch(&lan.peers[i], ip, name, server.api, "tun", relay)
+    };
+    // only bravo relays: alpha and charlie take each other's packets from bravo's session
+    // because their route to the other goes through it
+    let alpha = start(0, &lan.lan_ip(0), "alpha", false);
+    let bravo = start(1, &lan.lan_ip(1), "bravo", true);
+    let charlie = start(2, &second.moved_ip(), "charlie", false);
     let vip = |p: &Peer| {
         p.wait_for("/api/v1/mesh/status", "a virtual IP", |s| {
             s["virtual_ip"].as_str().is_some_and(|v| !v.is_empty())

@@ -127,7 +127,7 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_without_a_session_has_no_route_and_shows_connecting() {
+    fn a_peer_without_a_session_shows_connecting() {
         let p = peer();
         let view = peer_view(&p, None, None);
         assert_eq!(view.status, "connecting");
@@ -137,7 +137,7 @@ mod tests {
     }
 
     #[test]
-    fn a_connected_peer_has_a_direct_route_with_the_spec_metric() {
+    fn a_connected_peer_shows_direct_with_its_measured_latency() {
         let p = peer();
         let c = PeerCounters::default();
         c.set_state(SessionState::Connected);
