@@ -1,8 +1,9 @@
 //! The mesh on its owner core: the sessions, the socket, the device, the timers. Three tasks
 //! share one [`Mesh`] through a `RefCell` on this core: the receiver (datagrams from the
 //! socket, never cancelled mid-receive), the main loop (packets from the device, peer-table
-//! changes, timers, the router's announcements) and nothing else; a plain thread reads the device (a TUN descriptor cannot
-//! be awaited on glommio's ring) and hands packets over a bounded queue.
+//! changes, timers, the router's announcements) and nothing else; a plain thread reads the
+//! device (a TUN descriptor cannot be awaited on glommio's ring) and hands packets over a
+//! bounded queue.
 
 use super::wire::{self, DatagramKind, CONTROL_PORT};
 use super::{
@@ -94,6 +95,9 @@ struct Mesh {
     decrypted: Vec<u8>,
     /// The distance-vector table; `None` only when our id is unusable as a router id.
     router: Option<Router>,
+    /// The virtual IP the router was last made for (made once per address, even when the
+    /// id is refused).
+    router_vip: Option<Ipv4Addr>,
     /// The routes last published to the control plane.
     published: Vec<MeshRoute>,
 }
@@ -116,6 +120,7 @@ impl Mesh {
             scratch: vec![0u8; SCRATCH],
             decrypted: vec![0u8; SCRATCH],
             router: None,
+            router_vip: None,
             published: Vec::new(),
         }
     }
@@ -124,9 +129,10 @@ impl Mesh {
     /// neighbours are then told afresh at the next tick).
     fn ensure_router(&mut self) {
         let vip = self.local_vip();
-        if self.router.as_ref().is_some_and(|r| r.local_vip() == vip) {
+        if self.router_vip == Some(vip) {
             return;
         }
+        self.router_vip = Some(vip);
         let now = Instant::now();
         let seq_start = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -145,10 +151,8 @@ impl Mesh {
         ) {
             Ok(r) => self.router = Some(r),
             Err(e) => {
-                if self.router.is_some() || self.published.is_empty() {
-                    tracing::error!(id = %self.settings.local_id, error = %e,
-                        "mesh routing off: the peer id cannot name a router");
-                }
+                tracing::error!(id = %self.settings.local_id, error = %e,
+                    "mesh routing off: the peer id cannot name a router");
                 self.router = None;
             }
         }
