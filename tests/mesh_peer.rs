@@ -232,6 +232,16 @@ fn ping_long(ns: &str, ip: &str) -> bool {
     ping(ns, ip, 10)
 }
 
+/// `curl -sS --max-time <secs> <url>` from namespace `ns`.
+fn curl_in(ns: &str, secs: u32, url: &str) -> std::process::Output {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-sS", "--max-time"])
+        .arg(secs.to_string())
+        .arg(url)
+        .output()
+        .expect("curl")
+}
+
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -338,19 +348,7 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
                 sh_quiet(&format!("ip -n {from} addr; ip -n {from} route"))
             );
             let url = format!("http://{}:{}/api/v1/openapi.json", vips[j], to.api.port());
-            let out = Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    from,
-                    "curl",
-                    "-sS",
-                    "--max-time",
-                    "20",
-                    &url,
-                ])
-                .output()
-                .expect("curl");
+            let out = curl_in(from, 20, &url);
             assert!(
                 out.status.success(),
                 "TCP {} → {}: {}",
@@ -592,19 +590,7 @@ fn tap_mode_carries_arp_and_ip_between_two_peers() {
         vips[1],
         peers[1].api.port()
     );
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lan.peers[0],
-            "curl",
-            "-sS",
-            "--max-time",
-            "10",
-            &url,
-        ])
-        .output()
-        .expect("curl");
+    let out = curl_in(&lan.peers[0], 10, &url);
     let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert_eq!(
         status["peer_id"],
@@ -756,22 +742,14 @@ fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middl
         &format!("http://{}/api/v1/openapi.json", charlie.api),
     ]);
     assert!(openapi.status.success() && openapi.stdout.len() > 20_000);
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lan.peers[0],
-            "curl",
-            "-sS",
-            "--max-time",
-            "20",
-        ])
-        .arg(format!(
+    let out = curl_in(
+        &lan.peers[0],
+        20,
+        &format!(
             "http://{charlie_vip}:{}/api/v1/openapi.json",
             charlie.api.port()
-        ))
-        .output()
-        .expect("curl");
+        ),
+    );
     assert!(
         out.status.success() && out.stdout == openapi.stdout,
         "TCP alpha → charlie across two hops: {}",
