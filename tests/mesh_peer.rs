@@ -35,12 +35,17 @@ struct Lan {
 
 impl Lan {
     fn new(test: u32, count: usize) -> Lan {
+        Lan::named("sympeer", "sypr", test, count)
+    }
+
+    /// `prefix` names the namespaces, `short` the host-side interface (15 bytes at most).
+    fn named(prefix: &str, short: &str, test: u32, count: usize) -> Lan {
         let tag = format!("{}{test}", std::process::id() % 10_000);
         let octet = (std::process::id() * 4 + test) % 250 + 2;
         let lan = Lan {
-            hub: format!("sympeer{tag}h"),
-            host_if: format!("sypr{tag}"),
-            peers: (0..count).map(|i| format!("sympeer{tag}p{i}")).collect(),
+            hub: format!("{prefix}{tag}h"),
+            host_if: format!("{short}{tag}"),
+            peers: (0..count).map(|i| format!("{prefix}{tag}p{i}")).collect(),
             net: format!("10.213.{octet}"),
         };
         let hub = &lan.hub;
@@ -98,17 +103,29 @@ impl Peer {
     }
 
     fn start_with(lan: &Lan, i: usize, name: &str, registry: SocketAddr, device: &str) -> Peer {
+        Peer::launch(&lan.peers[i], &lan.lan_ip(i), name, registry, device, false)
+    }
+
+    /// A peer in namespace `ns` whose client API the test reaches at `ip`.
+    fn launch(
+        ns: &str,
+        ip: &str,
+        name: &str,
+        registry: SocketAddr,
+        device: &str,
+        relay: bool,
+    ) -> Peer {
         let dir = tempfile::tempdir().expect("tempdir");
         let yaml = format!(
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"0.0.0.0:0\"}}\nlogging: {{level: debug, format: json}}\n\
              mesh:\n  enabled: true\n  network_id: {NETWORK}\n  peer_name: {name}\n  device: {{type: {device}}}\n\
              \x20 discovery: {{server: \"http://{registry}\", heartbeat_interval: 1s}}\n\
-             \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\"}}\n"
+             \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
         std::fs::write(dir.path().join("client.yaml"), yaml).expect("write config");
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", lan.peers[i]))
+        cmd.arg(format!("--net=/run/netns/{ns}"))
             .arg(BIN)
             .arg("client")
             .arg("--config")
@@ -119,7 +136,7 @@ impl Peer {
         let port = started.addrs[0].port();
         Peer {
             proc: started.proc,
-            api: format!("{}:{port}", lan.lan_ip(i)).parse().expect("addr"),
+            api: format!("{ip}:{port}").parse().expect("addr"),
             logs: started.logs,
             _dir: dir,
         }
@@ -213,6 +230,16 @@ fn ping(ns: &str, ip: &str, count: u32) -> bool {
 /// Pings for about five seconds (long enough for a fresh handshake): whether any reply came.
 fn ping_long(ns: &str, ip: &str) -> bool {
     ping(ns, ip, 10)
+}
+
+/// `curl -sS --max-time <secs> <url>` from namespace `ns`.
+fn curl_in(ns: &str, secs: u32, url: &str) -> std::process::Output {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-sS", "--max-time"])
+        .arg(secs.to_string())
+        .arg(url)
+        .output()
+        .expect("curl")
 }
 
 type Ws =
@@ -321,19 +348,7 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
                 sh_quiet(&format!("ip -n {from} addr; ip -n {from} route"))
             );
             let url = format!("http://{}:{}/api/v1/openapi.json", vips[j], to.api.port());
-            let out = Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    from,
-                    "curl",
-                    "-sS",
-                    "--max-time",
-                    "20",
-                    &url,
-                ])
-                .output()
-                .expect("curl");
+            let out = curl_in(from, 20, &url);
             assert!(
                 out.status.success(),
                 "TCP {} → {}: {}",
@@ -575,24 +590,189 @@ fn tap_mode_carries_arp_and_ip_between_two_peers() {
         vips[1],
         peers[1].api.port()
     );
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lan.peers[0],
-            "curl",
-            "-sS",
-            "--max-time",
-            "10",
-            &url,
-        ])
-        .output()
-        .expect("curl");
+    let out = curl_in(&lan.peers[0], 10, &url);
     let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert_eq!(
         status["peer_id"],
         "right",
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A second bridge (its own hub namespace and host-side veth) that moves the LAN's peer
+/// `moved` over to it and adds a second leg (`eth1`) to peer `leg`: `moved` then reaches the
+/// registry only through the host and the other peers only through `leg`. Removed on drop.
+struct SecondBridge {
+    hub: String,
+    host_if: String,
+    net: String,
+}
+
+impl SecondBridge {
+    fn new(lan: &Lan, leg: usize, moved: usize) -> SecondBridge {
+        let tag = format!("{}2", std::process::id() % 10_000);
+        let octet = (std::process::id() * 4 + 2) % 250 + 2;
+        let b = SecondBridge {
+            hub: format!("syhop{tag}g"),
+            host_if: format!("syhg{tag}"),
+            net: format!("10.215.{octet}"),
+        };
+        let (hub, net) = (&b.hub, &b.net);
+        let (leg_ns, moved_ns) = (&lan.peers[leg], &lan.peers[moved]);
+        sh(&format!(
+            "ip netns add {hub} && ip -n {hub} link set lo up && \
+             ip -n {hub} link add br0 type bridge && ip -n {hub} link set br0 up && \
+             ip link add {host} type veth peer name up0 netns {hub} && \
+             ip -n {hub} link set up0 master br0 up && \
+             ip addr add {net}.254/24 dev {host} && ip link set {host} up && \
+             ip -n {hub} link add q0 type veth peer name eth1 netns {leg_ns} && \
+             ip -n {hub} link set q0 master br0 up && \
+             ip -n {leg_ns} addr add {net}.1/24 dev eth1 && ip -n {leg_ns} link set eth1 up && \
+             ip -n {moved_ns} link del eth0 && \
+             ip -n {hub} link add q1 type veth peer name eth0 netns {moved_ns} && \
+             ip -n {hub} link set q1 master br0 up && \
+             ip -n {moved_ns} addr add {net}.2/24 dev eth0 && ip -n {moved_ns} link set eth0 up && \
+             ip -n {moved_ns} route add {registry}/32 via {net}.254",
+            host = b.host_if,
+            registry = lan.registry_ip(),
+        ));
+        b
+    }
+
+    /// The moved peer's address.
+    fn moved_ip(&self) -> String {
+        format!("{}.2", self.net)
+    }
+}
+
+impl Drop for SecondBridge {
+    fn drop(&mut self) {
+        sh_quiet(&format!("ip netns del {}", self.hub));
+        sh_quiet(&format!("ip link del {}", self.host_if));
+    }
+}
+
+/// The route `from` uses for `dest`, when it has one.
+fn active_route(from: &Value, dest: &str) -> Option<Value> {
+    from.as_array()?
+        .iter()
+        .find(|r| r["dest_peer_id"] == dest && r["active"] == true)
+        .cloned()
+}
+
+#[test]
+fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middle_leaves() {
+    if !root_with_tools_or_skip("mesh peer namespaces", &["ip", "nsenter", "ping", "curl"]) {
+        return;
+    }
+    // alpha and bravo share a LAN; charlie's underlay reaches only bravo (and the registry
+    // through the host): alpha ⇄ charlie must go alpha → bravo → charlie
+    let lan = Lan::named("syhop", "syhopi", 2, 3);
+    let second = SecondBridge::new(&lan, 1, 2);
+    let server = start_registry(&lan);
+    let start = |i: usize, ip: &str, name: &str, relay: bool| {
+        Peer::launch(&lan.peers[i], ip, name, server.api, "tun", relay)
+    };
+    // only bravo relays: alpha and charlie take each other's packets from bravo's session
+    // because their route to the other goes through it
+    let alpha = start(0, &lan.lan_ip(0), "alpha", false);
+    let bravo = start(1, &lan.lan_ip(1), "bravo", true);
+    let charlie = start(2, &second.moved_ip(), "charlie", false);
+    let vip = |p: &Peer| {
+        p.wait_for("/api/v1/mesh/status", "a virtual IP", |s| {
+            s["virtual_ip"].as_str().is_some_and(|v| !v.is_empty())
+        })["virtual_ip"]
+            .as_str()
+            .expect("vip")
+            .to_owned()
+    };
+    let (alpha_vip, charlie_vip) = (vip(&alpha), vip(&charlie));
+    bravo.wait_for("/api/v1/mesh/status", "bravo has both sessions", |s| {
+        s["direct_connections"] == 2
+    });
+
+    // both ends learn the other through bravo: relayed, two links, metric = latency + 200
+    for (p, other) in [(&alpha, "charlie"), (&charlie, "alpha")] {
+        let routes = p.wait_for("/api/v1/mesh/routes", "a route via bravo", |v| {
+            active_route(v, other).is_some_and(|r| r["type"] == "relayed")
+        });
+        let r = active_route(&routes, other).expect("route");
+        assert_eq!(
+            (r["next_hop"].as_str(), r["hop_count"].as_u64()),
+            (Some("bravo"), Some(2)),
+            "{r}"
+        );
+        assert_eq!(
+            r["metric"].as_u64(),
+            r["latency_ms"].as_u64().map(|l| l + 200),
+            "{r}"
+        );
+        let direct = active_route(&routes, "bravo").expect("route to bravo");
+        assert_eq!(
+            (direct["type"].as_str(), direct["hop_count"].as_u64()),
+            (Some("direct"), Some(1))
+        );
+        let seen = p.get(&format!("/api/v1/mesh/peers/{other}"));
+        assert_eq!(
+            (seen["status"].as_str(), seen["connection_type"].as_str()),
+            (Some("connected"), Some("multi-hop")),
+            "{seen}"
+        );
+        assert_eq!(p.get("/api/v1/mesh/status")["direct_connections"], 1);
+    }
+    // the underlay really has no path between alpha and charlie
+    assert!(
+        !ping(&lan.peers[0], &second.moved_ip(), 1),
+        "alpha's underlay reaches charlie"
+    );
+
+    // ping both ways and TCP (charlie's client API, a multi-segment document) across two hops
+    assert!(
+        ping(&lan.peers[0], &charlie_vip, 3),
+        "ping alpha → charlie\nalpha:\n{}\nbravo:\n{}",
+        alpha.log_text(),
+        bravo.log_text()
+    );
+    assert!(ping(&lan.peers[2], &alpha_vip, 3), "ping charlie → alpha");
+    let openapi = curl(&[
+        "-sS",
+        "--max-time",
+        "10",
+        &format!("http://{}/api/v1/openapi.json", charlie.api),
+    ]);
+    assert!(openapi.status.success() && openapi.stdout.len() > 20_000);
+    let out = curl_in(
+        &lan.peers[0],
+        20,
+        &format!(
+            "http://{charlie_vip}:{}/api/v1/openapi.json",
+            charlie.api.port()
+        ),
+    );
+    assert!(
+        out.status.success() && out.stdout == openapi.stdout,
+        "TCP alpha → charlie across two hops: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let relayed = bravo.get("/api/v1/mesh/peers/charlie");
+    assert!(
+        relayed["bytes_received"].as_u64() > Some(20_000),
+        "bravo carried the document from charlie: {relayed}"
+    );
+
+    // the middle peer leaves: the route is withdrawn and charlie is out of reach
+    assert_eq!(bravo.call("POST", "/api/v1/mesh/disable").0, 200);
+    for (p, other) in [(&alpha, "charlie"), (&charlie, "alpha")] {
+        p.wait_for("/api/v1/mesh/routes", "the route withdrawn", |v| {
+            v.as_array()
+                .is_some_and(|a| a.iter().all(|r| r["dest_peer_id"] != other))
+        });
+        let seen = p.get(&format!("/api/v1/mesh/peers/{other}"));
+        assert_ne!(seen["connection_type"], "multi-hop", "{seen}");
+    }
+    assert!(
+        !ping(&lan.peers[0], &charlie_vip, 2),
+        "alpha → charlie without bravo"
     );
 }

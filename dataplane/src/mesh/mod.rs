@@ -10,11 +10,16 @@
 //! peer table as an `ArcSwap` snapshot and wakes the owner, reads per-peer atomics, and raises
 //! the stop flag. Nothing here waits on a lock the control plane can hold.
 //!
-//! Seams for what comes next: [`PathToPeer`] (only `Direct` today; the TURN relay and
-//! via-peer paths of `switchyard-ice` / `switchyard-mesh-routing` join it) and [`next_hop`]
-//! (the destination's own session today; the distance-vector table later). Datagrams for
-//! the ICE agent (STUN, ChannelData) and control messages other than latency probes are
-//! dropped and counted by their hooks until those crates are plugged in.
+//! Routing (`switchyard-mesh-routing`): the owner core drives one `Router` — sessions that come
+//! up or go are its neighbours (with the latency its probes measure), its announcements and
+//! probes travel on the control port inside the sessions, and a packet for a peer without a
+//! session of its own goes to the router's next hop (which forwards it when it has
+//! `relay_via_peers`; a peer that does not relay offers no routes). The routes are published
+//! to the control plane as [`MeshRoute`] snapshots.
+//!
+//! Seams for what comes next: [`PathToPeer`] (only `Direct` today; the TURN relay path of
+//! `switchyard-ice` joins it). Datagrams for the ICE agent (STUN, ChannelData) are dropped
+//! and counted by their hook until that crate is plugged in.
 
 mod runner;
 pub mod wire;
@@ -27,6 +32,8 @@ use std::time::Duration;
 
 pub use crate::wireguard::flow::Wake;
 pub(crate) use runner::run;
+/// `mesh.routing` as the router takes it.
+pub use switchyard_mesh_routing::RoutingConfig;
 
 /// Per-peer measurements, written by the owner core, read by the control plane.
 #[derive(Debug, Default)]
@@ -97,8 +104,9 @@ pub struct PeerTable {
     pub peers: Vec<Arc<PeerEntry>>,
 }
 
-/// How datagrams reach a peer. Only direct paths exist today; the TURN relay (`Relayed`) and
-/// multi-hop (`ViaPeer`) arrive with the ICE and routing crates.
+/// How datagrams reach a peer's session. Only direct paths exist today; the TURN relay
+/// (`Relayed`) arrives with the ICE crate. (Multi-hop is not a path of a session: packets for
+/// a peer reached via others go into the next hop's session.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathToPeer {
     /// Straight to one of the peer's endpoints (host or server-reflexive candidate).
@@ -114,10 +122,29 @@ impl PathToPeer {
     }
 }
 
-/// The peer whose session carries packets for `dst`: today the peer that owns `dst`
-/// (direct routes only); the distance-vector table answers here later.
-pub fn next_hop(table: &PeerTable, dst: Ipv4Addr) -> Option<&Arc<PeerEntry>> {
+/// The peer that owns the virtual IP `dst` (its own session is the direct path to it).
+pub fn owner_of(table: &PeerTable, dst: Ipv4Addr) -> Option<&Arc<PeerEntry>> {
     table.peers.iter().find(|p| p.vip == dst)
+}
+
+/// One route of the owner core's routing table, for `GET /api/v1/mesh/routes` and the peer
+/// view (the routing crate's `RouteView` with the time as wall clock).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeshRoute {
+    pub dest_peer_id: String,
+    pub dest_ip: Ipv4Addr,
+    /// The neighbour packets go to; empty for a direct route.
+    pub next_hop: String,
+    /// Through other peers (the routing crate's `relayed`).
+    pub relayed: bool,
+    /// Summed link latency in ms.
+    pub latency_ms: u32,
+    /// Peers between us and the destination (0 for a direct route).
+    pub peers_between: u8,
+    /// Unix ms of the last change or refresh.
+    pub last_updated_ms: u64,
+    /// The route in use for the destination (the others are alternatives).
+    pub active: bool,
 }
 
 /// Totals of the mesh and the drops of each kind.
@@ -129,8 +156,7 @@ pub struct MeshTotals {
     pub packets_received: AtomicU64,
     /// STUN / ChannelData datagrams: the ICE hook drops them until `switchyard-ice` is in.
     pub ice_dropped: AtomicU64,
-    /// Control messages other than latency probes (route announcements, until the routing
-    /// crate is in).
+    /// Control messages the router refused (malformed, stale, from a non-neighbour).
     pub control_dropped: AtomicU64,
     /// Handshakes from a key the registry does not list.
     pub unknown_key: AtomicU64,
@@ -146,6 +172,8 @@ pub struct MeshTotals {
 #[derive(Debug, Default)]
 pub struct MeshShared {
     pub peers: ArcSwap<PeerTable>,
+    /// The routing table as the owner core last published it.
+    pub routes: ArcSwap<Vec<MeshRoute>>,
     /// This peer's virtual IP (changes when a lost lease is registered again).
     pub local_vip: AtomicU32,
     pub totals: MeshTotals,
@@ -193,6 +221,10 @@ impl MeshShared {
 /// Session parameters of the mesh.
 #[derive(Clone)]
 pub struct MeshSettings {
+    /// This peer's id in the network (the router's name for us).
+    pub local_id: String,
+    /// `mesh.routing`: max_hops, route_timeout, split_horizon.
+    pub routing: RoutingConfig,
     pub private_key: [u8; 32],
     /// The network's pre-shared key (WireGuard PSK), when configured.
     pub preshared_key: Option<[u8; 32]>,
@@ -208,6 +240,8 @@ pub struct MeshSettings {
 impl std::fmt::Debug for MeshSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MeshSettings")
+            .field("local_id", &self.local_id)
+            .field("routing", &self.routing)
             .field("keep_alive", &self.keep_alive)
             .field("connect_timeout", &self.connect_timeout)
             .field("relay_via_peers", &self.relay_via_peers)

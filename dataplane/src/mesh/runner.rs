@@ -1,13 +1,14 @@
 //! The mesh on its owner core: the sessions, the socket, the device, the timers. Three tasks
 //! share one [`Mesh`] through a `RefCell` on this core: the receiver (datagrams from the
 //! socket, never cancelled mid-receive), the main loop (packets from the device, peer-table
-//! changes, timers) and nothing else; a plain thread reads the device (a TUN descriptor cannot
-//! be awaited on glommio's ring) and hands packets over a bounded queue.
+//! changes, timers, the router's announcements) and nothing else; a plain thread reads the
+//! device (a TUN descriptor cannot be awaited on glommio's ring) and hands packets over a
+//! bounded queue.
 
-use super::wire::{self, DatagramKind, Probe, CONTROL_PORT};
+use super::wire::{self, DatagramKind, CONTROL_PORT};
 use super::{
-    next_hop, MeshSettings, MeshShared, MeshStart, MeshTotals, PathToPeer, PeerCounters, PeerEntry,
-    SessionState,
+    owner_of, MeshRoute, MeshSettings, MeshShared, MeshStart, MeshTotals, PathToPeer, PeerCounters,
+    PeerEntry, SessionState,
 };
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::{Packet, Tunn, TunnResult};
@@ -23,11 +24,10 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
+use switchyard_mesh_routing::{Message, Router};
 
 /// boringtun wants `update_timers` every 250 ms or so.
 const TIMER_TICK: Duration = Duration::from_millis(250);
-/// Latency probes per connected peer.
-const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// A session older than this without a new handshake is gone (WireGuard's REJECT_AFTER_TIME).
 const SESSION_LIFETIME: Duration = Duration::from_secs(180);
 /// Packets read from the device waiting for the owner.
@@ -55,7 +55,8 @@ struct Session {
     choice: usize,
     /// Since when this session tries to connect without success.
     trying_since: Instant,
-    last_probe: Option<Instant>,
+    /// The router knows this session as a neighbour.
+    neighbour: bool,
 }
 
 impl Session {
@@ -87,12 +88,18 @@ struct Mesh {
     device: std::fs::File,
     /// Datagrams to send once the `RefCell` borrow ends.
     outgoing: Vec<(SocketAddr, Vec<u8>)>,
-    epoch: Instant,
     /// Output of encapsulation and timers.
     scratch: Vec<u8>,
     /// Output of decapsulation: separate, because a decrypted packet may be answered (a
     /// probe reply) or forwarded, which encapsulates, while it is still being read.
     decrypted: Vec<u8>,
+    /// The distance-vector table; `None` only when our id is unusable as a router id.
+    router: Option<Router>,
+    /// The virtual IP the router was last made for (made once per address, even when the
+    /// id is refused).
+    router_vip: Option<Ipv4Addr>,
+    /// The routes last published to the control plane.
+    published: Vec<MeshRoute>,
 }
 
 impl Mesh {
@@ -110,14 +117,138 @@ impl Mesh {
             next_index: 1,
             device,
             outgoing: Vec::new(),
-            epoch: Instant::now(),
             scratch: vec![0u8; SCRATCH],
             decrypted: vec![0u8; SCRATCH],
+            router: None,
+            router_vip: None,
+            published: Vec::new(),
         }
     }
 
-    fn now_us(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64
+    /// A router for our id and current virtual IP (again when the address changed: the
+    /// neighbours are then told afresh at the next tick).
+    fn ensure_router(&mut self) {
+        let vip = self.local_vip();
+        if self.router_vip == Some(vip) {
+            return;
+        }
+        self.router_vip = Some(vip);
+        let now = Instant::now();
+        let seq_start = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1);
+        // any varying u64 serves as the seed of jitter and probe nonces
+        let seed = seq_start
+            ^ u64::from_le_bytes(self.public.as_bytes()[..8].try_into().unwrap_or([7; 8]));
+        match Router::new(
+            self.settings.local_id.clone(),
+            vip,
+            self.settings.routing.clone(),
+            seq_start,
+            seed,
+            now,
+        ) {
+            Ok(r) => self.router = Some(r),
+            Err(e) => {
+                tracing::error!(id = %self.settings.local_id, error = %e,
+                    "mesh routing off: the peer id cannot name a router");
+                self.router = None;
+            }
+        }
+        for s in self.sessions.values_mut() {
+            s.neighbour = false;
+        }
+    }
+
+    /// Tells the router whether session `s` is up (a neighbour, with its measured latency).
+    fn sync_neighbour(&mut self, s: &mut Session, now: Instant) {
+        let Some(router) = self.router.as_mut() else {
+            return;
+        };
+        let up = s.connected();
+        if up && !s.neighbour {
+            let rtt = Duration::from_micros(s.entry.counters.rtt_us.load(Relaxed));
+            match router.neighbour_up(&s.entry.id, s.entry.vip, rtt, now) {
+                Ok(()) => s.neighbour = true,
+                Err(e) => {
+                    tracing::warn!(peer = %s.entry.id, error = %e, "mesh peer not routable")
+                }
+            }
+        } else if !up && s.neighbour {
+            router.neighbour_down(&s.entry.id, now);
+            s.neighbour = false;
+        }
+    }
+
+    /// Sends what the router has due (announcements, probes) and publishes its routes.
+    fn drive_router(&mut self, now: Instant) {
+        let Some(router) = self.router.as_mut() else {
+            if !self.published.is_empty() {
+                self.published.clear();
+                self.shared.routes.store(Arc::new(Vec::new()));
+            }
+            return;
+        };
+        if now >= router.poll_timeout() {
+            let due = router.poll_announcements(now);
+            for (neighbour, datagram) in due {
+                self.send_control(&neighbour, &datagram);
+            }
+        }
+        let Some(router) = self.router.as_ref() else {
+            return;
+        };
+        let wall = SystemTime::now();
+        let routes: Vec<MeshRoute> = router
+            .routes()
+            .into_iter()
+            .map(|r| MeshRoute {
+                last_updated_ms: r
+                    .last_updated_at(now, wall)
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0),
+                dest_peer_id: r.dest_peer_id,
+                dest_ip: r.dest_ip,
+                next_hop: r.next_hop,
+                relayed: r.kind == switchyard_mesh_routing::RouteKind::Relayed,
+                latency_ms: r.latency_ms,
+                peers_between: r.hop_count,
+                active: r.active,
+            })
+            .collect();
+        if routes != self.published {
+            self.shared.routes.store(Arc::new(routes.clone()));
+            self.published = routes;
+        }
+    }
+
+    /// A control message for neighbour `id`, through its session (outside a borrow of it).
+    fn send_control(&mut self, id: &str, datagram: &[u8]) {
+        // a peer that does not relay offers no routes through itself
+        if !self.settings.relay_via_peers
+            && matches!(Message::decode(datagram), Ok(Message::Announcement(_)))
+        {
+            return;
+        }
+        let Some(index) = self.session_of(id) else {
+            return;
+        };
+        let Some(mut s) = self.sessions.remove(&index) else {
+            return;
+        };
+        let packet = wire::udp_packet(self.local_vip(), s.entry.vip, CONTROL_PORT, datagram);
+        self.encapsulate(&mut s, &packet);
+        self.sessions.insert(index, s);
+    }
+
+    /// The session of the peer `id`.
+    fn session_of(&self, id: &str) -> Option<u32> {
+        self.sessions
+            .iter()
+            .find(|(_, s)| s.entry.id == id)
+            .map(|(i, _)| *i)
     }
 
     fn local_vip(&self) -> Ipv4Addr {
@@ -166,7 +297,7 @@ impl Mesh {
                         learnt: None,
                         choice: 0,
                         trying_since: Instant::now(),
-                        last_probe: None,
+                        neighbour: false,
                     };
                     // the peer with the lower key opens the session at once; the other waits
                     // for it (or for traffic), so crossing handshakes are rare
@@ -178,8 +309,14 @@ impl Mesh {
                 }
             }
         }
+        let now = Instant::now();
         for (_, s) in old {
             tracing::info!(peer = %s.entry.id, "mesh peer removed");
+            if s.neighbour {
+                if let Some(r) = self.router.as_mut() {
+                    r.neighbour_down(&s.entry.id, now);
+                }
+            }
         }
         self.macs.retain(|_, i| keep.contains_key(i));
         self.sessions = keep;
@@ -319,8 +456,15 @@ impl Mesh {
             self.shared.totals.no_route.fetch_add(1, Relaxed);
             return;
         };
-        // a peer speaks for its own address only, unless it forwards for others
-        if src != s.entry.vip && !self.settings.relay_via_peers {
+        // a peer speaks for its own address, for the peers we route through it (their packets
+        // come back the same way), or for anyone when we forward for others
+        let routed_via_sender = || {
+            self.router
+                .as_ref()
+                .and_then(|r| r.next_hop(src))
+                .is_some_and(|h| h.peer_id == s.entry.id)
+        };
+        if src != s.entry.vip && !self.settings.relay_via_peers && !routed_via_sender() {
             self.shared.totals.invalid.fetch_add(1, Relaxed);
             return;
         }
@@ -351,7 +495,7 @@ impl Mesh {
             }
             return;
         }
-        // forwarding: the seam for routing (hop by hop, TTL decremented)
+        // forwarding hop by hop along the routing table, TTL decremented
         if !self.settings.relay_via_peers || !wire::decrement_ttl(&mut packet) {
             totals.no_route.fetch_add(1, Relaxed);
             return;
@@ -359,27 +503,43 @@ impl Mesh {
         self.send_to_mesh(&packet);
     }
 
-    /// A message on the mesh control port.
+    /// A message on the mesh control port: the router's (announcement, probe, membership,
+    /// flood).
     fn control(&mut self, s: &mut Session, payload: &[u8]) {
-        match Probe::decode(payload) {
-            Some(Probe::Request { sent_us }) => {
-                let reply = wire::udp_packet(
-                    self.local_vip(),
-                    s.entry.vip,
-                    CONTROL_PORT,
-                    &Probe::Reply { sent_us }.encode(),
-                );
-                self.encapsulate(s, &reply);
-            }
-            Some(Probe::Reply { sent_us }) => {
-                let rtt = self.now_us().saturating_sub(sent_us).max(1);
-                s.entry.counters.rtt_us.store(rtt, Relaxed);
-            }
-            // route announcements: the routing crate's hook; nothing consumes them yet
-            None => {
+        let now = Instant::now();
+        self.ensure_router();
+        // the session may be up a moment before the next tick would tell the router
+        self.sync_neighbour(s, now);
+        let Some(router) = self.router.as_mut() else {
+            self.shared.totals.control_dropped.fetch_add(1, Relaxed);
+            return;
+        };
+        let outcome = match router.handle_control(&s.entry.id, payload, now) {
+            Ok(o) => o,
+            Err(e) => {
                 self.shared.totals.control_dropped.fetch_add(1, Relaxed);
+                tracing::debug!(peer = %s.entry.id, error = %e, "mesh control message refused");
+                return;
+            }
+        };
+        if let Some(rtt) = outcome.rtt {
+            let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
+            s.entry.counters.rtt_us.store(us, Relaxed);
+        }
+        if let Some(packet) = &outcome.deliver {
+            self.write_device(packet);
+        }
+        for (neighbour, datagram) in &outcome.send {
+            if *neighbour == s.entry.id {
+                // the sender's session is out of the map while we read from it
+                let packet =
+                    wire::udp_packet(self.local_vip(), s.entry.vip, CONTROL_PORT, datagram);
+                self.encapsulate(s, &packet);
+            } else {
+                self.send_control(neighbour, datagram);
             }
         }
+        self.drive_router(now);
     }
 
     fn write_device(&mut self, packet: &[u8]) {
@@ -395,11 +555,21 @@ impl Mesh {
             self.shared.totals.no_route.fetch_add(1, Relaxed);
             return;
         };
-        let index = next_hop(&self.table, dst).and_then(|entry| {
-            self.sessions
-                .iter()
-                .find(|(_, s)| Arc::ptr_eq(&s.entry, entry))
-                .map(|(i, _)| *i)
+        // the router's next hop (the destination itself while its session is up, else a
+        // peer on the way); without a route, the destination's own session, which queues
+        // the packet and handshakes
+        let routed = self
+            .router
+            .as_ref()
+            .and_then(|r| r.next_hop(dst))
+            .and_then(|hop| self.session_of(&hop.peer_id));
+        let index = routed.or_else(|| {
+            owner_of(&self.table, dst).and_then(|entry| {
+                self.sessions
+                    .iter()
+                    .find(|(_, s)| Arc::ptr_eq(&s.entry, entry))
+                    .map(|(i, _)| *i)
+            })
         });
         match index {
             Some(i) => self.send_to_session(i, |_| packet.to_vec()),
@@ -467,8 +637,11 @@ impl Mesh {
         }
     }
 
-    /// Timers of every session: WireGuard's, the connect timeout, latency probes.
+    /// Timers of every session (WireGuard's, the connect timeout), the router's neighbours
+    /// and its announcements and probes.
     fn tick(&mut self) {
+        let now = Instant::now();
+        self.ensure_router();
         let indexes: Vec<u32> = self.sessions.keys().copied().collect();
         for i in indexes {
             let Some(mut s) = self.sessions.remove(&i) else {
@@ -480,22 +653,8 @@ impl Mesh {
                 }
             }
             self.refresh_state(&mut s);
-            if s.connected() {
-                let due = s.last_probe.is_none_or(|t| t.elapsed() >= PROBE_EVERY);
-                if due {
-                    s.last_probe = Some(Instant::now());
-                    let probe = wire::udp_packet(
-                        self.local_vip(),
-                        s.entry.vip,
-                        CONTROL_PORT,
-                        &Probe::Request {
-                            sent_us: self.now_us(),
-                        }
-                        .encode(),
-                    );
-                    self.encapsulate(&mut s, &probe);
-                }
-            } else if s.trying_since.elapsed() >= self.settings.connect_timeout {
+            self.sync_neighbour(&mut s, now);
+            if !s.connected() && s.trying_since.elapsed() >= self.settings.connect_timeout {
                 let c = &s.entry.counters;
                 if c.state() != SessionState::Unreachable {
                     tracing::warn!(peer = %s.entry.id, path = ?s.path(),
@@ -511,6 +670,7 @@ impl Mesh {
             }
             self.sessions.insert(i, s);
         }
+        self.drive_router(now);
     }
 }
 
@@ -707,6 +867,8 @@ mod tests {
         shared.set_local_vip(vip);
         let device = tempfile::tempfile().unwrap();
         let settings = MeshSettings {
+            local_id: format!("peer{last}"),
+            routing: switchyard_mesh_routing::RoutingConfig::default(),
             private_key: private,
             preshared_key: Some([9; 32]),
             keep_alive: Duration::from_secs(25),
@@ -815,5 +977,104 @@ mod tests {
         a.mesh.on_datagram(&[0x40, 0, 0, 0], b.addr);
         assert!(a.mesh.outgoing.is_empty());
         assert_eq!(a.mesh.shared.totals.ice_dropped.load(Relaxed), 1);
+    }
+
+    /// Lists every other side in each side's table.
+    fn list_all(sides: &mut [Side]) {
+        let entries: Vec<(Ipv4Addr, [u8; 32], SocketAddr)> =
+            sides.iter().map(|s| (s.vip, s.public, s.addr)).collect();
+        for me in sides.iter_mut() {
+            let peers = entries
+                .iter()
+                .filter(|(vip, _, _)| *vip != me.vip)
+                .map(|(vip, key, addr)| {
+                    Arc::new(PeerEntry {
+                        id: format!("peer{}", vip.octets()[3]),
+                        name: String::new(),
+                        vip: *vip,
+                        public_key: *key,
+                        endpoints: vec![*addr],
+                        joined_ms: 1,
+                        counters: Arc::new(PeerCounters::default()),
+                    })
+                })
+                .collect();
+            me.mesh.shared.publish(PeerTable { peers });
+            me.mesh.sync_table();
+        }
+    }
+
+    /// Delivers datagrams between the sides until none are left, except between the pairs
+    /// in `cut` (no underlay path); ticks every side first.
+    fn pump(sides: &mut [Side], cut: (usize, usize)) {
+        for s in sides.iter_mut() {
+            s.mesh.tick();
+        }
+        for _ in 0..50 {
+            let mut any = false;
+            for i in 0..sides.len() {
+                let out = std::mem::take(&mut sides[i].mesh.outgoing);
+                let from = sides[i].addr;
+                for (dst, d) in out {
+                    any = true;
+                    let j = sides.iter().position(|s| s.addr == dst).unwrap();
+                    if (i, j) == cut || (j, i) == cut {
+                        continue;
+                    }
+                    sides[j].mesh.on_datagram(&d, from);
+                }
+            }
+            if !any {
+                return;
+            }
+        }
+        panic!("the sides kept talking");
+    }
+
+    #[test]
+    fn a_peer_without_a_session_is_reached_through_a_relaying_neighbour() {
+        let mut sides = vec![side(1, 1), side(2, 2), side(3, 3)];
+        sides[1].mesh.settings.relay_via_peers = true;
+        list_all(&mut sides);
+        // 0 and 2 have no underlay path: sessions 0–1 and 1–2 come up, 0–2 never does
+        for _ in 0..4 {
+            pump(&mut sides, (0, 2));
+        }
+        let route = |s: &Side, dest: Ipv4Addr| s.mesh.router.as_ref().unwrap().next_hop(dest);
+        let (v0, v1, v2) = (sides[0].vip, sides[1].vip, sides[2].vip);
+        let hop = route(&sides[0], v2).expect("0 learnt 2 from 1");
+        assert_eq!((hop.peer_id.as_str(), hop.hop_count), ("peer2", 1));
+        assert_eq!(route(&sides[2], v0).unwrap().peer_id, "peer2");
+        assert_eq!(route(&sides[0], v1).unwrap().hop_count, 0, "1 is direct");
+        let published = sides[0].mesh.shared.routes.load();
+        assert!(
+            published
+                .iter()
+                .any(|r| r.dest_ip == v2 && r.relayed && r.next_hop == "peer2" && r.active),
+            "{published:?}"
+        );
+
+        // 0 → 2 through 1, TTL decremented once; the answer 2 → 0 passes the source check
+        let packet = wire::udp_packet(v0, v2, 5000, b"two hops");
+        sides[0].mesh.send_to_mesh(&packet);
+        pump(&mut sides, (0, 2));
+        let mut expected = packet.clone();
+        assert!(wire::decrement_ttl(&mut expected));
+        assert_eq!(device_bytes(&mut sides[2]), expected);
+        let answer = wire::udp_packet(v2, v0, 5001, b"back");
+        sides[2].mesh.send_to_mesh(&answer);
+        pump(&mut sides, (0, 2));
+        let mut expected = answer.clone();
+        assert!(wire::decrement_ttl(&mut expected));
+        assert_eq!(device_bytes(&mut sides[0]), expected);
+
+        // without relaying, 1 offers no routes: a fresh 0 learns nothing about 2
+        let mut sides = vec![side(1, 1), side(2, 2), side(3, 3)];
+        list_all(&mut sides);
+        for _ in 0..4 {
+            pump(&mut sides, (0, 2));
+        }
+        assert!(route(&sides[0], v2).is_none());
+        assert!(route(&sides[0], v1).is_some());
     }
 }

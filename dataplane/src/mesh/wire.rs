@@ -1,13 +1,13 @@
 //! What the mesh socket and the mesh device carry, runtime-free: the demultiplexing of a
 //! received datagram by its first bytes (STUN, TURN ChannelData, WireGuard), the few IPv4
-//! fields the peer reads or rewrites (destination, TTL), and the latency probe that travels
-//! between peers on the mesh control port.
+//! fields the peer reads or rewrites (destination, TTL), and the UDP packets that carry the
+//! routing crate's control messages (announcements, latency probes) on the mesh control port.
 
 use std::net::Ipv4Addr;
 
 /// UDP port of the control traffic between peers, virtual IP to virtual IP (route
 /// announcements, latency probes). Consumed by the peer, never written to the device.
-pub const CONTROL_PORT: u16 = 7387;
+pub const CONTROL_PORT: u16 = switchyard_mesh_routing::CONTROL_PORT;
 
 /// STUN's magic cookie (RFC 8489 §6).
 const STUN_COOKIE: [u8; 4] = [0x21, 0x12, 0xA4, 0x42];
@@ -193,46 +193,6 @@ fn checksum(header: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-/// Control messages of this peer on [`CONTROL_PORT`]. The first byte is the message kind
-/// (the routing crate owns the kinds below 0xF0), the second a version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Probe {
-    /// "Echo this": the sender's clock in microseconds.
-    Request { sent_us: u64 },
-    /// The echo of a request.
-    Reply { sent_us: u64 },
-}
-
-pub const PROBE_REQUEST: u8 = 0xF0;
-pub const PROBE_REPLY: u8 = 0xF1;
-const PROBE_VERSION: u8 = 1;
-
-impl Probe {
-    pub fn encode(self) -> [u8; 10] {
-        let (kind, sent) = match self {
-            Probe::Request { sent_us } => (PROBE_REQUEST, sent_us),
-            Probe::Reply { sent_us } => (PROBE_REPLY, sent_us),
-        };
-        let mut b = [0u8; 10];
-        b[0] = kind;
-        b[1] = PROBE_VERSION;
-        b[2..].copy_from_slice(&sent.to_be_bytes());
-        b
-    }
-
-    pub fn decode(b: &[u8]) -> Option<Probe> {
-        if b.len() != 10 || b[1] != PROBE_VERSION {
-            return None;
-        }
-        let sent_us = u64::from_be_bytes(b[2..10].try_into().ok()?);
-        match b[0] {
-            PROBE_REQUEST => Some(Probe::Request { sent_us }),
-            PROBE_REPLY => Some(Probe::Reply { sent_us }),
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,15 +228,14 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_packet_round_trips_and_its_header_checksum_verifies() {
+    fn a_control_packet_round_trips_and_its_header_checksum_verifies() {
         let (a, b) = (Ipv4Addr::new(10, 100, 0, 1), Ipv4Addr::new(10, 100, 0, 2));
-        let p = udp_packet(a, b, CONTROL_PORT, &Probe::Request { sent_us: 42 }.encode());
+        let p = udp_packet(a, b, CONTROL_PORT, b"control payload");
         assert_eq!(ipv4_addresses(&p), Some((a, b)));
         assert_eq!(checksum(&p[..20]), 0, "a valid header sums to 0");
         let (port, payload) = udp_to(&p).expect("udp");
         assert_eq!(port, CONTROL_PORT);
-        assert_eq!(Probe::decode(payload), Some(Probe::Request { sent_us: 42 }));
-        assert_eq!(Probe::decode(&payload[..9]), None);
+        assert_eq!(payload, b"control payload");
     }
 
     #[test]

@@ -19,15 +19,26 @@ fn uptime(live: &Live) -> String {
     switchyard_config::Duration(std::time::Duration::from_secs(secs)).to_string()
 }
 
-/// (peer count, connected peers).
-fn peer_counts(live: &Live) -> (u64, u64) {
+/// (peer count, connected peers, of which direct): a peer without a session of its own that
+/// is reached through others counts as connected, not direct.
+fn peer_counts(live: &Live) -> (u64, u64, u64) {
     let info = live.info.lock();
-    let connected = info
-        .counters
-        .values()
-        .filter(|(_, c)| c.state() == SessionState::Connected)
-        .count();
-    (info.peers.len() as u64, connected as u64)
+    let routes = live.shared.routes.load();
+    let mut direct = 0;
+    let mut connected = 0;
+    for p in &info.peers {
+        let session = info
+            .counters
+            .get(&p.id)
+            .is_some_and(|(_, c)| c.state() == SessionState::Connected);
+        if session {
+            direct += 1;
+            connected += 1;
+        } else if view::multi_hop_route(&routes, &p.id).is_some() {
+            connected += 1;
+        }
+    }
+    (info.peers.len() as u64, connected, direct)
 }
 
 #[utoipa::path(get, path = "/api/v1/mesh/status", tag = "mesh", responses((status = 200, body = MeshStatus)))]
@@ -53,7 +64,7 @@ pub async fn status(State(state): State<S>) -> Json<MeshStatus> {
             uptime: "0s".into(),
         });
     };
-    let (peer_count, connected) = peer_counts(&live);
+    let (peer_count, connected, direct) = peer_counts(&live);
     let t = &live.shared.totals;
     let info = live.info.lock();
     // measured: a data plane that stopped turning is an error whatever the last step said
@@ -76,8 +87,8 @@ pub async fn status(State(state): State<S>) -> Json<MeshStatus> {
         peer_name: live.peer_name.clone(),
         peer_count,
         connected_peers: connected,
-        // direct paths only in this build
-        direct_connections: connected,
+        // no TURN relay in this build: every session is direct
+        direct_connections: direct,
         relayed_connections: 0,
         bytes_sent: t.bytes_sent.load(Relaxed),
         bytes_received: t.bytes_received.load(Relaxed),
@@ -100,7 +111,7 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             packets_received: 0,
         });
     };
-    let (peer_count, connected_peers) = peer_counts(&live);
+    let (peer_count, connected_peers, _) = peer_counts(&live);
     let t = &live.shared.totals;
     Json(MeshStats {
         enabled: true,
@@ -142,9 +153,16 @@ fn all_peers(state: &S) -> Vec<MeshPeerView> {
         return Vec::new();
     };
     let info = live.info.lock();
+    let routes = live.shared.routes.load();
     info.peers
         .iter()
-        .map(|p| view::peer_view(p, info.counters.get(&p.id).map(|(_, c)| c.as_ref())))
+        .map(|p| {
+            view::peer_view(
+                p,
+                info.counters.get(&p.id).map(|(_, c)| c.as_ref()),
+                view::multi_hop_route(&routes, &p.id),
+            )
+        })
         .collect()
 }
 
@@ -178,14 +196,12 @@ pub async fn routes(State(state): State<S>) -> Json<Vec<MeshRouteView>> {
     let Some(live) = state.mesh.live() else {
         return Json(Vec::new());
     };
-    let info = live.info.lock();
     Json(
-        info.peers
+        live.shared
+            .routes
+            .load()
             .iter()
-            .filter_map(|p| {
-                let (_, c) = info.counters.get(&p.id)?;
-                view::direct_route(p, c)
-            })
+            .map(view::route_view)
             .collect(),
     )
 }

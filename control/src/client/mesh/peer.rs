@@ -19,7 +19,7 @@ use switchyard_api::{MeshEndpoint, MeshHeartbeat, MeshPeer, MeshPeerRegistration
 use switchyard_config::client::MeshConfig;
 use switchyard_dataplane::commands::{Command, CommandSender};
 use switchyard_dataplane::mesh::{
-    MeshSettings, MeshStart, PeerCounters, PeerEntry, PeerTable, SessionState,
+    MeshSettings, MeshStart, PeerCounters, PeerEntry, PeerTable, RoutingConfig, SessionState,
 };
 
 /// Longest pause between registration attempts.
@@ -201,6 +201,12 @@ impl PeerTask {
             .map_err(|e| format!("mesh socket: {e}"))?;
         let start = MeshStart {
             settings: MeshSettings {
+                local_id: self.live.peer_id.clone(),
+                routing: RoutingConfig::new(
+                    self.cfg.routing.max_hops,
+                    self.cfg.routing.route_timeout.as_std(),
+                    self.cfg.routing.split_horizon,
+                ),
                 private_key: self.identity.private,
                 preshared_key: self.psk,
                 keep_alive: self.cfg.connection.keep_alive_interval.as_std(),

@@ -6,9 +6,10 @@ use chrono::{DateTime, TimeZone, Utc};
 use std::sync::atomic::Ordering::Relaxed;
 use switchyard_api::client::{MeshPeerView, MeshRouteView};
 use switchyard_api::MeshPeer;
-use switchyard_dataplane::mesh::{PeerCounters, SessionState};
+use switchyard_dataplane::mesh::{MeshRoute, PeerCounters, SessionState};
 
-/// Metric of a route: latency in ms plus 100 per hop (spec).
+/// Metric of a route: latency in ms plus 100 per hop (spec). A hop is a link: a direct route
+/// has one, a route through one other peer two.
 pub fn metric(latency_ms: u64, hops: u64) -> u64 {
     latency_ms + hops * 100
 }
@@ -33,12 +34,34 @@ pub fn status_word(s: SessionState) -> &'static str {
     }
 }
 
+/// The route in use to peer `id` when it goes through other peers (the peer is then reached
+/// "multi-hop").
+pub fn multi_hop_route<'a>(routes: &'a [MeshRoute], id: &str) -> Option<&'a MeshRoute> {
+    routes
+        .iter()
+        .find(|r| r.active && r.relayed && r.dest_peer_id == id)
+}
+
 /// One peer as the client shows it; `counters` is `None` for a peer the data plane has no
-/// session for (yet).
-pub fn peer_view(peer: &MeshPeer, counters: Option<&PeerCounters>) -> MeshPeerView {
+/// session for (yet); `via` is the route in use when the peer is reached through others.
+pub fn peer_view(
+    peer: &MeshPeer,
+    counters: Option<&PeerCounters>,
+    via: Option<&MeshRoute>,
+) -> MeshPeerView {
     let state = counters.map_or(SessionState::Connecting, PeerCounters::state);
     let load = |f: fn(&PeerCounters) -> u64| counters.map_or(0, f);
     let connected = state == SessionState::Connected;
+    let multi_hop = !connected && via.is_some();
+    let status = if multi_hop {
+        "connected"
+    } else {
+        status_word(state)
+    };
+    let latency = match via {
+        Some(r) if multi_hop => u64::from(r.latency_ms),
+        _ => latency_ms(load(|c| c.rtt_us.load(Relaxed))),
+    };
     MeshPeerView {
         id: peer.id.clone(),
         name: peer.name.clone(),
@@ -51,13 +74,15 @@ pub fn peer_view(peer: &MeshPeer, counters: Option<&PeerCounters>) -> MeshPeerVi
             .unwrap_or_default()
             .to_owned(),
         public_key: peer.public_key.clone(),
-        status: status_word(state).into(),
+        status: status.into(),
         connection_type: if connected {
             "direct".into()
+        } else if multi_hop {
+            "multi-hop".into()
         } else {
             String::new()
         },
-        latency_ms: latency_ms(load(|c| c.rtt_us.load(Relaxed))),
+        latency_ms: latency,
         last_seen: at_ms(load(|c| c.last_seen_ms.load(Relaxed))).unwrap_or(peer.last_seen),
         joined_at: peer.joined_at,
         bytes_sent: load(|c| c.bytes_sent.load(Relaxed)),
@@ -67,23 +92,22 @@ pub fn peer_view(peer: &MeshPeer, counters: Option<&PeerCounters>) -> MeshPeerVi
     }
 }
 
-/// The route to a peer with a session: direct, one hop. `None` while there is no session.
-pub fn direct_route(peer: &MeshPeer, counters: &PeerCounters) -> Option<MeshRouteView> {
-    if counters.state() != SessionState::Connected {
-        return None;
-    }
-    let latency = latency_ms(counters.rtt_us.load(Relaxed));
-    Some(MeshRouteView {
-        dest_peer_id: peer.id.clone(),
-        dest_ip: peer.virtual_ip.clone(),
-        next_hop: String::new(),
-        kind: "direct".into(),
-        metric: metric(latency, 1),
+/// One route of the data plane's routing table as the API shows it: hops counted as links
+/// (1 for direct), the metric from latency and hops.
+pub fn route_view(r: &MeshRoute) -> MeshRouteView {
+    let hops = u64::from(r.peers_between) + 1;
+    let latency = u64::from(r.latency_ms);
+    MeshRouteView {
+        dest_peer_id: r.dest_peer_id.clone(),
+        dest_ip: r.dest_ip.to_string(),
+        next_hop: r.next_hop.clone(),
+        kind: if r.relayed { "relayed" } else { "direct" }.into(),
+        metric: metric(latency, hops),
         latency_ms: latency,
-        hop_count: 1,
-        last_updated: at_ms(counters.last_handshake_ms.load(Relaxed)).unwrap_or_else(Utc::now),
-        active: true,
-    })
+        hop_count: hops,
+        last_updated: at_ms(r.last_updated_ms).unwrap_or_else(Utc::now),
+        active: r.active,
+    }
 }
 
 #[cfg(test)]
@@ -103,42 +127,94 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_without_a_session_has_no_route_and_shows_connecting() {
+    fn a_peer_without_a_session_shows_connecting() {
         let p = peer();
-        let view = peer_view(&p, None);
+        let view = peer_view(&p, None, None);
         assert_eq!(view.status, "connecting");
         assert_eq!(view.connection_type, "");
         assert_eq!(view.latency_ms, 0);
         assert_eq!(view.metadata["site"], "lab");
-        assert!(direct_route(&p, &PeerCounters::default()).is_none());
     }
 
     #[test]
-    fn a_connected_peer_has_a_direct_route_with_the_spec_metric() {
+    fn a_connected_peer_shows_direct_with_its_measured_latency() {
         let p = peer();
         let c = PeerCounters::default();
         c.set_state(SessionState::Connected);
         c.rtt_us.store(1_200, Relaxed);
         c.bytes_sent.store(42, Relaxed);
         c.last_seen_ms.store(1_800_000_000_000, Relaxed);
-        let view = peer_view(&p, Some(&c));
+        let view = peer_view(&p, Some(&c), None);
         assert_eq!(
             (view.status.as_str(), view.connection_type.as_str()),
             ("connected", "direct")
         );
         assert_eq!((view.latency_ms, view.bytes_sent), (2, 42));
         assert_eq!(view.last_seen.timestamp_millis(), 1_800_000_000_000);
-        let r = direct_route(&p, &c).unwrap();
-        assert_eq!((r.metric, r.hop_count, r.next_hop.as_str()), (102, 1, ""));
-        assert_eq!(
-            (r.dest_ip.as_str(), r.kind.as_str(), r.active),
-            ("10.100.0.3", "direct", true)
-        );
         assert_eq!(
             latency_ms(300),
             1,
             "a measured sub-millisecond round trip shows as 1"
         );
         assert_eq!(metric(35, 2), 235);
+    }
+
+    fn route(relayed: bool, active: bool) -> MeshRoute {
+        MeshRoute {
+            dest_peer_id: "b".into(),
+            dest_ip: "10.100.0.3".parse().unwrap(),
+            next_hop: if relayed { "c".into() } else { String::new() },
+            relayed,
+            latency_ms: 7,
+            peers_between: u8::from(relayed),
+            last_updated_ms: 1_800_000_000_000,
+            active,
+        }
+    }
+
+    #[test]
+    fn routes_count_hops_as_links_and_a_peer_behind_another_is_multi_hop() {
+        let direct = route_view(&route(false, true));
+        assert_eq!(
+            (
+                direct.kind.as_str(),
+                direct.next_hop.as_str(),
+                direct.hop_count,
+                direct.metric
+            ),
+            ("direct", "", 1, 107)
+        );
+        let relayed = route_view(&route(true, true));
+        assert_eq!(
+            (
+                relayed.kind.as_str(),
+                relayed.next_hop.as_str(),
+                relayed.hop_count,
+                relayed.metric
+            ),
+            ("relayed", "c", 2, 207)
+        );
+        assert_eq!(relayed.last_updated.timestamp_millis(), 1_800_000_000_000);
+
+        let routes = [route(false, false), route(true, true)];
+        let via = multi_hop_route(&routes, "b");
+        assert_eq!(via, Some(&routes[1]));
+        let p = peer();
+        let unreachable = PeerCounters::default();
+        unreachable.set_state(SessionState::Unreachable);
+        let view = peer_view(&p, Some(&unreachable), via);
+        assert_eq!(
+            (
+                view.status.as_str(),
+                view.connection_type.as_str(),
+                view.latency_ms
+            ),
+            ("connected", "multi-hop", 7)
+        );
+        // a session of its own wins: the peer is direct
+        let c = PeerCounters::default();
+        c.set_state(SessionState::Connected);
+        assert_eq!(peer_view(&p, Some(&c), via).connection_type, "direct");
+        assert!(multi_hop_route(&[route(true, false)], "b").is_none());
     }
 }
