@@ -31,6 +31,10 @@
 //!   two-squid chain (requests/s and transfer, 1 KiB and 1 MiB), and the client's idle RSS (see
 //!   [`client`](mod@client)).
 //!
+//! - **quic**: the client → server leg over QUIC against CONNECT over TCP: new-flow p50/p99 and
+//!   a 32 MiB download at 0 and 50 ms RTT and (QUIC) 1 % loss, through user-space relays (see
+//!   [`quic`](mod@quic)).
+//!
 //! - **mesh**: two mesh peers in network namespaces, switchyard's mesh peer against nebula,
 //!   tinc and boringtun-cli (`--threads 1` and default): TCP throughput (1 and 4 streams), ping
 //!   latency p50/p99, CPU and memory per peer, the bare veth as the ceiling (needs root; see
@@ -50,6 +54,7 @@ mod mesh;
 mod peers;
 mod pkgcache;
 mod procs;
+mod quic;
 mod report;
 mod scenarios;
 pub mod tunnel_rate;
@@ -74,7 +79,7 @@ pub struct BenchArgs {
     /// seconds per measurement
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-    /// subset: http, connect, socks5, tunnels, memory, pkgcache, cache, inventory, wireguard, client, vpn, mesh, edge
+    /// subset: http, connect, socks5, tunnels, memory, pkgcache, cache, inventory, wireguard, client, quic, vpn, mesh, edge
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// concurrent connections (wrk) and workers (SOCKS5 connection rate)
@@ -87,7 +92,7 @@ pub struct BenchArgs {
 }
 
 /// All scenarios, in run order.
-pub const SCENARIOS: [&str; 13] = [
+pub const SCENARIOS: [&str; 14] = [
     "http",
     "connect",
     "socks5",
@@ -98,6 +103,7 @@ pub const SCENARIOS: [&str; 13] = [
     "inventory",
     "wireguard",
     "client",
+    "quic",
     "vpn",
     "mesh",
     "edge",
@@ -180,6 +186,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "cache" => cache::run(&ctx),
             "wireguard" => wireguard::run(&ctx),
             "client" => client::run(&ctx),
+            "quic" => quic::run(&ctx),
             "vpn" => vpn::run(&ctx),
             "mesh" => mesh::run(&ctx),
             "tunnels" => tunnels::run(&ctx),

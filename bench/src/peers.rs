@@ -280,6 +280,55 @@ pub fn switchyard_with_env(
     bin: &Path,
     vars: &[(&str, &str)],
 ) -> Result<Started> {
+    switchyard_server(procs, env, bin, vars, "").map(|(started, _api)| started)
+}
+
+/// A `switchyard server` with a QUIC listener, and what its API reported about it.
+pub struct QuicServer {
+    /// The server; `addr` is its HTTP proxy (the CONNECT leg's address).
+    pub started: Started,
+    pub quic: SocketAddr,
+    /// SHA-256 fingerprint of its self-signed certificate (`GET /api/v1/quic`), for pinning.
+    pub fingerprint: String,
+}
+
+/// `switchyard server` with `server.quic.listen` on a free loopback port and `token`; ready
+/// when `GET /api/v1/quic` reports the listener enabled with a fingerprint.
+pub fn switchyard_quic(
+    procs: &mut Procs,
+    env: &Env,
+    bin: &Path,
+    token: &str,
+) -> Result<QuicServer> {
+    let quic = loopback(free_port()?);
+    let (started, api) = switchyard_server(
+        procs,
+        env,
+        bin,
+        &[],
+        &format!("  quic: {{ listen: \"{quic}\", token: \"{token}\" }}\n"),
+    )?;
+    let status = api_get(api, "/api/v1/quic")?;
+    let fingerprint = match (&status["enabled"], status["fingerprint"].as_str()) {
+        (serde_json::Value::Bool(true), Some(f)) if !f.is_empty() => f.to_owned(),
+        _ => bail!("GET /api/v1/quic: QUIC listener not enabled: {status}"),
+    };
+    Ok(QuicServer {
+        started,
+        quic,
+        fingerprint,
+    })
+}
+
+/// Starts `switchyard server` with `server_extra` (YAML lines indented under `server:`); the
+/// started server and its API address.
+fn switchyard_server(
+    procs: &mut Procs,
+    env: &Env,
+    bin: &Path,
+    vars: &[(&str, &str)],
+    server_extra: &str,
+) -> Result<(Started, SocketAddr)> {
     if !bin.is_file() {
         bail!(
             "switchyard binary {} not found (build it: cargo build --release -p switchyard)",
@@ -289,7 +338,7 @@ pub fn switchyard_with_env(
     let d = workdir(env, "switchyard")?;
     let (http, socks, api) = (free_port()?, free_port()?, free_port()?);
     let conf = format!(
-        "server:\n  http: {{ listen: \"127.0.0.1:{http}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks}\" }}\n  cores: {cores}\n\
+        "server:\n  http: {{ listen: \"127.0.0.1:{http}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks}\" }}\n  cores: {cores}\n{server_extra}\
          api: {{ listen: \"127.0.0.1:{api}\" }}\nlogging: {{ level: warn }}\n",
         cores = env.switchyard_cores
     );
@@ -326,7 +375,7 @@ pub fn switchyard_with_env(
         wait_ready(procs, pid, a, &log)?;
     }
     let version = output_of(&bin.to_string_lossy(), &["--version"]).filter(|v| !v.is_empty());
-    Ok(Started {
+    let started = Started {
         pid,
         addr: http_addr,
         socks5: Some(socks_addr),
@@ -335,7 +384,8 @@ pub fn switchyard_with_env(
             0 => vec![],
             n => vec![format!("server.cores {n}")],
         },
-    })
+    };
+    Ok((started, api_addr))
 }
 
 /// `switchyard client` whose only server is `server` (an HTTP proxy address), connected at
@@ -346,12 +396,30 @@ pub fn switchyard_client(
     bin: &Path,
     server: SocketAddr,
 ) -> Result<Started> {
-    let d = workdir(env, "switchyard-client")?;
+    switchyard_client_with(
+        procs,
+        env,
+        bin,
+        "switchyard-client",
+        &format!("address: \"{server}\", protocol: HTTP"),
+    )
+}
+
+/// `switchyard client` in its own directory `name` whose only server is `entry` (the body of a
+/// YAML flow mapping: address, protocol and e.g. fingerprint and token of a QUIC leg).
+pub fn switchyard_client_with(
+    procs: &mut Procs,
+    env: &Env,
+    bin: &Path,
+    name: &str,
+    entry: &str,
+) -> Result<Started> {
+    let d = workdir(env, name)?;
     let (http, socks, api) = (free_port()?, free_port()?, free_port()?);
     let conf = format!(
         "proxy:\n  http: {{ listen: \"127.0.0.1:{http}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks}\" }}\n  cores: 0\n\
          api: {{ listen: \"127.0.0.1:{api}\" }}\nlogging: {{ level: warn }}\n\
-         servers:\n  - {{ name: bench, address: \"{server}\", protocol: HTTP }}\n"
+         servers:\n  - {{ name: bench, {entry} }}\n"
     );
     let conf_path = d.join("client.yaml");
     fs::write(&conf_path, conf)?;
@@ -386,6 +454,29 @@ pub fn switchyard_client(
         socks5: Some(loopback(socks)),
         version: output_of(&bin.to_string_lossy(), &["--version"]).filter(|v| !v.is_empty()),
         notes: vec![],
+    })
+}
+
+/// `GET path` of an API on loopback, its body as JSON (any status).
+pub fn api_get(api: SocketAddr, path: &str) -> Result<serde_json::Value> {
+    let mut s = TcpStream::connect_timeout(&api, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)?;
+    let body = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| &answer[i + 4..])
+        .with_context(|| format!("GET {path}: no end of the response head"))?;
+    serde_json::from_slice(body).with_context(|| {
+        format!(
+            "GET {path}: not JSON: {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        )
     })
 }
 
