@@ -288,6 +288,7 @@ pub struct QuicServer {
     /// The server; `addr` is its HTTP proxy (the CONNECT leg's address).
     pub started: Started,
     pub quic: SocketAddr,
+    pub api: SocketAddr,
     /// SHA-256 fingerprint of its self-signed certificate (`GET /api/v1/quic`), for pinning.
     pub fingerprint: String,
 }
@@ -316,6 +317,7 @@ pub fn switchyard_quic(
     Ok(QuicServer {
         started,
         quic,
+        api,
         fingerprint,
     })
 }

@@ -105,7 +105,11 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             if leg == Leg::ConnectTcp && loss > 0.0 {
                 continue;
             }
-            tracing::info!("quic: {} at {rtt_ms} ms, {} % loss", leg.label(), loss * 100.0);
+            tracing::info!(
+                "quic: {} at {rtt_ms} ms, {} % loss",
+                leg.label(),
+                loss * 100.0
+            );
             procs::settle(Duration::from_secs(10));
             let load_before = loadavg();
             let mut row = Row {
@@ -125,6 +129,9 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             rows.push(row);
         }
     }
+    // The server's own account: every QUIC row must have been a QUIC connection (no fallback).
+    let quic_status = peers::api_get(server.api, "/api/v1/quic")
+        .unwrap_or_else(|e| json!({ "error": format!("{e:#}") }));
     drop(server_procs);
     drop(origin_procs);
 
@@ -139,10 +146,17 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             },
             "switchyard": server.started.version,
             "origin": nginx.version,
+            "server_quic_status": quic_status,
             "rows": rows,
         }),
     )?;
-    Ok(summary(ctx, &rows))
+    let mut md = summary(ctx, &rows);
+    let _ = writeln!(
+        md,
+        "\nThe server's `GET /api/v1/quic` after the run: `connections_total` {}.",
+        quic_status["connections_total"]
+    );
+    Ok(md)
 }
 
 /// Starts the row's relay (if impaired) and client, then measures flows and the download.
@@ -192,8 +206,9 @@ fn measure_row(
             )
         }
     };
-    let client = peers::switchyard_client_with(&mut procs, &ctx.env, &ctx.switchyard, &name, &entry)
-        .context("switchyard client")?;
+    let client =
+        peers::switchyard_client_with(&mut procs, &ctx.env, &ctx.switchyard, &name, &entry)
+            .context("switchyard client")?;
     // Warm-up: the client's leg to the server is up and the origin has been reached once.
     for _ in 0..2 {
         new_flow(client.addr, origin).context("warm-up flow")?;
@@ -222,21 +237,31 @@ fn relay(
     script: &str,
     args: &[String],
 ) -> Result<SocketAddr> {
-    let log = ctx.env.dir.join(format!("{name}-{}.log", procs::free_port()?));
+    let log = ctx
+        .env
+        .dir
+        .join(format!("{name}-{}.log", procs::free_port()?));
     let mut cmd = Command::new(python);
     cmd.arg("-u").arg("-c").arg(script).args(args);
     let pid = procs.spawn(name, cmd, &log)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let printed = fs::read_to_string(&log).unwrap_or_default();
-        if let Some(port) = printed.lines().next().and_then(|l| l.trim().parse::<u16>().ok()) {
+        if let Some(port) = printed
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<u16>().ok())
+        {
             return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
         }
         if let Some(reason) = procs.exited(pid) {
             bail!("{name}: {reason}; log: {}", procs::tail(&log, 5));
         }
         if Instant::now() > deadline {
-            bail!("{name} printed no port in 10 s; log: {}", procs::tail(&log, 5));
+            bail!(
+                "{name} printed no port in 10 s; log: {}",
+                procs::tail(&log, 5)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -252,7 +277,10 @@ fn open_tunnel(proxy: SocketAddr, origin: SocketAddr) -> Result<TcpStream> {
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         if s.read(&mut byte)? == 0 || head.len() > 8192 {
-            bail!("CONNECT: no complete answer: {}", String::from_utf8_lossy(&head));
+            bail!(
+                "CONNECT: no complete answer: {}",
+                String::from_utf8_lossy(&head)
+            );
         }
         head.push(byte[0]);
     }
@@ -404,11 +432,17 @@ fn summary(ctx: &Ctx, rows: &[Row]) -> String {
     let mut ratio_rows = Vec::new();
     for rtt in [0u32, 50] {
         let find = |leg| {
-            rows.iter()
-                .find(|r| r.leg == leg && r.rtt_ms == rtt && r.loss_percent == 0.0 && r.error.is_none())
+            rows.iter().find(|r| {
+                r.leg == leg && r.rtt_ms == rtt && r.loss_percent == 0.0 && r.error.is_none()
+            })
         };
         let (Some(q), Some(t)) = (find(Leg::Quic), find(Leg::ConnectTcp)) else {
-            ratio_rows.push(vec![format!("{rtt} ms"), "–".into(), "–".into(), "–".into()]);
+            ratio_rows.push(vec![
+                format!("{rtt} ms"),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+            ]);
             continue;
         };
         let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
@@ -435,4 +469,26 @@ fn summary(ctx: &Ctx, rows: &[Row]) -> String {
          plain TCP without TLS to the server, which QUIC always has.\n",
     );
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.50), 50.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&[3.0], 0.99), 3.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn body_length_of_a_closed_response() {
+        let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc";
+        assert_eq!(body_len(answer).ok(), Some(3));
+        assert!(body_len(b"HTTP/1.1 502 Bad Gateway\r\n\r\nx").is_err());
+        assert!(body_len(b"HTTP/1.1 200 OK\r\nno end").is_err());
+    }
 }
