@@ -180,12 +180,19 @@ fn measure_row(
                     one_way,
                     (row.loss_percent / 100.0).to_string(),
                 ];
-                relay(&mut procs, ctx, python, "udp-relay", UDP_IMPAIR, &args)?
+                relay(
+                    &mut procs,
+                    ctx,
+                    python,
+                    &row_name("udp-relay", row),
+                    UDP_IMPAIR,
+                    &args,
+                )?
             } else {
                 server.quic
             };
             (
-                format!("client-quic-{}-{}", row.rtt_ms, row.loss_percent),
+                row_name("client-quic", row),
                 format!(
                     "address: \"{addr}\", protocol: QUIC, fingerprint: \"{}\", token: \"{TOKEN}\"",
                     server.fingerprint
@@ -196,12 +203,19 @@ fn measure_row(
             let addr = if impaired {
                 let up = server.started.addr;
                 let args = [up.ip().to_string(), up.port().to_string(), one_way];
-                relay(&mut procs, ctx, python, "tcp-relay", TCP_DELAY, &args)?
+                relay(
+                    &mut procs,
+                    ctx,
+                    python,
+                    &row_name("tcp-relay", row),
+                    TCP_DELAY,
+                    &args,
+                )?
             } else {
                 server.started.addr
             };
             (
-                format!("client-tcp-{}", row.rtt_ms),
+                row_name("client-tcp", row),
                 format!("address: \"{addr}\", protocol: HTTP"),
             )
         }
@@ -226,6 +240,11 @@ fn measure_row(
     });
     row.download = Some(download(client.addr, origin).context("download")?);
     Ok(())
+}
+
+/// `what` of this row, as a unique file or directory name.
+fn row_name(what: &str, row: &Row) -> String {
+    format!("{what}-{}ms-{}pct", row.rtt_ms, row.loss_percent)
 }
 
 /// Starts a relay script with `args` and returns the loopback address it printed.
