@@ -9,8 +9,6 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,20 +30,16 @@ pub enum TlsError {
 
 /// Loads the PEM certificate chain and key and builds the acceptor.
 pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
-    let cert_err = |reason: String| TlsError::Cert {
-        path: cert.to_owned(),
-        reason,
-    };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| cert_err(e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| cert_err(e.to_string()))?;
-    if chain.is_empty() {
-        return Err(cert_err("no CERTIFICATE block in the file".into()));
-    }
-    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
-        path: key.to_owned(),
-        reason: format!("{e} (expected a PKCS#8, PKCS#1 or SEC1 PEM private key)"),
+    use switchyard_dataplane::pem::{load_pem_pair, PemPairError};
+    let (chain, key_der) = load_pem_pair(cert, key).map_err(|e| match e {
+        PemPairError::Cert(reason) => TlsError::Cert {
+            path: cert.to_owned(),
+            reason,
+        },
+        PemPairError::Key(reason) => TlsError::Key {
+            path: key.to_owned(),
+            reason,
+        },
     })?;
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)

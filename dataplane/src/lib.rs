@@ -29,6 +29,7 @@ pub mod mesh;
 pub mod offload;
 pub mod openvpn;
 mod origin_pool;
+pub mod pem;
 mod proxied;
 pub mod proxy_auth;
 pub mod quic;

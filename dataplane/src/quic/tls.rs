@@ -7,9 +7,9 @@
 //! anchor; a CA-issued one pins just as well), and still check the handshake signature with
 //! that certificate's key.
 
+use crate::pem::PemPairError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{verify_tls13_signature, CryptoProvider};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use sha2::{Digest, Sha256};
@@ -60,22 +60,17 @@ fn fingerprint_of(cert: &CertificateDer<'_>) -> [u8; 32] {
 }
 
 fn read_pem(cert: &Path, key: &Path) -> Result<ServerIdentity, QuicTlsError> {
-    let cert_err = |reason: String| QuicTlsError::Cert {
-        path: cert.to_owned(),
-        reason,
-    };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| cert_err(e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| cert_err(e.to_string()))?;
-    let leaf = chain
-        .first()
-        .ok_or_else(|| cert_err("no CERTIFICATE block in the file".into()))?;
-    let fingerprint = fingerprint_of(leaf);
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| QuicTlsError::Key {
-        path: key.to_owned(),
-        reason: format!("{e} (expected a PKCS#8, PKCS#1 or SEC1 PEM private key)"),
+    let (chain, key) = crate::pem::load_pem_pair(cert, key).map_err(|e| match e {
+        PemPairError::Cert(reason) => QuicTlsError::Cert {
+            path: cert.to_owned(),
+            reason,
+        },
+        PemPairError::Key(reason) => QuicTlsError::Key {
+            path: key.to_owned(),
+            reason,
+        },
     })?;
+    let fingerprint = chain.first().map(fingerprint_of).unwrap_or_default();
     Ok(ServerIdentity {
         chain,
         key,
