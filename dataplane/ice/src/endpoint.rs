@@ -264,11 +264,24 @@ impl IceEndpoint {
         out: &mut Vec<u8>,
     ) -> Option<(SocketAddr, bool)> {
         let path = self.selected_path(peer)?;
-        match path.via {
-            Via::Direct => Some((path.remote, false)),
+        self.encapsulate_via(path.via, path.remote, data, out)
+    }
+
+    /// [`IceEndpoint::encapsulate_into`] along a given way out instead of the selected path
+    /// (the data plane answers a datagram the way it came, also before a path is selected).
+    /// None when `via` names a TURN server we have no allocation on.
+    pub fn encapsulate_via(
+        &self,
+        via: Via,
+        remote: SocketAddr,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Option<(SocketAddr, bool)> {
+        match via {
+            Via::Direct => Some((remote, false)),
             Via::Relay(server) => {
                 let turn = self.turn.iter().find(|t| t.server() == server)?;
-                turn.wrap_into(path.remote, data, out);
+                turn.wrap_into(remote, data, out);
                 Some((server, true))
             }
         }

@@ -17,10 +17,14 @@
 //! `relay_via_peers`; a peer that does not relay offers no routes). The routes are published
 //! to the control plane as [`MeshRoute`] snapshots.
 //!
-//! Seams for what comes next: [`PathToPeer`] (only `Direct` today; the TURN relay path of
-//! `switchyard-ice` joins it). Datagrams for the ICE agent (STUN, ChannelData) are dropped
-//! and counted by their hook until that crate is plugged in.
+//! NAT traversal (`switchyard-ice`, module [`nat`]): the owner core gathers server-reflexive
+//! and relayed candidates, runs connectivity checks against the candidates the registry lists
+//! for each peer and sends each peer's WireGuard datagrams on the path the checks selected
+//! ([`PathToPeer`]: direct, or through a TURN relay). The gathered candidates reach the control
+//! plane as an `ArcSwap` snapshot with a version counter ([`MeshShared::candidates`]), which
+//! publishes them to the registry.
 
+pub mod nat;
 mod runner;
 pub mod wire;
 
@@ -31,7 +35,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::wireguard::flow::Wake;
+pub use nat::NatSettings;
 pub(crate) use runner::run;
+/// A candidate as the registry's Mesh endpoint (`lan`, `srflx`, `relay`).
+pub use switchyard_ice::Endpoint as CandidateEndpoint;
+/// One resolved `mesh.turn.servers` entry.
+pub use switchyard_ice::TurnServerConfig;
 /// `mesh.routing` as the router takes it.
 pub use switchyard_mesh_routing::RoutingConfig;
 
@@ -49,6 +58,8 @@ pub struct PeerCounters {
     /// Round trip of the last latency probe in microseconds; 0 = not measured yet.
     pub rtt_us: AtomicU64,
     state: AtomicU8,
+    /// The kind of path the session uses: 0 none, 1 direct, 2 relayed (TURN).
+    path: AtomicU8,
 }
 
 /// Where a peer's session stands.
@@ -71,6 +82,25 @@ impl PeerCounters {
         }
     }
 
+    /// `direct` or `relayed`: how the session's datagrams travel; `None` without a path.
+    pub fn path_type(&self) -> Option<&'static str> {
+        match self.path.load(Relaxed) {
+            1 => Some("direct"),
+            2 => Some("relayed"),
+            _ => None,
+        }
+    }
+
+    /// Written by the owner core.
+    pub fn set_path(&self, path: Option<&PathToPeer>) {
+        let v = match path {
+            None => 0,
+            Some(PathToPeer::Direct(_)) => 1,
+            Some(PathToPeer::Relayed { .. }) => 2,
+        };
+        self.path.store(v, Relaxed);
+    }
+
     /// Written by the owner core.
     pub fn set_state(&self, s: SessionState) {
         let v = match s {
@@ -90,8 +120,11 @@ pub struct PeerEntry {
     pub vip: Ipv4Addr,
     /// Its X25519 static public key: a handshake with any other key is refused.
     pub public_key: [u8; 32],
-    /// Its published endpoints, best first.
+    /// Its published direct endpoints (host and server-reflexive), best first: where a
+    /// handshake goes before NAT traversal selected a path.
     pub endpoints: Vec<SocketAddr>,
+    /// Everything it published (also `relay`), for the connectivity checks.
+    pub candidates: Vec<CandidateEndpoint>,
     /// When it joined (registry, Unix ms): a peer that left and joined again has lost its
     /// sessions, so ours with it starts afresh instead of waiting for a stale one to time out.
     pub joined_ms: i64,
@@ -104,13 +137,19 @@ pub struct PeerTable {
     pub peers: Vec<Arc<PeerEntry>>,
 }
 
-/// How datagrams reach a peer's session. Only direct paths exist today; the TURN relay
-/// (`Relayed`) arrives with the ICE crate. (Multi-hop is not a path of a session: packets for
+/// How datagrams reach a peer's session. (Multi-hop is not a path of a session: packets for
 /// a peer reached via others go into the next hop's session.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathToPeer {
-    /// Straight to one of the peer's endpoints (host or server-reflexive candidate).
+    /// Straight to the peer (a host, server-reflexive or peer-reflexive address).
     Direct(SocketAddr),
+    /// Through a TURN relay: framed for our allocation on `turn` (ChannelData or a Send
+    /// indication) and relayed to `remote`, or (`turn` None) sent as it is to `remote`, the
+    /// peer's own allocation, which relays it to the peer.
+    Relayed {
+        turn: Option<SocketAddr>,
+        remote: SocketAddr,
+    },
 }
 
 impl PathToPeer {
@@ -118,6 +157,7 @@ impl PathToPeer {
     pub fn connection_type(&self) -> &'static str {
         match self {
             PathToPeer::Direct(_) => "direct",
+            PathToPeer::Relayed { .. } => "relayed",
         }
     }
 }
@@ -154,7 +194,8 @@ pub struct MeshTotals {
     pub bytes_received: AtomicU64,
     pub packets_sent: AtomicU64,
     pub packets_received: AtomicU64,
-    /// STUN / ChannelData datagrams: the ICE hook drops them until `switchyard-ice` is in.
+    /// STUN / ChannelData datagrams NAT traversal did not take (malformed, nobody's, or NAT
+    /// traversal off).
     pub ice_dropped: AtomicU64,
     /// Control messages the router refused (malformed, stale, from a non-neighbour).
     pub control_dropped: AtomicU64,
@@ -185,6 +226,10 @@ pub struct MeshShared {
     /// Unix ms of the owner's last loop turn (at least every 250 ms while it runs): an owner
     /// whose core panicked stops stamping it.
     pub beat_ms: AtomicU64,
+    /// Our candidates as NAT traversal last gathered them (host, server-reflexive, relayed) …
+    pub candidates: ArcSwap<Vec<CandidateEndpoint>>,
+    /// … and how often they changed: the control plane publishes them when this moves.
+    pub candidates_version: AtomicU64,
 }
 
 impl MeshShared {
@@ -235,6 +280,8 @@ pub struct MeshSettings {
     pub relay_via_peers: bool,
     /// TAP mode: the device carries Ethernet frames, sent to peers as EtherIP.
     pub layer2: bool,
+    /// NAT traversal: candidates, STUN and TURN servers, the path policy.
+    pub nat: NatSettings,
 }
 
 impl std::fmt::Debug for MeshSettings {

@@ -5,6 +5,7 @@
 //! device (a TUN descriptor cannot be awaited on glommio's ring) and hands packets over a
 //! bounded queue.
 
+use super::nat::{self, Inbound, NatPaths};
 use super::wire::{self, DatagramKind, CONTROL_PORT};
 use super::{
     owner_of, MeshRoute, MeshSettings, MeshShared, MeshStart, MeshTotals, PathToPeer, PeerCounters,
@@ -49,8 +50,11 @@ struct Session {
     index: u32,
     entry: Arc<PeerEntry>,
     tunn: Tunn,
-    /// Learnt from the last authenticated datagram (the peer may roam); else a published one.
-    learnt: Option<SocketAddr>,
+    /// The way the last authenticated datagram came (the peer may roam, or be behind a NAT
+    /// not checked yet); used until NAT traversal selected a path.
+    learnt: Option<PathToPeer>,
+    /// The peer's published relay addresses (a datagram from one came through its relay).
+    relays: Vec<SocketAddr>,
     /// Which published endpoint is tried (moves on after each unanswered connect timeout).
     choice: usize,
     /// Since when this session tries to connect without success.
@@ -60,12 +64,15 @@ struct Session {
 }
 
 impl Session {
-    fn path(&self) -> Option<PathToPeer> {
-        if let Some(a) = self.learnt {
-            return Some(PathToPeer::Direct(a));
-        }
-        let eps = &self.entry.endpoints;
-        (!eps.is_empty()).then(|| PathToPeer::Direct(eps[self.choice % eps.len()]))
+    /// Where its datagrams go ([`nat::choose`]), given the path NAT traversal selected.
+    fn path(&self, selected: Option<PathToPeer>, direct_connect: bool) -> Option<PathToPeer> {
+        nat::choose(
+            selected,
+            self.learnt,
+            &self.entry.endpoints,
+            self.choice,
+            direct_connect,
+        )
     }
 
     fn connected(&self) -> bool {
@@ -100,13 +107,26 @@ struct Mesh {
     router_vip: Option<Ipv4Addr>,
     /// The routes last published to the control plane.
     published: Vec<MeshRoute>,
+    /// NAT traversal (candidates, checks, selected paths); `None` when it is off.
+    nat: Option<NatPaths>,
 }
 
 impl Mesh {
     fn new(settings: MeshSettings, shared: Arc<MeshShared>, device: std::fs::File) -> Self {
         let secret = StaticSecret::from(settings.private_key);
         let public = PublicKey::from(&secret);
+        let nat = settings.nat.enabled.then(|| {
+            NatPaths::new(
+                &settings.nat,
+                &settings.local_id,
+                settings.preshared_key,
+                settings.connect_timeout,
+                settings.keep_alive,
+                Instant::now(),
+            )
+        });
         Mesh {
+            nat,
             settings,
             shared,
             secret,
@@ -276,6 +296,12 @@ impl Mesh {
                     if s.entry.endpoints != entry.endpoints {
                         s.choice = 0;
                     }
+                    if s.entry.candidates != entry.candidates {
+                        s.relays = nat::relay_addresses(&entry.candidates);
+                        if let Some(n) = self.nat.as_mut() {
+                            n.set_peer(&entry.id, &entry.candidates, Instant::now());
+                        }
+                    }
                     s.entry = entry.clone();
                     keep.insert(index, s);
                 }
@@ -290,11 +316,18 @@ impl Mesh {
                         None,
                     );
                     entry.counters.set_state(SessionState::Connecting);
+                    entry.counters.set_path(None);
+                    if let Some(n) = self.nat.as_mut() {
+                        // a peer that joined again starts its checks afresh
+                        n.remove_peer(&entry.id);
+                        n.set_peer(&entry.id, &entry.candidates, Instant::now());
+                    }
                     let mut s = Session {
                         index,
                         entry: entry.clone(),
                         tunn,
                         learnt: None,
+                        relays: nat::relay_addresses(&entry.candidates),
                         choice: 0,
                         trying_since: Instant::now(),
                         neighbour: false,
@@ -312,6 +345,10 @@ impl Mesh {
         let now = Instant::now();
         for (_, s) in old {
             tracing::info!(peer = %s.entry.id, "mesh peer removed");
+            let still_listed = keep.values().any(|k| k.entry.id == s.entry.id);
+            if let Some(n) = self.nat.as_mut().filter(|_| !still_listed) {
+                n.remove_peer(&s.entry.id);
+            }
             if s.neighbour {
                 if let Some(r) = self.router.as_mut() {
                     r.neighbour_down(&s.entry.id, now);
@@ -335,21 +372,122 @@ impl Mesh {
 
     /// Sends a handshake initiation; `again` also when one is under way (a new path).
     fn initiate(&mut self, s: &mut Session, again: bool) {
-        let Some(PathToPeer::Direct(to)) = s.path() else {
+        let Some(path) = self.path_of(s) else {
             return;
         };
         if let TunnResult::WriteToNetwork(d) =
             s.tunn.format_handshake_initiation(&mut self.scratch, again)
         {
-            self.outgoing.push((to, d.to_vec()));
+            let d = d.to_vec();
+            self.transmit(path, d);
+        }
+    }
+
+    /// Where session `s`'s datagrams go now.
+    fn path_of(&self, s: &Session) -> Option<PathToPeer> {
+        let selected = self.nat.as_ref().and_then(|n| n.selected(&s.entry.id));
+        s.path(selected, self.settings.nat.direct_connect || self.nat.is_none())
+    }
+
+    /// Queues datagram `d` along `path` (framed for our TURN relay when it goes through it).
+    fn transmit(&mut self, path: PathToPeer, d: Vec<u8>) {
+        match (path, self.nat.as_mut()) {
+            (PathToPeer::Direct(to), _) => self.outgoing.push((to, d)),
+            (path, Some(n)) => match n.frame(path, d) {
+                Some(framed) => self.outgoing.push(framed),
+                None => {
+                    self.shared.totals.no_route.fetch_add(1, Relaxed);
+                }
+            },
+            (PathToPeer::Relayed { .. }, None) => {
+                self.shared.totals.no_route.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// NAT traversal's due timers, its datagrams and events: a peer whose path was just
+    /// selected gets a handshake along it at once (when it is ours to open, or none is up).
+    fn nat_turn(&mut self, now: Instant) {
+        let Some(n) = self.nat.as_mut() else {
+            return;
+        };
+        if n.poll_timeout().is_some_and(|t| t <= now) {
+            n.handle_timeout(now);
+        }
+        self.drain_nat();
+    }
+
+    fn drain_nat(&mut self) {
+        let Some(n) = self.nat.as_mut() else {
+            return;
+        };
+        let selected = n.drain(&mut self.outgoing, &self.shared);
+        for id in selected {
+            let Some(index) = self.session_of(&id) else {
+                continue;
+            };
+            let Some(mut s) = self.sessions.remove(&index) else {
+                continue;
+            };
+            s.entry.counters.set_path(self.path_of(&s).as_ref());
+            if !s.connected() && self.public.as_bytes() < &s.entry.public_key {
+                self.initiate(&mut s, true);
+            }
+            self.sessions.insert(index, s);
+        }
+    }
+
+    /// When NAT traversal wants to be called next.
+    fn nat_deadline(&self) -> Option<Instant> {
+        self.nat.as_ref().and_then(NatPaths::poll_timeout)
+    }
+
+    /// Releases the TURN allocations before the socket closes.
+    fn close_nat(&mut self) {
+        if let Some(n) = self.nat.as_mut() {
+            n.close(Instant::now(), &mut self.outgoing);
         }
     }
 
     /// A datagram from the socket.
     fn on_datagram(&mut self, d: &[u8], from: SocketAddr) {
+        match wire::classify(d) {
+            DatagramKind::Stun | DatagramKind::ChannelData => {
+                let inbound = match self.nat.as_mut() {
+                    Some(n) => n.handle(from, d, Instant::now()),
+                    None => Inbound::Dropped,
+                };
+                match inbound {
+                    Inbound::Consumed => {}
+                    Inbound::Dropped => {
+                        self.shared.totals.ice_dropped.fetch_add(1, Relaxed);
+                    }
+                    Inbound::WireGuard { payload, back } => {
+                        // unwrapped from our relay: a WireGuard datagram, never STUN again
+                        if !matches!(
+                            wire::classify(&payload),
+                            DatagramKind::Stun | DatagramKind::ChannelData
+                        ) {
+                            self.wireguard_datagram(&payload, back);
+                        } else {
+                            self.shared.totals.ice_dropped.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+                self.drain_nat();
+            }
+            _ => self.wireguard_datagram(d, PathToPeer::Direct(from)),
+        }
+    }
+
+    /// A WireGuard datagram that came along `back` (directly from the peer's address, or
+    /// through a relay).
+    fn wireguard_datagram(&mut self, d: &[u8], back: PathToPeer) {
+        let from = match back {
+            PathToPeer::Direct(a) | PathToPeer::Relayed { remote: a, .. } => a,
+        };
         let index = match wire::classify(d) {
             DatagramKind::Stun | DatagramKind::ChannelData => {
-                // the ICE agent's hook (switchyard-ice); nothing consumes these yet
                 self.shared.totals.ice_dropped.fetch_add(1, Relaxed);
                 return;
             }
@@ -371,7 +509,11 @@ impl Mesh {
             self.shared.totals.invalid.fetch_add(1, Relaxed);
             return;
         };
-        self.decapsulate(&mut s, d, from);
+        let back = match back {
+            PathToPeer::Direct(a) => nat::arrival(a, None, &s.relays),
+            relayed => relayed,
+        };
+        self.decapsulate(&mut s, d, back);
         self.sessions.insert(index, s);
     }
 
@@ -387,7 +529,10 @@ impl Mesh {
             .map(|(i, _)| *i)
     }
 
-    fn decapsulate(&mut self, s: &mut Session, d: &[u8], from: SocketAddr) {
+    fn decapsulate(&mut self, s: &mut Session, d: &[u8], back: PathToPeer) {
+        let from = match back {
+            PathToPeer::Direct(a) | PathToPeer::Relayed { remote: a, .. } => a,
+        };
         let mut scratch = std::mem::take(&mut self.decrypted);
         let mut first = true;
         loop {
@@ -397,16 +542,24 @@ impl Mesh {
             match s.tunn.decapsulate(src, input, &mut scratch) {
                 TunnResult::Done => {
                     if src.is_some() {
-                        self.authenticated(s, from);
+                        self.authenticated(s, back);
                     }
                     break;
                 }
                 TunnResult::WriteToNetwork(out) => {
-                    self.outgoing.push((from, out.to_vec()));
-                    self.authenticated(s, from);
+                    let out = out.to_vec();
+                    // answers (handshake response, queued packets) go back the way it came
+                    // unless NAT traversal selected a path
+                    let path = self
+                        .nat
+                        .as_ref()
+                        .and_then(|n| n.selected(&s.entry.id))
+                        .unwrap_or(back);
+                    self.transmit(path, out);
+                    self.authenticated(s, back);
                 }
                 TunnResult::WriteToTunnelV4(packet, _) => {
-                    self.authenticated(s, from);
+                    self.authenticated(s, back);
                     let packet = packet.to_vec();
                     self.decrypted_packet(s, packet);
                     break;
@@ -425,9 +578,9 @@ impl Mesh {
         self.decrypted = scratch;
     }
 
-    /// A datagram passed the session's authentication: `from` is where the peer is now.
-    fn authenticated(&self, s: &mut Session, from: SocketAddr) {
-        s.learnt = Some(from);
+    /// A datagram passed the session's authentication: `back` is the way to the peer now.
+    fn authenticated(&self, s: &mut Session, back: PathToPeer) {
+        s.learnt = Some(back);
         s.entry.counters.last_seen_ms.store(unix_ms(), Relaxed);
         self.refresh_state(s);
     }
@@ -435,9 +588,11 @@ impl Mesh {
     fn refresh_state(&self, s: &mut Session) {
         let c = &s.entry.counters;
         if s.connected() {
+            let path = self.path_of(s);
             if c.state() != SessionState::Connected {
-                tracing::info!(peer = %s.entry.id, path = ?s.path(), "mesh session up");
+                tracing::info!(peer = %s.entry.id, ?path, "mesh session up");
             }
+            c.set_path(path.as_ref());
             c.set_state(SessionState::Connected);
             s.trying_since = Instant::now();
             if let Some(age) = s.tunn.time_since_last_handshake() {
@@ -627,13 +782,14 @@ impl Mesh {
     }
 
     fn encapsulate(&mut self, s: &mut Session, packet: &[u8]) {
-        let Some(PathToPeer::Direct(to)) = s.path() else {
+        let Some(path) = self.path_of(s) else {
             self.shared.totals.no_route.fetch_add(1, Relaxed);
             return;
         };
         // boringtun queues the packet itself while a handshake is under way
         if let TunnResult::WriteToNetwork(d) = s.tunn.encapsulate(packet, &mut self.scratch) {
-            self.outgoing.push((to, d.to_vec()));
+            let d = d.to_vec();
+            self.transmit(path, d);
         }
     }
 
@@ -647,9 +803,11 @@ impl Mesh {
             let Some(mut s) = self.sessions.remove(&i) else {
                 continue;
             };
+            let path = self.path_of(&s);
             if let TunnResult::WriteToNetwork(d) = s.tunn.update_timers(&mut self.scratch) {
-                if let Some(PathToPeer::Direct(to)) = s.path() {
-                    self.outgoing.push((to, d.to_vec()));
+                if let Some(path) = path {
+                    let d = d.to_vec();
+                    self.transmit(path, d);
                 }
             }
             self.refresh_state(&mut s);
@@ -657,10 +815,11 @@ impl Mesh {
             if !s.connected() && s.trying_since.elapsed() >= self.settings.connect_timeout {
                 let c = &s.entry.counters;
                 if c.state() != SessionState::Unreachable {
-                    tracing::warn!(peer = %s.entry.id, path = ?s.path(),
+                    tracing::warn!(peer = %s.entry.id, path = ?self.path_of(&s),
                         "mesh peer unreachable: no handshake within connect_timeout");
                 }
                 c.set_state(SessionState::Unreachable);
+                c.set_path(None);
                 c.rtt_us.store(0, Relaxed);
                 // try the next published endpoint, from this side too
                 s.learnt = None;
@@ -821,7 +980,11 @@ pub(crate) async fn run(start: MeshStart) {
         shared.beat_ms.store(unix_ms(), Relaxed);
         let listener = shared.wake.listen();
         if !shared.wake.take() {
-            let wait = TIMER_TICK.saturating_sub(last_tick.elapsed());
+            let mut wait = TIMER_TICK.saturating_sub(last_tick.elapsed());
+            // NAT traversal's timers (checks are paced at tens of milliseconds) join ours
+            if let Some(at) = mesh.borrow().nat_deadline() {
+                wait = wait.min(at.saturating_duration_since(Instant::now()));
+            }
             futures_lite::future::or(listener, glommio::timer::sleep(wait)).await;
             shared.wake.take();
         }
@@ -831,6 +994,7 @@ pub(crate) async fn run(start: MeshStart) {
             while let Some(packet) = queue.pop() {
                 m.device_packet(&packet);
             }
+            m.nat_turn(Instant::now());
             if last_tick.elapsed() >= TIMER_TICK {
                 last_tick = Instant::now();
                 m.tick();
@@ -839,6 +1003,12 @@ pub(crate) async fn run(start: MeshStart) {
         };
         send_all(&udp, out).await;
     }
+    let goodbye = {
+        let mut m = mesh.borrow_mut();
+        m.close_nat();
+        std::mem::take(&mut m.outgoing)
+    };
+    send_all(&udp, goodbye).await;
     tracing::info!("mesh data plane stopped");
     shared.running.store(false, Relaxed);
     shared.beat_ms.store(0, Relaxed);
@@ -875,6 +1045,7 @@ mod tests {
             connect_timeout: Duration::from_secs(30),
             relay_via_peers: false,
             layer2: false,
+            nat: crate::mesh::NatSettings::default(),
         };
         Side {
             mesh: Mesh::new(settings, shared, device.try_clone().unwrap()),
@@ -895,6 +1066,7 @@ mod tests {
                 vip: other.vip,
                 public_key: key,
                 endpoints: vec![other.addr],
+                candidates: Vec::new(),
                 joined_ms: 1,
                 counters: counters.clone(),
             })],
@@ -994,6 +1166,7 @@ mod tests {
                         vip: *vip,
                         public_key: *key,
                         endpoints: vec![*addr],
+                        candidates: Vec::new(),
                         joined_ms: 1,
                         counters: Arc::new(PeerCounters::default()),
                     })
