@@ -39,8 +39,8 @@ pub use nat::NatSettings;
 pub(crate) use runner::run;
 /// A candidate as the registry's Mesh endpoint (`lan`, `srflx`, `relay`).
 pub use switchyard_ice::Endpoint as CandidateEndpoint;
-/// One resolved `mesh.turn.servers` entry.
-pub use switchyard_ice::TurnServerConfig;
+/// One resolved `mesh.turn.servers` entry; the URL parser of `mesh.stun`/`mesh.turn` servers.
+pub use switchyard_ice::{ServerUrl, TurnServerConfig};
 /// `mesh.routing` as the router takes it.
 pub use switchyard_mesh_routing::RoutingConfig;
 

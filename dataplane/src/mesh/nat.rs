@@ -144,10 +144,7 @@ pub(super) enum Inbound {
     /// Malformed or nobody's: count it.
     Dropped,
     /// A WireGuard datagram that came through our relay, unwrapped, and the way back.
-    WireGuard {
-        payload: Vec<u8>,
-        back: PathToPeer,
-    },
+    WireGuard { payload: Vec<u8>, back: PathToPeer },
 }
 
 /// The owner core's NAT traversal: the ICE endpoint and the paths it selected.
@@ -281,9 +278,11 @@ impl NatPaths {
     /// server we have no allocation on (any more).
     pub fn frame(&mut self, path: PathToPeer, d: Vec<u8>) -> Option<(SocketAddr, Vec<u8>)> {
         match path {
-            PathToPeer::Direct(to) | PathToPeer::Relayed { turn: None, remote: to } => {
-                Some((to, d))
-            }
+            PathToPeer::Direct(to)
+            | PathToPeer::Relayed {
+                turn: None,
+                remote: to,
+            } => Some((to, d)),
             PathToPeer::Relayed {
                 turn: Some(server),
                 remote,
@@ -325,10 +324,7 @@ mod tests {
         );
         // the peer's relay, reached straight from our socket
         let to_their_relay = path_to_peer(&path(PathKind::Relayed, Via::Direct));
-        assert_eq!(
-            to_their_relay,
-            PathToPeer::Relayed { turn: None, remote }
-        );
+        assert_eq!(to_their_relay, PathToPeer::Relayed { turn: None, remote });
         assert_eq!(to_their_relay.connection_type(), "relayed");
         // through our allocation
         let via_ours = path_to_peer(&path(PathKind::Relayed, Via::Relay(turn)));

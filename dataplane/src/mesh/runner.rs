@@ -386,7 +386,10 @@ impl Mesh {
     /// Where session `s`'s datagrams go now.
     fn path_of(&self, s: &Session) -> Option<PathToPeer> {
         let selected = self.nat.as_ref().and_then(|n| n.selected(&s.entry.id));
-        s.path(selected, self.settings.nat.direct_connect || self.nat.is_none())
+        s.path(
+            selected,
+            self.settings.nat.direct_connect || self.nat.is_none(),
+        )
     }
 
     /// Queues datagram `d` along `path` (framed for our TURN relay when it goes through it).

@@ -19,26 +19,29 @@ fn uptime(live: &Live) -> String {
     switchyard_config::Duration(std::time::Duration::from_secs(secs)).to_string()
 }
 
-/// (peer count, connected peers, of which direct): a peer without a session of its own that
-/// is reached through others counts as connected, not direct.
-fn peer_counts(live: &Live) -> (u64, u64, u64) {
+/// (peer count, connected peers, of which direct, of which through a TURN relay): a peer
+/// without a session of its own that is reached through others counts as connected only.
+fn peer_counts(live: &Live) -> (u64, u64, u64, u64) {
     let info = live.info.lock();
     let routes = live.shared.routes.load();
-    let mut direct = 0;
-    let mut connected = 0;
+    let (mut connected, mut direct, mut relayed) = (0, 0, 0);
     for p in &info.peers {
         let session = info
             .counters
             .get(&p.id)
-            .is_some_and(|(_, c)| c.state() == SessionState::Connected);
-        if session {
-            direct += 1;
+            .filter(|(_, c)| c.state() == SessionState::Connected);
+        if let Some((_, c)) = session {
             connected += 1;
+            if c.path_type() == Some("relayed") {
+                relayed += 1;
+            } else {
+                direct += 1;
+            }
         } else if view::multi_hop_route(&routes, &p.id).is_some() {
             connected += 1;
         }
     }
-    (info.peers.len() as u64, connected, direct)
+    (info.peers.len() as u64, connected, direct, relayed)
 }
 
 #[utoipa::path(get, path = "/api/v1/mesh/status", tag = "mesh", responses((status = 200, body = MeshStatus)))]
@@ -64,7 +67,7 @@ pub async fn status(State(state): State<S>) -> Json<MeshStatus> {
             uptime: "0s".into(),
         });
     };
-    let (peer_count, connected, direct) = peer_counts(&live);
+    let (peer_count, connected, direct, relayed) = peer_counts(&live);
     let t = &live.shared.totals;
     let info = live.info.lock();
     // measured: a data plane that stopped turning is an error whatever the last step said
@@ -87,9 +90,8 @@ pub async fn status(State(state): State<S>) -> Json<MeshStatus> {
         peer_name: live.peer_name.clone(),
         peer_count,
         connected_peers: connected,
-        // no TURN relay in this build: every session is direct
         direct_connections: direct,
-        relayed_connections: 0,
+        relayed_connections: relayed,
         bytes_sent: t.bytes_sent.load(Relaxed),
         bytes_received: t.bytes_received.load(Relaxed),
         packets_sent: t.packets_sent.load(Relaxed),
@@ -111,7 +113,7 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             packets_received: 0,
         });
     };
-    let (peer_count, connected_peers, _) = peer_counts(&live);
+    let (peer_count, connected_peers, ..) = peer_counts(&live);
     let t = &live.shared.totals;
     Json(MeshStats {
         enabled: true,

@@ -2,10 +2,12 @@
 //! (not loopback, not the mesh device itself) with the mesh UDP port, as the registry's Mesh
 //! endpoints (`type` `lan`). Priorities follow RFC 8445 §5.1.2 for host candidates (type
 //! preference 126, local preference by interface order, component 1), so the ICE crate's
-//! server-reflexive and relay candidates rank below them.
+//! server-reflexive and relay candidates rank below them. [`with_gathered`] adds those (the
+//! data plane's NAT traversal gathers them) to what the peer publishes.
 
 use std::net::Ipv4Addr;
 use switchyard_api::MeshEndpoint;
+use switchyard_dataplane::mesh::CandidateEndpoint;
 
 /// RFC 8445 priority of a host candidate with local preference `local`, component 1.
 pub fn host_priority(local: u16) -> i32 {
@@ -33,6 +35,30 @@ pub fn host_endpoints(
             port,
             kind: "lan".into(),
             priority: host_priority(local),
+        });
+    }
+    out
+}
+
+/// The host endpoints followed by the server-reflexive and relayed candidates NAT traversal
+/// gathered (its host candidates are the host endpoints already), without duplicates.
+pub fn with_gathered(
+    hosts: Vec<MeshEndpoint>,
+    gathered: &[CandidateEndpoint],
+) -> Vec<MeshEndpoint> {
+    let mut out = hosts;
+    for c in gathered.iter().filter(|c| c.kind != "lan") {
+        if out
+            .iter()
+            .any(|e| e.address == c.address && e.port == c.port)
+        {
+            continue;
+        }
+        out.push(MeshEndpoint {
+            address: c.address.clone(),
+            port: c.port,
+            kind: c.kind.clone(),
+            priority: c.priority,
         });
     }
     out
@@ -82,5 +108,41 @@ mod tests {
         );
         assert!(list[0].priority > list[1].priority);
         assert_eq!(host_priority(65535), 2_130_706_431);
+    }
+
+    #[test]
+    fn gathered_candidates_follow_the_host_ones_once() {
+        let c = |address: &str, port, kind: &str, priority| CandidateEndpoint {
+            address: address.into(),
+            port,
+            kind: kind.into(),
+            priority,
+        };
+        let hosts = host_endpoints(
+            &[("eth0".into(), "10.0.0.7".parse().expect("ip"))],
+            "symesh0",
+            41000,
+        );
+        let all = with_gathered(
+            hosts,
+            &[
+                c("10.0.0.7", 41000, "lan", 7),
+                c("198.51.100.2", 41000, "srflx", 5),
+                c("203.0.113.1", 50000, "relay", 3),
+                c("198.51.100.2", 41000, "srflx", 5),
+            ],
+        );
+        let got: Vec<(&str, &str)> = all
+            .iter()
+            .map(|e| (e.address.as_str(), e.kind.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("10.0.0.7", "lan"),
+                ("198.51.100.2", "srflx"),
+                ("203.0.113.1", "relay")
+            ]
+        );
     }
 }

@@ -5,8 +5,9 @@
 //! the data plane, leaves the network (so the others see `peer.left` at once) and closes the
 //! device. The API reads [`Live`] and the data plane's counters.
 //!
-//! TUN (layer 3) mode with direct paths; NAT traversal (`switchyard-ice`) and routing
-//! (`switchyard-mesh-routing`) plug into the data plane's seams later.
+//! NAT traversal (`switchyard-ice`) and routing (`switchyard-mesh-routing`) run on the data
+//! plane; the control loop resolves the STUN/TURN servers for it and publishes the candidates
+//! it gathers as this peer's endpoints.
 
 pub mod endpoints;
 pub mod identity;

@@ -2,8 +2,9 @@
 //! the mesh device with the leased address, start the data plane on its owner core, then keep
 //! the lease with heartbeats (409 → register again, 404 → say so and retry), follow the
 //! network's events (any event → re-read the peer list) and publish the peer table to the
-//! data plane as a snapshot. Endpoint changes (interfaces coming and going) are sent to the
-//! registry.
+//! data plane as a snapshot. Endpoint changes (interfaces coming and going, and the
+//! server-reflexive and relayed candidates NAT traversal gathers on the data plane) are sent
+//! to the registry.
 
 use super::endpoints;
 use super::identity::Identity;
@@ -19,7 +20,8 @@ use switchyard_api::{MeshEndpoint, MeshHeartbeat, MeshPeer, MeshPeerRegistration
 use switchyard_config::client::MeshConfig;
 use switchyard_dataplane::commands::{Command, CommandSender};
 use switchyard_dataplane::mesh::{
-    MeshSettings, MeshStart, PeerCounters, PeerEntry, PeerTable, RoutingConfig, SessionState,
+    CandidateEndpoint, MeshSettings, MeshStart, NatSettings, PeerCounters, PeerEntry, PeerTable,
+    RoutingConfig, ServerUrl, SessionState, TurnServerConfig,
 };
 
 /// Longest pause between registration attempts.
@@ -28,6 +30,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub const OWNER_LOST: Duration = Duration::from_secs(3);
 /// How often the interfaces are checked for changed host candidates.
 const ENDPOINT_CHECK: Duration = Duration::from_secs(30);
+/// How often the data plane's gathered candidates are looked at (a version counter).
+const CANDIDATE_CHECK: Duration = Duration::from_millis(500);
 
 pub struct PeerTask {
     pub live: Arc<Live>,
@@ -61,12 +65,54 @@ fn prefix_of(cidr: &str) -> Option<u8> {
 }
 
 impl PeerTask {
+    /// What this peer publishes: its host candidates and what NAT traversal gathered.
     fn endpoints(&self) -> Vec<MeshEndpoint> {
-        endpoints::host_endpoints(
+        let hosts = endpoints::host_endpoints(
             &endpoints::interface_addresses(),
             &self.cfg.device.name,
             self.port,
-        )
+        );
+        endpoints::with_gathered(hosts, &self.live.shared.candidates.load())
+    }
+
+    /// NAT traversal's settings: host candidates, the STUN and TURN servers resolved (a name
+    /// that does not resolve is left out and said so), the path policy.
+    async fn nat_settings(&self) -> NatSettings {
+        let hosts = endpoints::host_endpoints(
+            &endpoints::interface_addresses(),
+            &self.cfg.device.name,
+            self.port,
+        );
+        let mut stun_servers = Vec::new();
+        for url in &self.cfg.stun.servers {
+            match resolve(ServerUrl::parse_stun(url).map_err(|e| e.to_string())).await {
+                Ok(a) => stun_servers.push(a),
+                Err(e) => tracing::warn!(%url, error = %e, "mesh STUN server left out"),
+            }
+        }
+        let mut turn_servers = Vec::new();
+        for t in &self.cfg.turn.servers {
+            match resolve(ServerUrl::parse_turn(&t.url).map_err(|e| e.to_string())).await {
+                Ok(addr) => turn_servers.push(TurnServerConfig {
+                    addr,
+                    username: t.username.clone(),
+                    password: t.password.clone(),
+                }),
+                Err(e) => tracing::warn!(url = %t.url, error = %e, "mesh TURN server left out"),
+            }
+        }
+        NatSettings {
+            enabled: true,
+            host_candidates: hosts
+                .iter()
+                .filter_map(|e| Some(SocketAddr::new(e.address.parse().ok()?, e.port)))
+                .collect(),
+            stun_servers,
+            turn_servers,
+            stun_timeout: self.cfg.stun.timeout.as_std(),
+            direct_connect: self.cfg.connection.direct_connect,
+            relay_enabled: self.cfg.connection.relay_enabled,
+        }
     }
 
     fn fail(&self, e: impl std::fmt::Display) {
@@ -167,9 +213,21 @@ impl PeerTask {
             .counters
             .values()
             .any(|(_, c)| c.state() == SessionState::Connected);
+        let paths: Vec<&str> = info
+            .counters
+            .values()
+            .filter(|(_, c)| c.state() == SessionState::Connected)
+            .filter_map(|(_, c)| c.path_type())
+            .collect();
+        let routes = self.live.shared.routes.load();
+        let multi_hop = info
+            .peers
+            .iter()
+            .any(|p| super::view::multi_hop_route(&routes, &p.id).is_some());
         let totals = &self.live.shared.totals;
         MeshHeartbeat {
-            connection_type: connected.then(|| "direct".to_owned()),
+            connection_type: heartbeat_connection_type(connected, &paths, multi_hop)
+                .map(str::to_owned),
             latency: (!rtts.is_empty())
                 .then(|| rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 / 1000.0),
             bytes_sent: Some(totals.bytes_sent.load(Relaxed)),
@@ -213,6 +271,7 @@ impl PeerTask {
                 connect_timeout: self.cfg.connection.connect_timeout.as_std(),
                 relay_via_peers: self.cfg.connection.relay_via_peers,
                 layer2: self.mac.is_some(),
+                nat: self.nat_settings().await,
             },
             shared: self.live.shared.clone(),
             socket,
@@ -268,9 +327,30 @@ impl PeerTask {
         heartbeat.tick().await;
         let mut endpoint_check = tokio::time::interval(ENDPOINT_CHECK);
         endpoint_check.tick().await;
+        let mut candidate_check = tokio::time::interval(CANDIDATE_CHECK);
+        let mut candidates_seen = 0;
         loop {
             tokio::select! {
                 _ = changed.notified() => self.resync(&mut counters).await,
+                _ = candidate_check.tick() => {
+                    let version = self.live.shared.candidates_version.load(Relaxed);
+                    if version == candidates_seen {
+                        continue;
+                    }
+                    let now = self.endpoints();
+                    if now == published {
+                        candidates_seen = version;
+                        continue;
+                    }
+                    match self.registry.update_endpoints(&self.live.peer_id, now.clone()).await {
+                        Ok(()) => {
+                            tracing::info!(endpoints = ?now, "mesh endpoints published");
+                            published = now;
+                            candidates_seen = version;
+                        }
+                        Err(e) => tracing::debug!(error = %e, "mesh endpoints not updated"),
+                    }
+                }
                 _ = endpoint_check.tick() => {
                     let now = self.endpoints();
                     if now != published {
@@ -343,8 +423,10 @@ pub fn build_table(
         };
         let mut eps: Vec<&MeshEndpoint> = p.endpoints.iter().collect();
         eps.sort_by_key(|e| std::cmp::Reverse(e.priority));
+        // relayed addresses are reached only along a path NAT traversal checked
         let endpoints: Vec<SocketAddr> = eps
             .iter()
+            .filter(|e| e.kind != "relay")
             .filter_map(|e| {
                 e.address
                     .parse::<Ipv4Addr>()
@@ -365,12 +447,55 @@ pub fn build_table(
             vip,
             public_key: key,
             endpoints,
+            candidates: eps
+                .iter()
+                .map(|e| CandidateEndpoint {
+                    address: e.address.clone(),
+                    port: e.port,
+                    kind: e.kind.clone(),
+                    priority: e.priority,
+                })
+                .collect(),
             joined_ms: p.joined_at.timestamp_millis(),
             counters: slot.1.clone(),
         }));
     }
     counters.retain(|id, _| seen.contains(id));
     PeerTable { peers: entries }
+}
+
+/// What the heartbeat reports as this peer's `connection_type`: `relayed` when a session
+/// goes through a TURN relay, else `direct` when one is up, else `multi-hop` when peers are
+/// reached only through others; nothing while the peer is still being discovered.
+pub fn heartbeat_connection_type(
+    connected: bool,
+    paths: &[&str],
+    multi_hop: bool,
+) -> Option<&'static str> {
+    if paths.contains(&"relayed") {
+        Some("relayed")
+    } else if connected {
+        Some("direct")
+    } else if multi_hop {
+        Some("multi-hop")
+    } else {
+        None
+    }
+}
+
+/// A `stun:`/`turn:` server's address (names looked up).
+async fn resolve(url: Result<ServerUrl, String>) -> Result<SocketAddr, String> {
+    let url = url?;
+    if let Some(a) = url.socket_addr() {
+        return Ok(a);
+    }
+    let mut found = tokio::net::lookup_host((url.host.as_str(), url.port))
+        .await
+        .map_err(|e| e.to_string())?;
+    // the mesh socket is IPv4
+    found
+        .find(SocketAddr::is_ipv4)
+        .ok_or_else(|| format!("{} has no IPv4 address", url.host))
 }
 
 /// Follows the network's event stream; every event (and every reconnect) asks for a resync.
@@ -467,5 +592,44 @@ mod tests {
         assert_eq!(prefix_of("10.1.0.0/24"), Some(24));
         assert_eq!(backoff(0), Duration::from_secs(1));
         assert_eq!(backoff(10), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn relay_endpoints_are_candidates_only_and_the_heartbeat_names_the_path() {
+        let mut p = peer("a", 1, "10.1.0.2");
+        p.endpoints.push(
+            serde_json::from_value(serde_json::json!(
+                {"address": "203.0.113.1", "port": 50000, "type": "relay", "priority": 99}
+            ))
+            .unwrap(),
+        );
+        let t = build_table(&[p], &mut HashMap::new());
+        assert!(!t.peers[0]
+            .endpoints
+            .contains(&"203.0.113.1:50000".parse().unwrap()));
+        let kinds: Vec<&str> = t.peers[0]
+            .candidates
+            .iter()
+            .map(|c| c.kind.as_str())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["relay", "lan", "srflx", "lan"],
+            "best first, all kept"
+        );
+
+        assert_eq!(heartbeat_connection_type(false, &[], false), None);
+        assert_eq!(
+            heartbeat_connection_type(false, &[], true),
+            Some("multi-hop")
+        );
+        assert_eq!(
+            heartbeat_connection_type(true, &["direct"], true),
+            Some("direct")
+        );
+        assert_eq!(
+            heartbeat_connection_type(true, &["direct", "relayed"], false),
+            Some("relayed")
+        );
     }
 }

@@ -76,7 +76,11 @@ pub fn peer_view(
         public_key: peer.public_key.clone(),
         status: status.into(),
         connection_type: if connected {
-            "direct".into()
+            // the kind of path the session's datagrams take (direct until one is measured)
+            counters
+                .and_then(PeerCounters::path_type)
+                .unwrap_or("direct")
+                .into()
         } else if multi_hop {
             "multi-hop".into()
         } else {
@@ -211,10 +215,16 @@ mod tests {
             ),
             ("connected", "multi-hop", 7)
         );
-        // a session of its own wins: the peer is direct
+        // a session of its own wins: the peer is direct …
         let c = PeerCounters::default();
         c.set_state(SessionState::Connected);
         assert_eq!(peer_view(&p, Some(&c), via).connection_type, "direct");
+        // … or relayed, when its datagrams go through a TURN relay
+        c.set_path(Some(&switchyard_dataplane::mesh::PathToPeer::Relayed {
+            turn: None,
+            remote: "203.0.113.1:50000".parse().unwrap(),
+        }));
+        assert_eq!(peer_view(&p, Some(&c), via).connection_type, "relayed");
         assert!(multi_hop_route(&[route(true, false)], "b").is_none());
     }
 }
