@@ -577,9 +577,27 @@ impl Agent {
             .iter()
             .any(|p| matches!(p.state, PairState::Waiting) && self.better(p));
         let checks = waiting.then_some(self.next_check);
-        let nomination = (self.controlling && self.selected.is_none())
+        // Only timers whose handling changes something: while a nomination check is under way
+        // (or no pair is valid) the nomination time has passed for good, and a retry is due
+        // only while every pair failed — a timer that stays due spins the owner's loop.
+        let nominating = self
+            .pairs
+            .iter()
+            .any(|p| matches!(p.state, PairState::InProgress { nominate: true, .. }));
+        let valid = self
+            .pairs
+            .iter()
+            .any(|p| matches!(p.state, PairState::Succeeded));
+        let nomination = (self.controlling && self.selected.is_none() && !nominating && valid)
             .then(|| self.first_valid.map(|t| t + self.config.nomination_wait))
             .flatten();
+        let all_failed = self.selected.is_none()
+            && !self.pairs.is_empty()
+            && self
+                .pairs
+                .iter()
+                .all(|p| matches!(p.state, PairState::Failed));
+        let retry = self.retry_at.filter(|_| all_failed);
         let consent = self
             .consent
             .as_ref()
@@ -587,7 +605,7 @@ impl Agent {
         timers
             .chain(checks)
             .chain(nomination)
-            .chain(self.retry_at)
+            .chain(retry)
             .chain(self.upgrade_at)
             .chain(self.connect_deadline)
             .chain(consent)
@@ -809,6 +827,38 @@ mod tests {
         a.add_remote_candidates(&[Candidate::new(CandidateKind::Relayed, their_relay, 1)]);
         assert_eq!(a.pairs.len(), 1);
         assert_eq!(a.pairs[0].kind(), PathKind::Relayed);
+    }
+
+    /// The controlling side waits for its nomination's answer without a timer that stays due
+    /// (a real event loop would spin instead of receiving that answer).
+    #[test]
+    fn no_timer_stays_due_while_a_nomination_is_answered() {
+        let now = Instant::now();
+        let mut a = Agent::new("a", "b", b"", config(), now);
+        let remote: SocketAddr = "10.0.0.2:1".parse().unwrap();
+        a.add_local(Via::Direct, 1);
+        a.add_remote_candidates(&[Candidate::new(CandidateKind::Host, remote, 1)]);
+        let mut b = Agent::new("b", "a", b"", config(), now);
+        b.add_local(Via::Direct, 1);
+        let a_addr: SocketAddr = "10.0.0.1:1".parse().unwrap();
+        // a's first check, answered by b: the pair is valid
+        a.handle_timeout(now);
+        let check = a.poll_outgoing().unwrap();
+        let m = Message::decode(&check.bytes).unwrap();
+        assert!(b.handle_request(Via::Direct, a_addr, &m, &check.bytes, now));
+        let answer = b.poll_outgoing().unwrap();
+        let m = Message::decode(&answer.bytes).unwrap();
+        assert!(a.handle_response(Via::Direct, remote, &m, &answer.bytes, now));
+        // the nomination goes out; its answer is still on the way well after nomination_wait
+        let later = now + Duration::from_secs(2);
+        a.handle_timeout(later);
+        while a.poll_outgoing().is_some() {}
+        assert!(a.selected().is_none());
+        for step in 1..50 {
+            let t = later + Duration::from_millis(step);
+            a.handle_timeout(t);
+            assert!(a.poll_timeout().is_some_and(|next| next > t), "a timer stays due");
+        }
     }
 
     #[test]

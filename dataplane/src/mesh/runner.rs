@@ -35,6 +35,8 @@ const SESSION_LIFETIME: Duration = Duration::from_secs(180);
 const DEVICE_QUEUE: usize = 1024;
 /// Datagram scratch: the largest IP packet plus WireGuard's overhead.
 const SCRATCH: usize = 65_536 + 256;
+/// The shortest sleep for NAT traversal's timers.
+const NAT_MIN_WAIT: Duration = Duration::from_millis(1);
 /// Receiver indexes are 24 bits (boringtun keeps the low 8 for the session).
 const MAX_INDEX: u32 = (1 << 24) - 1;
 
@@ -984,9 +986,12 @@ pub(crate) async fn run(start: MeshStart) {
         let listener = shared.wake.listen();
         if !shared.wake.take() {
             let mut wait = TIMER_TICK.saturating_sub(last_tick.elapsed());
-            // NAT traversal's timers (checks are paced at tens of milliseconds) join ours
+            // NAT traversal's timers (checks are paced at tens of milliseconds) join ours; what
+            // was due has just been handled, so a deadline still past waits a millisecond
+            // rather than spin and starve the receiver
             if let Some(at) = mesh.borrow().nat_deadline() {
-                wait = wait.min(at.saturating_duration_since(Instant::now()));
+                let until = at.saturating_duration_since(Instant::now());
+                wait = wait.min(until.max(NAT_MIN_WAIT));
             }
             futures_lite::future::or(listener, glommio::timer::sleep(wait)).await;
             shared.wake.take();
