@@ -857,7 +857,10 @@ mod tests {
         for step in 1..50 {
             let t = later + Duration::from_millis(step);
             a.handle_timeout(t);
-            assert!(a.poll_timeout().is_some_and(|next| next > t), "a timer stays due");
+            assert!(
+                a.poll_timeout().is_some_and(|next| next > t),
+                "a timer stays due"
+            );
         }
     }
 
