@@ -87,8 +87,18 @@ impl Topology {
                  ip addr add {net}.254/24 dev {host_if}; ip link set {host_if} up\n"
             );
         }
-        // coturn's address: the public bridge itself
-        script += &format!("ip -n {hub} addr add {p}.253/24 dev br0\n");
+        // coturn's address: the public bridge itself. The private ranges lead into a veth
+        // nobody answers on, as the internet silently drops them: coturn closes an allocation
+        // whose relayed send fails (no route), and the peers do try private host candidates.
+        script += &format!(
+            "ip -n {hub} addr add {p}.253/24 dev br0
+             ip link add sink netns {hub} type veth peer name sinkpeer netns {hub}
+             ip -n {hub} link set sink up; ip -n {hub} link set sinkpeer up
+             ip -n {hub} addr add 10.199.0.1/30 dev sink
+             ip -n {hub} neigh add 10.199.0.2 lladdr 02:00:00:00:00:01 dev sink nud permanent
+             ip -n {hub} route add 192.168.0.0/16 via 10.199.0.2
+             ip -n {hub} route add {l}.0/24 via 10.199.0.2\n"
+        );
         let port = |ns: &str, hub: &str, port: &str, ifname: &str| {
             format!(
                 "ip -n {hub} link add {port} type veth peer name {ifname} netns {ns}
@@ -229,6 +239,19 @@ impl Coturn {
     }
 }
 
+impl Drop for Coturn {
+    /// A failing run leaves coturn's log in `$MESH_NAT_LOGS/turnserver.log` when that is set.
+    fn drop(&mut self) {
+        if let Some(dir) = std::env::var_os("MESH_NAT_LOGS").filter(|_| std::thread::panicking()) {
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::write(
+                std::path::Path::new(&dir).join("turnserver.log"),
+                self.log(),
+            );
+        }
+    }
+}
+
 /// The registry: a `switchyard server` on the public segment with a fixed API port, its SQLite
 /// file in a directory that outlives restarts.
 struct Registry {
@@ -293,7 +316,7 @@ impl Registry {
 
     fn peers(&self) -> Vec<Value> {
         self.server()
-            .api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers"))
+            .api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers"))["peers"]
             .as_array()
             .cloned()
             .unwrap_or_default()
@@ -390,6 +413,17 @@ impl Peer {
             .as_str()
             .unwrap_or_default()
             .to_owned()
+    }
+}
+
+impl Drop for Peer {
+    /// A failing run leaves every peer's log in `$MESH_NAT_LOGS/<name>.log` when that is set.
+    fn drop(&mut self) {
+        if let Some(dir) = std::env::var_os("MESH_NAT_LOGS").filter(|_| std::thread::panicking()) {
+            let _ = std::fs::create_dir_all(&dir);
+            let path = std::path::Path::new(&dir).join(format!("{}.log", self.name));
+            let _ = std::fs::write(path, self.log_text());
+        }
     }
 }
 
