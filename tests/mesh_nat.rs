@@ -182,7 +182,8 @@ impl Drop for Topology {
 
 /// coturn's `turnserver` in the public hub namespace, UDP only, one long-term user.
 struct Coturn {
-    proc: Proc,
+    /// Killed (by its PID) when the test ends.
+    _proc: Proc,
     addr: SocketAddr,
     dir: tempfile::TempDir,
 }
@@ -212,7 +213,7 @@ impl Coturn {
             .spawn()
             .expect("start turnserver");
         let turn = Coturn {
-            proc: Proc {
+            _proc: Proc {
                 child,
                 name: "turnserver".into(),
             },
