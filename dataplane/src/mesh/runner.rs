@@ -1258,4 +1258,102 @@ mod tests {
         assert!(route(&sides[0], v2).is_none());
         assert!(route(&sides[0], v1).is_some());
     }
+
+    /// A side with NAT traversal on (no STUN/TURN servers: host candidates and checks).
+    fn side_with_nat(seed: u8, last: u8) -> Side {
+        let mut s = side(seed, last);
+        let mut settings = s.mesh.settings.clone();
+        settings.nat = crate::mesh::NatSettings {
+            enabled: true,
+            host_candidates: vec![s.addr],
+            ..crate::mesh::NatSettings::default()
+        };
+        s.mesh = Mesh::new(
+            settings,
+            s.mesh.shared.clone(),
+            s.device.try_clone().unwrap(),
+        );
+        s
+    }
+
+    #[test]
+    fn with_nat_traversal_the_checks_select_a_peer_reflexive_path_and_the_session_follows() {
+        let mut sides = vec![side_with_nat(1, 1), side_with_nat(2, 2)];
+        // each lists the other; side 0 knows side 1 only by an address nothing answers on
+        // (a NAT mapping it never learnt), side 1 knows side 0's real address
+        let wrong = SocketAddr::from(([192, 0, 2, 99], 1));
+        for i in 0..2 {
+            let other = &sides[1 - i];
+            let published = if i == 0 { wrong } else { other.addr };
+            let entry = Arc::new(PeerEntry {
+                id: format!("peer{}", other.vip.octets()[3]),
+                name: String::new(),
+                vip: other.vip,
+                public_key: other.public,
+                endpoints: vec![published],
+                candidates: vec![crate::mesh::CandidateEndpoint {
+                    address: published.ip().to_string(),
+                    port: published.port(),
+                    kind: "lan".into(),
+                    priority: 0,
+                }],
+                joined_ms: 1,
+                counters: Arc::new(PeerCounters::default()),
+            });
+            sides[i]
+                .mesh
+                .shared
+                .publish(PeerTable { peers: vec![entry] });
+            sides[i].mesh.sync_table();
+        }
+        let addrs = [sides[0].addr, sides[1].addr];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let connected = |s: &Side| s.mesh.sessions.values().all(|x| x.connected());
+        while !(sides.iter().all(connected)
+            && sides[0]
+                .mesh
+                .nat
+                .as_ref()
+                .unwrap()
+                .selected("peer2")
+                .is_some())
+        {
+            assert!(Instant::now() < deadline, "no path and session within 10 s");
+            for s in sides.iter_mut() {
+                s.mesh.nat_turn(Instant::now());
+                s.mesh.tick();
+            }
+            for _ in 0..20 {
+                for i in 0..2 {
+                    let out = std::mem::take(&mut sides[i].mesh.outgoing);
+                    for (dst, d) in out {
+                        // only the real addresses answer
+                        if let Some(j) = addrs.iter().position(|a| *a == dst) {
+                            sides[j].mesh.on_datagram(&d, addrs[i]);
+                        }
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // side 0 learnt side 1's address from its check (peer-reflexive) and uses it
+        assert_eq!(
+            sides[0].mesh.nat.as_ref().unwrap().selected("peer2"),
+            Some(PathToPeer::Direct(addrs[1]))
+        );
+        let s = sides[0].mesh.sessions.values().next().unwrap();
+        assert_eq!(sides[0].mesh.path_of(s), Some(PathToPeer::Direct(addrs[1])));
+        assert_eq!(s.entry.counters.path_type(), Some("direct"));
+        // data crosses on the selected path
+        let packet = wire::udp_packet(sides[0].vip, sides[1].vip, 5000, b"through the NAT");
+        sides[0].mesh.send_to_mesh(&packet);
+        let out = std::mem::take(&mut sides[0].mesh.outgoing);
+        assert!(out.iter().all(|(dst, _)| *dst == addrs[1]), "{out:?}");
+        for (_, d) in out {
+            sides[1].mesh.on_datagram(&d, addrs[0]);
+        }
+        assert!(device_bytes(&mut sides[1])
+            .windows(packet.len())
+            .any(|w| w == packet.as_slice()));
+    }
 }
