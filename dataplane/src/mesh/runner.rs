@@ -1278,7 +1278,7 @@ mod tests {
 
     #[test]
     fn with_nat_traversal_the_checks_select_a_peer_reflexive_path_and_the_session_follows() {
-        let mut sides = vec![side_with_nat(1, 1), side_with_nat(2, 2)];
+        let mut sides = [side_with_nat(1, 1), side_with_nat(2, 2)];
         // each lists the other; side 0 knows side 1 only by an address nothing answers on
         // (a NAT mapping it never learnt), side 1 knows side 0's real address
         let wrong = SocketAddr::from(([192, 0, 2, 99], 1));
