@@ -28,11 +28,11 @@
 
 mod support;
 
-use futures::StreamExt;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::mesh::{curl_in, ping, Ws};
 use support::netns::{root_with_tools_or_skip, sh, sh_quiet};
 use support::*;
 
@@ -373,10 +373,10 @@ impl Peer {
     }
 
     fn get(&self, path: &str) -> Value {
-        let out = in_ns(
+        let out = curl_in(
             &self.ns,
-            &format!("http://127.0.0.1:{}{path}", self.port),
             10,
+            &format!("http://127.0.0.1:{}{path}", self.port),
         );
         assert!(
             out.status.success(),
@@ -433,27 +433,6 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// `curl -sS --max-time <secs> <url>` from namespace `ns`.
-fn in_ns(ns: &str, url: &str, secs: u32) -> std::process::Output {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "curl", "-sS", "--max-time"])
-        .arg(secs.to_string())
-        .arg(url)
-        .output()
-        .expect("curl")
-}
-
-/// `ping` from namespace `ns` to `ip`: whether replies came back.
-fn ping(ns: &str, ip: &str, count: u32) -> bool {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-q", "-n", "-c"])
-        .arg(count.to_string())
-        .args(["-W", "2", "-i", "0.2", ip])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 /// The connection type each pair must show (both ends), by the topology.
 fn expected(a: &str, b: &str) -> &'static str {
     let pair = |x: &str, y: &str| (a == x && b == y) || (a == y && b == x);
@@ -466,27 +445,9 @@ fn expected(a: &str, b: &str) -> &'static str {
     }
 }
 
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
 /// The data of the next `kind` event about `peer` on the registry's event stream.
 fn next_event(rt: &tokio::runtime::Runtime, ws: &mut Ws, kind: &str, peer: &str) -> Value {
-    let wait = async {
-        loop {
-            match ws.next().await {
-                Some(Ok(tokio_tungstenite::tungstenite::Message::Text(t))) => {
-                    let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
-                    if v["type"] == kind && v["data"]["peer_id"] == peer {
-                        return v["data"].clone();
-                    }
-                }
-                Some(Ok(_)) => {}
-                other => panic!("event stream ended waiting for {kind}: {other:?}"),
-            }
-        }
-    };
-    rt.block_on(async { tokio::time::timeout(PATIENCE, wait).await })
-        .unwrap_or_else(|_| panic!("no {kind} event for {peer}"))
+    support::mesh::next_event(rt, ws, kind, peer, PATIENCE)
 }
 
 #[test]
@@ -574,10 +535,10 @@ fn five_peers_through_nat_symmetric_nat_and_a_relaying_peer_reach_each_other() {
     let documents: Vec<Vec<u8>> = peers
         .iter()
         .map(|p| {
-            let out = in_ns(
+            let out = curl_in(
                 &p.ns,
-                &format!("http://127.0.0.1:{}/api/v1/openapi.json", p.port),
                 10,
+                &format!("http://127.0.0.1:{}/api/v1/openapi.json", p.port),
             );
             assert!(out.status.success() && out.stdout.len() > 20_000);
             out.stdout
@@ -602,10 +563,10 @@ fn five_peers_through_nat_symmetric_nat_and_a_relaying_peer_reach_each_other() {
             to.name,
             from.name
         );
-        let out = in_ns(
+        let out = curl_in(
             &from.ns,
-            &format!("http://{}:{}/api/v1/openapi.json", vips[j], to.port),
             20,
+            &format!("http://{}:{}/api/v1/openapi.json", vips[j], to.port),
         );
         assert!(
             out.status.success() && out.stdout == documents[j],

@@ -7,11 +7,11 @@
 
 mod support;
 
-use futures::StreamExt;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use support::mesh::{curl_in, ping, Ws};
 use support::netns::{root_with_tools_or_skip, sh, sh_quiet};
 use support::*;
 
@@ -216,53 +216,14 @@ fn start_registry(lan: &Lan) -> Server {
     server
 }
 
-/// `ping` from namespace `ns` to `ip`: whether replies came back.
-fn ping(ns: &str, ip: &str, count: u32) -> bool {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-q", "-n", "-c"])
-        .arg(count.to_string())
-        .args(["-W", "2", "-i", "0.3", ip])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 /// Pings for about five seconds (long enough for a fresh handshake): whether any reply came.
 fn ping_long(ns: &str, ip: &str) -> bool {
     ping(ns, ip, 10)
 }
 
-/// `curl -sS --max-time <secs> <url>` from namespace `ns`.
-fn curl_in(ns: &str, secs: u32, url: &str) -> std::process::Output {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "curl", "-sS", "--max-time"])
-        .arg(secs.to_string())
-        .arg(url)
-        .output()
-        .expect("curl")
-}
-
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
 /// The data of the next `kind` event about `peer` on the registry's event stream.
 fn next_event(rt: &tokio::runtime::Runtime, ws: &mut Ws, kind: &str, peer: &str) -> Value {
-    let wait = async {
-        loop {
-            match ws.next().await {
-                Some(Ok(tokio_tungstenite::tungstenite::Message::Text(t))) => {
-                    let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
-                    if v["type"] == kind && v["data"]["peer_id"] == peer {
-                        return v["data"].clone();
-                    }
-                }
-                Some(Ok(_)) => {}
-                other => panic!("event stream ended waiting for {kind}: {other:?}"),
-            }
-        }
-    };
-    rt.block_on(async { tokio::time::timeout(PATIENCE, wait).await })
-        .unwrap_or_else(|_| panic!("no {kind} event for {peer}"))
+    support::mesh::next_event(rt, ws, kind, peer, PATIENCE)
 }
 
 fn connected_ids(p: &Peer) -> Vec<String> {

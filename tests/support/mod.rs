@@ -5,6 +5,7 @@
 
 pub mod browser;
 pub mod kdc;
+pub mod mesh;
 pub mod netns;
 pub mod oidc;
 pub mod ovpn_server;
