@@ -410,8 +410,7 @@ impl Mesh {
         }
     }
 
-    /// NAT traversal's due timers, its datagrams and events: a peer whose path was just
-    /// selected gets a handshake along it at once (when it is ours to open, or none is up).
+    /// NAT traversal's due timers, its datagrams and events.
     fn nat_turn(&mut self, now: Instant) {
         let Some(n) = self.nat.as_mut() else {
             return;
@@ -422,6 +421,9 @@ impl Mesh {
         self.drain_nat();
     }
 
+    /// Sends what NAT traversal queued and applies its events: a peer whose path was just
+    /// selected gets a handshake along it at once when no session is up and it is ours to
+    /// open (the lower key opens, as at the start).
     fn drain_nat(&mut self) {
         let Some(n) = self.nat.as_mut() else {
             return;
