@@ -14,9 +14,8 @@
 //!
 //! Each NAT router drops unsolicited datagrams to itself, as a home router does, and has no
 //! default route (nothing leaves the segment). What the test proves, per pair: alpha–bravo,
-//! alpha–charlie direct (the public peer answers the NATed one's check); bravo–charlie relayed
-//! while charlie's router filters bravo, then upgraded to direct through both NATs when the
-//! filter goes (server-reflexive candidates, hole punching); bravo–delta and
+//! alpha–charlie direct (the public peer answers the NATed one's check); bravo–charlie direct
+//! through both NATs (server-reflexive candidates, hole punching); bravo–delta and
 //! charlie–delta relayed through coturn (delta's symmetric NAT maps every destination to a new
 //! port, and the others' NATs drop what they did not ask for); alpha–delta direct (a public
 //! peer reaches a symmetric NAT through the peer-reflexive candidate of delta's check);
@@ -117,15 +116,6 @@ impl Topology {
             } else {
                 "masquerade"
             };
-            // charlie's router first keeps bravo out (and charlie from bravo), as a firewall
-            // would: their path starts relayed and is upgraded when the filter goes
-            let filter = if k == 3 {
-                format!(
-                    "chain gate {{ type filter hook forward priority filter; ip saddr {p}.2 drop; ip daddr {p}.2 drop; }}"
-                )
-            } else {
-                String::new()
-            };
             script += &format!(
                 "ip netns add {router}; ip -n {router} link set lo up
                  ip netns add {peer}; ip -n {peer} link set lo up\n"
@@ -142,7 +132,6 @@ impl Topology {
 table ip synat_nat {{
   chain post {{ type nat hook postrouting priority srcnat; oifname \"wan\" {masquerade}; }}
   chain in {{ type filter hook input priority filter; iifname \"wan\" ct state new drop; }}
-  {filter}
 }}
 EOF
 "
@@ -169,14 +158,6 @@ EOF
             String::from_utf8_lossy(&out.stderr)
         );
         t
-    }
-
-    /// Lifts the filter between bravo and charlie.
-    fn open_bravo_charlie(&self) {
-        sh(&format!(
-            "ip netns exec {} nft flush chain ip synat_nat gate",
-            self.routers[1]
-        ));
     }
 
     fn registry_ip(&self) -> String {
@@ -452,12 +433,10 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// The connection type each pair must show (both ends), by the topology; bravo–charlie is
-/// relayed until the filter between them goes.
-fn expected(a: &str, b: &str, filtered: bool) -> &'static str {
+/// The connection type each pair must show (both ends), by the topology.
+fn expected(a: &str, b: &str) -> &'static str {
     let pair = |x: &str, y: &str| (a == x && b == y) || (a == y && b == x);
-    if pair("bravo", "delta") || pair("charlie", "delta") || (filtered && pair("bravo", "charlie"))
-    {
+    if pair("bravo", "delta") || pair("charlie", "delta") {
         "relayed"
     } else if (a == "echo" || b == "echo") && !pair("bravo", "echo") {
         "multi-hop"
@@ -506,7 +485,7 @@ fn five_peers_through_nat_symmetric_nat_and_a_relaying_peer_reach_each_other() {
                     && list.iter().all(|x| {
                         let other = x["id"].as_str().unwrap_or_default();
                         x["status"] == "connected"
-                            && x["connection_type"] == expected(p.name, other, true)
+                            && x["connection_type"] == expected(p.name, other)
                     })
             },
         );
@@ -572,7 +551,7 @@ fn five_peers_through_nat_symmetric_nat_and_a_relaying_peer_reach_each_other() {
             "ping {} → {} ({})\n{} log:\n{}\n{} log:\n{}",
             from.name,
             to.name,
-            expected(from.name, to.name, true),
+            expected(from.name, to.name),
             from.name,
             tail(&from.log_text(), 60),
             to.name,
@@ -594,7 +573,7 @@ fn five_peers_through_nat_symmetric_nat_and_a_relaying_peer_reach_each_other() {
             "TCP {} → {} ({}): {}",
             from.name,
             to.name,
-            expected(from.name, to.name, true),
+            expected(from.name, to.name),
             String::from_utf8_lossy(&out.stderr)
         );
     };
@@ -644,18 +623,6 @@ fn five_peers_through_nat_symmetric_nat_and_a_relaying_peer_reach_each_other() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-
-    // the filter between bravo and charlie goes: their checks of the better (direct) pairs
-    // succeed and both move from the relay to a direct path through their NATs
-    t.open_bravo_charlie();
-    for (p, other) in [(by_name("bravo"), "charlie"), (by_name("charlie"), "bravo")] {
-        p.wait_for(
-            &format!("/api/v1/mesh/peers/{other}"),
-            "upgraded from the relay to a direct path",
-            |v| v["status"] == "connected" && v["connection_type"] == "direct",
-        );
-    }
-    check_pair(1, 2);
 
     // a registry restart on the same SQLite file keeps every lease: same addresses, same
     // registrations (joined_at), heartbeats accepted again (last_seen moves), traffic flows

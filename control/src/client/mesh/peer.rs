@@ -65,24 +65,23 @@ fn prefix_of(cidr: &str) -> Option<u8> {
 }
 
 impl PeerTask {
-    /// What this peer publishes: its host candidates and what NAT traversal gathered.
-    fn endpoints(&self) -> Vec<MeshEndpoint> {
-        let hosts = endpoints::host_endpoints(
+    /// Our host candidates (the interfaces' addresses with the mesh port).
+    fn hosts(&self) -> Vec<MeshEndpoint> {
+        endpoints::host_endpoints(
             &endpoints::interface_addresses(),
             &self.cfg.device.name,
             self.port,
-        );
-        endpoints::with_gathered(hosts, &self.live.shared.candidates.load())
+        )
+    }
+
+    /// What this peer publishes: its host candidates and what NAT traversal gathered.
+    fn endpoints(&self) -> Vec<MeshEndpoint> {
+        endpoints::with_gathered(self.hosts(), &self.live.shared.candidates.load())
     }
 
     /// NAT traversal's settings: host candidates, the STUN and TURN servers resolved (a name
     /// that does not resolve is left out and said so), the path policy.
     async fn nat_settings(&self) -> NatSettings {
-        let hosts = endpoints::host_endpoints(
-            &endpoints::interface_addresses(),
-            &self.cfg.device.name,
-            self.port,
-        );
         let mut stun_servers = Vec::new();
         for url in &self.cfg.stun.servers {
             match resolve(ServerUrl::parse_stun(url).map_err(|e| e.to_string())).await {
@@ -103,7 +102,8 @@ impl PeerTask {
         }
         NatSettings {
             enabled: true,
-            host_candidates: hosts
+            host_candidates: self
+                .hosts()
                 .iter()
                 .filter_map(|e| Some(SocketAddr::new(e.address.parse().ok()?, e.port)))
                 .collect(),
