@@ -352,16 +352,7 @@ impl Peer {
              \x20 turn: {{servers: [{{url: \"turn:{turn}\", username: {TURN_USER}, password: {TURN_PASSWORD}}}]}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
-        std::fs::write(dir.path().join("client.yaml"), yaml).expect("write config");
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{ns}"))
-            .arg(BIN)
-            .arg("client")
-            .arg("--config")
-            .arg(dir.path().join("client.yaml"))
-            .arg("--data-dir")
-            .arg(dir.path().join("data"));
-        let started = spawn_with_listeners(cmd, name, &["client API listening"]);
+        let started = support::mesh::start_client_in(ns, name, dir.path(), &yaml);
         Peer {
             ns: ns.to_owned(),
             name,
@@ -393,20 +384,13 @@ impl Peer {
 
     /// Waits until `check` holds for this peer's `path` (bounded), returning the last value.
     fn wait_for(&self, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let v = self.get(path);
-            if check(&v) {
-                return v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{}: {what}: last {path}: {v}\nlog:\n{}",
-                self.name,
-                tail(&self.log_text(), 80)
-            );
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        support::mesh::wait_until(
+            PATIENCE,
+            &format!("{}: {what} ({path})", self.name),
+            || self.get(path),
+            check,
+            || format!("log:\n{}", tail(&self.log_text(), 80)),
+        )
     }
 
     fn vip(&self) -> String {

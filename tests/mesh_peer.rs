@@ -9,7 +9,6 @@ mod support;
 
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use support::mesh::{curl_in, ping, Ws};
 use support::netns::{root_with_tools_or_skip, sh, sh_quiet};
@@ -123,16 +122,7 @@ impl Peer {
              \x20 discovery: {{server: \"http://{registry}\", heartbeat_interval: 1s}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
-        std::fs::write(dir.path().join("client.yaml"), yaml).expect("write config");
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{ns}"))
-            .arg(BIN)
-            .arg("client")
-            .arg("--config")
-            .arg(dir.path().join("client.yaml"))
-            .arg("--data-dir")
-            .arg(dir.path().join("data"));
-        let started = spawn_with_listeners(cmd, name, &["client API listening"]);
+        let started = support::mesh::start_client_in(ns, name, dir.path(), &yaml);
         let port = started.addrs[0].port();
         Peer {
             proc: started.proc,
@@ -173,19 +163,13 @@ impl Peer {
 
     /// Waits until `check` holds for this peer's `path` (bounded), returning the last value.
     fn wait_for(&self, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let v = self.get(path);
-            if check(&v) {
-                return v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: last {path}: {v}\nlog:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        support::mesh::wait_until(
+            PATIENCE,
+            &format!("{what} ({path})"),
+            || self.get(path),
+            check,
+            || format!("log:\n{}", self.log_text()),
+        )
     }
 
     fn pid(&self) -> u32 {

@@ -1,11 +1,13 @@
 //! Helpers of the mesh namespace tests (`tests/mesh_peer.rs`, `tests/mesh_nat.rs`): ping and
-//! curl from a namespace, and the registry's event stream.
+//! curl from a namespace, a client peer started in one, waiting for a peer's API to show
+//! something, and the registry's event stream.
 #![allow(dead_code)]
 
+use super::{spawn_with_listeners, Listening, BIN};
 use futures::StreamExt;
 use serde_json::Value;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `ping` from namespace `ns` to `ip`: whether replies came back.
 pub fn ping(ns: &str, ip: &str, count: u32) -> bool {
@@ -56,4 +58,39 @@ pub fn next_event(
     };
     rt.block_on(async { tokio::time::timeout(patience, wait).await })
         .unwrap_or_else(|_| panic!("no {kind} event for {peer}"))
+}
+
+/// Polls `get` until `check` holds (at most `patience`), returning the last value; fails with
+/// `what`, the last value and `context()` (e.g. the peer's log).
+pub fn wait_until(
+    patience: Duration,
+    what: &str,
+    mut get: impl FnMut() -> Value,
+    check: impl Fn(&Value) -> bool,
+    context: impl Fn() -> String,
+) -> Value {
+    let deadline = Instant::now() + patience;
+    loop {
+        let v = get();
+        if check(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: last {v}\n{}", context());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// `switchyard client` with the configuration `yaml` (written to `dir`, which also holds its
+/// data) in namespace `ns`, once its client API listens.
+pub fn start_client_in(ns: &str, name: &str, dir: &std::path::Path, yaml: &str) -> Listening {
+    std::fs::write(dir.join("client.yaml"), yaml).expect("write config");
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/run/netns/{ns}"))
+        .arg(BIN)
+        .arg("client")
+        .arg("--config")
+        .arg(dir.join("client.yaml"))
+        .arg("--data-dir")
+        .arg(dir.join("data"));
+    spawn_with_listeners(cmd, name, &["client API listening"])
 }
