@@ -10,9 +10,9 @@ use axum::http::StatusCode;
 use axum::Json;
 use std::sync::atomic::Ordering::Relaxed;
 use switchyard_api::client::{
-    MeshNetworkInfo, MeshPeerView, MeshRouteView, MeshStats, MeshStatus, StatusReply,
+    MeshNetworkInfo, MeshPeerView, MeshRouteView, MeshStats, MeshStatus, MeshTrafficModes,
+    StatusReply,
 };
-use switchyard_dataplane::mesh::SessionState;
 
 fn uptime(live: &Live) -> String {
     let secs = live.started.elapsed().as_secs();
@@ -23,22 +23,8 @@ fn uptime(live: &Live) -> String {
 /// is reached through others counts as connected, not direct.
 fn peer_counts(live: &Live) -> (u64, u64, u64) {
     let info = live.info.lock();
-    let routes = live.shared.routes.load();
-    let mut direct = 0;
-    let mut connected = 0;
-    for p in &info.peers {
-        let session = info
-            .counters
-            .get(&p.id)
-            .is_some_and(|(_, c)| c.state() == SessionState::Connected);
-        if session {
-            direct += 1;
-            connected += 1;
-        } else if view::multi_hop_route(&routes, &p.id).is_some() {
-            connected += 1;
-        }
-    }
-    (info.peers.len() as u64, connected, direct)
+    let r = view::reach(&info.peers, &info.counters, &live.shared.routes.load());
+    (r.peers, r.connected(), r.direct)
 }
 
 #[utoipa::path(get, path = "/api/v1/mesh/status", tag = "mesh", responses((status = 200, body = MeshStatus)))]
@@ -109,10 +95,12 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             bytes_received: 0,
             packets_sent: 0,
             packets_received: 0,
+            traffic_modes: MeshTrafficModes::default(),
         });
     };
     let (peer_count, connected_peers, _) = peer_counts(&live);
     let t = &live.shared.totals;
+    let m = &t.modes;
     Json(MeshStats {
         enabled: true,
         peer_count,
@@ -121,6 +109,17 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
         bytes_received: t.bytes_received.load(Relaxed),
         packets_sent: t.packets_sent.load(Relaxed),
         packets_received: t.packets_received.load(Relaxed),
+        traffic_modes: MeshTrafficModes {
+            broadcast_packets_sent: m.broadcast_sent.load(Relaxed),
+            broadcast_packets_received: m.broadcast_received.load(Relaxed),
+            multicast_packets_sent: m.multicast_sent.load(Relaxed),
+            multicast_packets_received: m.multicast_received.load(Relaxed),
+            anycast_packets_sent: m.anycast_sent.load(Relaxed),
+            anycast_packets_received: m.anycast_received.load(Relaxed),
+            flood_copies_forwarded: m.floods_forwarded.load(Relaxed),
+            multicast_groups: m.multicast_groups.load(Relaxed),
+            anycast_addresses: m.anycast_addresses.load(Relaxed),
+        },
     })
 }
 

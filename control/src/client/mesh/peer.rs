@@ -6,6 +6,7 @@
 //! registry.
 
 use super::endpoints;
+use super::view;
 use super::identity::Identity;
 use super::registry::{Heartbeat, RegistryClient, RegistryError};
 use super::{Live, Phase};
@@ -28,6 +29,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub const OWNER_LOST: Duration = Duration::from_secs(3);
 /// How often the interfaces are checked for changed host candidates.
 const ENDPOINT_CHECK: Duration = Duration::from_secs(30);
+/// How often the mesh device's addresses are read for anycast addresses (an address added or
+/// removed moves anycast traffic within about this long).
+const ANYCAST_CHECK: Duration = Duration::from_secs(1);
 
 pub struct PeerTask {
     pub live: Arc<Live>,
@@ -67,6 +71,20 @@ impl PeerTask {
             &self.cfg.device.name,
             self.port,
         )
+    }
+
+    /// Hands the mesh device's anycast addresses to the data plane.
+    fn publish_anycast(&self, vip: Ipv4Addr, prefix: u8) {
+        let Ok(network) = ipnet::Ipv4Net::new(vip, prefix) else {
+            return;
+        };
+        let found = endpoints::anycast_addresses(
+            &endpoints::interface_addresses(),
+            &self.cfg.device.name,
+            network.trunc(),
+            vip,
+        );
+        self.live.shared.set_local_anycast(found);
     }
 
     fn fail(&self, e: impl std::fmt::Display) {
@@ -163,13 +181,10 @@ impl PeerTask {
             .map(|(_, c)| c.rtt_us.load(Relaxed))
             .filter(|rtt| *rtt > 0)
             .collect();
-        let connected = info
-            .counters
-            .values()
-            .any(|(_, c)| c.state() == SessionState::Connected);
+        let reach = view::reach(&info.peers, &info.counters, &self.live.shared.routes.load());
         let totals = &self.live.shared.totals;
         MeshHeartbeat {
-            connection_type: connected.then(|| "direct".to_owned()),
+            connection_type: reach.connection_type().map(str::to_owned),
             latency: (!rtts.is_empty())
                 .then(|| rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 / 1000.0),
             bytes_sent: Some(totals.bytes_sent.load(Relaxed)),
@@ -194,6 +209,7 @@ impl PeerTask {
         self.address_device(vip, prefix)
             .await
             .map_err(|e| format!("configuring the mesh device: {e}"))?;
+        self.live.shared.set_network_prefix(prefix);
         self.live.shared.set_local_vip(vip);
         let socket = self
             .socket
@@ -268,9 +284,11 @@ impl PeerTask {
         heartbeat.tick().await;
         let mut endpoint_check = tokio::time::interval(ENDPOINT_CHECK);
         endpoint_check.tick().await;
+        let mut anycast_check = tokio::time::interval(ANYCAST_CHECK);
         loop {
             tokio::select! {
                 _ = changed.notified() => self.resync(&mut counters).await,
+                _ = anycast_check.tick() => self.publish_anycast(vip, prefix),
                 _ = endpoint_check.tick() => {
                     let now = self.endpoints();
                     if now != published {

@@ -3,6 +3,8 @@
 //! Runtime-free.
 
 use chrono::{DateTime, TimeZone, Utc};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use switchyard_api::client::{MeshPeerView, MeshRouteView};
 use switchyard_api::MeshPeer;
@@ -40,6 +42,57 @@ pub fn multi_hop_route<'a>(routes: &'a [MeshRoute], id: &str) -> Option<&'a Mesh
     routes
         .iter()
         .find(|r| r.active && r.relayed && r.dest_peer_id == id)
+}
+
+/// How this peer reaches the others: over a session of its own, or only through other peers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reach {
+    pub peers: u64,
+    pub direct: u64,
+    pub multi_hop: u64,
+}
+
+impl Reach {
+    pub fn connected(&self) -> u64 {
+        self.direct + self.multi_hop
+    }
+
+    /// The `connection_type` a heartbeat reports for this peer: `multi-hop` while some peer is
+    /// reached only through others, else `direct` while any session is up, else none (still
+    /// being discovered).
+    pub fn connection_type(&self) -> Option<&'static str> {
+        if self.multi_hop > 0 {
+            Some("multi-hop")
+        } else if self.direct > 0 {
+            Some("direct")
+        } else {
+            None
+        }
+    }
+}
+
+/// Counts the listed `peers` by how they are reached: a session that is up is direct; a peer
+/// without one that the routing table reaches through others is multi-hop.
+pub fn reach(
+    peers: &[MeshPeer],
+    counters: &HashMap<String, ([u8; 32], Arc<PeerCounters>)>,
+    routes: &[MeshRoute],
+) -> Reach {
+    let mut r = Reach {
+        peers: peers.len() as u64,
+        ..Reach::default()
+    };
+    for p in peers {
+        let session = counters
+            .get(&p.id)
+            .is_some_and(|(_, c)| c.state() == SessionState::Connected);
+        if session {
+            r.direct += 1;
+        } else if multi_hop_route(routes, &p.id).is_some() {
+            r.multi_hop += 1;
+        }
+    }
+    r
 }
 
 /// One peer as the client shows it; `counters` is `None` for a peer the data plane has no
