@@ -903,6 +903,17 @@ fn send_udp(ns: &str, iface: &str, dst: &str, port: u16, count: u32, tag: &str) 
     );
 }
 
+/// Packets the peer's data plane wrote to the mesh device of namespace `ns` (the kernel's
+/// receive counter of `symesh0`).
+fn device_rx_packets(ns: &str) -> u64 {
+    sh(&format!(
+        "ip netns exec {ns} cat /sys/class/net/symesh0/statistics/rx_packets"
+    ))
+    .trim()
+    .parse()
+    .expect("rx_packets")
+}
+
 /// `tag0 … tag<n-1>`: every datagram of a stream once.
 fn stream(tag: &str, n: u32) -> Vec<String> {
     (0..n).map(|i| format!("{tag}{i}")).collect()
@@ -996,10 +1007,15 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
         send_udp(&ns[0], alpha_vip, group, 4200, 1, "warm");
         std::thread::sleep(Duration::from_millis(200));
     }
+    let rx = [device_rx_packets(&ns[1]), device_rx_packets(&ns[2])];
     send_udp(&ns[0], alpha_vip, group, 4200, 10, "mc");
     assert_eq!(member.wait_for("mc", 10), stream("mc", 10));
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(member.received("mc"), stream("mc", 10), "no duplicates");
+    // bravo's device saw none of the stream, charlie's all of it
+    let bravo_rx = device_rx_packets(&ns[1]) - rx[0];
+    assert!(bravo_rx < 3, "bravo's device got {bravo_rx} packets");
+    assert!(device_rx_packets(&ns[2]) - rx[1] >= 10);
     assert_eq!(
         m.modes(1)["multicast_packets_received"],
         0,
@@ -1074,6 +1090,13 @@ fn tap_arp_and_broadcast_frames_cross_two_hops_through_the_flood_tree() {
     }
     let m = TwoHops::start(4, "tap");
     let ns = &m.namespaces;
+    // no IPv6 chatter (router solicitations, MLD) on the TAP devices: the device counters
+    // below count the test's frames only
+    for n in ns {
+        sh(&format!(
+            "ip netns exec {n} sysctl -qw net.ipv6.conf.symesh0.disable_ipv6=1"
+        ));
+    }
     // ARP across the mesh: the broadcast request goes down the flood tree (charlie's over
     // two hops), the unicast reply to the learnt MAC through bravo
     for (i, j) in [(0, 1), (0, 2), (2, 0)] {
@@ -1092,6 +1115,12 @@ fn tap_arp_and_broadcast_frames_cross_two_hops_through_the_flood_tree() {
         neigh.contains(&m.vips[2]) && neigh.contains(&charlie_mac),
         "alpha learnt charlie's MAC by ARP across two hops: {neigh}"
     );
+    // with the MACs learnt, unicast frames are not flooded: bravo's device sees none of
+    // alpha ⇄ charlie's pings (it only relays their EtherIP packets)
+    let rx = device_rx_packets(&ns[1]);
+    assert!(ping(&ns[0], &m.vips[2], 5), "ping alpha → charlie");
+    let bravo_rx = device_rx_packets(&ns[1]) - rx;
+    assert!(bravo_rx < 3, "bravo's device got {bravo_rx} frames");
     // a broadcast frame (UDP to the network's broadcast address) reaches both, once
     let (bravo, charlie) = (Listener::start(&ns[1], 4400, &[]), Listener::start(&ns[2], 4400, &[]));
     send_udp(&ns[0], &m.vips[0], "10.100.0.255", 4400, 10, "frame");
