@@ -843,7 +843,10 @@ impl Listener {
         let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (sink, (ready_tx, ready_rx)) = (lines.clone(), std::sync::mpsc::channel());
         std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
                 if line == "ready" {
                     let _ = ready_tx.send(());
                 } else if let Ok(mut l) = sink.lock() {
@@ -981,7 +984,10 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
 
     // broadcast to the network's broadcast address: bravo and charlie (two hops away) get
     // every datagram exactly once
-    let (bravo, charlie) = (Listener::start(&ns[1], 4100, &[]), Listener::start(&ns[2], 4100, &[]));
+    let (bravo, charlie) = (
+        Listener::start(&ns[1], 4100, &[]),
+        Listener::start(&ns[2], 4100, &[]),
+    );
     send_udp(&ns[0], alpha_vip, "10.100.0.255", 4100, 10, "bc");
     let want = stream("bc", 10);
     assert_eq!(bravo.wait_for("bc", 10), want, "bravo");
@@ -1039,7 +1045,10 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
     for n in [&ns[1], &ns[2]] {
         sh(&format!("ip -n {n} addr add {anycast}/32 dev symesh0"));
     }
-    let (near, far) = (Listener::start(&ns[1], 4300, &[]), Listener::start(&ns[2], 4300, &[]));
+    let (near, far) = (
+        Listener::start(&ns[1], 4300, &[]),
+        Listener::start(&ns[2], 4300, &[]),
+    );
     let deadline = Instant::now() + PATIENCE;
     while near.received("any").is_empty() {
         assert!(Instant::now() < deadline, "no anycast reached bravo");
@@ -1048,8 +1057,15 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
     }
     send_udp(&ns[0], alpha_vip, anycast, 4300, 5, "near");
     assert_eq!(near.wait_for("near", 5), stream("near", 5));
-    assert!(far.received("").is_empty(), "charlie got {:?}", far.received(""));
-    sh(&format!("ip -n {} addr del {anycast}/32 dev symesh0", ns[1]));
+    assert!(
+        far.received("").is_empty(),
+        "charlie got {:?}",
+        far.received("")
+    );
+    sh(&format!(
+        "ip -n {} addr del {anycast}/32 dev symesh0",
+        ns[1]
+    ));
     let deadline = Instant::now() + PATIENCE;
     while far.received("moved").is_empty() {
         assert!(Instant::now() < deadline, "anycast did not move to charlie");
@@ -1070,15 +1086,18 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
     let deadline = Instant::now() + PATIENCE;
     loop {
         let kind = |id: &str| {
-            m.server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/{id}"))
-                ["connection_type"]
+            m.server
+                .api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/{id}"))["connection_type"]
                 .clone()
         };
         let seen = [kind("alpha"), kind("bravo"), kind("charlie")];
         if seen == ["multi-hop", "direct", "multi-hop"] {
             break;
         }
-        assert!(Instant::now() < deadline, "heartbeat connection types: {seen:?}");
+        assert!(
+            Instant::now() < deadline,
+            "heartbeat connection types: {seen:?}"
+        );
         std::thread::sleep(Duration::from_millis(250));
     }
 }
@@ -1122,7 +1141,10 @@ fn tap_arp_and_broadcast_frames_cross_two_hops_through_the_flood_tree() {
     let bravo_rx = device_rx_packets(&ns[1]) - rx;
     assert!(bravo_rx < 3, "bravo's device got {bravo_rx} frames");
     // a broadcast frame (UDP to the network's broadcast address) reaches both, once
-    let (bravo, charlie) = (Listener::start(&ns[1], 4400, &[]), Listener::start(&ns[2], 4400, &[]));
+    let (bravo, charlie) = (
+        Listener::start(&ns[1], 4400, &[]),
+        Listener::start(&ns[2], 4400, &[]),
+    );
     send_udp(&ns[0], &m.vips[0], "10.100.0.255", 4400, 10, "frame");
     let want = stream("frame", 10);
     assert_eq!(bravo.wait_for("frame", 10), want);
@@ -1134,11 +1156,19 @@ fn tap_arp_and_broadcast_frames_cross_two_hops_through_the_flood_tree() {
     let member = Listener::start(&ns[2], 4500, &[format!("239.77.0.2@{}", m.vips[2])]);
     let deadline = Instant::now() + PATIENCE;
     while member.received("warm").is_empty() {
-        assert!(Instant::now() < deadline, "no multicast frame reached charlie");
+        assert!(
+            Instant::now() < deadline,
+            "no multicast frame reached charlie"
+        );
         send_udp(&ns[0], &m.vips[0], "239.77.0.2", 4500, 1, "warm");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(m.modes(1)["multicast_packets_received"], 0, "{}", m.modes(1));
+    assert_eq!(
+        m.modes(1)["multicast_packets_received"],
+        0,
+        "{}",
+        m.modes(1)
+    );
 }
 
 #[test]
@@ -1150,10 +1180,7 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
     let server = start_registry(&lan);
     // the peers know the registry by address and port: pin the port for the second start
     let config = std::fs::read_to_string(&server.config_path).expect("config");
-    let pinned = config.replace(
-        &format!("{}:0", lan.registry_ip()),
-        &server.api.to_string(),
-    );
+    let pinned = config.replace(&format!("{}:0", lan.registry_ip()), &server.api.to_string());
     std::fs::write(&server.config_path, pinned).expect("pin the API port");
     let peers: Vec<Peer> = ["left", "right"]
         .iter()
@@ -1180,7 +1207,10 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
     } = server;
     drop(proc);
     let stopped = chrono::Utc::now();
-    assert!(ping(&lan.peers[0], &vips[1], 2), "the mesh runs without the registry");
+    assert!(
+        ping(&lan.peers[0], &vips[1], 2),
+        "the mesh runs without the registry"
+    );
     let server = start_server_with_file(dir, config_path);
     for (p, (name, vip)) in peers.iter().zip(["left", "right"].iter().zip(&vips)) {
         // a heartbeat answered 204 again moves last_seen past the restart, same address

@@ -151,7 +151,18 @@ mod tests {
     /// An IPv4 packet with the router-alert option (IHL 6, as the kernel sends IGMP).
     fn ip(igmp: &[u8]) -> Vec<u8> {
         let total = 24 + igmp.len();
-        let mut p = vec![0x46, 0xc0, (total >> 8) as u8, total as u8, 0, 0, 0x40, 0, 1, IGMP];
+        let mut p = vec![
+            0x46,
+            0xc0,
+            (total >> 8) as u8,
+            total as u8,
+            0,
+            0,
+            0x40,
+            0,
+            1,
+            IGMP,
+        ];
         p.extend([0, 0, 10, 100, 0, 1, 224, 0, 0, 22, 0x94, 4, 0, 0]);
         p.extend(igmp);
         p
@@ -213,11 +224,23 @@ mod tests {
         assert_eq!(igmp_changes(&report), Some(vec![GroupChange::Join(g)]));
         assert_eq!(igmp_changes(&leave), Some(vec![GroupChange::Leave(g)]));
         // a query changes nothing; all-hosts and unicast "groups" are never members
-        assert_eq!(igmp_changes(&ip(&[0x11, 100, 0, 0, 0, 0, 0, 0])), Some(vec![]));
-        assert_eq!(igmp_changes(&ip(&[0x16, 0, 0, 0, 224, 0, 0, 1])), Some(vec![]));
-        assert_eq!(igmp_changes(&ip(&[0x16, 0, 0, 0, 10, 0, 0, 1])), Some(vec![]));
+        assert_eq!(
+            igmp_changes(&ip(&[0x11, 100, 0, 0, 0, 0, 0, 0])),
+            Some(vec![])
+        );
+        assert_eq!(
+            igmp_changes(&ip(&[0x16, 0, 0, 0, 224, 0, 0, 1])),
+            Some(vec![])
+        );
+        assert_eq!(
+            igmp_changes(&ip(&[0x16, 0, 0, 0, 10, 0, 0, 1])),
+            Some(vec![])
+        );
         // truncated and lying counts do not panic
-        assert_eq!(igmp_changes(&ip(&[0x22, 0, 0, 0, 0, 0, 0, 9, 4])), Some(vec![]));
+        assert_eq!(
+            igmp_changes(&ip(&[0x22, 0, 0, 0, 0, 0, 0, 9, 4])),
+            Some(vec![])
+        );
         assert_eq!(igmp_changes(&ip(&[])), Some(vec![]));
         let mut udp = ip(&[0x16, 0, 0, 0, 239, 0, 0, 1]);
         udp[9] = 17;
@@ -232,11 +255,17 @@ mod tests {
         let mut l = LocalGroups::default();
         assert!(l.apply(&[GroupChange::Join(g)]));
         assert!(!l.apply(&[GroupChange::Join(g)]));
-        assert!(l.set_anycast(&[a, vip, g], vip), "vip and multicast are not anycast");
+        assert!(
+            l.set_anycast(&[a, vip, g], vip),
+            "vip and multicast are not anycast"
+        );
         assert!(l.is_anycast(a) && !l.is_anycast(vip));
         assert!(!l.set_anycast(&[a], vip));
         let (join, leave) = l.reconcile(&BTreeSet::from([Ipv4Addr::new(239, 0, 0, 8)]));
-        assert_eq!((join, leave), (vec![a, g], vec![Ipv4Addr::new(239, 0, 0, 8)]));
+        assert_eq!(
+            (join, leave),
+            (vec![a, g], vec![Ipv4Addr::new(239, 0, 0, 8)])
+        );
         assert!(l.apply(&[GroupChange::Leave(g)]));
         assert!(l.set_anycast(&[], vip));
         assert_eq!(l.reconcile(&BTreeSet::from([a, g])), (vec![], vec![a, g]));

@@ -1102,7 +1102,13 @@ mod tests {
         let modes = &sides[2].mesh.shared.totals.modes;
         assert_eq!(modes.broadcast_received.load(Relaxed), 1);
         assert_eq!(
-            sides[1].mesh.shared.totals.modes.floods_forwarded.load(Relaxed),
+            sides[1]
+                .mesh
+                .shared
+                .totals
+                .modes
+                .floods_forwarded
+                .load(Relaxed),
             1
         );
 
@@ -1127,7 +1133,13 @@ mod tests {
         pump(&mut sides, (0, 2));
         assert!(take_device(&mut sides[2]).is_empty());
         assert_eq!(
-            sides[0].mesh.shared.totals.modes.multicast_sent.load(Relaxed),
+            sides[0]
+                .mesh
+                .shared
+                .totals
+                .modes
+                .multicast_sent
+                .load(Relaxed),
             1
         );
 

@@ -6,9 +6,9 @@
 //! registry.
 
 use super::endpoints;
-use super::view;
 use super::identity::Identity;
 use super::registry::{Heartbeat, RegistryClient, RegistryError};
+use super::view;
 use super::{Live, Phase};
 use futures::StreamExt as _;
 use std::collections::HashMap;

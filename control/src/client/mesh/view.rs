@@ -4,8 +4,8 @@
 
 use chrono::{DateTime, TimeZone, Utc};
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use switchyard_api::client::{MeshPeerView, MeshRouteView};
 use switchyard_api::MeshPeer;
 use switchyard_dataplane::mesh::{MeshRoute, PeerCounters, SessionState};

@@ -21,8 +21,7 @@ use std::time::Instant;
 use switchyard_mesh_routing::l2::learning::{MacTable, DEFAULT_AGEING, DEFAULT_CAPACITY};
 use switchyard_mesh_routing::l2::mac::MacAddr;
 use switchyard_mesh_routing::{
-    classify_destination, AnycastTarget, ControlOutcome, Delivery, FloodMode, MeshNetwork,
-    Message,
+    classify_destination, AnycastTarget, ControlOutcome, Delivery, FloodMode, MeshNetwork, Message,
 };
 
 /// Ethernet type of IPv4.
@@ -266,11 +265,10 @@ impl Mesh {
     /// (the answers of a member come from the anycast address).
     pub(super) fn anycast_source(&self, s: &Session, src: Ipv4Addr) -> bool {
         self.modes.network.anycast.contains(&src)
-            && self.router.as_ref().is_some_and(|r| {
-                r.group_members(src)
-                    .iter()
-                    .any(|(id, _)| *id == s.entry.id)
-            })
+            && self
+                .router
+                .as_ref()
+                .is_some_and(|r| r.group_members(src).iter().any(|(id, _)| *id == s.entry.id))
     }
 
     /// TAP mode: a frame from the peer whose virtual IP is `from`: its source MAC lives there.
