@@ -270,4 +270,28 @@ mod tests {
         assert_eq!(peer_view(&p, Some(&c), via).connection_type, "direct");
         assert!(multi_hop_route(&[route(true, false)], "b").is_none());
     }
+
+    #[test]
+    fn a_peer_reaching_some_peers_only_through_others_reports_multi_hop() {
+        let mut c = peer();
+        c.id = "c".into();
+        let up = Arc::new(PeerCounters::default());
+        up.set_state(SessionState::Connected);
+        let down = Arc::new(PeerCounters::default());
+        let counters = HashMap::from([
+            ("b".to_owned(), ([0; 32], up.clone())),
+            ("c".to_owned(), ([1; 32], down)),
+        ]);
+        let mut via = route(true, true);
+        via.dest_peer_id = "c".into();
+        let r = reach(&[peer(), c.clone()], &counters, &[via]);
+        assert_eq!(
+            (r.peers, r.direct, r.multi_hop, r.connected()),
+            (2, 1, 1, 2)
+        );
+        assert_eq!(r.connection_type(), Some("multi-hop"));
+        let r = reach(&[peer(), c], &counters, &[]);
+        assert_eq!((r.connected(), r.connection_type()), (1, Some("direct")));
+        assert_eq!(reach(&[], &counters, &[]).connection_type(), None);
+    }
 }
