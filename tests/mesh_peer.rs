@@ -917,6 +917,24 @@ fn device_rx_packets(ns: &str) -> u64 {
     .expect("rx_packets")
 }
 
+/// Sends one datagram tagged `tag` after another (200 ms apart, bounded) until `listener`
+/// has one: the group or anycast membership it waits for has reached the sender's peer.
+fn send_until_received(
+    ns: &str,
+    iface: &str,
+    (dst, port): (&str, u16),
+    listener: &Listener,
+    tag: &str,
+    what: &str,
+) {
+    let deadline = Instant::now() + PATIENCE;
+    while listener.received(tag).is_empty() {
+        assert!(Instant::now() < deadline, "{what}");
+        send_udp(ns, iface, dst, port, 1, tag);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `tag0 … tag<n-1>`: every datagram of a stream once.
 fn stream(tag: &str, n: u32) -> Vec<String> {
     (0..n).map(|i| format!("{tag}{i}")).collect()
@@ -1007,12 +1025,14 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
     });
     // the membership reaches alpha within a round trip; a stream sent meanwhile would lose
     // its first datagrams, so send a probe stream until one arrives, then the real one
-    let deadline = Instant::now() + PATIENCE;
-    while member.received("warm").is_empty() {
-        assert!(Instant::now() < deadline, "no multicast reached charlie");
-        send_udp(&ns[0], alpha_vip, group, 4200, 1, "warm");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    send_until_received(
+        &ns[0],
+        alpha_vip,
+        (group, 4200),
+        &member,
+        "warm",
+        "no multicast reached charlie",
+    );
     let rx = [device_rx_packets(&ns[1]), device_rx_packets(&ns[2])];
     send_udp(&ns[0], alpha_vip, group, 4200, 10, "mc");
     assert_eq!(member.wait_for("mc", 10), stream("mc", 10));
@@ -1049,12 +1069,14 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
         Listener::start(&ns[1], 4300, &[]),
         Listener::start(&ns[2], 4300, &[]),
     );
-    let deadline = Instant::now() + PATIENCE;
-    while near.received("any").is_empty() {
-        assert!(Instant::now() < deadline, "no anycast reached bravo");
-        send_udp(&ns[0], alpha_vip, anycast, 4300, 1, "any");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    send_until_received(
+        &ns[0],
+        alpha_vip,
+        (anycast, 4300),
+        &near,
+        "any",
+        "no anycast reached bravo",
+    );
     send_udp(&ns[0], alpha_vip, anycast, 4300, 5, "near");
     assert_eq!(near.wait_for("near", 5), stream("near", 5));
     assert!(
@@ -1066,12 +1088,14 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
         "ip -n {} addr del {anycast}/32 dev symesh0",
         ns[1]
     ));
-    let deadline = Instant::now() + PATIENCE;
-    while far.received("moved").is_empty() {
-        assert!(Instant::now() < deadline, "anycast did not move to charlie");
-        send_udp(&ns[0], alpha_vip, anycast, 4300, 1, "moved");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    send_until_received(
+        &ns[0],
+        alpha_vip,
+        (anycast, 4300),
+        &far,
+        "moved",
+        "anycast did not move to charlie",
+    );
     send_udp(&ns[0], alpha_vip, anycast, 4300, 5, "far");
     assert_eq!(far.wait_for("far", 5), stream("far", 5));
     assert!(near.received("far").is_empty());
@@ -1154,15 +1178,19 @@ fn tap_arp_and_broadcast_frames_cross_two_hops_through_the_flood_tree() {
     assert!(m.modes(2)["broadcast_packets_received"].as_u64() >= Some(10));
     // a multicast frame stream reaches only the member (IGMP frames on the TAP device)
     let member = Listener::start(&ns[2], 4500, &[format!("239.77.0.2@{}", m.vips[2])]);
-    let deadline = Instant::now() + PATIENCE;
-    while member.received("warm").is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "no multicast frame reached charlie"
-        );
-        send_udp(&ns[0], &m.vips[0], "239.77.0.2", 4500, 1, "warm");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    send_until_received(
+        &ns[0],
+        &m.vips[0],
+        ("239.77.0.2", 4500),
+        &member,
+        "warm",
+        "no multicast frame reached charlie",
+    );
+    let rx = device_rx_packets(&ns[1]);
+    send_udp(&ns[0], &m.vips[0], "239.77.0.2", 4500, 10, "mc");
+    assert_eq!(member.wait_for("mc", 10), stream("mc", 10));
+    let bravo_rx = device_rx_packets(&ns[1]) - rx;
+    assert!(bravo_rx < 3, "bravo's device got {bravo_rx} frames");
     assert_eq!(
         m.modes(1)["multicast_packets_received"],
         0,
