@@ -1079,6 +1079,19 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
     );
     send_udp(&ns[0], alpha_vip, anycast, 4300, 5, "near");
     assert_eq!(near.wait_for("near", 5), stream("near", 5));
+    // TCP too: the member answers from the anycast address, which alpha accepts from it
+    let url = format!(
+        "http://{anycast}:{}/api/v1/mesh/status",
+        m.peers[1].api.port()
+    );
+    let out = curl_in(&ns[0], 10, &url);
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        status["peer_id"],
+        "bravo",
+        "TCP to the anycast address: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         far.received("").is_empty(),
         "charlie got {:?}",
