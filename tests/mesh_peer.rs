@@ -9,6 +9,7 @@ mod support;
 
 use serde_json::{json, Value};
 use std::net::SocketAddr;
+use std::process::Command;
 use std::time::{Duration, Instant};
 use support::mesh::{curl_in, ping, Ws};
 use support::netns::{root_with_tools_or_skip, sh, sh_quiet};
@@ -34,18 +35,19 @@ struct Lan {
 
 impl Lan {
     fn new(test: u32, count: usize) -> Lan {
-        Lan::named("sympeer", "sypr", test, count)
+        Lan::named("sympeer", "sypr", "10.213", test, count)
     }
 
-    /// `prefix` names the namespaces, `short` the host-side interface (15 bytes at most).
-    fn named(prefix: &str, short: &str, test: u32, count: usize) -> Lan {
+    /// `prefix` names the namespaces, `short` the host-side interface (15 bytes at most);
+    /// the LAN is a /24 inside `net16` (first two octets).
+    fn named(prefix: &str, short: &str, net16: &str, test: u32, count: usize) -> Lan {
         let tag = format!("{}{test}", std::process::id() % 10_000);
         let octet = (std::process::id() * 4 + test) % 250 + 2;
         let lan = Lan {
             hub: format!("{prefix}{tag}h"),
             host_if: format!("{short}{tag}"),
             peers: (0..count).map(|i| format!("{prefix}{tag}p{i}")).collect(),
-            net: format!("10.213.{octet}"),
+            net: format!("{net16}.{octet}"),
         };
         let hub = &lan.hub;
         sh(&format!(
@@ -556,12 +558,25 @@ struct SecondBridge {
 
 impl SecondBridge {
     fn new(lan: &Lan, leg: usize, moved: usize) -> SecondBridge {
-        let tag = format!("{}2", std::process::id() % 10_000);
-        let octet = (std::process::id() * 4 + 2) % 250 + 2;
+        SecondBridge::named(lan, leg, moved, ("syhop", "syhg", "10.215"), 2)
+    }
+
+    /// `names`: the namespace prefix, the host-side interface prefix and the first two octets
+    /// of the bridge's /24.
+    fn named(
+        lan: &Lan,
+        leg: usize,
+        moved: usize,
+        names: (&str, &str, &str),
+        test: u32,
+    ) -> SecondBridge {
+        let (prefix, short, net16) = names;
+        let tag = format!("{}{test}", std::process::id() % 10_000);
+        let octet = (std::process::id() * 4 + test) % 250 + 2;
         let b = SecondBridge {
-            hub: format!("syhop{tag}g"),
-            host_if: format!("syhg{tag}"),
-            net: format!("10.215.{octet}"),
+            hub: format!("{prefix}{tag}g"),
+            host_if: format!("{short}{tag}"),
+            net: format!("{net16}.{octet}"),
         };
         let (hub, net) = (&b.hub, &b.net);
         let (leg_ns, moved_ns) = (&lan.peers[leg], &lan.peers[moved]);
@@ -613,7 +628,7 @@ fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middl
     }
     // alpha and bravo share a LAN; charlie's underlay reaches only bravo (and the registry
     // through the host): alpha ⇄ charlie must go alpha → bravo → charlie
-    let lan = Lan::named("syhop", "syhopi", 2, 3);
+    let lan = Lan::named("syhop", "syhopi", "10.213", 2, 3);
     let second = SecondBridge::new(&lan, 1, 2);
     let server = start_registry(&lan);
     let start = |i: usize, ip: &str, name: &str, relay: bool| {
@@ -720,4 +735,498 @@ fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middl
         !ping(&lan.peers[0], &charlie_vip, 2),
         "alpha → charlie without bravo"
     );
+}
+
+/// Receives UDP on a port inside a namespace and prints every datagram as `<payload> <source>`;
+/// the extra arguments `group@interface-address` join multicast groups (IP_ADD_MEMBERSHIP),
+/// which makes the kernel send IGMP reports on that interface.
+const UDP_LISTENER: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+for g in sys.argv[2:]:
+    group, iface = g.split("@")
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                 socket.inet_aton(group) + socket.inet_aton(iface))
+print("ready", flush=True)
+while True:
+    data, src = s.recvfrom(4096)
+    print(data.decode(errors="replace"), src[0], flush=True)
+"#;
+
+/// Sends `count` datagrams `<tag><n>` to `dst:port`, 50 ms apart, from `interface-address`
+/// (broadcast allowed, multicast out of that interface, not looped back).
+const UDP_SENDER: &str = r#"
+import socket, sys, time
+dst, port, iface, count, tag = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(iface))
+s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 0)
+for i in range(count):
+    s.sendto(("%s%d" % (tag, i)).encode(), (dst, port))
+    time.sleep(0.05)
+"#;
+
+/// A UDP listener (python3) in a namespace; killed on drop.
+struct Listener {
+    _proc: Proc,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Listener {
+    fn start(ns: &str, port: u16, groups: &[String]) -> Listener {
+        use std::io::BufRead;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns, "python3", "-u", "-c", UDP_LISTENER])
+            .arg(port.to_string())
+            .args(groups)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 listener");
+        let stdout = child.stdout.take().expect("stdout");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (sink, (ready_tx, ready_rx)) = (lines.clone(), std::sync::mpsc::channel());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line == "ready" {
+                    let _ = ready_tx.send(());
+                } else if let Ok(mut l) = sink.lock() {
+                    l.push(line);
+                }
+            }
+        });
+        ready_rx
+            .recv_timeout(PATIENCE)
+            .expect("the listener did not start");
+        Listener {
+            _proc: Proc {
+                child,
+                name: format!("listener in {ns}"),
+            },
+            lines,
+        }
+    }
+
+    /// The payloads received with tag `tag` (source address dropped).
+    fn received(&self, tag: &str) -> Vec<String> {
+        self.lines
+            .lock()
+            .map(|l| {
+                l.iter()
+                    .filter(|x| x.starts_with(tag))
+                    .map(|x| x.split(' ').next().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits (bounded) until `n` datagrams tagged `tag` arrived; what arrived.
+    fn wait_for(&self, tag: &str, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + PATIENCE;
+        while self.received(tag).len() < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.received(tag)
+    }
+}
+
+/// Sends `count` datagrams tagged `tag` from namespace `ns` (source `iface`) to `dst:port`.
+fn send_udp(ns: &str, iface: &str, dst: &str, port: u16, count: u32, tag: &str) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", UDP_SENDER, dst])
+        .arg(port.to_string())
+        .arg(iface)
+        .arg(count.to_string())
+        .arg(tag)
+        .output()
+        .expect("python3 sender");
+    assert!(
+        out.status.success(),
+        "send from {ns}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Packets the peer's data plane wrote to the mesh device of namespace `ns` (the kernel's
+/// receive counter of `symesh0`).
+fn device_rx_packets(ns: &str) -> u64 {
+    sh(&format!(
+        "ip netns exec {ns} cat /sys/class/net/symesh0/statistics/rx_packets"
+    ))
+    .trim()
+    .parse()
+    .expect("rx_packets")
+}
+
+/// Sends one datagram tagged `tag` after another (200 ms apart, bounded) until `listener`
+/// has one: the group or anycast membership it waits for has reached the sender's peer.
+fn send_until_received(
+    ns: &str,
+    iface: &str,
+    (dst, port): (&str, u16),
+    listener: &Listener,
+    tag: &str,
+    what: &str,
+) {
+    let deadline = Instant::now() + PATIENCE;
+    while listener.received(tag).is_empty() {
+        assert!(Instant::now() < deadline, "{what}");
+        send_udp(ns, iface, dst, port, 1, tag);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `tag0 … tag<n-1>`: every datagram of a stream once.
+fn stream(tag: &str, n: u32) -> Vec<String> {
+    (0..n).map(|i| format!("{tag}{i}")).collect()
+}
+
+/// alpha and bravo on a LAN, charlie reachable only through bravo (which relays), all three
+/// in `device` mode, settled: alpha and charlie route to each other via bravo.
+struct TwoHops {
+    peers: Vec<Peer>,
+    vips: Vec<String>,
+    namespaces: Vec<String>,
+    server: Server,
+    _second: SecondBridge,
+    _lan: Lan,
+}
+
+impl TwoHops {
+    fn start(test: u32, device: &str) -> TwoHops {
+        let lan = Lan::named("symode", "symd", "10.216", test, 3);
+        let second = SecondBridge::named(&lan, 1, 2, ("symode", "symg", "10.217"), test);
+        let server = start_registry(&lan);
+        let start = |i: usize, ip: &str, name: &str, relay: bool| {
+            Peer::launch(&lan.peers[i], ip, name, server.api, device, relay)
+        };
+        let peers = vec![
+            start(0, &lan.lan_ip(0), "alpha", false),
+            start(1, &lan.lan_ip(1), "bravo", true),
+            start(2, &second.moved_ip(), "charlie", false),
+        ];
+        let mut vips = Vec::new();
+        for p in &peers {
+            let s = p.wait_for("/api/v1/mesh/status", "all peers connected", |s| {
+                s["status"] == "connected" && s["connected_peers"] == 2
+            });
+            vips.push(s["virtual_ip"].as_str().expect("vip").to_owned());
+        }
+        for (p, other) in [(&peers[0], "charlie"), (&peers[2], "alpha")] {
+            p.wait_for("/api/v1/mesh/routes", "a route via bravo", |v| {
+                active_route(v, other).is_some_and(|r| r["next_hop"] == "bravo")
+            });
+        }
+        TwoHops {
+            peers,
+            vips,
+            namespaces: lan.peers.clone(),
+            server,
+            _second: second,
+            _lan: lan,
+        }
+    }
+
+    fn modes(&self, i: usize) -> Value {
+        self.peers[i].get("/api/v1/mesh/stats")["traffic_modes"].clone()
+    }
+}
+
+#[test]
+fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_closest() {
+    if !root_with_tools_or_skip("mesh traffic modes", &["ip", "nsenter", "python3"]) {
+        return;
+    }
+    let m = TwoHops::start(3, "tun");
+    let ns = &m.namespaces;
+    let (alpha_vip, bravo_vip, charlie_vip) = (&m.vips[0], &m.vips[1], &m.vips[2]);
+
+    // broadcast to the network's broadcast address: bravo and charlie (two hops away) get
+    // every datagram exactly once
+    let (bravo, charlie) = (
+        Listener::start(&ns[1], 4100, &[]),
+        Listener::start(&ns[2], 4100, &[]),
+    );
+    send_udp(&ns[0], alpha_vip, "10.100.0.255", 4100, 10, "bc");
+    let want = stream("bc", 10);
+    assert_eq!(bravo.wait_for("bc", 10), want, "bravo");
+    assert_eq!(charlie.wait_for("bc", 10), want, "charlie, via bravo");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(charlie.received("bc"), want, "no duplicates");
+    assert_eq!(m.modes(0)["broadcast_packets_sent"], 10, "{}", m.modes(0));
+    assert_eq!(m.modes(2)["broadcast_packets_received"], 10);
+    assert!(m.modes(1)["flood_copies_forwarded"].as_u64() >= Some(10));
+
+    // multicast: charlie joins 239.77.0.1 on its mesh device (the kernel's IGMP report tells
+    // its peer), bravo does not; alpha's stream reaches charlie only
+    let group = "239.77.0.1";
+    let member = Listener::start(&ns[2], 4200, &[format!("{group}@{charlie_vip}")]);
+    m.peers[2].wait_for("/api/v1/mesh/stats", "the group learnt from IGMP", |s| {
+        s["traffic_modes"]["multicast_groups"] == 1
+    });
+    // the membership reaches alpha within a round trip; a stream sent meanwhile would lose
+    // its first datagrams, so send a probe stream until one arrives, then the real one
+    send_until_received(
+        &ns[0],
+        alpha_vip,
+        (group, 4200),
+        &member,
+        "warm",
+        "no multicast reached charlie",
+    );
+    let rx = [device_rx_packets(&ns[1]), device_rx_packets(&ns[2])];
+    send_udp(&ns[0], alpha_vip, group, 4200, 10, "mc");
+    assert_eq!(member.wait_for("mc", 10), stream("mc", 10));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(member.received("mc"), stream("mc", 10), "no duplicates");
+    // bravo's device saw none of the stream, charlie's all of it
+    let bravo_rx = device_rx_packets(&ns[1]) - rx[0];
+    assert!(bravo_rx < 3, "bravo's device got {bravo_rx} packets");
+    assert!(device_rx_packets(&ns[2]) - rx[1] >= 10);
+    assert_eq!(
+        m.modes(1)["multicast_packets_received"],
+        0,
+        "bravo did not join: {}",
+        m.modes(1)
+    );
+    assert!(m.modes(2)["multicast_packets_received"].as_u64() >= Some(11));
+    // charlie leaves (the socket closes: IGMP leave): alpha stops sending at all
+    drop(member);
+    m.peers[2].wait_for("/api/v1/mesh/stats", "the group left", |s| {
+        s["traffic_modes"]["multicast_groups"] == 0
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let before = m.modes(0)["multicast_packets_sent"].as_u64();
+    send_udp(&ns[0], alpha_vip, group, 4200, 3, "gone");
+    assert_eq!(m.modes(0)["multicast_packets_sent"].as_u64(), before);
+
+    // anycast: 10.100.0.200 on bravo and charlie; alpha's datagrams go to bravo (one hop
+    // closer), and to charlie once bravo drops the address
+    let anycast = "10.100.0.200";
+    for n in [&ns[1], &ns[2]] {
+        sh(&format!("ip -n {n} addr add {anycast}/32 dev symesh0"));
+    }
+    let (near, far) = (
+        Listener::start(&ns[1], 4300, &[]),
+        Listener::start(&ns[2], 4300, &[]),
+    );
+    send_until_received(
+        &ns[0],
+        alpha_vip,
+        (anycast, 4300),
+        &near,
+        "any",
+        "no anycast reached bravo",
+    );
+    send_udp(&ns[0], alpha_vip, anycast, 4300, 5, "near");
+    assert_eq!(near.wait_for("near", 5), stream("near", 5));
+    // TCP too: the member answers from the anycast address, which alpha accepts from it
+    let url = format!(
+        "http://{anycast}:{}/api/v1/mesh/status",
+        m.peers[1].api.port()
+    );
+    let out = curl_in(&ns[0], 10, &url);
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        status["peer_id"],
+        "bravo",
+        "TCP to the anycast address: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        far.received("").is_empty(),
+        "charlie got {:?}",
+        far.received("")
+    );
+    sh(&format!(
+        "ip -n {} addr del {anycast}/32 dev symesh0",
+        ns[1]
+    ));
+    send_until_received(
+        &ns[0],
+        alpha_vip,
+        (anycast, 4300),
+        &far,
+        "moved",
+        "anycast did not move to charlie",
+    );
+    send_udp(&ns[0], alpha_vip, anycast, 4300, 5, "far");
+    assert_eq!(far.wait_for("far", 5), stream("far", 5));
+    assert!(near.received("far").is_empty());
+    assert!(m.modes(2)["anycast_packets_received"].as_u64() >= Some(6));
+    assert_eq!(m.modes(2)["anycast_addresses"], 1);
+    // unicast is unchanged: ping across two hops
+    assert!(ping(&ns[0], charlie_vip, 2), "alpha → charlie");
+    assert!(ping(&ns[0], bravo_vip, 2), "alpha → bravo");
+
+    // the registry hears how each peer reaches the others: alpha and charlie reach one peer
+    // through bravo (multi-hop), bravo has sessions with both (direct)
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let kind = |id: &str| {
+            m.server
+                .api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/{id}"))["connection_type"]
+                .clone()
+        };
+        let seen = [kind("alpha"), kind("bravo"), kind("charlie")];
+        if seen == ["multi-hop", "direct", "multi-hop"] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "heartbeat connection types: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn tap_arp_and_broadcast_frames_cross_two_hops_through_the_flood_tree() {
+    if !root_with_tools_or_skip("mesh TAP modes", &["ip", "nsenter", "ping", "python3"]) {
+        return;
+    }
+    let m = TwoHops::start(4, "tap");
+    let ns = &m.namespaces;
+    // no IPv6 chatter (router solicitations, MLD) on the TAP devices: the device counters
+    // below count the test's frames only
+    for n in ns {
+        sh(&format!(
+            "ip netns exec {n} sysctl -qw net.ipv6.conf.symesh0.disable_ipv6=1"
+        ));
+    }
+    // ARP across the mesh: the broadcast request goes down the flood tree (charlie's over
+    // two hops), the unicast reply to the learnt MAC through bravo
+    for (i, j) in [(0, 1), (0, 2), (2, 0)] {
+        assert!(
+            ping(&ns[i], &m.vips[j], 3),
+            "ping over TAP {i} → {j}\n{}",
+            m.peers[i].log_text()
+        );
+    }
+    let charlie_mac = m.peers[0].get("/api/v1/mesh/peers/charlie")["virtual_mac"]
+        .as_str()
+        .expect("mac")
+        .to_owned();
+    let neigh = sh(&format!("ip -n {} neigh show dev symesh0", ns[0]));
+    assert!(
+        neigh.contains(&m.vips[2]) && neigh.contains(&charlie_mac),
+        "alpha learnt charlie's MAC by ARP across two hops: {neigh}"
+    );
+    // with the MACs learnt, unicast frames are not flooded: bravo's device sees none of
+    // alpha ⇄ charlie's pings (it only relays their EtherIP packets)
+    let rx = device_rx_packets(&ns[1]);
+    assert!(ping(&ns[0], &m.vips[2], 5), "ping alpha → charlie");
+    let bravo_rx = device_rx_packets(&ns[1]) - rx;
+    assert!(bravo_rx < 3, "bravo's device got {bravo_rx} frames");
+    // a broadcast frame (UDP to the network's broadcast address) reaches both, once
+    let (bravo, charlie) = (
+        Listener::start(&ns[1], 4400, &[]),
+        Listener::start(&ns[2], 4400, &[]),
+    );
+    send_udp(&ns[0], &m.vips[0], "10.100.0.255", 4400, 10, "frame");
+    let want = stream("frame", 10);
+    assert_eq!(bravo.wait_for("frame", 10), want);
+    assert_eq!(charlie.wait_for("frame", 10), want);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(charlie.received("frame"), want, "no duplicates");
+    assert!(m.modes(2)["broadcast_packets_received"].as_u64() >= Some(10));
+    // a multicast frame stream reaches only the member (IGMP frames on the TAP device)
+    let member = Listener::start(&ns[2], 4500, &[format!("239.77.0.2@{}", m.vips[2])]);
+    send_until_received(
+        &ns[0],
+        &m.vips[0],
+        ("239.77.0.2", 4500),
+        &member,
+        "warm",
+        "no multicast frame reached charlie",
+    );
+    let rx = device_rx_packets(&ns[1]);
+    send_udp(&ns[0], &m.vips[0], "239.77.0.2", 4500, 10, "mc");
+    assert_eq!(member.wait_for("mc", 10), stream("mc", 10));
+    let bravo_rx = device_rx_packets(&ns[1]) - rx;
+    assert!(bravo_rx < 3, "bravo's device got {bravo_rx} frames");
+    assert_eq!(
+        m.modes(1)["multicast_packets_received"],
+        0,
+        "{}",
+        m.modes(1)
+    );
+}
+
+#[test]
+fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
+    if !root_with_tools_or_skip("mesh registry restart", &["ip", "nsenter", "ping"]) {
+        return;
+    }
+    let lan = Lan::named("symode", "symd", "10.216", 5, 2);
+    let server = start_registry(&lan);
+    // the peers know the registry by address and port: pin the port for the second start
+    let config = std::fs::read_to_string(&server.config_path).expect("config");
+    let pinned = config.replace(&format!("{}:0", lan.registry_ip()), &server.api.to_string());
+    std::fs::write(&server.config_path, pinned).expect("pin the API port");
+    let peers: Vec<Peer> = ["left", "right"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Peer::start(&lan, i, n, server.api))
+        .collect();
+    let vip = |p: &Peer| {
+        p.wait_for("/api/v1/mesh/status", "connected", |s| {
+            s["status"] == "connected" && s["connected_peers"] == 1
+        })["virtual_ip"]
+            .as_str()
+            .expect("vip")
+            .to_owned()
+    };
+    let vips: Vec<String> = peers.iter().map(vip).collect();
+    assert!(ping(&lan.peers[0], &vips[1], 2), "ping before the restart");
+
+    // stop the registry (same SQLite file) and start it again on the same port
+    let Server {
+        proc,
+        dir,
+        config_path,
+        ..
+    } = server;
+    drop(proc);
+    let stopped = chrono::Utc::now();
+    assert!(
+        ping(&lan.peers[0], &vips[1], 2),
+        "the mesh runs without the registry"
+    );
+    let server = start_server_with_file(dir, config_path);
+    for (p, (name, vip)) in peers.iter().zip(["left", "right"].iter().zip(&vips)) {
+        // a heartbeat answered 204 again moves last_seen past the restart, same address
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let listed = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/{name}"));
+            let renewed = listed["last_seen"]
+                .as_str()
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .is_some_and(|t| t > stopped);
+            if renewed {
+                assert_eq!(listed["virtual_ip"], *vip, "{listed}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name}'s heartbeats: {listed}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let status = p.get("/api/v1/mesh/status");
+        assert_eq!(
+            (status["status"].as_str(), status["virtual_ip"].as_str()),
+            (Some("connected"), Some(vip.as_str())),
+            "{status}"
+        );
+        assert!(
+            !p.log_text().contains("registering again"),
+            "{name} did not have to register again:\n{}",
+            p.log_text()
+        );
+    }
+    assert!(ping(&lan.peers[0], &vips[1], 2), "ping after the restart");
+    assert!(ping(&lan.peers[1], &vips[0], 2));
 }

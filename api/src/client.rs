@@ -423,4 +423,31 @@ pub struct MeshStats {
     pub bytes_received: u64,
     pub packets_sent: u64,
     pub packets_received: u64,
+    /// Broadcast, multicast and anycast traffic (the spec leaves the stats body open).
+    #[serde(default)]
+    pub traffic_modes: MeshTrafficModes,
+}
+
+/// Packets of the mesh traffic modes other than unicast, and this peer's memberships.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshTrafficModes {
+    /// Broadcast packets from the device flooded to every peer (TAP: broadcast and
+    /// unknown-unicast frames).
+    pub broadcast_packets_sent: u64,
+    /// Flooded broadcast packets from other peers written to the device.
+    pub broadcast_packets_received: u64,
+    /// Multicast packets from the device flooded to the group's members.
+    pub multicast_packets_sent: u64,
+    /// Multicast packets for a group this peer joined written to the device.
+    pub multicast_packets_received: u64,
+    /// Anycast packets from the device sent to the closest member.
+    pub anycast_packets_sent: u64,
+    /// Packets for one of this peer's anycast addresses written to the device.
+    pub anycast_packets_received: u64,
+    /// Flood copies passed on to other peers down a delivery tree.
+    pub flood_copies_forwarded: u64,
+    /// Multicast groups joined on the mesh device (IGMP).
+    pub multicast_groups: u64,
+    /// Anycast addresses of the mesh device.
+    pub anycast_addresses: u64,
 }

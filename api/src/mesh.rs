@@ -52,7 +52,8 @@ pub struct MeshPeer {
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// `connected` while the lease is held (peers without a lease are not listed).
     pub status: String,
-    /// As the peer last reported it in a heartbeat (`direct`, `relayed`); absent until then.
+    /// As the peer last reported it in a heartbeat (`direct`, `relayed`, `multi-hop`); absent
+    /// until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_type: Option<String>,
     /// Milliseconds, as the peer last reported it; absent until then.

@@ -23,7 +23,17 @@
 //! ([`PathToPeer`]: direct, or through a TURN relay). The gathered candidates reach the control
 //! plane as an `ArcSwap` snapshot with a version counter ([`MeshShared::candidates`]), which
 //! publishes them to the registry.
+//!
+//! Traffic modes (`runner/modes.rs`): a packet from the device is classified by its destination
+//! (`switchyard_mesh_routing::classify_destination`): broadcast and multicast travel as floods
+//! down the router's delivery tree (multicast delivered only where the group was joined),
+//! anycast goes to the closest member hop by hop. This peer's groups are learnt from the
+//! device ([`membership`]: the IGMP reports the kernel writes to it, and the device's extra
+//! addresses the control plane publishes in [`MeshShared::local_anycast`]). In TAP mode
+//! broadcast, multicast and unknown-unicast frames take the same floods and unicast frames go
+//! to the peer their MAC was learnt from, routed like any packet for its virtual IP.
 
+pub mod membership;
 pub mod nat;
 mod runner;
 pub mod wire;
@@ -207,6 +217,29 @@ pub struct MeshTotals {
     pub no_route: AtomicU64,
     /// Packets dropped because a queue or the device was full.
     pub overflow: AtomicU64,
+    pub modes: ModeCounters,
+}
+
+/// Packets of each traffic mode other than unicast, and this peer's group memberships.
+#[derive(Debug, Default)]
+pub struct ModeCounters {
+    /// Broadcast packets (TAP: broadcast and unknown-unicast frames) read from the device and
+    /// flooded.
+    pub broadcast_sent: AtomicU64,
+    /// Flooded broadcast packets written to the device.
+    pub broadcast_received: AtomicU64,
+    pub multicast_sent: AtomicU64,
+    pub multicast_received: AtomicU64,
+    /// Anycast packets read from the device and sent to the closest member.
+    pub anycast_sent: AtomicU64,
+    /// Anycast packets for one of our anycast addresses written to the device.
+    pub anycast_received: AtomicU64,
+    /// Flood copies passed on to our children in another peer's delivery tree.
+    pub floods_forwarded: AtomicU64,
+    /// Multicast groups joined on the device (IGMP) right now.
+    pub multicast_groups: AtomicU64,
+    /// Anycast addresses of the device right now.
+    pub anycast_addresses: AtomicU64,
 }
 
 /// What the control plane and the owner core share.
@@ -217,6 +250,12 @@ pub struct MeshShared {
     pub routes: ArcSwap<Vec<MeshRoute>>,
     /// This peer's virtual IP (changes when a lost lease is registered again).
     pub local_vip: AtomicU32,
+    /// The prefix length of the network's CIDR (0 until known: every address is then unicast
+    /// except 255.255.255.255).
+    pub network_prefix: AtomicU8,
+    /// The anycast addresses of this peer: extra addresses of the mesh device inside the
+    /// network, as the control plane last read them.
+    pub local_anycast: ArcSwap<Vec<Ipv4Addr>>,
     pub totals: MeshTotals,
     /// Wakes the owner: a new peer table, a packet from the device, stop.
     pub wake: Wake,
@@ -241,6 +280,27 @@ impl MeshShared {
     pub fn set_local_vip(&self, vip: Ipv4Addr) {
         self.local_vip.store(u32::from(vip), Relaxed);
         self.wake.notify();
+    }
+
+    pub fn set_network_prefix(&self, prefix: u8) {
+        self.network_prefix.store(prefix.min(32), Relaxed);
+    }
+
+    /// Publishes the device's anycast addresses (the owner applies them at its next tick).
+    pub fn set_local_anycast(&self, mut addresses: Vec<Ipv4Addr>) {
+        addresses.sort();
+        addresses.dedup();
+        if **self.local_anycast.load() != addresses {
+            self.local_anycast.store(Arc::new(addresses));
+        }
+    }
+
+    /// The network the local virtual IP is in (0.0.0.0/0 until the prefix is known).
+    pub fn network(&self) -> ipnet::Ipv4Net {
+        let prefix = self.network_prefix.load(Relaxed);
+        ipnet::Ipv4Net::new(self.local_vip(), prefix)
+            .unwrap_or_default()
+            .trunc()
     }
 
     pub fn local_vip(&self) -> Ipv4Addr {

@@ -3,7 +3,10 @@
 //! socket, never cancelled mid-receive), the main loop (packets from the device, peer-table
 //! changes, timers, the router's announcements) and nothing else; a plain thread reads the
 //! device (a TUN descriptor cannot be awaited on glommio's ring) and hands packets over a
-//! bounded queue.
+//! bounded queue. The traffic modes (broadcast, multicast, anycast, TAP frames) are in
+//! [`modes`].
+
+mod modes;
 
 use super::nat::{self, Inbound, NatPaths};
 use super::wire::{self, DatagramKind, CONTROL_PORT};
@@ -48,8 +51,6 @@ fn unix_ms() -> u64 {
 }
 
 struct Session {
-    /// Its key in the session map (our receiver index).
-    index: u32,
     entry: Arc<PeerEntry>,
     tunn: Tunn,
     /// The way the last authenticated datagram came (the peer may roam, or be behind a NAT
@@ -91,8 +92,8 @@ struct Mesh {
     public: PublicKey,
     table: Arc<super::PeerTable>,
     sessions: HashMap<u32, Session>,
-    /// TAP mode: which session a MAC address was last seen behind.
-    macs: HashMap<[u8; 6], u32>,
+    /// Broadcast, multicast and anycast; TAP frames.
+    modes: modes::Modes,
     next_index: u32,
     device: std::fs::File,
     /// Datagrams to send once the `RefCell` borrow ends.
@@ -135,7 +136,7 @@ impl Mesh {
             public,
             table: Arc::new(super::PeerTable::default()),
             sessions: HashMap::new(),
-            macs: HashMap::new(),
+            modes: modes::Modes::new(),
             next_index: 1,
             device,
             outgoing: Vec::new(),
@@ -325,7 +326,6 @@ impl Mesh {
                         n.set_peer(&entry.id, &entry.candidates, Instant::now());
                     }
                     let mut s = Session {
-                        index,
                         entry: entry.clone(),
                         tunn,
                         learnt: None,
@@ -347,6 +347,7 @@ impl Mesh {
         let now = Instant::now();
         for (_, s) in old {
             tracing::info!(peer = %s.entry.id, "mesh peer removed");
+            self.modes.forget_peer(&s.entry.id);
             let still_listed = keep.values().any(|k| k.entry.id == s.entry.id);
             if let Some(n) = self.nat.as_mut().filter(|_| !still_listed) {
                 n.remove_peer(&s.entry.id);
@@ -357,7 +358,6 @@ impl Mesh {
                 }
             }
         }
-        self.macs.retain(|_, i| keep.contains_key(i));
         self.sessions = keep;
         self.table = table;
     }
@@ -626,7 +626,11 @@ impl Mesh {
                 .and_then(|r| r.next_hop(src))
                 .is_some_and(|h| h.peer_id == s.entry.id)
         };
-        if src != s.entry.vip && !self.settings.relay_via_peers && !routed_via_sender() {
+        if src != s.entry.vip
+            && !self.settings.relay_via_peers
+            && !routed_via_sender()
+            && !self.anycast_source(s, src)
+        {
             self.shared.totals.invalid.fetch_add(1, Relaxed);
             return;
         }
@@ -637,7 +641,7 @@ impl Mesh {
             Direction::Received,
         );
         let totals = &self.shared.totals;
-        if dst == self.local_vip() {
+        if self.is_for_us(dst) {
             if let Some((CONTROL_PORT, payload)) = wire::udp_to(&packet) {
                 let payload = payload.to_vec();
                 self.control(s, &payload);
@@ -645,11 +649,7 @@ impl Mesh {
                 self.write_device(&packet);
             } else if let Some(frame) = wire::etherip_frame(&packet) {
                 // learn where the sender's MAC lives, then hand the frame to the device
-                if let Some((_, src)) = wire::macs(frame) {
-                    if !wire::is_group(&src) {
-                        self.macs.insert(src, s.index);
-                    }
-                }
+                self.learn_mac(frame, src);
                 self.write_device(frame);
             } else {
                 // TAP mode carries frames only
@@ -662,7 +662,7 @@ impl Mesh {
             totals.no_route.fetch_add(1, Relaxed);
             return;
         }
-        self.send_to_mesh(&packet);
+        self.forward(&packet);
     }
 
     /// A message on the mesh control port: the router's (announcement, probe, membership,
@@ -688,9 +688,7 @@ impl Mesh {
             let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
             s.entry.counters.rtt_us.store(us, Relaxed);
         }
-        if let Some(packet) = &outcome.deliver {
-            self.write_device(packet);
-        }
+        self.after_control(payload, &outcome);
         for (neighbour, datagram) in &outcome.send {
             if *neighbour == s.entry.id {
                 // the sender's session is out of the map while we read from it
@@ -744,30 +742,9 @@ impl Mesh {
     /// A packet from the device: an IP packet (TUN) or an Ethernet frame (TAP).
     fn device_packet(&mut self, packet: &[u8]) {
         if self.settings.layer2 {
-            self.send_frame(packet);
+            self.device_frame(packet);
         } else {
-            self.send_to_mesh(packet);
-        }
-    }
-
-    /// TAP mode: a frame goes as EtherIP to the peer that has its destination MAC (learnt
-    /// from the frames it sent), or to every peer when it is broadcast, multicast or unknown.
-    fn send_frame(&mut self, frame: &[u8]) {
-        let Some((dst, _)) = wire::macs(frame) else {
-            self.shared.totals.no_route.fetch_add(1, Relaxed);
-            return;
-        };
-        let known = (!wire::is_group(&dst))
-            .then(|| self.macs.get(&dst).copied())
-            .flatten()
-            .filter(|i| self.sessions.contains_key(i));
-        let targets: Vec<u32> = match known {
-            Some(i) => vec![i],
-            None => self.sessions.keys().copied().collect(),
-        };
-        let local = self.local_vip();
-        for i in targets {
-            self.send_to_session(i, |s| wire::etherip_packet(local, s.entry.vip, frame));
+            self.device_ip_packet(packet);
         }
     }
 
@@ -836,6 +813,7 @@ impl Mesh {
             }
             self.sessions.insert(i, s);
         }
+        self.sync_groups();
         self.drive_router(now);
     }
 }
@@ -1357,5 +1335,120 @@ mod tests {
         assert!(device_bytes(&mut sides[1])
             .windows(packet.len())
             .any(|w| w == packet.as_slice()));
+    }
+
+    /// What reached a side's device since the last look (emptied).
+    fn take_device(s: &mut Side) -> Vec<u8> {
+        let all = device_bytes(s);
+        s.device.set_len(0).unwrap();
+        s.device.seek(SeekFrom::Start(0)).unwrap();
+        all
+    }
+
+    /// The IGMPv3 report the kernel writes when a socket joins (`join`) or leaves `group`.
+    fn igmp_v3(from: Ipv4Addr, group: Ipv4Addr, join: bool) -> Vec<u8> {
+        let mut igmp = vec![0x22, 0, 0, 0, 0, 0, 0, 1, if join { 4 } else { 3 }, 0, 0, 0];
+        igmp.extend(group.octets());
+        let mut p = wire::udp_packet(from, Ipv4Addr::new(224, 0, 0, 22), 1, &[]);
+        p.truncate(20);
+        p[9] = 2;
+        p[3] = (20 + igmp.len()) as u8;
+        p.extend(igmp);
+        p
+    }
+
+    #[test]
+    fn broadcast_multicast_and_anycast_reach_the_right_peers_across_two_hops() {
+        let mut sides = vec![side(1, 1), side(2, 2), side(3, 3)];
+        sides[1].mesh.settings.relay_via_peers = true;
+        for s in &sides {
+            s.mesh.shared.set_network_prefix(24);
+        }
+        list_all(&mut sides);
+        for _ in 0..4 {
+            pump(&mut sides, (0, 2));
+        }
+        let (v0, v2) = (sides[0].vip, sides[2].vip);
+        for s in sides.iter_mut() {
+            take_device(s);
+        }
+
+        // a broadcast from 0 reaches 1 and (through 1) 2, once each, unchanged
+        let broadcast = wire::udp_packet(v0, Ipv4Addr::new(10, 100, 0, 255), 9999, b"all");
+        sides[0].mesh.device_packet(&broadcast);
+        pump(&mut sides, (0, 2));
+        assert_eq!(take_device(&mut sides[1]), broadcast);
+        assert_eq!(take_device(&mut sides[2]), broadcast, "exactly once");
+        assert!(take_device(&mut sides[0]).is_empty());
+        let modes = &sides[2].mesh.shared.totals.modes;
+        assert_eq!(modes.broadcast_received.load(Relaxed), 1);
+        assert_eq!(
+            sides[1]
+                .mesh
+                .shared
+                .totals
+                .modes
+                .floods_forwarded
+                .load(Relaxed),
+            1
+        );
+
+        // 2 joins a group on its device (IGMP): a multicast from 0 reaches only 2
+        let group = Ipv4Addr::new(239, 1, 2, 3);
+        sides[2].mesh.device_packet(&igmp_v3(v2, group, true));
+        assert!(take_device(&mut sides[2]).is_empty(), "IGMP is consumed");
+        for _ in 0..2 {
+            pump(&mut sides, (0, 2));
+        }
+        let multicast = wire::udp_packet(v0, group, 5353, b"group");
+        sides[0].mesh.device_packet(&multicast);
+        pump(&mut sides, (0, 2));
+        assert_eq!(take_device(&mut sides[2]), multicast);
+        assert!(take_device(&mut sides[1]).is_empty(), "1 did not join");
+        // after the leave nothing is sent at all
+        sides[2].mesh.device_packet(&igmp_v3(v2, group, false));
+        for _ in 0..2 {
+            pump(&mut sides, (0, 2));
+        }
+        sides[0].mesh.device_packet(&multicast);
+        pump(&mut sides, (0, 2));
+        assert!(take_device(&mut sides[2]).is_empty());
+        assert_eq!(
+            sides[0]
+                .mesh
+                .shared
+                .totals
+                .modes
+                .multicast_sent
+                .load(Relaxed),
+            1
+        );
+
+        // an anycast address on 1 and 2: 0's packets go to 1 (closer), then to 2 when 1 drops it
+        let anycast = Ipv4Addr::new(10, 100, 0, 200);
+        for i in [1, 2] {
+            sides[i].mesh.shared.set_local_anycast(vec![anycast]);
+        }
+        for _ in 0..3 {
+            pump(&mut sides, (0, 2));
+        }
+        let to_anycast = wire::udp_packet(v0, anycast, 7000, b"nearest");
+        sides[0].mesh.device_packet(&to_anycast);
+        pump(&mut sides, (0, 2));
+        assert_eq!(take_device(&mut sides[1]), to_anycast);
+        assert!(take_device(&mut sides[2]).is_empty());
+        sides[1].mesh.shared.set_local_anycast(Vec::new());
+        for _ in 0..3 {
+            pump(&mut sides, (0, 2));
+        }
+        sides[0].mesh.device_packet(&to_anycast);
+        pump(&mut sides, (0, 2));
+        assert!(take_device(&mut sides[1]).is_empty());
+        let mut forwarded = to_anycast.clone();
+        assert!(wire::decrement_ttl(&mut forwarded));
+        assert_eq!(take_device(&mut sides[2]), forwarded, "moved to 2, via 1");
+        let modes = &sides[2].mesh.shared.totals.modes;
+        assert_eq!(modes.anycast_received.load(Relaxed), 1);
+        assert_eq!(modes.anycast_addresses.load(Relaxed), 1);
     }
 }

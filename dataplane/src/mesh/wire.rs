@@ -170,18 +170,6 @@ pub fn etherip_frame(p: &[u8]) -> Option<&[u8]> {
     Some(&body[2..])
 }
 
-/// A frame's destination and source MAC addresses.
-pub fn macs(frame: &[u8]) -> Option<([u8; 6], [u8; 6])> {
-    let dst = frame.get(0..6)?.try_into().ok()?;
-    let src = frame.get(6..12)?.try_into().ok()?;
-    Some((dst, src))
-}
-
-/// Broadcast and multicast frames (group bit set) go to every peer.
-pub fn is_group(mac: &[u8; 6]) -> bool {
-    mac[0] & 1 == 1
-}
-
 fn checksum(header: &[u8]) -> u16 {
     let mut sum: u32 = header
         .chunks(2)
@@ -248,9 +236,6 @@ mod tests {
         assert_eq!(ipv4_addresses(&p), Some((a, b)));
         assert_eq!(checksum(&p[..20]), 0);
         assert_eq!(etherip_frame(&p), Some(&frame[..]));
-        let (dst, src) = macs(&frame).expect("macs");
-        assert!(is_group(&dst));
-        assert!(!is_group(&src));
         assert_eq!(etherip_frame(&udp_packet(a, b, 1, &frame)), None);
         assert_eq!(etherip_frame(&p[..30]), None, "truncated");
     }

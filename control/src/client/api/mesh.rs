@@ -10,9 +10,9 @@ use axum::http::StatusCode;
 use axum::Json;
 use std::sync::atomic::Ordering::Relaxed;
 use switchyard_api::client::{
-    MeshNetworkInfo, MeshPeerView, MeshRouteView, MeshStats, MeshStatus, StatusReply,
+    MeshNetworkInfo, MeshPeerView, MeshRouteView, MeshStats, MeshStatus, MeshTrafficModes,
+    StatusReply,
 };
-use switchyard_dataplane::mesh::SessionState;
 
 fn uptime(live: &Live) -> String {
     let secs = live.started.elapsed().as_secs();
@@ -23,25 +23,8 @@ fn uptime(live: &Live) -> String {
 /// without a session of its own that is reached through others counts as connected only.
 fn peer_counts(live: &Live) -> (u64, u64, u64, u64) {
     let info = live.info.lock();
-    let routes = live.shared.routes.load();
-    let (mut connected, mut direct, mut relayed) = (0, 0, 0);
-    for p in &info.peers {
-        let session = info
-            .counters
-            .get(&p.id)
-            .filter(|(_, c)| c.state() == SessionState::Connected);
-        if let Some((_, c)) = session {
-            connected += 1;
-            if c.path_type() == Some("relayed") {
-                relayed += 1;
-            } else {
-                direct += 1;
-            }
-        } else if view::multi_hop_route(&routes, &p.id).is_some() {
-            connected += 1;
-        }
-    }
-    (info.peers.len() as u64, connected, direct, relayed)
+    let r = view::reach(&info.peers, &info.counters, &live.shared.routes.load());
+    (r.peers, r.connected(), r.direct, r.relayed)
 }
 
 #[utoipa::path(get, path = "/api/v1/mesh/status", tag = "mesh", responses((status = 200, body = MeshStatus)))]
@@ -111,10 +94,12 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             bytes_received: 0,
             packets_sent: 0,
             packets_received: 0,
+            traffic_modes: MeshTrafficModes::default(),
         });
     };
     let (peer_count, connected_peers, ..) = peer_counts(&live);
     let t = &live.shared.totals;
+    let m = &t.modes;
     Json(MeshStats {
         enabled: true,
         peer_count,
@@ -123,6 +108,17 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
         bytes_received: t.bytes_received.load(Relaxed),
         packets_sent: t.packets_sent.load(Relaxed),
         packets_received: t.packets_received.load(Relaxed),
+        traffic_modes: MeshTrafficModes {
+            broadcast_packets_sent: m.broadcast_sent.load(Relaxed),
+            broadcast_packets_received: m.broadcast_received.load(Relaxed),
+            multicast_packets_sent: m.multicast_sent.load(Relaxed),
+            multicast_packets_received: m.multicast_received.load(Relaxed),
+            anycast_packets_sent: m.anycast_sent.load(Relaxed),
+            anycast_packets_received: m.anycast_received.load(Relaxed),
+            flood_copies_forwarded: m.floods_forwarded.load(Relaxed),
+            multicast_groups: m.multicast_groups.load(Relaxed),
+            anycast_addresses: m.anycast_addresses.load(Relaxed),
+        },
     })
 }
 

@@ -4,6 +4,9 @@
 //! preference 126, local preference by interface order, component 1), so the ICE crate's
 //! server-reflexive and relay candidates rank below them. [`with_gathered`] adds those (the
 //! data plane's NAT traversal gathers them) to what the peer publishes.
+//!
+//! The same interface list gives this peer's anycast addresses: extra addresses of the mesh
+//! device inside the network (`ip addr add 10.100.0.200/32 dev symesh0`).
 
 use std::net::Ipv4Addr;
 use switchyard_api::MeshEndpoint;
@@ -79,9 +82,50 @@ pub fn interface_addresses() -> Vec<(String, Ipv4Addr)> {
         .collect()
 }
 
+/// The anycast addresses among `(interface, address)` pairs: the addresses of `mesh_device`
+/// inside `network` other than the leased `vip` and the network and broadcast addresses.
+pub fn anycast_addresses(
+    addresses: &[(String, Ipv4Addr)],
+    mesh_device: &str,
+    network: ipnet::Ipv4Net,
+    vip: Ipv4Addr,
+) -> Vec<Ipv4Addr> {
+    addresses
+        .iter()
+        .filter(|(ifname, ip)| {
+            ifname == mesh_device
+                && *ip != vip
+                && network.contains(ip)
+                && *ip != network.network()
+                && *ip != network.broadcast()
+        })
+        .map(|(_, ip)| *ip)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn anycast_addresses_are_the_mesh_devices_extra_addresses_in_the_network() {
+        let a = |n: &str, ip: &str| (n.to_string(), ip.parse::<Ipv4Addr>().expect("ip"));
+        let net: ipnet::Ipv4Net = "10.100.0.0/24".parse().expect("net");
+        let vip = Ipv4Addr::new(10, 100, 0, 2);
+        let got = anycast_addresses(
+            &[
+                a("symesh0", "10.100.0.2"),
+                a("symesh0", "10.100.0.200"),
+                a("symesh0", "192.168.7.1"),
+                a("symesh0", "10.100.0.255"),
+                a("eth0", "10.100.0.201"),
+            ],
+            "symesh0",
+            net,
+            vip,
+        );
+        assert_eq!(got, [Ipv4Addr::new(10, 100, 0, 200)]);
+    }
 
     #[test]
     fn host_candidates_skip_loopback_the_mesh_device_and_duplicates() {

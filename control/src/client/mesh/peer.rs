@@ -9,6 +9,7 @@
 use super::endpoints;
 use super::identity::Identity;
 use super::registry::{Heartbeat, RegistryClient, RegistryError};
+use super::view;
 use super::{Live, Phase};
 use futures::StreamExt as _;
 use std::collections::HashMap;
@@ -32,6 +33,9 @@ pub const OWNER_LOST: Duration = Duration::from_secs(3);
 const ENDPOINT_CHECK: Duration = Duration::from_secs(30);
 /// How often the data plane's gathered candidates are looked at (a version counter).
 const CANDIDATE_CHECK: Duration = Duration::from_millis(500);
+/// How often the mesh device's addresses are read for anycast addresses (an address added or
+/// removed moves anycast traffic within about this long).
+const ANYCAST_CHECK: Duration = Duration::from_secs(1);
 
 pub struct PeerTask {
     pub live: Arc<Live>,
@@ -113,6 +117,20 @@ impl PeerTask {
             direct_connect: self.cfg.connection.direct_connect,
             relay_enabled: self.cfg.connection.relay_enabled,
         }
+    }
+
+    /// Hands the mesh device's anycast addresses to the data plane.
+    fn publish_anycast(&self, vip: Ipv4Addr, prefix: u8) {
+        let Ok(network) = ipnet::Ipv4Net::new(vip, prefix) else {
+            return;
+        };
+        let found = endpoints::anycast_addresses(
+            &endpoints::interface_addresses(),
+            &self.cfg.device.name,
+            network.trunc(),
+            vip,
+        );
+        self.live.shared.set_local_anycast(found);
     }
 
     fn fail(&self, e: impl std::fmt::Display) {
@@ -209,25 +227,10 @@ impl PeerTask {
             .map(|(_, c)| c.rtt_us.load(Relaxed))
             .filter(|rtt| *rtt > 0)
             .collect();
-        let connected = info
-            .counters
-            .values()
-            .any(|(_, c)| c.state() == SessionState::Connected);
-        let paths: Vec<&str> = info
-            .counters
-            .values()
-            .filter(|(_, c)| c.state() == SessionState::Connected)
-            .filter_map(|(_, c)| c.path_type())
-            .collect();
-        let routes = self.live.shared.routes.load();
-        let multi_hop = info
-            .peers
-            .iter()
-            .any(|p| super::view::multi_hop_route(&routes, &p.id).is_some());
+        let reach = view::reach(&info.peers, &info.counters, &self.live.shared.routes.load());
         let totals = &self.live.shared.totals;
         MeshHeartbeat {
-            connection_type: heartbeat_connection_type(connected, &paths, multi_hop)
-                .map(str::to_owned),
+            connection_type: reach.connection_type().map(str::to_owned),
             latency: (!rtts.is_empty())
                 .then(|| rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 / 1000.0),
             bytes_sent: Some(totals.bytes_sent.load(Relaxed)),
@@ -252,6 +255,7 @@ impl PeerTask {
         self.address_device(vip, prefix)
             .await
             .map_err(|e| format!("configuring the mesh device: {e}"))?;
+        self.live.shared.set_network_prefix(prefix);
         self.live.shared.set_local_vip(vip);
         let socket = self
             .socket
@@ -327,11 +331,13 @@ impl PeerTask {
         heartbeat.tick().await;
         let mut endpoint_check = tokio::time::interval(ENDPOINT_CHECK);
         endpoint_check.tick().await;
+        let mut anycast_check = tokio::time::interval(ANYCAST_CHECK);
         let mut candidate_check = tokio::time::interval(CANDIDATE_CHECK);
         let mut candidates_seen = 0;
         loop {
             tokio::select! {
                 _ = changed.notified() => self.resync(&mut counters).await,
+                _ = anycast_check.tick() => self.publish_anycast(vip, prefix),
                 _ = candidate_check.tick() => {
                     let version = self.live.shared.candidates_version.load(Relaxed);
                     if version == candidates_seen {
@@ -464,25 +470,6 @@ pub fn build_table(
     PeerTable { peers: entries }
 }
 
-/// What the heartbeat reports as this peer's `connection_type`: `relayed` when a session
-/// goes through a TURN relay, else `direct` when one is up, else `multi-hop` when peers are
-/// reached only through others; nothing while the peer is still being discovered.
-pub fn heartbeat_connection_type(
-    connected: bool,
-    paths: &[&str],
-    multi_hop: bool,
-) -> Option<&'static str> {
-    if paths.contains(&"relayed") {
-        Some("relayed")
-    } else if connected {
-        Some("direct")
-    } else if multi_hop {
-        Some("multi-hop")
-    } else {
-        None
-    }
-}
-
 /// A `stun:`/`turn:` server's address (names looked up).
 async fn resolve(url: Result<ServerUrl, String>) -> Result<SocketAddr, String> {
     let url = url?;
@@ -595,7 +582,7 @@ mod tests {
     }
 
     #[test]
-    fn relay_endpoints_are_candidates_only_and_the_heartbeat_names_the_path() {
+    fn relay_endpoints_are_candidates_only() {
         let mut p = peer("a", 1, "10.1.0.2");
         p.endpoints.push(
             serde_json::from_value(serde_json::json!(
@@ -616,20 +603,6 @@ mod tests {
             kinds,
             ["relay", "lan", "srflx", "lan"],
             "best first, all kept"
-        );
-
-        assert_eq!(heartbeat_connection_type(false, &[], false), None);
-        assert_eq!(
-            heartbeat_connection_type(false, &[], true),
-            Some("multi-hop")
-        );
-        assert_eq!(
-            heartbeat_connection_type(true, &["direct"], true),
-            Some("direct")
-        );
-        assert_eq!(
-            heartbeat_connection_type(true, &["direct", "relayed"], false),
-            Some("relayed")
         );
     }
 }

@@ -3,7 +3,9 @@
 //! Runtime-free.
 
 use chrono::{DateTime, TimeZone, Utc};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use switchyard_api::client::{MeshPeerView, MeshRouteView};
 use switchyard_api::MeshPeer;
 use switchyard_dataplane::mesh::{MeshRoute, PeerCounters, SessionState};
@@ -40,6 +42,66 @@ pub fn multi_hop_route<'a>(routes: &'a [MeshRoute], id: &str) -> Option<&'a Mesh
     routes
         .iter()
         .find(|r| r.active && r.relayed && r.dest_peer_id == id)
+}
+
+/// How this peer reaches the others: over a session of its own (direct, or through a TURN
+/// relay), or only through other peers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reach {
+    pub peers: u64,
+    pub direct: u64,
+    pub relayed: u64,
+    pub multi_hop: u64,
+}
+
+impl Reach {
+    pub fn connected(&self) -> u64 {
+        self.direct + self.relayed + self.multi_hop
+    }
+
+    /// The `connection_type` a heartbeat reports for this peer, the least direct way it reaches
+    /// any peer: `relayed` while a session goes through a TURN relay, else `multi-hop` while
+    /// some peer is reached only through others, else `direct` while any session is up, else
+    /// none (still being discovered).
+    pub fn connection_type(&self) -> Option<&'static str> {
+        if self.relayed > 0 {
+            Some("relayed")
+        } else if self.multi_hop > 0 {
+            Some("multi-hop")
+        } else if self.direct > 0 {
+            Some("direct")
+        } else {
+            None
+        }
+    }
+}
+
+/// Counts the listed `peers` by how they are reached: a session that is up is direct or relayed
+/// (its path); a peer without one that the routing table reaches through others is multi-hop.
+pub fn reach(
+    peers: &[MeshPeer],
+    counters: &HashMap<String, ([u8; 32], Arc<PeerCounters>)>,
+    routes: &[MeshRoute],
+) -> Reach {
+    let mut r = Reach {
+        peers: peers.len() as u64,
+        ..Reach::default()
+    };
+    for p in peers {
+        let session = counters
+            .get(&p.id)
+            .filter(|(_, c)| c.state() == SessionState::Connected);
+        if let Some((_, c)) = session {
+            if c.path_type() == Some("relayed") {
+                r.relayed += 1;
+            } else {
+                r.direct += 1;
+            }
+        } else if multi_hop_route(routes, &p.id).is_some() {
+            r.multi_hop += 1;
+        }
+    }
+    r
 }
 
 /// One peer as the client shows it; `counters` is `None` for a peer the data plane has no
@@ -226,5 +288,37 @@ mod tests {
         }));
         assert_eq!(peer_view(&p, Some(&c), via).connection_type, "relayed");
         assert!(multi_hop_route(&[route(true, false)], "b").is_none());
+    }
+
+    #[test]
+    fn a_peer_reaching_some_peers_only_through_others_reports_multi_hop() {
+        let mut c = peer();
+        c.id = "c".into();
+        let up = Arc::new(PeerCounters::default());
+        up.set_state(SessionState::Connected);
+        let down = Arc::new(PeerCounters::default());
+        let counters = HashMap::from([
+            ("b".to_owned(), ([0; 32], up.clone())),
+            ("c".to_owned(), ([1; 32], down)),
+        ]);
+        let mut via = route(true, true);
+        via.dest_peer_id = "c".into();
+        let r = reach(&[peer(), c.clone()], &counters, &[via]);
+        assert_eq!(
+            (r.peers, r.direct, r.multi_hop, r.connected()),
+            (2, 1, 1, 2)
+        );
+        assert_eq!(r.connection_type(), Some("multi-hop"));
+        let r = reach(&[peer(), c], &counters, &[]);
+        assert_eq!((r.connected(), r.connection_type()), (1, Some("direct")));
+        assert_eq!(reach(&[], &counters, &[]).connection_type(), None);
+        // a session through a TURN relay outranks both
+        let relayed = Reach {
+            peers: 3,
+            direct: 1,
+            relayed: 1,
+            multi_hop: 1,
+        };
+        assert_eq!(relayed.connection_type(), Some("relayed"));
     }
 }
