@@ -149,8 +149,9 @@ fn rows(es: &[Entry<Row>]) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The CPU per tunnel of switchyard's run against the best peer's, and what the proxy could cost
-/// at most for 1.5× the peer's rate if client, origin and proxy kept every core busy.
+/// The CPU per tunnel of switchyard's run against the best peer's, and what that allows: when
+/// the client, nginx and the proxy have the cores to themselves, rates go as the inverse of
+/// their summed CPU per tunnel, whatever else shared the cores during the run.
 fn cpu_budget(c: &crate::report::Compare<'_, Row>) -> String {
     let (Some(s), Some((peer, p))) = (c.switchyard, c.best_peer) else {
         return String::new();
@@ -176,16 +177,21 @@ fn cpu_budget(c: &crate::report::Compare<'_, Row>) -> String {
     );
     if let (Some(sp), Some(pp)) = (sc.proxy_us, pc.proxy_us) {
         if pp > 0.0 {
-            let _ = writeln!(md, "- proxy CPU per tunnel, switchyard / {peer}: {:.2}×", sp / pp);
+            let _ = writeln!(
+                md,
+                "- proxy CPU per tunnel, switchyard / {peer}: {:.2}×",
+                sp / pp
+            );
         }
     }
-    let cpus = s.rate.threads.max(1) as f64;
-    if p.rate.tunnels_per_sec > 0.0 {
-        let budget = cpus * 1e6 / (1.5 * p.rate.tunnels_per_sec);
+    let others = sc.client_us + sc.origin_us;
+    if sc.total_us() > 0.0 && others > 0.0 {
         let _ = writeln!(
             md,
-            "- with {cpus:.0} cores all busy, 1.5× {peer}'s rate leaves {budget:.1} µs of CPU per tunnel for all three programs: {:.1} µs for the proxy after switchyard's client + nginx share",
-            budget - sc.client_us - sc.origin_us
+            "- on cores shared by these three programs only: switchyard / {peer} ≈ {:.2}× (inverse CPU per tunnel); 1.5× needs switchyard's proxy CPU ≤ {:.1} µs per tunnel; a proxy costing nothing would reach {:.2}×",
+            pc.total_us() / sc.total_us(),
+            pc.total_us() / 1.5 - others,
+            pc.total_us() / others
         );
     }
     md
