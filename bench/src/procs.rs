@@ -218,6 +218,12 @@ fn ticks(fields: &[u64], which: &[usize]) -> u64 {
     which.iter().filter_map(|&i| fields.get(i)).sum()
 }
 
+/// The sum of the `/proc/<pid>/stat` times at `which` (indices as in `stat_fields`), in
+/// seconds; `pid` may be `self` or `PID/task/TID`.
+pub(crate) fn stat_seconds(pid: &str, which: &[usize]) -> f64 {
+    ticks(&stat_fields(pid), which) as f64 / TICKS_PER_SEC
+}
+
 /// CPU seconds (user + system) used so far by process `pid` and every process below it. Forking
 /// and pre-forking servers (tinyproxy, squid's helpers, danted) spread a workload over processes:
 /// each live one counts its own time, and one that exited counts through the `cutime`/`cstime`
@@ -265,12 +271,11 @@ pub enum ClientCpu {
 
 impl ClientCpu {
     fn seconds(self) -> f64 {
-        let fields = stat_fields("self");
         let which: &[usize] = match self {
             ClientCpu::OwnThreads => &[UTIME, STIME],
             ClientCpu::WaitedChildren => &[CUTIME, CSTIME],
         };
-        ticks(&fields, which) as f64 / TICKS_PER_SEC
+        stat_seconds("self", which)
     }
 }
 
