@@ -253,6 +253,7 @@ fn parallel_puts(urls: &[String], file: &Path, len: u64) -> Result<HttpFigures> 
         errors_timeout: 0,
         non_2xx: 0,
         bytes_per_response: len as f64,
+        cpu: None,
     })
 }
 

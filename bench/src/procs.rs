@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 
 /// One started child process.
 struct Proc {
@@ -190,6 +191,158 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
         .context("no VmRSS line")
 }
 
+/// Fields of `/proc/<pid>/stat` after the command name, or empty when the process is gone.
+fn stat_fields(pid: &str) -> Vec<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .map(|(_, rest)| {
+            // the state letter is not a number: keep the position by reading it as 0
+            rest.split_whitespace()
+                .map(|v| v.parse().unwrap_or(0))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Clock ticks per second of `/proc/*/stat` times (USER_HZ, 100 on Linux).
+const TICKS_PER_SEC: f64 = 100.0;
+
+// Indices into `stat_fields` (proc(5) field number − 3).
+const PPID: usize = 1;
+const UTIME: usize = 11;
+const STIME: usize = 12;
+const CUTIME: usize = 13;
+const CSTIME: usize = 14;
+
+fn ticks(fields: &[u64], which: &[usize]) -> u64 {
+    which.iter().filter_map(|&i| fields.get(i)).sum()
+}
+
+/// The sum of the `/proc/<pid>/stat` times at `which` (indices as in `stat_fields`), in
+/// seconds; `pid` may be `self` or `PID/task/TID`.
+pub(crate) fn stat_seconds(pid: &str, which: &[usize]) -> f64 {
+    ticks(&stat_fields(pid), which) as f64 / TICKS_PER_SEC
+}
+
+/// CPU seconds (user + system) used so far by process `pid` and every process below it. Forking
+/// and pre-forking servers (tinyproxy, squid's helpers, danted) spread a workload over processes:
+/// each live one counts its own time, and one that exited counts through the `cutime`/`cstime`
+/// of the parent that waited for it. Threads are included in their process's figures.
+pub fn tree_cpu_seconds(pid: u32) -> f64 {
+    let mut children: std::collections::HashMap<u64, Vec<(u64, Vec<u64>)>> = Default::default();
+    let mut root = None;
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(p) = name.to_str().and_then(|n| n.parse::<u64>().ok()) else {
+            continue;
+        };
+        let fields = stat_fields(&p.to_string());
+        let Some(&ppid) = fields.get(PPID) else {
+            continue;
+        };
+        if p == u64::from(pid) {
+            root = Some(fields.clone());
+        }
+        children.entry(ppid).or_default().push((p, fields));
+    }
+    let Some(root) = root else {
+        return 0.0;
+    };
+    let all = [UTIME, STIME, CUTIME, CSTIME];
+    let mut total = ticks(&root, &all);
+    let mut todo = vec![u64::from(pid)];
+    while let Some(parent) = todo.pop() {
+        for (child, fields) in children.get(&parent).into_iter().flatten() {
+            total += ticks(fields, &all);
+            todo.push(*child);
+        }
+    }
+    total as f64 / TICKS_PER_SEC
+}
+
+/// Whose CPU stands for the load generator's.
+#[derive(Debug, Clone, Copy)]
+pub enum ClientCpu {
+    /// This process's own threads (the in-process tunnel-rate client).
+    OwnThreads,
+    /// Child processes this process waited for (`wrk`).
+    WaitedChildren,
+}
+
+impl ClientCpu {
+    fn seconds(self) -> f64 {
+        let which: &[usize] = match self {
+            ClientCpu::OwnThreads => &[UTIME, STIME],
+            ClientCpu::WaitedChildren => &[CUTIME, CSTIME],
+        };
+        stat_seconds("self", which)
+    }
+}
+
+/// CPU (user + system) per unit of work — a tunnel, a request — of each program one measurement
+/// involves, in microseconds. On a box whose cores the generator, origin and proxy share, this
+/// compares efficiency where rates only show who got the cores.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuPerUnit {
+    /// The measured proxy's process tree (`None` for the direct ceiling).
+    pub proxy_us: Option<f64>,
+    /// The origin's process tree (nginx master and workers).
+    pub origin_us: f64,
+    /// The load generator.
+    pub client_us: f64,
+}
+
+impl CpuPerUnit {
+    /// Proxy + origin + client.
+    pub fn total_us(&self) -> f64 {
+        self.proxy_us.unwrap_or(0.0) + self.origin_us + self.client_us
+    }
+}
+
+/// Reads the CPU counters of a proxy, an origin and the load generator at the start of a
+/// measurement; [`CpuMeter::per`] divides what they used since by the units of work done.
+pub struct CpuMeter {
+    proxy: Option<u32>,
+    origin: u32,
+    client: ClientCpu,
+    start: [f64; 3],
+}
+
+impl CpuMeter {
+    pub fn start(proxy: Option<u32>, origin: u32, client: ClientCpu) -> Self {
+        let mut m = CpuMeter {
+            proxy,
+            origin,
+            client,
+            start: [0.0; 3],
+        };
+        m.start = m.now();
+        m
+    }
+
+    fn now(&self) -> [f64; 3] {
+        [
+            self.proxy.map(tree_cpu_seconds).unwrap_or(0.0),
+            tree_cpu_seconds(self.origin),
+            self.client.seconds(),
+        ]
+    }
+
+    /// CPU per unit since [`CpuMeter::start`]; `None` when no unit of work was done.
+    pub fn per(&self, units: u64) -> Option<CpuPerUnit> {
+        if units == 0 {
+            return None;
+        }
+        let now = self.now();
+        let us = |i: usize| (now[i] - self.start[i]).max(0.0) * 1e6 / units as f64;
+        Some(CpuPerUnit {
+            proxy_us: self.proxy.map(|_| us(0)),
+            origin_us: us(1),
+            client_us: us(2),
+        })
+    }
+}
+
 /// Runs a command and returns its trimmed stdout+stderr, or `None` when it cannot run.
 pub fn output_of(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;
@@ -228,6 +381,30 @@ mod tests {
         let (lo, hi) = ephemeral_range();
         assert!(lo < hi);
         settle(Duration::from_secs(1));
+    }
+
+    #[test]
+    fn tree_cpu_counts_a_busy_child() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut procs = Procs::default();
+        // a shell whose child burns CPU: the time must show up in the shell's tree
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "timeout 2 sh -c 'while :; do :; done'; sleep 30"]);
+        let pid = procs
+            .spawn("burner", cmd, &dir.path().join("log"))
+            .expect("spawn");
+        let meter = CpuMeter::start(Some(pid), pid, ClientCpu::OwnThreads);
+        std::thread::sleep(Duration::from_millis(1500));
+        let live = meter.per(1).expect("one unit");
+        assert!(
+            live.proxy_us.unwrap_or(0.0) > 300_000.0,
+            "busy grandchild not counted: {live:?}"
+        );
+        // after the burner exits its time stays in the tree (through its parent's cutime)
+        std::thread::sleep(Duration::from_millis(1000));
+        let after = meter.per(1).expect("one unit");
+        assert!(after.proxy_us >= live.proxy_us, "{after:?} < {live:?}");
+        assert!(tree_cpu_seconds(u32::MAX) == 0.0);
     }
 
     #[test]

@@ -121,6 +121,11 @@ pub fn f(v: f64, digits: usize) -> String {
     format!("{v:.digits$}")
 }
 
+/// A CPU figure in µs, or "–".
+pub fn cpu_cell(us: Option<f64>) -> String {
+    us.map(|v| f(v, 1)).unwrap_or_else(|| "–".into())
+}
+
 pub fn version_cell(v: &Option<String>) -> String {
     v.as_deref().map(one_line).unwrap_or_else(|| "–".into())
 }

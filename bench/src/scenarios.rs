@@ -12,8 +12,8 @@ use serde_json::json;
 
 use crate::load::{self, Via};
 use crate::peers::{self, Env, Started};
-use crate::procs::{self, Procs};
-use crate::report::{compare, f, notes, table, verdict, version_cell, Entry, Role};
+use crate::procs::{self, ClientCpu, CpuMeter, Procs};
+use crate::report::{compare, cpu_cell, f, notes, table, verdict, version_cell, Entry, Role};
 use crate::wrk::{self, HttpFigures};
 
 /// Everything a scenario needs.
@@ -286,15 +286,19 @@ fn http(ctx: &Ctx) -> Result<String> {
         let mut procs = Procs::default();
         let mut proto = Entry::new(p.name, p.role);
         let started = start_into(p, &mut procs, &ctx.env, &mut proto);
-        let proxy = match (&started, p.role) {
-            (Some(s), Role::Switchyard | Role::Peer) => Some(s.addr),
-            _ => None,
+        let (proxy, proxy_pid) = match (&started, p.role) {
+            (Some(s), Role::Switchyard | Role::Peer) => (Some(s.addr), Some(s.pid)),
+            _ => (None, None),
         };
         for (i, ((label, path, _), body)) in FILES.iter().zip(&bodies).enumerate() {
             let mut e = proto.clone();
             if started.is_some() {
                 tracing::info!("http: {} {label}", p.name);
+                let meter = CpuMeter::start(proxy_pid, nginx.pid, ClientCpu::WaitedChildren);
                 measure_http_into(ctx, origin, proxy, path, body, threads, &mut e);
+                if let Some(fig) = e.figures.as_mut() {
+                    fig.cpu = meter.per(fig.requests);
+                }
             }
             entries[i].push(e);
         }
@@ -332,8 +336,11 @@ fn http(ctx: &Ctx) -> Result<String> {
                         f(x.p99_ms, 2),
                         x.socket_errors().to_string(),
                         x.non_2xx.to_string(),
+                        cpu_cell(x.cpu.as_ref().and_then(|c| c.proxy_us)),
+                        cpu_cell(x.cpu.as_ref().map(|c| c.client_us)),
+                        cpu_cell(x.cpu.as_ref().map(|c| c.origin_us)),
                     ]),
-                    None => r.extend(std::iter::repeat_n("–".to_string(), 6)),
+                    None => r.extend(std::iter::repeat_n("–".to_string(), 9)),
                 }
                 r.push(e.status());
                 r
@@ -350,6 +357,9 @@ fn http(ctx: &Ctx) -> Result<String> {
                 "p99 ms",
                 "socket errors",
                 "non-2xx",
+                "proxy CPU µs/req",
+                "wrk CPU µs/req",
+                "nginx CPU µs/req",
                 "status",
             ],
             &rows,
@@ -378,6 +388,19 @@ fn http(ctx: &Ctx) -> Result<String> {
                     p.p99_ms,
                     verdict(met)
                 );
+                let cpu = (s.cpu.as_ref(), p.cpu.as_ref());
+                if let (Some(sp), Some(pp)) = (
+                    cpu.0.and_then(|c| c.proxy_us),
+                    cpu.1.and_then(|c| c.proxy_us),
+                ) {
+                    if pp > 0.0 {
+                        let _ = writeln!(
+                            md,
+                            "- proxy CPU per request, switchyard / {peer}: {sp:.1} / {pp:.1} µs = {:.2}×",
+                            sp / pp
+                        );
+                    }
+                }
             }
             _ => {
                 let _ = writeln!(md, "- switchyard / best peer: n/a (target ≥ 1.5× req/s with p99 no worse: **not measured**)");

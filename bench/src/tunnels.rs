@@ -17,8 +17,8 @@ use serde_json::json;
 
 use crate::load::Via;
 use crate::peers::{self, Env, Started};
-use crate::procs::{self, Procs};
-use crate::report::{compare, f, notes, table, verdict, version_cell, Entry, Role};
+use crate::procs::{self, ClientCpu, CpuMeter, CpuPerUnit, Procs};
+use crate::report::{compare, cpu_cell, f, notes, table, verdict, version_cell, Entry, Role};
 use crate::scenarios::{files_origin, loadavg, Ctx};
 use crate::tunnel_rate::{self, TunnelRate};
 
@@ -32,6 +32,8 @@ pub const BUSY_LOAD: f64 = 3.0;
 struct Row {
     #[serde(flatten)]
     rate: TunnelRate,
+    /// CPU per tunnel of the proxy, the origin and the client during the run.
+    cpu: Option<CpuPerUnit>,
     load_before: String,
     load_after: String,
 }
@@ -62,9 +64,19 @@ struct Program<'a> {
     via: fn(&Started) -> Option<Via>,
 }
 
-fn measure(ctx: &Ctx, via: Via, origin: SocketAddr, e: &mut Entry<Row>) {
+/// Runs the client through `via`; `proxy` and `origin_pid` are the processes whose CPU per tunnel
+/// is recorded beside the rate.
+fn measure(
+    ctx: &Ctx,
+    via: Via,
+    origin: SocketAddr,
+    proxy: Option<u32>,
+    origin_pid: u32,
+    e: &mut Entry<Row>,
+) {
     procs::settle(Duration::from_secs(20));
     let load_before = loadavg();
+    let meter = CpuMeter::start(proxy, origin_pid, ClientCpu::OwnThreads);
     let threads = u32::try_from(ctx.env.cpus).unwrap_or(1).max(1);
     match tunnel_rate::run(
         via,
@@ -89,6 +101,7 @@ fn measure(ctx: &Ctx, via: Via, origin: SocketAddr, e: &mut Entry<Row>) {
                 ));
             }
             let row = Row {
+                cpu: meter.per(rate.completed),
                 rate,
                 load_before,
                 load_after: loadavg(),
@@ -119,18 +132,69 @@ fn rows(es: &[Entry<Row>]) -> Vec<Vec<String>> {
                     f(x.rate.p50_ms, 2),
                     f(x.rate.p99_ms, 2),
                     x.rate.errors.to_string(),
+                    cpu_cell(x.cpu.as_ref().and_then(|c| c.proxy_us)),
+                    cpu_cell(x.cpu.as_ref().map(|c| c.client_us)),
+                    cpu_cell(x.cpu.as_ref().map(|c| c.origin_us)),
                     format!(
                         "{} → {}",
                         one_minute(&x.load_before),
                         one_minute(&x.load_after)
                     ),
                 ]),
-                None => r.extend(std::iter::repeat_n("–".to_string(), 5)),
+                None => r.extend(std::iter::repeat_n("–".to_string(), 8)),
             }
             r.push(e.status());
             r
         })
         .collect()
+}
+
+/// The CPU per tunnel of switchyard's run against the best peer's, and what that allows: when
+/// the client, nginx and the proxy have the cores to themselves, rates go as the inverse of
+/// their summed CPU per tunnel, whatever else shared the cores during the run.
+fn cpu_budget(c: &crate::report::Compare<'_, Row>) -> String {
+    let (Some(s), Some((peer, p))) = (c.switchyard, c.best_peer) else {
+        return String::new();
+    };
+    let (Some(sc), Some(pc)) = (&s.cpu, &p.cpu) else {
+        return String::new();
+    };
+    let mut md = String::new();
+    let line = |name: &str, x: &CpuPerUnit| {
+        format!(
+            "{name} {:.1} + client {:.1} + nginx {:.1} = {:.1} µs",
+            x.proxy_us.unwrap_or(0.0),
+            x.client_us,
+            x.origin_us,
+            x.total_us()
+        )
+    };
+    let _ = writeln!(
+        md,
+        "- CPU per tunnel: {}; {}",
+        line("switchyard", sc),
+        line(peer, pc)
+    );
+    if let (Some(sp), Some(pp)) = (sc.proxy_us, pc.proxy_us) {
+        if pp > 0.0 {
+            let _ = writeln!(
+                md,
+                "- proxy CPU per tunnel, switchyard / {peer}: {:.2}×",
+                sp / pp
+            );
+        }
+    }
+    let others = sc.client_us + sc.origin_us;
+    if sc.total_us() > 0.0 && others > 0.0 {
+        let _ = writeln!(
+            md,
+            "- on cores shared by these three programs only: switchyard / {peer} ≈ {:.2}× (inverse CPU per tunnel); 1.5× needs switchyard's proxy CPU ≤ {:.1} µs per tunnel; a proxy costing nothing would reach {:.2}×",
+            pc.total_us() / sc.total_us(),
+            pc.total_us() / 1.5 - others,
+            pc.total_us() / others
+        );
+    }
+    md
 }
 
 fn section(title: &str, es: &[Entry<Row>]) -> String {
@@ -143,6 +207,9 @@ fn section(title: &str, es: &[Entry<Row>]) -> String {
             "p50 ms",
             "p99 ms",
             "errors",
+            "proxy CPU µs/tunnel",
+            "client CPU µs/tunnel",
+            "nginx CPU µs/tunnel",
             "load 1-min before → after",
             "status",
         ],
@@ -169,6 +236,7 @@ fn section(title: &str, es: &[Entry<Row>]) -> String {
             None
         }
     };
+    md.push_str(&cpu_budget(&c));
     if let Some((name, ceil)) = c.ceiling {
         let _ = write!(
             md,
@@ -254,7 +322,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     let ceiling_name = "direct to nginx (client ceiling)";
     let mut ceiling = Entry::new(ceiling_name, Role::Ceiling);
     tracing::info!("tunnels: {ceiling_name}");
-    measure(ctx, Via::Direct, origin, &mut ceiling);
+    measure(ctx, Via::Direct, origin, None, nginx.pid, &mut ceiling);
 
     let run_list = |list: &[Program<'_>], label: &str| -> Vec<Entry<Row>> {
         let mut es = Vec::new();
@@ -268,7 +336,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
                     match (p.via)(&s) {
                         Some(via) => {
                             tracing::info!("tunnels: {label} {}", p.name);
-                            measure(ctx, via, origin, &mut e);
+                            measure(ctx, via, origin, Some(s.pid), nginx.pid, &mut e);
                         }
                         None => e.error = Some(format!("{} has no {label} listener", p.name)),
                     }
@@ -285,7 +353,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     // The ceiling again after the proxies; the higher figure is the stricter reference.
     tracing::info!("tunnels: {ceiling_name} again");
     let mut again = Entry::new(ceiling_name, Role::Ceiling);
-    measure(ctx, Via::Direct, origin, &mut again);
+    measure(ctx, Via::Direct, origin, None, nginx.pid, &mut again);
     if let (Some(a), Some(b)) = (ceiling.valid().cloned(), again.valid().cloned()) {
         ceiling.notes.push(format!(
             "best of 2 runs (before and after the proxies): {:.0} and {:.0} tunnels/s",

@@ -103,18 +103,7 @@ fn children_cpu_seconds() -> f64 {
 }
 
 pub(crate) fn stat_seconds(pid: &str, a: usize, b: usize) -> f64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(a) + ticks(b)) / 100.0
+    crate::procs::stat_seconds(pid, &[a, b])
 }
 
 /// Starts boringtun-cli in namespace `ns` with TUN `tun` and `--threads threads` (its own

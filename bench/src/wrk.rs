@@ -32,6 +32,9 @@ pub struct HttpFigures {
     pub non_2xx: u64,
     /// Average bytes read per response (must be at least the file size).
     pub bytes_per_response: f64,
+    /// CPU per request of the proxy, origin and wrk (filled in by the `http` scenario).
+    #[serde(default)]
+    pub cpu: Option<crate::procs::CpuPerUnit>,
 }
 
 impl HttpFigures {
@@ -154,6 +157,7 @@ pub(crate) fn parse_summary(stdout: &str, body_len: Option<u64>) -> Result<HttpF
         } else {
             bytes as f64 / r.requests as f64
         },
+        cpu: None,
     })
 }
 

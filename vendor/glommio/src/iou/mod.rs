@@ -92,6 +92,9 @@ bitflags::bitflags! {
         const CQSIZE    = 1 << 3;
         const CLAMP     = 1 << 4;
         const ATTACH_WQ = 1 << 5;
+        /// [switchyard] Completions are delivered when the task next enters the kernel
+        /// instead of interrupting it (Linux 5.19+).
+        const COOP_TASKRUN = 1 << 8;
     }
 }
 

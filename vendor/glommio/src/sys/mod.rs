@@ -306,6 +306,11 @@ impl SleepNotifier {
     }
 
     pub(crate) fn notify(&self, force: bool) {
+        // [switchyard] Orders the caller's publication (a queued waker, a message in a
+        // shared channel) before reading `should_notify`; pairs with the fence the
+        // sleeping executor issues between setting `should_notify` and its last look at
+        // those queues (it replaced a process-wide `membarrier(2)` there).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self
             .should_notify
             .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)

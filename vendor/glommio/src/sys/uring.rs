@@ -899,12 +899,16 @@ impl SleepableRing {
     fn new(
         size: usize,
         name: &'static str,
+        flags: iou::SetupFlags,
         allocator: Rc<UringBufferAllocator>,
         source_map: Rc<RefCell<SourceMap>>,
     ) -> io::Result<Self> {
         assert!(*IO_URING_RECENT_ENOUGH);
+        // [switchyard] a kernel without the requested flags gets a default ring
+        let ring = iou::IoUring::new_with_flags(size as _, flags, iou::SetupFeatures::empty())
+            .or_else(|_| iou::IoUring::new(size as _))?;
         Ok(SleepableRing {
-            ring: iou::IoUring::new(size as _)?,
+            ring,
             size,
             submission_queue: UringQueueState::with_capacity(size * 4),
             name,
@@ -1309,11 +1313,28 @@ impl Reactor {
         let allocator = Rc::new(UringBufferAllocator::new(io_memory));
         let registry = vec![allocator.as_bytes()];
 
-        let main_ring =
-            SleepableRing::new(ring_depth, "main", allocator.clone(), source_map.clone())?;
+        // [switchyard] The main ring's completions (socket polls, sends, connects) are
+        // mostly posted from other cores, where the sender's wakeup would otherwise
+        // interrupt this thread with an inter-processor interrupt to run io_uring's task
+        // work at once; with COOP_TASKRUN that work waits for this thread's next entry
+        // into the kernel (the next syscall, or the reactor's `io_uring_enter`, which
+        // every turn and every sleep makes). Not for the latency ring: its preemption
+        // timer must reach user space while a task runs without making syscalls.
+        let main_ring = SleepableRing::new(
+            ring_depth,
+            "main",
+            iou::SetupFlags::COOP_TASKRUN,
+            allocator.clone(),
+            source_map.clone(),
+        )?;
         let poll_ring = PollRing::new(ring_depth, allocator.clone(), source_map.clone())?;
-        let mut latency_ring =
-            SleepableRing::new(ring_depth, "latency", allocator.clone(), source_map.clone())?;
+        let mut latency_ring = SleepableRing::new(
+            ring_depth,
+            "latency",
+            iou::SetupFlags::empty(),
+            allocator.clone(),
+            source_map.clone(),
+        )?;
 
         match main_ring.registrar().register_buffers_by_ref(&registry) {
             Err(x) => warn!("Error: registering buffers in the main ring. Skipping{x:#?}"),
@@ -1874,9 +1895,13 @@ impl Reactor {
             // that opened up room. If it did we bail on sleep and go process it.
             self.notifier.prepare_to_sleep();
             // See https://www.scylladb.com/2018/02/15/memory-barriers-seastar-linux/ for
-            // details. This translates to `sys_membarrier()` /
-            // `MEMBARRIER_CMD_PRIVATE_EXPEDITED`
-            membarrier::heavy();
+            // details. Upstream this is `sys_membarrier()` /
+            // `MEMBARRIER_CMD_PRIVATE_EXPEDITED`, so that remote wakers need no fence.
+            // [switchyard] A plain SeqCst fence instead, paired with the one in
+            // `SleepNotifier::notify`: the syscall interrupts every core running a thread
+            // of the process (an IPI each, costly in a VM) on every sleep of every core,
+            // while remote wakes are rare here (configuration changes, offloaded work).
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
@@ -2183,7 +2208,7 @@ mod tests {
     fn sqe_link_chain() {
         let allocator = Rc::new(UringBufferAllocator::new(65536));
         let source_map = Rc::new(RefCell::new(SourceMap::default()));
-        let mut ring = SleepableRing::new(4, "main", allocator, source_map).unwrap();
+        let mut ring = SleepableRing::new(4, "main", iou::SetupFlags::empty(), allocator, source_map).unwrap();
         let q = ring.submission_queue();
         let mut queue = q.borrow_mut();
 
@@ -2217,7 +2242,7 @@ mod tests {
     fn unterminated_sqe_link_chain() {
         let allocator = Rc::new(UringBufferAllocator::new(65536));
         let source_map = Rc::new(RefCell::new(SourceMap::default()));
-        let mut ring = SleepableRing::new(2, "main", allocator, source_map).unwrap();
+        let mut ring = SleepableRing::new(2, "main", iou::SetupFlags::empty(), allocator, source_map).unwrap();
         let q = ring.submission_queue();
         let mut queue = q.borrow_mut();
 
@@ -2237,7 +2262,7 @@ mod tests {
     fn sqe_link_chain_overflow() {
         let allocator = Rc::new(UringBufferAllocator::new(65536));
         let source_map = Rc::new(RefCell::new(SourceMap::default()));
-        let mut ring = SleepableRing::new(2, "main", allocator, source_map).unwrap();
+        let mut ring = SleepableRing::new(2, "main", iou::SetupFlags::empty(), allocator, source_map).unwrap();
         let q = ring.submission_queue();
         let mut queue = q.borrow_mut();
 
