@@ -104,7 +104,10 @@ pub async fn write_all<S: AsyncWrite + Unpin>(to: &RefCell<S>, mut data: &[u8]) 
     Ok(())
 }
 
-async fn pump<R: AsyncRead + KernelSocket + Unpin, W: AsyncWrite + HalfClose + KernelSocket + Unpin>(
+async fn pump<
+    R: AsyncRead + KernelSocket + Unpin,
+    W: AsyncWrite + HalfClose + KernelSocket + Unpin,
+>(
     from: &RefCell<R>,
     to: &RefCell<W>,
     meter: &Meter<'_>,
