@@ -25,11 +25,7 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let via = match (cli.connect, cli.socks5) {
-        (Some(p), _) => Via::Connect(p),
-        (None, Some(p)) => Via::Socks5(p),
-        (None, None) => Via::Direct,
-    };
+    let via = Via::from_flags(cli.connect, cli.socks5);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cpus)
