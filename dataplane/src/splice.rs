@@ -152,7 +152,7 @@ pub async fn pump<R: KernelSocket, W: KernelSocket>(
             glommio::yield_if_needed().await;
             continue;
         }
-        let room = pipe.as_ref().map_or(true, |p| held < p.capacity);
+        let room = pipe.as_ref().is_none_or(|p| held < p.capacity);
         let want_read = !eof && room;
         let want_write = held > 0;
         poll_fn(|cx| {
