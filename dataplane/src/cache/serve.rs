@@ -445,7 +445,7 @@ fn zero_copy() -> bool {
     crate::splice::enabled()
 }
 
-/// Sends `range` of a body sealed in memfd `fd` (mapped as `bytes`) with `sendfile(2)`: the
+/// Sends `range` of a body sealed in memfd `fd` with `sendfile(2)`: the
 /// socket gets page references, the body is not copied through user space. When the socket's
 /// buffer is full, the task waits on glommio's poll for room and `sendfile` carries on.
 async fn sendfile_range(
