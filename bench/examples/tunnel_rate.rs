@@ -34,11 +34,7 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let via = match (cli.connect, cli.socks5) {
-        (Some(p), _) => Via::Connect(p),
-        (None, Some(p)) => Via::Socks5(p),
-        (None, None) => Via::Direct,
-    };
+    let via = Via::from_flags(cli.connect, cli.socks5);
     let threads = cli.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
     });

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::peers::{self, deb_version};
-use crate::pkgcache::{sample, tree_rss_kib};
+use crate::pkgcache::{sample, tree_cpu_seconds, tree_rss_kib};
 use crate::procs::{free_port, tail, which, Procs};
 use crate::report::{f, table};
 use crate::scenarios::{content, Ctx};
@@ -44,6 +44,9 @@ struct Row {
     program: &'static str,
     connections: u32,
     figures: Option<HttpFigures>,
+    /// The program's CPU (user + system, with its child processes) per request served, in the
+    /// median round: what a hit costs, which moves less with the machine's load than the rate.
+    cpu_us_per_request: Option<f64>,
     error: Option<String>,
 }
 
@@ -221,6 +224,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
                         program: name_static(name),
                         connections: 0,
                         figures: None,
+                        cpu_us_per_request: None,
                         error: Some(format!("did not start: {e:#}")),
                     });
                 }
@@ -235,7 +239,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         } else {
             ctx.connections
         };
-        let mut runs: Vec<Vec<HttpFigures>> = vec![Vec::new(); programs.len()];
+        let mut runs: Vec<Vec<(HttpFigures, f64)>> = vec![Vec::new(); programs.len()];
         let mut errors: Vec<Option<String>> = vec![None; programs.len()];
         for (i, program) in programs.iter().enumerate() {
             if let Err(e) = warm(program, origin, path, body) {
@@ -253,6 +257,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
                 } else {
                     (program.addr, None)
                 };
+                let cpu_before = tree_cpu_seconds(program.pid);
                 match wrk::run_wrk(
                     &ctx.env.dir,
                     target,
@@ -271,19 +276,27 @@ pub fn run(ctx: &Ctx) -> Result<String> {
                             fig.bytes_per_response
                         ));
                     }
-                    Ok(fig) => runs[i].push(fig),
+                    Ok(fig) => {
+                        let cpu = tree_cpu_seconds(program.pid) - cpu_before;
+                        let per_request = cpu * 1e6 / (fig.requests.max(1) as f64);
+                        runs[i].push((fig, per_request));
+                    }
                     Err(e) => errors[i] = Some(format!("wrk: {e:#}")),
                 }
             }
         }
         for ((program, mut figures), error) in programs.iter().zip(runs).zip(errors) {
-            figures.sort_by(|a, b| a.requests_per_sec.total_cmp(&b.requests_per_sec));
-            let median = figures.get(figures.len() / 2).cloned();
+            figures.sort_by(|a, b| a.0.requests_per_sec.total_cmp(&b.0.requests_per_sec));
+            let median = figures
+                .get(figures.len() / 2)
+                .cloned()
+                .filter(|_| error.is_none());
             rows.push(Row {
                 object,
                 program: program.name,
                 connections,
-                figures: if error.is_none() { median } else { None },
+                cpu_us_per_request: median.as_ref().map(|m| m.1),
+                figures: median.map(|m| m.0),
                 error,
             });
         }
@@ -341,8 +354,10 @@ fn report(ctx: &Ctx, rows: &[Row], memory: &[(String, u64, u64)]) -> String {
                     f(x.transfer_mib_per_sec, 1),
                     f(x.p50_ms, 2),
                     f(x.p99_ms, 2),
+                    r.cpu_us_per_request
+                        .map_or_else(|| "–".to_owned(), |c| f(c, 1)),
                 ]),
-                None => row.extend(std::iter::repeat_n("–".to_owned(), 4)),
+                None => row.extend(std::iter::repeat_n("–".to_owned(), 5)),
             }
             row.push(r.error.clone().unwrap_or_else(|| "ok".into()));
             row
@@ -350,10 +365,23 @@ fn report(ctx: &Ctx, rows: &[Row], memory: &[(String, u64, u64)]) -> String {
         .collect();
     md.push_str(&table(
         &[
-            "object", "program", "req/s", "MiB/s", "p50 ms", "p99 ms", "status",
+            "object",
+            "program",
+            "req/s",
+            "MiB/s",
+            "p50 ms",
+            "p99 ms",
+            "CPU µs/req",
+            "status",
         ],
         &table_rows,
     ));
+    md.push_str(
+        "\nCPU µs/req: the program's CPU time (user + system, child processes included) per \
+         request in the median round. On loopback the client's kernel work is not in it: a \
+         server that leaves part of a response queued in its socket has that part transmitted in \
+         the client's context (ACK processing), so compare it with the rates.\n",
+    );
     md.push_str("\n### Targets\n\n");
     for (object, _, len) in OBJECTS {
         let ours = figure(rows, object, "switchyard");

@@ -22,6 +22,18 @@ pub enum Via {
     Socks5(SocketAddr),
 }
 
+impl Via {
+    /// From the examples' `--connect` / `--socks5` flags: CONNECT when given, else SOCKS5 when
+    /// given, else direct.
+    pub fn from_flags(connect: Option<SocketAddr>, socks5: Option<SocketAddr>) -> Self {
+        match (connect, socks5) {
+            (Some(p), _) => Via::Connect(p),
+            (None, Some(p)) => Via::Socks5(p),
+            (None, None) => Via::Direct,
+        }
+    }
+}
+
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Opens a stream to `target` via `via`; the stream carries the target's bytes when this returns.

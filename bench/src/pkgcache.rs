@@ -259,7 +259,26 @@ fn parallel_puts(urls: &[String], file: &Path, len: u64) -> Result<HttpFigures> 
 
 /// RSS of `pid` plus its direct children (nginx workers), KiB.
 pub(crate) fn tree_rss_kib(pid: u32) -> u64 {
-    let mut total = rss_kib(pid).unwrap_or(0);
+    rss_kib(pid).unwrap_or(0)
+        + children(pid)
+            .into_iter()
+            .map(|c| rss_kib(c).unwrap_or(0))
+            .sum::<u64>()
+}
+
+/// CPU seconds (user + system) of `pid` plus its direct children (nginx workers, varnish's
+/// cache process).
+pub(crate) fn tree_cpu_seconds(pid: u32) -> f64 {
+    crate::wireguard::cpu_seconds(pid)
+        + children(pid)
+            .into_iter()
+            .map(crate::wireguard::cpu_seconds)
+            .sum::<f64>()
+}
+
+/// The direct children of `pid`, from `/proc/*/stat`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
     if let Ok(rd) = fs::read_dir("/proc") {
         for e in rd.flatten() {
             let Some(child) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
@@ -271,11 +290,11 @@ pub(crate) fn tree_rss_kib(pid: u32) -> u64 {
                 .and_then(|(_, rest)| rest.split_whitespace().nth(1))
                 .and_then(|p| p.parse::<u32>().ok());
             if ppid == Some(pid) {
-                total += rss_kib(child).unwrap_or(0);
+                found.push(child);
             }
         }
     }
-    total
+    found
 }
 
 pub(crate) struct Sampler {

@@ -32,12 +32,32 @@ impl HalfClose for FlowStream {
 /// The kernel socket behind a stream, if there is one: a relay between two of them can splice.
 pub trait KernelSocket {
     fn socket_fd(&self) -> Option<RawFd>;
+
+    /// Waits until the socket is readable (`write == false`) or has room to write, without
+    /// moving bytes (the caller splices); readiness may be stale, so the caller retries and
+    /// waits again on `WouldBlock`. Only called when [`socket_fd`](Self::socket_fd) is `Some`.
+    fn poll_ready(&mut self, cx: &mut Context<'_>, write: bool) -> Poll<io::Result<()>>;
 }
 
 impl KernelSocket for TcpStream {
     fn socket_fd(&self) -> Option<RawFd> {
         Some(self.as_raw_fd())
     }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>, write: bool) -> Poll<io::Result<()>> {
+        if write {
+            self.poll_writable(cx)
+        } else {
+            self.poll_readable(cx)
+        }
+    }
+}
+
+fn no_kernel_socket() -> Poll<io::Result<()>> {
+    Poll::Ready(Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "a flow in user space has no socket readiness",
+    )))
 }
 
 #[derive(Debug)]
@@ -94,6 +114,10 @@ impl KernelSocket for FlowStream {
     fn socket_fd(&self) -> Option<RawFd> {
         None
     }
+
+    fn poll_ready(&mut self, _: &mut Context<'_>, _: bool) -> Poll<io::Result<()>> {
+        no_kernel_socket()
+    }
 }
 
 impl KernelSocket for BackendStream {
@@ -101,6 +125,13 @@ impl KernelSocket for BackendStream {
         match self {
             Self::Tcp(s) => s.socket_fd(),
             Self::Wireguard(_) | Self::Quic(_) => None,
+        }
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>, write: bool) -> Poll<io::Result<()>> {
+        match self {
+            Self::Tcp(s) => s.poll_ready(cx, write),
+            Self::Wireguard(_) | Self::Quic(_) => no_kernel_socket(),
         }
     }
 }

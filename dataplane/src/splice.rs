@@ -1,26 +1,25 @@
 //! Zero-copy relay of one tunnel direction between two kernel TCP sockets: `splice(2)` moves the
 //! bytes socket → pipe → socket inside the kernel (page references, no copy through user space).
 //!
-//! glommio 0.9 exposes neither `IORING_OP_SPLICE` nor a readiness wait, so the splices are
-//! non-blocking syscalls (both sockets get `O_NONBLOCK`) and the waits go through glommio itself
-//! on a private duplicate of each socket's descriptor (the originals sit in `RefCell`s the other
-//! direction borrows): "readable" is a one-byte `MSG_PEEK` through io_uring; "writable" is
-//! sending the pipe's next byte through glommio's write path, which waits for room and keeps the
-//! byte order. io_uring's own splice op was not used: it runs in io-wq worker threads, so every
-//! idle tunnel would park a kernel thread in a blocking splice.
+//! The splices are non-blocking syscalls (both sockets get `O_NONBLOCK`); the waits are glommio's
+//! own io_uring poll on each socket (`poll_readable`/`poll_writable`, added in
+//! `vendor/glommio`). io_uring's splice op was not used: the kernel always runs it in an io-wq
+//! worker thread (`REQ_F_FORCE_ASYNC`), so every idle tunnel would park a kernel thread in a
+//! blocking splice and every chunk would cost a thread hand-off.
 //!
 //! Pipes come from a per-core pool and are held only while bytes are in them; a direction
 //! waiting for data holds none. Pipes are kernel memory (a ring of page references, pages only
 //! while data is in flight), not the process's RSS.
 
+use crate::backend_stream::KernelSocket;
 use crate::sys;
 use crate::tunnel::Meter;
-use futures_lite::io::AsyncWriteExt;
-use glommio::net::TcpStream;
 use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
+use std::task::Poll;
 use std::time::Instant;
 
 /// A direction switches from copying to splicing after moving this much: short exchanges stay
@@ -82,96 +81,93 @@ fn give_pipe(pipe: Pipe) {
     });
 }
 
-/// Readiness waits on one socket through a glommio stream on a duplicate descriptor, made on
-/// the first wait.
-struct Waiter {
-    fd: RawFd,
-    stream: Option<TcpStream>,
-}
-
-impl Waiter {
-    fn new(fd: RawFd) -> Self {
-        Self { fd, stream: None }
-    }
-
-    fn stream(&mut self) -> io::Result<&mut TcpStream> {
-        if self.stream.is_none() {
-            self.stream = Some(sys::glommio_stream_on_dup(self.fd)?);
-        }
-        self.stream
-            .as_mut()
-            .ok_or_else(|| io::ErrorKind::NotConnected.into())
-    }
-
-    /// Until the socket has bytes, an end of stream or an error to report.
-    async fn readable(&mut self) -> io::Result<()> {
-        let mut byte = [0u8; 1];
-        self.stream()?.peek(&mut byte).await?;
-        Ok(())
-    }
-
-    /// Sends one byte, waiting for room in the socket's send buffer.
-    async fn send_byte(&mut self, byte: u8) -> io::Result<()> {
-        self.stream()?.write_all(&[byte]).await
-    }
-}
-
-/// Splices `from` → `to` until end of stream on `from` (returns `Ok`; the caller half-closes
-/// `to`) or an error. Counts, shapes and marks activity like the copy path.
-pub async fn pump(
-    from: RawFd,
-    to: RawFd,
+/// Splices `from` → `to` (their kernel sockets `from_fd`, `to_fd`) until end of stream on
+/// `from` (returns `Ok`; the caller half-closes `to`) or an error. Counts, shapes and marks
+/// activity like the copy path.
+///
+/// Both sides overlap: each turn splices what the source has into the pipe's free room and what
+/// the pipe holds into the sink, so the source keeps being read while the sink's buffer is full
+/// (and the other way round). The task waits only when neither splice moved a byte, and then on
+/// whichever of the two can unblock it (socket readiness through glommio's own poll sources).
+pub async fn pump<R: KernelSocket, W: KernelSocket>(
+    from: &RefCell<R>,
+    to: &RefCell<W>,
+    (from_fd, to_fd): (RawFd, RawFd),
     meter: &Meter<'_>,
     last_activity: &Cell<Instant>,
 ) -> io::Result<()> {
-    sys::set_nonblocking(from)?;
-    sys::set_nonblocking(to)?;
-    let mut source = Waiter::new(from);
-    let mut sink = Waiter::new(to);
+    sys::set_nonblocking(from_fd)?;
+    sys::set_nonblocking(to_fd)?;
+    let mut pipe: Option<Pipe> = None;
+    // Bytes in the pipe, not yet in `to`.
+    let mut held = 0usize;
+    let mut eof = false;
     loop {
-        let pipe = take_pipe()?;
-        let n = match sys::splice(from, pipe.write.as_raw_fd(), pipe.capacity, false) {
-            Ok(0) => {
-                give_pipe(pipe);
+        let mut moved = false;
+        if !eof {
+            let p = match pipe {
+                Some(ref p) => p,
+                None => pipe.insert(take_pipe()?),
+            };
+            if held < p.capacity {
+                match sys::splice(from_fd, p.write.as_raw_fd(), p.capacity - held, false) {
+                    Ok(0) => eof = true,
+                    Ok(n) => {
+                        held += n;
+                        moved = true;
+                        last_activity.set(Instant::now());
+                        meter.shape(n).await;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    // On an error the pipe is dropped (closed) with whatever it still holds.
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if let (Some(p), true) = (&pipe, held > 0) {
+            match sys::splice(p.read.as_raw_fd(), to_fd, held, false) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    held -= n;
+                    moved = true;
+                    last_activity.set(Instant::now());
+                    meter.count(n as u64);
+                    meter.count_spliced(n as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if held == 0 {
+            // Empty: back to the pool, so a direction waiting for data holds no pipe.
+            if let Some(p) = pipe.take() {
+                give_pipe(p);
+            }
+            if eof {
                 return Ok(());
             }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                give_pipe(pipe);
-                source.readable().await?;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        last_activity.set(Instant::now());
-        meter.shape(n).await;
-        // On an error the pipe is dropped (closed) with whatever it still holds.
-        drain(&pipe, n, to, &mut sink).await?;
-        give_pipe(pipe);
-        last_activity.set(Instant::now());
-        meter.count(n as u64);
-        meter.count_spliced(n as u64);
-    }
-}
-
-/// Moves all `n` bytes in `pipe` to `to`.
-async fn drain(pipe: &Pipe, mut n: usize, to: RawFd, sink: &mut Waiter) -> io::Result<()> {
-    while n > 0 {
-        match sys::splice(pipe.read.as_raw_fd(), to, n, false) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(sent) => n -= sent,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // The socket's send buffer is full: its next byte goes through glommio, which
-                // waits for room; the rest follows by splice once it is sent.
-                let mut byte = [0u8; 1];
-                if sys::read(pipe.read.as_raw_fd(), &mut byte)? != 1 {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
-                sink.send_byte(byte[0]).await?;
-                n -= 1;
-            }
-            Err(e) => return Err(e),
         }
+        if moved {
+            // A stream that never blocks must still let the core's other tasks run.
+            glommio::yield_if_needed().await;
+            continue;
+        }
+        let room = pipe.as_ref().is_none_or(|p| held < p.capacity);
+        let want_read = !eof && room;
+        let want_write = held > 0;
+        poll_fn(|cx| {
+            if want_read {
+                if let Poll::Ready(r) = from.borrow_mut().poll_ready(cx, false) {
+                    return Poll::Ready(r);
+                }
+            }
+            if want_write {
+                if let Poll::Ready(r) = to.borrow_mut().poll_ready(cx, true) {
+                    return Poll::Ready(r);
+                }
+            }
+            Poll::Pending
+        })
+        .await?;
     }
-    Ok(())
 }

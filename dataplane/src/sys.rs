@@ -299,18 +299,9 @@ pub fn splice(from: RawFd, to: RawFd, len: usize, more: bool) -> io::Result<usiz
     Ok(n as usize)
 }
 
-/// One non-blocking `read(2)` into `buf` (a pipe's first bytes).
-pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: read(2) into a live, writable buffer of `buf.len()` bytes.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
-}
-
-/// `dup(2)` with close-on-exec: a second descriptor for the same socket, so a relay can wait on
-/// it through its own glommio stream without borrowing the one the other direction uses.
+/// `dup(2)` with close-on-exec: a second descriptor for the same open file (tests check seals
+/// through it).
+#[cfg(test)]
 pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: fcntl(2) F_DUPFD_CLOEXEC on a descriptor owned by a live stream.
     let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -319,15 +310,6 @@ pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
     }
     // SAFETY: the kernel just returned this descriptor; nobody else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
-}
-
-/// A glommio stream on a duplicate of socket `fd` (see [`dup`]); dropping it closes only the
-/// duplicate.
-pub fn glommio_stream_on_dup(fd: RawFd) -> io::Result<glommio::net::TcpStream> {
-    use std::os::fd::IntoRawFd;
-    let owned = dup(fd)?;
-    // SAFETY: ownership of the fresh duplicate moves into the stream, which closes it on drop.
-    Ok(unsafe { glommio::net::TcpStream::from_raw_fd(owned.into_raw_fd()) })
 }
 
 /// A memfd holding `bytes`, sealed against any change (size and content), and a read-only
@@ -353,6 +335,18 @@ pub fn sealed_memfd(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<(OwnedFd,
     // change nor disappear (no SIGBUS) while the map lives.
     let map = unsafe { memmap2::Mmap::map(&file)? };
     Ok((OwnedFd::from(file), map))
+}
+
+/// One non-blocking `send(2)` with `MSG_MORE`: the kernel holds a partial segment for the bytes
+/// that follow at once (a response head before its body) instead of sending it on its own.
+pub fn send_more(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    let flags = libc::MSG_MORE | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    // SAFETY: send(2) from a live buffer of `buf.len()` bytes on a socket the caller owns.
+    let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// One `sendfile(2)` of up to `len` bytes of `file` from `offset` to socket `to` (non-blocking

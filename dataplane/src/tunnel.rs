@@ -104,7 +104,10 @@ pub async fn write_all<S: AsyncWrite + Unpin>(to: &RefCell<S>, mut data: &[u8]) 
     Ok(())
 }
 
-async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + HalfClose + Unpin>(
+async fn pump<
+    R: AsyncRead + KernelSocket + Unpin,
+    W: AsyncWrite + HalfClose + KernelSocket + Unpin,
+>(
     from: &RefCell<R>,
     to: &RefCell<W>,
     meter: &Meter<'_>,
@@ -114,7 +117,7 @@ async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + HalfClose + Unpin>(
     let mut moved = 0u64;
     loop {
         if let Some((from_fd, to_fd)) = sockets.filter(|_| moved >= splice::BULK_BYTES) {
-            splice::pump(from_fd, to_fd, meter, last_activity).await?;
+            splice::pump(from, to, (from_fd, to_fd), meter, last_activity).await?;
             to.borrow().shutdown_write();
             return Ok(());
         }

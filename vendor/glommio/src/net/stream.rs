@@ -330,6 +330,34 @@ impl<S: AsRawFd> NonBufferedStream<S> {
         Poll::Pending
     }
 
+    /// [switchyard] Waits until the socket is readable (`write == false`) or writable, without
+    /// reading or writing: for callers that move the bytes themselves (`splice(2)`,
+    /// `sendfile(2)`). Uses the same poll source as `poll_read`/`poll_write`. A poll that
+    /// completed earlier is reported (and consumed) at once, so readiness may be stale: the
+    /// caller retries its operation and, on `EAGAIN`, waits again on a fresh poll.
+    pub(crate) fn poll_ready(&mut self, cx: &Context<'_>, write: bool) -> Poll<io::Result<()>> {
+        let reactor = self.reactor.upgrade().unwrap();
+        let fd = self.stream.as_raw_fd();
+        let slot = if write {
+            &mut self.source_tx
+        } else {
+            &mut self.source_rx
+        };
+        if let Some(result) = slot.as_ref().and_then(|s| s.result()) {
+            slot.take();
+            return Poll::Ready(result.map(|_| ()));
+        }
+        let source = slot.get_or_insert_with(|| {
+            if write {
+                reactor.poll_write_ready(fd)
+            } else {
+                reactor.poll_read_ready(fd)
+            }
+        });
+        source.add_waiter_single(cx.waker());
+        Poll::Pending
+    }
+
     pub(crate) fn poll_close(&mut self, _: &Context<'_>) -> Poll<io::Result<()>> {
         self.source_tx.take();
         Poll::Ready(sys::shutdown(self.stream.as_raw_fd(), Shutdown::Write))
@@ -459,6 +487,15 @@ impl<S: AsRawFd, B: RxBuf> GlommioStream<S, B> {
 
     pub(crate) fn poll_write(&mut self, cx: &Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.stream.poll_write(cx, buf)
+    }
+
+    /// [switchyard] See [`NonBufferedStream::poll_ready`]; bytes already buffered count as
+    /// readable.
+    pub(crate) fn poll_ready(&mut self, cx: &Context<'_>, write: bool) -> Poll<io::Result<()>> {
+        if !write && (!self.rx_buf.is_empty() || self.rx_done.get()) {
+            return Poll::Ready(Ok(()));
+        }
+        self.stream.poll_ready(cx, write)
     }
 
     pub(crate) fn poll_flush(&self, _cx: &Context<'_>) -> Poll<io::Result<()>> {

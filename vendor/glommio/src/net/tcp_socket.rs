@@ -697,6 +697,22 @@ impl<B: RxBuf> TcpStream<B> {
     }
 }
 
+impl<B: RxBuf> TcpStream<B> {
+    /// [switchyard] Waits until the stream is readable (bytes, end of stream or an error to
+    /// report) without reading: for callers that move the bytes themselves with `splice(2)`.
+    /// Readiness may be stale; retry the operation and wait again on `EAGAIN`.
+    pub fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.stream.poll_ready(cx, false)
+    }
+
+    /// [switchyard] Waits until the socket's send buffer has room (or an error to report)
+    /// without writing: for `splice(2)`/`sendfile(2)` into the socket. Readiness may be stale;
+    /// retry the operation and wait again on `EAGAIN`.
+    pub fn poll_writable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.stream.poll_ready(cx, true)
+    }
+}
+
 impl<B: Buffered + Unpin> AsyncBufRead for TcpStream<B> {
     fn poll_fill_buf<'a>(
         self: Pin<&'a mut Self>,
