@@ -21,7 +21,9 @@
 //! `switchyard-ice` joins it). Datagrams for the ICE agent (STUN, ChannelData) are dropped
 //! and counted by their hook until that crate is plugged in.
 
+mod io;
 mod runner;
+pub mod segment;
 pub mod wire;
 
 use arc_swap::ArcSwap;
@@ -265,8 +267,10 @@ pub fn open_tap_device(name: &str) -> std::io::Result<std::fs::File> {
     crate::sys::open_tap(name)
 }
 
-/// Creates the mesh TUN device `name` (layer 3, no offloads: the mesh moves one IP packet per
-/// WireGuard message); it disappears when the last descriptor closes.
+/// Creates the mesh TUN device `name` (layer 3); it disappears when the last descriptor
+/// closes. With a virtio-net header and TSO/checksum offload when the kernel takes them, so a
+/// read takes a TCP super-packet that the reader cuts into segments (`segment::split`); each
+/// segment is still one WireGuard message.
 pub fn open_device(name: &str) -> std::io::Result<std::fs::File> {
-    crate::sys::open_tun_plain(name)
+    crate::sys::open_tun(name)
 }
