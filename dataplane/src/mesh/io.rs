@@ -32,11 +32,14 @@ use std::sync::Arc;
 
 /// Kernel socket buffers: a few milliseconds of a fast stream.
 const SOCKET_BUFFER: i32 = 4 << 20;
-/// A device hand-off is sent once it holds this much (or the device has nothing more).
-const BATCH_BYTES: usize = 64 << 10;
+/// A device hand-off is sent once it holds this much (or the device has nothing more): about
+/// one super-packet, so a batch's buffer stays near 64 KiB.
+const BATCH_BYTES: usize = 32 << 10;
 /// Batches in flight from the device reader to the owner (a full queue drops, as a router
-/// would), and spare ones kept for reuse.
-pub(super) const DEVICE_QUEUE: usize = 32;
+/// would: ~1 MiB, a few milliseconds of a fast stream).
+pub(super) const DEVICE_QUEUE: usize = 16;
+/// Processed batches kept for reuse (the rest are freed: memory over allocations).
+const SPARE_BATCHES: usize = 8;
 /// One read from the device: the largest (super-)packet and its virtio-net header.
 const DEVICE_READ: usize = 65_536 + vnet::LEN;
 /// Room for a few control messages (`UDP_GRO` is one `int`).
@@ -240,7 +243,7 @@ impl DeviceQueue {
     pub fn new() -> Self {
         DeviceQueue {
             full: Arc::new(ArrayQueue::new(DEVICE_QUEUE)),
-            spare: Arc::new(ArrayQueue::new(DEVICE_QUEUE)),
+            spare: Arc::new(ArrayQueue::new(SPARE_BATCHES)),
         }
     }
 

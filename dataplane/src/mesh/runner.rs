@@ -796,15 +796,20 @@ pub(crate) async fn run(start: MeshStart) {
         }
         shared.beat_ms.store(unix_ms(), Relaxed);
         let listener = shared.wake.listen();
-        if !shared.wake.take() {
+        // batches left from the last turn's bound need no wake-up
+        if !shared.wake.take() && queue.full.is_empty() {
             let wait = TIMER_TICK.saturating_sub(last_tick.elapsed());
             futures_lite::future::or(listener, glommio::timer::sleep(wait)).await;
             shared.wake.take();
         }
         mesh.borrow_mut().sync_table();
         // one batch at a time, sent before the next: the GSO runs stay within one batch and
-        // the outgoing list stays short
-        while let Some(batch) = queue.full.pop() {
+        // the outgoing list stays short; a bounded number per turn, so the timers below still
+        // run under a stream that never lets the queue empty
+        for _ in 0..io::DEVICE_QUEUE {
+            let Some(batch) = queue.full.pop() else {
+                break;
+            };
             {
                 let mut m = mesh.borrow_mut();
                 for packet in batch.packets() {
@@ -815,6 +820,8 @@ pub(crate) async fn run(start: MeshStart) {
             }
             queue.recycle(batch);
             socket.send_all(&mut out).await;
+            // the receiver (the stream's acknowledgements) gets its turn
+            glommio::yield_if_needed().await;
         }
         if last_tick.elapsed() >= TIMER_TICK {
             last_tick = Instant::now();

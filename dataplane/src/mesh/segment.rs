@@ -101,7 +101,12 @@ pub fn split(hdr: &VnetHeader, p: &mut [u8], out: &mut PacketBatch) -> Result<()
         return Ok(());
     }
     let (header, payload) = p.split_at(headers);
-    let seq = u32::from_be_bytes([header[ihl + 4], header[ihl + 5], header[ihl + 6], header[ihl + 7]]);
+    let seq = u32::from_be_bytes([
+        header[ihl + 4],
+        header[ihl + 5],
+        header[ihl + 6],
+        header[ihl + 7],
+    ]);
     let id = u16::from_be_bytes([header[4], header[5]]);
     let flags = header[ihl + 13];
     let count = payload_len.div_ceil(mss);
@@ -504,7 +509,10 @@ mod tests {
             split(&gso_header(10), &mut udp, &mut out),
             Err(Refused::Offload)
         );
-        let mut v6 = VnetHeader { gso_type: 4, ..gso_header(10) };
+        let mut v6 = VnetHeader {
+            gso_type: 4,
+            ..gso_header(10)
+        };
         let mut p = good.clone();
         assert_eq!(split(&v6, &mut p, &mut out), Err(Refused::Offload));
         v6.gso_type = GSO_NONE;
@@ -545,11 +553,20 @@ mod tests {
         assert_eq!(writes.len(), 1, "one write for the whole train");
         let (hdr, joined) = &writes[0];
         assert_eq!(
-            (hdr.flags, hdr.gso_type, hdr.gso_size, hdr.csum_start, hdr.csum_offset),
+            (
+                hdr.flags,
+                hdr.gso_type,
+                hdr.gso_size,
+                hdr.csum_start,
+                hdr.csum_offset
+            ),
             (F_NEEDS_CSUM, GSO_TCPV4, 1000, 20, 16)
         );
         assert_eq!(usize::from(hdr.hdr_len), 40);
-        assert_eq!(usize::from(u16::from_be_bytes([joined[2], joined[3]])), joined.len());
+        assert_eq!(
+            usize::from(u16::from_be_bytes([joined[2], joined[3]])),
+            joined.len()
+        );
         assert_eq!(joined[33], ACK | PSH);
         // the kernel's view: cutting the joined packet gives back exactly the segments
         let mut again = PacketBatch::default();
@@ -563,7 +580,13 @@ mod tests {
         let a = segments("10.9.0.1:40000", 3000, 1000, ACK);
         let b = segments("10.9.0.1:40001", 2000, 1000, ACK);
         // flows interleaved: each run is written as it ends, order kept
-        let mixed = vec![a[0].clone(), a[1].clone(), b[0].clone(), b[1].clone(), a[2].clone()];
+        let mixed = vec![
+            a[0].clone(),
+            a[1].clone(),
+            b[0].clone(),
+            b[1].clone(),
+            a[2].clone(),
+        ];
         let writes = coalesce(&mixed);
         let sizes: Vec<(u16, usize)> = writes.iter().map(|(h, p)| (h.gso_size, p.len())).collect();
         assert_eq!(sizes, [(1000, 2040), (1000, 2040), (0, 1040)]);
