@@ -842,7 +842,7 @@ pub(crate) async fn run(start: MeshStart) {
 mod tests {
     use super::*;
     use crate::mesh::{PeerCounters, PeerTable};
-    use std::io::{Seek, SeekFrom};
+    use std::io::{Read, Seek, SeekFrom};
 
     struct Side {
         mesh: Mesh,
