@@ -17,6 +17,10 @@
 //! `relay_via_peers`; a peer that does not relay offers no routes). The routes are published
 //! to the control plane as [`MeshRoute`] snapshots.
 //!
+//! How the bytes move is `io`'s (batched socket and device I/O: UDP GSO/GRO, a TUN with
+//! TSO and a virtio-net header, batched hand-off from the device thread) with its runtime-free
+//! arithmetic in [`segment`]; runner.rs decides what each datagram and packet means.
+//!
 //! Seams for what comes next: [`PathToPeer`] (only `Direct` today; the TURN relay path of
 //! `switchyard-ice` joins it). Datagrams for the ICE agent (STUN, ChannelData) are dropped
 //! and counted by their hook until that crate is plugged in.

@@ -3,7 +3,7 @@
 //! socket, never cancelled mid-receive), the main loop (packets from the device, peer-table
 //! changes, timers, the router's announcements) and nothing else; a plain thread reads the
 //! device (a TUN descriptor cannot be awaited on glommio's ring) and hands packets over a
-//! bounded queue. How the bytes move (batched, offloaded) is [`super::io`]'s business; this
+//! bounded queue. How the bytes move (batched, offloaded) is `super::io`'s business; this
 //! file decides what to do with each datagram and each packet.
 
 use super::io::{self, Device, DeviceQueue, MeshSocket};
