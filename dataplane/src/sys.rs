@@ -135,12 +135,6 @@ pub fn open_tun(name: &str) -> io::Result<std::fs::File> {
     }
 }
 
-/// Creates (or attaches to) the TUN device `name`: layer 3, no packet-info header, no
-/// virtio-net header (the mesh device: one IP packet per read and write).
-pub fn open_tun_plain(name: &str) -> io::Result<std::fs::File> {
-    open_tun_with(name, 0)
-}
-
 /// Creates (or attaches to) the TAP device `name`: Ethernet frames, no packet-info header.
 pub fn open_tap(name: &str) -> io::Result<std::fs::File> {
     open_tun_with(name, libc::IFF_TAP)

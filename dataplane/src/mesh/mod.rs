@@ -32,10 +32,16 @@
 //! addresses the control plane publishes in [`MeshShared::local_anycast`]). In TAP mode
 //! broadcast, multicast and unknown-unicast frames take the same floods and unicast frames go
 //! to the peer their MAC was learnt from, routed like any packet for its virtual IP.
+//!
+//! How the bytes move is `io`'s (batched socket and device I/O: UDP GSO/GRO, a TUN with
+//! TSO and a virtio-net header, batched hand-off from the device thread) with its runtime-free
+//! arithmetic in [`segment`]; runner.rs decides what each datagram and packet means.
 
+mod io;
 pub mod membership;
 pub mod nat;
 mod runner;
+pub mod segment;
 pub mod wire;
 
 use arc_swap::ArcSwap;
@@ -372,8 +378,10 @@ pub fn open_tap_device(name: &str) -> std::io::Result<std::fs::File> {
     crate::sys::open_tap(name)
 }
 
-/// Creates the mesh TUN device `name` (layer 3, no offloads: the mesh moves one IP packet per
-/// WireGuard message); it disappears when the last descriptor closes.
+/// Creates the mesh TUN device `name` (layer 3); it disappears when the last descriptor
+/// closes. With a virtio-net header and TSO/checksum offload when the kernel takes them, so a
+/// read takes a TCP super-packet that the reader cuts into segments (`segment::split`); each
+/// segment is still one WireGuard message.
 pub fn open_device(name: &str) -> std::io::Result<std::fs::File> {
-    crate::sys::open_tun_plain(name)
+    crate::sys::open_tun(name)
 }

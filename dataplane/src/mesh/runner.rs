@@ -3,11 +3,13 @@
 //! socket, never cancelled mid-receive), the main loop (packets from the device, peer-table
 //! changes, timers, the router's announcements) and nothing else; a plain thread reads the
 //! device (a TUN descriptor cannot be awaited on glommio's ring) and hands packets over a
-//! bounded queue. The traffic modes (broadcast, multicast, anycast, TAP frames) are in
-//! [`modes`].
+//! bounded queue. How the bytes move (batched, offloaded) is `super::io`'s business; this
+//! file decides what to do with each datagram and each packet. The traffic modes (broadcast,
+//! multicast, anycast, TAP frames) are in [`modes`].
 
 mod modes;
 
+use super::io::{self, Device, DeviceQueue, MeshSocket};
 use super::nat::{self, Inbound, NatPaths};
 use super::wire::{self, DatagramKind, CONTROL_PORT};
 use super::{
@@ -17,13 +19,9 @@ use super::{
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
-use crossbeam_queue::ArrayQueue;
-use glommio::net::UdpSocket;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
@@ -34,12 +32,12 @@ use switchyard_mesh_routing::{Message, Router};
 const TIMER_TICK: Duration = Duration::from_millis(250);
 /// A session older than this without a new handshake is gone (WireGuard's REJECT_AFTER_TIME).
 const SESSION_LIFETIME: Duration = Duration::from_secs(180);
-/// Packets read from the device waiting for the owner.
-const DEVICE_QUEUE: usize = 1024;
 /// Datagram scratch: the largest IP packet plus WireGuard's overhead.
 const SCRATCH: usize = 65_536 + 256;
 /// The shortest sleep for NAT traversal's timers.
 const NAT_MIN_WAIT: Duration = Duration::from_millis(1);
+/// Receives taken from the socket per turn of the receiver before others get the core.
+const RECEIVE_BURST: usize = 64;
 /// Receiver indexes are 24 bits (boringtun keeps the low 8 for the session).
 const MAX_INDEX: u32 = (1 << 24) - 1;
 
@@ -95,7 +93,7 @@ struct Mesh {
     /// Broadcast, multicast and anycast; TAP frames.
     modes: modes::Modes,
     next_index: u32,
-    device: std::fs::File,
+    device: Device,
     /// Datagrams to send once the `RefCell` borrow ends.
     outgoing: Vec<(SocketAddr, Vec<u8>)>,
     /// Output of encapsulation and timers.
@@ -138,7 +136,7 @@ impl Mesh {
             sessions: HashMap::new(),
             modes: modes::Modes::new(),
             next_index: 1,
-            device,
+            device: Device::new(device),
             outgoing: Vec::new(),
             scratch: vec![0u8; SCRATCH],
             decrypted: vec![0u8; SCRATCH],
@@ -709,6 +707,14 @@ impl Mesh {
         }
     }
 
+    /// Writes what the device holds back for joining (at the end of each burst).
+    fn flush_device(&mut self) {
+        if let Err(e) = self.device.flush() {
+            self.shared.totals.overflow.fetch_add(1, Relaxed);
+            tracing::trace!(error = %e, "mesh device write failed");
+        }
+    }
+
     /// An IP packet for the mesh (from the device, or forwarded).
     fn send_to_mesh(&mut self, packet: &[u8]) {
         let Some((_, dst)) = wire::ipv4_addresses(packet) else {
@@ -847,77 +853,38 @@ fn count(peer: &PeerCounters, totals: &MeshTotals, len: usize, d: Direction) {
     packets.fetch_add(1, Relaxed);
 }
 
-async fn send_all(udp: &UdpSocket, out: Vec<(SocketAddr, Vec<u8>)>) {
-    for (to, d) in out {
-        if let Err(e) = udp.send_to(&d, to).await {
-            tracing::debug!(%to, error = %e, "mesh datagram not sent");
-        }
-    }
-}
-
-async fn receive(udp: Rc<UdpSocket>, mesh: Rc<RefCell<Mesh>>) {
+async fn receive(socket: Rc<MeshSocket>, mesh: Rc<RefCell<Mesh>>) {
     let mut buf = vec![0u8; SCRATCH];
+    let mut out = Vec::new();
     loop {
-        let (n, from) = match udp.recv_from(&mut buf).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(error = %e, "mesh receive failed");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let out = {
-            let mut m = mesh.borrow_mut();
-            m.sync_table();
-            m.on_datagram(&buf[..n], from);
-            std::mem::take(&mut m.outgoing)
-        };
-        send_all(&udp, out).await;
-    }
-}
-
-/// Reads the device on a plain thread (blocking poll with a timeout, so the stop flag is
-/// seen) and queues IPv4 packets for the owner; a full queue drops, as a router would.
-fn read_device(
-    layer2: bool,
-    mut device: std::fs::File,
-    queue: Arc<ArrayQueue<Vec<u8>>>,
-    shared: Arc<MeshShared>,
-) {
-    let fd = device.as_raw_fd();
-    if let Err(e) = crate::sys::set_nonblocking(fd) {
-        tracing::error!(error = %e, "the mesh device cannot be made non-blocking");
-        return;
-    }
-    let mut buf = vec![0u8; usize::from(u16::MAX)];
-    while !shared.stop.load(Acquire) {
-        match device.read(&mut buf) {
-            Ok(n) => {
-                // the first packets are often IPv6 router solicitations: the mesh is IPv4
-                let wanted = if layer2 {
-                    n >= 14
-                } else {
-                    n >= 20 && buf[0] >> 4 == 4
-                };
-                if wanted {
-                    if queue.push(buf[..n].to_vec()).is_err() {
-                        shared.totals.overflow.fetch_add(1, Relaxed);
-                    }
-                    shared.wake.notify();
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if let Err(e) = crate::sys::wait_readable(fd, 200) {
-                    tracing::error!(error = %e, "polling the mesh device failed");
-                    return;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                tracing::error!(error = %e, "reading the mesh device failed");
-                return;
-            }
+        if let Err(e) = socket.readable().await {
+            tracing::debug!(error = %e, "mesh receive failed");
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+            continue;
         }
+        for _ in 0..RECEIVE_BURST {
+            let (n, from, segment) = match socket.try_recv(&mut buf) {
+                Ok(r) => r,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "mesh receive failed");
+                    break;
+                }
+            };
+            {
+                let mut m = mesh.borrow_mut();
+                m.sync_table();
+                // a GRO receive holds several datagrams of one sender back to back
+                for d in buf[..n].chunks(segment) {
+                    m.on_datagram(d, from);
+                }
+                std::mem::swap(&mut out, &mut m.outgoing);
+            }
+            socket.send_all(&mut out).await;
+        }
+        // joined segments go to the device once the burst is read
+        mesh.borrow_mut().flush_device();
+        glommio::yield_if_needed().await;
     }
 }
 
@@ -940,12 +907,12 @@ pub(crate) async fn run(start: MeshStart) {
             return;
         }
     };
-    let queue = Arc::new(ArrayQueue::new(DEVICE_QUEUE));
+    let queue = DeviceQueue::new();
     let reader = {
         let (queue, shared) = (queue.clone(), shared.clone());
         std::thread::Builder::new()
             .name("mesh-device".into())
-            .spawn(move || read_device(layer2, reader_device, queue, shared))
+            .spawn(move || io::read_device(layer2, reader_device, queue, shared))
     };
     if let Err(e) = reader {
         tracing::error!(error = %e, "mesh device reader thread");
@@ -953,18 +920,28 @@ pub(crate) async fn run(start: MeshStart) {
         return;
     }
     let mesh = Rc::new(RefCell::new(Mesh::new(settings, shared.clone(), device)));
-    let udp = Rc::new(crate::sys::udp_from_std(socket));
+    let socket = match MeshSocket::new(socket) {
+        Ok(s) => Rc::new(s),
+        Err(e) => {
+            tracing::error!(error = %e, "mesh socket");
+            shared.running.store(false, Relaxed);
+            return;
+        }
+    };
     // dropping the task handle when this function returns stops the receiver too
-    let _receiver = glommio::spawn_local(receive(udp.clone(), mesh.clone()));
-    tracing::info!(local = ?udp.local_addr().ok(), "mesh data plane running");
+    let _receiver = glommio::spawn_local(receive(socket.clone(), mesh.clone()));
+    tracing::info!(local = ?socket.local_addr(), offload = mesh.borrow().device.has_vnet_hdr(),
+        "mesh data plane running");
     let mut last_tick = Instant::now();
+    let mut out = Vec::new();
     loop {
         if shared.stop.load(Acquire) {
             break;
         }
         shared.beat_ms.store(unix_ms(), Relaxed);
         let listener = shared.wake.listen();
-        if !shared.wake.take() {
+        // batches left from the last turn's bound need no wake-up
+        if !shared.wake.take() && queue.full.is_empty() {
             let mut wait = TIMER_TICK.saturating_sub(last_tick.elapsed());
             // NAT traversal's timers (checks are paced at tens of milliseconds) join ours; what
             // was due has just been handled, so a deadline still past waits a millisecond
@@ -976,27 +953,45 @@ pub(crate) async fn run(start: MeshStart) {
             futures_lite::future::or(listener, glommio::timer::sleep(wait)).await;
             shared.wake.take();
         }
-        let out = {
-            let mut m = mesh.borrow_mut();
-            m.sync_table();
-            while let Some(packet) = queue.pop() {
-                m.device_packet(&packet);
+        mesh.borrow_mut().sync_table();
+        // one batch at a time, sent before the next: the GSO runs stay within one batch and
+        // the outgoing list stays short; a bounded number per turn, so the timers below still
+        // run under a stream that never lets the queue empty
+        for _ in 0..io::DEVICE_QUEUE {
+            let Some(batch) = queue.full.pop() else {
+                break;
+            };
+            {
+                let mut m = mesh.borrow_mut();
+                for packet in batch.packets() {
+                    m.device_packet(packet);
+                }
+                m.flush_device();
+                std::mem::swap(&mut out, &mut m.outgoing);
             }
+            queue.recycle(batch);
+            socket.send_all(&mut out).await;
+            // the receiver (the stream's acknowledgements) gets its turn
+            glommio::yield_if_needed().await;
+        }
+        {
+            let mut m = mesh.borrow_mut();
             m.nat_turn(Instant::now());
             if last_tick.elapsed() >= TIMER_TICK {
                 last_tick = Instant::now();
                 m.tick();
             }
-            std::mem::take(&mut m.outgoing)
-        };
-        send_all(&udp, out).await;
+            m.flush_device();
+            std::mem::swap(&mut out, &mut m.outgoing);
+        }
+        socket.send_all(&mut out).await;
     }
-    let goodbye = {
+    let mut goodbye = {
         let mut m = mesh.borrow_mut();
         m.close_nat();
         std::mem::take(&mut m.outgoing)
     };
-    send_all(&udp, goodbye).await;
+    socket.send_all(&mut goodbye).await;
     tracing::info!("mesh data plane stopped");
     shared.running.store(false, Relaxed);
     shared.beat_ms.store(0, Relaxed);
@@ -1007,7 +1002,7 @@ pub(crate) async fn run(start: MeshStart) {
 mod tests {
     use super::*;
     use crate::mesh::{PeerCounters, PeerTable};
-    use std::io::{Seek, SeekFrom};
+    use std::io::{Read, Seek, SeekFrom};
 
     struct Side {
         mesh: Mesh,

@@ -92,12 +92,7 @@ impl UdpPort {
             match send_segmented(&self.raw, to, data, segment) {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
-                    ) =>
-                {
+                Err(e) if gso_refused(&e) => {
                     tracing::info!(error = %e, "UDP segmentation offload refused; sending QUIC datagrams one by one");
                     self.gso.set(false);
                 }
@@ -126,16 +121,35 @@ impl UdpPort {
 
 /// One `sendmsg(2)` with `UDP_SEGMENT`: the kernel cuts `data` into `segment`-byte datagrams.
 fn send_segmented(raw: &Socket, to: SocketAddr, data: &[u8], segment: usize) -> io::Result<usize> {
+    send_segments(raw, to, &[IoSlice::new(data)], segment)
+}
+
+/// One non-blocking `sendmsg(2)` with `UDP_SEGMENT` of the buffers `bufs` back to back: the
+/// kernel cuts them into `segment`-byte datagrams (the mesh passes one buffer per datagram).
+pub(crate) fn send_segments(
+    raw: &Socket,
+    to: SocketAddr,
+    bufs: &[IoSlice<'_>],
+    segment: usize,
+) -> io::Result<usize> {
     let segment =
         u16::try_from(segment).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let control = udp_segment_cmsg(segment);
     let addr = SockAddr::from(to);
-    let bufs = [IoSlice::new(data)];
     let msg = socket2::MsgHdr::new()
         .with_addr(&addr)
-        .with_buffers(&bufs)
+        .with_buffers(bufs)
         .with_control(&control);
-    raw.sendmsg(&msg, 0)
+    raw.sendmsg(&msg, libc::MSG_DONTWAIT)
+}
+
+/// Whether a failed `UDP_SEGMENT` send means the kernel (or the route) does not take GSO:
+/// the caller then sends datagram by datagram from now on.
+pub(crate) fn gso_refused(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+    )
 }
 
 /// The control message `SOL_UDP`/`UDP_SEGMENT` carrying a `u16`, laid out as `CMSG_SPACE`
