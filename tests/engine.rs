@@ -244,28 +244,31 @@ fn the_core_count_follows_the_cgroup_cpu_quota() {
     assert!(log.contains("data plane started"), "{log}");
 }
 
-/// KiB of `/proc/PID/smaps` `Rss` in the server binary's executable mapping(s).
-fn resident_code_kib(pid: u32) -> u64 {
+/// KiB of `/proc/PID/smaps` `Rss` and `Size` of the server binary's executable mapping(s).
+fn resident_code_kib(pid: u32) -> (u64, u64) {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
     let bin = std::fs::canonicalize(BIN).expect("binary path");
     let bin = bin.to_string_lossy();
     let mut in_code = false;
-    let mut kib = 0;
+    let (mut rss, mut size) = (0, 0);
     for line in smaps.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields
-            .first()
-            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
-        {
-            in_code = fields.get(1) == Some(&"r-xp") && line.ends_with(bin.as_ref());
-        } else if in_code && fields.first() == Some(&"Rss:") {
-            kib += fields
+        let value = || {
+            fields
                 .get(1)
                 .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
+                .unwrap_or(0)
+        };
+        match fields.first() {
+            Some(f) if f.contains('-') && !f.ends_with(':') => {
+                in_code = fields.get(1) == Some(&"r-xp") && line.ends_with(bin.as_ref());
+            }
+            Some(&"Rss:") if in_code => rss += value(),
+            Some(&"Size:") if in_code => size += value(),
+            _ => {}
         }
     }
-    kib
+    (rss, size)
 }
 
 /// Issue 14 (idle RSS): once the server is up it gives back the code pages start-up mapped
@@ -288,12 +291,13 @@ fn start_up_code_pages_are_given_back_and_the_proxy_still_relays() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // What an idle server runs afterwards is a few hundred KiB of code (mapped in 64 KiB
-    // windows); start-up leaves several MiB resident (issue 14 measured 9.8 MiB).
-    let resident = resident_code_kib(server.pid());
+    // Start-up leaves a large part of the text resident (issue 14, release: 9.8 of 23.6 MiB);
+    // what an idle server runs afterwards maps back a small part (1.5 MiB).
+    let (resident, size) = resident_code_kib(server.pid());
+    assert!(size > 0, "no executable mapping of {BIN} found");
     assert!(
-        resident < 4096,
-        "{resident} KiB of the binary's code still resident after the release"
+        resident * 8 < size,
+        "{resident} of {size} KiB of the binary's code still resident after the release"
     );
 
     // A CONNECT tunnel to a local listener: the relay's code comes back from the file.
@@ -324,5 +328,5 @@ fn start_up_code_pages_are_given_back_and_the_proxy_still_relays() {
     far.write_all(b"pong").expect("far end write");
     client.read_exact(&mut got).expect("read");
     assert_eq!(&got, b"pong");
-    assert!(resident_code_kib(server.pid()) > 0);
+    assert!(resident_code_kib(server.pid()).0 > 0);
 }
