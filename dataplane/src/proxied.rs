@@ -310,6 +310,7 @@ pub(crate) fn run_tunnel<'a, C: ClientStream + 'a>(
 
 /// Moves the value out and frees the box now: `*start` in [`tunnel_task`] would keep the
 /// emptied allocation until the task ends.
+#[allow(clippy::boxed_local)] // taking the box is the point: it is freed on return
 fn unbox<T>(b: Box<T>) -> T {
     *b
 }
