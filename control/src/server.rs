@@ -238,6 +238,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             tracing::info!(listen = %listener.local_addr()?, path = "/metrics", "metrics listening");
             tokio::spawn(crate::metrics::serve(state.clone(), listener));
         }
+        tokio::spawn(release_startup_code());
         if cfg.api.enabled {
             let listen = crate::net::parse("api", &cfg.api.listen)?;
             let listener = crate::net::bind_tokio(&listen)?;
@@ -298,6 +299,17 @@ async fn drain_dataplane(state: Arc<ServerState>) {
             );
             record_drops = dropped;
         }
+    }
+}
+
+/// Gives back the code pages start-up mapped (switchyard_dataplane::text_pages) once the
+/// listeners are up and the first rounds of the periodic tasks have run: an idle server keeps
+/// only the code it runs.
+async fn release_startup_code() {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    match switchyard_dataplane::text_pages::release_code_pages() {
+        Ok(bytes) => tracing::info!(bytes, "start-up code pages released"),
+        Err(e) => tracing::debug!(error = %e, "cannot release start-up code pages"),
     }
 }
 

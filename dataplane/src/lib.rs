@@ -39,6 +39,7 @@ pub mod snapshot;
 mod socks5_server;
 mod splice;
 mod sys;
+pub mod text_pages;
 mod trace;
 pub mod tun;
 mod tunnel;

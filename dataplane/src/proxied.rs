@@ -224,6 +224,22 @@ impl TunnelBackend {
     }
 }
 
+/// What a tunnel task starts from. It reaches the task in one box, emptied into the task's
+/// locals on its first poll: an async fn keeps its arguments for its whole life beside the
+/// locals they are moved into, so passing these by value would store them twice (three times
+/// through [`spawn_tunnel`]'s own task) in every idle tunnel.
+pub(crate) struct TunnelStart<C> {
+    pub client: RefCell<C>,
+    pub connected: Connected,
+    /// Bytes the client sent after its request, before the tunnel was up.
+    pub client_early: Vec<u8>,
+    pub peer: SocketAddr,
+    pub protocol: Protocol,
+    /// `host:port` for the live-connection table.
+    pub label: String,
+    pub trace: Trace,
+}
+
 /// Starts [`run_tunnel`] as a task of its own and returns at once, so the connection's task
 /// (sized for every request and handshake it might have handled) ends and frees its state: an
 /// idle tunnel keeps only the relay's. The tunnel task takes over the connection's place in
@@ -244,6 +260,15 @@ pub(crate) fn spawn_tunnel(
 ) {
     let slot = crate::engine::ConnectionSlot::take_over(ctx);
     let (ctx, snapshot) = (ctx.clone(), snapshot.clone());
+    let start = Box::new(TunnelStart {
+        client,
+        connected,
+        client_early,
+        peer,
+        protocol,
+        label,
+        trace,
+    });
     glommio::spawn_local(async move {
         let _slot = slot;
         let backend = match &backend {
@@ -251,19 +276,7 @@ pub(crate) fn spawn_tunnel(
             TunnelBackend::Held(b) => Some(b),
         };
         if let Some(backend) = backend {
-            run_tunnel(
-                &ctx,
-                &snapshot,
-                client,
-                connected,
-                client_early,
-                peer,
-                protocol,
-                &label,
-                backend,
-                trace,
-            )
-            .await;
+            tunnel_task(&ctx, &snapshot, backend, start).await;
         }
     })
     .detach();
@@ -271,23 +284,57 @@ pub(crate) fn spawn_tunnel(
 
 /// Relays a CONNECT, SOCKS5 or QUIC tunnel, reports it, and finishes its trace.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn run_tunnel<C: ClientStream>(
-    ctx: &CoreContext,
-    snapshot: &Snapshot,
+pub(crate) fn run_tunnel<'a, C: ClientStream + 'a>(
+    ctx: &'a CoreContext,
+    snapshot: &'a Snapshot,
     client: RefCell<C>,
     connected: Connected,
     client_early: Vec<u8>,
     peer: SocketAddr,
     protocol: Protocol,
     label: &str,
-    backend: &Backend,
+    backend: &'a Backend,
     trace: Trace,
+) -> impl std::future::Future<Output = ()> + 'a {
+    let start = Box::new(TunnelStart {
+        client,
+        connected,
+        client_early,
+        peer,
+        protocol,
+        label: label.to_owned(),
+        trace,
+    });
+    tunnel_task(ctx, snapshot, backend, start)
+}
+
+/// Moves the value out and frees the box now: `*start` in [`tunnel_task`] would keep the
+/// emptied allocation until the task ends.
+#[allow(clippy::boxed_local)] // taking the box is the point: it is freed on return
+fn unbox<T>(b: Box<T>) -> T {
+    *b
+}
+
+async fn tunnel_task<C: ClientStream>(
+    ctx: &CoreContext,
+    snapshot: &Snapshot,
+    backend: &Backend,
+    start: Box<TunnelStart<C>>,
 ) {
+    let TunnelStart {
+        client,
+        connected,
+        client_early,
+        peer,
+        protocol,
+        label,
+        trace,
+    } = unbox(start);
     let upstream = RefCell::new(connected.stream);
     let core = ctx.counters.core(ctx.core);
     let bcore = backend.counters.core(ctx.core);
     bcore.opened();
-    let registered = Registered::new(ctx, peer, label.to_owned(), backend.name.clone(), protocol);
+    let registered = Registered::new(ctx, peer, label, backend.name.clone(), protocol);
     client.borrow().clear_read_timeout();
     let mut ok = true;
     // bytes that arrived with the handshake count like relayed ones (an origin that speaks first

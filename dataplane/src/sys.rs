@@ -355,6 +355,21 @@ pub fn sendfile(to: RawFd, file: RawFd, offset: u64, len: usize) -> io::Result<u
     Ok(n as usize)
 }
 
+/// Unmaps the pages of a private, never-written file mapping from this process (`madvise(2)`
+/// `MADV_DONTNEED`): they stay in the page cache and the next access maps them again. Only for
+/// mappings whose pages equal the file's (code): a written private page would be lost.
+pub fn drop_file_pages(start: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the range is a whole mapping of this process read from /proc/self/maps; for a
+    // private read-only file mapping MADV_DONTNEED only drops page-table entries, and later
+    // accesses fault the same bytes back in from the file.
+    let r = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -117,7 +117,8 @@ async fn pump<
     let mut moved = 0u64;
     loop {
         if let Some((from_fd, to_fd)) = sockets.filter(|_| moved >= splice::BULK_BYTES) {
-            splice::pump(from, to, (from_fd, to_fd), meter, last_activity).await?;
+            // boxed: its state would otherwise sit in every tunnel, bulk or idle
+            Box::pin(splice::pump(from, to, (from_fd, to_fd), meter, last_activity)).await?;
             to.borrow().shutdown_write();
             return Ok(());
         }
@@ -128,7 +129,10 @@ async fn pump<
             return Ok(());
         }
         last_activity.set(Instant::now());
-        meter.shape(n).await;
+        if meter.limiter.is_some() {
+            // boxed for the same reason: only shaped tunnels wait here
+            Box::pin(meter.shape(n)).await;
+        }
         let written = write_all(to, &buf[..n]).await;
         buffer_pool::give(buf);
         written?;
@@ -154,11 +158,15 @@ pub async fn relay<C, U>(
         (Some(c), Some(u)) if splice::enabled() => Some((c, u)),
         _ => None,
     };
+    // try_zip ends at the first error: a reset on either side ends the tunnel. The two pumps
+    // go straight into it: named locals moved into the zip would keep their own slots in
+    // the tunnel's state.
     let both = async {
-        let a = pump(client, upstream, &up, &last, sockets);
-        let b = pump(upstream, client, &down, &last, sockets.map(|(c, u)| (u, c)));
-        // try_zip ends at the first error: a reset on either side ends the tunnel.
-        let _ = futures_lite::future::try_zip(a, b).await;
+        let _ = futures_lite::future::try_zip(
+            pump(client, upstream, &up, &last, sockets),
+            pump(upstream, client, &down, &last, sockets.map(|(c, u)| (u, c))),
+        )
+        .await;
     };
     let watchdog = async {
         loop {

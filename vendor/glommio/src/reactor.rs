@@ -408,13 +408,13 @@ impl Reactor {
 
     pub(crate) fn connect(&self, raw: RawFd, addr: impl SockaddrLike) -> Source {
         let addr = unsafe { SockaddrStorage::from_raw(addr.as_ptr(), Some(addr.len())) }.unwrap();
-        let source = self.new_source(raw, SourceType::Connect(addr), None);
+        let source = self.new_source(raw, SourceType::Connect(Box::new(addr)), None);
         self.sys.connect(&source);
         source
     }
 
     pub(crate) fn connect_timeout(&self, raw: RawFd, addr: SockaddrStorage, d: Duration) -> Source {
-        let source = self.new_source(raw, SourceType::Connect(addr), None);
+        let source = self.new_source(raw, SourceType::Connect(Box::new(addr)), None);
         source.set_timeout(d);
         self.sys.connect(&source);
         source
@@ -422,7 +422,7 @@ impl Reactor {
 
     pub(crate) fn accept(&self, raw: RawFd) -> Source {
         let addr = SockAddrStorage::uninit();
-        let source = self.new_source(raw, SourceType::Accept(addr), None);
+        let source = self.new_source(raw, SourceType::Accept(Box::new(addr)), None);
         self.sys.accept(&source);
         source
     }
@@ -471,7 +471,7 @@ impl Reactor {
         let hdr = unsafe { std::mem::zeroed::<libc::msghdr>() };
 
         let addr = unsafe { SockaddrStorage::from_raw(addr.as_ptr(), Some(addr.len())) }.unwrap();
-        let source = self.new_source(fd, SourceType::SockSendMsg(buf, iov, hdr, addr), None);
+        let source = self.new_source(fd, SourceType::SockSendMsg(Box::new((buf, iov, hdr, addr))), None);
         if let Some(timeout) = timeout {
             source.set_timeout(timeout);
         }
@@ -495,12 +495,12 @@ impl Reactor {
         };
         let source = self.new_source(
             fd,
-            SourceType::SockRecvMsg(
+            SourceType::SockRecvMsg(Box::new((
                 None,
                 iov,
                 hdr,
                 std::mem::MaybeUninit::<nix::sys::socket::sockaddr_storage>::uninit(),
-            ),
+            ))),
             None,
         );
         if let Some(timeout) = timeout {

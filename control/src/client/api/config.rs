@@ -224,11 +224,15 @@ pub async fn import(
                 ClientConfig::from_yaml_str(text, &|n| std::env::var(n).ok())
                     .map_err(|e| e.to_string())
             }),
-        Format::Json => {
-            let mut de = serde_json::Deserializer::from_slice(&body);
-            serde_path_to_error::deserialize(&mut de)
-                .map_err(|e| format!("{}: {}", e.path(), e.inner()))
-        }
+        // Through a `Value`: the same deserializer type as the configuration PUT
+        // (switchyard_config::client), so the binary carries one copy of ClientConfig's
+        // path-tracking deserializer instead of two (issue 14: binary size).
+        Format::Json => serde_json::from_slice::<serde_json::Value>(&body)
+            .map_err(|e| e.to_string())
+            .and_then(|value| {
+                serde_path_to_error::deserialize::<_, ClientConfig>(value)
+                    .map_err(|e| format!("{}: {}", e.path(), e.inner()))
+            }),
     };
     match parsed {
         Ok(new) => apply(&state, new, "imported", true).await,

@@ -132,7 +132,8 @@ impl<S: AsRawFd + FromRawFd + From<socket2::Socket>> GlommioDatagram<S> {
         )?;
         let sz = source.collect_rw().await?;
         match source.extract_source_type() {
-            SourceType::SockRecvMsg(mut src, _iov, hdr, addr) => {
+            SourceType::SockRecvMsg(msg) => {
+                let (mut src, _iov, hdr, addr) = *msg;
                 let mut src = src.take().unwrap();
                 src.trim_to_size(sz);
                 buf[0..sz].copy_from_slice(&src.as_bytes()[0..sz]);

@@ -35,17 +35,24 @@ pub(crate) enum SourceType {
     PollAdd,
     SockSend(DmaBuffer),
     SockRecv(Option<DmaBuffer>),
+    // [switchyard] the message, connect and accept variants are boxed: the largest variant sets
+    // the size of every source, and every pending TCP poll of an idle connection is a source
+    // (vendor/glommio/PATCHES.md, 4).
     SockRecvMsg(
-        Option<DmaBuffer>,
-        libc::iovec,
-        libc::msghdr,
-        MaybeUninit<nix::sys::socket::sockaddr_storage>,
+        Box<(
+            Option<DmaBuffer>,
+            libc::iovec,
+            libc::msghdr,
+            MaybeUninit<nix::sys::socket::sockaddr_storage>,
+        )>,
     ),
     SockSendMsg(
-        DmaBuffer,
-        libc::iovec,
-        libc::msghdr,
-        nix::sys::socket::SockaddrStorage,
+        Box<(
+            DmaBuffer,
+            libc::iovec,
+            libc::msghdr,
+            nix::sys::socket::SockaddrStorage,
+        )>,
     ),
     Open(CString),
     FdataSync,
@@ -56,8 +63,8 @@ pub(crate) enum SourceType {
     ForeignNotifier(u64, bool),
     Statx(CString, Box<RefCell<Statx>>),
     Timeout(TimeSpec64, u32),
-    Connect(nix::sys::socket::SockaddrStorage),
-    Accept(SockAddrStorage),
+    Connect(Box<nix::sys::socket::SockaddrStorage>),
+    Accept(Box<SockAddrStorage>),
     Rename(PathBuf, PathBuf),
     CreateDir(PathBuf),
     Remove(PathBuf),
