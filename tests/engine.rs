@@ -277,14 +277,19 @@ fn resident_code_kib(pid: u32) -> (u64, u64) {
 #[test]
 fn start_up_code_pages_are_given_back_and_the_proxy_still_relays() {
     let server = start_server("");
+    let released = |server: &Server| {
+        server
+            .logs
+            .lock()
+            .expect("logs")
+            .iter()
+            .any(|l| l.contains("start-up code pages released"))
+    };
+    // what start-up left resident, read before the release (it comes a second after listening)
+    let before = resident_code_kib(server.pid()).0;
+    let before = (!released(&server)).then_some(before);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !server
-        .logs
-        .lock()
-        .expect("logs")
-        .iter()
-        .any(|l| l.contains("start-up code pages released"))
-    {
+    while !released(&server) {
         assert!(
             Instant::now() < deadline,
             "the server never released its start-up code pages"
@@ -295,10 +300,18 @@ fn start_up_code_pages_are_given_back_and_the_proxy_still_relays() {
     // what an idle server runs afterwards maps back a small part (1.5 MiB).
     let (resident, size) = resident_code_kib(server.pid());
     assert!(size > 0, "no executable mapping of {BIN} found");
+    // a quarter at most (a debug build under a loaded CI box runs more code meanwhile), and
+    // at most half of what was resident before the release when that was read in time
     assert!(
-        resident * 8 < size,
+        resident * 4 < size,
         "{resident} of {size} KiB of the binary's code still resident after the release"
     );
+    if let Some(before) = before {
+        assert!(
+            resident * 2 < before,
+            "{resident} KiB of code resident after the release, {before} KiB before"
+        );
+    }
 
     // A CONNECT tunnel to a local listener: the relay's code comes back from the file.
     use std::io::{Read, Write};

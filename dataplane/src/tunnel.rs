@@ -118,7 +118,14 @@ async fn pump<
     loop {
         if let Some((from_fd, to_fd)) = sockets.filter(|_| moved >= splice::BULK_BYTES) {
             // boxed: its state would otherwise sit in every tunnel, bulk or idle
-            Box::pin(splice::pump(from, to, (from_fd, to_fd), meter, last_activity)).await?;
+            Box::pin(splice::pump(
+                from,
+                to,
+                (from_fd, to_fd),
+                meter,
+                last_activity,
+            ))
+            .await?;
             to.borrow().shutdown_write();
             return Ok(());
         }
