@@ -1243,7 +1243,7 @@ fn a_bulk_tcp_transfer_crosses_the_batched_data_path_intact() {
     ) {
         return;
     }
-    let lan = Lan::named("symfast", "symfs", "10.219", 3, 2);
+    let lan = Lan::named("symfast", "symfs", "10.221", 3, 2);
     let server = start_registry(&lan);
     let peers: Vec<Peer> = ["sender", "receiver"]
         .iter()
