@@ -913,27 +913,27 @@ fn memory(ctx: &Ctx) -> Result<String> {
             let idle = m.idle_rss_kib as f64 / 1024.0;
             let _ = writeln!(
                 md,
-                "- switchyard idle RSS: **{idle:.1} MiB** — target ≤ 16 MiB: {}",
-                verdict(idle <= 16.0)
+                "- switchyard idle RSS: **{idle:.1} MiB** — target ≤ 10 MiB (issue 14): {}",
+                verdict(idle <= 10.0)
             );
             match m.per_tunnel_kib {
                 Some(k) => {
                     let _ = writeln!(
                         md,
-                        "- switchyard per idle tunnel: **{k:.2} KiB** — target ≤ 16 KiB: {}",
-                        verdict(k <= 16.0)
+                        "- switchyard per idle tunnel: **{k:.2} KiB** — target ≤ 4 KiB (issue 14): {}",
+                        verdict(k <= 4.0)
                     );
                 }
                 None => {
                     let _ = writeln!(
                         md,
-                        "- switchyard per idle tunnel: n/a (target ≤ 16 KiB: **not measured**)"
+                        "- switchyard per idle tunnel: n/a (target ≤ 4 KiB: **not measured**)"
                     );
                 }
             }
         }
         None => {
-            let _ = writeln!(md, "- switchyard: not measured (targets idle RSS ≤ 16 MiB, ≤ 16 KiB per idle tunnel: **not measured**)");
+            let _ = writeln!(md, "- switchyard: not measured (targets idle RSS ≤ 10 MiB, ≤ 4 KiB per idle tunnel: **not measured**)");
         }
     }
     Ok(md)
