@@ -1038,10 +1038,12 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
         "TCP to the anycast address: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // once bravo answers for the address, nothing goes to charlie (the probes sent while the
+    // memberships were still being announced may have reached either member)
     assert!(
-        far.received("").is_empty(),
+        far.received("near").is_empty(),
         "charlie got {:?}",
-        far.received("")
+        far.received("near")
     );
     sh(&format!(
         "ip -n {} addr del {anycast}/32 dev symesh0",
