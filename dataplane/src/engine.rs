@@ -327,17 +327,6 @@ fn describe_core_end(result: glommio::Result<(), ()>) -> String {
     }
 }
 
-/// `SWITCHYARD_SPIN_BEFORE_PARK_US`: how long an idle core polls its rings before it sleeps
-/// (glommio's `spin_before_park`; default: sleep at once). Spinning saves the sleep/wake-up
-/// between requests that follow each other closely, at the price of a busy CPU.
-fn spin_before_park() -> Option<std::time::Duration> {
-    let us: u64 = std::env::var("SWITCHYARD_SPIN_BEFORE_PARK_US")
-        .ok()?
-        .parse()
-        .ok()?;
-    (us > 0).then(|| std::time::Duration::from_micros(us))
-}
-
 impl CoreSeed {
     fn spawn(
         &self,
@@ -355,14 +344,10 @@ impl CoreSeed {
         } else {
             64 << 10
         };
-        let mut builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("dataplane-{index}"))
             .io_memory(io_memory)
-            .ring_depth(512);
-        if let Some(spin) = spin_before_park() {
-            builder = builder.spin_before_park(spin);
-        }
-        builder
+            .ring_depth(512)
             .spawn(move || async move {
                 let ctx = Rc::new(CoreContext {
                     core: index,
