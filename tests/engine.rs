@@ -244,33 +244,6 @@ fn the_core_count_follows_the_cgroup_cpu_quota() {
     assert!(log.contains("data plane started"), "{log}");
 }
 
-/// KiB of `/proc/PID/smaps` `Rss` and `Size` of the server binary's executable mapping(s).
-fn resident_code_kib(pid: u32) -> (u64, u64) {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
-    let bin = std::fs::canonicalize(BIN).expect("binary path");
-    let bin = bin.to_string_lossy();
-    let mut in_code = false;
-    let (mut rss, mut size) = (0, 0);
-    for line in smaps.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let value = || {
-            fields
-                .get(1)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        match fields.first() {
-            Some(f) if f.contains('-') && !f.ends_with(':') => {
-                in_code = fields.get(1) == Some(&"r-xp") && line.ends_with(bin.as_ref());
-            }
-            Some(&"Rss:") if in_code => rss += value(),
-            Some(&"Size:") if in_code => size += value(),
-            _ => {}
-        }
-    }
-    (rss, size)
-}
-
 /// Issue 14 (idle RSS): once the server is up it gives back the code pages start-up mapped
 /// (megabytes of a binary spread over tens of MB), and the code it runs afterwards faults back
 /// in: the proxy still relays a tunnel.

@@ -303,9 +303,9 @@ async fn drain_dataplane(state: Arc<ServerState>) {
 }
 
 /// Gives back the code pages start-up mapped (switchyard_dataplane::text_pages) once the
-/// listeners are up and the first rounds of the periodic tasks have run: an idle server keeps
-/// only the code it runs.
-async fn release_startup_code() {
+/// listeners are up and the first rounds of the periodic tasks have run: an idle `server` or
+/// `client` keeps only the code it runs.
+pub(crate) async fn release_startup_code() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     match switchyard_dataplane::text_pages::release_code_pages() {
         Ok(bytes) => tracing::info!(bytes, "start-up code pages released"),

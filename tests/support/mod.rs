@@ -651,3 +651,31 @@ pub fn echo_source(
         .unwrap_or_else(|| panic!("not an echo: {data}"))
         .to_owned()
 }
+
+/// KiB of `/proc/PID/smaps` `Rss` and `Size` of the switchyard binary's executable mapping(s)
+/// in process `pid` (issue 14: start-up code pages given back).
+pub fn resident_code_kib(pid: u32) -> (u64, u64) {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
+    let bin = std::fs::canonicalize(BIN).expect("binary path");
+    let bin = bin.to_string_lossy();
+    let mut in_code = false;
+    let (mut rss, mut size) = (0, 0);
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let value = || {
+            fields
+                .get(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        match fields.first() {
+            Some(f) if f.contains('-') && !f.ends_with(':') => {
+                in_code = fields.get(1) == Some(&"r-xp") && line.ends_with(bin.as_ref());
+            }
+            Some(&"Rss:") if in_code => rss += value(),
+            Some(&"Size:") if in_code => size += value(),
+            _ => {}
+        }
+    }
+    (rss, size)
+}

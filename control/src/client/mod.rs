@@ -188,6 +188,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         if cfg.web_ui.enabled {
             serve_web_ui(&cfg, state.clone())?;
         }
+        tokio::spawn(crate::server::release_startup_code());
         if cfg.api.enabled {
             let listen = crate::net::parse("api", &cfg.api.listen)?;
             let listener = crate::net::bind_tokio(&listen)?;
