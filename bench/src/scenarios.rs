@@ -420,12 +420,13 @@ fn http(ctx: &Ctx) -> Result<String> {
 
 // ---------------------------------------------------------------- connect
 
-const BULK_COLUMNS: [&str; 6] = [
+const BULK_COLUMNS: [&str; 7] = [
     "program",
     "version",
     "Gbit/s",
     "GiB moved",
     "proxy CPU s/GiB",
+    "softirq s/GiB (machine)",
     "status",
 ];
 
@@ -450,12 +451,16 @@ fn bulk_with_cpu(
 ) -> Result<load::Bulk> {
     use std::sync::atomic::Ordering::Relaxed;
     let (cpu0, bytes0) = (crate::wireguard::cpu_seconds(pid), count.load(Relaxed));
+    let softirq0 = procs::softirq_seconds();
     let mut b = ctx
         .rt
         .block_on(load::bulk(via, sink, count.clone(), 1, ctx.seconds))?;
     let gib = count.load(Relaxed).saturating_sub(bytes0) as f64 / (1u64 << 30) as f64;
-    if pid != 0 && gib > 0.0 {
-        b.proxy_cpu_s_per_gib = Some((crate::wireguard::cpu_seconds(pid) - cpu0) / gib);
+    if gib > 0.0 {
+        b.softirq_s_per_gib = Some((procs::softirq_seconds() - softirq0) / gib);
+        if pid != 0 {
+            b.proxy_cpu_s_per_gib = Some((crate::wireguard::cpu_seconds(pid) - cpu0) / gib);
+        }
     }
     Ok(b)
 }
@@ -522,8 +527,11 @@ fn bulk_rows(es: &[Entry<load::Bulk>]) -> Vec<Vec<String>> {
                     b.proxy_cpu_s_per_gib
                         .map(|c| f(c, 3))
                         .unwrap_or_else(|| "–".into()),
+                    b.softirq_s_per_gib
+                        .map(|c| f(c, 3))
+                        .unwrap_or_else(|| "–".into()),
                 ]),
-                None => r.extend(std::iter::repeat_n("–".to_string(), 3)),
+                None => r.extend(std::iter::repeat_n("–".to_string(), 4)),
             }
             r.push(e.status());
             r
@@ -577,13 +585,7 @@ fn connect(ctx: &Ctx) -> Result<String> {
     {
         tracing::info!("connect: raw loopback TCP again");
         if let (Ok(again), Some(first)) = (
-            ctx.rt.block_on(load::bulk(
-                Via::Direct,
-                sink,
-                count.clone(),
-                streams,
-                ctx.seconds,
-            )),
+            bulk_with_cpu(ctx, Via::Direct, sink, &count, 0),
             raw.figures.clone(),
         ) {
             raw.notes.push(format!(
