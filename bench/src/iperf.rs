@@ -37,13 +37,22 @@ pub fn loopback_bulk(procs: &mut Procs, dir: &std::path::Path, seconds: u64) -> 
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let softirq0 = procs::softirq_seconds();
     let out = Command::new("iperf3")
         .args(["-c", "127.0.0.1", "-p", &port.to_string(), "-J", "-O", "1"])
         .args(["-t", &seconds.to_string()])
         .output()
         .context("run iperf3 -c")?;
-    parse(&out.stdout)
-        .with_context(|| format!("iperf3 -c: {}", String::from_utf8_lossy(&out.stderr).trim()))
+    let softirq = procs::softirq_seconds() - softirq0;
+    let mut b = parse(&out.stdout)
+        .with_context(|| format!("iperf3 -c: {}", String::from_utf8_lossy(&out.stderr).trim()))?;
+    // The softirq time covers the omitted first second too: spread it over the bytes of the
+    // whole run, assuming that second moved as much as an average one.
+    let whole_run_gib = b.bytes as f64 * (b.seconds + 1.0) / b.seconds / (1u64 << 30) as f64;
+    if whole_run_gib > 0.0 {
+        b.softirq_s_per_gib = Some(softirq / whole_run_gib);
+    }
+    Ok(b)
 }
 
 /// The receiver's side of iperf3's JSON report.
@@ -66,6 +75,7 @@ fn parse(json: &[u8]) -> Result<Bulk> {
         bytes,
         gbit_per_sec: bits / 1e9,
         proxy_cpu_s_per_gib: None,
+        softirq_s_per_gib: None,
     })
 }
 

@@ -158,6 +158,10 @@ pub struct Bulk {
     /// CPU seconds (user + system) the proxy spent per GiB it relayed, warm-up included: a
     /// figure that moves less with the machine's load than the rate does.
     pub proxy_cpu_s_per_gib: Option<f64>,
+    /// Softirq seconds of the whole machine per GiB (see [`crate::procs::softirq_seconds`]): the
+    /// TCP receive processing of every loopback hop, which no process's CPU includes. Other
+    /// programs' network traffic would count too (loopback benches of others on the box).
+    pub softirq_s_per_gib: Option<f64>,
 }
 
 /// Pushes bytes through `streams` parallel streams for `seconds` (after a short warm-up) and
@@ -203,6 +207,7 @@ pub async fn bulk(
         bytes,
         gbit_per_sec: bytes as f64 * 8.0 / secs / 1e9,
         proxy_cpu_s_per_gib: None,
+        softirq_s_per_gib: None,
     })
 }
 

@@ -224,6 +224,25 @@ pub(crate) fn stat_seconds(pid: &str, which: &[usize]) -> f64 {
     ticks(&stat_fields(pid), which) as f64 / TICKS_PER_SEC
 }
 
+/// Seconds the whole machine has spent in softirq context (`/proc/stat`, all CPUs). This
+/// kernel accounts softirq time on its own (`IRQ_TIME_ACCOUNTING`), not in the utime/stime of
+/// the task it interrupted, and on loopback the receive side of every TCP hop runs there: a
+/// relay's per-process CPU leaves out the second hop's receive processing it causes.
+pub fn softirq_seconds() -> f64 {
+    softirq_ticks(&fs::read_to_string("/proc/stat").unwrap_or_default())
+        .map_or(0.0, |t| t as f64 / TICKS_PER_SEC)
+}
+
+/// The softirq field of `/proc/stat`'s summary line: "cpu  user nice system idle iowait irq
+/// softirq …".
+fn softirq_ticks(stat: &str) -> Option<u64> {
+    let mut fields = stat.lines().next()?.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    fields.nth(6)?.parse().ok()
+}
+
 /// CPU seconds (user + system) used so far by process `pid` and every process below it. Forking
 /// and pre-forking servers (tinyproxy, squid's helpers, danted) spread a workload over processes:
 /// each live one counts its own time, and one that exited counts through the `cutime`/`cstime`
@@ -372,6 +391,18 @@ pub fn tail(path: &Path, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn softirq_is_the_seventh_figure_of_the_summary_line() {
+        let stat = "cpu  1821374 4679747 1217636 1638413 654315 0 149224 7262 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n";
+        assert_eq!(softirq_ticks(stat), Some(149_224));
+        assert_eq!(softirq_ticks("cpu0 1 2 3 4 5 6 7\n"), None);
+        assert_eq!(softirq_ticks("cpu  1 2 3\n"), None);
+        assert!(
+            softirq_seconds() > 0.0,
+            "this machine's /proc/stat has softirq time"
+        );
+    }
 
     #[test]
     fn reads_own_rss_and_finds_a_port() {
