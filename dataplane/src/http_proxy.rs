@@ -855,11 +855,11 @@ pub(crate) async fn send_request(
             HeadRead::Head(response) => {
                 let _ = origin.borrow().set_read_timeout(Some(snapshot.timeouts.read));
                 Sent::Answered(Box::new(Upstream {
-                origin,
-                response,
-                carry: origin_carry,
-                pool_key: key,
-            }))
+                    origin,
+                    response,
+                    carry: origin_carry,
+                    pool_key: key,
+                }))
             }
             // closed (or reset) before any response byte: the origin ended the idle
             // connection as it was reused
