@@ -140,11 +140,12 @@ fn header_slots<'a, 'h>(
     stack: &'a mut [httparse::Header<'h>; STACK_HEADER_SLOTS],
     heap: &'a mut Vec<httparse::Header<'h>>,
 ) -> &'a mut [httparse::Header<'h>] {
-    if limits.max_headers <= STACK_HEADER_SLOTS {
-        &mut stack[..limits.max_headers]
-    } else {
-        heap.resize(limits.max_headers, httparse::EMPTY_HEADER);
-        heap
+    match stack.get_mut(..limits.max_headers) {
+        Some(slots) => slots,
+        None => {
+            heap.resize(limits.max_headers, httparse::EMPTY_HEADER);
+            heap
+        }
     }
 }
 
