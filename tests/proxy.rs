@@ -1071,3 +1071,102 @@ fn origin_connections_of_many_concurrent_clients_are_all_pooled() {
         "origin connections for {CLIENTS} clients × {ROUNDS} rounds"
     );
 }
+
+/// Reads one response with a `Content-Length` body from `s`; `None` when the proxy closed first.
+fn read_response(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).into_owned();
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            while got.len() < end + 4 + len {
+                let n = s.read(&mut chunk).ok()?;
+                if n == 0 {
+                    return None;
+                }
+                got.extend_from_slice(&chunk[..n]);
+            }
+            return Some((head, got[end + 4..end + 4 + len].to_vec()));
+        }
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// An origin that promises keep-alive and then closes every connection after its first
+/// response (as an origin ending an idle connection does, racing with its reuse): the pooled
+/// connection is dead when the next request comes. A request without a body is retried on a
+/// fresh connection, one with a body finds the connection closed before it is sent; either way
+/// the client gets the origin's answer, never a 502.
+#[test]
+fn a_pooled_connection_the_origin_closed_is_not_used() {
+    use std::sync::mpsc;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let origin = listener.local_addr().expect("addr");
+    let (closed_tx, closed_rx) = mpsc::channel::<usize>();
+    std::thread::spawn(move || {
+        for (n, conn) in listener.incoming().enumerate() {
+            let Ok(mut conn) = conn else { return };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match conn.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let text = String::from_utf8_lossy(&head).to_lowercase();
+            let body_len: usize = text
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0u8; body_len];
+            let _ = conn.read_exact(&mut body);
+            let answer = format!("connection {n}");
+            let _ = conn.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n{answer}",
+                    answer.len()
+                )
+                .as_bytes(),
+            );
+            // the FIN is in the proxy's socket when close(2) returns (loopback)
+            drop(conn);
+            let _ = closed_tx.send(n);
+        }
+    });
+    let server = start_server("");
+    let mut client = TcpStream::connect(server.http).expect("connect");
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let get = format!("GET http://{origin}/ HTTP/1.1\r\nHost: {origin}\r\n\r\n");
+    let post = format!(
+        "POST http://{origin}/ HTTP/1.1\r\nHost: {origin}\r\nContent-Length: 4\r\n\r\nbody"
+    );
+    for (i, request) in [&get, &get, &post, &get].into_iter().enumerate() {
+        client.write_all(request.as_bytes()).expect("send");
+        let (head, body) = read_response(&mut client).expect("a response");
+        assert!(head.starts_with("HTTP/1.1 200"), "request {i}: {head}");
+        // each request reached a connection of its own (the earlier ones were closed)
+        assert_eq!(body, format!("connection {i}").as_bytes(), "request {i}");
+        assert_eq!(
+            closed_rx.recv_timeout(Duration::from_secs(10)),
+            Ok(i),
+            "the origin closed connection {i}"
+        );
+    }
+}

@@ -92,8 +92,15 @@ impl BackendStream {
     }
 
     /// For a pooled idle connection: not closed by the peer and no stray bytes waiting.
-    pub fn idle_is_clean(&self) -> bool {
+    ///
+    /// `retryable`: the caller retries its request on a fresh connection if this one turns
+    /// out closed. Then a kernel socket whose read-readiness poll is still pending counts as
+    /// clean without asking the socket (a `MSG_PEEK` per reused connection saved); the poll's
+    /// answer may lag by the completions not reaped yet, a window the retry covers (as it
+    /// covers an origin closing just after a peek).
+    pub fn idle_is_clean(&self, retryable: bool) -> bool {
         match self {
+            Self::Tcp(s) if retryable && s.read_poll_pending() => true,
             Self::Tcp(s) => crate::sys::idle_socket_is_clean(s.as_raw_fd()),
             Self::Wireguard(f) | Self::Quic(f) => f.idle_is_clean(),
         }

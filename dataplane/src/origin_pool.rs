@@ -34,15 +34,17 @@ thread_local! {
     static POOL: RefCell<Pool> = RefCell::new(Pool::default());
 }
 
-/// A reusable connection for `key`, if one is idle and healthy.
-pub fn take(key: &PoolKey) -> Option<BackendStream> {
+/// A reusable connection for `key`, if one is idle and healthy. `retryable`: the caller
+/// retries on a fresh connection when this one turns out closed (see
+/// [`BackendStream::idle_is_clean`]).
+pub fn take(key: &PoolKey, retryable: bool) -> Option<BackendStream> {
     POOL.with(|p| {
         let mut p = p.borrow_mut();
         let mut found = None;
         let mut dropped = 0;
         if let Some(list) = p.idle.get_mut(key) {
             while let Some((stream, since)) = list.pop() {
-                if since.elapsed() < MAX_IDLE_AGE && stream.idle_is_clean() {
+                if since.elapsed() < MAX_IDLE_AGE && stream.idle_is_clean(retryable) {
                     found = Some(stream);
                     break;
                 }

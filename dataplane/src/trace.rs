@@ -9,8 +9,9 @@ use std::net::IpAddr;
 use std::time::{Instant, SystemTime};
 
 pub(crate) struct Trace {
-    started: Instant,
-    started_at: SystemTime,
+    /// When the request began, for the request log; `None` when made with
+    /// [`Trace::unlogged`] (no clock read for a record nobody will read).
+    started: Option<(Instant, SystemTime)>,
     pub protocol: Protocol,
     pub method: String,
     /// `host:port`
@@ -32,10 +33,19 @@ pub(crate) struct Trace {
 impl Trace {
     pub fn new(protocol: Protocol, method: &str) -> Self {
         Self {
-            started: Instant::now(),
-            started_at: SystemTime::now(),
+            started: Some((Instant::now(), SystemTime::now())),
+            ..Self::unlogged(protocol)
+        }
+        .with_method(method)
+    }
+
+    /// A trace for the counters only: no clock read, no strings. A record made from it (the
+    /// request log switched on while the request ran) has the finish time and no duration.
+    pub fn unlogged(protocol: Protocol) -> Self {
+        Self {
+            started: None,
             protocol,
-            method: method.to_owned(),
+            method: String::new(),
             host: String::new(),
             path: String::new(),
             url: String::new(),
@@ -47,6 +57,11 @@ impl Trace {
             up: Cell::new(0),
             down: Cell::new(0),
         }
+    }
+
+    fn with_method(mut self, method: &str) -> Self {
+        self.method = method.to_owned();
+        self
     }
 
     pub fn fail(&mut self, status: u16, error: impl Into<String>) {
@@ -69,9 +84,13 @@ impl Trace {
             } else {
                 self.url
             };
+        let (timestamp, duration_ms) = match self.started {
+            Some((started, at)) => (at, started.elapsed().as_millis() as u64),
+            None => (SystemTime::now(), 0),
+        };
         ctx.requests.push(RequestRecord {
-            timestamp: self.started_at,
-            duration_ms: self.started.elapsed().as_millis() as u64,
+            timestamp,
+            duration_ms,
             method: self.method,
             host: self.host,
             path: self.path,

@@ -124,12 +124,21 @@ impl Timers {
     fn process_timers(&mut self) -> (Option<Duration>, usize) {
         let now = Instant::now();
 
-        // Split timers into ready and pending timers.
-        let pending = self.timers.split_off(&(now, 0));
-        let ready = mem::replace(&mut self.timers, pending);
-        let woke = ready.len();
-        for (_, waker) in ready {
-            wake!(waker);
+        // [switchyard] Split only when a timer is due: `split_off` builds a new tree and moves
+        // every pending timer into it (one per waiting connection), on every reactor turn.
+        let due = self
+            .timers
+            .first_key_value()
+            .is_some_and(|((when, _), _)| *when < now);
+        let mut woke = 0;
+        if due {
+            // Split timers into ready and pending timers.
+            let pending = self.timers.split_off(&(now, 0));
+            let ready = mem::replace(&mut self.timers, pending);
+            woke = ready.len();
+            for (_, waker) in ready {
+                wake!(waker);
+            }
         }
 
         // Calculate the duration until the next event.

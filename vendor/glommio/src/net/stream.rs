@@ -358,6 +358,16 @@ impl<S: AsRawFd> NonBufferedStream<S> {
         Poll::Pending
     }
 
+    /// [switchyard] Whether a read-readiness poll is armed and has not completed: as far as the
+    /// completions reaped so far tell, the socket has nothing to read (no byte, no end of
+    /// stream, no error). `false` when no poll is armed or it has completed: then nothing is
+    /// known and the caller asks the socket itself.
+    pub(crate) fn read_poll_pending(&self) -> bool {
+        self.source_rx
+            .as_ref()
+            .is_some_and(|src| src.result().is_none())
+    }
+
     pub(crate) fn poll_close(&mut self, _: &Context<'_>) -> Poll<io::Result<()>> {
         self.source_tx.take();
         Poll::Ready(sys::shutdown(self.stream.as_raw_fd(), Shutdown::Write))
@@ -487,6 +497,12 @@ impl<S: AsRawFd, B: RxBuf> GlommioStream<S, B> {
 
     pub(crate) fn poll_write(&mut self, cx: &Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.stream.poll_write(cx, buf)
+    }
+
+    /// [switchyard] See [`NonBufferedStream::read_poll_pending`]; bytes already buffered or a
+    /// seen end of stream count as something to read.
+    pub(crate) fn read_poll_pending(&self) -> bool {
+        self.rx_buf.is_empty() && !self.rx_done.get() && self.stream.read_poll_pending()
     }
 
     /// [switchyard] See [`NonBufferedStream::poll_ready`]; bytes already buffered count as

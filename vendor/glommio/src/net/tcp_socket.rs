@@ -705,6 +705,15 @@ impl<B: RxBuf> TcpStream<B> {
         self.stream.poll_ready(cx, false)
     }
 
+    /// [switchyard] Whether the stream's read-readiness poll is armed and has not completed:
+    /// nothing arrived (no byte, no end of stream) as far as the completions reaped so far
+    /// tell. Lets a pool of idle connections skip a `MSG_PEEK` per reuse; the answer can be
+    /// stale by the completions not yet reaped, so a caller must tolerate a connection that
+    /// turns out closed.
+    pub fn read_poll_pending(&self) -> bool {
+        self.stream.read_poll_pending()
+    }
+
     /// [switchyard] Waits until the socket's send buffer has room (or an error to report)
     /// without writing: for `splice(2)`/`sendfile(2)` into the socket. Readiness may be stale;
     /// retry the operation and wait again on `EAGAIN`.
