@@ -734,6 +734,16 @@ pub(crate) struct Upstream {
     pub pool_key: PoolKey,
 }
 
+/// Whether the request line at the start of `head` names an idempotent method (RFC 9110
+/// §9.2.2): only those are replayed on a fresh connection after a pooled one failed.
+fn idempotent_request_line(head: &[u8]) -> bool {
+    let method = head.split(|b| *b == b' ').next().unwrap_or_default();
+    matches!(
+        method,
+        b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE"
+    )
+}
+
 pub(crate) enum Sent {
     Answered(Box<Upstream>),
     /// No usable response: answer the client with this status.
@@ -771,9 +781,11 @@ pub(crate) async fn send_request(
         host: pool_host.to_owned(),
         port: pool_port,
     };
-    // A pooled connection may have been closed by the origin just now; a request without a
-    // body is retried once on a fresh connection when that happens before any response byte.
-    let retryable = matches!(request_body, BodyKind::Empty | BodyKind::Length(0));
+    // A pooled connection may have been closed by the origin just now; an idempotent request
+    // without a body is retried once on a fresh connection when that happens before any
+    // response byte (RFC 9110 §9.2.2; a POST may have been acted on, so it is never replayed).
+    let retryable = matches!(request_body, BodyKind::Empty | BodyKind::Length(0))
+        && idempotent_request_line(out);
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -1066,4 +1078,19 @@ pub(crate) async fn relay_response(
         Next::Close
     };
     (next, body_bytes.get())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::idempotent_request_line;
+
+    #[test]
+    fn only_idempotent_methods_are_replayed() {
+        assert!(idempotent_request_line(b"GET /x HTTP/1.1\r\n"));
+        assert!(idempotent_request_line(b"DELETE /x HTTP/1.1\r\n"));
+        assert!(!idempotent_request_line(b"POST /x HTTP/1.1\r\n"));
+        assert!(!idempotent_request_line(b"PATCH /x HTTP/1.1\r\n"));
+        assert!(!idempotent_request_line(b"get /x HTTP/1.1\r\n"));
+        assert!(!idempotent_request_line(b""));
+    }
 }
