@@ -186,17 +186,19 @@ fn deserialize_tracked<T: serde::de::DeserializeOwned + Default>(
     text: &str,
 ) -> Result<T, LoadError> {
     let mut outer_err: Option<(String, serde_saphyr::Error)> = None;
-    let result = serde_saphyr::with_deserializer_from_str(text, |de| {
-        match serde_path_to_error::deserialize::<_, T>(de) {
-            Ok(cfg) => Ok(Some(cfg)),
-            Err(e) => {
-                let path = e.path().to_string();
-                let inner = e.into_inner();
-                outer_err = Some((path, inner));
-                Ok(None)
-            }
-        }
-    });
+    let result =
+        serde_saphyr::with_deserializer_from_str(
+            text,
+            |de| match serde_path_to_error::deserialize::<_, T>(de) {
+                Ok(cfg) => Ok(Some(cfg)),
+                Err(e) => {
+                    let path = e.path().to_string();
+                    let inner = e.into_inner();
+                    outer_err = Some((path, inner));
+                    Ok(None)
+                }
+            },
+        );
     match (result, outer_err) {
         (Ok(Some(cfg)), _) => Ok(cfg),
         (_, Some((path, err))) => Err(parse_error(clean_path(&path), &err)),

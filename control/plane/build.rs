@@ -20,6 +20,18 @@ fn main() {
     println!("cargo:rustc-env=SWITCHYARD_GIT_COMMIT={commit}");
     println!("cargo:rustc-env=SWITCHYARD_RUSTC_VERSION={rustc_version}");
     println!("cargo:rustc-env=SWITCHYARD_BUILD_EPOCH={secs}");
-    println!("cargo:rerun-if-changed=../../.git/HEAD");
-    println!("cargo:rerun-if-changed=../../.git/refs/heads");
+    // Where HEAD and the branch refs are: `.git/` in a checkout, `.git/worktrees/NAME/` and the
+    // common directory in a worktree (where `.git` is a file, and naming `../../.git/HEAD` made
+    // every build rerun this script and recompile the crate). Outside git: never rerun.
+    println!("cargo:rerun-if-changed=build.rs");
+    for (arg, sub) in [("--git-path", "HEAD"), ("--git-common-dir", "refs/heads")] {
+        let dir = if arg == "--git-path" {
+            output("git", &["rev-parse", arg, sub])
+        } else {
+            output("git", &["rev-parse", arg]).map(|d| format!("{d}/{sub}"))
+        };
+        if let Some(path) = dir.filter(|p| std::path::Path::new(p).exists()) {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
 }

@@ -80,7 +80,12 @@ fn validation(problems: &[Problem], message: Option<String>) -> ValidationResult
 /// problem naming the offending key.
 fn parse(value: serde_json::Value) -> Result<ServerConfig, ValidationResult> {
     ServerConfig::from_json_value(&value).map_err(|e| {
-        let section = e.path.split(['.', '[']).next().unwrap_or_default().to_owned();
+        let section = e
+            .path
+            .split(['.', '['])
+            .next()
+            .unwrap_or_default()
+            .to_owned();
         ValidationResult {
             valid: false,
             errors: vec![ValidationError {
