@@ -767,4 +767,29 @@ metrics: {enabled: true, listen: ":9"}
         v["api"]["bogus"] = serde_json::json!(1);
         assert!(serde_json::from_value::<ServerConfig>(v).is_err());
     }
+
+    #[test]
+    fn json_value_through_the_yaml_deserializer() {
+        // the API's JSON shape of a rich configuration comes back unchanged
+        let cfg = rich_config();
+        let v = cfg.to_json_value().unwrap();
+        assert_eq!(ServerConfig::from_json_value(&v).unwrap(), cfg);
+        // strings that YAML would read as other types stay strings, `${…}` is not expanded
+        let mut v = ServerConfig::default().to_json_value().unwrap();
+        v["api"]["token"] = serde_json::json!("yes");
+        v["server"]["data_dir"] = serde_json::json!("/srv/${HOME}: \"x\"\n#y");
+        let back = ServerConfig::from_json_value(&v).unwrap();
+        assert_eq!(back.api.token.as_deref(), Some("yes"));
+        assert_eq!(back.server.data_dir, "/srv/${HOME}: \"x\"\n#y");
+        // unknown keys and wrong types name their path
+        let mut v = ServerConfig::default().to_json_value().unwrap();
+        v["server"]["htttp"] = serde_json::json!({});
+        let e = ServerConfig::from_json_value(&v).unwrap_err();
+        assert_eq!(e.path, "server.htttp", "{e}");
+        assert!(e.message.contains("htttp"), "{e}");
+        let mut v = ServerConfig::default().to_json_value().unwrap();
+        v["server"]["cores"] = serde_json::json!("many");
+        let e = ServerConfig::from_json_value(&v).unwrap_err();
+        assert_eq!(e.path, "server.cores", "{e}");
+    }
 }
