@@ -1,25 +1,7 @@
-//! Embeds build information for `GET /api/v1/version`.
-use std::process::Command;
-
-fn output(cmd: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(cmd).args(args).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
+//! Link options of the release binary (its build information is embedded by
+//! control/plane/build.rs, the library's).
 
 fn main() {
-    let commit =
-        output("git", &["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let rustc_version = output(&rustc, &["--version"]).unwrap_or_else(|| "rustc unknown".into());
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    println!("cargo:rustc-env=SWITCHYARD_GIT_COMMIT={commit}");
-    println!("cargo:rustc-env=SWITCHYARD_RUSTC_VERSION={rustc_version}");
-    println!("cargo:rustc-env=SWITCHYARD_BUILD_EPOCH={secs}");
     // Release links only (the linker is LLD, rustc's default here): RELR packs the ~50,000
     // relative relocations of the position-independent binary — 1.2 MB of `.rela.dyn` that the
     // dynamic loader reads at every start — into a few KiB (needs glibc >= 2.36, Debian 12), and
@@ -39,6 +21,5 @@ fn main() {
         }
         println!("cargo:rerun-if-changed=link-order/symbols.txt");
     }
-    println!("cargo:rerun-if-changed=../.git/HEAD");
-    println!("cargo:rerun-if-changed=../.git/refs/heads");
+    println!("cargo:rerun-if-changed=build.rs");
 }

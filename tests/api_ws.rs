@@ -842,7 +842,7 @@ async fn tls_api_with_secure_cookie_and_wss() {
     roots
         .add(rustls_pki_types::CertificateDer::from(der))
         .expect("root");
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("versions")

@@ -679,10 +679,7 @@ pub fn merge_partial(
     }
     let mut value = serde_json::to_value(base).map_err(|e| e.to_string())?;
     merge(&mut value, partial);
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        format!("{path}: {}", e.inner())
-    })
+    ClientConfig::from_json_value(&value).map_err(|e| e.to_string())
 }
 
 /// Every semantic problem of `cfg`; empty means valid.

@@ -67,7 +67,7 @@ pub use cache::{
     MemoryStorageConfig, StorageType, TieredStorageConfig,
 };
 pub use listen::{parse_listen, ListenAddr, ListenAddrError};
-pub use load::{LoadError, SerializeError};
+pub use load::{JsonValueError, LoadError, SerializeError};
 pub use mesh_registry::{MeshRegistryConfig, MeshSection};
 pub use model::*;
 pub use origin::{AllowedOrigins, OriginPattern, OriginPatternError};

@@ -176,24 +176,67 @@ pub(crate) fn parse_strict_yaml<T: serde::de::DeserializeOwned + Default>(
     if is_blank_document(&expanded) {
         return Ok(T::default());
     }
+    deserialize_tracked(&expanded)
+}
+
+/// Strict YAML text (already expanded) into `T`, errors naming the key path. The one place a
+/// configuration type's deserializer is instantiated: every input format comes through here
+/// (JSON as text, see [`from_json_value`]), so the binary carries one copy per type.
+fn deserialize_tracked<T: serde::de::DeserializeOwned + Default>(
+    text: &str,
+) -> Result<T, LoadError> {
     let mut outer_err: Option<(String, serde_saphyr::Error)> = None;
-    let result = serde_saphyr::with_deserializer_from_str(&expanded, |de| {
-        match serde_path_to_error::deserialize::<_, T>(de) {
-            Ok(cfg) => Ok(Some(cfg)),
-            Err(e) => {
-                let path = e.path().to_string();
-                let inner = e.into_inner();
-                outer_err = Some((path, inner));
-                Ok(None)
-            }
-        }
-    });
+    let result =
+        serde_saphyr::with_deserializer_from_str(
+            text,
+            |de| match serde_path_to_error::deserialize::<_, T>(de) {
+                Ok(cfg) => Ok(Some(cfg)),
+                Err(e) => {
+                    let path = e.path().to_string();
+                    let inner = e.into_inner();
+                    outer_err = Some((path, inner));
+                    Ok(None)
+                }
+            },
+        );
     match (result, outer_err) {
         (Ok(Some(cfg)), _) => Ok(cfg),
         (_, Some((path, err))) => Err(parse_error(clean_path(&path), &err)),
         (Err(err), None) => Err(parse_error(String::new(), &err)),
         (Ok(None), None) => Ok(T::default()),
     }
+}
+
+/// Why a JSON configuration value does not deserialize: the key path (empty = the root) and
+/// what is wrong there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", if path.is_empty() { "document root" } else { path })]
+pub struct JsonValueError {
+    /// Key path such as `server.http.lisen` or `backends[2].type`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A configuration posted as JSON, deserialized strictly like a file (unknown keys are errors
+/// naming their path) but without `${NAME}` expansion. JSON is YAML, so the value goes through
+/// the files' deserializer as text instead of through `serde_json::Value`'s: one instantiation
+/// of each configuration type's path-tracking deserializer instead of two (issue 14: ~1 MB of
+/// the binary).
+pub(crate) fn from_json_value<T: serde::de::DeserializeOwned + Default>(
+    value: &serde_json::Value,
+) -> Result<T, JsonValueError> {
+    let text = serde_json::to_string(value).map_err(|e| JsonValueError {
+        path: String::new(),
+        message: e.to_string(),
+    })?;
+    deserialize_tracked(&text).map_err(|e| match e {
+        LoadError::Parse { path, message, .. } => JsonValueError { path, message },
+        other => JsonValueError {
+            path: String::new(),
+            message: other.to_string(),
+        },
+    })
 }
 
 /// [`parse_strict_yaml`] of a file, expanding `${NAME}` from the process environment; errors
@@ -223,6 +266,12 @@ impl ServerConfig {
         load_strict_yaml_file(path)
     }
 
+    /// A configuration posted as JSON: strict, errors naming the key path, no `${NAME}`
+    /// expansion (see [`from_json_value`]).
+    pub fn from_json_value(value: &serde_json::Value) -> Result<ServerConfig, JsonValueError> {
+        from_json_value(value)
+    }
+
     /// The configuration as YAML, with the same keys it is read with.
     pub fn to_yaml_string(&self) -> Result<String, SerializeError> {
         serde_saphyr::to_string(self).map_err(|e| SerializeError(e.to_string()))
@@ -250,6 +299,14 @@ macro_rules! strict_yaml_entry_points {
             /// Read and parse a file, expanding `${NAME}` from the process environment.
             pub fn load_file(path: &std::path::Path) -> Result<$t, $crate::load::LoadError> {
                 $crate::load::load_strict_yaml_file(path)
+            }
+
+            /// A configuration posted as JSON: strict, errors naming the key path, no
+            /// `${NAME}` expansion (one deserializer for both formats, issue 14).
+            pub fn from_json_value(
+                value: &serde_json::Value,
+            ) -> Result<$t, $crate::load::JsonValueError> {
+                $crate::load::from_json_value(value)
             }
 
             /// The configuration as YAML, with the same keys it is read with.
@@ -709,5 +766,30 @@ metrics: {enabled: true, listen: ":9"}
         let mut v = serde_json::to_value(ServerConfig::default()).unwrap();
         v["api"]["bogus"] = serde_json::json!(1);
         assert!(serde_json::from_value::<ServerConfig>(v).is_err());
+    }
+
+    #[test]
+    fn json_value_through_the_yaml_deserializer() {
+        // the API's JSON shape of a rich configuration comes back unchanged
+        let cfg = rich_config();
+        let v = cfg.to_json_value().unwrap();
+        assert_eq!(ServerConfig::from_json_value(&v).unwrap(), cfg);
+        // strings that YAML would read as other types stay strings, `${…}` is not expanded
+        let mut v = ServerConfig::default().to_json_value().unwrap();
+        v["api"]["token"] = serde_json::json!("yes");
+        v["server"]["data_dir"] = serde_json::json!("/srv/${HOME}: \"x\"\n#y");
+        let back = ServerConfig::from_json_value(&v).unwrap();
+        assert_eq!(back.api.token.as_deref(), Some("yes"));
+        assert_eq!(back.server.data_dir, "/srv/${HOME}: \"x\"\n#y");
+        // unknown keys and wrong types name their path
+        let mut v = ServerConfig::default().to_json_value().unwrap();
+        v["server"]["htttp"] = serde_json::json!({});
+        let e = ServerConfig::from_json_value(&v).unwrap_err();
+        assert_eq!(e.path, "server.htttp", "{e}");
+        assert!(e.message.contains("htttp"), "{e}");
+        let mut v = ServerConfig::default().to_json_value().unwrap();
+        v["server"]["cores"] = serde_json::json!("many");
+        let e = ServerConfig::from_json_value(&v).unwrap_err();
+        assert_eq!(e.path, "server.cores", "{e}");
     }
 }

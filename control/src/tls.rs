@@ -1,5 +1,5 @@
 //! TLS for the management API listener (`api.tls.cert`, `api.tls.key`): rustls with the
-//! aws-lc-rs provider, TLS 1.2 and 1.3, ALPN `http/1.1` (the WebSocket upgrade is HTTP/1.1).
+//! ring provider, TLS 1.2 and 1.3, ALPN `http/1.1` (the WebSocket upgrade is HTTP/1.1).
 //! Kernel TLS offload is not used: the API carries little traffic, and the kernels this runs on
 //! often lack it. Connections are served by hyper-util with upgrades enabled, each request
 //! carrying the peer address like `axum::serve` does.
@@ -41,7 +41,7 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
             reason,
         },
     })?;
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()

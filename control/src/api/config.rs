@@ -79,14 +79,18 @@ fn validation(problems: &[Problem], message: Option<String>) -> ValidationResult
 /// Parses a posted configuration object; a structural error is reported like a validation
 /// problem naming the offending key.
 fn parse(value: serde_json::Value) -> Result<ServerConfig, ValidationResult> {
-    serde_path_to_error::deserialize::<_, ServerConfig>(value).map_err(|e| {
-        let path = e.path().to_string();
-        let section = path.split(['.', '[']).next().unwrap_or_default().to_owned();
+    ServerConfig::from_json_value(&value).map_err(|e| {
+        let section = e
+            .path
+            .split(['.', '['])
+            .next()
+            .unwrap_or_default()
+            .to_owned();
         ValidationResult {
             valid: false,
             errors: vec![ValidationError {
                 section,
-                message: format!("{path}: {}", e.inner()),
+                message: e.to_string(),
             }],
             warnings: Vec::new(),
             message: Some("the configuration does not have the expected structure".into()),

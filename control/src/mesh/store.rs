@@ -189,7 +189,7 @@ async fn expire(
 
 impl Store {
     pub async fn open(url: &str) -> std::result::Result<Self, switchyard_sqlstore::DbError> {
-        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/mesh");
+        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/mesh");
         let (pool, engine) = switchyard_sqlstore::open(url, &MIGRATOR).await?;
         Ok(Self { pool, engine })
     }

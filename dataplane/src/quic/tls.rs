@@ -1,4 +1,4 @@
-//! TLS 1.3 for the QUIC transport (rustls with the aws-lc-rs provider the tree already builds).
+//! TLS 1.3 for the QUIC transport (rustls with the ring provider, the tree's only one).
 //!
 //! The server presents a configured certificate (`server.quic.tls`, PEM, read like the API's)
 //! or a self-signed one generated on first start and kept in the data directory, so its
@@ -44,7 +44,7 @@ pub struct ServerIdentity {
 }
 
 pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// `AB:CD:…`, the form the server prints and clients configure.

@@ -224,15 +224,11 @@ pub async fn import(
                 ClientConfig::from_yaml_str(text, &|n| std::env::var(n).ok())
                     .map_err(|e| e.to_string())
             }),
-        // Through a `Value`: the same deserializer type as the configuration PUT
-        // (switchyard_config::client), so the binary carries one copy of ClientConfig's
-        // path-tracking deserializer instead of two (issue 14: binary size).
+        // Through the configuration files' deserializer (JSON is YAML): the binary carries
+        // one copy of ClientConfig's path-tracking deserializer (issue 14: binary size).
         Format::Json => serde_json::from_slice::<serde_json::Value>(&body)
             .map_err(|e| e.to_string())
-            .and_then(|value| {
-                serde_path_to_error::deserialize::<_, ClientConfig>(value)
-                    .map_err(|e| format!("{}: {}", e.path(), e.inner()))
-            }),
+            .and_then(|value| ClientConfig::from_json_value(&value).map_err(|e| e.to_string())),
     };
     match parsed {
         Ok(new) => apply(&state, new, "imported", true).await,
