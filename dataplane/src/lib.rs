@@ -11,6 +11,7 @@
 
 pub mod access_control;
 pub mod backend_health;
+mod balance;
 pub mod backend_stream;
 pub mod buffer_pool;
 pub mod cache;
