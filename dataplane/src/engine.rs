@@ -295,16 +295,6 @@ struct CoreSeed {
     balance: Arc<std::sync::Mutex<crate::balance::ListenerBalance>>,
 }
 
-/// How long a core runs without parking before it offers its CPU (`sched_yield(2)`) between
-/// reactor turns: `SWITCHYARD_CPU_YIELD_US` (unset or 0: never).
-fn cpu_yield_after() -> Option<std::time::Duration> {
-    std::env::var("SWITCHYARD_CPU_YIELD_US")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|&us| us > 0)
-        .map(std::time::Duration::from_micros)
-}
-
 /// Restarts allowed per core before the process gives up and exits.
 const MAX_RESTARTS: u32 = 3;
 /// How long start-up waits for every core to report.
@@ -362,7 +352,6 @@ impl CoreSeed {
             .io_memory(io_memory)
             .ring_depth(512)
             .spawn(move || async move {
-                glommio::yield_cpu_after(cpu_yield_after());
                 let ctx = Rc::new(CoreContext {
                     core: index,
                     snapshot: seed.snapshot,
@@ -558,9 +547,9 @@ impl Dataplane {
         let quic = opts.quic.clone();
         let no_sockets: &[Socket] = &[];
         let balance = crate::balance::ListenerBalance::attach(&[
-            http.as_ref().map_or(no_sockets, |(s, _, _)| s),
-            socks.as_ref().map_or(no_sockets, |(s, _, _)| s),
-            vpn_listen.as_ref().map_or(no_sockets, |(s, _, _)| s),
+            http.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
+            socks.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
+            vpn_listen.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
         ]);
         let http_selection = balance.selection(0);
         let http_addr = http.as_ref().map(|(_, _, a)| *a);

@@ -452,7 +452,7 @@ pub use crate::{
         allocate_dma_buffer, allocate_dma_buffer_global, executor, spawn_local, spawn_local_into,
         spawn_scoped_local, spawn_scoped_local_into,
         stall::{DefaultStallDetectionHandler, StallDetectionHandler},
-        yield_cpu_after, yield_if_needed, CpuSet, ExecutorJoinHandle, ExecutorProxy, ExecutorStats, LocalExecutor,
+        yield_if_needed, CpuSet, ExecutorJoinHandle, ExecutorProxy, ExecutorStats, LocalExecutor,
         LocalExecutorBuilder, LocalExecutorPoolBuilder, Placement, PoolPlacement,
         PoolThreadHandles, ScopedTask, Task, TaskQueueHandle, TaskQueueStats,
     },

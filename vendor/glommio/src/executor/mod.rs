@@ -1075,19 +1075,6 @@ pub(crate) fn maybe_activate(tq: Rc<RefCell<TaskQueue>>) {
     };
 }
 
-thread_local! {
-    /// [switchyard] See [`yield_cpu_after`].
-    static CPU_YIELD_AFTER: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
-}
-
-/// [switchyard] Makes the executor running on this thread call `sched_yield(2)` after a
-/// scheduler turn once it has run `after` without parking or yielding (`None`: never, upstream
-/// behaviour). Another runnable thread of the same CPU then runs before the next turn instead
-/// of waiting for the kernel to preempt this one at the end of its slice.
-pub fn yield_cpu_after(after: Option<Duration>) {
-    CPU_YIELD_AFTER.with(|c| c.set(after));
-}
-
 pub struct LocalExecutorConfig {
     pub io_memory: usize,
     pub ring_depth: usize,
@@ -1474,8 +1461,6 @@ impl LocalExecutor {
             pin!(future);
 
             let mut pre_time = Instant::now();
-            // [switchyard] when this thread last gave up its CPU (parked or yielded)
-            let mut on_cpu_since = pre_time;
             loop {
                 if let Poll::Ready(t) = future.as_mut().poll(cx) {
                     // can't be canceled, and join handle is None only upon
@@ -1501,17 +1486,6 @@ impl LocalExecutor {
                 let cur_time = Instant::now();
                 this.queues.borrow_mut().stats.total_runtime += cur_time - pre_time;
                 pre_time = cur_time;
-                // [switchyard] a thread pinned to its CPU that never parks keeps other threads
-                // of that CPU waiting for a whole scheduler slice; offer the CPU between turns
-                if run {
-                    if let Some(limit) = CPU_YIELD_AFTER.with(|c| c.get()) {
-                        if cur_time.duration_since(on_cpu_since) >= limit {
-                            // SAFETY: sched_yield(2) takes no arguments and cannot fail here
-                            unsafe { libc::sched_yield() };
-                            on_cpu_since = Instant::now();
-                        }
-                    }
-                }
                 if !run {
                     if let Poll::Ready(t) = future.as_mut().poll(cx) {
                         // It may be that we just became ready now that the task queue
@@ -1530,7 +1504,6 @@ impl LocalExecutor {
                         }
                         // reset the timer for deduct spin loop time
                         pre_time = Instant::now();
-                        on_cpu_since = pre_time;
                     }
                 }
             }
