@@ -1,7 +1,8 @@
 //! Which core gets a new connection. Every core listens on its own `SO_REUSEPORT` socket of each
 //! port; left to itself the kernel picks one by a hash of the connection's addresses, which
-//! splits a few dozen long-lived clients unevenly (64 keep-alive connections on two cores came
-//! out 40/24), and every client of the busier core waits longer for each answer. An
+//! splits a few dozen long-lived clients unevenly (wrk's 64 keep-alive connections came out
+//! 35/29 on two cores, 40/24 in an earlier run), and every client of the busier core waits
+//! longer for each answer. An
 //! `sk_reuseport` eBPF program ([`switchyard_ebpf::ReuseportBalancer`]) hands connections to the
 //! cores in turn instead. Loading it needs `CAP_BPF`; without it (or with
 //! `SWITCHYARD_REUSEPORT=hash`, the bench's comparison) the kernel's hash stays, as before.

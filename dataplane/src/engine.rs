@@ -549,7 +549,9 @@ impl Dataplane {
         let balance = crate::balance::ListenerBalance::attach(&[
             http.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
             socks.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
-            vpn_listen.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
+            vpn_listen
+                .as_ref()
+                .map_or(no_sockets, |(s, _, _)| s.as_slice()),
         ]);
         let http_selection = balance.selection(0);
         let http_addr = http.as_ref().map(|(_, _, a)| *a);

@@ -11,8 +11,8 @@
 
 pub mod access_control;
 pub mod backend_health;
-mod balance;
 pub mod backend_stream;
+mod balance;
 pub mod buffer_pool;
 pub mod cache;
 pub mod commands;
