@@ -26,7 +26,7 @@ pub enum Selection {
 
 /// Whether round-robin was asked for: unless `SWITCHYARD_REUSEPORT=hash`.
 fn wanted() -> bool {
-    std::env::var("SWITCHYARD_REUSEPORT").map_or(true, |v| v != "hash")
+    !matches!(std::env::var("SWITCHYARD_REUSEPORT").as_deref(), Ok("hash"))
 }
 
 /// The balancers of one data plane's listener groups (HTTP, SOCKS5, VPN), in that order.
