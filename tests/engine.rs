@@ -316,3 +316,70 @@ fn start_up_code_pages_are_given_back_and_the_proxy_still_relays() {
     assert_eq!(&got, b"pong");
     assert!(resident_code_kib(server.pid()).0 > 0);
 }
+
+/// `switchyard_core_connections_active` of each core, from the metrics endpoint.
+fn active_per_core(metrics: u16) -> Vec<u64> {
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "10",
+        &format!("http://127.0.0.1:{metrics}/metrics"),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut per_core: Vec<(usize, u64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("switchyard_core_connections_active{core=\""))
+        .filter_map(|rest| {
+            let (core, value) = rest.split_once("\"} ")?;
+            Some((core.parse().ok()?, value.trim().parse().ok()?))
+        })
+        .collect();
+    per_core.sort();
+    per_core.into_iter().map(|(_, v)| v).collect()
+}
+
+/// The kernel's hash splits a few dozen keep-alive clients unevenly over the per-core
+/// `SO_REUSEPORT` listeners; the `sk_reuseport` program hands them out in turn, so after every
+/// new connection the cores' counts differ by at most one (by chance, for 32 hashed connections,
+/// about once in 65,000 runs).
+#[test]
+fn new_connections_go_to_the_cores_in_turn() {
+    if !support::ovpn_server::is_root() {
+        if std::env::var_os("CI").is_some() {
+            panic!("loading the sk_reuseport program needs root in CI");
+        }
+        eprintln!("SKIP: loading the sk_reuseport program needs root (CAP_BPF)");
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("SKIP: one CPU: one core, nothing to balance");
+        return;
+    }
+    let metrics = free_port();
+    let s = start_server(&format!(
+        "metrics: {{ enabled: true, listen: \"127.0.0.1:{metrics}\" }}\n"
+    ));
+    let logs = s.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+    assert!(logs.contains("RoundRobin"), "start-up log:\n{logs}");
+    let mut clients = Vec::new();
+    for n in 1..=32u64 {
+        clients.push(std::net::TcpStream::connect(s.http).expect("connect"));
+        // the connection counts once its core has accepted it
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let counts = loop {
+            let counts = active_per_core(metrics);
+            if counts.iter().sum::<u64>() >= n || Instant::now() > deadline {
+                break counts;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(counts.len(), 2, "{counts:?}");
+        assert_eq!(counts.iter().sum::<u64>(), n, "{counts:?}");
+        let (lo, hi) = (counts[0].min(counts[1]), counts[0].max(counts[1]));
+        assert!(
+            hi - lo <= 1,
+            "after {n} connections the cores hold {counts:?}"
+        );
+    }
+}

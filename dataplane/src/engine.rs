@@ -1,7 +1,8 @@
 //! Starting the data plane: listener sockets are created up front (so bind errors reach the
 //! caller, and port 0 resolves to one port shared by every core), then one pinned glommio
 //! executor per core accepts on its own `SO_REUSEPORT` copy and serves each connection to the
-//! end on that core.
+//! end on that core. New connections go to the cores in turn where the `sk_reuseport` program
+//! loads ([`crate::balance`]), by the kernel's hash otherwise.
 //!
 //! Start-up is all or nothing: each core reports ready (after its listeners are registered) or
 //! failed (its executor could not start: a memlock limit below glommio's 512 KiB, io_uring
@@ -290,6 +291,8 @@ struct CoreSeed {
     vpn_udp_listen: Option<SocketAddr>,
     /// Bound once; the core running it (0, also after a restart) uses a duplicate of its socket.
     quic: Option<Arc<crate::quic::QuicListener>>,
+    /// Round-robin over the listener groups; locked by supervisors only, never by a core.
+    balance: Arc<std::sync::Mutex<crate::balance::ListenerBalance>>,
 }
 
 /// Restarts allowed per core before the process gives up and exits.
@@ -466,6 +469,16 @@ impl CoreSeed {
                 let kept = listeners
                     .guards()
                     .map_err(|e| DataplaneError::Start(e.to_string()))?;
+                if let Ok(mut balance) = self.balance.lock() {
+                    balance.replace(
+                        index,
+                        &[
+                            listeners.http.as_ref(),
+                            listeners.socks5.as_ref(),
+                            listeners.vpn.as_ref(),
+                        ],
+                    );
+                }
                 let handle = self.spawn(index, cpu, listeners, reports.clone())?;
                 Ok((handle, kept))
             });
@@ -532,6 +545,15 @@ impl Dataplane {
             vpn.udp_port.store(addr.port(), Ordering::Release);
         }
         let quic = opts.quic.clone();
+        let no_sockets: &[Socket] = &[];
+        let balance = crate::balance::ListenerBalance::attach(&[
+            http.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
+            socks.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
+            vpn_listen
+                .as_ref()
+                .map_or(no_sockets, |(s, _, _)| s.as_slice()),
+        ]);
+        let http_selection = balance.selection(0);
         let http_addr = http.as_ref().map(|(_, _, a)| *a);
         let socks5_addr = socks.as_ref().map(|(_, _, a)| *a);
         let seed = CoreSeed {
@@ -552,11 +574,16 @@ impl Dataplane {
             vpn_listen: vpn_listen.as_ref().map(|(_, spec, _)| *spec),
             vpn_udp_listen: vpn_udp.as_ref().map(|(_, a)| *a),
             quic: quic.clone(),
+            balance: Arc::new(std::sync::Mutex::new(balance)),
         };
-        let mut vpn_udp_sockets = vpn_udp.map(|(s, _)| s).unwrap_or_default();
-        let mut vpn_sockets = vpn_listen.map(|(s, _, _)| s).unwrap_or_default();
-        let mut http_sockets = http.map(|(s, _, _)| s).unwrap_or_default();
-        let mut socks_sockets = socks.map(|(s, _, _)| s).unwrap_or_default();
+        // core i takes socket i of each group: its index in the round-robin
+        let mut vpn_udp_sockets = vpn_udp.map(|(s, _)| s).unwrap_or_default().into_iter();
+        let mut vpn_sockets = vpn_listen
+            .map(|(s, _, _)| s)
+            .unwrap_or_default()
+            .into_iter();
+        let mut http_sockets = http.map(|(s, _, _)| s).unwrap_or_default().into_iter();
+        let mut socks_sockets = socks.map(|(s, _, _)| s).unwrap_or_default().into_iter();
 
         let started = Arc::new(AtomicBool::new(false));
         let (report_tx, reports) = std::sync::mpsc::channel();
@@ -565,10 +592,10 @@ impl Dataplane {
         let mut spawn_failure = None;
         for (index, &cpu) in cores.iter().enumerate() {
             let listeners = CoreListeners {
-                http: http_sockets.pop(),
-                socks5: socks_sockets.pop(),
-                vpn: vpn_sockets.pop(),
-                vpn_udp: vpn_udp_sockets.pop(),
+                http: http_sockets.next(),
+                socks5: socks_sockets.next(),
+                vpn: vpn_sockets.next(),
+                vpn_udp: vpn_udp_sockets.next(),
             };
             let guards = listeners
                 .guards()
@@ -604,6 +631,7 @@ impl Dataplane {
         tracing::info!(
             engine = "glommio (io_uring)",
             cores = ?cores,
+            new_connections = ?http_selection,
             open_files_limit = nofile,
             "data plane started"
         );

@@ -12,6 +12,7 @@
 pub mod access_control;
 pub mod backend_health;
 pub mod backend_stream;
+mod balance;
 pub mod buffer_pool;
 pub mod cache;
 pub mod commands;

@@ -9,9 +9,13 @@
 //! the mode and tunnel mark, the destination LPM tries (split nets and `always_bypass`), the app
 //! cgroups, and the DNS resolver redirect. Policy routing, nftables and the rule model live in
 //! `switchyard-split-tunnel`, which drives this crate.
+//!
+//! The second program, `src/reuseport_balance.bpf.c` ([`ReuseportBalancer`]), is the server's: it
+//! hands new connections to the data plane's per-core `SO_REUSEPORT` listeners in turn.
 
 mod bpffs;
 mod maps;
+mod reuseport;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -25,6 +29,7 @@ use ipnet::IpNet;
 pub use bpffs::{ensure_bpffs, fs_type_of, is_bpffs, unmount_bpffs};
 pub use maps::{host_net, AppClass, ClassifierConfig, DnsRedirect, Mode};
 use maps::{NetKey, RawConfig};
+pub use reuseport::{ReuseportBalancer, MAX_CORES, REUSEPORT_BALANCE_OBJECT};
 
 #[cfg(test)]
 mod prebuilt_tests;
@@ -72,6 +77,8 @@ pub enum Error {
     Pin(PathBuf, #[source] aya::pin::PinError),
     #[error("the tunnel mark must not be 0")]
     ZeroMark,
+    #[error("{0} listeners cannot be balanced (1 to {max})", max = reuseport::MAX_CORES)]
+    Cores(usize),
 }
 
 /// The loaded, attached split-tunnel programs and their maps.

@@ -11,6 +11,15 @@ fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The object build.rs produced for `name`, as linked into the binary.
+fn compiled(name: &str) -> &'static [u8] {
+    match name {
+        "split_tunnel" => crate::SPLIT_TUNNEL_OBJECT,
+        "reuseport_balance" => crate::REUSEPORT_BALANCE_OBJECT,
+        other => panic!("no object constant for {other}"),
+    }
+}
+
 #[test]
 fn prebuilt_objects_match_their_sources() {
     let update = std::env::var_os("SWITCHYARD_EBPF_UPDATE_PREBUILT").is_some();
@@ -25,7 +34,7 @@ fn prebuilt_objects_match_their_sources() {
                 "built",
                 "refreshing needs clang to have built the object"
             );
-            std::fs::write(&object_path, crate::SPLIT_TUNNEL_OBJECT).expect("write object");
+            std::fs::write(&object_path, compiled(name)).expect("write object");
             std::fs::write(&stamp_path, format!("{expected}\n")).expect("write stamp");
         }
         let recorded = std::fs::read_to_string(&stamp_path).unwrap_or_default();

@@ -4,7 +4,7 @@
 // count as stale, while any edit of the source or of the flags does.
 
 /// The eBPF programs compiled by the build, each `src/<name>.bpf.c` → `<name>.bpf.o`.
-pub const PROGRAMS: &[&str] = &["split_tunnel"];
+pub const PROGRAMS: &[&str] = &["split_tunnel", "reuseport_balance"];
 
 /// Compiler flags common to every target architecture (the per-arch include dir and
 /// `__TARGET_ARCH_*` define are added by build.rs and do not change the object for these programs,
