@@ -69,7 +69,9 @@ impl Trace {
             } else {
                 self.url
             };
-        ctx.requests.push(RequestRecord {
+        ctx.requests.push_from(
+            ctx.core,
+            RequestRecord {
             timestamp: self.started_at,
             duration_ms: self.started.elapsed().as_millis() as u64,
             method: self.method,
@@ -85,6 +87,7 @@ impl Trace {
             bytes_recv: self.up.get(),
             error: self.error,
             protocol: self.protocol,
-        });
+            },
+        );
     }
 }
