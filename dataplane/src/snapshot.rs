@@ -622,7 +622,12 @@ mod tests {
         // each core wrote only its own slot; the other threads' slot was not touched
         assert_eq!(positions, [4, 5, 2]);
         // a route with one backend keeps no positions
-        assert!(snap.routes.lookup("other.org").expect("route").next.is_empty());
+        assert!(snap
+            .routes
+            .lookup("other.org")
+            .expect("route")
+            .next
+            .is_empty());
     }
 
     #[test]
