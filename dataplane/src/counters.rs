@@ -125,13 +125,17 @@ impl Counters {
 
 /// How old a core's estimate of the other cores' open connections may get.
 pub const OTHERS_REFRESH: Duration = Duration::from_millis(1);
+/// How close to the limit (at least; an eighth of it when that is more) every check reads the
+/// exact sum, so a small limit is always checked exactly.
+pub const NEAR_LIMIT_MIN: u64 = 64;
 
 /// One core's estimate of the connections open on the other cores, for the connection limit.
 /// Summing every core's count on every accept reads a line each of them writes on every open
 /// and close: on N cores, N - 1 cache misses per accepted connection, and a miss for each owner
 /// on its next write. The estimate is read again only when it is older than
-/// [`OTHERS_REFRESH`] or when the total comes within an eighth of the limit, where the check
-/// reads the exact sum every time as before.
+/// [`OTHERS_REFRESH`] or when the total comes within an eighth of the limit (or
+/// [`NEAR_LIMIT_MIN`]), where the check reads the exact sum every time as before. Far from the
+/// limit it can miss only what the other cores opened in the last millisecond.
 #[derive(Debug, Default)]
 pub struct LimitView {
     others: Cell<u64>,
@@ -146,7 +150,8 @@ impl LimitView {
             .read_at
             .get()
             .is_none_or(|at| now.saturating_duration_since(at) >= OTHERS_REFRESH);
-        if stale || own + self.others.get() >= limit - limit / 8 {
+        let margin = (limit / 8).max(NEAR_LIMIT_MIN);
+        if stale || own + self.others.get() >= limit.saturating_sub(margin) {
             self.others.set(counters.active_except(core));
             self.read_at.set(Some(now));
         }
