@@ -65,13 +65,15 @@ fn start_switchyard(procs: &mut Procs, ctx: &Ctx, origin: SocketAddr) -> Result<
     fs::create_dir_all(&d)?;
     let (http, socks, api) = (free_port()?, free_port()?, free_port()?);
     let conf = format!(
-        "server:\n  http: {{ listen: \"127.0.0.1:{http}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks}\" }}\n\
+        "server:\n  http: {{ listen: \"127.0.0.1:{http}\" }}\n  socks5: {{ listen: \"127.0.0.1:{socks}\" }}\n  cores: {cores}\n\
          api: {{ listen: \"127.0.0.1:{api}\" }}\nlogging: {{ level: warn }}\n\
          cache:\n  enabled: true\n  storage:\n    type: tiered\n    memory: {{ max_size: 512MiB }}\n\
          \x20   disk: {{ path: \"{disk}\", max_size: 4GiB }}\n    tiered: {{ memory_threshold: 2MiB }}\n\
          \x20 rules:\n    - {{ name: bench-origin, domains: [\"{host}\"], ttl: 1h }}\n",
         disk = d.join("disk").display(),
         host = origin.ip(),
+        // --switchyard-cores applies here too (the 1-core and 2-core scaling runs)
+        cores = ctx.env.switchyard_cores,
     );
     let conf_path = d.join("switchyard.yaml");
     fs::write(&conf_path, conf)?;

@@ -106,7 +106,7 @@ impl Ctx {
         let mut s = String::from("# Switchyard benchmark summary\n\n");
         let _ = writeln!(
             s,
-            "- date: {}\n- kernel: {}\n- CPUs: {} ({})\n- RLIMIT_NOFILE: {}\n- seconds per measurement: {}, connections: {}\n- switchyard: `{}` (server.cores {})\n- load average at start / end: {} / {}\n\nAll traffic on loopback; load generators run on the same cores as the programs measured, so anything else busy on the machine (see the load average) skews the figures.\n",
+            "- date: {}\n- kernel: {}\n- CPUs: {} ({})\n- RLIMIT_NOFILE: {}\n- seconds per measurement: {}, connections: {}\n- switchyard: `{}` (server.cores {})\n- cores: switchyard's data plane on {} of the {} CPUs; load generators, origins and peers use all {}\n- load average at start / end: {} / {}\n\nAll traffic on loopback; load generators run on the same cores as the programs measured, so anything else busy on the machine (see the load average) skews the figures.\n",
             chrono::Local::now().format("%Y-%m-%d %H:%M:%S %z"),
             kernel(),
             self.env.cpus,
@@ -119,6 +119,9 @@ impl Ctx {
                 0 => "0 = every CPU".to_string(),
                 n => n.to_string(),
             },
+            data_plane_cores(self.env.switchyard_cores, self.env.cpus),
+            self.env.cpus,
+            self.env.cpus,
             load_at_start,
             loadavg(),
         );
@@ -135,6 +138,15 @@ pub fn loadavg() -> String {
     fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+/// The data-plane cores `switchyard server` runs with `server.cores` on `cpus` CPUs (0 = all,
+/// at most all).
+fn data_plane_cores(configured: usize, cpus: usize) -> usize {
+    match configured {
+        0 => cpus,
+        n => n.min(cpus),
+    }
 }
 
 fn kernel() -> String {

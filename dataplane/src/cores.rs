@@ -4,6 +4,9 @@
 //! [`CorePlan`] sizes the executors, the per-core counters and the live tables, and is logged with
 //! its reason, so a container limited to 1.5 CPUs on a 64-CPU host runs 2 cores, not 64.
 //!
+//! A data-plane thread also records which core it runs ([`current`]), so that tables with a
+//! slot per core can pick theirs without every caller passing its core along.
+//!
 //! The parsers of `/proc/self/cgroup`, `/proc/self/mountinfo`, `cpu.max` (cgroup v2) and
 //! `cpu.cfs_quota_us`/`cpu.cfs_period_us` (cgroup v1) are plain functions over text; only
 //! [`CorePlan::detect`] reads files.
@@ -17,6 +20,22 @@ pub struct CorePlan {
     pub cpus: Vec<usize>,
     /// Human-readable reason for the count (logged at start).
     pub reason: String,
+}
+
+thread_local! {
+    /// The data-plane core index of this thread, set by its executor at start; `None` on every
+    /// other thread.
+    static CURRENT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Marks this thread as data-plane core `index` (its executor calls this once at start).
+pub(crate) fn enter(index: usize) {
+    CURRENT.with(|c| c.set(Some(index)));
+}
+
+/// The data-plane core index of this thread, if it is a data-plane thread.
+pub fn current() -> Option<usize> {
+    CURRENT.with(std::cell::Cell::get)
 }
 
 /// A CPU bandwidth limit: `quota` microseconds of CPU time per `period`.

@@ -2,7 +2,9 @@
 //! hot path never contends; readers (the control plane) add the slots up.
 
 use crossbeam_utils::CachePadded;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 /// One core's counters of one subject (the whole server, or one backend).
 #[derive(Debug, Default)]
@@ -106,6 +108,55 @@ impl Counters {
             .sum();
         sum.max(0) as u64
     }
+
+    /// Connections open on every core but `core`.
+    pub fn active_except(&self, core: usize) -> u64 {
+        let own = core.min(self.cores.len() - 1);
+        let sum: i64 = self
+            .cores
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != own)
+            .map(|(_, c)| c.active_connections.load(Relaxed))
+            .sum();
+        sum.max(0) as u64
+    }
+}
+
+/// How old a core's estimate of the other cores' open connections may get.
+pub const OTHERS_REFRESH: Duration = Duration::from_millis(1);
+/// How close to the limit (at least; an eighth of it when that is more) every check reads the
+/// exact sum, so a small limit is always checked exactly.
+pub const NEAR_LIMIT_MIN: u64 = 64;
+
+/// One core's estimate of the connections open on the other cores, for the connection limit.
+/// Summing every core's count on every accept reads a line each of them writes on every open
+/// and close: on N cores, N - 1 cache misses per accepted connection, and a miss for each owner
+/// on its next write. The estimate is read again only when it is older than
+/// [`OTHERS_REFRESH`] or when the total comes within an eighth of the limit (or
+/// [`NEAR_LIMIT_MIN`]), where the check reads the exact sum every time as before. Far from the
+/// limit it can miss only what the other cores opened in the last millisecond.
+#[derive(Debug, Default)]
+pub struct LimitView {
+    others: Cell<u64>,
+    read_at: Cell<Option<Instant>>,
+}
+
+impl LimitView {
+    /// Whether more than `limit` connections are open, this `core`'s own counted exactly.
+    pub fn over(&self, counters: &Counters, core: usize, limit: u64, now: Instant) -> bool {
+        let own = counters.core(core).active_connections.load(Relaxed).max(0) as u64;
+        let stale = self
+            .read_at
+            .get()
+            .is_none_or(|at| now.saturating_duration_since(at) >= OTHERS_REFRESH);
+        let margin = (limit / 8).max(NEAR_LIMIT_MIN);
+        if stale || own + self.others.get() >= limit.saturating_sub(margin) {
+            self.others.set(counters.active_except(core));
+            self.read_at.set(Some(now));
+        }
+        own + self.others.get() > limit
+    }
 }
 
 /// One core's share of the load, for per-core metrics.
@@ -204,6 +255,46 @@ mod tests {
             ),
             (1, 1, 7)
         );
+    }
+
+    #[test]
+    fn the_limit_reads_the_other_cores_rarely_far_from_it_and_always_near_it() {
+        let c = Counters::new(2);
+        let view = LimitView::default();
+        let t0 = Instant::now();
+        c.core(0).opened();
+        assert!(!view.over(&c, 0, 1000, t0));
+        // Core 1 opens 500 connections: a fresh estimate far from the limit is not read again.
+        for _ in 0..500 {
+            c.core(1).opened();
+        }
+        assert!(!view.over(&c, 0, 1000, t0));
+        assert_eq!(view.others.get(), 0);
+        // A millisecond later it is.
+        assert!(!view.over(&c, 0, 1000, t0 + OTHERS_REFRESH));
+        assert_eq!(view.others.get(), 500);
+        // Within an eighth of the limit every check reads the exact sum.
+        for _ in 0..450 {
+            c.core(1).opened();
+        }
+        let t1 = t0 + OTHERS_REFRESH;
+        assert!(!view.over(&c, 0, 1000, t1)); // 1 + 500 (stale, far): not read
+        for _ in 0..400 {
+            c.core(0).opened();
+        }
+        // own 401 + 500 ≥ 875: read again, 401 + 950 > 1000
+        assert!(view.over(&c, 0, 1000, t1));
+        assert_eq!(view.others.get(), 950);
+        // Small limits are always near: exact every time.
+        let small = LimitView::default();
+        let c = Counters::new(2);
+        c.core(0).opened();
+        assert!(!small.over(&c, 0, 2, t0));
+        c.core(1).opened();
+        c.core(1).opened();
+        assert!(small.over(&c, 0, 2, t0));
+        c.core(1).closed();
+        assert!(!small.over(&c, 0, 2, t0));
     }
 
     #[test]

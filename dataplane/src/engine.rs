@@ -102,6 +102,8 @@ pub(crate) struct CoreContext {
     pub socks5_ip: Option<IpAddr>,
     pub cache: Option<Arc<crate::cache::CacheStore>>,
     pub vpn: Option<Arc<crate::tun::VpnPath>>,
+    /// This core's estimate of the other cores' open connections, for `server.max_connections`.
+    pub limit_view: crate::counters::LimitView,
     /// The last snapshot a connection on this core took (see [`CoreContext::current_snapshot`]).
     // Rc<Arc<_>> on purpose: the Rc is cloned per connection without touching the Arc's count.
     #[allow(clippy::redundant_allocation)]
@@ -352,6 +354,7 @@ impl CoreSeed {
             .io_memory(io_memory)
             .ring_depth(512)
             .spawn(move || async move {
+                crate::cores::enter(index);
                 let ctx = Rc::new(CoreContext {
                     core: index,
                     snapshot: seed.snapshot,
@@ -364,6 +367,7 @@ impl CoreSeed {
                     socks5_ip: seed.socks5_ip,
                     cache: seed.cache,
                     vpn: seed.vpn,
+                    limit_view: Default::default(),
                     snapshot_cache: std::cell::RefCell::new(None),
                 });
                 let mut tasks = Vec::new();
@@ -513,10 +517,10 @@ impl Dataplane {
         let nofile = crate::sys::raise_nofile_limit().unwrap_or(0);
         let cores = opts.plan.cpus.clone();
         let counters = Arc::new(Counters::new(cores.len()));
-        // Slots are allocated (and touched) up front, so capacity is idle memory: 4096 request
-        // records are ~1.2 MiB. The control plane drains both every 25 ms.
-        let events = Arc::new(EventQueue::new(4096));
-        let requests = Arc::new(RequestQueue::new(4096));
+        // Slots are allocated (and touched) up front, so capacity is idle memory (16 bytes a
+        // slot); the cores share it, a lane each. The control plane drains both every 25 ms.
+        let events = Arc::new(EventQueue::per_core(cores.len(), 4096));
+        let requests = Arc::new(RequestQueue::new(cores.len(), 4096));
         let live = Arc::new(LiveTable::new(cores.len()));
         let (commands, command_rx) = crate::commands::channel();
         let resolver = Resolver::from_system()?;
@@ -789,10 +793,17 @@ async fn accept_loop(acceptor: Acceptor, ctx: Rc<CoreContext>, service: Service)
         }
         ctx.counters.core(ctx.core).opened();
         let slot = ConnectionSlot { ctx: ctx.clone() };
-        // The limit sums the cores' own counts (reads only; no counter that every core writes),
-        // so cores accepting at the same instant may overshoot it by one each.
+        // The limit adds this core's own count to its estimate of the others' (no counter that
+        // every core writes, and the others' lines are read at most once a millisecond while far
+        // from the limit; see `LimitView`), so cores accepting at the same instant may overshoot
+        // it by one each.
         if snapshot.max_connections > 0
-            && ctx.counters.active_total() > snapshot.max_connections as u64
+            && ctx.limit_view.over(
+                &ctx.counters,
+                ctx.core,
+                snapshot.max_connections as u64,
+                std::time::Instant::now(),
+            )
         {
             tracing::warn!(client = %peer, limit = snapshot.max_connections, "connection limit reached");
             drop(slot);

@@ -1,14 +1,16 @@
-//! Events from the data plane to the control plane through a bounded lock-free queue.
-//! A full queue drops the event and counts the drop: the data plane never waits.
+//! Events and request records from the data plane to the control plane through bounded
+//! lock-free queues, one lane per core ([`CoreQueues`]). A full lane drops the item and counts
+//! the drop: the data plane never waits.
 //!
 //! Connection events (one pair per proxied connection, with their strings) are built only while
 //! someone subscribes to them ([`EventQueue::wants_connection_events`]): on a busy proxy nobody
-//! watching means two queue writes on a line every core shares and four string copies per
-//! connection saved, and the control plane serialises nothing.
+//! watching means two queue writes and four string copies per connection saved, and the control
+//! plane serialises nothing.
 
 use crossbeam_queue::ArrayQueue;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
+use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
@@ -78,7 +80,7 @@ pub struct RequestRecord {
     pub protocol: Protocol,
 }
 
-pub type RequestQueue = BoundedQueue<RequestRecord>;
+pub type RequestQueue = CoreQueues<RequestRecord>;
 
 /// The event queue plus whether connection events are wanted. The interest word is
 /// `(epoch << 1) | on`: every subscription bumps the epoch and sets `on`, and the control plane
@@ -86,20 +88,32 @@ pub type RequestQueue = BoundedQueue<RequestRecord>;
 /// subscribers, so a subscription racing with that count is never switched off.
 #[derive(Debug)]
 pub struct EventQueue {
-    queue: BoundedQueue<Event>,
+    queue: CoreQueues<Event>,
     interest: AtomicU64,
 }
 
 impl EventQueue {
+    /// One core's lane of `capacity` (plus the other threads' lane).
     pub fn new(capacity: usize) -> Self {
+        Self::per_core(1, capacity)
+    }
+
+    /// A lane per core, sharing `capacity` (see [`CoreQueues`]).
+    pub fn per_core(cores: usize, capacity: usize) -> Self {
         Self {
-            queue: BoundedQueue::new(capacity),
+            queue: CoreQueues::new(cores, capacity),
             interest: AtomicU64::new(0),
         }
     }
 
+    /// From a thread that is not a data-plane core (control plane, tunnel owners).
     pub fn push(&self, event: Event) {
         self.queue.push(event);
+    }
+
+    /// From data-plane core `core`, into its own lane.
+    pub fn push_from(&self, core: usize, event: Event) {
+        self.queue.push_from(core, event);
     }
 
     pub fn pop(&self) -> Option<Event> {
@@ -142,38 +156,95 @@ impl EventQueue {
     }
 }
 
-/// A bounded queue of boxed items. The slots are allocated and written (their stamps) when the
-/// queue is made, so their size is idle memory whether or not anything is ever queued: a
-/// 4096-slot queue of [`RequestRecord`]s held 1.2 MiB from start, of boxes it holds 64 KiB. The
-/// box costs one allocation per item, and items are only made while someone wants them (the
-/// request log, event subscribers).
+/// Bounded queues of boxed items, one lane per data-plane core plus one for every other thread,
+/// so that a core's pushes write only its own lane's lines: with one queue shared by all cores,
+/// every push is a compare-and-swap on the same tail and a write beside the other cores' slots.
+///
+/// The slots are allocated and written (their stamps) when the lanes are made, so their size is
+/// idle memory whether or not anything is ever queued: a 4096-slot queue of [`RequestRecord`]s
+/// held 1.2 MiB from start, of boxes it holds 64 KiB; the cores share `capacity` between their
+/// lanes. The box costs one allocation per item, and items are only made while someone wants
+/// them (the request log, event subscribers).
+///
+/// Each item is stamped when pushed, and [`Self::pop`] hands out what the lanes held when it
+/// last looked, oldest first, so a consumer sees the order the cores pushed in as it did with one
+/// queue. The consumer's side (a staging buffer behind a mutex) is only ever locked by
+/// consumers: a core never waits on it.
 #[derive(Debug)]
-pub struct BoundedQueue<T> {
-    queue: ArrayQueue<Box<T>>,
+pub struct CoreQueues<T> {
+    lanes: Box<[Lane<T>]>,
+    staged: parking_lot::Mutex<std::collections::VecDeque<(Instant, T)>>,
+}
+
+#[derive(Debug)]
+struct Lane<T> {
+    queue: ArrayQueue<Box<(Instant, T)>>,
+    /// Items this lane refused because it was full; written by its own pusher only.
     dropped: AtomicU64,
 }
 
-impl<T> BoundedQueue<T> {
-    pub fn new(capacity: usize) -> Self {
-        Self {
-            queue: ArrayQueue::new(capacity.max(1)),
+/// Capacity of the lane shared by the threads that are not data-plane cores (control plane,
+/// tunnel owners): their events are rare.
+const OTHER_LANE: usize = 256;
+/// The smallest lane a core gets, however many cores share the capacity.
+const MIN_CORE_LANE: usize = 256;
+
+impl<T> CoreQueues<T> {
+    /// Lanes for `cores` cores sharing `capacity` slots (at least [`MIN_CORE_LANE`] each), plus
+    /// the other threads' lane.
+    pub fn new(cores: usize, capacity: usize) -> Self {
+        let cores = cores.max(1);
+        let per_core = capacity.div_ceil(cores).max(MIN_CORE_LANE);
+        let lane = |capacity: usize| Lane {
+            queue: ArrayQueue::new(capacity),
             dropped: AtomicU64::new(0),
+        };
+        Self {
+            lanes: (0..cores)
+                .map(|_| lane(per_core))
+                .chain(std::iter::once(lane(OTHER_LANE)))
+                .collect(),
+            staged: parking_lot::Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
-    /// Never blocks; a full queue costs the event, not the caller.
-    pub fn push(&self, event: T) {
-        if self.queue.push(Box::new(event)).is_err() {
-            self.dropped.fetch_add(1, Relaxed);
+    /// Pushes from data-plane core `core` into its own lane (an unknown core uses the other
+    /// threads' lane). Never blocks; a full lane costs the item, not the caller.
+    pub fn push_from(&self, core: usize, item: T) {
+        let last = self.lanes.len() - 1;
+        self.push_into(&self.lanes[core.min(last)], item);
+    }
+
+    /// Pushes from a thread that is not a data-plane core.
+    pub fn push(&self, item: T) {
+        self.push_into(&self.lanes[self.lanes.len() - 1], item);
+    }
+
+    fn push_into(&self, lane: &Lane<T>, item: T) {
+        if lane.queue.push(Box::new((Instant::now(), item))).is_err() {
+            lane.dropped.fetch_add(1, Relaxed);
         }
     }
 
+    /// The oldest item of those queued when the lanes were last emptied; empties them again
+    /// when those are all handed out.
     pub fn pop(&self) -> Option<T> {
-        self.queue.pop().map(|boxed| *boxed)
+        let mut staged = self.staged.lock();
+        if staged.is_empty() {
+            for lane in self.lanes.iter() {
+                while let Some(item) = lane.queue.pop() {
+                    staged.push_back(*item);
+                }
+            }
+            // each lane is already in push order: a stable sort merges them
+            staged.make_contiguous().sort_by_key(|(at, _)| *at);
+        }
+        staged.pop_front().map(|(_, item)| item)
     }
 
+    /// Items refused by full lanes so far.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Relaxed)
+        self.lanes.iter().map(|l| l.dropped.load(Relaxed)).sum()
     }
 }
 
@@ -181,10 +252,10 @@ impl<T> BoundedQueue<T> {
 mod tests {
     use super::*;
 
-    fn ev() -> Event {
+    fn ev(host: &str) -> Event {
         Event::ConnectionNew {
             protocol: Protocol::Http,
-            host: "a:80".into(),
+            host: host.into(),
             backend: "direct".into(),
             client: "127.0.0.1:1".parse().expect("addr"),
         }
@@ -208,12 +279,59 @@ mod tests {
     }
 
     #[test]
-    fn full_queue_drops_and_counts() {
-        let q = EventQueue::new(1);
-        q.push(ev());
-        q.push(ev());
+    fn a_full_lane_drops_and_counts_and_the_others_still_take() {
+        let q = CoreQueues::new(2, 2);
+        for i in 0..=MIN_CORE_LANE {
+            q.push_from(0, i);
+        }
         assert_eq!(q.dropped(), 1);
-        assert!(q.pop().is_some());
-        assert!(q.pop().is_none());
+        q.push_from(1, 1000);
+        q.push(2000);
+        assert_eq!(q.dropped(), 1);
+        let mut popped = 0;
+        while q.pop().is_some() {
+            popped += 1;
+        }
+        assert_eq!(popped, MIN_CORE_LANE + 2);
+    }
+
+    #[test]
+    fn each_core_pushes_into_its_own_lane() {
+        let q = CoreQueues::new(2, 8);
+        q.push_from(0, 'a');
+        q.push_from(1, 'b');
+        q.push_from(1, 'c');
+        q.push_from(9, 'x'); // not a core: the other threads' lane
+        q.push('y');
+        let lens: Vec<usize> = q.lanes.iter().map(|l| l.queue.len()).collect();
+        assert_eq!(lens, [1, 2, 2]);
+    }
+
+    #[test]
+    fn items_from_several_lanes_come_out_in_push_order() {
+        let q = EventQueue::per_core(2, 8);
+        let pushes: [(Option<usize>, &str); 5] = [
+            (Some(1), "a:1"),
+            (Some(0), "b:1"),
+            (None, "c:1"),
+            (Some(1), "d:1"),
+            (Some(0), "e:1"),
+        ];
+        for (core, host) in pushes {
+            let event = ev(host);
+            match core {
+                Some(core) => q.push_from(core, event),
+                None => q.push(event),
+            }
+            // distinct stamps: the order under test is the stamps'
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let hosts: Vec<String> = std::iter::from_fn(|| q.pop())
+            .filter_map(|e| match e {
+                Event::ConnectionNew { host, .. } => Some(host),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(hosts, ["a:1", "b:1", "c:1", "d:1", "e:1"]);
     }
 }

@@ -22,6 +22,8 @@ pub(crate) struct Registered<'a> {
     guard: LiveGuard<'a>,
     /// Set when connection events are wanted at open: the close event goes with the open one.
     events: Option<&'a crate::events::EventQueue>,
+    /// The core whose lane of the event queue the events go into.
+    core: usize,
 }
 
 impl<'a> Registered<'a> {
@@ -34,16 +36,20 @@ impl<'a> Registered<'a> {
     ) -> Self {
         let events = ctx.events.wants_connection_events().then_some(&*ctx.events);
         if let Some(events) = events {
-            events.push(Event::ConnectionNew {
-                protocol,
-                host: host.clone(),
-                backend: backend.clone(),
-                client: peer,
-            });
+            events.push_from(
+                ctx.core,
+                Event::ConnectionNew {
+                    protocol,
+                    host: host.clone(),
+                    backend: backend.clone(),
+                    client: peer,
+                },
+            );
         }
         Self {
             guard: ctx.live.register(ctx.core, peer, host, backend, protocol),
             events,
+            core: ctx.core,
         }
     }
 
@@ -61,14 +67,17 @@ impl Drop for Registered<'_> {
     fn drop(&mut self) {
         let Some(events) = self.events else { return };
         let c = &self.guard.conn;
-        events.push(Event::ConnectionClose {
-            protocol: c.protocol,
-            host: c.host.clone(),
-            backend: c.backend.clone(),
-            client: c.client,
-            bytes_sent: c.bytes_sent.load(std::sync::atomic::Ordering::Relaxed),
-            bytes_received: c.bytes_recv.load(std::sync::atomic::Ordering::Relaxed),
-        });
+        events.push_from(
+            self.core,
+            Event::ConnectionClose {
+                protocol: c.protocol,
+                host: c.host.clone(),
+                backend: c.backend.clone(),
+                client: c.client,
+                bytes_sent: c.bytes_sent.load(std::sync::atomic::Ordering::Relaxed),
+                bytes_received: c.bytes_recv.load(std::sync::atomic::Ordering::Relaxed),
+            },
+        );
     }
 }
 
@@ -172,10 +181,13 @@ async fn account(
     if let Some(success) = judged {
         if let Some(healthy) = backend.health.record(success) {
             tracing::warn!(backend = %backend.name, healthy, "backend health changed");
-            ctx.events.push(Event::BackendHealth {
-                name: backend.name.clone(),
-                healthy,
-            });
+            ctx.events.push_from(
+                ctx.core,
+                Event::BackendHealth {
+                    name: backend.name.clone(),
+                    healthy,
+                },
+            );
         }
     }
     result

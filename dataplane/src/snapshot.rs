@@ -11,6 +11,7 @@ use crate::credentials::{AuthGuard, Users};
 use crate::proxy_auth::{CredentialVerifier, External, NegotiateAuth, ProxyAuth};
 use crate::rate_limit::{BandwidthLimiter, RequestLimiter};
 use arc_swap::ArcSwap;
+use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -160,7 +161,22 @@ pub struct RouteTarget {
     /// Indexes into [`Snapshot::backends`].
     pub backends: Vec<usize>,
     pub load_balance: LoadBalance,
-    next: AtomicUsize,
+    /// Round-robin positions: one cache-padded slot per data-plane core plus one for every other
+    /// thread (none for a single backend). Each core rotates through the backends on its own, so
+    /// a pick writes no line that another core writes; core `i` starts at position `i`, so the
+    /// cores' first picks spread too.
+    next: Box<[CachePadded<AtomicUsize>]>,
+}
+
+impl RouteTarget {
+    /// The next round-robin position of the calling thread's slot.
+    fn next_position(&self) -> usize {
+        let last = self.next.len().saturating_sub(1);
+        let slot = crate::cores::current().map_or(last, |core| core.min(last));
+        self.next
+            .get(slot)
+            .map_or(0, |n| n.fetch_add(1, Ordering::Relaxed))
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -350,6 +366,7 @@ impl Snapshot {
                     message: "no backend".into(),
                 });
             }
+            let balanced = indexes.len() > 1;
             entries.push(RouteEntry {
                 patterns: r.domains.clone(),
                 priority: r.priority,
@@ -357,7 +374,13 @@ impl Snapshot {
                     name: r.name.clone(),
                     backends: indexes,
                     load_balance: r.load_balance,
-                    next: AtomicUsize::new(0),
+                    next: if balanced {
+                        (0..=cores)
+                            .map(|i| CachePadded::new(AtomicUsize::new(i)))
+                            .collect()
+                    } else {
+                        Box::default()
+                    },
                 },
             });
         }
@@ -481,12 +504,11 @@ impl Snapshot {
         let chosen = match (candidates.len(), route.load_balance) {
             (0, _) => return None,
             (1, _) => candidates[0],
-            (n, LoadBalance::RoundRobin) => {
-                candidates[route.next.fetch_add(1, Ordering::Relaxed) % n]
-            }
+            (n, LoadBalance::RoundRobin) => candidates[route.next_position() % n],
+            // one line per core read (each core's open count), not the whole counter set
             (_, LoadBalance::LeastConn) => *candidates
                 .iter()
-                .min_by_key(|&&i| self.backends[i].counters.totals().active_connections)?,
+                .min_by_key(|&&i| self.backends[i].counters.active_total())?,
         };
         Some((route, &self.backends[chosen]))
     }
@@ -572,6 +594,40 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn each_core_round_robins_on_its_own_slot() {
+        let snap = Arc::new(Snapshot::compile(&config(), None, 2).expect("compile"));
+        let picks_on = |core: usize| {
+            let snap = snap.clone();
+            std::thread::spawn(move || {
+                crate::cores::enter(core);
+                (0..4)
+                    .map(|_| snap.select("a.example.com").expect("route").1.name.clone())
+                    .collect::<Vec<_>>()
+            })
+            .join()
+            .expect("picker")
+        };
+        assert_eq!(picks_on(0), ["up", "up2", "up", "up2"]);
+        // core 1 starts one further, so the cores' first connections spread
+        assert_eq!(picks_on(1), ["up2", "up", "up2", "up"]);
+        let route = snap.routes.lookup("a.example.com").expect("route");
+        let positions: Vec<usize> = route
+            .next
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect();
+        // each core wrote only its own slot; the other threads' slot was not touched
+        assert_eq!(positions, [4, 5, 2]);
+        // a route with one backend keeps no positions
+        assert!(snap
+            .routes
+            .lookup("other.org")
+            .expect("route")
+            .next
+            .is_empty());
     }
 
     #[test]

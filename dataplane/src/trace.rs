@@ -88,22 +88,25 @@ impl Trace {
             Some((started, at)) => (at, started.elapsed().as_millis() as u64),
             None => (SystemTime::now(), 0),
         };
-        ctx.requests.push(RequestRecord {
-            timestamp,
-            duration_ms,
-            method: self.method,
-            host: self.host,
-            path: self.path,
-            url,
-            user_agent: self.user_agent,
-            client_ip,
-            username: self.username,
-            backend: self.backend,
-            status_code: self.status,
-            bytes_sent: self.down.get(),
-            bytes_recv: self.up.get(),
-            error: self.error,
-            protocol: self.protocol,
-        });
+        ctx.requests.push_from(
+            ctx.core,
+            RequestRecord {
+                timestamp,
+                duration_ms,
+                method: self.method,
+                host: self.host,
+                path: self.path,
+                url,
+                user_agent: self.user_agent,
+                client_ip,
+                username: self.username,
+                backend: self.backend,
+                status_code: self.status,
+                bytes_sent: self.down.get(),
+                bytes_recv: self.up.get(),
+                error: self.error,
+                protocol: self.protocol,
+            },
+        );
     }
 }
