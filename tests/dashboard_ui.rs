@@ -328,7 +328,7 @@ fn assets_are_served_with_strict_security_headers() {
 async fn cookie_authenticated_changes_need_the_csrf_header() {
     let s = tokio::task::block_in_place(|| server("127.0.0.1:9"));
     let base = format!("http://{}", s.api);
-    let http = reqwest::Client::builder()
+    let http = support::http_client_builder()
         .cookie_store(true)
         .build()
         .expect("client");

@@ -113,7 +113,7 @@ impl Reply {
 
 impl Client {
     async fn new(inv: &Inventory) -> Client {
-        let http = reqwest::Client::builder()
+        let http = support::http_client_builder()
             .cookie_store(true)
             .redirect(reqwest::redirect::Policy::none())
             .build()
@@ -348,7 +348,7 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
         )
         .await;
     assert_eq!(wrong.status, 403);
-    let stranger = reqwest::Client::builder()
+    let stranger = support::http_client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("client");
@@ -485,7 +485,7 @@ async fn sign_in_session_csrf_and_sign_out(db: Db) {
         let url = inv.url(path);
         let cookie = copied.clone();
         async move {
-            reqwest::Client::new()
+            support::http_client()
                 .get(url)
                 .header(COOKIE, cookie)
                 .send()
@@ -540,7 +540,7 @@ async fn session_expiry_renewal_and_secret(db: Db) {
     let raw = |inv: &Inventory, cookie: String| {
         let url = inv.url("/api/items");
         async move {
-            reqwest::Client::new()
+            support::http_client()
                 .get(url)
                 .header(COOKIE, cookie)
                 .send()
@@ -1445,15 +1445,17 @@ async fn images_upload_list_serve_delete(db: Db) {
 
 /// Keys of the objects below `prefix` in `bucket` (ListObjectsV2, unsigned: moto allows it).
 async fn s3_keys(moto: &Moto, bucket: &str, prefix: &str) -> Vec<String> {
-    let xml = reqwest::get(format!(
-        "{}/{bucket}?list-type=2&prefix={prefix}",
-        moto.endpoint
-    ))
-    .await
-    .expect("list objects")
-    .text()
-    .await
-    .expect("list body");
+    let xml = support::http_client()
+        .get(format!(
+            "{}/{bucket}?list-type=2&prefix={prefix}",
+            moto.endpoint
+        ))
+        .send()
+        .await
+        .expect("list objects")
+        .text()
+        .await
+        .expect("list body");
     xml.split("<Key>")
         .skip(1)
         .filter_map(|k| k.split("</Key>").next())
@@ -1467,7 +1469,7 @@ async fn s3_keys(moto: &Moto, bucket: &str, prefix: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn images_on_s3_storage() {
     let Some(moto) = start_moto() else { return };
-    let created = reqwest::Client::new()
+    let created = support::http_client()
         .put(format!("{}/inventory-images", moto.endpoint))
         .send()
         .await
@@ -1733,7 +1735,7 @@ async fn raw(
     headers: &[(&str, &str)],
     body: Option<Value>,
 ) -> reqwest::Response {
-    let http = reqwest::Client::builder()
+    let http = support::http_client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("client");
@@ -1942,7 +1944,7 @@ async fn sign_in_callback_urls_stay_on_the_site(db: Db) {
 
 /// A client bound to a source address in 127.0.0.0/8 (all of it is loopback).
 fn client_from(ip: &str) -> reqwest::Client {
-    reqwest::Client::builder()
+    support::http_client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .cookie_store(true)
         .local_address(ip.parse::<std::net::IpAddr>().ok())

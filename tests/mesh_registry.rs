@@ -83,7 +83,7 @@ async fn call_with(
     body: Option<Value>,
     token: Option<&str>,
 ) -> (StatusCode, Value) {
-    let mut req = reqwest::Client::new().request(method, format!("http://{}{path}", s.api));
+    let mut req = support::http_client().request(method, format!("http://{}{path}", s.api));
     if let Some(b) = body {
         req = req.json(&b);
     }
@@ -222,7 +222,9 @@ fn metrics_addr(s: &Server) -> SocketAddr {
 }
 
 async fn metric(s: &Server, series: &str) -> Option<f64> {
-    let text = reqwest::get(format!("http://{}/metrics", metrics_addr(s)))
+    let text = support::http_client()
+        .get(format!("http://{}/metrics", metrics_addr(s)))
+        .send()
         .await
         .expect("scrape")
         .text()

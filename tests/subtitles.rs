@@ -551,7 +551,7 @@ fn start(dir: &Path, yaml: &str, envs: &[(&str, &str)]) -> Service {
         proc: Some(proc),
         addr,
         logs,
-        http: reqwest::Client::new(),
+        http: support::http_client(),
     }
 }
 

@@ -49,7 +49,7 @@ impl Browser {
         };
         wait_for_port(port);
         let profile = tempfile::tempdir().expect("profile dir");
-        let http = reqwest::Client::new();
+        let http = super::http_client();
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
