@@ -74,9 +74,9 @@ enum ConfigCommand {
 
 /// The command line: parses the arguments and runs the command.
 pub fn main() -> ExitCode {
-    // ring is the one crypto library in the binary (boringtun needs it; aws-lc beside it cost
-    // ~2 MB, issue 14): reqwest, object_store and ldap3 take rustls' process default.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    // ring is the one crypto library in the binary (issue 14): reqwest, object_store and ldap3
+    // take rustls' process default
+    switchyard_service::tls::use_ring_provider();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Server { config } => server::run(config),

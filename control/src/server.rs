@@ -311,6 +311,9 @@ pub(crate) async fn release_startup_code() {
         Ok(bytes) => tracing::info!(bytes, "start-up code pages released"),
         Err(e) => tracing::debug!(error = %e, "cannot release start-up code pages"),
     }
+    // the heap start-up freed (parsed eBPF objects among it) goes back as well
+    let trimmed = switchyard_dataplane::text_pages::release_freed_heap();
+    tracing::debug!(trimmed, "start-up heap trimmed");
 }
 
 async fn reload_on_hangup(state: Arc<ServerState>) {

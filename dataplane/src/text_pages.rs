@@ -46,6 +46,12 @@ pub fn code_mappings(maps: &str) -> Vec<CodeMapping> {
         .collect()
 }
 
+/// The heap pages start-up freed, given back with the code pages (glibc keeps freed memory
+/// resident otherwise); returns whether any was released.
+pub fn release_freed_heap() -> bool {
+    crate::sys::trim_heap()
+}
+
 /// Drops this process's mapping of every code page (see the module documentation); returns how
 /// many bytes of mappings were released.
 pub fn release_code_pages() -> io::Result<usize> {

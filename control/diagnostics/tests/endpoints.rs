@@ -87,7 +87,7 @@ async fn logs_page_filters_by_minimum_level_newest_first() {
         tracing::error!(error = "refused", "e3");
         tracing::info!("i4");
     });
-    let client = reqwest::Client::new();
+    let client = http_client();
     let page: LogPage = get_json(&client, format!("{base}/api/v1/logs")).await;
     assert_eq!((page.total, page.limit, page.offset), (5, 100, 0));
     let messages: Vec<_> = page.entries.iter().map(|e| e.message.as_str()).collect();
@@ -124,7 +124,9 @@ async fn logs_page_filters_by_minimum_level_newest_first() {
 async fn log_stream_sends_connected_then_live_entries() {
     let logs = LogStore::new(100);
     let base = serve(DiagnosticsState::new(logs.clone())).await;
-    let response = reqwest::get(format!("{base}/api/v1/logs/stream"))
+    let response = http_client()
+        .get(format!("{base}/api/v1/logs/stream"))
+        .send()
         .await
         .expect("GET stream");
     assert_eq!(response.status(), 200);
@@ -161,7 +163,7 @@ async fn log_stream_sends_connected_then_live_entries() {
 async fn the_101st_stream_subscriber_is_refused() {
     let logs = LogStore::new(10);
     let base = serve(DiagnosticsState::new(logs.clone())).await;
-    let client = reqwest::Client::new();
+    let client = http_client();
     let mut held = Vec::new();
     for _ in 0..100 {
         let r = client
@@ -205,7 +207,9 @@ async fn a_subscriber_that_stops_reading_is_dropped_while_others_keep_receiving(
     .expect("request");
 
     // The healthy client reads everything.
-    let response = reqwest::get(format!("{base}/api/v1/logs/stream"))
+    let response = http_client()
+        .get(format!("{base}/api/v1/logs/stream"))
+        .send()
         .await
         .expect("GET stream");
     let mut fast = SseReader::new(response);
@@ -253,11 +257,8 @@ async fn a_subscriber_that_stops_reading_is_dropped_while_others_keep_receiving(
 async fn memory_stats_are_measured() {
     let logs = LogStore::new(10);
     let base = serve(DiagnosticsState::new(logs)).await;
-    let body: serde_json::Value = get_json(
-        &reqwest::Client::new(),
-        format!("{base}/api/v1/debug/memory"),
-    )
-    .await;
+    let body: serde_json::Value =
+        get_json(&http_client(), format!("{base}/api/v1/debug/memory")).await;
     for field in [
         "heap_alloc",
         "heap_sys",
@@ -304,7 +305,7 @@ async fn cpu_profile_is_gzipped_pprof_with_samples_one_at_a_time() {
     let state = DiagnosticsState::new(LogStore::new(10));
     let profiler = state.profiler.clone();
     let base = serve(state).await;
-    let client = reqwest::Client::new();
+    let client = http_client();
 
     for bad in ["0", "301", "abc"] {
         let r = client
@@ -360,7 +361,7 @@ async fn cpu_profile_is_gzipped_pprof_with_samples_one_at_a_time() {
 #[tokio::test]
 async fn pprof_index_cmdline_heap_goroutine_and_the_unavailable_ones() {
     let base = serve(DiagnosticsState::new(LogStore::new(10))).await;
-    let get = |path: &str| reqwest::get(format!("{base}{path}"));
+    let get = |path: &str| http_client().get(format!("{base}{path}")).send();
 
     for path in ["/debug/pprof/", "/debug/pprof"] {
         let index = get(path).await.expect("index");
@@ -426,7 +427,7 @@ async fn openapi_document_matches_the_router() {
     }
     // And each listed route is served (none falls through to 404).
     let base = serve(DiagnosticsState::new(LogStore::new(10))).await;
-    let client = reqwest::Client::new();
+    let client = http_client();
     for (_, path) in ROUTES {
         if path.ends_with("/profile") || path.ends_with("/stream") {
             continue; // long-running; covered above
@@ -438,4 +439,11 @@ async fn openapi_document_matches_the_router() {
             .expect("GET");
         assert_ne!(r.status(), 404, "{path}");
     }
+}
+
+/// reqwest is built without a bundled TLS provider in the workspace (issue 14: one crypto
+/// library): it needs rustls' process default before it builds a client.
+fn http_client() -> reqwest::Client {
+    switchyard_service::tls::use_ring_provider();
+    reqwest::Client::new()
 }

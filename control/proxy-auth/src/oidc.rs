@@ -106,6 +106,7 @@ impl OidcVerifier {
                 "required with introspection_url (the proxy authenticates as the client)",
             ));
         }
+        switchyard_service::tls::use_ring_provider();
         let http = reqwest::Client::builder()
             .timeout(TIMEOUT)
             .build()

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod logging;
+pub mod tls;
 
 pub use logging::{
     init as init_logging, init_with_layer as init_logging_with_layer, ExtraLayer, LoggingError,

@@ -116,6 +116,7 @@ fn list_key(o: &ProviderSettings) -> ListKey {
 /// with a client that trusts no certificate, so each HTTPS provider call fails with a TLS error
 /// and the log says what to install.
 fn api_client() -> Result<reqwest::Client, reqwest::Error> {
+    switchyard_service::tls::use_ring_provider();
     let builder =
         || reqwest::Client::builder().user_agent(concat!("switchyard/", env!("CARGO_PKG_VERSION")));
     builder().build().or_else(|e| {

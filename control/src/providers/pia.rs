@@ -200,6 +200,7 @@ pub fn server_client(
     port: u16,
     ca: Option<&str>,
 ) -> Result<reqwest::Client, ApiError> {
+    switchyard_service::tls::use_ring_provider();
     let mut b = reqwest::Client::builder().resolve(cn, std::net::SocketAddr::new(ip, port));
     if let Some(ca) = ca {
         let pem = super::resolve::pem_text(ca)

@@ -320,6 +320,7 @@ pub fn guarded_client(
     user_agent: &str,
     connect_timeout: Duration,
 ) -> reqwest::Result<reqwest::Client> {
+    switchyard_service::tls::use_ring_provider();
     reqwest::Client::builder()
         .user_agent(user_agent)
         .connect_timeout(connect_timeout)

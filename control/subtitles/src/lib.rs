@@ -185,6 +185,7 @@ pub async fn build_app(cfg: SubtitlesConfig) -> anyhow::Result<App> {
     let tools = tools::Tools::detect(&cfg.tools.yt_dlp, &cfg.tools.ffmpeg).await;
     let user_agent = concat!("switchyard-subtitles/", env!("CARGO_PKG_VERSION"));
     let connect_timeout = Duration::from_secs(15);
+    switchyard_service::tls::use_ring_provider();
     let http = reqwest::Client::builder()
         .user_agent(user_agent)
         .connect_timeout(connect_timeout)

@@ -33,6 +33,7 @@ impl S3Client {
             .as_deref()
             .ok_or_else(|| anyhow::anyhow!("{section}.url is required with backend s3"))?;
         let (bucket, prefix) = parse_s3_url(url).map_err(anyhow::Error::msg)?;
+        switchyard_service::tls::use_ring_provider();
         // Client options first: `with_client_options` replaces allow_http set before it.
         let mut b = AmazonS3Builder::from_env()
             .with_client_options(

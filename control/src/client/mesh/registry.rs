@@ -62,6 +62,7 @@ pub fn base_url(server: &str) -> Option<String> {
 
 impl RegistryClient {
     pub fn new(base: String, token: Option<String>, network: String) -> Self {
+        switchyard_service::tls::use_ring_provider();
         let http = reqwest::Client::builder()
             .timeout(CALL_TIMEOUT)
             .build()
