@@ -684,11 +684,7 @@ pub fn resident_code_kib(pid: u32) -> (u64, u64) {
 /// provider (one crypto library, ring, for the whole binary: issue 14), so reqwest needs
 /// rustls' process default installed before it builds a client, as the binary's `main` does.
 pub fn http_client_builder() -> reqwest::ClientBuilder {
-    static PROVIDER: std::sync::Once = std::sync::Once::new();
-    PROVIDER.call_once(|| {
-        // an Err means another thread's install won: a provider is in place either way
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
+    switchyard_service::tls::use_ring_provider();
     reqwest::Client::builder()
 }
 
