@@ -7,6 +7,8 @@
 //! - **http**: `wrk` through each HTTP proxy (and direct to nginx as the ceiling) for a 1 KiB and a
 //!   1 MiB file; requests/s, transfer/s, p50/p99 latency, errors. A Lua script puts the
 //!   absolute-form URL on the request line; every proxy is first checked to return the exact file.
+//!   The programs are measured in turns, `--rounds` times (3), and each one's median round is
+//!   reported, with the target checked in every round beside it.
 //! - **connect**: bulk upload through a `CONNECT` tunnel to an in-process sink, against the same
 //!   client straight to the sink (raw loopback TCP).
 //! - **socks5**: connection rate (handshake + CONNECT + one echo round trip + close, many workers)
@@ -89,6 +91,10 @@ pub struct BenchArgs {
     /// the per-core scaling figures
     #[arg(long, default_value_t = 0)]
     pub switchyard_cores: usize,
+    /// rounds of the http scenario: every program is measured once per round, in turn, and the
+    /// tables give each program's median round
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
 }
 
 /// All scenarios, in run order.
@@ -134,6 +140,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.connections == 0 || args.connections > 10_000 {
         bail!("--connections must be 1..=10000");
     }
+    if args.rounds == 0 || args.rounds > 20 {
+        bail!("--rounds must be 1..=20");
+    }
     if args.switchyard_cores > 1024 {
         bail!("--switchyard-cores must be 0 (every CPU) or a core count");
     }
@@ -168,6 +177,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         out,
         seconds: args.seconds,
         connections: args.connections,
+        rounds: args.rounds,
     };
     tracing::info!(
         "bench: scenarios {selected:?}, {}s each, {} connections, switchyard {}, RLIMIT_NOFILE {nofile}",
