@@ -177,10 +177,14 @@ fn cpu_budget(c: &crate::report::Compare<'_, Row>) -> String {
     );
     if let (Some(sp), Some(pp)) = (sc.proxy_us, pc.proxy_us) {
         if pp > 0.0 {
+            // On a box where the load generator and the origin have cores of their own, the
+            // proxies' rates go as the inverse of their own CPU per tunnel.
             let _ = writeln!(
                 md,
-                "- proxy CPU per tunnel, switchyard / {peer}: {:.2}×",
-                sp / pp
+                "- proxy CPU per tunnel, switchyard / {peer}: {:.2}×; with cores of its own for the proxy (client and origin elsewhere) that is {:.2}× the rate, and 1.5× there needs ≤ {:.1} µs per tunnel",
+                sp / pp,
+                if sp > 0.0 { pp / sp } else { 0.0 },
+                pp / 1.5
             );
         }
     }
@@ -396,6 +400,48 @@ pub fn run(ctx: &Ctx) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(proxy_us: f64, client_us: f64, origin_us: f64) -> Row {
+        Row {
+            rate: TunnelRate {
+                in_flight: IN_FLIGHT,
+                threads: 2,
+                seconds: 5.0,
+                completed: 1000,
+                errors: 0,
+                tunnels_per_sec: 200.0,
+                p50_ms: 1.0,
+                p99_ms: 2.0,
+                first_error: None,
+            },
+            cpu: Some(CpuPerUnit {
+                proxy_us: Some(proxy_us),
+                origin_us,
+                client_us,
+            }),
+            load_before: "1.00 1.00 1.00".into(),
+            load_after: "1.00 1.00 1.00".into(),
+        }
+    }
+
+    #[test]
+    fn cpu_budget_gives_the_shared_and_the_own_cores_ratios() {
+        let (s, p) = (row(60.0, 40.0, 30.0), row(90.0, 40.0, 30.0));
+        let c = crate::report::Compare {
+            switchyard: Some(&s),
+            best_peer: Some(("tinyproxy", &p)),
+            ceiling: None,
+        };
+        let md = cpu_budget(&c);
+        assert!(
+            md.contains("switchyard / tinyproxy: 0.67×; with cores of its own for the proxy (client and origin elsewhere) that is 1.50× the rate, and 1.5× there needs ≤ 60.0 µs"),
+            "{md}"
+        );
+        assert!(
+            md.contains("≈ 1.23× (inverse CPU per tunnel); 1.5× needs switchyard's proxy CPU ≤ 36.7 µs per tunnel; a proxy costing nothing would reach 2.29×"),
+            "{md}"
+        );
+    }
 
     #[test]
     fn load_marks() {
