@@ -788,5 +788,87 @@ metrics: {enabled: true, listen: ":9"}
         let e = ServerConfig::from_json_value(&v).unwrap_err();
         assert_eq!(e.path, "server.cores", "{e}");
     }
-}
 
+    /// A small strict shape with a required field, for the error kinds the server
+    /// configuration has no example of.
+    #[derive(serde::Deserialize, Debug, Default, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Peer {
+        name: String,
+        #[serde(default)]
+        ports: Vec<u16>,
+    }
+
+    #[derive(serde::Deserialize, Debug, Default, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Mesh {
+        #[serde(default)]
+        first: Option<Peer>,
+        #[serde(default)]
+        peers: Vec<Peer>,
+    }
+
+    fn mesh_err(text: &str) -> (String, Option<u64>, String) {
+        match deserialize_tracked::<Mesh>(text) {
+            Err(LoadError::Parse {
+                path,
+                line,
+                message,
+                ..
+            }) => (path, line, message),
+            other => panic!("expected parse error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn error_paths_from_saphyr_locations() {
+        // missing field: the block mapping's path, in a sequence of mappings
+        let (path, line, msg) = mesh_err("peers:\n  - name: a\n  - ports: [1]\n");
+        assert_eq!((path.as_str(), line), ("peers[1]", Some(3)), "{msg}");
+        assert!(
+            msg.contains("missing field") && msg.contains("name"),
+            "{msg}"
+        );
+        // missing field in a flow mapping (located at its first key) and in an empty one
+        let (path, _, _) = mesh_err("first: {ports: [1]}\n");
+        assert_eq!(path, "first");
+        let (path, _, _) = mesh_err("peers: [{name: a}, {}]\n");
+        assert_eq!(path, "peers[1]");
+        // wrong type deep in a sequence, after comments and a multi-line scalar
+        let (path, line, _) = mesh_err(
+            "# peers\nfirst:\n  name: >\n    folded\n    name\n  # ports follow\n  ports: [1, x]\n",
+        );
+        assert_eq!((path.as_str(), line), ("first.ports[1]", Some(7)));
+        // unknown field as the first key of a block mapping (same position as the mapping)
+        let (path, _, _) = mesh_err("peers:\n  - nmae: a\n");
+        assert_eq!(path, "peers[0].nmae");
+        // merge keys: the key written next to the merge is named where it is written
+        let (path, _, _) = mesh_err("first: &p {name: a}\npeers: [{<<: *p, port: 1}]\n");
+        assert_eq!(path, "peers[0].port");
+        // a problem inside an aliased node is named where the anchored text is
+        let (path, line, _) = mesh_err("first: &p {name: a, ports: [z]}\npeers: [*p]\n");
+        assert_eq!((path.as_str(), line), ("first.ports[0]", Some(1)));
+        // a scalar where a mapping belongs
+        let (path, _, _) = mesh_err("peers: [a]\n");
+        assert_eq!(path, "peers[0]");
+    }
+
+    #[test]
+    fn json_error_paths_from_saphyr_locations() {
+        let e = from_json_value::<Mesh>(&serde_json::json!({
+            "first": {"name": "a"},
+            "peers": [{"name": "b", "ports": [1, 2]}, {"name": "c", "ports": [3, "four"]}]
+        }))
+        .unwrap_err();
+        assert_eq!(e.path, "peers[1].ports[1]", "{e}");
+        let e =
+            from_json_value::<Mesh>(&serde_json::json!({"peers": [{"name": "b"}, {"ports": []}]}))
+                .unwrap_err();
+        assert_eq!(e.path, "peers[1]", "{e}");
+        assert!(e.message.contains("name"), "{e}");
+        let e =
+            from_json_value::<Mesh>(&serde_json::json!({"first": {"name": "a", "x": {"y": 1}}}))
+                .unwrap_err();
+        assert_eq!(e.path, "first.x", "{e}");
+    }
+}
