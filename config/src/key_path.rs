@@ -66,8 +66,7 @@ fn render(stack: &[Frame]) -> String {
                 key: Some(key),
                 in_value: true,
             } => path = join(path, key),
-            // A value under a key the path cannot name: serde_path_to_error printed `?`, and
-            // the old loader dropped trailing `?`; a middle one stays visible.
+            // A value under a complex key (a mapping or sequence as key): `?` stands for it.
             Frame::Mapping {
                 key: None,
                 in_value: true,

@@ -329,8 +329,9 @@ mod tests {
         ServerConfig::from_yaml_str(text, &no_env)
     }
 
-    fn parse_err(text: &str) -> (String, Option<u64>, String) {
-        match load(text) {
+    /// Path, line and message of a parse error.
+    fn parts<T: std::fmt::Debug>(result: Result<T, LoadError>) -> (String, Option<u64>, String) {
+        match result {
             Err(LoadError::Parse {
                 path,
                 line,
@@ -339,6 +340,10 @@ mod tests {
             }) => (path, line, message),
             other => panic!("expected parse error, got {other:?}"),
         }
+    }
+
+    fn parse_err(text: &str) -> (String, Option<u64>, String) {
+        parts(load(text))
     }
 
     #[test]
@@ -809,15 +814,7 @@ metrics: {enabled: true, listen: ":9"}
     }
 
     fn mesh_err(text: &str) -> (String, Option<u64>, String) {
-        match deserialize_tracked::<Mesh>(text) {
-            Err(LoadError::Parse {
-                path,
-                line,
-                message,
-                ..
-            }) => (path, line, message),
-            other => panic!("expected parse error, got {other:?}"),
-        }
+        parts(deserialize_tracked::<Mesh>(text))
     }
 
     #[test]
