@@ -1,8 +1,8 @@
 //! The key path (`server.http.listen`, `backends[2].type`; empty = document root) of a position
 //! in YAML or JSON text, found by walking the parser's events up to that position. Parse errors
 //! carry only a line and column; this names the key they are about without wrapping every
-//! configuration type's deserializer in a path-tracking one (issue 14: that wrapping doubled the
-//! deserializer code of each configuration type in the binary).
+//! configuration type's deserializer in a path-tracking one (issue 14: the wrapper's bookkeeping
+//! around every visit cost ~0.23 MB of the stripped binary).
 
 use serde_saphyr::granit_parser::{Event, Parser};
 
