@@ -47,6 +47,7 @@ pub mod client;
 pub mod env;
 pub mod health_check;
 pub mod inventory;
+mod key_path;
 pub mod listen;
 pub mod load;
 pub mod mesh_registry;

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::env::{expand_env, EnvError};
+use crate::key_path::{key_path_at, Target};
 use crate::model::ServerConfig;
 
 /// Why a configuration could not be loaded. `Display` is one line, suitable for
@@ -136,24 +137,36 @@ fn saphyr_message(err: &serde_saphyr::Error) -> String {
     }
 }
 
-/// `serde_path_to_error` prints `?` for segments it cannot name (e.g. a duplicate key):
-/// drop them, the message names the key.
-fn clean_path(path: &str) -> String {
-    let p = path.trim_end_matches('?').trim_end_matches('.');
-    if p == "." || p == "?" {
-        String::new()
-    } else {
-        p.to_string()
+/// The error under saphyr's wrappers (source snippet, alias use) that say what went wrong.
+fn innermost(mut err: &serde_saphyr::Error) -> &serde_saphyr::Error {
+    while let serde_saphyr::Error::WithSnippet { error, .. }
+    | serde_saphyr::Error::AliasError { error, .. } = err
+    {
+        err = error;
     }
+    err
 }
 
-fn parse_error(path: String, err: &serde_saphyr::Error) -> LoadError {
+/// The error's location resolved to a key path in `text`, the document it came from.
+fn parse_error(text: &str, err: &serde_saphyr::Error) -> LoadError {
     let loc = err.location();
+    let line = loc.map(|l| l.line()).filter(|l| *l > 0);
+    let column = loc.map(|l| l.column()).filter(|c| *c > 0);
+    let target = match innermost(err) {
+        serde_saphyr::Error::SerdeUnknownField { .. } => Target::Key,
+        serde_saphyr::Error::SerdeMissingField { .. }
+        | serde_saphyr::Error::DuplicateMappingKey { .. } => Target::Mapping,
+        _ => Target::Value,
+    };
+    let path = match (line, column) {
+        (Some(line), Some(column)) => key_path_at(text, line, column, target),
+        _ => String::new(),
+    };
     LoadError::Parse {
         file: None,
         path,
-        line: loc.map(|l| l.line()).filter(|l| *l > 0),
-        column: loc.map(|l| l.column()).filter(|c| *c > 0),
+        line,
+        column,
         message: saphyr_message(err),
     }
 }
@@ -181,30 +194,13 @@ pub(crate) fn parse_strict_yaml<T: serde::de::DeserializeOwned + Default>(
 
 /// Strict YAML text (already expanded) into `T`, errors naming the key path. The one place a
 /// configuration type's deserializer is instantiated: every input format comes through here
-/// (JSON as text, see [`from_json_value`]), so the binary carries one copy per type.
+/// (JSON as text, see [`from_json_value`]), so the binary carries one copy per type. The path
+/// comes from the error's location (see [`key_path_at`]), not from wrapping the deserializer.
 fn deserialize_tracked<T: serde::de::DeserializeOwned + Default>(
     text: &str,
 ) -> Result<T, LoadError> {
-    let mut outer_err: Option<(String, serde_saphyr::Error)> = None;
-    let result =
-        serde_saphyr::with_deserializer_from_str(
-            text,
-            |de| match serde_path_to_error::deserialize::<_, T>(de) {
-                Ok(cfg) => Ok(Some(cfg)),
-                Err(e) => {
-                    let path = e.path().to_string();
-                    let inner = e.into_inner();
-                    outer_err = Some((path, inner));
-                    Ok(None)
-                }
-            },
-        );
-    match (result, outer_err) {
-        (Ok(Some(cfg)), _) => Ok(cfg),
-        (_, Some((path, err))) => Err(parse_error(clean_path(&path), &err)),
-        (Err(err), None) => Err(parse_error(String::new(), &err)),
-        (Ok(None), None) => Ok(T::default()),
-    }
+    serde_saphyr::with_deserializer_from_str(text, |de| T::deserialize(de))
+        .map_err(|err| parse_error(text, &err))
 }
 
 /// Why a JSON configuration value does not deserialize: the key path (empty = the root) and
@@ -221,7 +217,7 @@ pub struct JsonValueError {
 /// A configuration posted as JSON, deserialized strictly like a file (unknown keys are errors
 /// naming their path) but without `${NAME}` expansion. JSON is YAML, so the value goes through
 /// the files' deserializer as text instead of through `serde_json::Value`'s: one instantiation
-/// of each configuration type's path-tracking deserializer instead of two (issue 14: ~1 MB of
+/// of each configuration type's deserializer instead of two (issue 14: ~1 MB of
 /// the binary).
 pub(crate) fn from_json_value<T: serde::de::DeserializeOwned + Default>(
     value: &serde_json::Value,
@@ -333,8 +329,9 @@ mod tests {
         ServerConfig::from_yaml_str(text, &no_env)
     }
 
-    fn parse_err(text: &str) -> (String, Option<u64>, String) {
-        match load(text) {
+    /// Path, line and message of a parse error.
+    fn parts<T: std::fmt::Debug>(result: Result<T, LoadError>) -> (String, Option<u64>, String) {
+        match result {
             Err(LoadError::Parse {
                 path,
                 line,
@@ -343,6 +340,10 @@ mod tests {
             }) => (path, line, message),
             other => panic!("expected parse error, got {other:?}"),
         }
+    }
+
+    fn parse_err(text: &str) -> (String, Option<u64>, String) {
+        parts(load(text))
     }
 
     #[test]
@@ -791,5 +792,80 @@ metrics: {enabled: true, listen: ":9"}
         v["server"]["cores"] = serde_json::json!("many");
         let e = ServerConfig::from_json_value(&v).unwrap_err();
         assert_eq!(e.path, "server.cores", "{e}");
+    }
+
+    /// A small strict shape with a required field, for the error kinds the server
+    /// configuration has no example of.
+    #[derive(serde::Deserialize, Debug, Default, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Peer {
+        name: String,
+        #[serde(default)]
+        ports: Vec<u16>,
+    }
+
+    #[derive(serde::Deserialize, Debug, Default, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Mesh {
+        #[serde(default)]
+        first: Option<Peer>,
+        #[serde(default)]
+        peers: Vec<Peer>,
+    }
+
+    fn mesh_err(text: &str) -> (String, Option<u64>, String) {
+        parts(deserialize_tracked::<Mesh>(text))
+    }
+
+    #[test]
+    fn error_paths_from_saphyr_locations() {
+        // missing field: the block mapping's path, in a sequence of mappings
+        let (path, line, msg) = mesh_err("peers:\n  - name: a\n  - ports: [1]\n");
+        assert_eq!((path.as_str(), line), ("peers[1]", Some(3)), "{msg}");
+        assert!(
+            msg.contains("missing field") && msg.contains("name"),
+            "{msg}"
+        );
+        // missing field in a flow mapping (located at its first key) and in an empty one
+        let (path, _, _) = mesh_err("first: {ports: [1]}\n");
+        assert_eq!(path, "first");
+        let (path, _, _) = mesh_err("peers: [{name: a}, {}]\n");
+        assert_eq!(path, "peers[1]");
+        // wrong type deep in a sequence, after comments and a multi-line scalar
+        let (path, line, _) = mesh_err(
+            "# peers\nfirst:\n  name: >\n    folded\n    name\n  # ports follow\n  ports: [1, x]\n",
+        );
+        assert_eq!((path.as_str(), line), ("first.ports[1]", Some(7)));
+        // unknown field as the first key of a block mapping (same position as the mapping)
+        let (path, _, _) = mesh_err("peers:\n  - nmae: a\n");
+        assert_eq!(path, "peers[0].nmae");
+        // merge keys: the key written next to the merge is named where it is written
+        let (path, _, _) = mesh_err("first: &p {name: a}\npeers: [{<<: *p, port: 1}]\n");
+        assert_eq!(path, "peers[0].port");
+        // a problem inside an aliased node is named where the anchored text is
+        let (path, line, _) = mesh_err("first: &p {name: a, ports: [z]}\npeers: [*p]\n");
+        assert_eq!((path.as_str(), line), ("first.ports[0]", Some(1)));
+        // a scalar where a mapping belongs
+        let (path, _, _) = mesh_err("peers: [a]\n");
+        assert_eq!(path, "peers[0]");
+    }
+
+    #[test]
+    fn json_error_paths_from_saphyr_locations() {
+        let e = from_json_value::<Mesh>(&serde_json::json!({
+            "first": {"name": "a"},
+            "peers": [{"name": "b", "ports": [1, 2]}, {"name": "c", "ports": [3, "four"]}]
+        }))
+        .unwrap_err();
+        assert_eq!(e.path, "peers[1].ports[1]", "{e}");
+        let e =
+            from_json_value::<Mesh>(&serde_json::json!({"peers": [{"name": "b"}, {"ports": []}]}))
+                .unwrap_err();
+        assert_eq!(e.path, "peers[1]", "{e}");
+        assert!(e.message.contains("name"), "{e}");
+        let e =
+            from_json_value::<Mesh>(&serde_json::json!({"first": {"name": "a", "x": {"y": 1}}}))
+                .unwrap_err();
+        assert_eq!(e.path, "first.x", "{e}");
     }
 }
