@@ -1,7 +1,8 @@
 //! End-to-end: bulk CONNECT and SOCKS5 tunnels through the real `switchyard server`, with the
 //! zero-copy relay (`splice(2)`) and with the copy relay (`SWITCHYARD_RELAY=copy`): every byte
 //! arrives in order both ways, half-closes pass through, and the byte counters and the
-//! spliced-bytes metric say which path moved them.
+//! spliced-bytes metric say which path moved them. The relay's last direction ends with
+//! `close(2)` alone (no `shutdown(2)` first): bytes still queued for a slow client must arrive.
 
 mod support;
 
@@ -167,4 +168,58 @@ fn bulk_tunnels_splice_every_byte_in_order() {
 #[test]
 fn bulk_tunnels_copy_when_splicing_is_off() {
     assert_eq!(bulk_tunnels("copy"), 0);
+}
+
+/// An origin that reads each connection to EOF (the client's half-close), then sends
+/// [`PAYLOAD`] bytes of `payload(seed)` and closes.
+fn closing_origin(seed: u32) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let body = payload(seed);
+        for conn in l.incoming() {
+            let Ok(mut s) = conn else { return };
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut sink = Vec::new();
+                if s.read_to_end(&mut sink).is_ok() {
+                    let _ = s.write_all(&body);
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Half-closes at once, lets the tunnel fill the socket buffers towards it before reading (so
+/// that the proxy reaches the origin's EOF, the tunnel's last direction, with bytes still
+/// queued for this client), then reads to EOF: every byte, in order, and a clean end.
+fn read_all_after_a_pause(mut s: TcpStream, seed: u32) {
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    s.shutdown(Shutdown::Write).expect("half-close");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut back = Vec::with_capacity(PAYLOAD);
+    s.read_to_end(&mut back)
+        .expect("read to EOF (a reset would mean queued bytes were dropped)");
+    assert_eq!(back.len(), PAYLOAD, "bytes received");
+    assert!(back == payload(seed), "bytes differ from the origin's");
+}
+
+fn queued_bytes_survive_the_tunnel_close(relay: &str) {
+    let env = [("SWITCHYARD_RELAY", OsStr::new(relay))];
+    let server = start_server_with_yaml_env("", &env);
+    read_all_after_a_pause(connect_tunnel(server.http, closing_origin(3)), 3);
+    read_all_after_a_pause(socks5_tunnel(server.socks5, closing_origin(4)), 4);
+    assert_eq!(server.wait_idle(), 0, "tunnels still open after both EOFs");
+}
+
+#[test]
+fn queued_bytes_survive_the_tunnel_close_when_splicing() {
+    queued_bytes_survive_the_tunnel_close("splice");
+}
+
+#[test]
+fn queued_bytes_survive_the_tunnel_close_when_copying() {
+    queued_bytes_survive_the_tunnel_close("copy");
 }

@@ -740,7 +740,7 @@ impl Acceptor {
     /// non-blocking listener takes each one with its peer address; glommio's `accept` costs
     /// three `fcntl(2)` calls around every accept plus a `getpeername(2)` (measured with
     /// `strace`), so when the queue is empty the accept goes straight to the ring (the
-    /// vendored glommio's `accept_from_ring`) and only that one costs a `getpeername(2)`.
+    /// vendored glommio's `accept_from_ring`, which also returns the peer's address).
     /// `None`: a connection that went away before its peer could be read (dropped, nothing to
     /// back off from).
     async fn accept_one(&self) -> std::io::Result<Option<(glommio::net::TcpStream, SocketAddr)>> {
@@ -760,12 +760,15 @@ impl Acceptor {
                 Err(e) => return Err(e),
             }
         }
-        let stream = self
+        let (stream, peer) = self
             .listener
             .accept_from_ring()
             .await
             .map_err(std::io::Error::from)?;
-        Ok(stream.peer_addr().ok().map(|peer| (stream, peer)))
+        // the ring's ACCEPT returns the peer's address; `getpeername(2)` only for a family it
+        // does not decode
+        let peer = peer.or_else(|| stream.peer_addr().ok());
+        Ok(peer.map(|peer| (stream, peer)))
     }
 }
 
@@ -881,6 +884,55 @@ mod tests {
         assert!(
             served,
             "the busy task was never preempted: the connection was not served"
+        );
+    }
+
+    /// Voluntary context switches of one thread (`/proc/self/task/TID/status`): each is a
+    /// sleep of that thread.
+    fn voluntary_switches(task: &std::path::Path) -> u64 {
+        let status = std::fs::read_to_string(task.join("status")).expect("thread status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("voluntary_ctxt_switches")
+    }
+
+    /// The vendored glommio keeps its preemption timer armed while the reactor sleeps
+    /// (vendor/glommio/PATCHES.md): a busy core saves a cancel and a re-arm per sleep, and an
+    /// executor that goes idle is woken once by that timer, after which it must sleep without
+    /// it — not be woken by a fresh one every 100 ms — and still wake for its own timer.
+    #[test]
+    fn an_idle_executor_sleeps_until_its_timer_without_preemption_wakeups() {
+        let (task_tx, task_rx) = std::sync::mpsc::channel();
+        let executor = LocalExecutorBuilder::new(Placement::Unbound)
+            .spawn(move || async move {
+                // some activity first, so a preemption timer is armed when the core goes idle
+                for _ in 0..20 {
+                    glommio::timer::sleep(Duration::from_millis(1)).await;
+                }
+                let task = std::fs::read_link("/proc/thread-self").expect("thread-self");
+                task_tx.send(task).expect("send task path");
+                glommio::timer::sleep(Duration::from_secs(3)).await;
+            })
+            .expect("executor");
+        let task = task_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("executor started");
+        let task = std::path::Path::new("/proc").join(task);
+        // past the one wake-up by the timer kept from the activity (≤ 100 ms)
+        std::thread::sleep(Duration::from_millis(600));
+        let before = voluntary_switches(&task);
+        std::thread::sleep(Duration::from_millis(1000));
+        let after = voluntary_switches(&task);
+        executor
+            .join()
+            .expect("the executor's own timer fired and it finished");
+        assert_eq!(
+            after,
+            before,
+            "the idle executor was woken {} times in a second",
+            after - before
         );
     }
 

@@ -395,6 +395,8 @@ async fn tunnel_task<C: ClientStream>(
         )
         .await;
     }
+    // No await from here on: the relay's last direction left its FIN to the close(2) of
+    // `client` and `upstream`, which drop when this function returns.
     bcore.closed();
     trace
         .up

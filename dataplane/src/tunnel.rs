@@ -104,6 +104,20 @@ pub async fn write_all<S: AsyncWrite + Unpin>(to: &RefCell<S>, mut data: &[u8]) 
     Ok(())
 }
 
+/// Ends a direction whose source reached its end: a FIN to `to` (`shutdown(2)`), unless the
+/// other direction has already ended and `to` is a kernel socket. Then this was the relay's
+/// last direction, its caller closes both sockets right after it returns, and `close(2)` sends
+/// the FIN: both sockets have been read to their end of stream, so the close cannot turn into
+/// a reset (unread data), and one `shutdown(2)` per tunnel is saved. A user-space flow is
+/// always shut down (its close may not mean a FIN).
+fn end_direction<W: HalfClose + KernelSocket>(to: &RefCell<W>, one_ended: &Cell<bool>) {
+    let last = one_ended.replace(true);
+    if last && to.borrow().socket_fd().is_some() {
+        return;
+    }
+    to.borrow().shutdown_write();
+}
+
 async fn pump<
     R: AsyncRead + KernelSocket + Unpin,
     W: AsyncWrite + HalfClose + KernelSocket + Unpin,
@@ -113,6 +127,7 @@ async fn pump<
     meter: &Meter<'_>,
     last_activity: &Cell<Instant>,
     sockets: Option<(RawFd, RawFd)>,
+    one_ended: &Cell<bool>,
 ) -> io::Result<()> {
     let mut moved = 0u64;
     loop {
@@ -126,13 +141,13 @@ async fn pump<
                 last_activity,
             ))
             .await?;
-            to.borrow().shutdown_write();
+            end_direction(to, one_ended);
             return Ok(());
         }
         let (buf, n) = read_pooled(from).await?;
         if n == 0 {
             buffer_pool::give(buf);
-            to.borrow().shutdown_write();
+            end_direction(to, one_ended);
             return Ok(());
         }
         last_activity.set(Instant::now());
@@ -149,7 +164,8 @@ async fn pump<
     }
 }
 
-/// Relays until both directions finish, one fails, or the tunnel is idle for `idle`.
+/// Relays until both directions finish, one fails, or the tunnel is idle for `idle`. The
+/// caller closes both streams when this returns (see [`end_direction`]).
 pub async fn relay<C, U>(
     client: &RefCell<C>,
     upstream: &RefCell<U>,
@@ -161,6 +177,7 @@ pub async fn relay<C, U>(
     U: AsyncRead + AsyncWrite + HalfClose + KernelSocket + Unpin,
 {
     let last = Cell::new(Instant::now());
+    let one_ended = Cell::new(false);
     let sockets = match (client.borrow().socket_fd(), upstream.borrow().socket_fd()) {
         (Some(c), Some(u)) if splice::enabled() => Some((c, u)),
         _ => None,
@@ -170,8 +187,15 @@ pub async fn relay<C, U>(
     // the tunnel's state.
     let both = async {
         let _ = futures_lite::future::try_zip(
-            pump(client, upstream, &up, &last, sockets),
-            pump(upstream, client, &down, &last, sockets.map(|(c, u)| (u, c))),
+            pump(client, upstream, &up, &last, sockets, &one_ended),
+            pump(
+                upstream,
+                client,
+                &down,
+                &last,
+                sockets.map(|(c, u)| (u, c)),
+                &one_ended,
+            ),
         )
         .await;
     };

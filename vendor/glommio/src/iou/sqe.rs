@@ -523,6 +523,42 @@ impl SockAddrStorage {
         let len = mem::size_of::<nix::sys::socket::sockaddr_storage>();
         SockAddrStorage { storage, len }
     }
+
+    /// [switchyard] The IPv4 or IPv6 address the kernel wrote here (an `ACCEPT`'s peer).
+    ///
+    /// # Safety
+    /// Only after an operation that filled the storage has completed successfully.
+    pub unsafe fn socket_addr(&self) -> Option<std::net::SocketAddr> {
+        use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+        // the kernel writes a `socklen_t` into the low bytes of `len` (little-endian targets)
+        let len = self.len as u32 as usize;
+        let ptr = self.storage.as_ptr() as *const libc::sockaddr_storage;
+        match (*ptr).ss_family as libc::c_int {
+            libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
+                let a = &*(ptr as *const libc::sockaddr_in);
+                Some(
+                    SocketAddrV4::new(
+                        Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                        u16::from_be(a.sin_port),
+                    )
+                    .into(),
+                )
+            }
+            libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
+                let a = &*(ptr as *const libc::sockaddr_in6);
+                Some(
+                    SocketAddrV6::new(
+                        Ipv6Addr::from(a.sin6_addr.s6_addr),
+                        u16::from_be(a.sin6_port),
+                        a.sin6_flowinfo,
+                        a.sin6_scope_id,
+                    )
+                    .into(),
+                )
+            }
+            _ => None,
+        }
+    }
 }
 
 #[derive(Copy, Clone, Eq, PartialEq, Ord, PartialOrd, Hash)]

@@ -182,11 +182,20 @@ impl TcpListener {
     /// [switchyard] Like [`accept`](Self::accept) but without its first, non-blocking
     /// attempt (three `fcntl(2)` calls and an `accept(2)`): the accept goes to the ring at
     /// once, for a caller that has just found the queue empty.
-    pub async fn accept_from_ring(&self) -> Result<TcpStream> {
+    ///
+    /// Also returns the peer's address, which the `ACCEPT` operation wrote (`None` only for a
+    /// family other than IPv4/IPv6), so the caller needs no `getpeername(2)`.
+    pub async fn accept_from_ring(&self) -> Result<(TcpStream, Option<SocketAddr>)> {
         let reactor = self.reactor.upgrade().unwrap();
         let source = reactor.accept(self.listener.as_raw_fd());
         let fd = source.collect_rw().await?;
-        Ok(AcceptedTcpStream { fd: fd as RawFd }.bind_to_executor())
+        let stream = AcceptedTcpStream { fd: fd as RawFd }.bind_to_executor();
+        let peer = match &*source.source_type() {
+            // SAFETY: the accept completed successfully, so the kernel filled the address
+            crate::sys::SourceType::Accept(addr) => unsafe { addr.socket_addr() },
+            _ => None,
+        };
+        Ok((stream, peer))
     }
 
     /// Accepts a new incoming TCP connection in this executor

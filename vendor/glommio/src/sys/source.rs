@@ -200,7 +200,7 @@ impl Source {
         Ref::map(self.inner.borrow(), |x| &x.timeout)
     }
 
-    pub(super) fn source_type(&self) -> Ref<'_, SourceType> {
+    pub(crate) fn source_type(&self) -> Ref<'_, SourceType> {
         Ref::map(self.inner.borrow(), |x| &x.source_type)
     }
 

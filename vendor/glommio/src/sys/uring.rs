@@ -453,12 +453,21 @@ fn transmute_error(res: io::Result<u32>) -> io::Result<usize> {
         })
 }
 
+/// [switchyard] Whether a source's latency is collected: only then are its queue, submission
+/// and completion times read (upstream reads the clock three times per operation, and once
+/// per submission attempt, for every source; a new proxied connection made ~40 such reads).
+fn wants_latency(src: &InnerSource) -> bool {
+    src.stats_collection.is_some_and(|s| s.latency.is_some())
+}
+
 fn record_stats<Ring: UringCommon>(
     ring: &mut Ring,
     src: &mut InnerSource,
     res: &io::Result<usize>,
 ) {
-    src.wakers.fulfilled_at = Some(Instant::now());
+    if wants_latency(src) {
+        src.wakers.fulfilled_at = Some(Instant::now());
+    }
     if let Some(fulfilled) = src.stats_collection.and_then(|x| x.fulfilled) {
         fulfilled(res, ring.io_stats_mut(), 1);
         if let Some(handle) = src.task_queue {
@@ -504,7 +513,6 @@ fn extract_one_chain(
     source_map: &mut SourceMap,
     queue: &mut VecDeque<UringDescriptor>,
     chain: Range<usize>,
-    now: Instant,
 ) -> SmallVec<[UringDescriptor; 1]> {
     queue
         .drain(chain)
@@ -512,7 +520,9 @@ fn extract_one_chain(
             if op.user_data > 0 {
                 let id = from_user_data(op.user_data);
                 let status = source_map.peek_source_mut(from_user_data(op.user_data), |mut x| {
-                    x.wakers.submitted_at = Some(now);
+                    if wants_latency(&x) {
+                        x.wakers.submitted_at = Some(Instant::now());
+                    }
                     let current = x.enqueued.as_mut().expect("bug");
                     match current.status {
                         EnqueuedStatus::Enqueued => {
@@ -856,11 +866,10 @@ impl UringCommon for PollRing {
 
     fn submit_one_event(&mut self, queue: &mut VecDeque<UringDescriptor>) -> Option<bool> {
         let source_map = &mut *self.source_map.borrow_mut();
-        let now = Instant::now();
 
         while let Some(chain) = peek_one_chain(queue, self.size) {
             return if let Some(sqes) = self.ring.sq().prepare_sqes(chain.len() as u32) {
-                let ops = extract_one_chain(source_map, queue, chain, now);
+                let ops = extract_one_chain(source_map, queue, chain);
                 if ops.is_empty() {
                     // all the sources in the ring were cancelled
                     continue;
@@ -1077,13 +1086,18 @@ impl SleepableRing {
             // We have now prepared the SQE that links the two rings. We now need to submit
             // it successfully to be able to safely sleep.
 
-            if self
-                .submit_sqes()
+            // [switchyard] submit the link and wait in one `io_uring_enter(2)` (upstream: one
+            // to submit, one to wait). The kernel waits only if the submission went through,
+            // which is the condition upstream checks between the two calls.
+            let submitted = self
+                .ring
+                .submit_sqes_and_wait(1)
+                .map(|x| x as usize)
                 .or_else(Reactor::busy_ok)
                 .or_else(Reactor::again_ok)
-                .or_else(Reactor::intr_ok)?
-                != 1
-            {
+                .or_else(Reactor::intr_ok)?;
+            self.in_kernel += submitted;
+            if submitted != 1 {
                 // We failed to submit the `SQE` that links the rings. Just can't sleep.
                 // Waiting here is unsafe because we could end up waiting much longer than
                 // needed.
@@ -1091,14 +1105,8 @@ impl SleepableRing {
                 unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
                 Err(io::Error::from_raw_os_error(libc::EBUSY))
             } else {
-                // The rings are linked. Goodnight!
-                self.ring
-                    .cq()
-                    .wait(1)
-                    .map(|_| 1)
-                    .or_else(Reactor::busy_ok)
-                    .or_else(Reactor::again_ok)
-                    .or_else(Reactor::intr_ok)
+                // The rings were linked and the thread slept until a completion.
+                Ok(1)
             }
         } else {
             // Can't link rings because we ran out of `CQE`s. Just can't sleep.
@@ -1192,11 +1200,10 @@ impl UringCommon for SleepableRing {
 
     fn submit_one_event(&mut self, queue: &mut VecDeque<UringDescriptor>) -> Option<bool> {
         let source_map = &mut *self.source_map.borrow_mut();
-        let now = Instant::now();
 
         while let Some(chain) = peek_one_chain(queue, self.size) {
             return if let Some(sqes) = self.ring.sq().prepare_sqes(chain.len() as u32) {
-                let ops = extract_one_chain(source_map, queue, chain, now);
+                let ops = extract_one_chain(source_map, queue, chain);
                 if ops.is_empty() {
                     // all the sources in the ring were cancelled
                     continue;
@@ -1230,6 +1237,9 @@ pub(crate) struct Reactor {
     // [switchyard] When the latency timer in flight is a preemption timer (not a user timer
     // armed for a sleep): the instant it fires. It stays armed across reactor turns.
     latency_preemption_deadline: Cell<Option<Instant>>,
+    /// [switchyard] The latency timer fired while the reactor slept: cancel the preemption
+    /// timer before the next sleep (see `wait`).
+    latency_timer_woke_sleep: Cell<bool>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1379,6 +1389,7 @@ impl Reactor {
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
             latency_preemption_deadline: Cell::new(None),
+            latency_timer_woke_sleep: Cell::new(false),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1845,12 +1856,15 @@ impl Reactor {
         // on every call (an ASYNC_CANCEL, a TIMEOUT and two allocated sources per timer, plus
         // the throughput timer's linked eventfd WRITE), i.e. twice per scheduler turn. Here a
         // preemption timer that has not fired stays armed: it fires at most `preempt` after it
-        // was armed (a turn may be preempted early, never late), and is cancelled only before
-        // the reactor sleeps, so that an idle executor is not woken by it.
+        // was armed (a turn may be preempted early, never late). It also stays armed while the
+        // reactor sleeps (upstream cancels it before every sleep and arms a new one after
+        // every wake-up: two operations and two `io_uring_enter(2)`s per sleep, which a busy
+        // proxy does once per connection or more). An executor that goes idle is therefore
+        // woken once more, when that timer fires (at most `preempt` later); that wake-up
+        // marks the next sleep to cancel the timer first, as upstream does before every one,
+        // so an idle executor is not woken periodically.
         let may_sleep = preempt_timer().is_none();
-        if may_sleep {
-            // There might be a timer registered that needs to be removed, otherwise we'll
-            // wake up when it expires.
+        if may_sleep && self.latency_timer_woke_sleep.replace(false) {
             self.latency_preemption_deadline.set(None);
             drop(self.latency_preemption_timeout_src.take());
         }
@@ -1887,9 +1901,28 @@ impl Reactor {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
             if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
+                // [switchyard] A latency timer still armed that fires no later than the user
+                // timer wakes the reactor in time: the next turn arms the user timer if it is
+                // still needed then. Otherwise the user timer replaces it (the old one is
+                // cancelled), and its deadline is recorded so that after the wake-up it can
+                // serve as the preemption timer if it is due soon enough.
+                let now = Instant::now();
+                let armed = self.latency_preemption_timeout_src.take();
+                let keep = match (&armed, self.latency_preemption_deadline.get()) {
+                    (Some(src), Some(deadline)) => src.result().is_none() && deadline <= now + dur,
+                    _ => false,
+                };
+                if keep {
+                    self.latency_preemption_timeout_src.set(armed);
+                } else {
+                    // its cancellation goes out after the wake-up; it would fire after
+                    // the user timer anyway
+                    drop(armed);
+                    self.latency_preemption_timeout_src
+                        .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+                    self.latency_preemption_deadline.set(Some(now + dur));
+                    assert!(flush_rings!(lat_ring)? > 0);
+                }
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
@@ -1913,6 +1946,12 @@ impl Reactor {
                     flush_cancellations!(into &mut 0; lat_ring, poll_ring, main_ring);
                     flush_rings!(lat_ring, poll_ring, main_ring)?;
                     consume_rings!(into &mut 0; lat_ring, poll_ring, main_ring);
+                    // [switchyard] the latency timer kept through the sleep fired during it
+                    let armed = self.latency_preemption_timeout_src.take();
+                    if armed.as_ref().is_some_and(|src| src.result().is_some()) {
+                        self.latency_timer_woke_sleep.set(true);
+                    }
+                    self.latency_preemption_timeout_src.set(armed);
                 }
                 // Woke up, so no need to notify us anymore.
                 self.notifier.wake_up();
@@ -2052,7 +2091,12 @@ fn queue_request_into_ring(
     descriptor: UringOpDescriptor,
     source_map: &mut SourceMap,
 ) {
-    source.inner.borrow_mut().wakers.queued_at = Some(Instant::now());
+    {
+        let mut inner = source.inner.borrow_mut();
+        if wants_latency(&inner) {
+            inner.wakers.queued_at = Some(Instant::now());
+        }
+    }
     let q = ring.submission_queue();
     let id = source_map.add_source(source, Rc::clone(&q));
 
