@@ -84,8 +84,8 @@ pub async fn stats(State(state): State<Arc<ServerState>>) -> Json<CacheStats> {
         });
     };
     use std::sync::atomic::Ordering::Relaxed;
-    let hits = store.stats.hits.load(Relaxed);
-    let misses = store.stats.misses.load(Relaxed);
+    let hits = store.stats.hits();
+    let misses = store.stats.misses();
     let tier = |t: Tier| {
         let u = store.usage(t);
         CacheTierStats {

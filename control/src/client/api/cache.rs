@@ -43,8 +43,8 @@ pub async fn stats(State(state): State<S>) -> Json<ClientCacheStats> {
     let (memory, disk) = (store.usage(Tier::Memory), store.usage(Tier::Disk));
     let size = memory.size_bytes + disk.size_bytes;
     let max = memory.max_size_bytes + disk.max_size_bytes;
-    let hits = store.stats.hits.load(Relaxed);
-    let misses = store.stats.misses.load(Relaxed);
+    let hits = store.stats.hits();
+    let misses = store.stats.misses();
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     Json(ClientCacheStats {
         enabled: true,
