@@ -166,15 +166,9 @@ impl Drop for TestCgroup {
 
 #[test]
 fn the_core_count_follows_the_cgroup_cpu_quota() {
-    let hierarchy = match cpu_hierarchy() {
-        Some(h) => h,
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("CI needs a cgroup cpu controller")
-        }
-        _ => {
-            eprintln!("SKIP: no cgroup cpu controller");
-            return;
-        }
+    let Some(hierarchy) = cpu_hierarchy() else {
+        support::skip_unless_ci("no cgroup cpu controller");
+        return;
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cpus < 2 {
@@ -184,10 +178,7 @@ fn the_core_count_follows_the_cgroup_cpu_quota() {
     let (root, v1) = hierarchy;
     let group = TestCgroup(root.join(format!("sygw2-engine-{}", std::process::id())));
     if let Err(e) = std::fs::create_dir(&group.0) {
-        if std::env::var_os("CI").is_some() {
-            panic!("cannot create {}: {e}", group.0.display());
-        }
-        eprintln!("SKIP: cannot create {}: {e}", group.0.display());
+        support::skip_unless_ci(&format!("cannot create {}: {e}", group.0.display()));
         return;
     }
     // One CPU's worth of time per period.
@@ -345,10 +336,7 @@ fn active_per_core(metrics: u16) -> Vec<u64> {
 #[test]
 fn new_connections_go_to_the_cores_in_turn() {
     if !support::ovpn_server::is_root() {
-        if std::env::var_os("CI").is_some() {
-            panic!("loading the sk_reuseport program needs root in CI");
-        }
-        eprintln!("SKIP: loading the sk_reuseport program needs root (CAP_BPF)");
+        support::skip_unless_ci("loading the sk_reuseport program needs root (CAP_BPF)");
         return;
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

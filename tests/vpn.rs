@@ -219,10 +219,7 @@ fn helper() {
 /// Root, the tools, and a TUN device; else skip (fail under `CI`).
 fn tools_or_skip(what: &str) -> bool {
     if !Path::new("/dev/net/tun").exists() {
-        if std::env::var_os("CI").is_some() {
-            panic!("{what}: no /dev/net/tun");
-        }
-        eprintln!("SKIP {what}: no /dev/net/tun");
+        support::skip_unless_ci(&format!("{what}: no /dev/net/tun"));
         return false;
     }
     root_with_tools_or_skip(what, &["ip", "nft", "nsenter", "bpftool", "curl"])
