@@ -102,7 +102,51 @@ pub fn wait_for_port(port: u16) {
 }
 
 /// A running `switchyard server` and the addresses it reported.
+/// Prints how a process ended and the tail of its log when the test drops it while failing:
+/// a CI failure then carries its own evidence (a crash, a refusal, a timeout), not only the
+/// test's panic. Held as the first field of its owner so it reports before the process is
+/// killed.
+pub struct FailureReport {
+    pub pid: u32,
+    pub name: String,
+    pub logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// Log lines a failing test prints from its process.
+const LOG_TAIL_ON_FAILURE: usize = 80;
+
+impl Drop for FailureReport {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        // Not reaped yet, so an exited child is still listed, as a zombie ("Z").
+        let state = match std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) {
+            Ok(stat) => match stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+            {
+                Some('Z') => "had exited".to_owned(),
+                Some(c) => format!("running, state {c}"),
+                None => "state unreadable".to_owned(),
+            },
+            Err(e) => format!("state unknown: {e}"),
+        };
+        let lines = self.logs.lock().map(|l| l.clone()).unwrap_or_default();
+        let tail = &lines[lines.len().saturating_sub(LOG_TAIL_ON_FAILURE)..];
+        eprintln!(
+            "--- {} (pid {}) {state} when the failing test ended; last {} of {} log lines:\n{}",
+            self.name,
+            self.pid,
+            tail.len(),
+            lines.len(),
+            tail.join("\n")
+        );
+    }
+}
+
 pub struct Server {
+    pub report: FailureReport,
     pub proc: Proc,
     pub http: SocketAddr,
     pub socks5: SocketAddr,
@@ -152,6 +196,11 @@ pub fn start_server_with_env(
         unreachable!()
     };
     Server {
+        report: FailureReport {
+            pid: started.proc.child.id(),
+            name: "switchyard server".to_owned(),
+            logs: started.logs.clone(),
+        },
         proc: started.proc,
         http,
         socks5,
