@@ -83,7 +83,7 @@ fn start_switchyard(procs: &mut Procs, ctx: &Ctx, origin: SocketAddr) -> Result<
         .arg("--config")
         .arg(&conf_path)
         .current_dir(&d);
-    let pid = procs.spawn("switchyard", cmd, &log)?;
+    let pid = procs.spawn_under_test("switchyard", cmd, &log)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], http));
     procs
         .wait_port(pid, addr, Duration::from_secs(15))
@@ -116,7 +116,7 @@ fn start_nginx_cache(procs: &mut Procs, ctx: &Ctx, origin: SocketAddr) -> Result
            server {{ listen 127.0.0.1:{port};\n\
              location / {{ proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
                proxy_cache lan; proxy_cache_key $uri; proxy_cache_valid 200 1h; proxy_cache_lock on; }} }}\n}}\n",
-        cpus = ctx.env.cpus,
+        cpus = ctx.env.test_cpus,
         d = d.display(),
     );
     let conf_path = d.join("nginx.conf");
@@ -128,7 +128,7 @@ fn start_nginx_cache(procs: &mut Procs, ctx: &Ctx, origin: SocketAddr) -> Result
         .arg(&conf_path)
         .arg("-e")
         .arg(d.join("error.log"));
-    let pid = procs.spawn("nginx proxy_cache", cmd, &d.join("stderr.log"))?;
+    let pid = procs.spawn_under_test("nginx proxy_cache", cmd, &d.join("stderr.log"))?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     procs
         .wait_port(pid, addr, Duration::from_secs(15))
@@ -157,7 +157,7 @@ fn start_varnish(procs: &mut Procs, ctx: &Ctx, origin: SocketAddr) -> Result<Cac
         .arg(d.join("work"))
         .args(["-s", "malloc,1G", "-p", "default_ttl=3600"]);
     let log = d.join("stderr.log");
-    let pid = procs.spawn("varnishd", cmd, &log)?;
+    let pid = procs.spawn_under_test("varnishd", cmd, &log)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     procs
         .wait_port(pid, addr, Duration::from_secs(20))
@@ -265,7 +265,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
                     target,
                     proxy,
                     path,
-                    2,
+                    ctx.env.wrk_threads(),
                     connections,
                     ctx.seconds,
                 ) {
@@ -315,7 +315,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     ctx.write_json(
         "cache",
         json!({
-            "params": { "tool": "wrk", "threads": 2, "connections": ctx.connections,
+            "params": { "tool": "wrk", "threads": ctx.env.wrk_threads(), "connections": ctx.connections,
                         "large_connections": LARGE_CONNECTIONS, "seconds": ctx.seconds },
             "programs": programs_json,
             "results": rows,
@@ -391,10 +391,12 @@ fn target_line(
 
 fn report(ctx: &Ctx, rows: &[Row], memory: &[(String, u64, u64)]) -> String {
     let mut md = format!(
-        "## HTTP cache hits (wrk -t2 -c{} -d{}s; 100 MiB with -c{LARGE_CONNECTIONS}; median of {ROUNDS} interleaved rounds)\n\n\
+        "## HTTP cache hits (wrk -t{} -c{} -d{}s; 100 MiB with -c{LARGE_CONNECTIONS}; median of {ROUNDS} interleaved rounds)\n\n\
          Same nginx origin; all three programs running side by side, each filled once (checked byte \
          for byte), then measured on hits in turns.\n\n",
-        ctx.connections, ctx.seconds
+        ctx.env.wrk_threads(),
+        ctx.connections,
+        ctx.seconds
     );
     let table_rows: Vec<Vec<String>> = rows
         .iter()

@@ -119,7 +119,15 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             if let Some(c) = &chain {
                 tracing::info!("client: {} {label}", c.name);
                 procs::settle(Duration::from_secs(10));
-                measure_http_into(ctx, origin, c.proxy, path, body, 2, &mut e);
+                measure_http_into(
+                    ctx,
+                    origin,
+                    c.proxy,
+                    path,
+                    body,
+                    ctx.env.wrk_threads(),
+                    &mut e,
+                );
             }
             entries[i].push(e);
         }
@@ -129,14 +137,15 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     ctx.write_json(
         "client",
         json!({
-            "params": { "tool": "wrk", "threads": 2, "connections": ctx.connections, "seconds": ctx.seconds },
+            "params": { "tool": "wrk", "threads": ctx.env.wrk_threads(), "connections": ctx.connections, "seconds": ctx.seconds },
             "idle_rss_kib": rss.iter().map(|(n, r)| json!({"program": n, "kib": r})).collect::<Vec<_>>(),
             "files": FILES.iter().zip(&entries).map(|((label, path, len), es)| json!({
                 "file": label, "path": path, "bytes": len, "results": es })).collect::<Vec<_>>(),
         }),
     )?;
     let mut md = format!(
-        "## Client chain (wrk -t2 -c{} -d{}s)\n\nclient → server → nginx against nginx direct and squid → squid.\n\n",
+        "## Client chain (wrk -t{} -c{} -d{}s)\n\nclient → server → nginx against nginx direct and squid → squid.\n\n",
+        ctx.env.wrk_threads(),
         ctx.connections, ctx.seconds
     );
     for ((label, _, _), es) in FILES.iter().zip(&entries) {

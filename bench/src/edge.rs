@@ -108,7 +108,7 @@ fn measure(ctx: &Ctx, name: &str) -> Result<Measured> {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         // the spawn itself is part of the cold start
         let spawned = Instant::now();
-        let pid = procs.spawn(name, cmd, &dir.join("log.txt"))?;
+        let pid = procs.spawn_under_test(name, cmd, &dir.join("log.txt"))?;
         let listening = start_to_listening(&mut procs, pid, addr, spawned)
             .with_context(|| crate::procs::tail(&dir.join("log.txt"), 5))?;
         starts.push(listening.as_secs_f64() * 1000.0);

@@ -409,7 +409,7 @@ fn run_engine(
         cmd.env("DATABASE_URL", u);
     }
     let log = dir.join("inventory.log");
-    let pid = procs.spawn(&format!("switchyard inventory ({engine})"), cmd, &log)?;
+    let pid = procs.spawn_under_test(&format!("switchyard inventory ({engine})"), cmd, &log)?;
     procs
         .wait_port(pid, addr, Duration::from_secs(30))
         .map_err(|e| anyhow::anyhow!("{e}; log: {}", tail(&log, 5)))?;

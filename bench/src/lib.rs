@@ -48,6 +48,7 @@
 
 mod cache;
 mod client;
+mod cpusplit;
 mod edge;
 mod inventory;
 mod iperf;
@@ -95,6 +96,16 @@ pub struct BenchArgs {
     /// tables give each program's median round
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
+    /// give the programs under test CPUs of their own: the CPUs this process may use are split
+    /// into a LOAD set (this bench, wrk/h2load/iperf3, the nginx origin, the in-process clients
+    /// and echo servers) and a TEST set (switchyard and every peer compared in a table); default
+    /// first half LOAD, second half TEST. Needs at least 2 CPUs
+    #[arg(long)]
+    pub split_cpus: bool,
+    /// with --split-cpus: the TEST set as a CPU list ("1", "4-15", "2,3"); the other allowed
+    /// CPUs are LOAD
+    #[arg(long, requires = "split_cpus", value_parser = cpusplit::parse_cpu_list)]
+    pub test_cpus: Option<Vec<usize>>,
 }
 
 /// All scenarios, in run order.
@@ -146,6 +157,27 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.switchyard_cores > 1024 {
         bail!("--switchyard-cores must be 0 (every CPU) or a core count");
     }
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    // Before the runtime and any load-generator thread exist, so they inherit the LOAD set.
+    let split = if args.split_cpus {
+        let allowed = cpusplit::allowed_cpus()?;
+        let split = cpusplit::CpuSplit::new(&allowed, args.test_cpus.as_deref())?;
+        if args.switchyard_cores > split.test.len() {
+            bail!(
+                "--switchyard-cores {} is more than the {} under-test CPUs ({})",
+                args.switchyard_cores,
+                split.test.len(),
+                split.describe()
+            );
+        }
+        let split = cpusplit::install(split)?;
+        tracing::info!("bench: {}", split.describe());
+        Some(split)
+    } else {
+        None
+    };
     let switchyard = match &args.switchyard {
         Some(p) => p.clone(),
         None => std::env::current_exe().context("locate the current executable")?,
@@ -157,17 +189,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let tmp = tempfile::Builder::new()
         .prefix("switchyard-bench-")
         .tempdir()?;
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
     let env = peers::Env {
         dir: tmp.path().to_path_buf(),
         cpus,
+        load_cpus: split.map_or(cpus, |s| s.load.len()),
+        test_cpus: split.map_or(cpus, |s| s.test.len()),
+        split,
         nofile,
         switchyard_cores: args.switchyard_cores,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cpus)
+        .worker_threads(env.load_cpus)
         .enable_all()
         .build()?;
     let ctx = scenarios::Ctx {
@@ -212,7 +244,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .iter()
             .any(|l| tunnels::one_minute(l) > tunnels::BUSY_LOAD);
         let section = format!(
-            "{section}\nLoad average before / after this section: {load_before} / {load_after}{}\n",
+            "{section}\n{}Load average before / after this section: {load_before} / {load_after}{}\n",
+            ctx.env
+                .split_note()
+                .map(|n| format!("CPUs: {n} (load generators, origin and helpers on load).\n"))
+                .unwrap_or_default(),
             if busy {
                 " — **figures taken under a load average above 3: other work shared the cores**"
             } else {

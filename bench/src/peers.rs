@@ -17,11 +17,32 @@ use crate::procs::{free_port, output_of, tail, which, Procs};
 pub struct Env {
     /// The run's temp dir (one subdirectory per started program).
     pub dir: PathBuf,
+    /// CPUs this process may use (sched_getaffinity).
     pub cpus: usize,
+    /// CPUs of the load side: the bench, load generators, origins (all CPUs without a split).
+    pub load_cpus: usize,
+    /// CPUs of the programs under test (all CPUs without a split).
+    pub test_cpus: usize,
+    /// `--split-cpus`: which CPUs each side runs on.
+    pub split: Option<&'static crate::cpusplit::CpuSplit>,
     /// RLIMIT_NOFILE soft limit children inherit.
     pub nofile: u64,
     /// `server.cores` of the measured switchyard server (0 = every CPU).
     pub switchyard_cores: usize,
+}
+
+impl Env {
+    /// wrk's `-t`: 2, or with `--split-cpus` one thread per LOAD CPU.
+    pub fn wrk_threads(&self) -> u32 {
+        self.split.map_or(2, |s| {
+            u32::try_from(s.load.len()).unwrap_or(u32::MAX).max(1)
+        })
+    }
+
+    /// The split for the reports ("split CPUs: load 0, under test 1"), `None` without it.
+    pub fn split_note(&self) -> Option<String> {
+        self.split.map(|s| s.describe())
+    }
 }
 
 /// A started program.
@@ -81,7 +102,7 @@ pub fn nginx(procs: &mut Procs, env: &Env, www: &Path) -> Result<Started> {
            client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fcgi;\n\
            uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
            server {{ listen 127.0.0.1:{port}; root {www}; }}\n}}\n",
-        cpus = env.cpus,
+        cpus = env.load_cpus,
         d = d.display(),
         nofile = env.nofile.min(65536),
         www = www.display(),
@@ -106,7 +127,7 @@ pub fn nginx(procs: &mut Procs, env: &Env, www: &Path) -> Result<Started> {
         version: deb_version("nginx").or_else(|| output_of("nginx", &["-v"])),
         notes: vec![format!(
             "{} worker processes (1 per core), access_log off, sendfile on",
-            env.cpus
+            env.load_cpus
         )],
     })
 }
@@ -128,7 +149,7 @@ pub fn tinyproxy(procs: &mut Procs, env: &Env) -> Result<Started> {
     let log = d.join("stderr.log");
     let mut cmd = Command::new(bin);
     cmd.arg("-d").arg("-c").arg(&conf_path);
-    let pid = procs.spawn("tinyproxy", cmd, &log)?;
+    let pid = procs.spawn_under_test("tinyproxy", cmd, &log)?;
     let addr = loopback(port);
     wait_ready(procs, pid, addr, &log)?;
     Ok(Started {
@@ -169,7 +190,7 @@ pub fn squid_with(procs: &mut Procs, env: &Env, name: &str, extra: &str) -> Resu
     let mut cmd = Command::new(bin);
     // -N: no daemon, one process; -d1: errors to stderr.
     cmd.arg("-N").arg("-d1").arg("-f").arg(&conf_path);
-    let pid = procs.spawn("squid", cmd, &log)?;
+    let pid = procs.spawn_under_test("squid", cmd, &log)?;
     let addr = loopback(port);
     wait_ready(procs, pid, addr, &log)?;
     Ok(Started {
@@ -200,7 +221,7 @@ pub fn privoxy(procs: &mut Procs, env: &Env) -> Result<Started> {
     let log = d.join("stderr.log");
     let mut cmd = Command::new(bin);
     cmd.arg("--no-daemon").arg(&conf_path);
-    let pid = procs.spawn("privoxy", cmd, &log)?;
+    let pid = procs.spawn_under_test("privoxy", cmd, &log)?;
     let addr = loopback(port);
     wait_ready(procs, pid, addr, &log)?;
     Ok(Started {
@@ -222,7 +243,7 @@ pub fn microsocks(procs: &mut Procs, env: &Env) -> Result<Started> {
     let log = d.join("stderr.log");
     let mut cmd = Command::new(bin);
     cmd.args(["-i", "127.0.0.1", "-p"]).arg(port.to_string());
-    let pid = procs.spawn("microsocks", cmd, &log)?;
+    let pid = procs.spawn_under_test("microsocks", cmd, &log)?;
     let addr = loopback(port);
     wait_ready(procs, pid, addr, &log)?;
     Ok(Started {
@@ -254,9 +275,9 @@ pub fn danted(procs: &mut Procs, env: &Env) -> Result<Started> {
     let mut cmd = Command::new(bin);
     cmd.arg("-f")
         .arg(&conf_path)
-        .args(["-N", &env.cpus.to_string(), "-p"])
+        .args(["-N", &env.test_cpus.to_string(), "-p"])
         .arg(d.join("danted.pid"));
-    let pid = procs.spawn("danted", cmd, &log)?;
+    let pid = procs.spawn_under_test("danted", cmd, &log)?;
     let addr = loopback(port);
     wait_ready(procs, pid, addr, &d.join("danted.log"))?;
     Ok(Started {
@@ -264,7 +285,10 @@ pub fn danted(procs: &mut Procs, env: &Env) -> Result<Started> {
         addr,
         socks5: Some(addr),
         version: deb_version("dante-server"),
-        notes: vec![format!("-N {} (one server process per core)", env.cpus)],
+        notes: vec![format!(
+            "-N {} (one server process per core)",
+            env.test_cpus
+        )],
     })
 }
 
@@ -353,7 +377,7 @@ fn switchyard_server(
         .arg(&conf_path)
         .current_dir(&d)
         .envs(vars.iter().copied());
-    let pid = procs.spawn("switchyard", cmd, &log)?;
+    let pid = procs.spawn_under_test("switchyard", cmd, &log)?;
     let api_addr = loopback(api);
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
@@ -433,7 +457,7 @@ pub fn switchyard_client_with(
         .arg("--data-dir")
         .arg(d.join("data"))
         .current_dir(&d);
-    let pid = procs.spawn("switchyard-client", cmd, &log)?;
+    let pid = procs.spawn_under_test("switchyard-client", cmd, &log)?;
     let api_addr = loopback(api);
     let deadline = Instant::now() + START_TIMEOUT;
     while !matches!(health(api_addr), Ok(true)) {

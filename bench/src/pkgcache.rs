@@ -111,7 +111,7 @@ fn start_nginx(procs: &mut Procs, dir: &Path, www: &Path, cpus: usize) -> Result
         .arg(&conf_path)
         .arg("-e")
         .arg(d.join("error.log"));
-    let pid = procs.spawn("nginx", cmd, &d.join("stderr.log"))?;
+    let pid = procs.spawn_under_test("nginx", cmd, &d.join("stderr.log"))?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     procs
         .wait_port(pid, addr, Duration::from_secs(15))
@@ -127,7 +127,7 @@ fn start_pkgcache(procs: &mut Procs, bin: &Path, dir: &Path) -> Result<(u32, Soc
         .arg(dir.join("store"))
         .env("RUST_LOG", "warn");
     let log = dir.join("pkgcache.log");
-    let pid = procs.spawn("switchyard pkgcache", cmd, &log)?;
+    let pid = procs.spawn_under_test("switchyard pkgcache", cmd, &log)?;
     procs
         .wait_port(pid, addr, Duration::from_secs(15))
         .map_err(|e| anyhow::anyhow!("{e}; log: {}", tail(&log, 5)))?;
@@ -348,7 +348,8 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     fs::create_dir_all(&www)?;
     fs::create_dir_all(&files)?;
     let mut procs = Procs::default();
-    let nginx = start_nginx(&mut procs, &dir, &www, ctx.env.cpus)?;
+    // nginx is the peer compared here, so it runs (and sizes its workers) on the under-test CPUs
+    let nginx = start_nginx(&mut procs, &dir, &www, ctx.env.test_cpus)?;
     let nginx_pid = {
         let text = fs::read_to_string(dir.join("nginx/nginx.pid")).unwrap_or_default();
         text.trim().parse::<u32>().unwrap_or(0)

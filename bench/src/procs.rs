@@ -22,7 +22,8 @@ pub struct Procs {
 }
 
 impl Procs {
-    /// Starts `cmd` with stdout and stderr appended to `log`; returns its PID.
+    /// Starts a support program (origin, load generator, helper) with stdout and stderr appended
+    /// to `log`; returns its PID. It runs where the bench runs: the LOAD CPUs with `--split-cpus`.
     pub fn spawn(&mut self, name: &str, mut cmd: Command, log: &Path) -> Result<u32> {
         let out = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
         let err = out.try_clone()?;
@@ -36,6 +37,16 @@ impl Procs {
             child,
         });
         Ok(pid)
+    }
+
+    /// Starts a program under test (a proxy, cache or peer compared in a table) as
+    /// [`Procs::spawn`] does, but with `--split-cpus` on the TEST CPUs, set in the child before
+    /// exec so its threads and children inherit them.
+    pub fn spawn_under_test(&mut self, name: &str, mut cmd: Command, log: &Path) -> Result<u32> {
+        if let Some(split) = crate::cpusplit::current() {
+            crate::cpusplit::run_on(&mut cmd, &split.test);
+        }
+        self.spawn(name, cmd, log)
     }
 
     /// `Some(reason)` when the process `pid` has already exited.
@@ -436,6 +447,58 @@ mod tests {
         let after = meter.per(1).expect("one unit");
         assert!(after.proxy_us >= live.proxy_us, "{after:?} < {live:?}");
         assert!(tree_cpu_seconds(u32::MAX) == 0.0);
+    }
+
+    fn cpus_allowed_list(pid: &str) -> String {
+        fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    }
+
+    // The only test that installs the process-wide split (it pins this test process to LOAD).
+    #[test]
+    fn split_runs_programs_under_test_on_test_cpus_and_the_rest_on_load() {
+        use crate::cpusplit::{self, format_list, CpuSplit};
+        let allowed = cpusplit::allowed_cpus().expect("affinity");
+        if allowed.len() < 2 {
+            let reason = format!("needs 2 CPUs, this process may use {allowed:?}");
+            assert!(std::env::var_os("CI").is_none(), "{reason}");
+            eprintln!("SKIP: {reason}");
+            return;
+        }
+        let split = cpusplit::install(CpuSplit::new(&allowed, None).expect("split")).expect("pin");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut procs = Procs::default();
+        let sleep = || {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("30");
+            cmd
+        };
+        let tested = procs
+            .spawn_under_test("sleep under test", sleep(), &dir.path().join("a"))
+            .expect("spawn");
+        let support = procs
+            .spawn("sleep support", sleep(), &dir.path().join("b"))
+            .expect("spawn");
+        assert_eq!(
+            cpus_allowed_list(&tested.to_string()),
+            format_list(&split.test)
+        );
+        assert_eq!(
+            cpus_allowed_list(&support.to_string()),
+            format_list(&split.load)
+        );
+        for task in fs::read_dir("/proc/self/task").expect("tasks").flatten() {
+            let tid = task.file_name().to_string_lossy().into_owned();
+            assert_eq!(
+                cpus_allowed_list(&format!("self/task/{tid}")),
+                format_list(&split.load),
+                "bench thread {tid} not on the load CPUs"
+            );
+        }
     }
 
     #[test]

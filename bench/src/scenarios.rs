@@ -88,6 +88,7 @@ impl Ctx {
             "date": chrono::Local::now().to_rfc3339(),
             "kernel": kernel(),
             "cpus": self.env.cpus,
+            "split_cpus": self.env.split.map(|sp| json!({ "load": sp.load, "test": sp.test })),
             "cpu_model": cpu_model(),
             "rlimit_nofile": self.env.nofile,
             "loadavg": loadavg(),
@@ -108,7 +109,7 @@ impl Ctx {
         let mut s = String::from("# Switchyard benchmark summary\n\n");
         let _ = writeln!(
             s,
-            "- date: {}\n- kernel: {}\n- CPUs: {} ({})\n- RLIMIT_NOFILE: {}\n- seconds per measurement: {}, connections: {}\n- switchyard: `{}` (server.cores {})\n- cores: switchyard's data plane on {} of the {} CPUs; load generators, origins and peers use all {}\n- load average at start / end: {} / {}\n\nAll traffic on loopback; load generators run on the same cores as the programs measured, so anything else busy on the machine (see the load average) skews the figures.\n",
+            "- date: {}\n- kernel: {}\n- CPUs: {} ({})\n- RLIMIT_NOFILE: {}\n- seconds per measurement: {}, connections: {}\n- switchyard: `{}` (server.cores {})\n- cores: {}\n- load average at start / end: {} / {}\n\nAll traffic on loopback; {}, so anything else busy on the machine (see the load average) skews the figures.\n",
             chrono::Local::now().format("%Y-%m-%d %H:%M:%S %z"),
             kernel(),
             self.env.cpus,
@@ -121,17 +122,41 @@ impl Ctx {
                 0 => "0 = every CPU".to_string(),
                 n => n.to_string(),
             },
-            data_plane_cores(self.env.switchyard_cores, self.env.cpus),
-            self.env.cpus,
-            self.env.cpus,
+            self.cores_line(),
             load_at_start,
             loadavg(),
+            if self.env.split.is_some() {
+                "load generators and origins run on CPUs of their own, apart from the programs measured"
+            } else {
+                "load generators run on the same cores as the programs measured"
+            },
         );
         for sec in sections {
             s.push_str(sec);
             s.push('\n');
         }
         s
+    }
+}
+
+impl Ctx {
+    /// Who runs on which CPUs, for the summary.
+    fn cores_line(&self) -> String {
+        let env = &self.env;
+        let data_plane = data_plane_cores(env.switchyard_cores, env.test_cpus);
+        match env.split {
+            None => format!(
+                "switchyard's data plane on {data_plane} of the {} CPUs; load generators, origins and peers use all {}",
+                env.cpus, env.cpus
+            ),
+            Some(split) => format!(
+                "{}: this bench, wrk/iperf3, the origin and the in-process clients on the {} load CPUs; \
+                 switchyard (data plane on {data_plane} of them) and every peer measured on the {} under-test CPUs",
+                split.describe(),
+                split.load.len(),
+                split.test.len()
+            ),
+        }
     }
 }
 
@@ -286,7 +311,7 @@ fn http(ctx: &Ctx) -> Result<String> {
     let mut origin_procs = Procs::default();
     let (bodies, nginx) = files_origin(ctx, "www", &mut origin_procs)?;
     let origin = nginx.addr;
-    let threads = 2;
+    let threads = ctx.env.wrk_threads();
 
     let mut programs = vec![Program {
         name: "direct (nginx)",

@@ -77,7 +77,8 @@ fn measure(
     procs::settle(Duration::from_secs(20));
     let load_before = loadavg();
     let meter = CpuMeter::start(proxy, origin_pid, ClientCpu::OwnThreads);
-    let threads = u32::try_from(ctx.env.cpus).unwrap_or(1).max(1);
+    // one client thread per CPU of the load side (all CPUs without --split-cpus)
+    let threads = u32::try_from(ctx.env.load_cpus).unwrap_or(1).max(1);
     match tunnel_rate::run(
         via,
         origin,
@@ -378,7 +379,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         json!({
             "params": {
                 "iteration": "open a tunnel (CONNECT, or SOCKS5 greeting + CONNECT), GET /1k.bin with Connection: close, read to EOF, check the status and the 1024-byte body, close",
-                "in_flight": IN_FLIGHT, "seconds": ctx.seconds, "threads": ctx.env.cpus,
+                "in_flight": IN_FLIGHT, "seconds": ctx.seconds, "threads": ctx.env.load_cpus,
                 "client": "switchyard-bench tunnel_rate: one current-thread tokio runtime per core, request bytes built once",
                 "origin": { "program": "nginx", "version": nginx.version },
                 "busy_load": BUSY_LOAD,

@@ -235,7 +235,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         &server_cfg,
         format!("server:\n  http: {{listen: \"{SERVER}\"}}\n  socks5: {{enabled: false}}\n  cores: 1\napi: {{listen: \"127.0.0.1:17082\"}}\nlogging: {{level: warn}}\n"),
     )?;
-    let server = procs.spawn(
+    let server = procs.spawn_under_test(
         "switchyard server",
         in_ns(
             net,
@@ -276,7 +276,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         ),
     )?;
     let client_log = dir.join("client.log");
-    let client = procs.spawn(
+    let client = procs.spawn_under_test(
         "switchyard client",
         in_ns(
             lan,
@@ -299,7 +299,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         "base { log_debug = off; log_info = off; daemon = off; redirector = iptables; }\n\
          redsocks { local_ip = 127.0.0.1; local_port = 12345; ip = 10.210.0.1; port = 18080; type = http-connect; }\n",
     )?;
-    let redsocks = procs.spawn(
+    let redsocks = procs.spawn_under_test(
         "redsocks",
         in_ns(
             lan,

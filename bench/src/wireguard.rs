@@ -125,7 +125,7 @@ pub(crate) fn start_boringtun(
     if let Some(n) = threads {
         cmd.arg("--threads").arg(n.to_string());
     }
-    let pid = procs.spawn(tun, cmd, log)?;
+    let pid = procs.spawn_under_test(tun, cmd, log)?;
     let sock = format!("/var/run/wireguard/{tun}.sock");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !Path::new(&sock).exists() {
@@ -397,7 +397,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         .arg("--config")
         .arg(dir.join("switchyard.yaml"))
         .current_dir(&dir);
-    let sy_pid = procs.spawn("switchyard", cmd, &dir.join("switchyard.log"))?;
+    let sy_pid = procs.spawn_under_test("switchyard", cmd, &dir.join("switchyard.log"))?;
     let proxy_addr = std::net::SocketAddr::from(([127, 0, 0, 1], http_port));
     procs.wait_port(sy_pid, proxy_addr, Duration::from_secs(15))?;
     let proxy = format!("http://{proxy_addr}");

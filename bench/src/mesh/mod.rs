@@ -172,6 +172,13 @@ impl Tracked {
         Ok(pid)
     }
 
+    /// A mesh peer under test (on the TEST CPUs with `--split-cpus`).
+    fn spawn_under_test(&mut self, name: &str, cmd: Command, log: &Path) -> Result<u32> {
+        let pid = self.procs.spawn_under_test(name, cmd, log)?;
+        self.track(pid);
+        Ok(pid)
+    }
+
     fn track(&mut self, pid: u32) {
         self.pids.push(pid);
         if let Ok(mut running) = RUNNING.lock() {

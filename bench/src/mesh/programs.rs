@@ -143,7 +143,11 @@ pub(super) fn nebula(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
             &bin.to_string_lossy(),
             &["-config", &conf.display().to_string()],
         );
-        peers.push(procs.spawn(&format!("nebula {me}"), cmd, &dir.join(format!("{me}.log")))?);
+        peers.push(procs.spawn_under_test(
+            &format!("nebula {me}"),
+            cmd,
+            &dir.join(format!("{me}.log")),
+        )?);
     }
     Ok(Up {
         peers,
@@ -217,7 +221,11 @@ pub(super) fn tinc(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
             &bin.to_string_lossy(),
             &["-c", &d.display().to_string(), "-D", &pidfile],
         );
-        peers.push(procs.spawn(&format!("tincd {me}"), cmd, &dir.join(format!("{me}.log")))?);
+        peers.push(procs.spawn_under_test(
+            &format!("tincd {me}"),
+            cmd,
+            &dir.join(format!("{me}.log")),
+        )?);
     }
     Ok(Up {
         peers,
@@ -303,7 +311,7 @@ pub(super) fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
         ),
     )?;
     let server_log = dir.join("server.log");
-    let server = procs.spawn(
+    let server = procs.spawn_under_test(
         "switchyard server (registry)",
         in_ns(
             &a,
@@ -358,7 +366,7 @@ pub(super) fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
                 &dir.join(format!("client-{me}-data")).display().to_string(),
             ],
         );
-        peers.push(procs.spawn(&format!("switchyard client {me}"), cmd, &log)?);
+        peers.push(procs.spawn_under_test(&format!("switchyard client {me}"), cmd, &log)?);
         logs.push(log);
     }
     // Both peers registered: b's leased address is where a pings it.
