@@ -84,15 +84,18 @@ impl Ctx {
     }
 
     fn host(&self) -> serde_json::Value {
-        json!({
+        let mut host = json!({
             "date": chrono::Local::now().to_rfc3339(),
             "kernel": kernel(),
             "cpus": self.env.cpus,
-            "split_cpus": self.env.split.map(|sp| json!({ "load": sp.load, "test": sp.test })),
             "cpu_model": cpu_model(),
             "rlimit_nofile": self.env.nofile,
             "loadavg": loadavg(),
-        })
+        });
+        if let Some(split) = self.env.split {
+            host["split_cpus"] = json!({ "load": split.load, "test": split.test });
+        }
+        host
     }
 
     pub(crate) fn write_json(&self, scenario: &str, mut v: serde_json::Value) -> Result<()> {
