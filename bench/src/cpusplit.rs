@@ -77,6 +77,19 @@ impl CpuSplit {
     }
 }
 
+/// A CPU list given on the command line (`--test-cpus`); a newtype, as clap reads a `Vec` field
+/// as repeated values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+impl std::str::FromStr for CpuList {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<CpuList> {
+        parse_cpu_list(s).map(CpuList)
+    }
+}
+
 /// Parses a CPU list as the kernel prints it (`Cpus_allowed_list`, taskset -c): "1", "4-15",
 /// "0,2-3". Sorted, without duplicates.
 pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>> {

@@ -70,6 +70,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
+pub use cpusplit::CpuList;
+
 /// Arguments of `switchyard bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -104,8 +106,8 @@ pub struct BenchArgs {
     pub split_cpus: bool,
     /// with --split-cpus: the TEST set as a CPU list ("1", "4-15", "2,3"); the other allowed
     /// CPUs are LOAD
-    #[arg(long, requires = "split_cpus", value_parser = cpusplit::parse_cpu_list)]
-    pub test_cpus: Option<Vec<usize>>,
+    #[arg(long, requires = "split_cpus")]
+    pub test_cpus: Option<CpuList>,
 }
 
 /// All scenarios, in run order.
@@ -163,7 +165,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // Before the runtime and any load-generator thread exist, so they inherit the LOAD set.
     let split = if args.split_cpus {
         let allowed = cpusplit::allowed_cpus()?;
-        let split = cpusplit::CpuSplit::new(&allowed, args.test_cpus.as_deref())?;
+        let split =
+            cpusplit::CpuSplit::new(&allowed, args.test_cpus.as_ref().map(|l| l.0.as_slice()))?;
         if args.switchyard_cores > split.test.len() {
             bail!(
                 "--switchyard-cores {} is more than the {} under-test CPUs ({})",
