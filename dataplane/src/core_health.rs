@@ -167,7 +167,10 @@ impl CoreHealth {
 
     /// Why the data plane is not whole: one line per core that is down or not responding.
     pub fn problems(&self) -> Vec<String> {
-        self.states().iter().filter_map(CoreState::problem).collect()
+        self.states()
+            .iter()
+            .filter_map(CoreState::problem)
+            .collect()
     }
 }
 
