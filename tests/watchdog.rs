@@ -96,6 +96,15 @@ fn threads_named(pid: u32, prefix: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// How many of the server's log lines contain `text`.
+fn log_lines_with(server: &Server, text: &str) -> usize {
+    server
+        .logs
+        .lock()
+        .map(|l| l.iter().filter(|l| l.contains(text)).count())
+        .unwrap_or(0)
+}
+
 /// `/api/v1/health` until `done` holds (at most 30 s); returns the last answer.
 fn health_until(server: &Server, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -219,16 +228,11 @@ fn systemd_is_told_ready_fed_while_cores_beat_and_starved_while_one_is_stopped()
         "the unit's status names the core: {:?}",
         notify.all()
     );
-    let warned = server
-        .logs
-        .lock()
-        .map(|l| {
-            l.iter()
-                .filter(|l| l.contains("data-plane core not responding"))
-                .count()
-        })
-        .unwrap_or(0);
-    assert_eq!(warned, 1, "one warning per stall");
+    assert_eq!(
+        log_lines_with(&server, "data-plane core not responding"),
+        1,
+        "one warning per stall"
+    );
 
     // Let it run again: healthy, and the keep-alives resume.
     writeln!(stdin, "go").expect("tell the helper");
@@ -243,15 +247,11 @@ fn systemd_is_told_ready_fed_while_cores_beat_and_starved_while_one_is_stopped()
         "WATCHDOG=1 did not resume: {:?}",
         notify.all()
     );
-    let recovered = server
-        .logs
-        .lock()
-        .map(|l| {
-            l.iter()
-                .any(|l| l.contains("data-plane core responding again"))
-        })
-        .unwrap_or(false);
-    assert!(recovered, "recovery is logged");
+    assert_eq!(
+        log_lines_with(&server, "data-plane core responding again"),
+        1,
+        "recovery is logged once"
+    );
 
     // SIGTERM: STOPPING=1, then the process exits.
     let status = Command::new("kill")
