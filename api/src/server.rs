@@ -11,11 +11,13 @@ pub struct HealthResponse {
     /// `healthy` or `degraded`
     pub status: String,
     pub time: DateTime<Utc>,
-    /// Why the status is `degraded`: one line per data-plane core that is down and per backend
-    /// that is unhealthy (absent when healthy).
+    /// Why the status is `degraded`: one line per data-plane core that is down or not responding
+    /// (e.g. `data-plane core 1 (cpu 1) not responding for 4.2 s`) and per backend that is
+    /// unhealthy (absent when healthy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
-    /// Data-plane cores running / configured (absent where a service has no data plane).
+    /// Data-plane cores running and responding / configured (absent where a service has no data
+    /// plane).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cores_up: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,6 +8,7 @@ mod api;
 mod cache;
 mod client;
 mod config_store;
+mod core_watch;
 mod health_checks;
 mod hub;
 mod mesh;
@@ -19,6 +20,7 @@ mod pac;
 mod providers;
 mod request_log;
 mod server;
+mod systemd_notify;
 mod tls;
 mod web_ui;
 

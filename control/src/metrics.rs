@@ -22,6 +22,7 @@
 //! | `switchyard_events_dropped_total` | counter | `queue` (events, request_log) |
 //! | `switchyard_core_connections_active` / `_total`, `switchyard_core_requests_total` | gauge / counter | `core` |
 //! | `switchyard_core_up` (1 running, 0 down) / `switchyard_core_failures_total` | gauge / counter | `core` |
+//! | `switchyard_core_stalled` (1 up but not responding: no heartbeat for 3 s) / `switchyard_core_stalls_total` | gauge / counter | `core` |
 //! | `switchyard_websocket_clients` | gauge | |
 //! | `switchyard_uptime_seconds` | gauge | |
 //! | `switchyard_mesh_networks` | gauge | |
@@ -313,11 +314,25 @@ pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
         "times a data-plane core stopped (failed start, panic)",
         &core,
     )?;
+    let core_stalled = b.gauge_vec(
+        "switchyard_core_stalled",
+        "1 while a data-plane core is up but has not run its heartbeat task for over 3 s",
+        &core,
+    )?;
+    let core_stalls = b.counter_vec(
+        "switchyard_core_stalls_total",
+        "times a data-plane core stopped responding (heartbeat silent for over 3 s)",
+        &core,
+    )?;
     for c in &s.core_states {
         let l = [c.index.to_string()];
         let l = [l[0].as_str()];
         core_up.with_label_values(&l).set(i64::from(c.up));
         core_failures.with_label_values(&l).inc_by(c.failures);
+        core_stalled
+            .with_label_values(&l)
+            .set(i64::from(c.stalled()));
+        core_stalls.with_label_values(&l).inc_by(c.stalls);
     }
 
     b.gauge(
@@ -463,6 +478,8 @@ mod tests {
                     up: true,
                     failures: 0,
                     last_failure: None,
+                    silent_for: std::time::Duration::from_secs(5),
+                    stalls: 3,
                 },
                 switchyard_dataplane::core_health::CoreState {
                     index: 1,
@@ -470,6 +487,8 @@ mod tests {
                     up: false,
                     failures: 2,
                     last_failure: Some("panicked".into()),
+                    silent_for: std::time::Duration::from_secs(5),
+                    stalls: 0,
                 },
             ],
             reloads: 3,
@@ -517,6 +536,9 @@ mod tests {
             ("switchyard_core_up{core=\"0\"}", 1),
             ("switchyard_core_up{core=\"1\"}", 0),
             ("switchyard_core_failures_total{core=\"1\"}", 2),
+            ("switchyard_core_stalled{core=\"0\"}", 1),
+            ("switchyard_core_stalled{core=\"1\"}", 0),
+            ("switchyard_core_stalls_total{core=\"0\"}", 3),
             ("switchyard_websocket_clients", 4),
             ("switchyard_uptime_seconds", 12),
         ];

@@ -1,7 +1,9 @@
 //! `switchyard server`: loads and validates the configuration, starts the glommio data plane on
 //! its cores and the tokio control plane (management API, PAC) on its own threads, moves
 //! data-plane events and request records into the hub and the request log, and reloads the
-//! hot-reloadable sections on SIGHUP.
+//! hot-reloadable sections on SIGHUP. Under systemd it reports `READY=1` once every listener is
+//! bound and every core serves, feeds the unit's watchdog while the cores keep beating
+//! ([`crate::core_watch`]) and reports `STOPPING=1` on SIGTERM or SIGINT.
 
 use crate::hub::Hub;
 use crate::request_log::RequestLog;
@@ -82,7 +84,8 @@ pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
 
 pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let cfg = load(config_path.as_ref())?;
-    // before any thread exists (logging, runtime, data plane): it changes the environment
+    // before any thread exists (logging, runtime, data plane): they change the environment
+    let notifier = Arc::new(crate::systemd_notify::Notifier::from_env());
     switchyard_proxy_auth::set_keytab_environment(&cfg.auth);
     switchyard_service::init_logging(&cfg.logging, "")?;
     match &config_path {
@@ -183,6 +186,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     } else {
         None
     };
+    let dataplane_socks5 = dataplane.socks5_addr;
     let openvpn = {
         let _runtime = runtime.enter();
         crate::openvpn::Manager::start(dataplane.events.clone())
@@ -217,6 +221,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     });
 
     runtime.block_on(async move {
+        tokio::spawn(stop_on_signals(state.clone(), notifier.clone()));
         state.openvpn.reconcile(&cfg, &state.snapshot.load());
         tokio::spawn(drain_dataplane(state.clone()));
         tokio::spawn(reload_on_hangup(state.clone()));
@@ -239,6 +244,13 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             tokio::spawn(crate::metrics::serve(state.clone(), listener));
         }
         tokio::spawn(release_startup_code());
+        let mut serving = Vec::new();
+        if let Some(a) = state.http_addr {
+            serving.push(format!("HTTP proxy {a}"));
+        }
+        if let Some(a) = dataplane_socks5 {
+            serving.push(format!("SOCKS5 {a}"));
+        }
         if cfg.api.enabled {
             let listen = crate::net::parse("api", &cfg.api.listen)?;
             let listener = crate::net::bind_tokio(&listen)?;
@@ -251,6 +263,8 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
                 "management API listening"
             );
             crate::api::auth::warn_if_unauthenticated(&state, local);
+            serving.push(format!("API {local}"));
+            announce_ready(&state, &notifier, &serving);
             let app = crate::api::router(state.clone());
             match api_tls {
                 Some(acceptor) => crate::tls::serve(listener, acceptor, app).await,
@@ -260,12 +274,55 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
             }
         } else {
             tracing::info!("management API disabled (api.enabled: false)");
+            announce_ready(&state, &notifier, &serving);
             std::future::pending::<()>().await;
         }
         anyhow::Ok(())
     })?;
     dataplane.join();
     Ok(())
+}
+
+/// Every listener is bound and every core reported ready: tells systemd (`READY=1`, with what
+/// serves where as `STATUS=`) and starts watching the cores for it.
+fn announce_ready(
+    state: &Arc<ServerState>,
+    notifier: &Arc<crate::systemd_notify::Notifier>,
+    serving: &[String],
+) {
+    let status = format!(
+        "serving: {} on {} data-plane cores",
+        serving.join(", "),
+        state.cores
+    );
+    notifier.ready(&status);
+    tracing::debug!(status = %status, watchdog = ?notifier.watchdog_timeout(), "ready");
+    tokio::spawn(crate::core_watch::run(
+        state.core_health.clone(),
+        notifier.clone(),
+        status,
+    ));
+}
+
+/// On SIGTERM or SIGINT: tells systemd the service stops, stops the OpenVPN backends' processes
+/// (their devices and rules go with them), then exits.
+async fn stop_on_signals(state: Arc<ServerState>, notifier: Arc<crate::systemd_notify::Notifier>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install the SIGTERM handler: OpenVPN processes are cleaned up at the next start");
+        return;
+    };
+    let code = tokio::select! {
+        _ = term.recv() => 0,
+        _ = int.recv() => 130,
+    };
+    tracing::info!("shutting down");
+    notifier.stopping();
+    state.openvpn.shutdown().await;
+    std::process::exit(code);
 }
 
 /// Moves events and request records out of the data plane's bounded queues (so they never

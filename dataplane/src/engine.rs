@@ -14,7 +14,9 @@
 //! (a panic in a task unwinds its executor) has its listeners shut down at once through
 //! descriptors the supervisor kept, is marked down in [`CoreHealth`] (health API, metrics) and is
 //! restarted on fresh `SO_REUSEPORT` listeners; after [`MAX_RESTARTS`] the process exits with
-//! status 70 so the service manager restarts it whole.
+//! status 70 so the service manager restarts it whole. A core that is alive but wedged does not
+//! end; its [`heartbeat`] task stops, which [`CoreHealth`] reports as a stall (and the server's
+//! systemd watchdog turns into a restart).
 
 use crate::commands::{CommandReceiver, CommandSender};
 use crate::core_health::CoreHealth;
@@ -413,6 +415,7 @@ impl CoreSeed {
                         ctx.clone(),
                     )));
                 }
+                tasks.push(glommio::spawn_local(heartbeat(seed.health.clone(), index)));
                 seed.health.mark_up(index);
                 let _ = reports.send(CoreReport::Ready);
                 for t in tasks {
@@ -698,6 +701,17 @@ enum Service {
     Http,
     Socks5,
     Vpn,
+}
+
+/// Proves to the control plane that this core runs tasks: a timer task on the core's default
+/// queue, so it runs only when the executor does — a task that never yields or a thread that is
+/// blocked or stopped silences it ([`CoreHealth`] names the core after
+/// [`crate::core_health::STALL_THRESHOLD`]).
+async fn heartbeat(health: Arc<CoreHealth>, index: usize) {
+    loop {
+        health.beat(index);
+        glommio::timer::sleep(crate::core_health::HEARTBEAT_INTERVAL).await;
+    }
 }
 
 /// Releases the per-core active count when a connection ends.

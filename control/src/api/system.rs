@@ -7,7 +7,8 @@ use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use switchyard_api::{BackendCounts, HealthResponse, ServerStats, ServerStatus, VersionInfo};
 
-/// Measured health: `degraded` while a data-plane core is down or an enabled backend is
+/// Measured health: `degraded` while a data-plane core is down or not responding (no heartbeat
+/// for over 3 s), or an enabled backend is
 /// unhealthy (its connects keep failing, its health checks fail, its tunnel's peer is lost, or
 /// its type is unavailable in this build), with one line per reason in `problems`.
 #[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()),
@@ -45,7 +46,7 @@ pub async fn health(State(state): State<Arc<ServerState>>) -> Json<HealthRespons
     }
     Json(HealthResponse::measured(
         problems,
-        cores.iter().filter(|c| c.up).count(),
+        cores.iter().filter(|c| c.serving()).count(),
         cores.len(),
     ))
 }

@@ -66,6 +66,8 @@ fn load(path: &std::path::Path) -> anyhow::Result<ClientConfig> {
 }
 
 pub fn run(args: ClientArgs) -> anyhow::Result<()> {
+    // before any thread exists: it changes the environment
+    let notifier = Arc::new(crate::systemd_notify::Notifier::from_env());
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating the data directory {}", args.data_dir.display()))?;
     let config_given = args.config.is_some();
@@ -170,7 +172,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         tokio::spawn(servers::probe_loop(state.clone()));
         tokio::spawn(vpn_apps_loop(state.clone()));
         tokio::spawn(vpn_follow_server(state.clone()));
-        tokio::spawn(exit_cleanly_on_signals(state.clone()));
+        tokio::spawn(exit_cleanly_on_signals(state.clone(), notifier.clone()));
         if cfg.vpn.enabled {
             let server = state.server_in_use();
             // a failure is the VPN's `error` state, visible in its status
@@ -194,6 +196,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
             let listener = crate::net::bind_tokio(&listen)?;
             let local = listener.local_addr()?;
             tracing::info!(listen = %local, "client API listening");
+            announce_ready(&state, &notifier, &format!("serving: client API {local}"));
             if cfg.api.token.is_none() && !local.ip().is_loopback() {
                 tracing::warn!(listen = %local, "api.token is not set and the client API listens beyond loopback: anyone who reaches it controls the client");
             }
@@ -203,6 +206,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                 .context("client API server")?;
         } else {
             tracing::info!("client API disabled (api.enabled: false)");
+            announce_ready(&state, &notifier, "serving");
             std::future::pending::<()>().await;
         }
         anyhow::Ok(())
@@ -251,10 +255,29 @@ fn vpn_path(cfg: &ClientConfig) -> Option<Arc<switchyard_dataplane::tun::VpnPath
     }
 }
 
+/// Every listener is bound and every core serves: tells systemd (`READY=1`) and feeds its
+/// watchdog while the cores keep beating, as the server does ([`crate::core_watch`]).
+fn announce_ready(
+    state: &Arc<ClientState>,
+    notifier: &Arc<crate::systemd_notify::Notifier>,
+    status: &str,
+) {
+    notifier.ready(status);
+    tokio::spawn(crate::core_watch::run(
+        state.core_health.clone(),
+        notifier.clone(),
+        status.to_owned(),
+    ));
+}
+
 /// On SIGTERM or SIGINT: take the VPN down (TUN, routes, rules, nft table, eBPF links, resolver)
 /// before exiting, so a clean stop leaves nothing for the next start to recover.
-async fn exit_cleanly_on_signals(state: Arc<ClientState>) {
+async fn exit_cleanly_on_signals(
+    state: Arc<ClientState>,
+    notifier: Arc<crate::systemd_notify::Notifier>,
+) {
     switchyard_service::shutdown_signal().await;
+    notifier.stopping();
     // leave the mesh first: the other peers see peer.left at once
     state.mesh.disable().await;
     if let Err(e) = state.vpn.disable().await {

@@ -47,7 +47,6 @@ struct Desired {
 
 pub struct Manager {
     shared: Arc<Shared>,
-    signals_installed: std::sync::atomic::AtomicBool,
 }
 
 struct Shared {
@@ -80,8 +79,13 @@ impl Manager {
         tokio::spawn(manage(root, program, events, rx, stopped_tx));
         Manager {
             shared: Arc::new(Shared { desired, stopped }),
-            signals_installed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Stops every `openvpn` process and removes what they created; returns when done. The
+    /// server calls it on SIGTERM or SIGINT before it exits, so no process outlives it.
+    pub async fn shutdown(&self) {
+        self.shared.shutdown().await;
     }
 
     /// Hands the manager the `openvpn` backends of a configuration about to be published with
@@ -113,15 +117,6 @@ impl Manager {
                     },
                 );
             }
-        }
-        // Processes must not outlive a server stopped with SIGTERM: from the first backend on,
-        // the signal stops them before the server exits.
-        if !backends.is_empty()
-            && !self
-                .signals_installed
-                .swap(true, std::sync::atomic::Ordering::AcqRel)
-        {
-            exit_cleanly_on_signals(self.shared.clone());
         }
         self.shared.desired.send_modify(|d| d.backends = backends);
     }
@@ -275,26 +270,4 @@ fn prepare_root(root: &Path) -> std::io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(root)
-}
-
-/// On SIGTERM or SIGINT: stop the OpenVPN processes, remove their devices and rules, then exit
-/// (the server has no other state that needs a clean stop).
-fn exit_cleanly_on_signals(shared: Arc<Shared>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot install the SIGTERM handler: OpenVPN processes are cleaned up at the next start");
-        return;
-    };
-    tokio::spawn(async move {
-        let code = tokio::select! {
-            _ = term.recv() => 0,
-            _ = int.recv() => 130,
-        };
-        tracing::info!("shutting down: stopping OpenVPN backends");
-        shared.shutdown().await;
-        std::process::exit(code);
-    });
 }

@@ -23,7 +23,7 @@ pub async fn health(State(state): State<S>) -> Json<HealthResponse> {
     let problems = state.problems();
     Json(HealthResponse::measured(
         problems,
-        cores.iter().filter(|c| c.up).count(),
+        cores.iter().filter(|c| c.serving()).count(),
         cores.len(),
     ))
 }
