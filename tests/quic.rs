@@ -814,3 +814,119 @@ fn a_reconnect_resumes_with_0rtt() {
     assert_eq!(resumed, [false, true], "first full handshake, then 0-RTT");
     assert_eq!(server.get("/api/v1/quic")["connections_total"], 2);
 }
+
+/// QUIC Initials from `sources` distinct loopback addresses (127.0.1.1, 127.0.1.2, …: a new
+/// address each, as a forged-source flood looks to the server), built by a quinn-proto client
+/// endpoint and sent once; nothing answers the server's replies.
+fn flood_initials(server: SocketAddr, sources: u8) {
+    use std::sync::Arc;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut crypto = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    crypto.alpn_protocols = vec![switchyard_proto::quic_wire::ALPN.to_vec()];
+    let crypto = quinn_proto::crypto::rustls::QuicClientConfig::try_from(crypto).expect("QUIC TLS");
+    let config = quinn_proto::ClientConfig::new(Arc::new(crypto));
+    let mut endpoint = quinn_proto::Endpoint::new(
+        Arc::new(quinn_proto::EndpointConfig::default()),
+        None,
+        true,
+        None,
+    );
+    for i in 1..=sources {
+        let (_, mut conn) = endpoint
+            .connect(Instant::now(), config.clone(), server, "localhost")
+            .expect("connect");
+        let mut buf = Vec::new();
+        let transmit = conn
+            .poll_transmit(Instant::now(), 1, &mut buf)
+            .expect("an Initial");
+        let socket = std::net::UdpSocket::bind(("127.0.1.".to_owned() + &i.to_string(), 0))
+            .expect("bind a loopback source");
+        socket
+            .send_to(&buf[..transmit.size], server)
+            .expect("send the Initial");
+    }
+}
+
+/// Issue 29: Initials from many addresses cost the server at most a budget of TLS handshakes
+/// (16) at once; the rest are answered with stateless Retry packets, and a real client (which
+/// echoes the Retry token) still connects and transfers during the flood.
+#[test]
+fn a_flood_of_initials_gets_retries_and_a_real_client_still_connects() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server(", max_connections: 64", "");
+    flood_initials(server.quic, 200);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut status = server.get("/api/v1/quic");
+    while status["retries"].as_u64().unwrap_or(0) < 200 - 16 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        status = server.get("/api/v1/quic");
+    }
+    assert_eq!(status["retries"], 200 - 16, "{status}");
+    assert_eq!(status["connections_total"], 16, "{status}");
+
+    let client = client_with(&quic_entry(&server, ""));
+    let out = run_curl(&[
+        "-x",
+        &format!("http://{}", client.http),
+        &nginx.url("/hello.txt"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, HELLO);
+    let status = server.get("/api/v1/quic");
+    // the client got a Retry too (16 handshakes still hang), echoed it, and was served
+    assert_eq!(status["connections_total"], 17, "{status}");
+    assert!(
+        status["retries"].as_u64().unwrap_or(0) > 200 - 16,
+        "{status}"
+    );
+    let metrics = curl(&["-sS", &format!("http://{}/metrics", server.metrics)]);
+    assert!(
+        String::from_utf8_lossy(&metrics.stdout).contains("switchyard_quic_retries_total"),
+        "metrics"
+    );
+}
+
+/// `server.quic.max_connections_per_client` refuses a client address's connections past it.
+#[test]
+fn connections_past_the_per_client_cap_are_refused() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server(", max_connections_per_client: 1", "");
+    let url = nginx.url("/hello.txt");
+    let fetch = |client: &Client| {
+        let out = run_curl(&[
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-x",
+            &format!("http://{}", client.http),
+            &url,
+        ]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = client_with(&quic_entry(&server, ""));
+    assert_eq!(fetch(&first), "200");
+    let second = client_with(&quic_entry(&server, ""));
+    assert_ne!(
+        fetch(&second),
+        "200",
+        "a second connection from 127.0.0.1 was served"
+    );
+    let status = server.get("/api/v1/quic");
+    assert_eq!(status["connections_total"], 1, "{status}");
+    assert!(
+        status["refused_by_limits"].as_u64().unwrap_or(0) >= 1,
+        "{status}"
+    );
+    // the first client's connection is unaffected
+    assert_eq!(fetch(&first), "200");
+}

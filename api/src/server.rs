@@ -84,6 +84,14 @@ pub struct QuicStatus {
     pub datagrams_received: u64,
     /// Connections closed because the token or credentials were refused.
     pub refused: u64,
+    /// Initials answered with a Retry (address validation while many handshakes ran).
+    pub retries: u64,
+    /// New connections refused by `server.quic.max_connections` or
+    /// `max_connections_per_client`.
+    pub refused_by_limits: u64,
+    /// Flow streams reset because their connection had not yet authenticated and already
+    /// had the most such streams waiting.
+    pub streams_refused_before_hello: u64,
 }
 
 /// `backends` of [`ServerStats`].

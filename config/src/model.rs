@@ -142,7 +142,7 @@ pub struct ServerSection {
 
 /// `server.quic:` — the QUIC listener that switchyard clients with `protocol: QUIC` use: one
 /// connection per client carries every proxied flow as a stream (UDP flows as datagrams).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QuicListenerConfig {
     /// UDP `host:port` (`:7443`); empty = no QUIC listener.
@@ -156,6 +156,23 @@ pub struct QuicListenerConfig {
     /// nor `auth.mode`, any client is served.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// QUIC connections the listener holds at once (further Initials are refused).
+    pub max_connections: usize,
+    /// QUIC connections one client IP address may hold at once.
+    pub max_connections_per_client: usize,
+}
+
+impl Default for QuicListenerConfig {
+    /// Off; 1024 connections, 16 per client address.
+    fn default() -> Self {
+        Self {
+            listen: String::new(),
+            tls: None,
+            token: None,
+            max_connections: 1024,
+            max_connections_per_client: 16,
+        }
+    }
 }
 
 impl Default for ServerSection {
@@ -596,8 +613,8 @@ impl AuthMode {
     }
 
     /// Whether the code base implements this mode (availability `unimplemented` otherwise).
-    /// Whether this binary was built with it is the control plane's answer
-    /// (`build_disabled`).
+    /// Whether this host can run it (the libraries a mode loads at run time) is the control
+    /// plane's answer (`build_disabled`).
     pub const fn is_implemented(self) -> bool {
         matches!(
             self,

@@ -85,6 +85,18 @@ fn check_server(cfg: &ServerConfig, p: &mut Problems) {
     check_listen("server.socks5.listen", &s.socks5.listen, p);
     if !s.quic.listen.is_empty() {
         check_listen("server.quic.listen", &s.quic.listen, p);
+        if s.quic.max_connections == 0 {
+            p.push(
+                "server.quic.max_connections",
+                "must be at least 1 (default 1024)",
+            );
+        }
+        if s.quic.max_connections_per_client == 0 {
+            p.push(
+                "server.quic.max_connections_per_client",
+                "must be at least 1 (default 16)",
+            );
+        }
     }
     if s.http.max_header_size.0 == 0 {
         p.push(

@@ -104,7 +104,7 @@ pub async fn reload(state: &ServerState) -> Result<ReloadOutcome, ConfigError> {
         .as_ref()
         .ok_or(ConfigError::NoFile("reload"))?;
     let new = ServerConfig::load_file(path).map_err(|e| ConfigError::Load(e.to_string()))?;
-    let problems = switchyard_config::validate(&new);
+    let problems = crate::config_checks::validate(&new);
     if !problems.is_empty() {
         return Err(ConfigError::Invalid(problems));
     }
@@ -132,7 +132,7 @@ pub async fn mutate<T, E>(
     let _guard = state.config_write.lock().await;
     let mut cfg = (*state.config.load_full()).clone();
     let out = change(&mut cfg).map_err(MutateError::Refused)?;
-    let problems = switchyard_config::validate(&cfg);
+    let problems = crate::config_checks::validate(&cfg);
     if !problems.is_empty() {
         return Err(MutateError::Invalid(problems));
     }
@@ -199,7 +199,7 @@ pub async fn save(
     new: ServerConfig,
     create_backup: bool,
 ) -> Result<ConfigSaveResult, ConfigError> {
-    let problems = switchyard_config::validate(&new);
+    let problems = crate::config_checks::validate(&new);
     if !problems.is_empty() {
         return Err(ConfigError::Invalid(problems));
     }

@@ -7,6 +7,7 @@
 mod api;
 mod cache;
 mod client;
+mod config_checks;
 mod config_store;
 mod core_watch;
 mod health_checks;
@@ -109,7 +110,7 @@ fn validate(file: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let problems = switchyard_config::validate(&cfg);
+    let problems = crate::config_checks::validate(&cfg);
     if problems.is_empty() {
         println!("{}: valid", file.display());
         return ExitCode::SUCCESS;

@@ -30,7 +30,7 @@
 //! | `switchyard_mesh_registrations_total` | counter | `result` (joined, renewed, refused) |
 //! | `switchyard_mesh_heartbeats_total` | counter | `result` (renewed, no_lease, unknown, error) |
 //! | `switchyard_mesh_leases_expired_total` | counter | |
-//! | `switchyard_quic_connections_active` / `_total`, `switchyard_quic_streams_total`, `switchyard_quic_datagrams_received_total`, `switchyard_quic_refused_total` | gauge / counter | |
+//! | `switchyard_quic_connections_active` / `_total`, `switchyard_quic_streams_total`, `switchyard_quic_datagrams_received_total`, `switchyard_quic_refused_total`, `switchyard_quic_retries_total`, `switchyard_quic_refused_by_limits_total` | gauge / counter | |
 //! | `proxy_cache_hits_total` | counter | `domain` |
 //! | `proxy_cache_misses_total` | counter | `domain`, `reason` |
 //! | `proxy_cache_bytes_served_total` | counter | `source` (cache, origin) |
@@ -372,6 +372,16 @@ pub fn render(s: &Sample) -> Result<String, prometheus::Error> {
             "switchyard_quic_refused_total",
             "QUIC connections closed because their token or credentials were refused",
             st.refused.load(Ordering::Relaxed),
+        )?;
+        b.counter(
+            "switchyard_quic_retries_total",
+            "QUIC Initials answered with a Retry (address validation under handshake load)",
+            st.retries.load(Ordering::Relaxed),
+        )?;
+        b.counter(
+            "switchyard_quic_refused_by_limits_total",
+            "QUIC connections refused by server.quic.max_connections or max_connections_per_client",
+            st.refused_by_limits.load(Ordering::Relaxed),
         )?;
     }
     if let Some(cache) = &s.cache {

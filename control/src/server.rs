@@ -71,7 +71,7 @@ pub fn load(path: Option<&PathBuf>) -> anyhow::Result<ServerConfig> {
         Some(p) => ServerConfig::load_file(p)?,
         None => ServerConfig::default(),
     };
-    let problems = switchyard_config::validate(&cfg);
+    let problems = crate::config_checks::validate(&cfg);
     if !problems.is_empty() {
         let list: Vec<String> = problems
             .iter()
@@ -411,6 +411,11 @@ fn quic_listener(
         listen: crate::net::spec(&listen),
         identity,
         token: q.token.clone(),
+        limits: switchyard_dataplane::quic::admission::AdmissionLimits {
+            max_connections: q.max_connections,
+            max_per_client: q.max_connections_per_client,
+            unvalidated_handshakes: switchyard_dataplane::quic::admission::UNVALIDATED_HANDSHAKES,
+        },
     })?;
     Ok(Some(listener))
 }

@@ -720,6 +720,32 @@ pub(crate) struct ConnectionSlot {
 }
 
 impl ConnectionSlot {
+    /// Counts a new connection (a TCP accept or a QUIC flow stream) and takes its slot, or
+    /// `None` (logged) when `server.max_connections` is reached. The limit adds this core's own
+    /// count to its estimate of the others' (no counter that every core writes, and the others'
+    /// lines are read at most once a millisecond while far from the limit; see `LimitView`), so
+    /// cores accepting at the same instant may overshoot it by one each.
+    pub(crate) fn open(
+        ctx: &Rc<CoreContext>,
+        snapshot: &crate::snapshot::Snapshot,
+        peer: SocketAddr,
+    ) -> Option<Self> {
+        ctx.counters.core(ctx.core).opened();
+        let slot = ConnectionSlot { ctx: ctx.clone() };
+        if snapshot.max_connections > 0
+            && ctx.limit_view.over(
+                &ctx.counters,
+                ctx.core,
+                snapshot.max_connections as u64,
+                std::time::Instant::now(),
+            )
+        {
+            tracing::warn!(client = %peer, limit = snapshot.max_connections, "connection limit reached");
+            return None;
+        }
+        Some(slot)
+    }
+
     /// A second slot for a task that outlives the connection's own (a tunnel run as a task of
     /// its own): counted active, not as a new connection.
     pub(crate) fn take_over(ctx: &Rc<CoreContext>) -> Self {
@@ -808,24 +834,9 @@ async fn accept_loop(acceptor: Acceptor, ctx: Rc<CoreContext>, service: Service)
             tracing::debug!(client = %peer, "refused by access control");
             continue; // dropping the stream closes it
         }
-        ctx.counters.core(ctx.core).opened();
-        let slot = ConnectionSlot { ctx: ctx.clone() };
-        // The limit adds this core's own count to its estimate of the others' (no counter that
-        // every core writes, and the others' lines are read at most once a millisecond while far
-        // from the limit; see `LimitView`), so cores accepting at the same instant may overshoot
-        // it by one each.
-        if snapshot.max_connections > 0
-            && ctx.limit_view.over(
-                &ctx.counters,
-                ctx.core,
-                snapshot.max_connections as u64,
-                std::time::Instant::now(),
-            )
-        {
-            tracing::warn!(client = %peer, limit = snapshot.max_connections, "connection limit reached");
-            drop(slot);
+        let Some(slot) = ConnectionSlot::open(&ctx, &snapshot, peer) else {
             continue;
-        }
+        };
         drop(snapshot);
         let ctx = ctx.clone();
         glommio::spawn_local(async move {

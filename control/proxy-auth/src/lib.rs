@@ -3,14 +3,19 @@
 //! control plane builds once at start-up (authentication needs a restart to change) and hands to
 //! the data plane's snapshot; the data plane runs its checks on the control plane's tokio
 //! runtime, behind the outcome caches, the verification slots and the per-client failure budget
-//! (`switchyard_dataplane::proxy_auth`). This crate also answers which modes this build can serve
-//! ([`availability`]).
+//! (`switchyard_dataplane::proxy_auth`). This crate also answers which modes this host can serve
+//! ([`availability`], [`host_problems`]): PAM and GSS-API are loaded at run time, so the build
+//! needs neither their headers nor their libraries.
 
 pub mod ldap;
-#[cfg(feature = "negotiate")]
+#[cfg(unix)]
+mod libgssapi;
+#[cfg(unix)]
+mod libpam;
+#[cfg(unix)]
 pub mod negotiate;
 pub mod oidc;
-#[cfg(all(unix, feature = "pam"))]
+#[cfg(unix)]
 pub mod pam;
 
 use std::sync::Arc;
@@ -29,12 +34,13 @@ pub enum ProxyAuthError {
     Unavailable(String),
 }
 
-/// A mode's availability in this build (`GET /api/v1/auth/plugins`).
+/// A mode's availability on this host (`GET /api/v1/auth/plugins`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Availability {
     Available,
-    /// A cargo feature turned off: accepted with a warning, fails closed.
-    BuildDisabled(&'static str),
+    /// Not on this platform, or a library the mode loads at run time is missing (the reason
+    /// names the package): validation and start-up refuse the mode.
+    BuildDisabled(String),
     Unimplemented(&'static str),
 }
 
@@ -47,28 +53,66 @@ impl Availability {
         }
     }
 
-    pub fn reason(&self) -> Option<&'static str> {
+    pub fn reason(&self) -> Option<&str> {
         match self {
             Availability::Available => None,
-            Availability::BuildDisabled(r) | Availability::Unimplemented(r) => Some(r),
+            Availability::BuildDisabled(r) => Some(r),
+            Availability::Unimplemented(r) => Some(r),
         }
     }
 }
 
-/// Start-up fails with this when `system` is configured where PAM is missing.
+/// Start-up fails with this when `system` is configured on a platform without PAM.
 pub const NO_PAM: &str = "system authentication (PAM) is not supported on this platform or build; use native, ldap or oauth";
 
-const PAM_BUILT: bool = cfg!(all(unix, feature = "pam"));
-
-/// Whether this build can authenticate with `mode`.
+/// Whether this host can authenticate with `mode` (loads libpam on first ask for `system`).
 pub fn availability(mode: AuthMode) -> Availability {
     if !mode.is_implemented() {
         return Availability::Unimplemented("not implemented in this build");
     }
     match mode {
-        AuthMode::System if !PAM_BUILT => Availability::BuildDisabled(NO_PAM),
+        AuthMode::System => match pam_available() {
+            Ok(()) => Availability::Available,
+            Err(reason) => Availability::BuildDisabled(reason),
+        },
         _ => Availability::Available,
     }
+}
+
+#[cfg(unix)]
+fn pam_available() -> Result<(), String> {
+    libpam::available().map_err(|e| format!("{e}, or use native, ldap or oauth"))
+}
+
+#[cfg(not(unix))]
+fn pam_available() -> Result<(), String> {
+    Err(NO_PAM.into())
+}
+
+#[cfg(unix)]
+fn gssapi_available() -> Result<(), String> {
+    libgssapi::available().map_err(|e| e.to_string())
+}
+
+#[cfg(not(unix))]
+fn gssapi_available() -> Result<(), String> {
+    Err("SPNEGO (GSS-API) is not supported on this platform".into())
+}
+
+/// What keeps this host from serving the configured authentication, as (key path, message)
+/// pairs for validation: a mode or `auth.negotiate` whose run-time library is missing (the
+/// message names the package to install). Loads the libraries on first call.
+pub fn host_problems(auth: &AuthConfig) -> Vec<(&'static str, String)> {
+    let mut problems = Vec::new();
+    if let Availability::BuildDisabled(reason) = availability(auth.mode) {
+        problems.push(("auth.mode", reason));
+    }
+    if auth.negotiate.as_ref().is_some_and(|n| n.enabled) {
+        if let Err(reason) = gssapi_available() {
+            problems.push(("auth.negotiate.enabled", reason));
+        }
+    }
+    problems
 }
 
 /// The verifier of the configured mode; `None` for `none` and `native` (the data plane checks
@@ -94,9 +138,6 @@ pub fn verifier(auth: &AuthConfig) -> Result<Option<Arc<dyn CredentialVerifier>>
     }
 }
 
-/// Whether SPNEGO (`auth.negotiate.*`) is built into this binary.
-pub const NEGOTIATE_BUILT: bool = cfg!(feature = "negotiate");
-
 /// Points GSS-API at `auth.negotiate.keytab` through `KRB5_KTNAME`, the only way libgssapi
 /// offers. Changing the environment is sound only while the process has one thread: the server
 /// calls this first thing at start-up, before logging, the runtime and the data plane start
@@ -105,42 +146,45 @@ pub fn set_keytab_environment(auth: &AuthConfig) {
     let Some(cfg) = auth.negotiate.as_ref().filter(|n| n.enabled) else {
         return;
     };
-    if cfg!(feature = "negotiate") && std::env::var_os("KRB5_KTNAME").is_none() {
+    if std::env::var_os("KRB5_KTNAME").is_none() {
         std::env::set_var("KRB5_KTNAME", format!("FILE:{}", cfg.keytab));
     }
 }
 
-/// The SPNEGO verifier when `auth.negotiate.enabled`. `Ok(None)` also when this build lacks
-/// the `negotiate` feature: then the data plane fails closed (and start-up warns).
+/// The SPNEGO verifier when `auth.negotiate.enabled`; an error (start-up fails) when GSS-API
+/// cannot be loaded or the keytab has no keys for the principal.
 pub fn negotiate_verifier(
     auth: &AuthConfig,
 ) -> Result<Option<Arc<dyn CredentialVerifier>>, ProxyAuthError> {
     let Some(cfg) = auth.negotiate.as_ref().filter(|n| n.enabled) else {
         return Ok(None);
     };
-    #[cfg(feature = "negotiate")]
+    gssapi_available().map_err(ProxyAuthError::Unavailable)?;
+    #[cfg(unix)]
     {
         Ok(Some(Arc::new(negotiate::NegotiateVerifier::new(cfg)?)))
     }
-    #[cfg(not(feature = "negotiate"))]
+    #[cfg(not(unix))]
     {
         let _ = cfg;
-        tracing::warn!("auth.negotiate is enabled but this build has no SPNEGO support (build_disabled): every request is refused");
         Ok(None)
     }
 }
 
-#[cfg(all(unix, feature = "pam"))]
 fn system_verifier(
     auth: &AuthConfig,
 ) -> Result<Option<Arc<dyn CredentialVerifier>>, ProxyAuthError> {
-    let service = auth.system.clone().unwrap_or_default().service;
-    Ok(Some(Arc::new(pam::PamVerifier::new(&service))))
-}
-
-#[cfg(not(all(unix, feature = "pam")))]
-fn system_verifier(_: &AuthConfig) -> Result<Option<Arc<dyn CredentialVerifier>>, ProxyAuthError> {
-    Err(ProxyAuthError::Unavailable(NO_PAM.into()))
+    pam_available().map_err(ProxyAuthError::Unavailable)?;
+    #[cfg(unix)]
+    {
+        let service = auth.system.clone().unwrap_or_default().service;
+        Ok(Some(Arc::new(pam::PamVerifier::new(&service))))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = auth;
+        Ok(None)
+    }
 }
 
 #[cfg(test)]
@@ -148,23 +192,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn availability_follows_the_build() {
+    fn availability_follows_the_host() {
         assert_eq!(availability(AuthMode::Ldap), Availability::Available);
         assert_eq!(availability(AuthMode::Native), Availability::Available);
         let system = availability(AuthMode::System);
-        if PAM_BUILT {
-            assert_eq!(system, Availability::Available);
-        } else {
-            assert_eq!(system.state(), "build_disabled");
-            let cfg = AuthConfig {
-                mode: AuthMode::System,
-                ..Default::default()
-            };
-            let err = verifier(&cfg).map(|_| ()).expect_err("no PAM");
-            assert!(
-                err.to_string().contains("use native, ldap or oauth"),
-                "{err}"
-            );
+        let cfg = AuthConfig {
+            mode: AuthMode::System,
+            ..Default::default()
+        };
+        match pam_available() {
+            Ok(()) => {
+                assert_eq!(system, Availability::Available);
+                assert!(host_problems(&cfg).is_empty());
+            }
+            Err(reason) => {
+                assert_eq!(system.state(), "build_disabled");
+                assert_eq!(system.reason(), Some(reason.as_str()));
+                let err = verifier(&cfg).map(|_| ()).expect_err("no PAM");
+                assert!(err.to_string().contains("libpam0g"), "{err}");
+                assert_eq!(host_problems(&cfg)[0].0, "auth.mode");
+            }
         }
     }
 }

@@ -3,15 +3,13 @@
 //! in SPNEGO); the proxy accepts it with the system's GSS-API using the keys of `keytab`. One
 //! round trip suffices for Kerberos, so a token either completes a context or is refused. With
 //! `realm` set, the client's principal must belong to it. Tokens are never cached (each is
-//! single-use; GSS-API's replay cache refuses a repeated one).
+//! single-use; GSS-API's replay cache refuses a repeated one). GSS-API is loaded at run time
+//! ([`crate::libgssapi`]).
 
+use crate::libgssapi::AcceptorCredential;
 use crate::ProxyAuthError;
 use base64::Engine as _;
 use futures::future::BoxFuture;
-use libgssapi::context::{SecurityContext, ServerCtx};
-use libgssapi::credential::{Cred, CredUsage};
-use libgssapi::name::Name;
-use libgssapi::oid::{OidSet, GSS_MECH_KRB5, GSS_MECH_SPNEGO, GSS_NT_KRB5_PRINCIPAL};
 use std::sync::Arc;
 use switchyard_config::NegotiateAuthConfig;
 use switchyard_dataplane::credentials::Credential;
@@ -28,7 +26,7 @@ pub struct NegotiateVerifier {
 
 #[derive(Debug)]
 struct Acceptor {
-    cred: Cred,
+    cred: AcceptorCredential,
     principal: String,
     realm: Option<String>,
 }
@@ -51,18 +49,12 @@ impl NegotiateVerifier {
             }
             _ => cfg.service_principal.clone(),
         };
-        let name = Name::new(principal.as_bytes(), Some(GSS_NT_KRB5_PRINCIPAL))
-            .map_err(|e| bad(format!("service principal {principal}: {e}")))?;
-        let mut mechs = OidSet::new();
-        mechs.add(GSS_MECH_SPNEGO).map_err(|e| bad(e.to_string()))?;
-        mechs.add(GSS_MECH_KRB5).map_err(|e| bad(e.to_string()))?;
-        let cred =
-            Cred::acquire(Some(&name), None, CredUsage::Accept, Some(&mechs)).map_err(|e| {
-                bad(format!(
-                    "no keys for {principal} in keytab {}: {e}",
-                    cfg.keytab
-                ))
-            })?;
+        let cred = AcceptorCredential::acquire(&principal).map_err(|e| {
+            bad(format!(
+                "no keys for {principal} in keytab {}: {e}",
+                cfg.keytab
+            ))
+        })?;
         Ok(Self {
             inner: Arc::new(Acceptor {
                 cred,
@@ -108,17 +100,14 @@ impl CredentialVerifier for NegotiateVerifier {
 
 impl Acceptor {
     fn accept(&self, token: &[u8]) -> Decision {
-        let mut ctx = ServerCtx::new(Some(self.cred.clone()));
-        if let Err(e) = ctx.step(token, None) {
-            tracing::debug!(error = %e, "SPNEGO token refused");
-            return Decision::Rejected;
-        }
-        if !ctx.is_complete() {
+        let client = match self.cred.accept(token) {
+            Ok(Some(client)) => client,
             // Kerberos completes in one leg; anything needing more (NTLM) is not offered.
-            return Decision::Rejected;
-        }
-        let Ok(client) = ctx.source_name().map(|n| n.to_string()) else {
-            return Decision::Rejected;
+            Ok(None) => return Decision::Rejected,
+            Err(e) => {
+                tracing::debug!(error = %e, "SPNEGO token refused");
+                return Decision::Rejected;
+            }
         };
         if !in_realm(&client, self.realm.as_deref()) {
             tracing::debug!(%client, "SPNEGO principal outside auth.negotiate.realm");

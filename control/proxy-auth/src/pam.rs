@@ -1,11 +1,12 @@
 //! `auth.mode: system`: operating-system accounts through PAM (`auth.system.service`, default
 //! `switchyard`, a file under /etc/pam.d/). Each check is a PAM transaction — authenticate, then
 //! account management (expired or locked accounts are refused) — on tokio's blocking pool, as
-//! PAM modules block (pam_unix reads /etc/shadow and may sleep after a failure).
+//! PAM modules block (pam_unix reads /etc/shadow and may sleep after a failure). libpam itself
+//! is loaded at run time ([`crate::libpam`]).
 
+use crate::libpam::{self, TransactionError};
 use futures::future::BoxFuture;
-use pam_client::conv_mock::Conversation;
-use pam_client::{Context, ErrorCode, Flag};
+use std::ffi::c_int;
 use std::sync::Arc;
 use switchyard_dataplane::credentials::Credential;
 use switchyard_dataplane::proxy_auth::{
@@ -67,34 +68,32 @@ fn authenticate(service: &str, user: &str, password: &str) -> Result<bool, Verif
     if user.is_empty() || password.is_empty() || user.contains('\0') || password.contains('\0') {
         return Ok(false);
     }
-    let conversation = Conversation::with_credentials(user, password);
-    let mut context = Context::new(service, Some(user), conversation).map_err(|e| {
-        VerifierUnavailable(format!("PAM service `{service}` could not start: {e}"))
-    })?;
-    let checked = context
-        .authenticate(Flag::SILENT | Flag::DISALLOW_NULL_AUTHTOK)
-        .and_then(|()| context.acct_mgmt(Flag::SILENT | Flag::DISALLOW_NULL_AUTHTOK));
-    match checked {
+    let flags = libpam::PAM_SILENT | libpam::PAM_DISALLOW_NULL_AUTHTOK;
+    match libpam::authenticate(service, user, password, flags) {
         Ok(()) => Ok(true),
-        Err(e) if refuses(e.code()) => Ok(false),
-        Err(e) => Err(VerifierUnavailable(format!(
+        Err(TransactionError::Step(e)) if refuses(e.code) => Ok(false),
+        Err(TransactionError::Step(e)) => Err(VerifierUnavailable(format!(
             "PAM service `{service}` failed: {e}"
         ))),
+        Err(e @ TransactionError::Start(_)) => Err(VerifierUnavailable(format!(
+            "PAM service `{service}` could not start: {e}"
+        ))),
+        Err(TransactionError::Unavailable(e)) => Err(VerifierUnavailable(e.to_string())),
     }
 }
 
 /// PAM answers that mean "not these credentials" (as opposed to "could not check").
-fn refuses(code: ErrorCode) -> bool {
+fn refuses(code: c_int) -> bool {
     matches!(
         code,
-        ErrorCode::AUTH_ERR
-            | ErrorCode::USER_UNKNOWN
-            | ErrorCode::PERM_DENIED
-            | ErrorCode::CRED_INSUFFICIENT
-            | ErrorCode::MAXTRIES
-            | ErrorCode::ACCT_EXPIRED
-            | ErrorCode::NEW_AUTHTOK_REQD
-            | ErrorCode::AUTHTOK_ERR
+        libpam::PAM_AUTH_ERR
+            | libpam::PAM_USER_UNKNOWN
+            | libpam::PAM_PERM_DENIED
+            | libpam::PAM_CRED_INSUFFICIENT
+            | libpam::PAM_MAXTRIES
+            | libpam::PAM_ACCT_EXPIRED
+            | libpam::PAM_NEW_AUTHTOK_REQD
+            | libpam::PAM_AUTHTOK_ERR
     )
 }
 
@@ -104,11 +103,25 @@ mod tests {
 
     #[test]
     fn refusals_and_outages_are_told_apart() {
-        assert!(refuses(ErrorCode::AUTH_ERR));
-        assert!(refuses(ErrorCode::USER_UNKNOWN));
-        assert!(refuses(ErrorCode::ACCT_EXPIRED));
-        assert!(!refuses(ErrorCode::AUTHINFO_UNAVAIL));
-        assert!(!refuses(ErrorCode::SYSTEM_ERR));
+        assert!(refuses(libpam::PAM_AUTH_ERR));
+        assert!(refuses(libpam::PAM_USER_UNKNOWN));
+        assert!(refuses(libpam::PAM_ACCT_EXPIRED));
+        assert!(!refuses(libpam::PAM_AUTHINFO_UNAVAIL));
+        assert!(!refuses(libpam::PAM_SYSTEM_ERR));
+    }
+
+    /// Through the real libpam (opened at run time): an account that does not exist is a
+    /// refusal, not an outage. A service without a file under /etc/pam.d gets PAM's `other`.
+    #[test]
+    fn the_real_libpam_refuses_an_unknown_account() {
+        if let Err(e) = libpam::available() {
+            eprintln!("SKIP: {e}");
+            return;
+        }
+        assert_eq!(
+            authenticate("switchyard-unit-test", "no-such-user-7f3a", "wrong"),
+            Ok(false)
+        );
     }
 
     #[test]

@@ -122,7 +122,7 @@ pub async fn validate(ApiJson(value): ApiJson<serde_json::Value>) -> Json<Valida
 fn validate_value(value: serde_json::Value) -> ValidationResult {
     match parse(value) {
         Ok(cfg) => {
-            let problems = switchyard_config::validate(&cfg);
+            let problems = crate::config_checks::validate(&cfg);
             let message = (!problems.is_empty()).then(|| format!("{} problems", problems.len()));
             let mut result = validation(&problems, message);
             result.warnings = warnings(&cfg);

@@ -93,6 +93,9 @@ pub async fn quic(
             streams_total: 0,
             datagrams_received: 0,
             refused: 0,
+            retries: 0,
+            refused_by_limits: 0,
+            streams_refused_before_hello: 0,
         });
     };
     Json(switchyard_api::server::QuicStatus {
@@ -105,6 +108,9 @@ pub async fn quic(
         streams_total: q.stats.streams_total.load(Relaxed),
         datagrams_received: q.stats.datagrams_in.load(Relaxed),
         refused: q.stats.refused.load(Relaxed),
+        retries: q.stats.retries.load(Relaxed),
+        refused_by_limits: q.stats.refused_by_limits.load(Relaxed),
+        streams_refused_before_hello: q.stats.streams_refused_before_hello.load(Relaxed),
     })
 }
 

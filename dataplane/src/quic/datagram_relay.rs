@@ -17,11 +17,16 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Instant;
 use switchyard_proto::quic_wire;
 use switchyard_proto::socks5::TargetAddr;
 
 /// Associations one connection may hold at once; datagrams of further flows are dropped.
 const MAX_FLOWS_PER_CONNECTION: usize = 256;
+
+/// Client datagrams of one core being resolved and sent at once; beyond it they are dropped
+/// (UDP's answer to overload), so a slow resolver cannot pile up tasks without bound.
+const MAX_SENDS_IN_FLIGHT: usize = 1024;
 
 struct Association {
     socket: Rc<UdpSocket>,
@@ -29,6 +34,8 @@ struct Association {
     live: Rc<RefCell<Option<Arc<crate::live::LiveConnection>>>>,
     /// Set by the reply task when the association idled out.
     ended: Rc<Cell<bool>>,
+    /// When a datagram last went either way: a flow that only sends is not idle.
+    last_active: Rc<Cell<Instant>>,
     _replies: glommio::Task<()>,
 }
 
@@ -38,6 +45,26 @@ type FlowTable = HashMap<(ConnectionHandle, u32), Rc<Association>>;
 #[derive(Default, Clone)]
 pub(crate) struct Relays {
     flows: Rc<RefCell<FlowTable>>,
+    /// Client datagrams being resolved and sent ([`MAX_SENDS_IN_FLIGHT`]).
+    sends_in_flight: Rc<Cell<usize>>,
+}
+
+/// Holds one of the [`MAX_SENDS_IN_FLIGHT`] places until the send task ends.
+struct SendSlot(Rc<Cell<usize>>);
+
+impl SendSlot {
+    fn take(count: &Rc<Cell<usize>>) -> Option<Self> {
+        (count.get() < MAX_SENDS_IN_FLIGHT).then(|| {
+            count.set(count.get() + 1);
+            Self(count.clone())
+        })
+    }
+}
+
+impl Drop for SendSlot {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 fn split_target(addr: &TargetAddr) -> (String, u16) {
@@ -80,8 +107,14 @@ impl Relays {
                 Some(a) => a,
                 None => return,
             };
+        let Some(slot) = SendSlot::take(&self.sends_in_flight) else {
+            tracing::debug!(%host, limit = MAX_SENDS_IN_FLIGHT, "QUIC datagram dropped: too many sends in flight");
+            return;
+        };
+        association.last_active.set(Instant::now());
         let ctx = ctx.clone();
         glommio::spawn_local(async move {
+            let _slot = slot;
             let Ok(addrs) = ctx.resolver.resolve(&ctx.offload, &host, port).await else {
                 return;
             };
@@ -127,9 +160,15 @@ impl Relays {
         let socket = Rc::new(socket);
         let live = Rc::new(RefCell::new(None));
         let ended = Rc::new(Cell::new(false));
+        let last_active = Rc::new(Cell::new(Instant::now()));
         let replies = {
-            let (socket, driver, live, ended) =
-                (socket.clone(), driver.clone(), live.clone(), ended.clone());
+            let (socket, driver, live, ended, last_active) = (
+                socket.clone(),
+                driver.clone(),
+                live.clone(),
+                ended.clone(),
+                last_active.clone(),
+            );
             let idle = ctx.current_snapshot().timeouts.idle;
             let ctx = ctx.clone();
             let (label, backend) = (first.to_string(), backend.to_owned());
@@ -139,18 +178,29 @@ impl Relays {
                 *live.borrow_mut() = Some(registered.shared());
                 let mut buf = vec![0u8; 65_536];
                 loop {
+                    // idle counts from the last datagram either way
+                    let quiet = last_active.get().elapsed();
+                    if quiet >= idle {
+                        ended.set(true);
+                        return;
+                    }
+                    // None: quiet until the timer (look again), Some(None): the socket failed
                     let got = futures_lite::future::or(
-                        async { socket.recv_from(&mut buf).await.ok() },
+                        async { Some(socket.recv_from(&mut buf).await.ok()) },
                         async {
-                            glommio::timer::sleep(idle).await;
+                            glommio::timer::sleep(idle - quiet).await;
                             None
                         },
                     )
                     .await;
-                    let Some((n, from)) = got else {
+                    let Some(received) = got else {
+                        continue;
+                    };
+                    let Some((n, from)) = received else {
                         ended.set(true);
                         return;
                     };
+                    last_active.set(Instant::now());
                     let mut out = Vec::with_capacity(n + 32);
                     let from =
                         SocketAddr::new(crate::access_control::canonical(from.ip()), from.port());
@@ -171,6 +221,7 @@ impl Relays {
             socket,
             live,
             ended,
+            last_active,
             _replies: replies,
         });
         flows.insert(key, association.clone());

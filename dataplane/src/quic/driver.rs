@@ -12,6 +12,7 @@
 //! segmentation offload (several datagrams of one size in one buffer) is handed to the kernel in
 //! one call with `UDP_SEGMENT` when the kernel takes it (see [`crate::quic::udp`]).
 
+use super::admission::{Admission, Holding};
 use super::udp::UdpPort;
 use crate::wireguard::flow::{self, FlowEnds, FlowStream, Wake, CHUNK, MAX_QUEUED_CHUNKS};
 use bytes::{Bytes, BytesMut};
@@ -74,6 +75,10 @@ struct Conn {
     lost: bool,
 }
 
+/// The server role's decision on a new connection from an address, given what the endpoint
+/// holds.
+pub(crate) type Admit = Box<dyn Fn(SocketAddr, &Holding) -> Admission>;
+
 struct State {
     endpoint: quinn_proto::Endpoint,
     server: Option<Arc<ServerConfig>>,
@@ -81,8 +86,8 @@ struct State {
     /// Datagrams to send: (destination, bytes, segment size).
     outgoing: Vec<(SocketAddr, Vec<u8>, Option<usize>)>,
     events: Vec<DriverEvent>,
-    /// Admission check of a new connection's address (server: access control).
-    admit: Option<Box<dyn Fn(SocketAddr) -> bool>>,
+    /// The server role's decision on a new connection (access control, limits, Retry).
+    admit: Option<Admit>,
     scratch: Vec<u8>,
 }
 
@@ -101,7 +106,7 @@ impl Driver {
     pub fn new(
         port: UdpPort,
         server: Option<Arc<ServerConfig>>,
-        admit: Option<Box<dyn Fn(SocketAddr) -> bool>>,
+        admit: Option<Admit>,
         wake: Arc<Wake>,
     ) -> Rc<Self> {
         let endpoint = quinn_proto::Endpoint::new(
@@ -271,12 +276,38 @@ impl Driver {
             }
             Some(DatagramEvent::NewConnection(incoming)) => {
                 let peer = incoming.remote_address();
-                if st.admit.as_ref().is_some_and(|admit| !admit(peer)) {
-                    tracing::debug!(client = %peer, "QUIC connection refused by access control");
-                    st.scratch.clear();
-                    let t = st.endpoint.refuse(incoming, &mut st.scratch);
-                    push_transmit(&mut st.outgoing, &t, &st.scratch);
-                    return;
+                if let Some(admit) = st.admit.as_ref() {
+                    let holding = Holding {
+                        total: st.conns.len(),
+                        from_client: st
+                            .conns
+                            .values()
+                            .filter(|c| c.quic.remote_address().ip() == peer.ip())
+                            .count(),
+                        handshaking: st
+                            .conns
+                            .values()
+                            .filter(|c| c.quic.is_handshaking())
+                            .count(),
+                        validated: incoming.remote_address_validated(),
+                    };
+                    match admit(peer, &holding) {
+                        Admission::Accept => {}
+                        Admission::Retry if incoming.may_retry() => {
+                            st.scratch.clear();
+                            match st.endpoint.retry(incoming, &mut st.scratch) {
+                                Ok(t) => push_transmit(&mut st.outgoing, &t, &st.scratch),
+                                Err(e) => st.endpoint.ignore(e.into_incoming()),
+                            }
+                            return;
+                        }
+                        Admission::Retry | Admission::Refuse(_) => {
+                            st.scratch.clear();
+                            let t = st.endpoint.refuse(incoming, &mut st.scratch);
+                            push_transmit(&mut st.outgoing, &t, &st.scratch);
+                            return;
+                        }
+                    }
                 }
                 st.scratch.clear();
                 match st

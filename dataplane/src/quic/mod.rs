@@ -31,6 +31,7 @@
 //! session allows it, so the client writes only the header before the server's answer (a flow
 //! waits for the `Ok` reply before the application's first byte is sent: 1 RTT per flow).
 
+pub mod admission;
 pub mod client;
 pub(crate) mod datagram_relay;
 pub(crate) mod driver;
@@ -57,6 +58,13 @@ pub struct QuicStats {
     pub datagrams_in: AtomicU64,
     /// Connections closed because their hello was refused.
     pub refused: AtomicU64,
+    /// Initials answered with a Retry (address not validated while many handshakes ran).
+    pub retries: AtomicU64,
+    /// New connections refused by `max_connections` / `max_connections_per_client`.
+    pub refused_by_limits: AtomicU64,
+    /// Streams reset because their connection had not authenticated and already had
+    /// [`server::MAX_STREAMS_BEFORE_HELLO`] waiting.
+    pub streams_refused_before_hello: AtomicU64,
 }
 
 /// The server's QUIC listener: its bound socket, TLS and client token.
@@ -68,6 +76,7 @@ pub struct QuicListener {
     /// SHA-256 of the certificate, as clients pin it.
     pub fingerprint: String,
     pub self_signed: bool,
+    pub limits: admission::AdmissionLimits,
     pub stats: QuicStats,
 }
 
@@ -85,6 +94,7 @@ pub struct QuicServerOptions {
     pub listen: crate::engine::ListenSpec,
     pub identity: tls::ServerIdentity,
     pub token: Option<String>,
+    pub limits: admission::AdmissionLimits,
 }
 
 impl QuicListener {
@@ -132,6 +142,7 @@ impl QuicListener {
             local_addr,
             fingerprint: tls::format_fingerprint(&opts.identity.fingerprint),
             self_signed: opts.identity.self_signed,
+            limits: opts.limits,
             stats: QuicStats::default(),
         }))
     }

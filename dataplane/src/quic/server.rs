@@ -4,10 +4,11 @@
 //! other stream as one proxied TCP flow routed exactly like a CONNECT (routes, backends, rate
 //! limit, request log, counters, live connections) and relays QUIC datagrams as UDP flows.
 
-use super::driver::{Driver, DriverEvent};
+use super::admission::{self, Admission, Holding};
+use super::driver::{Admit, Driver, DriverEvent};
 use super::{udp::UdpPort, QuicListener};
 use crate::credentials::{Credential, Verdict};
-use crate::engine::CoreContext;
+use crate::engine::{ConnectionSlot, CoreContext};
 use crate::error::DataplaneError;
 use crate::events::Protocol;
 use crate::trace::Trace;
@@ -31,12 +32,19 @@ enum AuthState {
     Refused,
 }
 
+/// Flow streams a connection may open before its hello (stream 0) is accepted: what a client
+/// resuming with 0-RTT sends at once (its hello and the headers of the flows it had waiting),
+/// not the thousands of streams the transport allows, each waiting in a task of its own.
+pub const MAX_STREAMS_BEFORE_HELLO: usize = 32;
+
 /// Whether a connection's hello was accepted; flows wait for the verdict.
 struct ConnAuth {
     state: Cell<AuthState>,
     decided: Event,
     /// The user the connection authenticated as (request log), empty for a token.
     user: RefCell<String>,
+    /// Flow streams opened while the hello was pending.
+    held: Cell<usize>,
 }
 
 impl ConnAuth {
@@ -45,6 +53,20 @@ impl ConnAuth {
             state: Cell::new(AuthState::Pending),
             decided: Event::new(),
             user: RefCell::new(String::new()),
+            held: Cell::new(0),
+        }
+    }
+
+    /// Whether a new flow stream may wait for the hello's verdict (always once accepted).
+    fn hold_before_hello(&self) -> bool {
+        match self.state.get() {
+            AuthState::Accepted => true,
+            AuthState::Refused => false,
+            AuthState::Pending => {
+                let held = self.held.get();
+                self.held.set(held + 1);
+                held < MAX_STREAMS_BEFORE_HELLO
+            }
         }
     }
 
@@ -96,8 +118,26 @@ pub(crate) async fn serve(ctx: Rc<CoreContext>, listener: Arc<QuicListener>) {
     let mut config = quinn_proto::ServerConfig::with_crypto(listener.crypto.clone());
     config.transport_config(transport());
     let admit_ctx = ctx.clone();
-    let admit =
-        Box::new(move |peer: SocketAddr| admit_ctx.snapshot.load().access.allows(peer.ip()));
+    let admit_listener = listener.clone();
+    let admit: Admit = Box::new(move |peer: SocketAddr, holding: &Holding| {
+        if !admit_ctx.snapshot.load().access.allows(peer.ip()) {
+            tracing::debug!(client = %peer, "QUIC connection refused by access control");
+            return Admission::Refuse("access control");
+        }
+        let stats = &admit_listener.stats;
+        let decision = admission::decide(holding, &admit_listener.limits);
+        match decision {
+            Admission::Retry => {
+                stats.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            Admission::Refuse(why) => {
+                stats.refused_by_limits.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(client = %peer, reason = why, "QUIC connection refused");
+            }
+            Admission::Accept => {}
+        }
+        decision
+    });
     let driver = Driver::new(
         port,
         Some(Arc::new(config)),
@@ -130,6 +170,13 @@ pub(crate) async fn serve(ctx: Rc<CoreContext>, listener: Arc<QuicListener>) {
                         continue;
                     };
                     let auth = auth.clone();
+                    if id.index() != 0 && !auth.hold_before_hello() {
+                        // dropping the flow resets the stream: no task, no state for it
+                        stats
+                            .streams_refused_before_hello
+                            .fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     if id.index() == 0 {
                         glommio::spawn_local(hello(
                             ctx.clone(),
@@ -327,6 +374,11 @@ async fn serve_flow(ctx: Rc<CoreContext>, auth: Rc<ConnAuth>, flow: FlowStream, 
     if !accepted {
         return;
     }
+    // an authenticated flow is a connection for `server.max_connections`, as a TCP accept is
+    let Some(_slot) = ConnectionSlot::open(&ctx, &snapshot, peer) else {
+        reply(&flow, Status::Failed, "connection limit reached").await;
+        return;
+    };
     let (open, carry) = match read_message(&flow, quic_wire::parse_open, timeout).await {
         Ok(v) => v,
         Err(e) => {

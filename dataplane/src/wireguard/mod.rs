@@ -22,6 +22,7 @@
 pub mod datagrams;
 mod device;
 pub mod flow;
+mod ports;
 mod runner;
 
 pub use datagrams::DatagramPort;

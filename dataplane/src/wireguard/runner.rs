@@ -7,6 +7,7 @@
 use super::datagrams::{self, DatagramEnds, DatagramPort};
 use super::device::QueueDevice;
 use super::flow::{self, FlowEnds, FlowStream, Wake, CHUNK, MAX_QUEUED_CHUNKS};
+use super::ports::{self, PortPool};
 use super::{Destination, OpenRequest, Request};
 use crate::error::DataplaneError;
 use crate::events::{Event, EventQueue};
@@ -61,6 +62,8 @@ type Reply = futures::channel::oneshot::Sender<Result<FlowStream, DataplaneError
 
 struct Flow {
     handle: SocketHandle,
+    /// The flow's local port in the tunnel (given back to the pool when the flow ends).
+    port: u16,
     ends: FlowEnds,
     target: SocketAddr,
     /// Client bytes not yet taken by the socket.
@@ -93,6 +96,7 @@ const UDP_PAYLOAD: usize = 64 * 1024;
 /// One SOCKS5 UDP association: a smoltcp UDP socket and the channels to its relay.
 struct Association {
     handle: SocketHandle,
+    port: u16,
     ends: DatagramEnds,
 }
 
@@ -126,7 +130,7 @@ struct Tunnel {
     flows: Vec<Flow>,
     associations: Vec<Association>,
     names: Vec<PendingName>,
-    next_port: u16,
+    ports: PortPool,
     scratch: Vec<u8>,
     /// Encrypted datagrams waiting to be sent to the endpoint.
     outgoing: Vec<Vec<u8>>,
@@ -228,7 +232,9 @@ impl Tunnel {
             flows: Vec::new(),
             associations: Vec::new(),
             names: Vec::new(),
-            next_port: 49_152 + (random_u64() % 16_000) as u16,
+            ports: PortPool::starting_at(
+                ports::FIRST + (random_u64() % u64::from(ports::LAST - ports::FIRST + 1)) as u16,
+            ),
             scratch: vec![0; SCRATCH],
             outgoing: Vec::new(),
             last_rx: None,
@@ -292,19 +298,15 @@ impl Tunnel {
         self.set_alive(true, "");
     }
 
-    fn allocate_port(&mut self) -> u16 {
-        loop {
-            let port = self.next_port;
-            self.next_port = if port >= 65_000 { 49_152 } else { port + 1 };
-            if !self.flows.iter().any(|f| {
-                self.sockets
-                    .get::<tcp::Socket>(f.handle)
-                    .local_endpoint()
-                    .is_some_and(|e| e.port == port)
-            }) {
-                return port;
+    /// A free local port, or the error that refuses the flow when every port is taken.
+    fn allocate_port(&mut self) -> Result<u16, DataplaneError> {
+        self.ports.allocate().map_err(|e| {
+            tracing::warn!(backend = %self.name, "flow refused: {e}");
+            DataplaneError::Tunnel {
+                backend: self.name.clone(),
+                reason: e.to_string(),
             }
-        }
+        })
     }
 
     fn request(&mut self, request: Request) {
@@ -318,25 +320,19 @@ impl Tunnel {
 
     /// A UDP socket on a free port of the tunnel for one SOCKS5 association.
     fn open_datagrams(&mut self) -> Result<DatagramPort, DataplaneError> {
-        let port = loop {
-            let port = self.allocate_port();
-            if !self
-                .associations
-                .iter()
-                .any(|a| self.sockets.get::<udp::Socket>(a.handle).endpoint().port == port)
-            {
-                break port;
-            }
-        };
+        let port = self.allocate_port()?;
         let mut socket = association_socket();
-        socket.bind(port).map_err(|e| DataplaneError::Tunnel {
-            backend: self.name.clone(),
-            reason: format!("cannot open a UDP port: {e}"),
-        })?;
+        if let Err(e) = socket.bind(port) {
+            self.ports.release(port);
+            return Err(DataplaneError::Tunnel {
+                backend: self.name.clone(),
+                reason: format!("cannot open a UDP port: {e}"),
+            });
+        }
         let handle = self.sockets.add(socket);
-        let (ends, port) = datagrams::pair(self.wake.clone());
-        self.associations.push(Association { handle, ends });
-        Ok(port)
+        let (ends, datagram_port) = datagrams::pair(self.wake.clone());
+        self.associations.push(Association { handle, port, ends });
+        Ok(datagram_port)
     }
 
     /// Moves datagrams between each association's socket and its relay; an association whose
@@ -347,6 +343,7 @@ impl Tunnel {
             let association = &self.associations[i];
             if association.ends.from_client.is_closed() && association.ends.from_client.is_empty() {
                 self.sockets.remove(association.handle);
+                self.ports.release(association.port);
                 self.associations.swap_remove(i);
                 continue;
             }
@@ -435,7 +432,13 @@ impl Tunnel {
             let _ = reply.send(Err(e));
             return;
         };
-        let port = self.allocate_port();
+        let port = match self.allocate_port() {
+            Ok(port) => port,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
         let mut socket = flow_socket();
         let local = IpListenEndpoint {
             addr: Some(IpAddress::from(source)),
@@ -446,6 +449,7 @@ impl Tunnel {
             (IpAddress::from(target.ip()), target.port()),
             local,
         ) {
+            self.ports.release(port);
             let e = tunnel_error(format!("cannot open a flow to {target}: {e}"));
             let _ = reply.send(Err(e));
             return;
@@ -454,6 +458,7 @@ impl Tunnel {
         let (ends, stream) = flow::pair(self.wake.clone(), SocketAddr::new(source, port));
         self.flows.push(Flow {
             handle,
+            port,
             ends,
             target,
             pending: Vec::new(),
@@ -654,7 +659,8 @@ impl Tunnel {
             if self.shuttle(i) {
                 i += 1;
             } else {
-                self.flows.swap_remove(i);
+                let flow = self.flows.swap_remove(i);
+                self.ports.release(flow.port);
             }
         }
         self.shuttle_datagrams();
