@@ -879,7 +879,7 @@ fn nginx_origin_bytes_match_through_the_cache() {
     let slice = fetch(&server, &url, &["-H", "Range: bytes=4000000-4000099"]);
     assert_eq!(slice.body, &big[4_000_000..4_000_100]);
     let requests = nginx
-        .access_log()
+        .access_log(1)
         .iter()
         .filter(|(_, _, r)| r.contains("/game.pak"))
         .count();

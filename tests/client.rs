@@ -735,23 +735,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 fn start_up_code_pages_are_given_back_and_the_proxies_still_work() {
     let Some(nginx) = origin() else { return };
     let client = start_client(&client_yaml(""));
-    let pid = client._proc.child.id();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !client.log_text().contains("start-up code pages released") {
-        assert!(
-            Instant::now() < deadline,
-            "the client never released its start-up code pages:\n{}",
-            client.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let (resident, size) = support::resident_code_kib(pid);
-    assert!(size > 0, "no executable mapping of {BIN} found");
-    // a quarter at most (see tests/engine.rs: a debug build under load runs more code meanwhile)
-    assert!(
-        resident * 4 < size,
-        "{resident} of {size} KiB of the binary's code still resident after the release"
-    );
+    support::assert_start_up_code_pages_released(&client.logs, client._proc.child.id());
     let out = curl_via_http(&client, &nginx.url("/hello.txt"));
     assert_eq!(out.stdout, b"hello through switchyard");
     let out = curl_via_socks(&client, &nginx.url("/hello.txt"));

@@ -172,7 +172,7 @@ fn the_core_count_follows_the_cgroup_cpu_quota() {
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cpus < 2 {
-        eprintln!("SKIP: one CPU: a quota of one CPU changes nothing");
+        support::skip_unless_ci("one CPU: a quota of one CPU changes nothing");
         return;
     }
     let (root, v1) = hierarchy;
@@ -241,41 +241,7 @@ fn the_core_count_follows_the_cgroup_cpu_quota() {
 #[test]
 fn start_up_code_pages_are_given_back_and_the_proxy_still_relays() {
     let server = start_server("");
-    let released = |server: &Server| {
-        server
-            .logs
-            .lock()
-            .expect("logs")
-            .iter()
-            .any(|l| l.contains("start-up code pages released"))
-    };
-    // what start-up left resident, read before the release (it comes a second after listening)
-    let before = resident_code_kib(server.pid()).0;
-    let before = (!released(&server)).then_some(before);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !released(&server) {
-        assert!(
-            Instant::now() < deadline,
-            "the server never released its start-up code pages"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // Start-up leaves a large part of the text resident (issue 14, release: 9.8 of 23.6 MiB);
-    // what an idle server runs afterwards maps back a small part (1.5 MiB).
-    let (resident, size) = resident_code_kib(server.pid());
-    assert!(size > 0, "no executable mapping of {BIN} found");
-    // a quarter at most (a debug build under a loaded CI box runs more code meanwhile), and
-    // at most half of what was resident before the release when that was read in time
-    assert!(
-        resident * 4 < size,
-        "{resident} of {size} KiB of the binary's code still resident after the release"
-    );
-    if let Some(before) = before {
-        assert!(
-            resident * 2 < before,
-            "{resident} KiB of code resident after the release, {before} KiB before"
-        );
-    }
+    support::assert_start_up_code_pages_released(&server.logs, server.pid());
 
     // A CONNECT tunnel to a local listener: the relay's code comes back from the file.
     use std::io::{Read, Write};
@@ -341,7 +307,7 @@ fn new_connections_go_to_the_cores_in_turn() {
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cpus < 2 {
-        eprintln!("SKIP: one CPU: one core, nothing to balance");
+        support::skip_unless_ci("one CPU: one core, nothing to balance");
         return;
     }
     let metrics = free_port();

@@ -754,7 +754,7 @@ fn assert_http_and_connect_through(gw: &ovpn::Gateway, vpn: &VpnServer, name: &s
         "hello through openvpn\n",
         "{connect:?}"
     );
-    let log = vpn.access_log();
+    let log = vpn.access_log_lines(2);
     let lines: Vec<&str> = log.lines().collect();
     assert_eq!(lines.len(), 2, "two requests reached the origin:\n{log}");
     for line in lines {

@@ -42,7 +42,7 @@ fn http_proxy_keeps_client_alive_and_pools_origin_connections() {
     );
 
     // The origin saw the requests on pooled keep-alive connections, not one per request.
-    let log = origin.access_log();
+    let log = origin.access_log(20);
     let index_lines: Vec<_> = log.iter().filter(|l| l.2.contains("/index.html")).collect();
     assert_eq!(index_lines.len(), 20);
     let connections: std::collections::HashSet<u64> = index_lines.iter().map(|l| l.0).collect();

@@ -88,7 +88,7 @@ fn http_connect_and_socks5_go_through_the_tunnel() {
     );
 
     // The origin saw switchyard's tunnel address only.
-    let log = peer.access_log();
+    let log = peer.access_log_lines(5);
     let lines: Vec<&str> = log.lines().collect();
     assert_eq!(lines.len(), 5, "five requests reached the origin:\n{log}");
     for line in &lines {

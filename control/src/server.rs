@@ -364,8 +364,20 @@ async fn drain_dataplane(state: Arc<ServerState>) {
 /// `client` keeps only the code it runs.
 pub(crate) async fn release_startup_code() {
     tokio::time::sleep(Duration::from_secs(1)).await;
-    match switchyard_dataplane::text_pages::release_code_pages() {
-        Ok(bytes) => tracing::info!(bytes, "start-up code pages released"),
+    use switchyard_dataplane::text_pages;
+    // the binary's resident code right before and right after the release, read by the process
+    // itself: their ratio shows the release worked whatever else the machine runs meanwhile
+    let before = text_pages::own_code_residency();
+    match text_pages::release_code_pages() {
+        Ok(bytes) => {
+            let after = text_pages::own_code_residency();
+            tracing::info!(
+                bytes,
+                code_resident_before_kib = before.map(|c| c.resident_kib),
+                code_resident_after_kib = after.map(|c| c.resident_kib),
+                "start-up code pages released"
+            );
+        }
         Err(e) => tracing::debug!(error = %e, "cannot release start-up code pages"),
     }
     // the heap start-up freed (parsed eBPF objects among it) goes back as well

@@ -46,6 +46,51 @@ pub fn code_mappings(maps: &str) -> Vec<CodeMapping> {
         .collect()
 }
 
+/// KiB of `/proc/PID/smaps` `Size` and `Rss` of the read-only executable private mappings of
+/// the file `exe` (the binary's code, not its libraries').
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CodeResidency {
+    pub size_kib: u64,
+    pub resident_kib: u64,
+}
+
+/// The [`CodeResidency`] of `exe` in a `/proc/PID/smaps` text; malformed lines count nothing.
+pub fn code_residency(smaps: &str, exe: &str) -> CodeResidency {
+    let mut in_code = false;
+    let mut found = CodeResidency::default();
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(first), second) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        // a mapping's header line ("start-end perms offset dev inode path"); its fields follow
+        if first.contains('-') && !first.ends_with(':') {
+            let path = line.find(" /").map(|at| &line[at + 1..]);
+            in_code = second == Some("r-xp") && path == Some(exe);
+            continue;
+        }
+        if !in_code {
+            continue;
+        }
+        let kib = second.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        match first {
+            "Size:" => found.size_kib += kib,
+            "Rss:" => found.resident_kib += kib,
+            _ => {}
+        }
+    }
+    found
+}
+
+/// This process's own [`CodeResidency`] (its executable as `/proc/self/exe` names it, the same
+/// text `/proc/self/smaps` shows, a " (deleted)" suffix included); `None` when either is
+/// unreadable.
+pub fn own_code_residency() -> Option<CodeResidency> {
+    let exe = std::fs::read_link("/proc/self/exe").ok()?;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    Some(code_residency(&smaps, exe.to_str()?))
+}
+
 /// The heap pages start-up freed, given back with the code pages (glibc keeps freed memory
 /// resident otherwise); returns whether any was released.
 pub fn release_freed_heap() -> bool {
@@ -110,6 +155,49 @@ mod tests {
     #[test]
     fn malformed_lines_are_skipped() {
         assert!(code_mappings("zz-yy r-xp 0 0 0 /x\n\nfoo\n10-5 r-xp 0 0 0 /y\n").is_empty());
+    }
+
+    const SMAPS: &str = "\
+55d0c0a00000-55d0c0a08000 r--p 00000000 fe:01 123 /usr/bin/switchyard
+Size:                 32 kB
+Rss:                  32 kB
+55d0c0a08000-55d0c2000000 r-xp 00008000 fe:01 123 /usr/bin/switchyard
+Size:              22496 kB
+KernelPageSize:        4 kB
+Rss:                9800 kB
+Pss:                9800 kB
+VmFlags: rd ex mr mw me dw
+7f1000000000-7f1000180000 r-xp 00028000 fe:01 77 /usr/lib/x86_64-linux-gnu/libc.so.6
+Size:               1536 kB
+Rss:                1200 kB
+7f4000000000-7f4000002000 r-xp 00000000 fe:01 80 /usr/bin/switchyard (deleted)
+Size:                  8 kB
+Rss:                   8 kB
+7f5000000000-7f5000002000 r-xp 00000000 fe:01 81 /usr/bin/switchyard
+Size:                  8 kB
+Rss:               bogus kB
+7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0 [vdso]
+Size:                  8 kB
+Rss:                   4 kB
+";
+
+    #[test]
+    fn code_residency_counts_the_executables_code_mappings_only() {
+        assert_eq!(
+            code_residency(SMAPS, "/usr/bin/switchyard"),
+            CodeResidency {
+                size_kib: 22504,
+                resident_kib: 9800
+            }
+        );
+        assert_eq!(
+            code_residency(SMAPS, "/usr/bin/switchyard (deleted)"),
+            CodeResidency {
+                size_kib: 8,
+                resident_kib: 8
+            }
+        );
+        assert_eq!(code_residency("", "/x"), CodeResidency::default());
     }
 
     /// Released code runs again: the pages come back from the file on the next call.

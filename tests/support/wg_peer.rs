@@ -352,7 +352,12 @@ impl Peer {
     }
 
     pub fn access_log(&self) -> String {
-        super::nginx_access_log(&self.dir.path().join("access.log"))
+        self.access_log_lines(1)
+    }
+
+    /// The origin's access log once it has at least `lines` lines (at most 5 s).
+    pub fn access_log_lines(&self, lines: usize) -> String {
+        super::nginx_access_log_lines(&self.dir.path().join("access.log"), lines)
     }
 }
 
