@@ -390,7 +390,8 @@ async fn origin_and_host_rules_over_the_wire() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     wait_log(&s, |l| {
-        l.contains("WebSocket upgrade refused (403)") && l.contains("neither an IP literal")
+        // the Host is refused by the API guard, before the upgrade's own checks
+        l.contains("API request refused") && l.contains("neither an IP literal")
     });
     wait_log(&s, |l| {
         l.contains("WebSocket upgrade refused (403)") && l.contains("http://evil.example")
