@@ -475,7 +475,7 @@ fn bad_allowed_origins_refuse_startup() {
 async fn lone_star_disables_the_checks_with_a_warning() {
     let s = server(r#"allowed_origins: ["*"]"#, "");
     wait_log(&s, |l| {
-        l.contains("WARN") && l.contains("Origin and Host checks of /api/v1/ws are disabled")
+        l.contains("WARN") && l.contains("Host and Origin checks of the API are disabled")
     });
     let mut c = ws_connect(
         s.api,
