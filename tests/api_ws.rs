@@ -390,7 +390,8 @@ async fn origin_and_host_rules_over_the_wire() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     wait_log(&s, |l| {
-        l.contains("WebSocket upgrade refused (403)") && l.contains("neither an IP literal")
+        // the Host is refused by the API guard, before the upgrade's own checks
+        l.contains("API request refused") && l.contains("neither an IP literal")
     });
     wait_log(&s, |l| {
         l.contains("WebSocket upgrade refused (403)") && l.contains("http://evil.example")
@@ -474,7 +475,7 @@ fn bad_allowed_origins_refuse_startup() {
 async fn lone_star_disables_the_checks_with_a_warning() {
     let s = server(r#"allowed_origins: ["*"]"#, "");
     wait_log(&s, |l| {
-        l.contains("WARN") && l.contains("Origin and Host checks of /api/v1/ws are disabled")
+        l.contains("WARN") && l.contains("Host and Origin checks of the API are disabled")
     });
     let mut c = ws_connect(
         s.api,

@@ -269,6 +269,11 @@ pub struct ClientApiConfig {
     /// query or the session cookie of `POST /api/v1/login`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// Host names and origins the API and web UI accept besides IP literals, `localhost` and
+    /// same-origin pages (the server's `api.allowed_origins` rules); applied with the
+    /// configuration.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ClientApiConfig {
@@ -277,6 +282,7 @@ impl Default for ClientApiConfig {
             enabled: true,
             listen: "127.0.0.1:7383".into(),
             token: None,
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -740,6 +746,15 @@ pub fn validate_client(cfg: &ClientConfig) -> Vec<Problem> {
                 bound.push((field, addr));
             }
             Ok(_) => {}
+        }
+    }
+    if let Err(errors) = crate::origin::AllowedOrigins::parse(&cfg.api.allowed_origins) {
+        for (i, e) in errors {
+            let field = match i {
+                Some(i) => format!("api.allowed_origins[{i}]"),
+                None => "api.allowed_origins".into(),
+            };
+            problem(field, e.to_string());
         }
     }
     if cfg.server.connect_timeout.is_zero() {

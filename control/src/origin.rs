@@ -1,8 +1,12 @@
-//! Origin and Host checks of the WebSocket upgrade (`/api/v1/ws`), as plain functions: no
-//! runtime, no I/O. The entries of `api.allowed_origins` are parsed by the config crate
+//! Origin and Host checks of the management APIs and web UIs, as plain functions: no runtime,
+//! no I/O. The entries of `api.allowed_origins` are parsed by the config crate
 //! ([`switchyard_config::AllowedOrigins`], which validation also uses); this module decides.
+//! [`OriginPolicy::check`] is the WebSocket upgrade's rule (Host and Origin);
+//! [`OriginPolicy::admit`] is the rule of every HTTP request (the API guard layer,
+//! `control/src/api/guard.rs`): the Host always, the Origin and `Sec-Fetch-Site` on state
+//! changes, and no body a browser may send cross-site without a CORS preflight.
 //!
-//! A request passes when both hold:
+//! A WebSocket upgrade passes when both hold:
 //!
 //! - **Host**: the request's Host is an IP literal, `localhost` or a name under `.localhost`,
 //!   or is named by an entry (its host pattern matches the Host's name, and its port, when the
@@ -19,7 +23,7 @@
 
 use switchyard_config::{AllowedOrigins, OriginPattern, OriginPatternError};
 
-/// Why an upgrade is refused (answered with 403 and logged).
+/// Why a request is refused (answered with 403, or 415 for the body type, and logged).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("the request has no Host header")]
@@ -30,6 +34,57 @@ pub enum Refusal {
     HostNotAllowed(String),
     #[error("the Origin `{0}` is not the request's Host and matches no api.allowed_origins entry")]
     OriginNotAllowed(String),
+    #[error("a state-changing request from another site (Sec-Fetch-Site: cross-site) whose Origin is not listed in api.allowed_origins")]
+    CrossSite,
+    #[error("a request body of type `{0}` (one a web page may send to any site without asking): send JSON as application/json")]
+    SimpleBodyType(String),
+}
+
+impl Refusal {
+    /// The answer's status (403, or 415 for the body type) and error code.
+    pub fn status_and_code(&self) -> (u16, &'static str) {
+        match self {
+            Refusal::MissingHost | Refusal::BadHost(_) | Refusal::HostNotAllowed(_) => {
+                (403, "HOST_NOT_ALLOWED")
+            }
+            Refusal::OriginNotAllowed(_) => (403, "ORIGIN_NOT_ALLOWED"),
+            Refusal::CrossSite => (403, "CROSS_SITE_REQUEST"),
+            Refusal::SimpleBodyType(_) => (415, "UNSUPPORTED_MEDIA_TYPE"),
+        }
+    }
+}
+
+/// What [`OriginPolicy::admit`] looks at in an HTTP request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestFacts<'a> {
+    /// Any method but GET, HEAD and OPTIONS.
+    pub changes_state: bool,
+    pub host: Option<&'a str>,
+    pub origin: Option<&'a str>,
+    pub sec_fetch_site: Option<&'a str>,
+    pub content_type: Option<&'a str>,
+    /// The request has a body (a non-zero or unknown length).
+    pub has_body: bool,
+    /// It came over TLS (the default port of the Host).
+    pub tls: bool,
+}
+
+/// The body types a page may send cross-site without a CORS preflight (the Fetch standard's
+/// CORS-safelisted `Content-Type` values).
+const SIMPLE_BODY_TYPES: [&str; 3] = [
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data",
+];
+
+/// The media type of a `Content-Type` value, lowercase, without parameters.
+pub fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// `api.allowed_origins` could not be turned into a policy (the server refuses to start).
@@ -57,6 +112,13 @@ impl OriginPolicy {
             .map_err(PolicyError)
     }
 
+    /// No entries: IP literals, loopback names and same-origin requests only.
+    pub fn strict() -> Self {
+        Self {
+            allowed: AllowedOrigins::Patterns(Vec::new()),
+        }
+    }
+
     /// True for the lone `*` entry: nothing is checked.
     pub fn checks_disabled(&self) -> bool {
         matches!(self.allowed, AllowedOrigins::Any)
@@ -74,35 +136,101 @@ impl OriginPolicy {
             AllowedOrigins::Any => return Ok(()),
             AllowedOrigins::Patterns(p) => p.as_slice(),
         };
-        let host_value = host.ok_or(Refusal::MissingHost)?;
-        let host =
-            parse_authority(host_value).ok_or_else(|| Refusal::BadHost(host_value.to_owned()))?;
-        let request_scheme = if tls { "https" } else { "http" };
-        let host_port = host.port.or(default_port(request_scheme));
-        let named = patterns.iter().any(|p| {
-            glob(&p.host, &host.host) && p.port.is_none_or(|port| Some(port) == host_port)
-        });
-        if !(is_ip_literal(&host.host) || is_loopback_name(&host.host) || named) {
-            return Err(Refusal::HostNotAllowed(host_value.to_owned()));
-        }
+        let host = check_host(patterns, host, tls)?;
         let Some(origin_value) = origin else {
             return Ok(());
         };
-        let refused = || Refusal::OriginNotAllowed(origin_value.to_owned());
-        let (scheme, origin) = parse_origin(origin_value).ok_or_else(refused)?;
-        let origin_port = origin.port.or(default_port(&scheme));
-        // Same origin: the Host as the browser addressed it (its port defaults like the Origin's).
-        if origin.host == host.host && origin_port == host.port.or(default_port(&scheme)) {
-            return Ok(());
-        }
-        if patterns
-            .iter()
-            .any(|p| origin_matches(p, &scheme, &origin.host, origin_port))
-        {
-            return Ok(());
-        }
-        Err(refused())
+        check_origin(patterns, origin_value, &host)
     }
+
+    /// Checks an HTTP request of the APIs or web UIs:
+    ///
+    /// 1. the Host, whatever the method (DNS rebinding: a page whose name now resolves to this
+    ///    listener sends its own name as Host);
+    /// 2. on a state change, an Origin that is not this listener's own or a listed one, and
+    ///    `Sec-Fetch-Site: cross-site` unless the Origin is listed (cross-site requests);
+    /// 3. on a state change with a body, a missing Content-Type or one of the three a page may
+    ///    send anywhere without a preflight (`text/plain`, forms): refused even with `*`, as
+    ///    no endpoint reads such a body.
+    pub fn admit(&self, r: &RequestFacts<'_>) -> Result<(), Refusal> {
+        if let AllowedOrigins::Patterns(patterns) = &self.allowed {
+            let host = check_host(patterns, r.host, r.tls)?;
+            if r.changes_state {
+                if let Some(origin) = r.origin {
+                    check_origin(patterns, origin, &host)?;
+                }
+                let listed = r.origin.is_some_and(|o| is_listed(patterns, o));
+                if r.sec_fetch_site
+                    .is_some_and(|s| s.trim().eq_ignore_ascii_case("cross-site"))
+                    && !listed
+                {
+                    return Err(Refusal::CrossSite);
+                }
+            }
+        }
+        if r.changes_state && r.has_body {
+            let media = r.content_type.map(media_type).unwrap_or_default();
+            if media.is_empty() || SIMPLE_BODY_TYPES.contains(&media.as_str()) {
+                let shown = r.content_type.unwrap_or("none").to_owned();
+                return Err(Refusal::SimpleBodyType(shown));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A Host that is an IP literal, a loopback name or listed; its parsed authority.
+fn check_host(
+    patterns: &[OriginPattern],
+    host: Option<&str>,
+    tls: bool,
+) -> Result<HostSeen, Refusal> {
+    let host_value = host.ok_or(Refusal::MissingHost)?;
+    let host =
+        parse_authority(host_value).ok_or_else(|| Refusal::BadHost(host_value.to_owned()))?;
+    let request_scheme = if tls { "https" } else { "http" };
+    let host_port = host.port.or(default_port(request_scheme));
+    let named = patterns
+        .iter()
+        .any(|p| glob(&p.host, &host.host) && p.port.is_none_or(|port| Some(port) == host_port));
+    if !(is_ip_literal(&host.host) || is_loopback_name(&host.host) || named) {
+        return Err(Refusal::HostNotAllowed(host_value.to_owned()));
+    }
+    Ok(HostSeen(host))
+}
+
+/// A Host that passed [`check_host`].
+struct HostSeen(Authority);
+
+/// An Origin that is the Host's own (same origin) or matches an entry.
+fn check_origin(
+    patterns: &[OriginPattern],
+    origin_value: &str,
+    host: &HostSeen,
+) -> Result<(), Refusal> {
+    let host = &host.0;
+    let refused = || Refusal::OriginNotAllowed(origin_value.to_owned());
+    let (scheme, origin) = parse_origin(origin_value).ok_or_else(refused)?;
+    let origin_port = origin.port.or(default_port(&scheme));
+    // Same origin: the Host as the browser addressed it (its port defaults like the Origin's).
+    if origin.host == host.host && origin_port == host.port.or(default_port(&scheme)) {
+        return Ok(());
+    }
+    if is_listed(patterns, origin_value) {
+        return Ok(());
+    }
+    Err(refused())
+}
+
+/// The Origin matches an `api.allowed_origins` entry.
+fn is_listed(patterns: &[OriginPattern], origin_value: &str) -> bool {
+    let Some((scheme, origin)) = parse_origin(origin_value) else {
+        return false;
+    };
+    let origin_port = origin.port.or(default_port(&scheme));
+    patterns
+        .iter()
+        .any(|p| origin_matches(p, &scheme, &origin.host, origin_port))
 }
 
 fn origin_matches(p: &OriginPattern, scheme: &str, host: &str, port: Option<u16>) -> bool {
@@ -715,6 +843,449 @@ mod tests {
             "{} cases wrong:\n{}",
             failures.len(),
             failures.join("\n")
+        );
+    }
+
+    /// (rule, allowed_origins, method is a write, Host, Origin, Sec-Fetch-Site, Content-Type,
+    /// has a body, refused with this code or accepted)
+    type RequestCase = (
+        &'static str,
+        &'static [&'static str],
+        bool,
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+        bool,
+        Option<&'static str>,
+    );
+
+    const H: Option<&str> = Some("127.0.0.1:7383");
+    const SAME: Option<&str> = Some("http://127.0.0.1:7383");
+    const EVIL: Option<&str> = Some("http://evil.example");
+    const JSON: Option<&str> = Some("application/json");
+
+    const REQUEST_CASES: &[RequestCase] = &[
+        // Host: every method.
+        (
+            "GET, loopback IP",
+            &[],
+            false,
+            H,
+            None,
+            None,
+            None,
+            false,
+            None,
+        ),
+        (
+            "GET, localhost",
+            &[],
+            false,
+            Some("localhost:7383"),
+            None,
+            None,
+            None,
+            false,
+            None,
+        ),
+        (
+            "GET, LAN IP (PAC)",
+            &[],
+            false,
+            Some("192.168.1.2:7082"),
+            None,
+            None,
+            None,
+            false,
+            None,
+        ),
+        (
+            "GET, rebinding name",
+            &[],
+            false,
+            Some("evil.example:7082"),
+            None,
+            None,
+            None,
+            false,
+            Some("HOST_NOT_ALLOWED"),
+        ),
+        (
+            "GET, no Host",
+            &[],
+            false,
+            None,
+            None,
+            None,
+            None,
+            false,
+            Some("HOST_NOT_ALLOWED"),
+        ),
+        (
+            "GET, gateway name listed",
+            &["gw.lan"],
+            false,
+            Some("gw.lan:7082"),
+            None,
+            None,
+            None,
+            false,
+            None,
+        ),
+        (
+            "GET, gateway name unlisted",
+            &[],
+            false,
+            Some("gw.lan:7082"),
+            None,
+            None,
+            None,
+            false,
+            Some("HOST_NOT_ALLOWED"),
+        ),
+        (
+            "POST, rebinding name, same origin",
+            &[],
+            true,
+            Some("evil.example:7383"),
+            Some("http://evil.example:7383"),
+            Some("same-origin"),
+            JSON,
+            true,
+            Some("HOST_NOT_ALLOWED"),
+        ),
+        // GET: a foreign Origin or cross-site fetch cannot change anything, and cannot read
+        // the answer without CORS.
+        (
+            "GET, foreign Origin",
+            &[],
+            false,
+            H,
+            EVIL,
+            Some("cross-site"),
+            None,
+            false,
+            None,
+        ),
+        // Writes: Origin.
+        (
+            "POST, no Origin (curl, mobile app)",
+            &[],
+            true,
+            H,
+            None,
+            None,
+            None,
+            false,
+            None,
+        ),
+        (
+            "POST, no Origin, JSON",
+            &[],
+            true,
+            H,
+            None,
+            None,
+            JSON,
+            true,
+            None,
+        ),
+        (
+            "POST, same origin (dashboard)",
+            &[],
+            true,
+            H,
+            SAME,
+            Some("same-origin"),
+            JSON,
+            true,
+            None,
+        ),
+        (
+            "POST, same origin, body-less",
+            &[],
+            true,
+            H,
+            SAME,
+            Some("same-origin"),
+            None,
+            false,
+            None,
+        ),
+        (
+            "POST, foreign Origin, body-less",
+            &[],
+            true,
+            H,
+            EVIL,
+            None,
+            None,
+            false,
+            Some("ORIGIN_NOT_ALLOWED"),
+        ),
+        (
+            "DELETE, foreign Origin",
+            &[],
+            true,
+            H,
+            EVIL,
+            Some("cross-site"),
+            None,
+            false,
+            Some("ORIGIN_NOT_ALLOWED"),
+        ),
+        (
+            "PUT, foreign Origin, JSON",
+            &[],
+            true,
+            H,
+            EVIL,
+            None,
+            JSON,
+            true,
+            Some("ORIGIN_NOT_ALLOWED"),
+        ),
+        (
+            "POST, null Origin",
+            &[],
+            true,
+            H,
+            Some("null"),
+            None,
+            None,
+            false,
+            Some("ORIGIN_NOT_ALLOWED"),
+        ),
+        (
+            "POST, other loopback port",
+            &[],
+            true,
+            H,
+            Some("http://127.0.0.1:9000"),
+            Some("same-site"),
+            None,
+            false,
+            Some("ORIGIN_NOT_ALLOWED"),
+        ),
+        (
+            "POST, listed Origin",
+            &["https://admin.example.com"],
+            true,
+            H,
+            Some("https://admin.example.com"),
+            Some("cross-site"),
+            JSON,
+            true,
+            None,
+        ),
+        // Writes: Sec-Fetch-Site.
+        (
+            "POST, cross-site without Origin",
+            &[],
+            true,
+            H,
+            None,
+            Some("cross-site"),
+            None,
+            false,
+            Some("CROSS_SITE_REQUEST"),
+        ),
+        (
+            "POST, cross-site, case",
+            &[],
+            true,
+            H,
+            None,
+            Some("Cross-Site"),
+            None,
+            false,
+            Some("CROSS_SITE_REQUEST"),
+        ),
+        (
+            "POST, same-site without Origin",
+            &[],
+            true,
+            H,
+            None,
+            Some("same-site"),
+            None,
+            false,
+            None,
+        ),
+        (
+            "POST, user typed (none)",
+            &[],
+            true,
+            H,
+            None,
+            Some("none"),
+            None,
+            false,
+            None,
+        ),
+        // Writes: bodies a page may send without a preflight.
+        (
+            "POST, text/plain",
+            &[],
+            true,
+            H,
+            None,
+            None,
+            Some("text/plain"),
+            true,
+            Some("UNSUPPORTED_MEDIA_TYPE"),
+        ),
+        (
+            "POST, text/plain, same origin",
+            &[],
+            true,
+            H,
+            SAME,
+            None,
+            Some("text/plain;charset=UTF-8"),
+            true,
+            Some("UNSUPPORTED_MEDIA_TYPE"),
+        ),
+        (
+            "POST, form",
+            &[],
+            true,
+            H,
+            None,
+            None,
+            Some("application/x-www-form-urlencoded"),
+            true,
+            Some("UNSUPPORTED_MEDIA_TYPE"),
+        ),
+        (
+            "POST, multipart",
+            &[],
+            true,
+            H,
+            None,
+            None,
+            Some("Multipart/Form-Data; boundary=x"),
+            true,
+            Some("UNSUPPORTED_MEDIA_TYPE"),
+        ),
+        (
+            "POST, body without type",
+            &[],
+            true,
+            H,
+            None,
+            None,
+            None,
+            true,
+            Some("UNSUPPORTED_MEDIA_TYPE"),
+        ),
+        (
+            "POST, yaml",
+            &[],
+            true,
+            H,
+            None,
+            None,
+            Some("application/yaml"),
+            true,
+            None,
+        ),
+        (
+            "POST, octet-stream",
+            &[],
+            true,
+            H,
+            None,
+            None,
+            Some("application/octet-stream"),
+            true,
+            None,
+        ),
+        (
+            "POST, text/plain type but no body",
+            &[],
+            true,
+            H,
+            None,
+            None,
+            Some("text/plain"),
+            false,
+            None,
+        ),
+        (
+            "GET, text/plain body",
+            &[],
+            false,
+            H,
+            None,
+            None,
+            Some("text/plain"),
+            true,
+            None,
+        ),
+        // `*`: no Host, Origin or site checks; the body rule stays.
+        (
+            "star: foreign everything",
+            &["*"],
+            true,
+            Some("evil.example"),
+            EVIL,
+            Some("cross-site"),
+            JSON,
+            true,
+            None,
+        ),
+        (
+            "star: text/plain",
+            &["*"],
+            true,
+            Some("evil.example"),
+            EVIL,
+            None,
+            Some("text/plain"),
+            true,
+            Some("UNSUPPORTED_MEDIA_TYPE"),
+        ),
+    ];
+
+    #[test]
+    fn request_table() {
+        let mut failures = Vec::new();
+        for &(name, entries, changes_state, host, origin, site, ctype, has_body, want) in
+            REQUEST_CASES
+        {
+            let facts = RequestFacts {
+                changes_state,
+                host,
+                origin,
+                sec_fetch_site: site,
+                content_type: ctype,
+                has_body,
+                tls: false,
+            };
+            let got = policy(entries).admit(&facts);
+            let code = got.as_ref().err().map(|r| r.status_and_code().1);
+            if code != want {
+                failures.push(format!("{name}: want {want:?}, got {got:?}"));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} cases wrong:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+
+    #[test]
+    fn body_type_refusal_is_415() {
+        let r = Refusal::SimpleBodyType("text/plain".into());
+        assert_eq!(r.status_and_code(), (415, "UNSUPPORTED_MEDIA_TYPE"));
+        assert_eq!(Refusal::CrossSite.status_and_code().0, 403);
+        assert_eq!(
+            media_type(" Application/JSON ; charset=utf-8"),
+            "application/json"
         );
     }
 

@@ -44,7 +44,8 @@ pub struct ServerState {
     pub started: Instant,
     /// Successful configuration reloads (SIGHUP, API, saves with hot sections).
     pub reloads: AtomicU64,
-    /// Origin/Host checks of `/api/v1/ws`, from `api.allowed_origins` at startup.
+    /// Host/Origin checks of every API and dashboard request (`api::guard`) and of the
+    /// WebSocket upgrades, from `api.allowed_origins` at startup.
     pub origin_policy: crate::origin::OriginPolicy,
     /// API login sessions (`POST /api/v1/login`).
     pub sessions: crate::api::auth::Sessions,
@@ -95,7 +96,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     // API security settings are checked before anything starts: a bad entry stops the server.
     let origin_policy = crate::origin::OriginPolicy::new(&cfg.api.allowed_origins)?;
     if origin_policy.checks_disabled() {
-        tracing::warn!("api.allowed_origins is \"*\": Origin and Host checks of /api/v1/ws are disabled; any web page a browser visits can open the event stream");
+        tracing::warn!("api.allowed_origins is \"*\": Host and Origin checks of the API are disabled; any web page a browser visits can read and change the server's configuration");
     }
     let api_tls = match (&cfg.api.tls, cfg.api.enabled) {
         (Some(t), true) => Some(

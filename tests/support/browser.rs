@@ -59,8 +59,9 @@ impl Browser {
                     "--no-first-run", "--disable-background-networking",
                     "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
                     "--disable-breakpad", "--disable-crash-reporter",
-                    // loopback only: no name resolves, IP literals (127.0.0.1) still work
-                    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+                    // loopback only: no name resolves but 127.0.0.1 and 127.0.0.2 (a second
+                    // origin, the attacker's page of tests/browser_threat.rs)
+                    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1 , EXCLUDE 127.0.0.2",
                     "--window-size=1200,900",
                     format!("--user-data-dir={}", profile.path().display()),
                 ],

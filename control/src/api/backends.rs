@@ -257,11 +257,12 @@ const MAX_TEST_TIMEOUT: Duration = Duration::from_secs(120);
 #[utoipa::path(post, path = "/api/v1/backends/{name}/test", tag = "backends", params(("name" = String, Path)),
     request_body(content = Option<BackendTestRequest>),
     responses((status = 200, body = BackendTestResult), (status = 400, body = switchyard_api::ErrorBody),
-              (status = 404, body = switchyard_api::ErrorBody)))]
+              (status = 404, body = switchyard_api::ErrorBody),
+              (status = 415, description = "a body that is not sent as application/json", body = switchyard_api::ErrorBody)))]
 pub async fn test(
     State(state): State<Arc<ServerState>>,
     Path(name): Path<String>,
-    body: axum::body::Bytes,
+    super::body::TypedBody(body, _): super::body::JsonBytes,
 ) -> Result<Json<BackendTestResult>, ApiError> {
     let backend = find(&state, &name)?;
     // The body is optional: empty means every default.

@@ -235,8 +235,11 @@ pub struct BackupQuery {
 /// `POST /api/v1/config/validate` for a YAML configuration (not in the spec).
 #[utoipa::path(post, path = "/api/v1/config/yaml/validate", tag = "config",
     request_body(content = String, content_type = "application/yaml", description = "a whole server configuration"),
-    responses((status = 200, body = ValidationResult)))]
-pub async fn validate_yaml(body: axum::body::Bytes) -> Json<ValidationResult> {
+    responses((status = 200, body = ValidationResult),
+              (status = 415, description = "a body not sent as application/yaml, application/json or application/octet-stream", body = switchyard_api::ErrorBody)))]
+pub async fn validate_yaml(
+    super::body::TypedBody(body, _): super::body::ConfigFileBytes,
+) -> Json<ValidationResult> {
     Json(yaml_value(&body).map_or_else(|invalid| invalid, validate_value))
 }
 
@@ -245,11 +248,12 @@ pub async fn validate_yaml(body: axum::body::Bytes) -> Json<ValidationResult> {
     request_body(content = String, content_type = "application/yaml", description = "a whole server configuration"),
     responses((status = 200, body = ConfigSaveResult),
               (status = 400, description = "invalid configuration, nothing written", body = ValidationResult),
-              (status = 409, description = "no configuration file (running on defaults)", body = switchyard_api::ErrorBody)))]
+              (status = 409, description = "no configuration file (running on defaults)", body = switchyard_api::ErrorBody),
+              (status = 415, description = "a body not sent as application/yaml, application/json or application/octet-stream", body = switchyard_api::ErrorBody)))]
 pub async fn save_yaml(
     State(state): State<Arc<ServerState>>,
     Query(q): Query<BackupQuery>,
-    body: axum::body::Bytes,
+    super::body::TypedBody(body, _): super::body::ConfigFileBytes,
 ) -> Response {
     match yaml_value(&body) {
         Ok(value) => save_value(&state, value, q.create_backup).await,

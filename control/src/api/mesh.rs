@@ -8,7 +8,6 @@ use super::ws;
 use crate::mesh::store::RegistryError;
 use crate::mesh::Registry;
 use crate::server::ServerState;
-use axum::body::Bytes;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{ConnectInfo, Path, State};
@@ -145,6 +144,7 @@ pub async fn list_peers(
     params(("networkID" = String, Path), ("peerID" = String, Path)),
     responses((status = 200, body = MeshPeer),
               (status = 404, description = "unknown network or peer", body = switchyard_api::ErrorBody),
+              (status = 415, description = "a body that is not sent as application/json", body = switchyard_api::ErrorBody),
               (status = 409, description = "NO_LEASE: the peer's lease expired; it must register again", body = switchyard_api::ErrorBody),
               (status = 503, description = "mesh.registry.enabled is false", body = switchyard_api::ErrorBody)))]
 pub async fn get_peer(
@@ -159,6 +159,7 @@ pub async fn get_peer(
     responses((status = 200, description = "updated (peer.updated is sent); absent fields stay", body = MeshPeer),
               (status = 400, description = "a field is invalid (the message names it)", body = switchyard_api::ErrorBody),
               (status = 404, description = "unknown network or peer", body = switchyard_api::ErrorBody),
+              (status = 415, description = "a body that is not sent as application/json", body = switchyard_api::ErrorBody),
               (status = 409, description = "NO_LEASE: the peer's lease expired; it must register again", body = switchyard_api::ErrorBody),
               (status = 503, description = "mesh.registry.enabled is false", body = switchyard_api::ErrorBody)))]
 pub async fn update_peer(
@@ -192,12 +193,13 @@ pub async fn delete_peer(
     responses((status = 204, description = "last seen updated and lease renewed"),
               (status = 400, description = "the optional body is not a heartbeat report", body = switchyard_api::ErrorBody),
               (status = 404, description = "unknown network or peer", body = switchyard_api::ErrorBody),
+              (status = 415, description = "a body that is not sent as application/json", body = switchyard_api::ErrorBody),
               (status = 409, description = "NO_LEASE: the lease expired (its address may be leased again); register again (not transient)", body = switchyard_api::ErrorBody),
               (status = 503, description = "mesh.registry.enabled is false", body = switchyard_api::ErrorBody)))]
 pub async fn heartbeat(
     State(state): S,
     Path((network, peer)): Path<(String, String)>,
-    body: Bytes,
+    super::body::TypedBody(body, _): super::body::JsonBytes,
 ) -> Result<StatusCode, ApiError> {
     let registry = registry(&state)?;
     let report = if body.iter().all(u8::is_ascii_whitespace) {

@@ -4,10 +4,12 @@
 
 pub mod auth;
 pub mod backends;
+pub mod body;
 pub mod cache;
 pub mod config;
 pub mod connections;
 pub mod error;
+pub mod guard;
 pub mod mesh;
 pub mod openapi;
 pub mod providers;
@@ -234,6 +236,11 @@ pub fn router(state: S) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        // Every route, the dashboard and the PAC files included: Host, Origin, body type.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard::<ServerState>,
+        ))
         // Outermost: a `?token=` leaves the URL before anything else sees (or logs) it.
         .layer(middleware::map_request(auth::strip_token_query))
         .with_state(state)

@@ -20,7 +20,7 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Switchyard server API", version = "1.0.0",
-         description = "Management API of `switchyard server`. With `api.token` set, every endpoint except health, the PAC file, login and logout needs the token: `Authorization: Bearer <token>`, a `token` query parameter, or the session cookie of `POST /api/v1/login`."),
+         description = "Management API of `switchyard server`. With `api.token` set, every endpoint except health, the PAC file, login and logout needs the token: `Authorization: Bearer <token>`, a `token` query parameter, or the session cookie of `POST /api/v1/login`. Every endpoint (and the web UI) answers 403 `HOST_NOT_ALLOWED` when the Host is not an IP literal, `localhost` (or a name under `.localhost`) or listed in `api.allowed_origins`; every state-changing request answers 403 `ORIGIN_NOT_ALLOWED` for an Origin other than the API's own or a listed one, 403 `CROSS_SITE_REQUEST` for `Sec-Fetch-Site: cross-site` from an unlisted Origin, and 415 `UNSUPPORTED_MEDIA_TYPE` for a `text/plain`, form or untyped body."),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
     paths(

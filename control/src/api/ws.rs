@@ -3,8 +3,9 @@
 //! Each client gets every hub envelope (`{type, timestamp, data}`) as a text message; the text
 //! `ping` is answered with the text `pong`.
 //!
-//! - The upgrade passes the API token check (header, `?token=` or session cookie), then the
-//!   Origin/Host policy ([`crate::origin`], 403 with a log line), then the client limit:
+//! - The upgrade passes the API guard (Host, `super::guard`), the API token check (header,
+//!   `?token=` or session cookie), then the Origin/Host policy ([`crate::origin`], 403 with a
+//!   log line: a GET's Origin is checked only here), then the client limit:
 //!   at most [`MAX_CLIENTS`], the next one gets 503.
 //! - A client that sends nothing for `api.ws_read_timeout` (default 60 s) is closed.
 //! - Each client reads the hub's broadcast channel on its own task, so a slow client only

@@ -89,6 +89,9 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     } else {
         tracing::info!(saves_to = %config_path.display(), "no configuration file: running on built-in defaults");
     }
+    if cfg.api.allowed_origins.iter().any(|o| o == "*") {
+        tracing::warn!("api.allowed_origins is \"*\": Host and Origin checks of the client API and web UI are disabled; any web page a browser visits can reconfigure the client");
+    }
     let settings = state::load_settings(&args.data_dir, &cfg);
     // a crash or kill -9 of the last run may have left VPN routes, rules, nft tables, bpf pins
     vpn::startup_cleanup(&args.data_dir, &cfg);

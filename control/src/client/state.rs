@@ -63,6 +63,9 @@ pub struct ClientState {
     pub socks5_addr: Option<SocketAddr>,
     pub started: Instant,
     pub sessions: crate::api::auth::Sessions,
+    /// Host/Origin checks of the API and web UI (`api::guard`), from `api.allowed_origins`;
+    /// replaced when a new configuration is applied.
+    pub origin_policy: ArcSwap<crate::origin::OriginPolicy>,
     pub cache: Option<Arc<switchyard_dataplane::cache::CacheStore>>,
     /// The captured log and the profiler slot of the diagnostics endpoints.
     pub diagnostics: switchyard_diagnostics::DiagnosticsState,
@@ -131,6 +134,15 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The policy of `api.allowed_origins` (validated before: a list that does not parse falls
+/// back to no entries, the strictest).
+fn origin_policy(cfg: &ClientConfig) -> crate::origin::OriginPolicy {
+    crate::origin::OriginPolicy::new(&cfg.api.allowed_origins).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "api.allowed_origins ignored");
+        crate::origin::OriginPolicy::strict()
+    })
+}
+
 impl ClientState {
     pub fn new(
         initial: Initial,
@@ -146,7 +158,9 @@ impl ClientState {
             .filter(|_| connected)
             .and_then(|name| initial.config.servers.iter().find(|s| &s.name == name))
             .cloned();
+        let origin_policy = ArcSwap::from_pointee(origin_policy(&initial.config));
         Self {
+            origin_policy,
             config: ArcSwap::from_pointee(initial.config),
             config_path: initial.config_path,
             data_dir: initial.data_dir.clone(),
@@ -386,6 +400,7 @@ impl ClientState {
             })?;
         }
         let restart = switchyard_config::client::restart_fields(&old, &new);
+        self.origin_policy.store(Arc::new(origin_policy(&new)));
         self.config.store(Arc::new(new));
         // A selected server that is gone: fall back to the default one (or none).
         let cfg = self.config.load();

@@ -24,7 +24,9 @@ pub static CLIENT_UI: EmbeddedUi = EmbeddedUi {
     ],
 };
 
-/// The web UI listener's routes: the page and the client API (same token, same sessions).
+/// The web UI listener's routes: the page and the client API (same token, same sessions, the
+/// same guard around both).
 pub fn router(state: Arc<ClientState>) -> Router {
-    crate::client::api::router(state).merge(CLIENT_UI.router())
+    let routes = crate::client::api::routes(state.clone()).merge(CLIENT_UI.router());
+    crate::client::api::finish(routes, state)
 }

@@ -3,6 +3,7 @@
 //! an invalid one answers `{valid: false, errors}` and changes nothing.
 
 use super::{invalid, S};
+use crate::api::body::{ConfigFileBytes, JsonBytes, TypedBody};
 use crate::api::error::ApiError;
 use crate::client::state::ClientState;
 use axum::extract::{Query, State};
@@ -79,8 +80,9 @@ async fn apply(state: &ClientState, new: ClientConfig, status: &str, save: bool)
 /// Applies a partial configuration (only the keys to change) and saves the result.
 #[utoipa::path(put, path = "/api/v1/config", tag = "config",
     request_body(content = Object, description = "partial ClientConfig"),
-    responses((status = 200, body = ConfigUpdated), (status = 400, body = ConfigValidation)))]
-pub async fn put(State(state): State<S>, body: axum::body::Bytes) -> Response {
+    responses((status = 200, body = ConfigUpdated), (status = 400, body = ConfigValidation),
+              (status = 415, description = "a body not sent as application/json", body = switchyard_api::ErrorBody)))]
+pub async fn put(State(state): State<S>, TypedBody(body, _): JsonBytes) -> Response {
     let partial: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return bad_body(format!("body is not JSON: {e}")),
@@ -119,8 +121,12 @@ pub async fn reload(State(state): State<S>) -> Response {
 /// Checks a partial configuration against the running one; changes nothing.
 #[utoipa::path(post, path = "/api/v1/config/validate", tag = "config",
     request_body(content = Object, description = "partial ClientConfig"),
-    responses((status = 200, body = ConfigValidation)))]
-pub async fn validate(State(state): State<S>, body: axum::body::Bytes) -> Json<ConfigValidation> {
+    responses((status = 200, body = ConfigValidation),
+              (status = 415, description = "a body not sent as application/json", body = switchyard_api::ErrorBody)))]
+pub async fn validate(
+    State(state): State<S>,
+    TypedBody(body, _): JsonBytes,
+) -> Json<ConfigValidation> {
     let old = state.config.load_full();
     let merged = serde_json::from_slice::<serde_json::Value>(&body)
         .map_err(|e| format!("body is not JSON: {e}"))
@@ -206,12 +212,13 @@ pub async fn export(
 
 /// Replaces the configuration with a whole file (YAML or JSON); saved in place of the old one.
 #[utoipa::path(post, path = "/api/v1/config/import", tag = "config", params(FormatQuery),
-    request_body(content = String, description = "a whole client configuration"),
-    responses((status = 200, body = ConfigUpdated), (status = 400, body = ConfigValidation)))]
+    request_body(content = String, content_type = "application/yaml", description = "a whole client configuration, sent as application/yaml, application/json or application/octet-stream"),
+    responses((status = 200, body = ConfigUpdated), (status = 400, body = ConfigValidation),
+              (status = 415, description = "a body sent as another type (text/plain, forms: what a web page can send from another site)", body = switchyard_api::ErrorBody)))]
 pub async fn import(
     State(state): State<S>,
     Query(q): Query<FormatQuery>,
-    body: axum::body::Bytes,
+    TypedBody(body, _): ConfigFileBytes,
 ) -> Response {
     let format = match format_of(&q) {
         Ok(f) => f,

@@ -135,15 +135,24 @@ async fn require_token(State(state): State<S>, req: Request, next: Next) -> Resp
 }
 
 pub fn router(state: S) -> Router {
+    finish(routes(state.clone()), state)
+}
+
+/// Every route of the client API, without the layers [`finish`] adds.
+pub fn routes(state: S) -> Router<S> {
     // The diagnostics endpoints (logs, logs/stream, debug/memory, /debug/pprof/*) sit behind
     // the same token check.
     let protected = protected()
         .router
         .merge(switchyard_diagnostics::routes(state.diagnostics.clone()))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    open()
-        .router
-        .merge(protected)
+        .route_layer(middleware::from_fn_with_state(state, require_token));
+    open().router.merge(protected)
+}
+
+/// The fallback and the layers around `routes` (the client API's, with the web UI's pages
+/// when served on the web UI listener), so the guard covers every one of them.
+pub fn finish(routes: Router<S>, state: S) -> Router {
+    routes
         .fallback(|| async {
             ApiError::not_found(
                 "NO_SUCH_ENDPOINT",
@@ -151,6 +160,10 @@ pub fn router(state: S) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(crate::api::BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::api::guard::guard::<ClientState>,
+        ))
         .layer(middleware::map_request(crate::api::auth::strip_token_query))
         .with_state(state)
 }
