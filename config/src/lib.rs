@@ -36,7 +36,8 @@
 //! - [`provider`]: the typed `config` object of provider backends (`nordvpn`, `mullvad`, …).
 //! - [`health_check`]: backends' active health checks (`server.health_check` defaults, the
 //!   per-backend `health_check` object) resolved to a [`health_check::HealthCheckPlan`].
-//! - [`openvpn`]: the typed settings object of `openvpn` backends.
+//! - [`openvpn`]: the typed settings object of `openvpn` backends; [`openvpn_options`]: the
+//!   allow-list of OpenVPN options for its `extra` lines and `config_file`.
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
 //!
 //! No I/O beyond reading the file.
@@ -53,6 +54,7 @@ pub mod load;
 pub mod mesh_registry;
 pub mod model;
 pub mod openvpn;
+pub mod openvpn_options;
 pub mod origin;
 pub mod pkgcache;
 pub mod provider;

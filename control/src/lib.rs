@@ -109,7 +109,8 @@ fn validate(file: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let problems = switchyard_config::validate(&cfg);
+    let mut problems = switchyard_config::validate(&cfg);
+    problems.extend(openvpn::config_file_problems(&cfg));
     if problems.is_empty() {
         println!("{}: valid", file.display());
         return ExitCode::SUCCESS;
