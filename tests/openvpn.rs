@@ -328,6 +328,18 @@ fn a_lost_server_turns_the_backend_unhealthy_and_back() {
     assert_eq!(body(&again), "hello through openvpn\n", "{again:?}");
 }
 
+/// The output of `switchyard config validate FILE`, which must fail.
+fn refused_by_validate(file: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["config", "validate"])
+        .arg(file)
+        .output()
+        .expect("validate");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!out.status.success(), "{text}");
+    text
+}
+
 #[test]
 fn bad_openvpn_settings_are_refused_with_the_key_named() {
     // No root needed: validation only (and a run directory of its own all the same).
@@ -390,13 +402,7 @@ fn bad_openvpn_settings_are_refused_with_the_key_named() {
          routes:\n  - {name: r, domains: [\"*\"], backend: v}\n",
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["config", "validate"])
-        .arg(&file)
-        .output()
-        .expect("validate");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{text}");
+    let text = refused_by_validate(&file);
     assert!(
         text.contains("backends[0].openvpn.extra") && text.contains("plugin"),
         "{text}"
@@ -417,13 +423,7 @@ fn bad_openvpn_settings_are_refused_with_the_key_named() {
         ),
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["config", "validate"])
-        .arg(&file)
-        .output()
-        .expect("validate");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{text}");
+    let text = refused_by_validate(&file);
     assert!(
         text.contains("backends[0].openvpn.config_file")
             && text.contains("line 3")
@@ -491,7 +491,7 @@ fn a_config_file_outside_the_allow_list_is_refused_at_start() {
         .find(|l| l.contains("openvpn not started"))
         .unwrap_or_default();
     assert!(
-        refusal.contains(&format!("{} line 6", ovpn.display()))
+        refusal.contains(&format!("{} line 7", ovpn.display()))
             && refusal.contains("`status` is not allowed: writes a file as root"),
         "{refusal}"
     );
