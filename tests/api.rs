@@ -720,3 +720,108 @@ fn config_save_hot_reload_backup_and_restart_classification() {
         "the running routes are the ones on disk"
     );
 }
+
+/// A save through the API keeps the file's `${NAME}` references (file and backup), secrets sent
+/// back masked keep their values, `${NAME}` in YAML sent through the API is refused, and a value
+/// `${NAME}` sent as JSON is stored as that text (never expanded from the server's environment).
+#[test]
+fn config_saves_keep_env_references_and_never_expand_api_values() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("server.yaml");
+    let original = "server:\n  http: { listen: \"127.0.0.1:0\" }\n  socks5: { listen: \"127.0.0.1:0\" }\n\
+         api: { listen: \"127.0.0.1:0\", token: \"${SY_TEST_API_TOKEN}\" }\n\
+         logging: { level: info, format: json }\n\
+         backends:\n  - {name: direct, type: direct}\n  - {name: up, type: httpproxy, http_proxy: {address: \"127.0.0.1:9\", username: u, password: \"${SY_TEST_PROXY_PASSWORD}\"}}\n\
+         routes:\n  - {name: all, domains: [\"*\"], backend: direct}\n";
+    std::fs::write(&path, original).expect("config");
+    let env: [(&str, &std::ffi::OsStr); 3] = [
+        ("SY_TEST_API_TOKEN", "token-from-env".as_ref()),
+        ("SY_TEST_PROXY_PASSWORD", "password-from-env".as_ref()),
+        ("SY_TEST_OTHER", "other-secret-of-the-server".as_ref()),
+    ];
+    let server = start_server_with_env(dir, path.clone(), &env);
+    let token = Some("token-from-env");
+    let put = |body: &Value| {
+        api_call(
+            &server,
+            "PUT",
+            "/api/v1/config",
+            Some(&body.to_string()),
+            token,
+        )
+    };
+
+    // The dashboard's round trip: masked config, one route changed, saved with a backup.
+    let (st, mut shown) = api_call(&server, "GET", "/api/v1/config", None, token);
+    assert_eq!(st, 200, "{shown}");
+    assert_eq!(shown["api"]["token"], "********");
+    assert_eq!(shown["backends"][1]["http_proxy"]["password"], "********");
+    shown["routes"][0]["priority"] = json!(7);
+    let (st, v) = put(&json!({"config": shown, "create_backup": true}));
+    assert_eq!(st, 200, "{v}");
+    let saved = std::fs::read_to_string(&path).expect("saved");
+    assert!(
+        saved.contains("\"${SY_TEST_API_TOKEN}\"")
+            && saved.contains("\"${SY_TEST_PROXY_PASSWORD}\""),
+        "{saved}"
+    );
+    assert!(
+        !saved.contains("token-from-env") && !saved.contains("password-from-env"),
+        "{saved}"
+    );
+    let backup = v["backup_path"].as_str().expect("backup");
+    assert_eq!(std::fs::read_to_string(backup).expect("backup"), original);
+    let (_, full) = api_call(&server, "GET", "/api/v1/config/full", None, token);
+    assert_eq!(
+        full["backends"][1]["http_proxy"]["password"],
+        "password-from-env"
+    );
+    assert_eq!(full["routes"][0]["priority"], 7);
+
+    // YAML with a reference: refused, nothing written.
+    let yaml = saved.replace("username: u", "username: \"${SY_TEST_OTHER}\"");
+    let out = curl(&[
+        "-sS",
+        "-X",
+        "PUT",
+        "-H",
+        "Authorization: Bearer token-from-env",
+        "--data-binary",
+        &yaml,
+        "-w",
+        "\n%{http_code}",
+        &format!("http://{}/api/v1/config/yaml", server.api),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.ends_with("\n400"), "{text}");
+    assert!(
+        text.contains("SY_TEST_OTHER") && !text.contains("other-secret-of-the-server"),
+        "{text}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).expect("file"), saved);
+
+    // JSON with `${NAME}` as a value: stored as that text. A server started from the saved
+    // file (same environment) has that text, and the references' values.
+    let (_, mut full) = api_call(&server, "GET", "/api/v1/config/full", None, token);
+    full["backends"][1]["http_proxy"]["username"] = json!("${SY_TEST_OTHER}");
+    let (st, v) = put(&json!({"config": full, "create_backup": false}));
+    assert_eq!(st, 200, "{v}");
+    let saved = std::fs::read_to_string(&path).expect("saved");
+    assert!(!saved.contains("other-secret-of-the-server"), "{saved}");
+    drop(server);
+    let again_dir = tempfile::tempdir().expect("dir");
+    let again_path = again_dir.path().join("server.yaml");
+    std::fs::write(&again_path, &saved).expect("copy");
+    let again = start_server_with_env(again_dir, again_path, &env);
+    let (_, full) = api_call(&again, "GET", "/api/v1/config/full", None, token);
+    assert_eq!(
+        full["backends"][1]["http_proxy"]["username"], "${SY_TEST_OTHER}",
+        "{saved}"
+    );
+    assert_eq!(
+        full["backends"][1]["http_proxy"]["password"],
+        "password-from-env"
+    );
+    assert_eq!(full["api"]["token"], "token-from-env");
+    assert_eq!(full["routes"][0]["priority"], 7);
+}

@@ -328,6 +328,18 @@ fn a_lost_server_turns_the_backend_unhealthy_and_back() {
     assert_eq!(body(&again), "hello through openvpn\n", "{again:?}");
 }
 
+/// The output of `switchyard config validate FILE`, which must fail.
+fn refused_by_validate(file: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["config", "validate"])
+        .arg(file)
+        .output()
+        .expect("validate");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!out.status.success(), "{text}");
+    text
+}
+
 #[test]
 fn bad_openvpn_settings_are_refused_with_the_key_named() {
     // No root needed: validation only (and a run directory of its own all the same).
@@ -352,6 +364,22 @@ fn bad_openvpn_settings_are_refused_with_the_key_named() {
             serde_json::json!({"remote": "127.0.0.1", "ca": "/etc/ca.pem"}),
             "openvpn.cert",
         ),
+        // Outside the allow-list: options that write or read files as root.
+        (
+            serde_json::json!({"remote": "127.0.0.1", "ca": "/etc/ca.pem", "username": "u", "password": "p",
+                               "extra": ["verb 3", "status /etc/cron.d/switchyard"]}),
+            "writes a file",
+        ),
+        (
+            serde_json::json!({"remote": "127.0.0.1", "ca": "/etc/ca.pem", "username": "u", "password": "p",
+                               "extra": ["askpass /etc/shadow"]}),
+            "reads a file",
+        ),
+        (
+            serde_json::json!({"remote": "127.0.0.1", "ca": "/etc/ca.pem", "username": "u", "password": "p",
+                               "extra": ["echo anything"]}),
+            "not on the list",
+        ),
     ];
     for (settings, field) in cases {
         let create = serde_json::json!({"name": "bad", "type": "openvpn", "openvpn": settings});
@@ -374,15 +402,32 @@ fn bad_openvpn_settings_are_refused_with_the_key_named() {
          routes:\n  - {name: r, domains: [\"*\"], backend: v}\n",
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["config", "validate"])
-        .arg(&file)
-        .output()
-        .expect("validate");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{text}");
+    let text = refused_by_validate(&file);
     assert!(
         text.contains("backends[0].openvpn.extra") && text.contains("plugin"),
+        "{text}"
+    );
+    // A config_file is read and checked by `config validate` too, naming the line.
+    let ovpn = server.dir.path().join("provider.ovpn");
+    std::fs::write(
+        &ovpn,
+        "client\nremote 127.0.0.1 1194\nreplay-persist /root/.bashrc\n",
+    )
+    .expect("ovpn");
+    std::fs::write(
+        &file,
+        format!(
+            "backends:\n  - {{name: v, type: openvpn, openvpn: {{config_file: {}}}}}\n\
+             routes:\n  - {{name: r, domains: [\"*\"], backend: v}}\n",
+            ovpn.display()
+        ),
+    )
+    .expect("write");
+    let text = refused_by_validate(&file);
+    assert!(
+        text.contains("backends[0].openvpn.config_file")
+            && text.contains("line 3")
+            && text.contains("`replay-persist` is not allowed"),
         "{text}"
     );
     // The OpenAPI document describes the settings object.
@@ -407,6 +452,52 @@ fn bad_openvpn_settings_are_refused_with_the_key_named() {
     ] {
         assert!(schema["properties"][key].is_object(), "{key} in {schema}");
     }
+}
+
+#[test]
+fn a_config_file_outside_the_allow_list_is_refused_at_start() {
+    // No root needed: the file is refused before any process starts. It passed validation
+    // (the server does not read it then) and was changed afterwards, as files are.
+    let files = tempfile::tempdir().expect("tempdir");
+    let ovpn = files.path().join("office.ovpn");
+    let status = files.path().join("status.txt");
+    std::fs::write(
+        &ovpn,
+        format!(
+            "client\nremote 127.0.0.1 1194\n<ca>\n-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n</ca>\n\
+             status {}\n",
+            status.display()
+        ),
+    )
+    .expect("ovpn");
+    let gw = gateway(&format!(
+        "backends:\n  - {{name: file-vpn, type: openvpn, openvpn: {{config_file: {}}}}}\n\
+         routes:\n  - {{name: rest, domains: [\"*\"], backend: file-vpn}}\n",
+        ovpn.display()
+    ));
+    let server = &gw.server;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !logs(server).contains("openvpn not started") {
+        assert!(
+            Instant::now() < deadline,
+            "the refused config_file was not reported; log:\n{}",
+            logs(server)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = logs(server);
+    let refusal = log
+        .lines()
+        .find(|l| l.contains("openvpn not started"))
+        .unwrap_or_default();
+    assert!(
+        refusal.contains(&format!("{} line 7", ovpn.display()))
+            && refusal.contains("`status` is not allowed: writes a file as root"),
+        "{refusal}"
+    );
+    assert!(!log.contains("openvpn started"), "{log}");
+    assert!(!status.exists());
+    assert_eq!(healthy(server, "file-vpn"), Some(false));
 }
 
 #[test]

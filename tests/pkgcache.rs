@@ -1181,3 +1181,151 @@ fn tokens_come_from_a_file_or_the_environment_never_argv() {
         200
     );
 }
+
+// ------------------------------------------------------------------ writes from the LAN
+
+/// A network namespace joined to the host by a veth pair this test creates: the host side is
+/// `{net}.1`, the namespace `{net}.2`. A client in the namespace reaches a server on the host
+/// from a non-loopback address, and nothing leaves the pair. Removed on drop.
+struct LanPeer {
+    ns: String,
+    host_if: String,
+    net: String,
+}
+
+impl LanPeer {
+    fn create() -> LanPeer {
+        let tag = std::process::id() % 10_000;
+        let peer = LanPeer {
+            ns: format!("sypkc{tag}"),
+            host_if: format!("sypkc{tag}h"),
+            net: format!("10.219.{}", tag % 250 + 2),
+        };
+        support::netns::sh(&format!(
+            "ip netns add {ns} && ip -n {ns} link set lo up && \
+             ip link add {host} type veth peer name eth0 netns {ns} && \
+             ip addr add {net}.1/30 dev {host} && ip link set {host} up && \
+             ip -n {ns} addr add {net}.2/30 dev eth0 && ip -n {ns} link set eth0 up",
+            ns = peer.ns,
+            host = peer.host_if,
+            net = peer.net
+        ));
+        peer
+    }
+
+    /// (status, body) of curl run inside the namespace.
+    fn call(&self, args: &[&str], url: &str) -> (u16, String) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "curl", "-sS", "--max-time", "20"])
+            .args(["-w", "\n%{http_code}"])
+            .args(args)
+            .arg(url)
+            .output()
+            .expect("curl in the namespace");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+}
+
+impl Drop for LanPeer {
+    fn drop(&mut self) {
+        support::netns::sh_quiet(&format!(
+            "ip link del {} 2>/dev/null; ip netns del {} 2>/dev/null",
+            self.host_if, self.ns
+        ));
+    }
+}
+
+/// Without auth, a PUT or DELETE from another host is refused (403), reads still work, loopback
+/// writes still work, and the start-up log says who may write; `auth.allow_anonymous_writes`
+/// opens writes to everyone, auth to token holders from anywhere.
+#[test]
+fn anonymous_writes_from_the_lan_are_refused_unless_allowed() {
+    if !support::netns::root_with_tools_or_skip("pkgcache LAN writes", &["ip"]) {
+        return;
+    }
+    let lan = LanPeer::create();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("pkg.zip");
+    std::fs::write(&file, b"package bytes").expect("package");
+    let pkg = file.to_str().expect("utf-8 path");
+    let server = |name: &str, auth: &str| {
+        let cfg = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "listen: \"0.0.0.0:0\"\nstorage:\n  path: {}\n{auth}",
+                dir.path().join(name).display()
+            ),
+        )
+        .expect("config");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["pkgcache", "--config", cfg.to_str().expect("p")])
+            .env_remove("RUST_LOG")
+            .env("RUST_LOG", "info");
+        let Reported { proc, addr, logs } = spawn_reporting(cmd, "switchyard pkgcache");
+        Pkgcache { proc, addr, logs }
+    };
+
+    let srv = server("open", "");
+    let port = srv.addr.port();
+    let from_lan = format!("http://{}.1:{port}/zlib/1.3/{}", lan.net, sha(1));
+    let local = format!("http://127.0.0.1:{port}/zlib/1.3/{}", sha(1));
+    let (code, body) = lan.call(&["-X", "PUT", "-T", pkg], &from_lan);
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(json(&body)["error"], "anonymous_write_refused", "{body}");
+    assert_eq!(lan.call(&["-I"], &from_lan).0, 404, "nothing was stored");
+    assert_eq!(status(&["-X", "PUT", "-T", pkg], &local), 200);
+    let (code, body) = lan.call(&[], &from_lan);
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "package bytes"),
+        "reads stay open"
+    );
+    assert_eq!(lan.call(&["-X", "DELETE"], &from_lan).0, 403);
+    assert_eq!(
+        status(&["-I"], &local),
+        200,
+        "the LAN DELETE removed nothing"
+    );
+    let log = srv.logs();
+    assert!(
+        log.contains("who may write packages") && log.contains("loopback clients only"),
+        "{log}"
+    );
+    drop(srv);
+
+    let srv = server("allowed", "auth:\n  allow_anonymous_writes: true\n");
+    let url = format!(
+        "http://{}.1:{}/zlib/1.3/{}",
+        lan.net,
+        srv.addr.port(),
+        sha(2)
+    );
+    assert_eq!(lan.call(&["-X", "PUT", "-T", pkg], &url).0, 200);
+    let log = srv.logs();
+    assert!(
+        log.contains("WARN") && log.contains("anyone who reaches the port"),
+        "{log}"
+    );
+    drop(srv);
+
+    let srv = server(
+        "token",
+        &format!("auth:\n  enabled: true\n  tokens: [\"{TOKEN}\"]\n"),
+    );
+    let url = format!(
+        "http://{}.1:{}/zlib/1.3/{}",
+        lan.net,
+        srv.addr.port(),
+        sha(3)
+    );
+    assert_eq!(lan.call(&["-X", "PUT", "-T", pkg], &url).0, 401);
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    assert_eq!(
+        lan.call(&["-H", &bearer, "-X", "PUT", "-T", pkg], &url).0,
+        200
+    );
+    assert!(srv.logs().contains("clients with a listed token or user"));
+}

@@ -437,7 +437,7 @@ fn oauth_tokens_from_a_real_openid_provider() {
     let Some(op) = support::oidc::start_provider(None, "key-1") else {
         return;
     };
-    let server = start_server(&oauth_config(&op.issuer(), ""));
+    let server = start_server_with_request_log(&oauth_config(&op.issuer(), ""));
     let url = origin.url("/index.html");
 
     // No token: 407 offering Bearer and Basic.
@@ -459,6 +459,29 @@ fn oauth_tokens_from_a_real_openid_provider() {
         via_http(&server, &url, Some(&format!("laptop:{token}")), true),
         "200"
     );
+    // The request log names the token's subject (the client `laptop`), not a user name typed
+    // beside the token.
+    assert_eq!(
+        via_http(&server, &url, Some(&format!("mallory:{token}")), false),
+        "200"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = server.api_get("/api/v1/requests?limit=20");
+        let names: Vec<String> = log["requests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| e["username"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n == "mallory"), "{log}");
+        // Bearer HTTP and CONNECT, Basic `laptop:` and `mallory:`: all the token's subject.
+        if names.iter().filter(|n| *n == "laptop").count() == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "request log: {log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // A token with a changed signature, a garbage token, an unsigned one.
     let (head_payload, signature) = token.rsplit_once('.').expect("a JWT");

@@ -629,17 +629,28 @@ pub fn restart_fields(old: &ClientConfig, new: &ClientConfig) -> Vec<String> {
 /// Applies a partial configuration (a JSON object holding only the keys to change) onto `base`:
 /// objects merge key by key, everything else (arrays included) replaces. Unknown keys and wrong
 /// types are errors naming the key path.
-/// What GET /api/v1/config shows instead of a secret; sent back, it keeps the secret.
-pub const MASKED: &str = "********";
+pub use crate::secrets::MASKED;
 
-/// The configuration as GET /api/v1/config shows it: the mesh's secrets masked.
+/// The configuration as GET /api/v1/config shows it: every secret masked (servers' passwords
+/// and tokens, the API token, the mesh's registry token, pre-shared key and TURN passwords).
 pub fn masked(cfg: &ClientConfig) -> ClientConfig {
-    let mut cfg = cfg.clone();
-    if cfg.mesh.discovery.token.is_some() {
-        cfg.mesh.discovery.token = Some(MASKED.into());
+    fn mask(secret: &mut String) {
+        if !secret.is_empty() {
+            *secret = MASKED.into();
+        }
     }
-    if !cfg.mesh.connection.preshared_key.is_empty() {
-        cfg.mesh.connection.preshared_key = MASKED.into();
+    let mut cfg = cfg.clone();
+    let optional = cfg
+        .servers
+        .iter_mut()
+        .flat_map(|s| [&mut s.password, &mut s.token])
+        .chain([&mut cfg.api.token, &mut cfg.mesh.discovery.token]);
+    for secret in optional.flatten() {
+        mask(secret);
+    }
+    mask(&mut cfg.mesh.connection.preshared_key);
+    for turn in &mut cfg.mesh.turn.servers {
+        mask(&mut turn.password);
     }
     cfg
 }
@@ -677,7 +688,12 @@ pub fn merge_partial(
             }
             // a masked secret sent back unchanged (GET → edit → PUT) keeps its value
             (serde_json::Value::String(_), serde_json::Value::String(v)) if v == MASKED => {}
-            (slot, v) => *slot = v.clone(),
+            // lists replace, with the masked secrets of their entries back (matched by name)
+            (slot, v) => {
+                let mut v = v.clone();
+                crate::secrets::unmask(&mut v, slot);
+                *slot = v;
+            }
         }
     }
     if !partial.is_object() {

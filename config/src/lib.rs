@@ -36,8 +36,12 @@
 //! - [`provider`]: the typed `config` object of provider backends (`nordvpn`, `mullvad`, …).
 //! - [`health_check`]: backends' active health checks (`server.health_check` defaults, the
 //!   per-backend `health_check` object) resolved to a [`health_check::HealthCheckPlan`].
-//! - [`openvpn`]: the typed settings object of `openvpn` backends.
+//! - [`openvpn`]: the typed settings object of `openvpn` backends; [`openvpn_options`]: the
+//!   allow-list of OpenVPN options for its `extra` lines and `config_file`.
 //! - [`BackendType::api_name`] / [`BackendType::is_available`], [`AuthMode::is_available`].
+//! - [`secrets`]: which keys `GET /api/v1/config` masks and how masked values sent back get
+//!   their secrets again; [`save`]: the text a configuration is saved as (keeps `${NAME}`
+//!   references, never lets an API value expand).
 //!
 //! No I/O beyond reading the file.
 #![forbid(unsafe_code)]
@@ -53,9 +57,12 @@ pub mod load;
 pub mod mesh_registry;
 pub mod model;
 pub mod openvpn;
+pub mod openvpn_options;
 pub mod origin;
 pub mod pkgcache;
 pub mod provider;
+pub mod save;
+pub mod secrets;
 pub mod sections;
 pub mod settings_error;
 pub mod subtitles;

@@ -22,13 +22,15 @@
 //!   username: user                              # auth-user-pass, written to a 0600 file
 //!   password: secret                            # secret
 //!   data_ciphers: [AES-256-GCM, CHACHA20-POLY1305]
-//!   extra: ["verb 4", "mssfix 1400"]            # raw directives; scripts, plugins and the
-//!                                               # options switchyard manages are refused
+//!   extra: ["verb 4", "mssfix 1400"]            # raw directives, only those of the allow-list
+//!                                               # (crate::openvpn_options)
 //! ```
 //!
 //! With `config_file`, the connection keys (`remote`, `port`, `proto`, `ca`, `cert`, `key`,
 //! `tls_crypt`, `tls_auth`, `key_direction`, `peer_fingerprint`) come from the file and may not
-//! be given inline; `username`/`password`, `data_ciphers` and `extra` still apply.
+//! be given inline; `username`/`password`, `data_ciphers` and `extra` still apply. The file's
+//! lines pass the same allow-list when the process is started
+//! ([`crate::openvpn_options::check_config_text`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -53,50 +55,6 @@ impl Proto {
         }
     }
 }
-
-/// Directives an `extra` line may not use: anything that runs programs or loads code, and the
-/// options switchyard sets itself (device, management interface, routes, logging, files).
-pub const DENIED_DIRECTIVES: [&str; 37] = [
-    // running programs or loading code
-    "up",
-    "down",
-    "up-delay",
-    "up-restart",
-    "down-pre",
-    "route-up",
-    "route-pre-down",
-    "ipchange",
-    "client-connect",
-    "client-disconnect",
-    "learn-address",
-    "auth-user-pass-verify",
-    "tls-verify",
-    "plugin",
-    "script-security",
-    "iproute",
-    "setenv",
-    "setenv-safe",
-    // managed by switchyard
-    "dev",
-    "dev-type",
-    "dev-node",
-    "management",
-    "management-client",
-    "management-hold",
-    "management-query-passwords",
-    "route-noexec",
-    "ifconfig-noexec",
-    "config",
-    "cd",
-    "chroot",
-    "daemon",
-    "log",
-    "log-append",
-    "writepid",
-    "auth-user-pass",
-    "user",
-    "group",
-];
 
 /// The typed `openvpn` settings object. Fields are public so provider backends can build one.
 /// PEM fields hold either the PEM text itself or a path to a PEM file ([`PemSource::of`]).
@@ -419,42 +377,8 @@ fn is_sha256_fingerprint(fp: &str) -> bool {
             .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
-/// The directive name of an `extra` line (`--` prefix allowed).
-pub fn directive_of(line: &str) -> &str {
-    line.trim()
-        .trim_start_matches("--")
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-}
-
 fn check_extra(line: &str) -> Result<(), SettingsError> {
-    if line.contains(['\n', '\r']) {
-        return Err(err("extra", "one directive per entry"));
-    }
-    let name = directive_of(line);
-    if name.is_empty() {
-        return Err(err("extra", "empty directive"));
-    }
-    if name.starts_with('<') {
-        return Err(err(
-            "extra",
-            format!("inline blocks (`{name}`) are not allowed; use the PEM fields"),
-        ));
-    }
-    if name.starts_with('#') || name.starts_with(';') {
-        return Ok(());
-    }
-    let lower = name.to_ascii_lowercase();
-    if DENIED_DIRECTIVES.contains(&lower.as_str()) || lower.starts_with("management") {
-        return Err(err(
-            "extra",
-            format!(
-                "`{name}` is not allowed: switchyard runs no scripts or plugins and manages the device, routes and management interface itself"
-            ),
-        ));
-    }
-    Ok(())
+    crate::openvpn_options::check_extra_line(line).map_err(|message| err("extra", message))
 }
 
 #[cfg(test)]

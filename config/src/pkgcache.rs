@@ -3,7 +3,7 @@
 //! Same loading rules as the server configuration: `${NAME}` expansion ([`crate::env`]), strict
 //! YAML (unknown keys are errors naming their path), defaults for every missing key. An empty file
 //! (or no file) is the embedded default: listen `0.0.0.0:15151`, read-write, file-system store
-//! under `./data/pkgcache`, no auth. `config/examples/pkgcache.yaml` documents every key.
+//! under `./data/pkgcache`, no auth (so writes only from loopback). `config/examples/pkgcache.yaml` documents every key.
 //!
 //! Command-line flags and `SWITCHYARD_PKGCACHE_*` environment variables override the file; that
 //! merging lives in the pkgcache crate. [`validate_pkgcache`] reports semantic problems.
@@ -195,6 +195,11 @@ pub struct PkgcacheAuth {
     pub anonymous_head: bool,
     /// Which endpoints auth covers (default: `[packages]`; health and metrics stay open).
     pub protect: Vec<PkgcacheScope>,
+    /// Accept PUT and DELETE without credentials from any address (default false: while auth
+    /// does not cover packages, writes are accepted only from loopback and answer 403 from
+    /// anywhere else, so a LAN neighbour cannot replace packages that every consumer builds
+    /// with).
+    pub allow_anonymous_writes: bool,
 }
 
 impl Default for PkgcacheAuth {
@@ -205,6 +210,7 @@ impl Default for PkgcacheAuth {
             users: Vec::new(),
             anonymous_head: true,
             protect: vec![PkgcacheScope::Packages],
+            allow_anonymous_writes: false,
         }
     }
 }
@@ -357,6 +363,7 @@ mod tests {
         assert!(!c.auth.enabled);
         assert!(c.auth.anonymous_head);
         assert_eq!(c.auth.protect, vec![PkgcacheScope::Packages]);
+        assert!(!c.auth.allow_anonymous_writes);
         assert!(validate_pkgcache(&c).is_empty());
     }
 

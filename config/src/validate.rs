@@ -533,6 +533,11 @@ fn check_oauth(oauth: Option<&crate::model::OAuthAuthConfig>, p: &mut Problems) 
             "auth.oauth.issuer_url",
             "must be an http(s) URL (the OpenID issuer)",
         );
+    } else if !is_https_or_loopback(&o.issuer_url) {
+        p.push(
+            "auth.oauth.issuer_url",
+            "must be https:// (plain http only to a loopback issuer): its signing keys decide who gets in",
+        );
     }
     if o.client_id.trim().is_empty() {
         p.push(
@@ -543,6 +548,11 @@ fn check_oauth(oauth: Option<&crate::model::OAuthAuthConfig>, p: &mut Problems) 
     if let Some(url) = &o.introspection_url {
         if !is_http(url) {
             p.push("auth.oauth.introspection_url", "must be an http(s) URL");
+        } else if !is_https_or_loopback(url) {
+            p.push(
+                "auth.oauth.introspection_url",
+                "must be https:// (plain http only to a loopback address): it carries the client secret and decides who gets in",
+            );
         }
         if o.client_secret.is_none() {
             p.push(
@@ -551,6 +561,36 @@ fn check_oauth(oauth: Option<&crate::model::OAuthAuthConfig>, p: &mut Problems) 
             );
         }
     }
+}
+
+/// Whether `url` is `https://`, or `http://` to a loopback host (`127.0.0.0/8`, `[::1]`,
+/// `localhost`), where plain text never leaves the machine.
+pub fn is_https_or_loopback(url: &str) -> bool {
+    if url
+        .get(..8)
+        .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+    {
+        return true;
+    }
+    let Some(rest) = url
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .and_then(|_| url.get(7..))
+    else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return false; // credentials in the URL: not worth a special case
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn check_ldap(ldap: Option<&crate::model::LdapAuthConfig>, p: &mut Problems) {
@@ -1022,6 +1062,41 @@ metrics: {listen: "x"}
                 "auth.oauth.client_secret"
             ]
         );
+    }
+
+    #[test]
+    fn plain_http_only_to_loopback() {
+        for ok in [
+            "https://id.example",
+            "HTTPS://id.example/realms/x",
+            "http://127.0.0.1:8080",
+            "http://127.9.9.9/x",
+            "http://[::1]:9000/",
+            "http://localhost",
+            "http://LOCALHOST:80/realm",
+        ] {
+            assert!(is_https_or_loopback(ok), "{ok}");
+        }
+        for bad in [
+            "http://id.example",
+            "http://10.0.0.1:8080",
+            "http://127.0.0.1.evil.example/",
+            "http://localhost.evil.example",
+            "http://127.0.0.1@evil.example/",
+            "http://[::ffff:10.0.0.1]/",
+            "ftp://127.0.0.1",
+            "http:/127.0.0.1",
+        ] {
+            assert!(!is_https_or_loopback(bad), "{bad}");
+        }
+        let plain = "auth: {mode: oauth, oauth: {issuer_url: \"http://id.example\", client_id: proxy, client_secret: s, introspection_url: \"http://id.example/i\"}}";
+        assert_eq!(
+            fields(&validate(&load(plain))),
+            ["auth.oauth.issuer_url", "auth.oauth.introspection_url"]
+        );
+        let local =
+            "auth: {mode: oauth, oauth: {issuer_url: \"http://127.0.0.1:9000\", client_id: proxy}}";
+        assert!(validate(&load(local)).is_empty());
     }
 
     #[test]

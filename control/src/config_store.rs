@@ -208,9 +208,13 @@ pub async fn save(
         .config_path
         .as_ref()
         .ok_or(ConfigError::NoFile("save to"))?;
-    let text = new
-        .to_yaml_string()
-        .map_err(|e| ConfigError::Apply(e.to_string()))?;
+    // The file's `${NAME}` references stay as written (its backup too); other values are
+    // written so that loading never expands them.
+    let previous = std::fs::read_to_string(path).ok();
+    let text = switchyard_config::save::file_text(&new, previous.as_deref(), &|name| {
+        std::env::var(name).ok()
+    })
+    .map_err(ConfigError::Apply)?;
     let backup_path = if create_backup && path.exists() {
         Some(backup(path)?)
     } else {
@@ -265,77 +269,17 @@ pub async fn save(
     Ok(result)
 }
 
-const SECRET_KEYS: [&str; 8] = [
-    "password",
-    // mesh.registry.database_url: a PostgreSQL URL may carry a password.
-    "database_url",
-    "account_id",
-    "password_hash",
-    "token",
-    "secret",
-    "private_key",
-    "preshared_key",
-];
-
-/// Keys of the `openvpn` settings object that hold private key material (PEM text or a path).
-const OPENVPN_SECRET_KEYS: [&str; 3] = ["key", "tls_crypt", "tls_auth"];
-
-/// The configuration as JSON with passwords, keys and tokens masked.
+/// The configuration as JSON with passwords, keys and tokens masked
+/// ([`switchyard_config::secrets::mask_server`]).
 pub fn sanitized(cfg: &ServerConfig) -> serde_json::Value {
     let mut v = cfg.to_json_value().unwrap_or_default();
-    mask(&mut v);
-    if let Some(backends) = v.get_mut("backends").and_then(|b| b.as_array_mut()) {
-        for settings in backends.iter_mut().filter_map(|b| b.get_mut("openvpn")) {
-            for key in OPENVPN_SECRET_KEYS {
-                if let Some(value) = settings.get_mut(key).filter(|v| v.is_string()) {
-                    *value = serde_json::Value::String("********".into());
-                }
-            }
-        }
-    }
+    switchyard_config::secrets::mask_server(&mut v);
     v
-}
-
-pub(crate) fn mask(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(map) => {
-            for (k, v) in map.iter_mut() {
-                let secret = SECRET_KEYS
-                    .iter()
-                    .any(|s| k.eq_ignore_ascii_case(s) || k.ends_with(&format!("_{s}")));
-                if secret && v.as_str().is_some_and(|s| !s.is_empty()) {
-                    *v = serde_json::Value::String("********".into());
-                } else {
-                    mask(v);
-                }
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(mask),
-        _ => {}
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn masks_secrets_everywhere() {
-        let mut v = json!({"api": {"token": "t0k"}, "backends": [{"http_proxy": {"password": "pw", "address": "a:1"}}],
-                           "auth": {"native": {"users": [{"username": "u", "password_hash": "$2b$..."}]}}, "x": {"client_secret": "s", "token": ""}});
-        mask(&mut v);
-        assert_eq!(v["api"]["token"], "********");
-        assert_eq!(v["backends"][0]["http_proxy"]["password"], "********");
-        assert_eq!(v["backends"][0]["http_proxy"]["address"], "a:1");
-        assert_eq!(v["auth"]["native"]["users"][0]["password_hash"], "********");
-        assert_eq!(v["auth"]["native"]["users"][0]["username"], "u");
-        assert_eq!(v["x"]["client_secret"], "********");
-        assert_eq!(v["x"]["token"], "", "empty values stay visible as unset");
-        let mut p = json!({"backends": [{"type": "mullvad", "config": {"account_id": "1234567890123456", "country": "SE"}}]});
-        mask(&mut p);
-        assert_eq!(p["backends"][0]["config"]["account_id"], "********");
-        assert_eq!(p["backends"][0]["config"]["country"], "SE");
-    }
 
     #[test]
     fn masks_openvpn_key_material() {

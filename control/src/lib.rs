@@ -110,7 +110,8 @@ fn validate(file: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let problems = crate::config_checks::validate(&cfg);
+    let mut problems = crate::config_checks::validate(&cfg);
+    problems.extend(openvpn::config_file_problems(&cfg));
     if problems.is_empty() {
         println!("{}: valid", file.display());
         return ExitCode::SUCCESS;

@@ -15,6 +15,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SUCCESS_TTL: Duration = Duration::from_secs(300);
@@ -131,8 +132,8 @@ impl Users {
         };
         let key = cache_key(username, password, hash);
         match cached(&key) {
-            Some(true) => return Verdict::Accepted,
-            Some(false) => {
+            Some((true, _)) => return Verdict::Accepted,
+            Some((false, _)) => {
                 guard.record_failure(client);
                 return Verdict::Rejected;
             }
@@ -158,16 +159,21 @@ impl Users {
     }
 }
 
-/// Remembered outcomes: digest → (accepted, until when). Bounded; entries expire after
-/// [`SUCCESS_TTL`] / [`FAILURE_TTL`], or earlier when the credential itself expires sooner.
+/// The identity a verifier named for an accepted credential (an OAuth token's subject), when it
+/// named one: what the request log records instead of the user name the client typed.
+pub type Subject = Option<Arc<str>>;
+
+/// Remembered outcomes: digest → (accepted, the verifier's subject, until when). Bounded;
+/// entries expire after [`SUCCESS_TTL`] / [`FAILURE_TTL`], or earlier when the credential itself
+/// expires sooner.
 #[derive(Debug, Default)]
-pub(crate) struct Outcomes(HashMap<[u8; 32], (bool, Instant)>);
+pub(crate) struct Outcomes(HashMap<[u8; 32], (bool, Subject, Instant)>);
 
 impl Outcomes {
-    /// The remembered outcome for `key`, if still fresh.
-    pub(crate) fn get(&mut self, key: &[u8; 32]) -> Option<bool> {
+    /// The remembered outcome for `key` and its subject, if still fresh.
+    pub(crate) fn get(&mut self, key: &[u8; 32]) -> Option<(bool, Subject)> {
         match self.0.get(key) {
-            Some(&(ok, until)) if Instant::now() < until => Some(ok),
+            Some((ok, subject, until)) if Instant::now() < *until => Some((*ok, subject.clone())),
             Some(_) => {
                 self.0.remove(key);
                 None
@@ -176,23 +182,29 @@ impl Outcomes {
         }
     }
 
-    /// Remembers `ok` for its TTL, or for `valid_for` when that is shorter.
-    pub(crate) fn insert_for(&mut self, key: [u8; 32], ok: bool, valid_for: Option<Duration>) {
+    /// Remembers `ok` (with `subject`) for its TTL, or for `valid_for` when that is shorter.
+    pub(crate) fn insert_for(
+        &mut self,
+        key: [u8; 32],
+        ok: bool,
+        subject: Subject,
+        valid_for: Option<Duration>,
+    ) {
         let now = Instant::now();
         let c = &mut self.0;
         if c.len() >= CACHE_CAPACITY {
-            c.retain(|_, &mut (_, until)| now < until);
+            c.retain(|_, (_, _, until)| now < *until);
             if c.len() >= CACHE_CAPACITY {
                 // Failures go first: losing them costs one verification each, losing successes
                 // costs every user a slow request.
-                c.retain(|_, &mut (ok, _)| ok);
+                c.retain(|_, (ok, _, _)| *ok);
             }
             if c.len() >= CACHE_CAPACITY {
                 c.clear();
             }
         }
         let ttl = valid_for.map_or(ttl(ok), |v| v.min(ttl(ok)));
-        c.insert(key, (ok, now + ttl));
+        c.insert(key, (ok, subject, now + ttl));
     }
 }
 
@@ -224,17 +236,17 @@ fn ttl(ok: bool) -> Duration {
     }
 }
 
-/// This core's remembered outcome for `key`, if still fresh.
-pub(crate) fn cached(key: &[u8; 32]) -> Option<bool> {
+/// This core's remembered outcome for `key` and its subject, if still fresh.
+pub(crate) fn cached(key: &[u8; 32]) -> Option<(bool, Subject)> {
     OUTCOMES.with(|c| c.borrow_mut().get(key))
 }
 
 pub(crate) fn remember(key: [u8; 32], ok: bool) {
-    remember_for(key, ok, None);
+    remember_for(key, ok, None, None);
 }
 
-pub(crate) fn remember_for(key: [u8; 32], ok: bool, valid_for: Option<Duration>) {
-    OUTCOMES.with(|c| c.borrow_mut().insert_for(key, ok, valid_for));
+pub(crate) fn remember_for(key: [u8; 32], ok: bool, subject: Subject, valid_for: Option<Duration>) {
+    OUTCOMES.with(|c| c.borrow_mut().insert_for(key, ok, subject, valid_for));
 }
 
 /// What a client presented in `Proxy-Authorization` (or SOCKS5 RFC 1929).
@@ -369,10 +381,10 @@ mod tests {
         let k = cache_key("x", "y", "z");
         assert_eq!(cached(&k), None);
         remember(k, true);
-        assert_eq!(cached(&k), Some(true));
+        assert_eq!(cached(&k), Some((true, None)));
         let k = cache_key("x", "wrong", "z");
         remember(k, false);
-        assert_eq!(cached(&k), Some(false));
+        assert_eq!(cached(&k), Some((false, None)));
     }
 
     fn runtime() -> tokio::runtime::Runtime {

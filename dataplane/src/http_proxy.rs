@@ -392,15 +392,20 @@ async fn handle_request<'c>(
             .header("proxy-authorization")
             .and_then(crate::credentials::parse_proxy_authorization);
         let guard = &snapshot.auth_guard;
-        let verdict = match (&credential, &snapshot.auth, &snapshot.negotiate) {
+        let (verdict, subject) = match (&credential, &snapshot.auth, &snapshot.negotiate) {
             (Some(c @ Credential::Negotiate(_)), _, Some(negotiate)) => {
                 negotiate.verify(guard, &ctx.offload, client_ip, c).await
             }
-            (Some(c), Some(auth), _) => auth.verify(guard, &ctx.offload, client_ip, c).await,
-            _ => Verdict::Rejected,
+            (Some(c), Some(auth), _) => auth.verify_naming(guard, &ctx.offload, client_ip, c).await,
+            _ => (Verdict::Rejected, None),
         };
         if let Some(c) = &credential {
-            trace.username = c.user().to_owned();
+            // Who the accepted credential names (an OAuth token's subject, a Kerberos
+            // principal), not a user name the client typed beside the token.
+            trace.username = match subject {
+                Some(s) if verdict == Verdict::Accepted => s.to_string(),
+                _ => c.user().to_owned(),
+            };
         }
         let mut challenges: Vec<(&str, &str)> = Vec::new();
         if snapshot.negotiate.is_some() {

@@ -8,7 +8,7 @@
 //! per core.
 
 use crate::credentials::{
-    cache_key_of, cached, remember_for, AuthGuard, Credential, Outcomes, Users, Verdict,
+    cache_key_of, cached, remember_for, AuthGuard, Credential, Outcomes, Subject, Users, Verdict,
 };
 use crate::offload::Offload;
 use futures::future::BoxFuture;
@@ -17,12 +17,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A verifier's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// `expires_in`: how long the credential stays valid, when it says so (a token's `exp`);
-    /// the outcome is not remembered beyond it.
+    /// the outcome is not remembered beyond it. `subject`: who the credential names when that is
+    /// not the user name the client sent (an OAuth token's `sub`); the request log records it.
     Accepted {
         expires_in: Option<Duration>,
+        subject: Option<String>,
     },
     Rejected,
 }
@@ -30,7 +32,10 @@ pub enum Decision {
 impl From<bool> for Decision {
     fn from(ok: bool) -> Self {
         if ok {
-            Decision::Accepted { expires_in: None }
+            Decision::Accepted {
+                expires_in: None,
+                subject: None,
+            }
         } else {
             Decision::Rejected
         }
@@ -107,17 +112,32 @@ impl ProxyAuth {
         client: IpAddr,
         credential: &Credential,
     ) -> Verdict {
+        self.verify_naming(guard, offload, client, credential)
+            .await
+            .0
+    }
+
+    /// [`ProxyAuth::verify`], and who an accepted credential names when the verifier says so
+    /// (an OAuth token's subject, which the client's Basic user name need not match).
+    pub async fn verify_naming(
+        &self,
+        guard: &AuthGuard,
+        offload: &Offload,
+        client: IpAddr,
+        credential: &Credential,
+    ) -> (Verdict, Subject) {
         match self {
             ProxyAuth::Native(users) => match credential {
-                Credential::Basic { user, password } => {
-                    users.verify(guard, offload, client, user, password).await
-                }
-                Credential::Bearer(_) | Credential::Negotiate(_) => reject(guard, client),
+                Credential::Basic { user, password } => (
+                    users.verify(guard, offload, client, user, password).await,
+                    None,
+                ),
+                Credential::Bearer(_) | Credential::Negotiate(_) => (reject(guard, client), None),
             },
             ProxyAuth::External(external) => {
                 verify_external(external, guard, offload, client, credential, true).await
             }
-            ProxyAuth::FailClosed { .. } => Verdict::Rejected,
+            ProxyAuth::FailClosed { .. } => (Verdict::Rejected, None),
         }
     }
 }
@@ -138,20 +158,20 @@ pub enum NegotiateAuth {
 pub const NEGOTIATE_CHALLENGE: &str = "Negotiate";
 
 impl NegotiateAuth {
-    /// Verifies a `Negotiate` token. Never cached: each token is single-use (a remembered
-    /// acceptance would accept a replayed token).
+    /// Verifies a `Negotiate` token; with the client's principal when accepted. Never cached:
+    /// each token is single-use (a remembered acceptance would accept a replayed token).
     pub async fn verify(
         &self,
         guard: &AuthGuard,
         offload: &Offload,
         client: IpAddr,
         credential: &Credential,
-    ) -> Verdict {
+    ) -> (Verdict, Subject) {
         match self {
             NegotiateAuth::Ready(external) => {
                 verify_external(external, guard, offload, client, credential, false).await
             }
-            NegotiateAuth::FailClosed => reject(guard, client),
+            NegotiateAuth::FailClosed => (reject(guard, client), None),
         }
     }
 }
@@ -163,9 +183,9 @@ async fn verify_external(
     client: IpAddr,
     credential: &Credential,
     cache: bool,
-) -> Verdict {
+) -> (Verdict, Subject) {
     if guard.throttled(client) {
-        return Verdict::Throttled;
+        return (Verdict::Throttled, None);
     }
     let verifier = &external.verifier;
     let (mode, identity) = (verifier.mode(), verifier.identity());
@@ -178,47 +198,52 @@ async fn verify_external(
     };
     if cache {
         match cached(&key) {
-            Some(true) => return Verdict::Accepted,
-            Some(false) => return reject(guard, client),
+            Some((true, subject)) => return (Verdict::Accepted, subject),
+            Some((false, _)) => return (reject(guard, client), None),
             None => {}
         }
     }
     let Some(_slot) = guard.enter() else {
-        return Verdict::Busy;
+        return (Verdict::Busy, None);
     };
     let shared = external.outcomes.clone();
     let (asked, presented) = (verifier.clone(), credential.clone());
     // Runs on the control plane: the shared cache's lock is never taken on a core.
     let check = async move {
-        if let Some(ok) = cache.then(|| shared.lock().get(&key)).flatten() {
-            return Ok((ok, None));
+        if let Some((ok, subject)) = cache.then(|| shared.lock().get(&key)).flatten() {
+            return Ok((ok, subject, None));
         }
         let answer = asked.verify(presented).await;
         answer.map(|decision| {
-            let (ok, valid_for) = match decision {
-                Decision::Accepted { expires_in } => (true, expires_in),
-                Decision::Rejected => (false, None),
+            let (ok, subject, valid_for) = match decision {
+                Decision::Accepted {
+                    expires_in,
+                    subject,
+                } => (true, subject.map(Arc::from), expires_in),
+                Decision::Rejected => (false, None, None),
             };
             if cache {
-                shared.lock().insert_for(key, ok, valid_for);
+                shared
+                    .lock()
+                    .insert_for(key, ok, subject.clone(), valid_for);
             }
             // The core remembers it until the same moment.
-            (ok, valid_for.map(|v| Instant::now() + v))
+            (ok, subject, valid_for.map(|v| Instant::now() + v))
         })
     };
     let Ok(answer) = offload.spawn(check).await else {
-        return Verdict::Busy;
+        return (Verdict::Busy, None);
     };
     match answer {
-        Ok((ok, until)) => {
+        Ok((ok, subject, until)) => {
             if cache {
                 let valid_for = until.map(|u| u.saturating_duration_since(Instant::now()));
-                remember_for(key, ok, valid_for);
+                remember_for(key, ok, subject.clone(), valid_for);
             }
             if ok {
-                Verdict::Accepted
+                (Verdict::Accepted, subject)
             } else {
-                reject(guard, client)
+                (reject(guard, client), None)
             }
         }
         Err(e) => {
@@ -229,7 +254,7 @@ async fn verify_external(
                 error = %e,
                 "proxy authentication could not be checked; answering 407"
             );
-            Verdict::Unavailable
+            (Verdict::Unavailable, None)
         }
     }
 }
@@ -329,6 +354,75 @@ mod tests {
     }
 
     const FAILURES_PLUS_ONE: u64 = crate::credentials::FAILURE_BURST + 1;
+
+    /// Accepts the password `token-of-alice` as a credential naming `alice`.
+    #[derive(Debug)]
+    struct Naming;
+
+    impl CredentialVerifier for Naming {
+        fn mode(&self) -> &'static str {
+            "test"
+        }
+        fn identity(&self) -> &str {
+            "naming"
+        }
+        fn challenges(&self) -> &'static [&'static str] {
+            BASIC_CHALLENGE
+        }
+        fn verify(
+            &self,
+            c: Credential,
+        ) -> BoxFuture<'static, Result<Decision, VerifierUnavailable>> {
+            Box::pin(async move {
+                Ok(match c {
+                    Credential::Basic { password, .. } if password == "token-of-alice" => {
+                        Decision::Accepted {
+                            expires_in: None,
+                            subject: Some("alice".into()),
+                        }
+                    }
+                    _ => Decision::Rejected,
+                })
+            })
+        }
+    }
+
+    #[test]
+    fn the_verifiers_subject_comes_back_also_from_the_caches() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("rt");
+        let offload = Offload::new(rt.handle().clone(), 4);
+        let guard = AuthGuard::new(4);
+        let auth = ProxyAuth::External(Arc::new(External::new(Arc::new(Naming))));
+        let client: IpAddr = "10.9.0.3".parse().expect("ip");
+        let check = |c: Credential| {
+            futures_lite::future::block_on(auth.verify_naming(&guard, &offload, client, &c))
+        };
+        let alice = Some(Arc::<str>::from("alice"));
+        // Asked, then this core's cache, then (another core) the shared cache.
+        for _ in 0..2 {
+            let answer = check(basic("mallory", "token-of-alice"));
+            assert_eq!(answer, (Verdict::Accepted, alice.clone()));
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let answer = check(basic("mallory", "token-of-alice"));
+                assert_eq!(answer, (Verdict::Accepted, alice.clone()));
+            });
+        });
+        assert_eq!(check(basic("alice", "wrong")), (Verdict::Rejected, None));
+        let native = ProxyAuth::Native(Users::default());
+        let answer = futures_lite::future::block_on(native.verify_naming(
+            &guard,
+            &offload,
+            client,
+            &basic("bob", "pw"),
+        ));
+        assert_eq!(answer, (Verdict::Rejected, None));
+    }
 
     #[test]
     fn fail_closed_and_native_refuse_what_they_cannot_check() {

@@ -171,11 +171,26 @@ pub fn start_server(extra_yaml: &str) -> Server {
 
 /// [`start_server`] with extra environment variables.
 pub fn start_server_with_yaml_env(extra_yaml: &str, env: &[(&str, &std::ffi::OsStr)]) -> Server {
+    start_server_with_api(&[], extra_yaml, env)
+}
+
+/// [`start_server`] with the request log on (`api.enable_request_log`).
+pub fn start_server_with_request_log(extra_yaml: &str) -> Server {
+    start_server_with_api(&["enable_request_log: true"], extra_yaml, &[])
+}
+
+/// [`start_server_with_yaml_env`] with more keys (`key: value`) in the `api` section.
+fn start_server_with_api(
+    api_keys: &[&str],
+    extra_yaml: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let config_path = dir.path().join("server.yaml");
+    let api: String = api_keys.iter().map(|k| format!(", {k}")).collect();
     let yaml = format!(
         "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
-         api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n{extra_yaml}"
+         api: {{ listen: \"127.0.0.1:0\"{api} }}\nlogging: {{ level: info, format: json }}\n{extra_yaml}"
     );
     std::fs::write(&config_path, yaml).expect("write config");
     start_server_with_env(dir, config_path, env)

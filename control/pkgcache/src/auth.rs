@@ -9,6 +9,7 @@
 //! credential, not once per request.
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
@@ -42,6 +43,7 @@ pub struct Auth {
     users: Arc<HashMap<String, String>>,
     anonymous_head: bool,
     protect: Vec<PkgcacheScope>,
+    allow_anonymous_writes: bool,
     verified: Arc<Mutex<HashSet<[u8; 32]>>>,
 }
 
@@ -58,6 +60,7 @@ impl Auth {
             ),
             anonymous_head: cfg.anonymous_head,
             protect: cfg.protect.clone(),
+            allow_anonymous_writes: cfg.allow_anonymous_writes,
             verified: Arc::default(),
         }
     }
@@ -77,6 +80,35 @@ impl Auth {
             return false;
         }
         !(scope == Scope::Packages && method == "HEAD" && self.anonymous_head)
+    }
+
+    /// Whether a request that [`Auth::required`] let through without credentials may run, given
+    /// the peer's address (`None`: unknown). Writes to packages (PUT, DELETE) without
+    /// credentials come only from loopback unless `auth.allow_anonymous_writes`.
+    pub fn anonymous_request_allowed(
+        &self,
+        method: &str,
+        scope: Option<Scope>,
+        peer: Option<IpAddr>,
+    ) -> bool {
+        let write = matches!(method, "PUT" | "DELETE");
+        !write
+            || scope != Some(Scope::Packages)
+            || self.allow_anonymous_writes
+            || peer.is_some_and(|ip| ip.to_canonical().is_loopback())
+    }
+
+    /// Who may write packages, for the start-up log.
+    pub fn writers(&self, can_write: bool) -> &'static str {
+        if !can_write {
+            "nobody (read-only mode)"
+        } else if self.required("PUT", Some(Scope::Packages)) {
+            "clients with a listed token or user"
+        } else if self.allow_anonymous_writes {
+            "anyone who reaches the port (auth.allow_anonymous_writes)"
+        } else {
+            "loopback clients only (turn auth on, or set auth.allow_anonymous_writes, to accept writes from other hosts)"
+        }
     }
 
     /// Whether the `Authorization` header value is a valid token or user.
@@ -149,6 +181,7 @@ mod tests {
             }],
             anonymous_head,
             protect,
+            allow_anonymous_writes: false,
         })
     }
 
@@ -174,6 +207,40 @@ mod tests {
         assert!(required(&a, "GET", "/metrics"));
         let off = Auth::new(&PkgcacheAuth::default());
         assert!(!required(&off, "PUT", "/zlib/1/ab"));
+    }
+
+    #[test]
+    fn anonymous_writes_only_from_loopback_unless_allowed() {
+        let pkg = crate::route::resolve("/zlib/1/ab").scope();
+        let lan: Option<IpAddr> = "192.0.2.7".parse().ok();
+        let lo4: Option<IpAddr> = "127.0.0.2".parse().ok();
+        let lo6: Option<IpAddr> = "::1".parse().ok();
+        let mapped: Option<IpAddr> = "::ffff:127.0.0.1".parse().ok();
+        let off = Auth::new(&PkgcacheAuth::default());
+        for method in ["PUT", "DELETE"] {
+            assert!(!off.anonymous_request_allowed(method, pkg, lan), "{method}");
+            assert!(
+                !off.anonymous_request_allowed(method, pkg, None),
+                "{method}"
+            );
+            for lo in [lo4, lo6, mapped] {
+                assert!(off.anonymous_request_allowed(method, pkg, lo), "{lo:?}");
+            }
+        }
+        assert!(off.anonymous_request_allowed("GET", pkg, lan));
+        assert!(off.anonymous_request_allowed("HEAD", pkg, lan));
+        let health = crate::route::resolve("/health").scope();
+        assert!(off.anonymous_request_allowed("PUT", health, lan));
+        assert!(off.writers(true).starts_with("loopback clients only"));
+        assert!(off.writers(false).starts_with("nobody"));
+        let open = Auth::new(&PkgcacheAuth {
+            allow_anonymous_writes: true,
+            ..PkgcacheAuth::default()
+        });
+        assert!(open.anonymous_request_allowed("PUT", pkg, lan));
+        assert!(open.writers(true).starts_with("anyone"));
+        let on = auth(true, vec![PkgcacheScope::Packages]);
+        assert!(on.writers(true).starts_with("clients with a listed token"));
     }
 
     #[tokio::test]

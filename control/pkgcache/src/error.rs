@@ -23,6 +23,10 @@ pub enum Error {
     /// Client: the server mode forbids the operation (403).
     #[error("{0}")]
     ModeForbidden(&'static str),
+    /// Client: a write without credentials from a non-loopback address while
+    /// `auth.allow_anonymous_writes` is off (403).
+    #[error("writes without credentials are accepted only from loopback: turn auth on, or set auth.allow_anonymous_writes")]
+    AnonymousWrite,
     /// Client: credentials missing or wrong (401).
     #[error("authentication required")]
     Unauthorized,
@@ -48,7 +52,7 @@ impl Error {
             Error::InvalidKey(_) | Error::ClientAborted(_) => StatusCode::BAD_REQUEST,
             Error::NotFound => StatusCode::NOT_FOUND,
             Error::AlreadyExists | Error::UploadInProgress => StatusCode::CONFLICT,
-            Error::ModeForbidden(_) => StatusCode::FORBIDDEN,
+            Error::ModeForbidden(_) | Error::AnonymousWrite => StatusCode::FORBIDDEN,
             Error::Unauthorized => StatusCode::UNAUTHORIZED,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::UploadFailed(_) | Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -74,6 +78,7 @@ impl Error {
             Error::AlreadyExists => "already_exists",
             Error::UploadInProgress => "upload_in_progress",
             Error::ModeForbidden(_) => "forbidden_by_mode",
+            Error::AnonymousWrite => "anonymous_write_refused",
             Error::Unauthorized => "unauthorized",
             Error::TooLarge(_) => "too_large",
             Error::ClientAborted(_) => "client_aborted",

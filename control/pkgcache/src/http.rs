@@ -1,11 +1,12 @@
 //! The HTTP edge: dispatch by [`crate::route::resolve`] (authentication decided from the
 //! endpoint it resolved), package handlers, health, metrics, docs.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
@@ -38,7 +39,9 @@ pub type Shared = Arc<AppState>;
 /// The version reported in health responses.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The router of the whole service: every request goes through [`dispatch`].
+/// The router of the whole service: every request goes through [`dispatch`]. Serve it with
+/// `into_make_service_with_connect_info::<SocketAddr>()`: without the peer's address, writes
+/// without credentials are refused.
 pub fn router(state: Shared) -> Router {
     Router::new()
         .fallback(dispatch)
@@ -78,7 +81,20 @@ async fn dispatch(State(st): State<Shared>, req: Request) -> Response {
             Error::Unauthorized.into_response()
         }
     } else {
-        serve(&st, endpoint, req).await
+        let peer = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip());
+        if st
+            .auth
+            .anonymous_request_allowed(method.as_str(), endpoint.scope(), peer)
+        {
+            serve(&st, endpoint, req).await
+        } else {
+            tracing::info!(method = %method, path = req.uri().path(), peer = ?peer,
+                "403: write without credentials from a non-loopback address");
+            Error::AnonymousWrite.into_response()
+        }
     };
     st.metrics
         .requests
@@ -361,7 +377,7 @@ pub async fn get_package(st: &AppState, key: Result<PackageKey, Error>) -> Resul
     params(("name" = String, Path), ("version" = String, Path), ("sha" = String, Path, description = "ABI hash, hex")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 200, body = UploadResult), (status = 409, description = "already exists or upload in progress", body = ErrorBody),
-              (status = 403, description = "read-only mode", body = ErrorBody), (status = 400, body = ErrorBody),
+              (status = 403, description = "read-only mode, or without credentials from a non-loopback address (auth.allow_anonymous_writes)", body = ErrorBody), (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody), (status = 413, description = "larger than limits.max_package_size", body = ErrorBody),
               (status = 500, description = "upload failed, nothing stored", body = ErrorBody)))]
 pub async fn put_package(
@@ -376,7 +392,7 @@ pub async fn put_package(
 #[utoipa::path(delete, path = "/{name}/{version}/{sha}", tag = "packages",
     params(("name" = String, Path), ("version" = String, Path), ("sha" = String, Path, description = "ABI hash, hex")),
     responses((status = 200, body = DeleteResult), (status = 404, body = ErrorBody),
-              (status = 403, description = "read-only mode", body = ErrorBody), (status = 401, body = ErrorBody)))]
+              (status = 403, description = "read-only mode, or without credentials from a non-loopback address (auth.allow_anonymous_writes)", body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn delete_package(
     st: &AppState,
     key: Result<PackageKey, Error>,

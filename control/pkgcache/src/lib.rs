@@ -224,7 +224,16 @@ async fn serve(cfg: PkgcacheConfig) -> anyhow::Result<()> {
             "auth on"
         );
     } else {
-        tracing::info!("auth off: anyone who reaches the port can read and write");
+        tracing::info!("auth off: anyone who reaches the port can read");
+    }
+    let writers = auth.writers(cfg.mode.can_write());
+    let anyone = cfg.mode.can_write()
+        && cfg.auth.allow_anonymous_writes
+        && !auth.required("PUT", Some(route::Scope::Packages));
+    if anyone {
+        tracing::warn!(writers, "who may write packages: anyone can replace them");
+    } else {
+        tracing::info!(writers, "who may write packages");
     }
     let listener = switchyard_service::bind(&cfg.listen).await?;
     let local: SocketAddr = listener.local_addr()?;
@@ -244,7 +253,9 @@ async fn serve(cfg: PkgcacheConfig) -> anyhow::Result<()> {
         limit: cfg.limits.max_package_size.0,
         started: Instant::now(),
     });
-    axum::serve(listener, http::router(state))
+    // The peer's address decides whether a write without credentials is accepted.
+    let service = http::router(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(switchyard_service::shutdown_signal())
         .await
         .context("serving")?;

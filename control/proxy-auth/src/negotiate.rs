@@ -114,7 +114,10 @@ impl Acceptor {
             return Decision::Rejected;
         }
         tracing::debug!(%client, "SPNEGO authenticated");
-        Decision::Accepted { expires_in: None }
+        Decision::Accepted {
+            expires_in: None,
+            subject: Some(client),
+        }
     }
 }
 

@@ -5,7 +5,10 @@
 //! containing `client_id` and an `exp` in the future; the key set is fetched again when a token
 //! names an unknown key id (rotation) or after an hour, at most once per [`REFRESH_EVERY`].
 //! With `introspection_url` the issuer is asked (RFC 7662), authenticated as
-//! `client_id`/`client_secret`. An accepted token is remembered no longer than it is valid.
+//! `client_id`/`client_secret`. An accepted token is remembered no longer than it is valid, and
+//! not before its `nbf` (with [`NBF_LEEWAY`] for clocks a little apart). The issuer, its JWKS
+//! and the introspection endpoint must be `https://` (plain `http://` only on loopback: the keys
+//! decide who gets in). An accepted token's `sub` is what the request log records as the user.
 
 use crate::ProxyAuthError;
 use futures::future::BoxFuture;
@@ -13,6 +16,7 @@ use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use switchyard_config::validate::is_https_or_loopback;
 use switchyard_config::OAuthAuthConfig;
 use switchyard_dataplane::credentials::Credential;
 use switchyard_dataplane::proxy_auth::{CredentialVerifier, Decision, VerifierUnavailable};
@@ -23,6 +27,9 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
 /// Keys older than this are fetched again before use.
 const KEYS_MAX_AGE: Duration = Duration::from_secs(3600);
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// A token whose `nbf` is at most this far ahead is accepted: the issuer's clock may run a
+/// little ahead of ours, and a token is used moments after it is issued.
+pub const NBF_LEEWAY: Duration = Duration::from_secs(60);
 
 const CHALLENGES: &[&str] = &["Bearer realm=\"switchyard\"", "Basic realm=\"switchyard\""];
 
@@ -73,6 +80,10 @@ struct Discovery {
 #[derive(serde::Deserialize)]
 struct Claims {
     exp: u64,
+    #[serde(default)]
+    nbf: Option<u64>,
+    #[serde(default)]
+    sub: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -83,6 +94,12 @@ struct Introspection {
     aud: Option<serde_json::Value>,
     #[serde(default)]
     exp: Option<u64>,
+    #[serde(default)]
+    nbf: Option<u64>,
+    #[serde(default)]
+    sub: Option<String>,
+    #[serde(default)]
+    username: Option<String>,
 }
 
 impl OidcVerifier {
@@ -93,6 +110,22 @@ impl OidcVerifier {
         };
         if !(cfg.issuer_url.starts_with("https://") || cfg.issuer_url.starts_with("http://")) {
             return Err(bad("oauth.issuer_url", "must be an http(s) URL"));
+        }
+        if !is_https_or_loopback(&cfg.issuer_url) {
+            return Err(bad(
+                "oauth.issuer_url",
+                "must be https:// (plain http only to a loopback issuer)",
+            ));
+        }
+        if cfg
+            .introspection_url
+            .as_deref()
+            .is_some_and(|u| !is_https_or_loopback(u))
+        {
+            return Err(bad(
+                "oauth.introspection_url",
+                "must be https:// (plain http only to a loopback address)",
+            ));
         }
         if cfg.client_id.is_empty() {
             return Err(bad(
@@ -171,10 +204,18 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn accepted_until(exp: u64) -> Decision {
+/// Accepted until `exp`, naming `subject` (an empty subject when the token names none: never
+/// the user name the client typed beside the token).
+fn accepted_until(exp: u64, subject: Option<String>) -> Decision {
     Decision::Accepted {
         expires_in: Some(Duration::from_secs(exp.saturating_sub(now_secs()))),
+        subject: Some(subject.unwrap_or_default()),
     }
+}
+
+/// Whether a token with this `nbf` is not valid yet.
+fn not_yet_valid(nbf: Option<u64>) -> bool {
+    nbf.is_some_and(|nbf| nbf > now_secs().saturating_add(NBF_LEEWAY.as_secs()))
 }
 
 /// The key `kid` names; without a kid, the set's only key.
@@ -220,7 +261,11 @@ impl Issuer {
         // Expired means expired: the proxy's and the issuer's clocks are NTP-synchronised.
         validation.leeway = 0;
         match jsonwebtoken::decode::<Claims>(token, &key, &validation) {
-            Ok(data) => Ok(accepted_until(data.claims.exp)),
+            Ok(data) if not_yet_valid(data.claims.nbf) => {
+                tracing::debug!(nbf = ?data.claims.nbf, "OAuth token refused: not valid yet");
+                Ok(Decision::Rejected)
+            }
+            Ok(data) => Ok(accepted_until(data.claims.exp, data.claims.sub)),
             Err(e) => {
                 tracing::debug!(error = %e, "OAuth token refused");
                 Ok(Decision::Rejected)
@@ -263,6 +308,12 @@ impl Issuer {
                     return Err(
                         self.unavailable(format!("discovery document names issuer {}", doc.issuer))
                     );
+                }
+                if !is_https_or_loopback(&doc.jwks_uri) {
+                    return Err(self.unavailable(format!(
+                        "discovery document names the key set {}: not https",
+                        doc.jwks_uri
+                    )));
                 }
                 cache.jwks_uri = Some(doc.jwks_uri.clone());
                 doc.jwks_uri
@@ -319,10 +370,17 @@ impl Issuer {
         {
             return Ok(Decision::Rejected);
         }
+        if not_yet_valid(answer.nbf) {
+            return Ok(Decision::Rejected);
+        }
+        let subject = answer.sub.or(answer.username);
         Ok(match answer.exp {
             Some(exp) if exp <= now_secs() => Decision::Rejected,
-            Some(exp) => accepted_until(exp),
-            None => Decision::Accepted { expires_in: None },
+            Some(exp) => accepted_until(exp, subject),
+            None => Decision::Accepted {
+                expires_in: None,
+                subject: Some(subject.unwrap_or_default()),
+            },
         })
     }
 }
@@ -361,6 +419,110 @@ mod tests {
         assert!(OidcVerifier::new(&cfg).is_ok());
         cfg.issuer_url = "id.example".into();
         assert!(OidcVerifier::new(&cfg).is_err());
+        // Plain http only to loopback (JWKS and introspection in clear text decide who gets in).
+        cfg.issuer_url = "http://127.0.0.1:9000".into();
+        cfg.introspection_url = Some("http://127.0.0.1:9000/introspect".into());
+        assert!(OidcVerifier::new(&cfg).is_ok());
+        cfg.introspection_url = Some("http://id.example/introspect".into());
+        assert!(OidcVerifier::new(&cfg).is_err());
+        cfg.introspection_url = None;
+        cfg.issuer_url = "http://id.example".into();
+        let e = OidcVerifier::new(&cfg).expect_err("plain http issuer");
+        assert!(e.to_string().contains("https"), "{e}");
+    }
+
+    /// A test-only Ed25519 key pair (PKCS#8 DER private key in base64, raw public key
+    /// base64url), made with `openssl genpkey -algorithm ed25519`.
+    const ED_PRIVATE_PKCS8: &str =
+        "MC4CAQAwBQYDK2VwBCIEII7hq3gv9RQT97qiCxv5pMRmzfHhCNxk3nMxB5ube/Z9";
+    const ED_PUBLIC_X: &str = "OSKKPGSDSdOixZ4oMQPn-naqSc0rov8z3sA_qf9SrYg";
+
+    /// A verifier whose key set is already there (nothing is fetched).
+    fn verifier_with_test_key() -> OidcVerifier {
+        let cfg = OAuthAuthConfig {
+            issuer_url: "http://127.0.0.1:1".into(),
+            client_id: "proxy".into(),
+            ..Default::default()
+        };
+        let v = OidcVerifier::new(&cfg).expect("valid");
+        let set: JwkSet = serde_json::from_value(serde_json::json!({"keys": [
+            {"kty": "OKP", "crv": "Ed25519", "kid": "test", "alg": "EdDSA", "x": ED_PUBLIC_X},
+        ]}))
+        .expect("jwks");
+        let mut keys = v.inner.keys.try_lock().expect("unlocked");
+        keys.set = Some(set);
+        keys.fetched = Some(Instant::now());
+        drop(keys);
+        v
+    }
+
+    fn signed(claims: &serde_json::Value) -> String {
+        let mut header = jsonwebtoken::Header::new(Algorithm::EdDSA);
+        header.kid = Some("test".into());
+        use base64::Engine as _;
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(ED_PRIVATE_PKCS8)
+            .expect("base64");
+        let key = jsonwebtoken::EncodingKey::from_ed_der(&der);
+        jsonwebtoken::encode(&header, claims, &key).expect("sign")
+    }
+
+    #[test]
+    fn nbf_in_the_future_is_refused_and_the_subject_is_named() {
+        let v = verifier_with_test_key();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("rt");
+        let now = now_secs();
+        let claims = |extra: serde_json::Value| {
+            let mut c = serde_json::json!({"iss": "http://127.0.0.1:1", "aud": "proxy",
+                "exp": now + 600, "sub": "alice"});
+            if let (Some(c), Some(e)) = (c.as_object_mut(), extra.as_object()) {
+                c.extend(e.clone());
+            }
+            c
+        };
+        let check = |claims: serde_json::Value| {
+            rt.block_on(v.verify(Credential::Basic {
+                user: "mallory".into(),
+                password: signed(&claims),
+            }))
+        };
+        let accepted = |d: &Result<Decision, VerifierUnavailable>| matches!(d, Ok(Decision::Accepted { subject: Some(s), .. }) if s == "alice");
+        assert!(accepted(&check(claims(serde_json::json!({})))));
+        assert!(accepted(&check(claims(
+            serde_json::json!({"nbf": now - 10})
+        ))));
+        // Within the leeway (the issuer's clock a little ahead), then beyond it.
+        assert!(accepted(&check(claims(
+            serde_json::json!({"nbf": now + 30})
+        ))));
+        let later = now + NBF_LEEWAY.as_secs() + 600;
+        assert_eq!(
+            check(claims(
+                serde_json::json!({"nbf": later, "exp": later + 600})
+            )),
+            Ok(Decision::Rejected)
+        );
+        // Still checked as before: expired, another audience.
+        assert_eq!(
+            check(claims(serde_json::json!({"exp": now - 1}))),
+            Ok(Decision::Rejected)
+        );
+        assert_eq!(
+            check(claims(serde_json::json!({"aud": "other"}))),
+            Ok(Decision::Rejected)
+        );
+        // No subject: an empty one, never the typed user name.
+        let mut nameless = claims(serde_json::json!({}));
+        if let Some(c) = nameless.as_object_mut() {
+            c.remove("sub");
+        }
+        assert!(matches!(
+            check(nameless),
+            Ok(Decision::Accepted { subject: Some(s), .. }) if s.is_empty()
+        ));
     }
 
     #[test]

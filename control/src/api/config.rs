@@ -132,28 +132,6 @@ fn validate_value(value: serde_json::Value) -> ValidationResult {
     }
 }
 
-/// Puts the running configuration's secrets back where the posted one has the mask, so a
-/// `GET /api/v1/config` → edit → `PUT` round trip does not overwrite passwords with stars.
-fn unmask(posted: &mut serde_json::Value, running: &serde_json::Value) {
-    match (posted, running) {
-        (serde_json::Value::Object(p), serde_json::Value::Object(r)) => {
-            for (k, v) in p.iter_mut() {
-                match r.get(k) {
-                    Some(orig) if v.as_str() == Some("********") => *v = orig.clone(),
-                    Some(orig) => unmask(v, orig),
-                    None => {}
-                }
-            }
-        }
-        (serde_json::Value::Array(p), serde_json::Value::Array(r)) => {
-            for (v, orig) in p.iter_mut().zip(r) {
-                unmask(v, orig);
-            }
-        }
-        _ => {}
-    }
-}
-
 #[utoipa::path(put, path = "/api/v1/config", tag = "config", request_body = ConfigSaveRequest,
     responses((status = 200, body = ConfigSaveResult),
               (status = 400, description = "invalid configuration, nothing written", body = ValidationResult),
@@ -168,7 +146,7 @@ pub async fn save(
 /// Saves a posted configuration object (secrets still masked are the running ones).
 async fn save_value(state: &ServerState, mut posted: serde_json::Value, backup: bool) -> Response {
     let running = state.config.load().to_json_value().unwrap_or_default();
-    unmask(&mut posted, &running);
+    switchyard_config::secrets::unmask(&mut posted, &running);
     let cfg = match parse(posted) {
         Ok(c) => c,
         Err(invalid) => return (StatusCode::BAD_REQUEST, Json(invalid)).into_response(),
@@ -190,6 +168,18 @@ async fn save_value(state: &ServerState, mut posted: serde_json::Value, backup: 
     }
 }
 
+/// Why configuration text sent through the API is refused: a `${NAME}` reference, which would
+/// read the server's environment (any token holder could read any variable).
+pub(crate) fn reference_refusal(text: &str) -> Option<String> {
+    switchyard_config::save::first_reference(text).map(|(name, line)| {
+        format!(
+            "line {line}: `${{{name}}}` is not expanded in a configuration sent through the API \
+             (it would read the server's environment): write the value itself, `$${{{name}}}` \
+             for the literal text, or edit the file for a reference"
+        )
+    })
+}
+
 /// A YAML configuration as the JSON value the JSON endpoints take; unreadable YAML (syntax,
 /// unknown keys, wrong types) is a validation result naming the problem.
 fn yaml_value(body: &[u8]) -> Result<serde_json::Value, ValidationResult> {
@@ -203,8 +193,10 @@ fn yaml_value(body: &[u8]) -> Result<serde_json::Value, ValidationResult> {
         message: Some(message),
     };
     let text = std::str::from_utf8(body).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
-    let cfg = ServerConfig::from_yaml_str(text, &|name| std::env::var(name).ok())
-        .map_err(|e| invalid(e.to_string()))?;
+    if let Some(message) = reference_refusal(text) {
+        return Err(invalid(message));
+    }
+    let cfg = ServerConfig::from_yaml_str(text, &|_| None).map_err(|e| invalid(e.to_string()))?;
     cfg.to_json_value().map_err(|e| invalid(e.to_string()))
 }
 
@@ -212,11 +204,9 @@ fn yaml_value(body: &[u8]) -> Result<serde_json::Value, ValidationResult> {
 #[utoipa::path(get, path = "/api/v1/config/yaml", tag = "config",
     responses((status = 200, description = "running configuration including secrets, YAML (not in the spec)", content_type = "application/yaml", body = String)))]
 pub async fn get_yaml(State(state): State<Arc<ServerState>>) -> Result<Response, ApiError> {
-    let yaml = state
-        .config
-        .load()
-        .to_yaml_string()
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    // In file syntax: a `$` that loading would read as a reference is doubled.
+    let yaml = switchyard_config::save::file_text(&**state.config.load(), None, &|_| None)
+        .map_err(ApiError::internal)?;
     let mut r = yaml.into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -331,16 +321,6 @@ pub async fn auth_plugins() -> Json<AuthPluginList> {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn unmask_restores_secrets_by_path() {
-        let running =
-            json!({"api": {"token": "real"}, "backends": [{"http_proxy": {"password": "p1"}}]});
-        let mut posted = json!({"api": {"token": "********"}, "backends": [{"http_proxy": {"password": "new"}}]});
-        unmask(&mut posted, &running);
-        assert_eq!(posted["api"]["token"], "real");
-        assert_eq!(posted["backends"][0]["http_proxy"]["password"], "new");
-    }
 
     #[test]
     fn structural_errors_name_the_key() {

@@ -98,7 +98,7 @@ pub fn describe(state: &ServerState, view: &mut Backend) {
         forwarded_port: r.and_then(|r| r.forward.as_ref().map(|(f, _)| f.port)),
         settings: r.map(|r| {
             let mut s = r.settings.clone();
-            crate::config_store::mask(&mut s);
+            switchyard_config::secrets::mask_settings(&mut s);
             s
         }),
     });

@@ -388,7 +388,12 @@ impl ClientState {
             .map_err(|e| ClientError::Engine(e.to_string()))?;
         let old = self.config.load_full();
         if save {
-            let yaml = new.to_yaml_string().map_err(|message| ClientError::Save {
+            // The file's `${NAME}` references stay; other values never expand when loaded.
+            let previous = std::fs::read_to_string(&self.config_path).ok();
+            let yaml = switchyard_config::save::file_text(&new, previous.as_deref(), &|name| {
+                std::env::var(name).ok()
+            })
+            .map_err(|message| ClientError::Save {
                 path: self.config_path.display().to_string(),
                 message,
             })?;

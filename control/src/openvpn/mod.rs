@@ -27,6 +27,33 @@ use switchyard_dataplane::snapshot::{BackendKind, Snapshot};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// The `config_file`s of `openvpn` backends that cannot be used on this machine (unreadable, or
+/// a line outside the allow-list of options), for `switchyard config validate`; the server
+/// checks them again each time it starts a process.
+pub fn config_file_problems(cfg: &ServerConfig) -> Vec<switchyard_config::Problem> {
+    let mut problems = Vec::new();
+    for (i, b) in cfg.backends.iter().enumerate() {
+        if b.kind != BackendType::Openvpn {
+            continue;
+        }
+        let Some(settings) = b
+            .other
+            .as_ref()
+            .and_then(|v| OpenvpnSettings::from_value(v).ok())
+        else {
+            continue; // validation reports the settings themselves
+        };
+        if let Err(e) = launch::read_config_file(&settings) {
+            problems.push(switchyard_config::Problem {
+                section: "backends".into(),
+                field: format!("backends[{i}].openvpn.config_file"),
+                message: e.to_string(),
+            });
+        }
+    }
+    problems
+}
+
 /// Default parent of the run directory.
 pub const DEFAULT_RUN_DIR: &str = "/run/switchyard";
 

@@ -58,12 +58,12 @@ impl Backend {
         }
     }
 
-    fn write_files(&self) -> std::io::Result<launch::Rendered> {
+    fn write_files(&self, file_text: Option<&str>) -> std::io::Result<launch::Rendered> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.names.dir)?;
-        let rendered = launch::render(&self.settings, &self.names);
+        let rendered = launch::render(&self.settings, &self.names, file_text);
         write_private(&self.names.config_path(), &rendered.config)?;
         if let Some(auth) = &rendered.auth {
             write_private(&self.names.auth_path(), auth)?;
@@ -127,7 +127,16 @@ async fn run_once(
     stop: &mut watch::Receiver<bool>,
 ) -> Outcome {
     let name = backend.name.as_str();
-    let rendered = match backend.write_files() {
+    // Read at every start: a refused file fixed in place is used on the next try.
+    let file_text = match launch::read_config_file(&backend.settings) {
+        Ok(text) => text,
+        Err(e) => {
+            tracing::error!(backend = %name, error = %e,
+                "openvpn not started: its config_file cannot be used");
+            return Outcome::Exited { connected: false };
+        }
+    };
+    let rendered = match backend.write_files(file_text.as_deref()) {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(backend = %name, dir = %backend.names.dir.display(), error = %e,

@@ -312,15 +312,17 @@ async fn hello(
                 user: hello.username.clone(),
                 password: hello.password.clone(),
             };
-            let verdict = match &snapshot.auth {
+            let (verdict, subject) = match &snapshot.auth {
                 Some(a) => {
-                    a.verify(&snapshot.auth_guard, &ctx.offload, client_ip, &credential)
+                    a.verify_naming(&snapshot.auth_guard, &ctx.offload, client_ip, &credential)
                         .await
                 }
-                None => Verdict::Rejected,
+                None => (Verdict::Rejected, None),
             };
             if verdict == Verdict::Accepted {
-                *auth.user.borrow_mut() = hello.username.clone();
+                // An OAuth token's subject rather than the user name typed beside it.
+                *auth.user.borrow_mut() =
+                    subject.map_or_else(|| hello.username.clone(), |s| s.to_string());
                 Ok(())
             } else {
                 Err(format!("credentials of {} refused", hello.username))

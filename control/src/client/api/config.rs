@@ -190,7 +190,9 @@ pub async fn export(
     let cfg = state.config.load_full();
     let (body, content_type, file) = match format_of(&q)? {
         Format::Yaml => (
-            cfg.to_yaml_string().map_err(ApiError::internal)?,
+            // File syntax: imported again, it loads back the same values.
+            switchyard_config::save::file_text(&*cfg, None, &|_| None)
+                .map_err(ApiError::internal)?,
             "application/yaml",
             "switchyard-client.yaml",
         ),
@@ -225,11 +227,12 @@ pub async fn import(
         Err(e) => return e.into_response(),
     };
     let parsed = match format {
+        // `${NAME}` references would read the client's environment: refused.
         Format::Yaml => std::str::from_utf8(&body)
             .map_err(|e| e.to_string())
-            .and_then(|text| {
-                ClientConfig::from_yaml_str(text, &|n| std::env::var(n).ok())
-                    .map_err(|e| e.to_string())
+            .and_then(|text| match crate::api::config::reference_refusal(text) {
+                Some(refusal) => Err(refusal),
+                None => ClientConfig::from_yaml_str(text, &|_| None).map_err(|e| e.to_string()),
             }),
         // Through the configuration files' deserializer (JSON is YAML): the binary carries
         // one copy of ClientConfig's path-tracking deserializer (issue 14: binary size).
