@@ -786,6 +786,8 @@ fn config_saves_keep_env_references_and_never_expand_api_values() {
         "PUT",
         "-H",
         "Authorization: Bearer token-from-env",
+        "-H",
+        "Content-Type: application/yaml",
         "--data-binary",
         &yaml,
         "-w",
