@@ -308,7 +308,13 @@ mod tests {
             .expect("valid");
         let r = render(&s, &names(), Some("client\nremote h"));
         assert!(r.config.contains("\nclient\nremote h\n"), "{}", r.config);
-        assert!(!r.config.contains("client\n"));
+        // the file's own `client` line, and no generated one besides
+        assert_eq!(
+            r.config.lines().filter(|l| *l == "client").count(),
+            1,
+            "{}",
+            r.config
+        );
         assert_eq!(r.cwd.as_deref(), Some(Path::new("/etc/vpn")));
         assert_eq!(r.auth, None);
     }
