@@ -119,15 +119,26 @@ impl Guest {
     }
 
     /// A request through the guest's proxy to the host's nginx (the guest's 10.0.2.100:80).
+    /// Under TCG on a loaded 2-CPU host one request can take longer than curl's 60 s (a run
+    /// beside a CPU hog timed out at 30 s): up to three attempts, a bound, not a speed claim.
     fn assert_proxies_the_origin(&self) {
-        let out = curl(&[
-            "-sS",
-            "-m",
-            "30",
-            "-x",
-            &format!("http://127.0.0.1:{}", self.proxy),
-            "http://10.0.2.100/index.html",
-        ]);
+        let fetch = || {
+            curl(&[
+                "-sS",
+                "-m",
+                "60",
+                "-x",
+                &format!("http://127.0.0.1:{}", self.proxy),
+                "http://10.0.2.100/index.html",
+            ])
+        };
+        let mut out = fetch();
+        for _ in 1..3 {
+            if out.status.success() {
+                break;
+            }
+            out = fetch();
+        }
         assert_eq!(
             out.stdout,
             PAGE,
