@@ -137,12 +137,9 @@ pub fn admit(
             .check(text(header::ORIGIN), text(header::HOST), state.api_tls)
     {
         tracing::warn!(client = %peer, reason = %refusal, "WebSocket upgrade refused (403)");
-        let code = match refusal {
-            crate::origin::Refusal::OriginNotAllowed(_) => "ORIGIN_NOT_ALLOWED",
-            _ => "HOST_NOT_ALLOWED",
-        };
+        let (status, code) = refusal.status_and_code();
         return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
+            StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN),
             code,
             refusal.to_string(),
         ));
