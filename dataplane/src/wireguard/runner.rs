@@ -234,6 +234,7 @@ impl Tunnel {
             names: Vec::new(),
             ports: PortPool::starting_at(
                 ports::FIRST + (random_u64() % u64::from(ports::LAST - ports::FIRST + 1)) as u16,
+                usize::from(s.max_flows),
             ),
             scratch: vec![0; SCRATCH],
             outgoing: Vec::new(),
