@@ -36,11 +36,16 @@ impl QuicServer {
 }
 
 /// Starts a server whose QUIC listener is on `quic_listen`, with `extra` YAML appended.
-fn quic_server_on(quic_listen: &str, quic_extra: &str, extra: &str) -> QuicServer {
+fn quic_server_on(
+    quic_listen: &str,
+    http_extra: &str,
+    quic_extra: &str,
+    extra: &str,
+) -> QuicServer {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("server.yaml");
     let yaml = format!(
-        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
+        "server:\n  http: {{ listen: \"127.0.0.1:0\"{http_extra} }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
          \x20 data_dir: \"{data}\"\n  quic: {{ listen: \"{quic_listen}\"{quic_extra} }}\n\
          api: {{ listen: \"127.0.0.1:0\", enable_request_log: true }}\n\
          metrics: {{ enabled: true, listen: \"127.0.0.1:0\" }}\nlogging: {{ level: debug, format: json }}\n{extra}",
@@ -82,7 +87,7 @@ fn quic_server_on(quic_listen: &str, quic_extra: &str, extra: &str) -> QuicServe
 }
 
 fn quic_server(quic_extra: &str, extra: &str) -> QuicServer {
-    quic_server_on("127.0.0.1:0", quic_extra, extra)
+    quic_server_on("127.0.0.1:0", "", quic_extra, extra)
 }
 
 struct Client {
@@ -433,6 +438,46 @@ fn socks5_udp_associate_travels_as_quic_datagrams() {
         "{status}"
     );
     assert_eq!(status["connections_total"], 1, "{status}");
+}
+
+#[test]
+fn a_one_way_udp_flow_keeps_its_association_past_the_idle_timeout() {
+    // Idle is 2 s; the client sends for 5 s and never gets a reply. A flow that only sends is
+    // not idle: every datagram must leave from the same server socket (a torn-down association
+    // would reopen on a new port).
+    let server = quic_server_on("127.0.0.1:0", ", idle_timeout: 2s", "", "");
+    let client = client_with(&quic_entry(&server, ""));
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("sink");
+    sink.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let std::net::SocketAddr::V4(dest) = sink.local_addr().expect("addr") else {
+        unreachable!()
+    };
+    let (_ctl, relay) = support::socks5_udp_associate(client.socks5);
+    let udp = support::udp_client();
+    let mut dgram = vec![0, 0, 0, 1];
+    dgram.extend_from_slice(&dest.ip().octets());
+    dgram.extend_from_slice(&dest.port().to_be_bytes());
+    dgram.extend_from_slice(b"one way");
+    let mut sources = Vec::new();
+    let mut buf = [0u8; 256];
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        udp.send_to(&dgram, relay).expect("send");
+        let sent = std::time::Instant::now();
+        while sent.elapsed() < Duration::from_millis(400) {
+            if let Ok((_, from)) = sink.recv_from(&mut buf) {
+                sources.push(from);
+            }
+        }
+    }
+    assert!(sources.len() >= 8, "too few datagrams arrived: {sources:?}");
+    sources.dedup();
+    assert_eq!(
+        sources.len(),
+        1,
+        "the association was reopened: {sources:?}"
+    );
 }
 
 #[test]
