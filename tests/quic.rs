@@ -35,17 +35,19 @@ impl QuicServer {
     }
 }
 
-/// Starts a server whose QUIC listener is on `quic_listen`, with `extra` YAML appended.
+/// Starts a server whose QUIC listener is on `quic_listen`; the `*_extra` texts go into the
+/// `http` map, the `server` section (whole lines), the `quic` map and the top level.
 fn quic_server_on(
     quic_listen: &str,
     http_extra: &str,
+    server_extra: &str,
     quic_extra: &str,
     extra: &str,
 ) -> QuicServer {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("server.yaml");
     let yaml = format!(
-        "server:\n  http: {{ listen: \"127.0.0.1:0\"{http_extra} }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
+        "server:\n  http: {{ listen: \"127.0.0.1:0\"{http_extra} }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n{server_extra}\
          \x20 data_dir: \"{data}\"\n  quic: {{ listen: \"{quic_listen}\"{quic_extra} }}\n\
          api: {{ listen: \"127.0.0.1:0\", enable_request_log: true }}\n\
          metrics: {{ enabled: true, listen: \"127.0.0.1:0\" }}\nlogging: {{ level: debug, format: json }}\n{extra}",
@@ -87,7 +89,7 @@ fn quic_server_on(
 }
 
 fn quic_server(quic_extra: &str, extra: &str) -> QuicServer {
-    quic_server_on("127.0.0.1:0", "", quic_extra, extra)
+    quic_server_on("127.0.0.1:0", "", "", quic_extra, extra)
 }
 
 struct Client {
@@ -319,6 +321,48 @@ fn a_hundred_concurrent_flows_share_one_quic_connection() {
 }
 
 #[test]
+fn quic_flows_count_toward_the_servers_max_connections() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server_on("127.0.0.1:0", "", "  max_connections: 3\n", "", "");
+    let client = client_with(&quic_entry(&server, ""));
+    let held: Vec<_> = (0..3)
+        .map(|_| open_tunnel(client.http, nginx.port))
+        .collect();
+    // Each flow is one connection (it was counted twice once); a fourth flow on the same QUIC
+    // connection is refused by the server's limit.
+    let stats = server.get("/api/v1/stats");
+    assert_eq!(stats["active_connections"], 3, "{stats}");
+    let out = run_curl(&[
+        "-p",
+        "-x",
+        &format!("http://{}", client.http),
+        &nginx.url("/hello.txt"),
+    ]);
+    assert_ne!(out.stdout, HELLO, "a fourth flow got through");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("502"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Closed flows give their places back.
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = run_curl(&[
+            "-p",
+            "-x",
+            &format!("http://{}", client.http),
+            &nginx.url("/hello.txt"),
+        ]);
+        if out.stdout == HELLO {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{out:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
 fn a_wrong_pin_is_refused_with_a_clear_error() {
     let Some(nginx) = origin() else { return };
     let server = quic_server("", "");
@@ -445,7 +489,7 @@ fn a_one_way_udp_flow_keeps_its_association_past_the_idle_timeout() {
     // Idle is 2 s; the client sends for 5 s and never gets a reply. A flow that only sends is
     // not idle: every datagram must leave from the same server socket (a torn-down association
     // would reopen on a new port).
-    let server = quic_server_on("127.0.0.1:0", ", idle_timeout: 2s", "", "");
+    let server = quic_server_on("127.0.0.1:0", ", idle_timeout: 2s", "", "", "");
     let client = client_with(&quic_entry(&server, ""));
     let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("sink");
     sink.set_read_timeout(Some(Duration::from_millis(200)))
