@@ -35,15 +35,26 @@ impl QuicServer {
     }
 }
 
-/// Starts a server whose QUIC listener is on `quic_listen`; the `*_extra` texts go into the
-/// `http` map, the `server` section (whole lines), the `quic` map and the top level.
-fn quic_server_on(
-    quic_listen: &str,
-    http_extra: &str,
-    server_extra: &str,
-    quic_extra: &str,
-    extra: &str,
-) -> QuicServer {
+/// What a test server differs in: the `*_extra` texts go into the `http` map, the `server`
+/// section (whole lines), the `quic` map and the top level.
+#[derive(Default)]
+struct ServerShape<'a> {
+    quic_listen: Option<&'a str>,
+    http_extra: &'a str,
+    server_extra: &'a str,
+    quic_extra: &'a str,
+    extra: &'a str,
+}
+
+fn quic_server_shaped(shape: &ServerShape) -> QuicServer {
+    let ServerShape {
+        quic_listen,
+        http_extra,
+        server_extra,
+        quic_extra,
+        extra,
+    } = shape;
+    let quic_listen = quic_listen.unwrap_or("127.0.0.1:0");
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("server.yaml");
     let yaml = format!(
@@ -89,7 +100,11 @@ fn quic_server_on(
 }
 
 fn quic_server(quic_extra: &str, extra: &str) -> QuicServer {
-    quic_server_on("127.0.0.1:0", "", "", quic_extra, extra)
+    quic_server_shaped(&ServerShape {
+        quic_extra,
+        extra,
+        ..Default::default()
+    })
 }
 
 struct Client {
@@ -323,7 +338,10 @@ fn a_hundred_concurrent_flows_share_one_quic_connection() {
 #[test]
 fn quic_flows_count_toward_the_servers_max_connections() {
     let Some(nginx) = origin() else { return };
-    let server = quic_server_on("127.0.0.1:0", "", "  max_connections: 3\n", "", "");
+    let server = quic_server_shaped(&ServerShape {
+        server_extra: "  max_connections: 3\n",
+        ..Default::default()
+    });
     let client = client_with(&quic_entry(&server, ""));
     let held: Vec<_> = (0..3)
         .map(|_| open_tunnel(client.http, nginx.port))
@@ -489,7 +507,10 @@ fn a_one_way_udp_flow_keeps_its_association_past_the_idle_timeout() {
     // Idle is 2 s; the client sends for 5 s and never gets a reply. A flow that only sends is
     // not idle: every datagram must leave from the same server socket (a torn-down association
     // would reopen on a new port).
-    let server = quic_server_on("127.0.0.1:0", ", idle_timeout: 2s", "", "", "");
+    let server = quic_server_shaped(&ServerShape {
+        http_extra: ", idle_timeout: 2s",
+        ..Default::default()
+    });
     let client = client_with(&quic_entry(&server, ""));
     let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("sink");
     sink.set_read_timeout(Some(Duration::from_millis(200)))
