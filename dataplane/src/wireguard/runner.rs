@@ -288,6 +288,9 @@ impl Tunnel {
             TunnResult::WriteToTunnelV4(packet, _) | TunnResult::WriteToTunnelV6(packet, _) => {
                 self.device.inbound.push_back(packet.to_vec());
             }
+            // a cookie reply (type 3) is made by anyone who saw our initiation: it proves
+            // nothing about the peer being alive
+            TunnResult::Done if datagram.first() == Some(&3) => return,
             TunnResult::Done => {}
             TunnResult::Err(e) => {
                 tracing::debug!(backend = %self.name, %from, error = ?e, "WireGuard datagram dropped");
