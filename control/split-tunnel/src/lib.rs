@@ -167,6 +167,7 @@ pub fn recover(data_dir: &Path) -> Result<usize, Error> {
     let entries = journal
         .entries()
         .map_err(|e| Error::Journal(journal.path().to_path_buf(), e))?;
+    remount_private_cgroup2(&entries);
     let mut failures = Vec::new();
     for change in entries.iter().rev() {
         if let Err(e) = undo(change) {
@@ -237,6 +238,26 @@ fn cgroup2_or_private(
 pub fn prepare_cgroup2(data_dir: &Path) -> Result<PathBuf, Error> {
     recover(data_dir)?;
     cgroup2_or_private(data_dir, None).map(|(mount, _)| mount)
+}
+
+/// A private cgroup2 mount that is gone while cgroups created through it are still journalled (a
+/// kill -9 under `ip netns exec` ends the mount namespace, and the mount with it, but not the
+/// cgroups) is mounted again, so that their undo can remove them; its own undo, which comes last
+/// (it was journalled first), unmounts it again.
+fn remount_private_cgroup2(entries: &[Change]) {
+    for change in entries {
+        let Change::Cgroup2Mount { dir } = change else {
+            continue;
+        };
+        let needed = entries
+            .iter()
+            .any(|c| matches!(c, Change::Cgroup { path } if path.starts_with(dir)));
+        if needed && !cgroup::is_cgroup2_mount(dir) {
+            if let Err(e) = cgroup::mount_cgroup2(dir) {
+                tracing::warn!(mount = %dir.display(), error = %e, "cannot mount the cgroup2 hierarchy again to remove the split tunnel's cgroups");
+            }
+        }
+    }
 }
 
 fn undo(change: &Change) -> Result<(), Error> {

@@ -836,7 +836,16 @@ impl Drop for NoCgroupMounts {
 /// cgroup2 mount: it mounts the hierarchy privately under its data directory, classifies (the
 /// `ips` rule tunnels, the bystander namespace stays untouched), and unmounts it on stop — or,
 /// after a kill -9, on recovery.
-fn without_visible_cgroup2(choice: &str, crash: bool) {
+#[derive(Clone, Copy, PartialEq)]
+enum Stop {
+    Disable,
+    /// kill -9, the mount namespace (and so the private mount) lives on
+    Kill,
+    /// kill -9, and the mounts go as if the namespace had ended with the client (`ip netns exec`)
+    KillMountsGone,
+}
+
+fn without_visible_cgroup2(choice: &str, stop: Stop) {
     let mut topo = Topo::new();
     topo.start_servers();
     let mntns = NoCgroupMounts::new(topo.data.path());
@@ -887,7 +896,7 @@ fn without_visible_cgroup2(choice: &str, crash: bool) {
     topo.assert_bystander_untouched("private cgroup2 mount");
 
     let mut stdin = holder.stdin.take().expect("stdin");
-    if crash {
+    if stop != Stop::Disable {
         holder.kill().expect("kill -9");
         let _ = holder.wait();
         assert_eq!(
@@ -895,6 +904,16 @@ fn without_visible_cgroup2(choice: &str, crash: bool) {
             1,
             "a crash leaves the private mount"
         );
+        assert!(topo.scope.join("switchyard-split-apps").exists());
+        if stop == Stop::KillMountsGone {
+            for dir in [&private, &topo.pins] {
+                sh(&format!(
+                    "nsenter --mount='{}/mnt' -- umount '{}'",
+                    mntns.dir.display(),
+                    dir.display()
+                ));
+            }
+        }
         let mut recovery = mntns.command(&exe);
         recovery
             .args(HELPER_ARGS)
@@ -918,6 +937,10 @@ fn without_visible_cgroup2(choice: &str, crash: bool) {
         );
     }
     assert!(!private.exists(), "its directory is removed");
+    assert!(
+        !topo.scope.join("switchyard-split-apps").exists(),
+        "the managed cgroup is removed"
+    );
     assert_eq!(topo.leftovers(), Vec::<String>::new());
     assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), DIRECT, "after stop");
     drop(stdin);
@@ -926,28 +949,35 @@ fn without_visible_cgroup2(choice: &str, crash: bool) {
 #[test]
 fn starts_without_a_visible_cgroup2_mount_ebpf() {
     if root_or_skip("starts_without_a_visible_cgroup2_mount_ebpf") {
-        without_visible_cgroup2("ebpf", false);
+        without_visible_cgroup2("ebpf", Stop::Disable);
     }
 }
 
 #[test]
 fn starts_without_a_visible_cgroup2_mount_nftables() {
     if root_or_skip("starts_without_a_visible_cgroup2_mount_nftables") {
-        without_visible_cgroup2("nftables", false);
+        without_visible_cgroup2("nftables", Stop::Disable);
     }
 }
 
 #[test]
 fn kill_9_with_a_private_cgroup2_mount_then_recovery_leaves_nothing_ebpf() {
     if root_or_skip("kill_9_with_a_private_cgroup2_mount_then_recovery_leaves_nothing_ebpf") {
-        without_visible_cgroup2("ebpf", true);
+        without_visible_cgroup2("ebpf", Stop::Kill);
     }
 }
 
 #[test]
 fn kill_9_with_a_private_cgroup2_mount_then_recovery_leaves_nothing_nftables() {
     if root_or_skip("kill_9_with_a_private_cgroup2_mount_then_recovery_leaves_nothing_nftables") {
-        without_visible_cgroup2("nftables", true);
+        without_visible_cgroup2("nftables", Stop::Kill);
+    }
+}
+
+#[test]
+fn kill_9_ending_the_private_cgroup2_mount_then_recovery_leaves_nothing() {
+    if root_or_skip("kill_9_ending_the_private_cgroup2_mount_then_recovery_leaves_nothing") {
+        without_visible_cgroup2("ebpf", Stop::KillMountsGone);
     }
 }
 
