@@ -189,9 +189,12 @@ pub fn recover(data_dir: &Path) -> Result<usize, Error> {
 }
 
 /// Where a split tunnel with data directory `data_dir` mounts the cgroup2 hierarchy when none is
-/// visible.
+/// visible: an absolute path without symlinks (as /proc/self/mountinfo shows mount points), also
+/// for a relative data directory such as the client's default `./data/client`.
 pub fn private_cgroup2_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("cgroup2")
+    std::fs::canonicalize(data_dir)
+        .unwrap_or_else(|_| data_dir.to_path_buf())
+        .join("cgroup2")
 }
 
 /// The cgroup2 mount to classify in, and whether it is the client's own: the visible mount, or
@@ -203,6 +206,8 @@ fn cgroup2_or_private(
     data_dir: &Path,
     journal: Option<&Journal>,
 ) -> Result<(PathBuf, bool), Error> {
+    std::fs::create_dir_all(data_dir)
+        .map_err(|e| Error::Io(format!("create {}", data_dir.display()), e))?;
     let private = private_cgroup2_dir(data_dir);
     let record = |journal: Option<&Journal>| -> Result<(), Error> {
         let Some(journal) = journal else {
@@ -831,6 +836,14 @@ mod tests {
         fn send_and_sync<T: Send + Sync>() {}
         send_and_sync::<SplitTunnel>();
         send_and_sync::<SplitTunnelStatus>();
+    }
+
+    #[test]
+    fn the_private_cgroup2_dir_is_absolute_for_a_relative_data_dir() {
+        // mountinfo lists mount points absolute: a relative one would never be found mounted
+        let dir = private_cgroup2_dir(Path::new("."));
+        assert!(dir.is_absolute(), "{}", dir.display());
+        assert!(dir.ends_with("cgroup2"));
     }
 
     #[test]
