@@ -9,8 +9,8 @@
 //! the mode and tunnel mark, the destination LPM tries (split nets and `always_bypass`), the app
 //! cgroups, and the DNS resolver redirect. The programs act only on sockets of one network
 //! namespace (the client's, by its cookie: [`netns_cookie`]); cgroup hooks would otherwise see the
-//! sockets of every namespace whose processes share the cgroup tree. Policy routing, nftables and the rule model live in
-//! `switchyard-split-tunnel`, which drives this crate.
+//! sockets of every namespace whose processes share the cgroup tree. Policy routing, nftables and
+//! the rule model live in `switchyard-split-tunnel`, which drives this crate.
 //!
 //! The second program, `src/reuseport_balance.bpf.c` ([`ReuseportBalancer`]), is the server's: it
 //! hands new connections to the data plane's per-core `SO_REUSEPORT` listeners in turn.

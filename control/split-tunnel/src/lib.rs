@@ -137,9 +137,7 @@ impl SplitTunnelConfig {
             dns: None,
         }
     }
-}
 
-impl SplitTunnelConfig {
     /// The nsfs file of [`SplitTunnelConfig::netns`] (`None`: the current namespace).
     pub fn netns_path(&self) -> Option<PathBuf> {
         self.netns

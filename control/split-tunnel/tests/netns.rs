@@ -215,7 +215,12 @@ fn helper() {
 // ---------- fixture ----------
 
 fn root_or_skip(what: &str) -> bool {
-    root_with_tools_or_skip(what, &["ip", "nft", "nsenter", "bpftool", "mount"])
+    root_with_tools_or_skip(
+        what,
+        &[
+            "ip", "nft", "nsenter", "bpftool", "mount", "unshare", "findmnt",
+        ],
+    )
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
