@@ -411,11 +411,7 @@ impl Topo {
         c.tunnel_mark = MARK;
         c.table = TABLE;
         c.bypass_cgroups = vec![self.own.clone()];
-        c.dns = Some(DnsRedirect {
-            intercept_port: 53,
-            resolver4: Some("127.0.0.1:5353".parse().expect("addr")),
-            resolver6: Some("[::1]:5353".parse().expect("addr")),
-        });
+        c.dns = Some(lan_resolver());
         c
     }
 
@@ -768,6 +764,15 @@ fn crash_cleanup(choice: &str, expected: &str) {
     );
 }
 
+/// Port 53 to the resolver of the lan namespace.
+fn lan_resolver() -> DnsRedirect {
+    DnsRedirect {
+        intercept_port: 53,
+        resolver4: Some("127.0.0.1:5353".parse().expect("addr")),
+        resolver6: Some("[::1]:5353".parse().expect("addr")),
+    }
+}
+
 fn config_from_env() -> SplitTunnelConfig {
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset"));
     let mut c = SplitTunnelConfig::new(
@@ -780,6 +785,7 @@ fn config_from_env() -> SplitTunnelConfig {
     c.nft_table = var("SYEBPF_NFT");
     c.tunnel_mark = MARK;
     c.table = TABLE;
+    c.dns = Some(lan_resolver());
     c.mechanism = match var("SYEBPF_MECH").as_str() {
         "nftables" => MechanismChoice::Nftables,
         _ => MechanismChoice::Ebpf,
@@ -910,6 +916,9 @@ fn without_visible_cgroup2(choice: &str, stop: Stop) {
             "a crash leaves the private mount"
         );
         assert!(topo.scope.join("switchyard-split-apps").exists());
+        // what the crash left keeps acting, with the netns cookie: on the lan namespace only
+        assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), TUNNEL, "after kill -9");
+        topo.assert_bystander_untouched("after kill -9");
         if stop == Stop::KillMountsGone {
             for dir in [&private, &topo.pins] {
                 sh(&format!(
