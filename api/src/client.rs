@@ -450,6 +450,9 @@ pub struct MeshDrops {
     pub overflow: u64,
     /// Routing control messages refused (malformed, stale, from a non-neighbour).
     pub control_dropped: u64,
+    /// Route announcement entries naming an id the registry does not list, or another
+    /// virtual IP than the registry gives that id (a route never changes who owns an address).
+    pub route_claims_refused: u64,
     /// STUN and TURN datagrams NAT traversal did not take.
     pub ice_dropped: u64,
 }

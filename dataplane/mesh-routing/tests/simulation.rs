@@ -66,6 +66,11 @@ impl Sim {
             routers.insert(name.to_string(), r);
             vips.insert(name.to_string(), vip_of(i));
         }
+        // every router has the registry's table of members (late joiners included: the
+        // registry lists a peer before its sessions come up)
+        for r in routers.values_mut() {
+            r.set_members(vips.clone(), now);
+        }
         Sim {
             now,
             routers,

@@ -222,6 +222,9 @@ pub struct MeshTotals {
     pub handshakes_refused: AtomicU64,
     /// Cookie replies sent to initiations beyond the handshake rate (under load).
     pub handshake_cookies: AtomicU64,
+    /// Route announcement entries for an id the registry does not list, or naming another
+    /// virtual IP than the registry's.
+    pub route_claims_refused: AtomicU64,
     /// Datagrams of no known kind or session, or failing authentication.
     pub invalid: AtomicU64,
     /// Packets for a virtual IP without a usable session (or forwarding off).

@@ -181,7 +181,10 @@ impl Mesh {
             seed,
             now,
         ) {
-            Ok(r) => self.router = Some(r),
+            Ok(r) => {
+                self.router = Some(r);
+                self.share_members();
+            }
             Err(e) => {
                 tracing::error!(id = %self.settings.local_id, error = %e,
                     "mesh routing off: the peer id cannot name a router");
@@ -369,6 +372,16 @@ impl Mesh {
         }
         self.sessions = keep;
         self.table = table;
+        self.share_members();
+    }
+
+    /// Gives the router the registry's table: who owns which virtual IP (announcements only
+    /// choose paths).
+    fn share_members(&mut self) {
+        if let Some(router) = self.router.as_mut() {
+            let members = self.table.peers.iter().map(|p| (p.id.clone(), p.vip));
+            router.set_members(members, Instant::now());
+        }
     }
 
     fn allocate_index(&mut self, a: &HashMap<u32, Session>, b: &[(u32, Session)]) -> u32 {
@@ -712,7 +725,14 @@ impl Mesh {
             self.shared.totals.control_dropped.fetch_add(1, Relaxed);
             return;
         };
-        let outcome = match router.handle_control(&s.entry.id, payload, now) {
+        let claims_before = router.stats().claims_refused;
+        let result = router.handle_control(&s.entry.id, payload, now);
+        let claims = router.stats().claims_refused - claims_before;
+        self.shared
+            .totals
+            .route_claims_refused
+            .fetch_add(claims, Relaxed);
+        let outcome = match result {
             Ok(o) => o,
             Err(e) => {
                 self.shared.totals.control_dropped.fetch_add(1, Relaxed);

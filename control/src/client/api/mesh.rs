@@ -128,6 +128,7 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             no_route: t.no_route.load(Relaxed),
             overflow: t.overflow.load(Relaxed),
             control_dropped: t.control_dropped.load(Relaxed),
+            route_claims_refused: t.route_claims_refused.load(Relaxed),
             ice_dropped: t.ice_dropped.load(Relaxed),
         },
     })

@@ -179,6 +179,9 @@ pub struct RouterStats {
     /// Entries not usable as routes: through us, repeated ids, through the sender (withdrawals
     /// and poisoned entries are not counted).
     pub entries_refused: u64,
+    /// Entries for an id the registry does not list, or naming another virtual IP than the
+    /// registry gives that id.
+    pub claims_refused: u64,
     /// Learned routes dropped for not being refreshed within route_timeout.
     pub routes_expired: u64,
     /// Destinations that became unreachable (withdrawn to the neighbours).
@@ -307,6 +310,10 @@ pub struct Router {
     neighbours: BTreeMap<String, Neighbour>,
     routes: BTreeMap<String, Route>,
     by_vip: BTreeMap<Ipv4Addr, String>,
+    /// The registry's table: which peer id owns which virtual IP. Announcements choose paths
+    /// only; an entry naming an id not listed here, or another address than the listed one,
+    /// is no route (a member cannot draw another's traffic by claiming its address).
+    members: BTreeMap<String, Ipv4Addr>,
     /// Metric last announced per destination (triggered updates only for larger moves).
     announced: BTreeMap<String, u32>,
     /// Destinations for the next triggered update.
@@ -358,6 +365,7 @@ impl Router {
             neighbours: BTreeMap::new(),
             routes: BTreeMap::new(),
             by_vip: BTreeMap::new(),
+            members: BTreeMap::new(),
             announced: BTreeMap::new(),
             pending: BTreeSet::new(),
             withdrawn: BTreeMap::new(),
@@ -448,6 +456,34 @@ impl Router {
         &self.stats
     }
 
+    /// Sets the registry's table of members (id, virtual IP), the only source of which id owns
+    /// which address; routes learnt for an id that no longer matches are dropped.
+    pub fn set_members(
+        &mut self,
+        members: impl IntoIterator<Item = (String, Ipv4Addr)>,
+        now: Instant,
+    ) {
+        self.last_now = now;
+        self.members = members.into_iter().collect();
+        let mut touched = BTreeSet::new();
+        for n in self.neighbours.values_mut() {
+            for (dest, advert) in n.adverts.iter_mut() {
+                let listed = self.members.get(dest);
+                if advert
+                    .route
+                    .as_ref()
+                    .is_some_and(|r| listed != Some(&r.vip))
+                {
+                    advert.route = None;
+                    touched.insert(dest.clone());
+                }
+            }
+        }
+        for dest in touched {
+            self.reselect(&dest, now);
+        }
+    }
+
     /// Takes in one announcement from neighbour `from`.
     pub fn handle_announcement(
         &mut self,
@@ -499,13 +535,18 @@ impl Router {
             }
             let sender_next_hop = e.path.first().unwrap_or(&e.dest);
             let via_us = *sender_next_hop == local;
-            let route = usable(e, from, &local).then(|| Learned {
+            let claimed = self.members.get(&e.dest) == Some(&e.vip);
+            let route = (claimed && usable(e, from, &local)).then(|| Learned {
                 vip: e.vip,
                 latency_ms: e.latency_ms,
                 path: e.path.clone(),
             });
-            if route.is_none() && e.metric != METRIC_INFINITY && e.dest != local {
-                refused += 1;
+            if e.metric != METRIC_INFINITY && e.dest != local {
+                if !claimed {
+                    self.stats.claims_refused += 1;
+                } else if route.is_none() {
+                    refused += 1;
+                }
             }
             if n.adverts.len() >= MAX_DESTINATIONS && !n.adverts.contains_key(&e.dest) {
                 refused += 1;

@@ -8,8 +8,21 @@ const B: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
 const C: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 3);
 const MS: Duration = Duration::from_millis(1);
 
+/// Router "a" with the registry listing a, b, c and d–f (10.99.0.4–6).
 fn router(now: Instant) -> Router {
-    Router::new("a", A, RoutingConfig::default(), 0, 1, now).unwrap()
+    let mut r = Router::new("a", A, RoutingConfig::default(), 0, 1, now).unwrap();
+    let mut members = vec![("a", A), ("b", B), ("c", C)];
+    members.extend(
+        ["d", "e", "f"]
+            .into_iter()
+            .zip(4..)
+            .map(|(id, last)| (id, Ipv4Addr::new(10, 99, 0, last))),
+    );
+    r.set_members(
+        members.into_iter().map(|(id, vip)| (id.to_owned(), vip)),
+        now,
+    );
+    r
 }
 
 fn entry(dest: &str, vip: Ipv4Addr, latency_ms: u32, path: &[&str]) -> RouteEntry {
@@ -165,21 +178,35 @@ fn relayed_routes_add_the_link_latency_and_one_hop() {
 }
 
 #[test]
-fn a_vip_claimed_twice_stays_routed_while_one_claim_remains() {
+fn announcements_choose_paths_but_never_who_owns_an_address() {
     let now = Instant::now();
     let mut r = router(now);
     r.neighbour_up("b", B, MS, now).unwrap();
-    // A lease moved from "old" to "new" and both are still announced for a moment.
+    let d = Ipv4Addr::new(10, 99, 0, 4);
+    // b claims c's address for a made-up id, and for d (listed with another address)
     let msg = ann(
         "b",
         1,
-        vec![entry("old", C, 1, &[]), entry("new", C, 1, &[])],
+        vec![entry("mallory", C, 1, &[]), entry("d", C, 1, &[])],
     );
     r.handle_announcement("b", &msg, now).unwrap();
-    let mut gone = entry("old", C, 1, &[]);
-    gone.metric = METRIC_INFINITY;
-    let msg = ann("b", 2, vec![gone]);
-    r.handle_announcement("b", &msg, now).unwrap();
+    assert_eq!(r.next_hop(C), None);
+    assert_eq!(r.next_hop(d), None);
+    assert_eq!(r.stats().claims_refused, 2);
+    // the real owner's route is taken, and stays with its owner
+    r.handle_announcement("b", &ann("b", 2, vec![entry("c", C, 1, &[])]), now)
+        .unwrap();
+    assert_eq!(r.next_hop(C).unwrap().dest_peer_id, "c");
+    // the registry moves the address (a lease that moved): the old owner's route goes at once,
+    // the new owner's comes with its next announcement
+    r.set_members([("b".to_owned(), B), ("new".to_owned(), C)], now);
+    assert_eq!(r.next_hop(C), None);
+    r.handle_announcement(
+        "b",
+        &ann("b", 3, vec![entry("c", C, 1, &[]), entry("new", C, 1, &[])]),
+        now,
+    )
+    .unwrap();
     assert_eq!(r.next_hop(C).unwrap().dest_peer_id, "new");
 }
 
@@ -293,6 +320,11 @@ fn a_neighbour_cannot_grow_the_table_without_bound() {
     let now = Instant::now();
     let mut r = router(now);
     r.neighbour_up("b", B, MS, now).unwrap();
+    let mut members: Vec<(String, Ipv4Addr)> = (0..MAX_DESTINATIONS as u32 + 200)
+        .map(|n| (format!("d{n}"), Ipv4Addr::from(n)))
+        .collect();
+    members.push(("b".into(), B));
+    r.set_members(members, now);
     let mut seq = 0;
     let mut n = 0u32;
     while n < MAX_DESTINATIONS as u32 + 100 {
