@@ -179,8 +179,9 @@ pub struct RouterStats {
     /// Entries not usable as routes: through us, repeated ids, through the sender (withdrawals
     /// and poisoned entries are not counted).
     pub entries_refused: u64,
-    /// Entries for an id the registry does not list, or naming another virtual IP than the
-    /// registry gives that id.
+    /// Route entries and memberships for an id the registry does not list, or naming another
+    /// virtual IP than the registry gives that id; memberships naming a member's address as a
+    /// group.
     pub claims_refused: u64,
     /// Learned routes dropped for not being refreshed within route_timeout.
     pub routes_expired: u64,

@@ -483,3 +483,34 @@ proptest::proptest! {
         let _ = r.poll_announcements(now);
     }
 }
+
+#[test]
+fn memberships_must_name_their_registry_address_and_no_members_address_as_a_group() {
+    let now = Instant::now();
+    let mut r = router(now);
+    r.neighbour_up("b", B, MS, now).unwrap();
+    r.handle_announcement("b", &ann("b", 1, vec![entry("c", C, 1, &[])]), now)
+        .unwrap();
+    let membership = |origin: &str, vip, seq, group| Membership {
+        origin: origin.into(),
+        vip,
+        seq,
+        groups: vec![group],
+    };
+    let service = Ipv4Addr::new(10, 99, 0, 200);
+    // b "joins" c's own address as an anycast group; claims to be c; an unlisted id
+    for m in [
+        membership("b", B, 1, C),
+        membership("c", B, 2, service),
+        membership("z", Ipv4Addr::new(10, 99, 0, 9), 1, service),
+    ] {
+        r.handle_membership("b", &m, now).unwrap();
+    }
+    assert_eq!(r.stats().claims_refused, 3);
+    assert!(r.group_members(C).is_empty());
+    assert!(r.group_members(service).is_empty());
+    // a real anycast address, announced by its member
+    r.handle_membership("b", &membership("c", C, 3, service), now)
+        .unwrap();
+    assert_eq!(r.group_members(service), vec![("c".to_owned(), C)]);
+}

@@ -58,7 +58,19 @@ impl Router {
         if !self.neighbours.contains_key(from) {
             return Err(RoutingError::NotNeighbour(from.to_owned()));
         }
-        if m.origin == self.local_id || !self.groups.accept(m, now) {
+        if m.origin == self.local_id {
+            return Ok(Vec::new());
+        }
+        // the origin must be the registry's member at that address, and no group may be a
+        // member's address (an anycast "group" at a victim's address would draw its traffic)
+        let member_vips = || self.members.values();
+        if self.members.get(&m.origin) != Some(&m.vip)
+            || m.groups.iter().any(|g| member_vips().any(|v| v == g))
+        {
+            self.stats.claims_refused += 1;
+            return Ok(Vec::new());
+        }
+        if !self.groups.accept(m, now) {
             return Ok(Vec::new());
         }
         self.stats.memberships_accepted += 1;
