@@ -5,9 +5,11 @@
 //!
 //! Credentials: no offer/answer exchange exists in the mesh, so both sides derive them. The
 //! username of a check is `receiver_id:sender_id` (RFC 8445 §7.2.2's RFRAG:LFRAG with peer ids as
-//! ufrags) and the password is [`pair_password`], the same for both directions. MESSAGE-INTEGRITY
-//! therefore keeps checks of different pairs (and of strangers without the network secret) apart;
-//! it does not authenticate the peer — the WireGuard handshake on the selected path does that.
+//! ufrags) and the password is [`pair_password`], the same for both directions, keyed with the
+//! network secret and the pair's own key (the mesh gives the X25519 shared secret of the two
+//! static keys). MESSAGE-INTEGRITY therefore keeps checks of different pairs apart, and an
+//! outsider who knows both ids can neither answer nor forge a check; the WireGuard handshake on
+//! the selected path still authenticates the peer.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -53,8 +55,9 @@ pub struct Path {
     pub remote: SocketAddr,
 }
 
-/// The check password both peers of a pair derive: hex HMAC-SHA1 keyed with the network secret
-/// (the network pre-shared key when there is one, else a fixed label) over the two ids in order.
+/// The check password both peers of a pair derive: hex HMAC-SHA1 keyed with `secret` (the
+/// network pre-shared key followed by the pair's key; a fixed label when empty) over the two
+/// ids in order.
 pub fn pair_password(secret: &[u8], a: &str, b: &str) -> String {
     let (low, high) = if a <= b { (a, b) } else { (b, a) };
     let key: &[u8] = if secret.is_empty() {

@@ -192,7 +192,18 @@ impl IceEndpoint {
 
     /// Adds a remote peer, or adds candidates to a known one. Endpoints that are not valid
     /// candidates are skipped and returned as errors.
-    pub fn set_peer(&mut self, peer: &str, endpoints: &[Endpoint], now: Instant) -> Vec<IceError> {
+    /// Adds or updates a peer with its registry endpoints. `pair_key` is a secret only the two
+    /// peers share (the mesh passes the X25519 shared secret of their static keys): with the
+    /// network secret it keys the pair's check password, so knowing the ids is not enough to
+    /// answer or forge checks. It is read when the peer's agent is made (a peer whose key
+    /// changed must be removed first).
+    pub fn set_peer(
+        &mut self,
+        peer: &str,
+        pair_key: &[u8],
+        endpoints: &[Endpoint],
+        now: Instant,
+    ) -> Vec<IceError> {
         let mut errors = Vec::new();
         let candidates: Vec<Candidate> = endpoints
             .iter()
@@ -206,10 +217,11 @@ impl IceEndpoint {
             return errors;
         }
         let agent = self.agents.entry(peer.to_string()).or_insert_with(|| {
+            let secret = [self.config.secret.as_slice(), pair_key].concat();
             let mut agent = Agent::new(
                 &self.config.local_id,
                 peer,
-                &self.config.secret,
+                &secret,
                 self.config.agent.clone(),
                 now,
             );
@@ -592,6 +604,8 @@ impl IceEndpoint {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    /// The pair key both simulated peers hold.
+    const PAIR_KEY: &[u8] = b"pair key";
     use crate::agent::PathKind;
 
     /// Endpoints on a simulated network with a virtual clock: every transmit to a known
@@ -634,7 +648,7 @@ mod tests {
                 .collect();
             for (_, e) in &mut sim.nodes {
                 for (id, endpoints) in &all {
-                    assert!(e.set_peer(id, endpoints, now).is_empty());
+                    assert!(e.set_peer(id, PAIR_KEY, endpoints, now).is_empty());
                 }
             }
             sim
@@ -786,7 +800,32 @@ mod tests {
         let mut c = IceConfig::new("b", vec![b_addr]);
         c.secret = b"other network".to_vec();
         let mut b = IceEndpoint::new(c, sim.now);
-        b.set_peer("a", &sim.nodes[0].1.local_endpoints(), sim.now);
+        b.set_peer("a", PAIR_KEY, &sim.nodes[0].1.local_endpoints(), sim.now);
+        sim.nodes[1].1 = b;
+        let now = sim.now;
+        sim.nodes[0].1.handle_timeout(now);
+        let t = sim.nodes[0].1.poll_transmit().expect("a check");
+        let a_addr = sim.nodes[0].0;
+        assert_eq!(
+            sim.nodes[1].1.handle_datagram(a_addr, &t.bytes, now),
+            Received::Dropped
+        );
+        assert!(sim.nodes[1].1.poll_transmit().is_none());
+    }
+
+    #[test]
+    fn checks_keyed_for_another_pair_are_dropped() {
+        let mut sim = Sim::new(&["a", "b"], |_| {});
+        // same network, same ids, but b's pair key is not the one a holds (an outsider who
+        // knows both ids)
+        let b_addr = sim.nodes[1].0;
+        let mut b = IceEndpoint::new(IceConfig::new("b", vec![b_addr]), sim.now);
+        b.set_peer(
+            "a",
+            b"not our pair",
+            &sim.nodes[0].1.local_endpoints(),
+            sim.now,
+        );
         sim.nodes[1].1 = b;
         let now = sim.now;
         sim.nodes[0].1.handle_timeout(now);

@@ -31,7 +31,8 @@
 //! let mut ice = IceEndpoint::new(config, Instant::now());
 //! publish(ice.local_endpoints()); // register with the host candidates now …
 //! // Every peer of the registry's list, and again on `peer.updated` with its new endpoints.
-//! ice.set_peer("peer-b", &registry_endpoints_of_b, Instant::now());
+//! # let pair_key = [0u8; 32]; // the X25519 shared secret of the two peers' static keys
+//! ice.set_peer("peer-b", &pair_key, &registry_endpoints_of_b, Instant::now());
 //! let mut buf = [0u8; 65536];
 //! let mut out = Vec::with_capacity(2048);
 //! loop {
@@ -147,6 +148,7 @@ mod tests {
         let mut ice = IceEndpoint::new(config, now);
         ice.set_peer(
             "b",
+            b"pair",
             &[
                 Candidate::new(CandidateKind::Host, "127.0.0.1:2000".parse().unwrap(), 1)
                     .to_endpoint(),

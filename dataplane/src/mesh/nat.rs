@@ -186,8 +186,16 @@ impl NatPaths {
     }
 
     /// A peer of the registry's list (again when its candidates changed).
-    pub fn set_peer(&mut self, id: &str, candidates: &[CandidateEndpoint], now: Instant) {
-        for e in self.ice.set_peer(id, candidates, now) {
+    /// Adds or updates peer `id`; `pair_key` (the X25519 shared secret of our static keys)
+    /// keys its check password.
+    pub fn set_peer(
+        &mut self,
+        id: &str,
+        pair_key: &[u8; 32],
+        candidates: &[CandidateEndpoint],
+        now: Instant,
+    ) {
+        for e in self.ice.set_peer(id, pair_key, candidates, now) {
             tracing::debug!(peer = %id, error = %e, "mesh peer candidate skipped");
         }
     }

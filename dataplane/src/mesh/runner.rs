@@ -314,7 +314,8 @@ impl Mesh {
                     if s.entry.candidates != entry.candidates {
                         s.relays = nat::relay_addresses(&entry.candidates);
                         if let Some(n) = self.nat.as_mut() {
-                            n.set_peer(&entry.id, &entry.candidates, Instant::now());
+                            let key = pair_key(&self.secret, &entry.public_key);
+                            n.set_peer(&entry.id, &key, &entry.candidates, Instant::now());
                         }
                     }
                     s.entry = entry.clone();
@@ -335,7 +336,8 @@ impl Mesh {
                     if let Some(n) = self.nat.as_mut() {
                         // a peer that joined again starts its checks afresh
                         n.remove_peer(&entry.id);
-                        n.set_peer(&entry.id, &entry.candidates, Instant::now());
+                        let key = pair_key(&self.secret, &entry.public_key);
+                        n.set_peer(&entry.id, &key, &entry.candidates, Instant::now());
                     }
                     let mut s = Session {
                         entry: entry.clone(),
@@ -1055,6 +1057,14 @@ pub(crate) async fn run(start: MeshStart) {
     tracing::info!("mesh data plane stopped");
     shared.running.store(false, Relaxed);
     shared.beat_ms.store(0, Relaxed);
+}
+
+/// The secret only we and the peer with `public_key` can compute: it keys the NAT traversal
+/// checks of the pair, so knowing both ids is not enough to answer or forge them.
+fn pair_key(secret: &StaticSecret, public_key: &[u8; 32]) -> [u8; 32] {
+    secret
+        .diffie_hellman(&PublicKey::from(*public_key))
+        .to_bytes()
 }
 
 #[cfg(test)]

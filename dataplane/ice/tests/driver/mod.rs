@@ -232,7 +232,7 @@ impl Net {
         let now = Instant::now();
         for (j, n) in self.nodes.iter_mut().enumerate() {
             if j != from {
-                let errors = n.ice.set_peer(&id, &endpoints, now);
+                let errors = n.ice.set_peer(&id, b"test pair key", &endpoints, now);
                 assert!(errors.is_empty(), "{errors:?}");
             }
         }
