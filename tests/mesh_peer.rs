@@ -168,7 +168,11 @@ impl Peer {
         support::mesh::wait_until(
             PATIENCE,
             &format!("{what} ({path})"),
-            || self.get(path),
+            // an API not reachable yet (a namespace address still settling) is "not yet"
+            || match self.call("GET", path) {
+                (200, v) => v,
+                (status, v) => serde_json::json!({"status": status, "body": v}),
+            },
             check,
             || format!("log:\n{}", self.log_text()),
         )
