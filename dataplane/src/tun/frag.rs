@@ -170,7 +170,14 @@ impl Reassembler {
 
     /// Takes one IPv4 fragment (see [`is_fragment`]); `now` is in seconds.
     pub fn add(&mut self, p: &[u8], now: u64) -> Reassembly {
-        let Some((key, header, offset, more, payload)) = split(p) else {
+        let Some(Fragment {
+            key,
+            header,
+            offset,
+            more,
+            payload,
+        }) = split(p)
+        else {
             self.counts.dropped += 1;
             return Reassembly::Dropped(FragDrop::Malformed);
         };
@@ -278,9 +285,19 @@ impl Reassembler {
     }
 }
 
-/// A fragment's datagram key, IP header, payload offset, more-fragments flag and payload; `None`
-/// when it is not a well-formed IPv4 fragment.
-fn split(p: &[u8]) -> Option<(Key, &[u8], usize, bool, &[u8])> {
+/// One fragment, read.
+struct Fragment<'a> {
+    key: Key,
+    header: &'a [u8],
+    /// Where its payload starts in the datagram's payload.
+    offset: usize,
+    /// More fragments follow (it is not the last).
+    more: bool,
+    payload: &'a [u8],
+}
+
+/// Reads a fragment; `None` when it is not a well-formed IPv4 fragment.
+fn split(p: &[u8]) -> Option<Fragment<'_>> {
     let first = *p.first()?;
     if first >> 4 != 4 {
         return None;
@@ -296,7 +313,7 @@ fn split(p: &[u8]) -> Option<(Key, &[u8], usize, bool, &[u8])> {
     let payload = &p[ihl..total];
     // only the last fragment may end off an 8-byte boundary (the next one's offset is in units
     // of 8)
-    if more && payload.len() % 8 != 0 {
+    if more && !payload.len().is_multiple_of(8) {
         return None;
     }
     let ip = |at: usize| Ipv4Addr::new(p[at], p[at + 1], p[at + 2], p[at + 3]);
@@ -306,7 +323,13 @@ fn split(p: &[u8]) -> Option<(Key, &[u8], usize, bool, &[u8])> {
         protocol: p[9],
         id: u16::from_be_bytes([p[4], p[5]]),
     };
-    Some((key, &p[..ihl], offset, more, payload))
+    Some(Fragment {
+        key,
+        header: &p[..ihl],
+        offset,
+        more,
+        payload,
+    })
 }
 
 /// The whole datagram: the first fragment's header with the total length, no fragment bits
