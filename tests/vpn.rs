@@ -341,21 +341,19 @@ impl Topo {
     /// `seen=<address the UDP origin saw> replies=<n>` for `count` datagrams a process of
     /// `cgroup` exchanged with `dst`:7000.
     fn udp_seen(&self, cgroup: &Path, dst: &str, count: usize) -> String {
-        let arg = format!("{dst}:7000 {count}");
-        let mut child = helper_in(&self.lan, Some(cgroup), "udp", &arg)
-            .spawn()
-            .expect("probe");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let r = next_result(&mut out);
-        let _ = child.wait();
-        r
+        self.probe(cgroup, "udp", &format!("{dst}:7000 {count}"))
     }
 
     /// What a process of `cgroup` saw sending one `size`-byte datagram to `dst`:7000 (see
     /// [`udp_large_round_trip`]).
     fn udp_large(&self, cgroup: &Path, dst: &str, size: usize) -> String {
-        let arg = format!("{dst}:7000 {size}");
-        let mut child = helper_in(&self.lan, Some(cgroup), "udp-large", &arg)
+        self.probe(cgroup, "udp-large", &format!("{dst}:7000 {size}"))
+    }
+
+    /// The result line of the helper `action` run once by a process of `cgroup` in the lan
+    /// namespace.
+    fn probe(&self, cgroup: &Path, action: &str, arg: &str) -> String {
+        let mut child = helper_in(&self.lan, Some(cgroup), action, arg)
             .spawn()
             .expect("probe");
         let mut out = BufReader::new(child.stdout.take().expect("stdout"));
