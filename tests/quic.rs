@@ -35,12 +35,30 @@ impl QuicServer {
     }
 }
 
-/// Starts a server whose QUIC listener is on `quic_listen`, with `extra` YAML appended.
-fn quic_server_on(quic_listen: &str, quic_extra: &str, extra: &str) -> QuicServer {
+/// What a test server differs in: the `*_extra` texts go into the `http` map, the `server`
+/// section (whole lines), the `quic` map and the top level.
+#[derive(Default)]
+struct ServerShape<'a> {
+    quic_listen: Option<&'a str>,
+    http_extra: &'a str,
+    server_extra: &'a str,
+    quic_extra: &'a str,
+    extra: &'a str,
+}
+
+fn quic_server_shaped(shape: &ServerShape) -> QuicServer {
+    let ServerShape {
+        quic_listen,
+        http_extra,
+        server_extra,
+        quic_extra,
+        extra,
+    } = shape;
+    let quic_listen = quic_listen.unwrap_or("127.0.0.1:0");
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("server.yaml");
     let yaml = format!(
-        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n\
+        "server:\n  http: {{ listen: \"127.0.0.1:0\"{http_extra} }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 2\n{server_extra}\
          \x20 data_dir: \"{data}\"\n  quic: {{ listen: \"{quic_listen}\"{quic_extra} }}\n\
          api: {{ listen: \"127.0.0.1:0\", enable_request_log: true }}\n\
          metrics: {{ enabled: true, listen: \"127.0.0.1:0\" }}\nlogging: {{ level: debug, format: json }}\n{extra}",
@@ -82,7 +100,11 @@ fn quic_server_on(quic_listen: &str, quic_extra: &str, extra: &str) -> QuicServe
 }
 
 fn quic_server(quic_extra: &str, extra: &str) -> QuicServer {
-    quic_server_on("127.0.0.1:0", quic_extra, extra)
+    quic_server_shaped(&ServerShape {
+        quic_extra,
+        extra,
+        ..Default::default()
+    })
 }
 
 struct Client {
@@ -314,6 +336,51 @@ fn a_hundred_concurrent_flows_share_one_quic_connection() {
 }
 
 #[test]
+fn quic_flows_count_toward_the_servers_max_connections() {
+    let Some(nginx) = origin() else { return };
+    let server = quic_server_shaped(&ServerShape {
+        server_extra: "  max_connections: 3\n",
+        ..Default::default()
+    });
+    let client = client_with(&quic_entry(&server, ""));
+    let held: Vec<_> = (0..3)
+        .map(|_| open_tunnel(client.http, nginx.port))
+        .collect();
+    // Each flow is one connection (it was counted twice once); a fourth flow on the same QUIC
+    // connection is refused by the server's limit.
+    let stats = server.get("/api/v1/stats");
+    assert_eq!(stats["active_connections"], 3, "{stats}");
+    let out = run_curl(&[
+        "-p",
+        "-x",
+        &format!("http://{}", client.http),
+        &nginx.url("/hello.txt"),
+    ]);
+    assert_ne!(out.stdout, HELLO, "a fourth flow got through");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("502"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Closed flows give their places back.
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = run_curl(&[
+            "-p",
+            "-x",
+            &format!("http://{}", client.http),
+            &nginx.url("/hello.txt"),
+        ]);
+        if out.stdout == HELLO {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{out:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
 fn a_wrong_pin_is_refused_with_a_clear_error() {
     let Some(nginx) = origin() else { return };
     let server = quic_server("", "");
@@ -433,6 +500,49 @@ fn socks5_udp_associate_travels_as_quic_datagrams() {
         "{status}"
     );
     assert_eq!(status["connections_total"], 1, "{status}");
+}
+
+#[test]
+fn a_one_way_udp_flow_keeps_its_association_past_the_idle_timeout() {
+    // Idle is 2 s; the client sends for 5 s and never gets a reply. A flow that only sends is
+    // not idle: every datagram must leave from the same server socket (a torn-down association
+    // would reopen on a new port).
+    let server = quic_server_shaped(&ServerShape {
+        http_extra: ", idle_timeout: 2s",
+        ..Default::default()
+    });
+    let client = client_with(&quic_entry(&server, ""));
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("sink");
+    sink.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let std::net::SocketAddr::V4(dest) = sink.local_addr().expect("addr") else {
+        unreachable!()
+    };
+    let (_ctl, relay) = support::socks5_udp_associate(client.socks5);
+    let udp = support::udp_client();
+    let mut dgram = vec![0, 0, 0, 1];
+    dgram.extend_from_slice(&dest.ip().octets());
+    dgram.extend_from_slice(&dest.port().to_be_bytes());
+    dgram.extend_from_slice(b"one way");
+    let mut sources = Vec::new();
+    let mut buf = [0u8; 256];
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        udp.send_to(&dgram, relay).expect("send");
+        let sent = std::time::Instant::now();
+        while sent.elapsed() < Duration::from_millis(400) {
+            if let Ok((_, from)) = sink.recv_from(&mut buf) {
+                sources.push(from);
+            }
+        }
+    }
+    assert!(sources.len() >= 8, "too few datagrams arrived: {sources:?}");
+    sources.dedup();
+    assert_eq!(
+        sources.len(),
+        1,
+        "the association was reopened: {sources:?}"
+    );
 }
 
 #[test]

@@ -8,7 +8,9 @@
 //! connection with the peer address they see. A flow through the VPN reaches the origin from the
 //! server (the origin sees its own 10.211.9.x address, and the server's request log has it); a
 //! direct one comes from the client's LAN address 10.210.0.2. Probes and origins are this test
-//! binary re-run in helper mode (`SYVPN_HELPER`). Traffic only goes to these namespaces.
+//! binary re-run in helper mode (`SYVPN_HELPER`). Traffic only goes to these namespaces. The
+//! `syvns` tests add a bystander namespace (`-oth`, loopback only) whose processes share the scope
+//! cgroups, and start the client under `ip netns exec` (no cgroup2 mount visible).
 
 mod support;
 
@@ -430,9 +432,27 @@ impl Topo {
 
     /// Starts `switchyard client` in the lan namespace, in the `own` cgroup.
     fn start_client(&self, yaml: &str) -> Client {
+        self.start_client_with(yaml, in_netns(&self.lan, Some(&self.own), Path::new(BIN)))
+    }
+
+    /// Like [`Topo::start_client`], under `ip netns exec`, which remounts /sys: the client sees
+    /// no cgroup2 mount.
+    fn start_client_ip_netns_exec(&self, yaml: &str) -> Client {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "echo $$ > '{}/cgroup.procs' && exec ip netns exec {} \"$@\"",
+                self.own.display(),
+                self.lan
+            ))
+            .arg("sh")
+            .arg(BIN);
+        self.start_client_with(yaml, cmd)
+    }
+
+    fn start_client_with(&self, yaml: &str, mut cmd: Command) -> Client {
         let cfg = self.dir.path().join("client.yaml");
         std::fs::write(&cfg, yaml).expect("client config");
-        let mut cmd = in_netns(&self.lan, Some(&self.own), Path::new(BIN));
         cmd.arg("client")
             .arg("--config")
             .arg(&cfg)
@@ -1023,6 +1043,167 @@ fn syvpn_allow_lan_false_tunnels_the_directly_connected_lan() {
     let v = client.ok("POST", "/api/v1/vpn/disable", None);
     assert_eq!(v["status"], "disabled");
     assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+/// A namespace of its own whose processes share the VPN's scope cgroups (a container, an
+/// `ip netns` tool), with a TCP origin on 8080 and a DNS server on 127.0.0.1:53 (TCP and UDP).
+struct Bystander {
+    ns: String,
+    children: Vec<Child>,
+}
+
+impl Bystander {
+    fn new(topo: &Topo) -> Bystander {
+        let ns = format!("{}-oth", topo.id);
+        sh(&format!("ip netns add {ns}; ip -n {ns} link set lo up"));
+        let mut b = Bystander {
+            ns,
+            children: Vec::new(),
+        };
+        for (action, arg) in [
+            ("origin", "8080"),
+            ("origin", "53"),
+            ("udp-origin", "53 127.0.0.1"),
+        ] {
+            let mut child = helper_in(&b.ns, None, action, arg)
+                .spawn()
+                .expect("bystander server");
+            let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+            assert_eq!(next_result(&mut out), "ready");
+            b.children.push(child);
+        }
+        b
+    }
+
+    /// What a bystander process of `cgroup` gets from `action` `arg`.
+    fn probe(&self, cgroup: &Path, action: &str, arg: &str) -> String {
+        let mut child = helper_in(&self.ns, Some(cgroup), action, arg)
+            .spawn()
+            .expect("bystander probe");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let r = next_result(&mut out);
+        let _ = child.wait();
+        r
+    }
+
+    /// Its own origin and its own DNS server answer it, from every cgroup of the scope.
+    fn assert_untouched(&self, topo: &Topo, client: &Client) {
+        for cg in [&topo.exc, &topo.inc, &topo.scope] {
+            let at = format!("bystander in {}\n{}", cg.display(), client.log());
+            assert_eq!(
+                self.probe(cg, "tcp", "127.0.0.1:8080"),
+                "seen=127.0.0.1",
+                "{at}"
+            );
+            assert_eq!(
+                self.probe(cg, "tcp", "127.0.0.1:53"),
+                "seen=127.0.0.1",
+                "its DNS server over TCP: {at}"
+            );
+            assert_eq!(
+                self.probe(cg, "udp", "127.0.0.1:53 2"),
+                "seen=127.0.0.1 replies=2",
+                "its DNS server over UDP: {at}"
+            );
+        }
+    }
+}
+
+impl Drop for Bystander {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// The client under `ip netns exec` (no cgroup2 mount visible) mounts the hierarchy privately
+/// and runs the VPN — DNS interception on, everything tunnelled — while a bystander namespace
+/// whose processes share the scope cgroups keeps its own routes and DNS server; the private mount
+/// goes with disable, and a kill -9 leaves nothing the next start does not remove.
+fn bystander_scenario(classifier: &str) {
+    let mut topo = Topo::named("syvns");
+    topo.start_origins();
+    let server = topo.start_server();
+    let bystander = Bystander::new(&topo);
+    // the scope relative to the cgroup2 root: /sys/fs/cgroup paths do not exist for the client
+    let yaml = topo
+        .client_yaml(server, true, classifier, "{mode: exclude}")
+        .replace(&topo.scope.display().to_string(), &topo.id)
+        .replace(
+            "dns: {enabled: false}",
+            &format!("dns: {{enabled: true, servers: [\"{DNS}\"]}}"),
+        );
+    let client = topo.start_client_ip_netns_exec(&yaml);
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    assert_eq!(status["mechanism"], classifier, "{status}");
+    assert!(
+        client.log().contains("mounted a private cgroup2 hierarchy"),
+        "{}",
+        client.log()
+    );
+    let private = topo.data_dir().join("cgroup2");
+    let client_mounts =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    assert!(
+        client_mounts(client.pid()).contains(&format!(" {} ", private.display())),
+        "the client's mount namespace has the private cgroup2 mount"
+    );
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", "10.211.9.1");
+    bystander.assert_untouched(&topo, &client);
+
+    let v = client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(v["status"], "disabled");
+    assert!(
+        !client_mounts(client.pid()).contains(&format!(" {} ", private.display())),
+        "disable unmounts it\n{}",
+        client.log()
+    );
+    assert!(!private.exists(), "and removes its directory");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+
+    // kill -9 while on: the next start (again without a visible cgroup2) removes what is left
+    client.ok("POST", "/api/v1/vpn/enable", None);
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", "10.211.9.1");
+    sh(&format!("kill -9 {}", client.pid()));
+    drop(client);
+    let restarted = topo.start_client_ip_netns_exec(
+        &yaml.replace("enabled: true\n  interface", "enabled: false\n  interface"),
+    );
+    assert_eq!(
+        restarted.ok("GET", "/api/v1/vpn/status", None)["status"],
+        "disabled"
+    );
+    assert_eq!(
+        topo.leftovers(),
+        Vec::<String>::new(),
+        "{}",
+        restarted.log()
+    );
+    assert!(!private.exists(), "{}", restarted.log());
+    assert!(
+        !topo.scope.join("switchyard-split-apps").exists(),
+        "the managed cgroup, created through the mount that died with the client, is removed\n{}",
+        restarted.log()
+    );
+    bystander.assert_untouched(&topo, &restarted);
+}
+
+#[test]
+fn syvns_ebpf_bystander_namespace_untouched_and_no_visible_cgroup2() {
+    if tools_or_skip("syvns_ebpf_bystander_namespace_untouched_and_no_visible_cgroup2") {
+        bystander_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syvns_nftables_bystander_namespace_untouched_and_no_visible_cgroup2() {
+    if tools_or_skip("syvns_nftables_bystander_namespace_untouched_and_no_visible_cgroup2") {
+        bystander_scenario("nftables");
+    }
 }
 
 /// Enabling fails cleanly: a TUN name the kernel refuses puts the VPN in `error` with the reason

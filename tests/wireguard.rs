@@ -311,3 +311,75 @@ fn socks5_udp_associate_datagrams_go_through_the_tunnel() {
     assert!(source.starts_with("10."), "{source}");
     assert_ne!(source, peer.client_ip);
 }
+
+/// Opens a CONNECT tunnel to `target` through the proxy and returns the stream with the status
+/// line and headers read.
+fn connect_tunnel(proxy: std::net::SocketAddr, target: &str) -> (std::net::TcpStream, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(proxy).expect("connect to the proxy");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(
+        stream,
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n"
+    )
+    .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    (stream, String::from_utf8_lossy(&head).into_owned())
+}
+
+#[test]
+fn flows_beyond_max_flows_are_refused_with_an_error_and_the_tunnel_keeps_serving() {
+    let Some((boringtun, nginx)) = prerequisites() else {
+        return;
+    };
+    let peer = Peer::start(boringtun, nginx);
+    let mut settings = peer.settings(&peer.peer_public);
+    settings["max_flows"] = serde_json::json!(3);
+    let settings = serde_json::to_string(&settings).expect("json");
+    let server = start_server(&format!(
+        "backends:\n  - {{name: wg, type: wireguard, wireguard: {settings}}}\n\
+         routes:\n  - {{name: tunnel, domains: [\"*\"], backend: wg}}\n"
+    ));
+    let target = format!("{}:80", peer.origin_ip);
+    // Three tunnels hold every flow the backend may open.
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let (stream, head) = connect_tunnel(server.http, &target);
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            stream
+        })
+        .collect();
+    // The fourth is refused at once with the reason, not left hanging.
+    let (_, head) = connect_tunnel(server.http, &target);
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    let logs = || server.logs.lock().map(|l| l.join("\n")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !logs().contains("flows (max_flows) are all in use") {
+        assert!(Instant::now() < deadline, "no refusal logged:\n{}", logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Closed tunnels give their ports back: the next request goes through, and no core went
+    // down on the way.
+    drop(held);
+    let proxy = format!("http://{}", server.http);
+    let url = format!("http://{}/hello.txt", peer.origin_ip);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = curl(&["-sS", "--max-time", "20", "-x", &proxy, &url]);
+        if body(&out) == "hello through the tunnel\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{out:?}\n{}", logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!logs().contains("data-plane core stopped"), "{}", logs());
+}

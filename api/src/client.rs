@@ -434,6 +434,32 @@ pub struct MeshStats {
     /// Broadcast, multicast and anycast traffic (the spec leaves the stats body open).
     #[serde(default)]
     pub traffic_modes: MeshTrafficModes,
+    /// Datagrams and packets the mesh refused, by reason.
+    #[serde(default)]
+    pub drops: MeshDrops,
+}
+
+/// What the mesh data plane refused, by reason (counts since the mesh started).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshDrops {
+    /// Datagrams of no known kind or session, or failing authentication; decrypted packets
+    /// whose source the sending peer may not use.
+    pub invalid: u64,
+    /// Handshakes from a key the registry does not list.
+    pub unknown_key: u64,
+    /// Handshake initiations refused before any key work (mac1 not keyed to this peer, or no
+    /// cookie while under load).
+    pub handshakes_refused: u64,
+    /// Cookie replies sent to handshake initiations beyond the rate (100/s) this peer takes.
+    pub handshake_cookies: u64,
+    /// Packets for a virtual IP without a usable session.
+    pub no_route: u64,
+    /// Packets lost to a full queue or device.
+    pub overflow: u64,
+    /// Routing control messages refused (malformed, stale, from a non-neighbour).
+    pub control_dropped: u64,
+    /// STUN and TURN datagrams NAT traversal did not take.
+    pub ice_dropped: u64,
 }
 
 /// Packets of the mesh traffic modes other than unicast, and this peer's memberships.

@@ -262,6 +262,10 @@ pub struct WireguardSettings {
     /// DNS servers reached through the tunnel for destination names; empty = the host resolves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<Vec<String>>,
+    /// Flows (TCP connections, SOCKS5 UDP associations) open at once through the tunnel, 1 to
+    /// 15849 (default: 15849, one local port each); a flow beyond it is refused with an error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_flows: Option<u16>,
 }
 
 /// Connection settings of an `openvpn` backend: a managed `openvpn` process whose TUN device

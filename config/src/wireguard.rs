@@ -38,9 +38,14 @@ pub struct WireguardSettings {
     pub persistent_keepalive: Option<u16>,
     pub mtu: u16,
     pub dns: Vec<IpAddr>,
+    /// Flows (TCP connections and SOCKS5 UDP associations) open at once through the tunnel;
+    /// each holds one local port of the dynamic range, so at most [`MAX_FLOWS`].
+    pub max_flows: u16,
 }
 
 pub const DEFAULT_MTU: u16 = 1420;
+/// The local ports 49152–65000 a tunnel gives its flows.
+pub const MAX_FLOWS: u16 = 15_849;
 
 /// One address or a list of them.
 #[derive(Deserialize)]
@@ -76,6 +81,8 @@ struct Raw {
     mtu: Option<u16>,
     #[serde(default)]
     dns: Option<OneOrMany>,
+    #[serde(default)]
+    max_flows: Option<u16>,
 }
 
 use crate::settings_error::err;
@@ -146,6 +153,13 @@ impl WireguardSettings {
         if !(576..=9000).contains(&mtu) {
             return Err(err("mtu", format!("{mtu} is outside 576..=9000")));
         }
+        let max_flows = raw.max_flows.unwrap_or(MAX_FLOWS);
+        if !(1..=MAX_FLOWS).contains(&max_flows) {
+            return Err(err(
+                "max_flows",
+                format!("{max_flows} is outside 1..={MAX_FLOWS} (one local port per flow)"),
+            ));
+        }
         Ok(Self {
             private_key: decode_key("private_key", &raw.private_key)?,
             address,
@@ -161,6 +175,7 @@ impl WireguardSettings {
                 .then_some(raw.persistent_keepalive),
             mtu,
             dns,
+            max_flows,
         })
     }
 
@@ -194,6 +209,7 @@ mod tests {
     fn defaults_fill_the_rest() {
         let s = WireguardSettings::from_value(&minimal()).expect("valid");
         assert_eq!(s.mtu, DEFAULT_MTU);
+        assert_eq!(s.max_flows, MAX_FLOWS);
         assert_eq!(s.persistent_keepalive, None);
         assert!(s.allows("192.0.2.1".parse().expect("ip")));
         assert!(s.allows("2001:db8::1".parse().expect("ip")));
@@ -212,6 +228,7 @@ mod tests {
         v["persistent_keepalive"] = json!(25);
         v["mtu"] = json!(1280);
         v["dns"] = json!(["10.66.0.1"]);
+        v["max_flows"] = json!(64);
         v["address"] = json!(["10.66.0.2", "fd00::2/128"]);
         let s = WireguardSettings::from_value(&v).expect("valid");
         assert!(!s.allows("192.0.2.1".parse().expect("ip")));
@@ -221,6 +238,7 @@ mod tests {
         assert_eq!(s.dns.len(), 1);
         assert!(s.preshared_key.is_some());
         assert_eq!(s.address.len(), 2);
+        assert_eq!(s.max_flows, 64);
     }
 
     #[test]
@@ -231,6 +249,8 @@ mod tests {
             ("endpoint", json!("no-port")),
             ("address", json!("10.0.0.300")),
             ("mtu", json!(100)),
+            ("max_flows", json!(0)),
+            ("max_flows", json!(15_850)),
             ("dns", json!(["resolver.example"])),
         ];
         for (key, value) in cases {

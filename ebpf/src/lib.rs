@@ -7,14 +7,17 @@
 //! process in it or below is classified), pins maps and links under a bpffs directory so they
 //! outlive a crash and the next start can remove them ([`remove_pins`]), and updates the maps live:
 //! the mode and tunnel mark, the destination LPM tries (split nets and `always_bypass`), the app
-//! cgroups, and the DNS resolver redirect. Policy routing, nftables and the rule model live in
-//! `switchyard-split-tunnel`, which drives this crate.
+//! cgroups, and the DNS resolver redirect. The programs act only on sockets of one network
+//! namespace (the client's, by its cookie: [`netns_cookie`]); cgroup hooks would otherwise see the
+//! sockets of every namespace whose processes share the cgroup tree. Policy routing, nftables and
+//! the rule model live in `switchyard-split-tunnel`, which drives this crate.
 //!
 //! The second program, `src/reuseport_balance.bpf.c` ([`ReuseportBalancer`]), is the server's: it
 //! hands new connections to the data plane's per-core `SO_REUSEPORT` listeners in turn.
 
 mod bpffs;
 mod maps;
+mod netns;
 mod reuseport;
 
 use std::fs::File;
@@ -29,6 +32,7 @@ use ipnet::IpNet;
 pub use bpffs::{ensure_bpffs, fs_type_of, is_bpffs, unmount_bpffs};
 pub use maps::{host_net, AppClass, ClassifierConfig, DnsRedirect, Mode};
 use maps::{NetKey, RawConfig};
+pub use netns::netns_cookie;
 pub use reuseport::{ReuseportBalancer, MAX_CORES, REUSEPORT_BALANCE_OBJECT};
 
 #[cfg(test)]
@@ -77,6 +81,8 @@ pub enum Error {
     Pin(PathBuf, #[source] aya::pin::PinError),
     #[error("the tunnel mark must not be 0")]
     ZeroMark,
+    #[error("the netns cookie must not be 0 (the programs would act on no socket)")]
+    ZeroNetnsCookie,
     #[error("{0} listeners cannot be balanced (1 to {max})", max = reuseport::MAX_CORES)]
     Cores(usize),
 }
@@ -175,9 +181,7 @@ impl SplitTunnelProgram {
         pin_dir: &Path,
         config: &ClassifierConfig,
     ) -> Result<Self, Error> {
-        if config.tunnel_mark == 0 {
-            return Err(Error::ZeroMark);
-        }
+        config.check()?;
         let maps = maps_dir(pin_dir);
         let links = links_dir(pin_dir);
         for dir in [&maps, &links] {
@@ -250,9 +254,7 @@ impl SplitTunnelProgram {
 
     /// Replaces the classification settings; applies to the next connect/send.
     pub fn set_config(&mut self, config: &ClassifierConfig) -> Result<(), Error> {
-        if config.tunnel_mark == 0 {
-            return Err(Error::ZeroMark);
-        }
+        config.check()?;
         self.config
             .set(0, RawConfig::from(config), 0)
             .map_err(|e| Error::Map("sy_config", e))

@@ -43,6 +43,22 @@ pub struct ClassifierConfig {
     /// SO_MARK given to tunnelled sockets; never 0.
     pub tunnel_mark: u32,
     pub dns: Option<DnsRedirect>,
+    /// The network namespace whose sockets the programs act on ([`crate::netns_cookie`]); sockets
+    /// of every other namespace in the cgroup tree are left untouched. Never 0.
+    pub netns_cookie: u64,
+}
+
+impl ClassifierConfig {
+    /// Refuses values the programs cannot work with.
+    pub(crate) fn check(&self) -> Result<(), crate::Error> {
+        if self.tunnel_mark == 0 {
+            return Err(crate::Error::ZeroMark);
+        }
+        if self.netns_cookie == 0 {
+            return Err(crate::Error::ZeroNetnsCookie);
+        }
+        Ok(())
+    }
 }
 
 const FLAG_DNS4: u32 = 1;
@@ -61,6 +77,7 @@ pub(crate) struct RawConfig {
     pub resolver6_port: u16,
     pub dns_port: u16,
     pub pad: u16,
+    pub netns_cookie: u64,
 }
 
 // SAFETY: repr(C), only integer fields, explicit padding field: every bit pattern is valid and
@@ -75,6 +92,7 @@ impl From<&ClassifierConfig> for RawConfig {
                 Mode::Include => 1,
             },
             tunnel_mark: c.tunnel_mark,
+            netns_cookie: c.netns_cookie,
             ..RawConfig::default()
         };
         if let Some(dns) = c.dns {
@@ -143,9 +161,11 @@ mod tests {
 
     #[test]
     fn config_is_laid_out_like_the_c_struct() {
-        // 4 u32 + 4 u32 + 4 u16 = 40 bytes, as `struct config` (checked against BTF by the kernel
-        // on every map update: a size mismatch fails there)
-        assert_eq!(std::mem::size_of::<RawConfig>(), 40);
+        // 4 u32 + 4 u32 + 4 u16 + 1 u64 = 48 bytes, as `struct config` (checked against BTF by
+        // the kernel on every map update: a size mismatch fails there); the u64 starts at 40, a
+        // multiple of 8, so there is no implicit padding
+        assert_eq!(std::mem::size_of::<RawConfig>(), 48);
+        assert_eq!(std::mem::offset_of!(RawConfig, netns_cookie), 40);
     }
 
     #[test]
@@ -158,12 +178,14 @@ mod tests {
                 resolver4: Some("127.0.0.1:5353".parse().expect("addr")),
                 resolver6: None,
             }),
+            netns_cookie: 0x1234_5678_9abc,
         });
         assert_eq!(raw.mode, 1);
         assert_eq!(raw.flags, FLAG_DNS4);
         assert_eq!(raw.resolver4.to_ne_bytes(), [127, 0, 0, 1]);
         assert_eq!(raw.resolver4_port.to_ne_bytes(), [0x14, 0xe9]);
         assert_eq!(raw.dns_port.to_ne_bytes(), [0, 53]);
+        assert_eq!(raw.netns_cookie, 0x1234_5678_9abc);
     }
 
     #[test]

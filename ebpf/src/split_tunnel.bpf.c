@@ -13,6 +13,13 @@
 // TUN table. A socket that already carries any other mark (the proxy's own sockets set SO_MARK) or
 // lives in a cgroup listed as BYPASS is never touched. Maps are pinned by name so the loader can find
 // and remove them after a crash. The Rust side (ebpf/src/maps.rs) mirrors every struct here.
+//
+// cgroup hooks see every socket created in the cgroup tree, whatever its network namespace
+// (containers, `ip netns exec`, other VPNs share the tree): each program first checks the socket's
+// netns cookie against the client's (`config.netns_cookie`) and leaves a socket of any other
+// namespace exactly as it is. bpf_get_netns_cookie is available to cgroup/sock_create
+// (BPF_PROG_TYPE_CGROUP_SOCK) and to the cgroup/*4|6 programs (BPF_PROG_TYPE_CGROUP_SOCK_ADDR)
+// since Linux 5.7.
 
 #include <linux/bpf.h>
 #include <linux/in.h>
@@ -51,6 +58,7 @@ struct config {
 	__u16 resolver6_port;   // network order
 	__u16 dns_port;         // network order
 	__u16 _pad;
+	__u64 netns_cookie;     // the client's network namespace; 0 never matches
 };
 
 struct lpm_v4 {
@@ -133,10 +141,20 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sy_dns_orig SEC(".maps");
 
-static __always_inline struct config *get_config(void)
+static __always_inline struct config *lookup_config(void)
 {
 	__u32 zero = 0;
 	return bpf_map_lookup_elem(&sy_config, &zero);
+}
+
+// The config when the socket of `ctx` (a program's context) lives in the client's network
+// namespace, else 0: every program then returns "allow" without touching the socket.
+static __always_inline struct config *get_config(void *ctx)
+{
+	struct config *cfg = lookup_config();
+	if (!cfg || cfg->netns_cookie == 0 || bpf_get_netns_cookie(ctx) != cfg->netns_cookie)
+		return 0;
+	return cfg;
 }
 
 static __always_inline __u32 app_class(void)
@@ -182,7 +200,7 @@ static __always_inline int has_foreign_mark(struct bpf_sock_addr *ctx, const str
 // foreign mark. Stores the app class of the current cgroup in *class.
 static __always_inline struct config *classified(struct bpf_sock_addr *ctx, __u32 *class)
 {
-	struct config *cfg = get_config();
+	struct config *cfg = get_config(ctx);
 	if (!cfg)
 		return 0;
 	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
@@ -196,7 +214,7 @@ static __always_inline struct config *classified(struct bpf_sock_addr *ctx, __u3
 SEC("cgroup/sock_create")
 int sy_sock_create(struct bpf_sock *sk)
 {
-	struct config *cfg = get_config();
+	struct config *cfg = get_config(sk);
 	if (!cfg || sk->mark != 0)
 		return 1;
 	if (sk->family != AF_INET && sk->family != AF_INET6)
@@ -257,7 +275,7 @@ int sy_sendmsg4(struct bpf_sock_addr *ctx)
 
 static __always_inline int restore_peer4(struct bpf_sock_addr *ctx)
 {
-	struct config *cfg = get_config();
+	struct config *cfg = get_config(ctx);
 	if (!cfg || !(cfg->flags & FLAG_DNS4))
 		return 1;
 	if (ctx->user_ip4 != cfg->resolver4 || ctx->user_port != cfg->resolver4_port)
@@ -339,7 +357,7 @@ int sy_sendmsg6(struct bpf_sock_addr *ctx)
 
 static __always_inline int restore_peer6(struct bpf_sock_addr *ctx)
 {
-	struct config *cfg = get_config();
+	struct config *cfg = get_config(ctx);
 	if (!cfg || !(cfg->flags & FLAG_DNS6) || ctx->user_port != cfg->resolver6_port)
 		return 1;
 	if (ctx->user_ip6[0] != cfg->resolver6[0] || ctx->user_ip6[1] != cfg->resolver6[1] ||

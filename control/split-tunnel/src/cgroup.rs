@@ -3,7 +3,9 @@
 //!
 //! Apps matched by name or path are moved into one managed cgroup (the "apps" cgroup under the
 //! scope) whose id the classifier knows — the way production split-tunnel tools do it; processes
-//! started later are caught by the next [`crate::SplitTunnel::refresh_apps`] scan. Sockets a
+//! started later are caught by the next [`crate::SplitTunnel::refresh_apps`] scan. Only processes
+//! of the tunnel's own network namespace are moved: one of a container or another `ip netns` with
+//! the same name is none of the tunnel's business. Sockets a
 //! process opened before the move keep their mark until their next connect/send.
 
 use std::path::{Path, PathBuf};
@@ -26,10 +28,69 @@ pub fn cgroup2_mount_in(mountinfo: &str) -> Option<PathBuf> {
     })
 }
 
+fn mountinfo() -> Result<String, Error> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Error::Io("read /proc/self/mountinfo".into(), e))
+}
+
 pub fn cgroup2_mount() -> Result<PathBuf, Error> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| Error::Io("read /proc/self/mountinfo".into(), e))?;
-    cgroup2_mount_in(&info).ok_or(Error::NoCgroup2)
+    cgroup2_mount_in(&mountinfo()?).ok_or(Error::NoCgroup2)
+}
+
+/// Whether `dir` is a mount point of the cgroup2 hierarchy.
+pub fn is_cgroup2_mount(dir: &Path) -> bool {
+    let Ok(info) = mountinfo() else {
+        return false;
+    };
+    info.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let sep = fields.iter().position(|f| *f == "-");
+        sep.is_some_and(|sep| fields.get(sep + 1) == Some(&"cgroup2"))
+            && fields
+                .get(4)
+                .is_some_and(|p| Path::new(&p.replace("\\040", " ")) == dir)
+    })
+}
+
+/// Mounts the cgroup2 hierarchy (of this cgroup namespace) at `dir`, creating it: the same tree
+/// as every other mount of it, seen through a mount of the client's own.
+pub fn mount_cgroup2(dir: &Path) -> Result<(), Error> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("create {}", dir.display()), e))?;
+    let out = std::process::Command::new("mount")
+        .args(["-t", "cgroup2", "cgroup2"])
+        .arg(dir)
+        .output()
+        .map_err(|e| Error::Io("run mount".into(), e))?;
+    if out.status.success() && is_cgroup2_mount(dir) {
+        Ok(())
+    } else {
+        Err(Error::Command {
+            cmd: format!("mount -t cgroup2 cgroup2 {}", dir.display()),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// Unmounts a cgroup2 mount made by [`mount_cgroup2`] and removes its directory; nothing to do
+/// when it is not mounted (any more: a kill -9 under `ip netns exec` takes the mount namespace,
+/// and the mount, with it). The cgroups themselves stay: they belong to the hierarchy.
+pub fn unmount_cgroup2(dir: &Path) -> Result<(), Error> {
+    if is_cgroup2_mount(dir) {
+        let out = std::process::Command::new("umount")
+            .arg(dir)
+            .output()
+            .map_err(|e| Error::Io("run umount".into(), e))?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                cmd: format!("umount {}", dir.display()),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        tracing::info!(mount = %dir.display(), "unmounted the private cgroup2 hierarchy");
+    }
+    // an empty directory left by the mount; anything else in it is not ours to remove
+    let _ = std::fs::remove_dir(dir);
+    Ok(())
 }
 
 /// Resolves an app rule's cgroup (absolute, or relative to the cgroup2 mount).
@@ -44,17 +105,46 @@ pub fn resolve(mount: &Path, cgroup: &str) -> PathBuf {
 
 /// How `socket cgroupv2 level L "PATH"` names a cgroup: L is its depth below the cgroup2 root,
 /// PATH is relative to /sys/fs/cgroup (which nft prefixes, also on hybrid hosts where cgroup2 is
-/// at /sys/fs/cgroup/unified).
-pub fn nft_ref(mount: &Path, cgroup: &Path) -> Result<(usize, String), Error> {
+/// at /sys/fs/cgroup/unified). With `private` (the client's own mount of the hierarchy, see
+/// [`mount_cgroup2`]) PATH is relative to `mount`, which nft then sees at /sys/fs/cgroup (see
+/// `nft_command`).
+pub fn nft_ref(mount: &Path, cgroup: &Path, private: bool) -> Result<(usize, String), Error> {
     let level = cgroup
         .strip_prefix(mount)
         .map_err(|_| Error::CgroupOutside(cgroup.to_path_buf()))?
         .components()
         .count();
+    let root = if private {
+        mount
+    } else {
+        Path::new(NFT_CGROUP_ROOT)
+    };
     let rel = cgroup
-        .strip_prefix(NFT_CGROUP_ROOT)
+        .strip_prefix(root)
         .map_err(|_| Error::CgroupOutside(cgroup.to_path_buf()))?;
     Ok((level, rel.to_string_lossy().into_owned()))
+}
+
+/// The program and arguments that load an nftables ruleset from stdin. nft resolves `socket
+/// cgroupv2` paths below /sys/fs/cgroup only; with a private mount of the hierarchy it runs in a
+/// mount namespace of its own where that mount is bound at /sys/fs/cgroup (the client's own mount
+/// namespace stays as it is).
+pub fn nft_command(private_mount: Option<&Path>) -> (&'static str, Vec<String>) {
+    match private_mount {
+        None => ("nft", vec!["-f".into(), "-".into()]),
+        Some(mount) => (
+            "unshare",
+            vec![
+                "--mount".into(),
+                "--propagation".into(),
+                "private".into(),
+                "sh".into(),
+                "-c".into(),
+                format!("mount --bind \"$0\" {NFT_CGROUP_ROOT} && exec nft -f -"),
+                mount.to_string_lossy().into_owned(),
+            ],
+        ),
+    }
 }
 
 /// What identifies a process for app rules.
@@ -65,6 +155,18 @@ pub struct ProcessInfo {
     pub name: String,
     /// `/proc/PID/exe`, when readable.
     pub exe: Option<String>,
+    /// Its network namespace ([`netns_id`] of `/proc/PID/ns/net`), when readable.
+    pub netns: Option<NetnsId>,
+}
+
+/// A network namespace as (device, inode) of its nsfs file: equal for `/proc/PID/ns/net` of every
+/// process in it and for a `/run/netns/NAME` bind mount of it.
+pub type NetnsId = (u64, u64);
+
+/// The namespace of an nsfs file (`/proc/PID/ns/net`, `/run/netns/NAME`).
+pub fn netns_id(path: &Path) -> Option<NetnsId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Whether a process belongs to an app rule matched by name/path (cgroup rules match by cgroup).
@@ -96,6 +198,7 @@ pub fn processes() -> Vec<ProcessInfo> {
                 pid,
                 name: name.trim_end_matches('\n').to_string(),
                 exe,
+                netns: netns_id(&e.path().join("ns/net")),
             })
         })
         .collect()
@@ -170,12 +273,23 @@ mod tests {
     #[test]
     fn nft_names_cgroups_by_level_and_sysfs_relative_path() {
         let mount = Path::new("/sys/fs/cgroup/unified");
-        let (level, path) = nft_ref(mount, Path::new("/sys/fs/cgroup/unified/a/b")).expect("ref");
+        let (level, path) =
+            nft_ref(mount, Path::new("/sys/fs/cgroup/unified/a/b"), false).expect("ref");
         assert_eq!((level, path.as_str()), (2, "unified/a/b"));
         let mount = Path::new("/sys/fs/cgroup");
-        let (level, path) = nft_ref(mount, Path::new("/sys/fs/cgroup/user.slice")).expect("ref");
+        let (level, path) =
+            nft_ref(mount, Path::new("/sys/fs/cgroup/user.slice"), false).expect("ref");
         assert_eq!((level, path.as_str()), (1, "user.slice"));
-        assert!(nft_ref(mount, Path::new("/tmp/x")).is_err());
+        assert!(nft_ref(mount, Path::new("/tmp/x"), false).is_err());
+        // a private mount: nft sees it at /sys/fs/cgroup
+        let private = Path::new("/var/lib/sy/cgroup2");
+        let (level, path) =
+            nft_ref(private, Path::new("/var/lib/sy/cgroup2/a/b"), true).expect("ref");
+        assert_eq!((level, path.as_str()), (2, "a/b"));
+        assert_eq!(nft_command(None).0, "nft");
+        let (program, args) = nft_command(Some(private));
+        assert_eq!(program, "unshare");
+        assert_eq!(args.last().map(String::as_str), Some("/var/lib/sy/cgroup2"));
         assert_eq!(resolve(mount, "a/b"), PathBuf::from("/sys/fs/cgroup/a/b"));
         assert_eq!(resolve(mount, "/x/y"), PathBuf::from("/x/y"));
     }
@@ -194,6 +308,7 @@ mod tests {
             pid: 7,
             name: "thunderbird-bin".into(),
             exe: Some("/usr/lib/thunderbird/thunderbird-bin".into()),
+            netns: None,
         };
         let by_name = |n: &str| AppRule {
             name: n.into(),

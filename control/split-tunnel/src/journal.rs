@@ -36,6 +36,8 @@ pub enum Change {
     BpfPins { dir: PathBuf },
     /// A cgroup the client created (undo moves its processes to the parent and removes it).
     Cgroup { path: PathBuf },
+    /// A private mount of the cgroup2 hierarchy, made when none was visible (undo unmounts it).
+    Cgroup2Mount { dir: PathBuf },
 }
 
 /// Parses a journal text; unreadable lines (a torn write) are skipped.
@@ -132,6 +134,19 @@ mod tests {
             l,
             "{\"change\":\"bpf_pins\",\"dir\":\"/sys/fs/bpf/switchyard\"}\n"
         );
+    }
+
+    #[test]
+    fn a_private_cgroup2_mount_is_journalled_by_its_directory() {
+        let c = Change::Cgroup2Mount {
+            dir: "/var/lib/sy/cgroup2".into(),
+        };
+        let l = line(&c);
+        assert_eq!(
+            l,
+            "{\"change\":\"cgroup2_mount\",\"dir\":\"/var/lib/sy/cgroup2\"}\n"
+        );
+        assert_eq!(parse(&l), vec![c]);
     }
 
     #[test]

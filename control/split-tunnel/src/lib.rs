@@ -11,6 +11,12 @@
 //! of names matching a domain rule join the split set. Every host change is journalled before it
 //! is made, so a crash (`kill -9`) is cleaned up by the next start or by [`recover`]; disable
 //! removes everything. The control plane owns this; the data plane never touches it.
+//!
+//! It acts in one network namespace only (the current one or [`SplitTunnelConfig::netns`]): the
+//! eBPF programs compare each socket's netns cookie with that namespace's, because the cgroup tree
+//! is shared by every namespace. When no cgroup2 mount is visible (under `ip netns exec`), the
+//! hierarchy is mounted privately under the data directory ([`prepare_cgroup2`]) and unmounted
+//! again with everything else.
 
 pub mod cgroup;
 pub mod host;
@@ -131,6 +137,13 @@ impl SplitTunnelConfig {
             dns: None,
         }
     }
+
+    /// The nsfs file of [`SplitTunnelConfig::netns`] (`None`: the current namespace).
+    pub fn netns_path(&self) -> Option<PathBuf> {
+        self.netns
+            .as_ref()
+            .map(|name| Path::new("/run/netns").join(name))
+    }
 }
 
 /// What the API reports about the split tunnel.
@@ -152,6 +165,7 @@ pub fn recover(data_dir: &Path) -> Result<usize, Error> {
     let entries = journal
         .entries()
         .map_err(|e| Error::Journal(journal.path().to_path_buf(), e))?;
+    remount_private_cgroup2(&entries);
     let mut failures = Vec::new();
     for change in entries.iter().rev() {
         if let Err(e) = undo(change) {
@@ -170,6 +184,83 @@ pub fn recover(data_dir: &Path) -> Result<usize, Error> {
         tracing::info!(undone = entries.len(), "removed split-tunnel leftovers");
     }
     Ok(entries.len())
+}
+
+/// Where a split tunnel with data directory `data_dir` mounts the cgroup2 hierarchy when none is
+/// visible: an absolute path without symlinks (as /proc/self/mountinfo shows mount points), also
+/// for a relative data directory such as the client's default `./data/client`.
+pub fn private_cgroup2_dir(data_dir: &Path) -> PathBuf {
+    std::fs::canonicalize(data_dir)
+        .unwrap_or_else(|_| data_dir.to_path_buf())
+        .join("cgroup2")
+}
+
+/// The cgroup2 mount to classify in, and whether it is the client's own: the visible mount, or
+/// — none visible, as under `ip netns exec`, which remounts /sys — the hierarchy mounted at
+/// [`private_cgroup2_dir`]. With `journal`, the private mount is journalled (before it is made),
+/// so disable and recovery unmount it; a private mount found in place (made by
+/// [`prepare_cgroup2`], or left by a crash) is journalled then.
+fn cgroup2_or_private(
+    data_dir: &Path,
+    journal: Option<&Journal>,
+) -> Result<(PathBuf, bool), Error> {
+    std::fs::create_dir_all(data_dir)
+        .map_err(|e| Error::Io(format!("create {}", data_dir.display()), e))?;
+    let private = private_cgroup2_dir(data_dir);
+    let record = |journal: Option<&Journal>| -> Result<(), Error> {
+        let Some(journal) = journal else {
+            return Ok(());
+        };
+        journal
+            .record(&Change::Cgroup2Mount {
+                dir: private.clone(),
+            })
+            .map_err(|e| Error::Journal(journal.path().to_path_buf(), e))
+    };
+    match cgroup::cgroup2_mount() {
+        Ok(mount) if mount == private => {
+            record(journal)?;
+            Ok((mount, true))
+        }
+        Ok(mount) => Ok((mount, false)),
+        Err(Error::NoCgroup2) => {
+            record(journal)?;
+            cgroup::mount_cgroup2(&private)?;
+            tracing::info!(mount = %private.display(), "no cgroup2 mount is visible (a remounted /sys, as under `ip netns exec`): mounted a private cgroup2 hierarchy for the split tunnel; it is unmounted when the VPN stops");
+            Ok((private, true))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Prepares a split tunnel's start in `data_dir` for a caller that needs the cgroup2 hierarchy
+/// before [`SplitTunnel::start`] (to name the scope and its own bypass cgroup): undoes what a
+/// previous run left ([`recover`]), then returns the visible cgroup2 mount or mounts a private one
+/// (see [`private_cgroup2_dir`]), which the start then journals, so that disable and recovery
+/// unmount it.
+pub fn prepare_cgroup2(data_dir: &Path) -> Result<PathBuf, Error> {
+    recover(data_dir)?;
+    cgroup2_or_private(data_dir, None).map(|(mount, _)| mount)
+}
+
+/// A private cgroup2 mount that is gone while cgroups created through it are still journalled (a
+/// kill -9 under `ip netns exec` ends the mount namespace, and the mount with it, but not the
+/// cgroups) is mounted again, so that their undo can remove them; its own undo, which comes last
+/// (it was journalled first), unmounts it again.
+fn remount_private_cgroup2(entries: &[Change]) {
+    for change in entries {
+        let Change::Cgroup2Mount { dir } = change else {
+            continue;
+        };
+        let needed = entries
+            .iter()
+            .any(|c| matches!(c, Change::Cgroup { path } if path.starts_with(dir)));
+        if needed && !cgroup::is_cgroup2_mount(dir) {
+            if let Err(e) = cgroup::mount_cgroup2(dir) {
+                tracing::warn!(mount = %dir.display(), error = %e, "cannot mount the cgroup2 hierarchy again to remove the split tunnel's cgroups");
+            }
+        }
+    }
 }
 
 fn undo(change: &Change) -> Result<(), Error> {
@@ -227,6 +318,7 @@ fn undo(change: &Change) -> Result<(), Error> {
             Ok(())
         }
         Change::Cgroup { path } => cgroup::remove_cgroup(path),
+        Change::Cgroup2Mount { dir } => cgroup::unmount_cgroup2(dir),
     }
 }
 
@@ -255,7 +347,12 @@ pub struct SplitTunnel {
     classifier: Classifier,
     fallback_reason: Option<String>,
     cgroup_mount: PathBuf,
+    /// `cgroup_mount` is the client's own mount of the hierarchy (none was visible).
+    private_cgroup2: bool,
     apps_cgroup: PathBuf,
+    /// The cookie of the network namespace the tunnel acts in (eBPF only: the programs leave
+    /// sockets of every other namespace alone); 0 until the programs load.
+    netns_cookie: u64,
     /// pid → the cgroup a process was in before it was moved into the apps cgroup
     moved_from: BTreeMap<u32, PathBuf>,
 }
@@ -274,7 +371,7 @@ impl SplitTunnel {
             netns: config.netns.clone(),
         };
         let journal = Journal::new(&config.data_dir);
-        let cgroup_mount = cgroup::cgroup2_mount()?;
+        let (cgroup_mount, private_cgroup2) = cgroup2_or_private(&config.data_dir, Some(&journal))?;
         let apps_cgroup = config.scope_cgroup.join(&config.apps_cgroup_name);
 
         let mut tunnel = SplitTunnel {
@@ -287,7 +384,9 @@ impl SplitTunnel {
             classifier: Classifier::Nft,
             fallback_reason: None,
             cgroup_mount,
+            private_cgroup2,
             apps_cgroup,
+            netns_cookie: 0,
             moved_from: BTreeMap::new(),
         };
         // from here on, a failure undoes what was done so far
@@ -353,6 +452,7 @@ impl SplitTunnel {
             self.record(Change::BpffsMount { dir: dir.clone() })?;
         }
         self.record(Change::BpfPins { dir: dir.clone() })?;
+        self.netns_cookie = switchyard_ebpf::netns_cookie(self.config.netns_path().as_deref())?;
         let program =
             SplitTunnelProgram::attach(&self.config.scope_cgroup, &dir, &self.classifier_config())?;
         Ok(Classifier::Ebpf(Box::new(program), Installed::default()))
@@ -366,6 +466,7 @@ impl SplitTunnel {
             },
             tunnel_mark: self.config.tunnel_mark,
             dns: self.config.dns,
+            netns_cookie: self.netns_cookie,
         }
     }
 
@@ -567,10 +668,18 @@ impl SplitTunnel {
             .collect();
         let inside = cgroup::members(&self.apps_cgroup);
         let own = std::process::id();
+        let own_netns = cgroup::netns_id(
+            &self
+                .config
+                .netns_path()
+                .unwrap_or_else(|| PathBuf::from("/proc/self/ns/net")),
+        );
         let mut moved = 0;
         let processes = cgroup::processes();
         for p in &processes {
-            let matches = p.pid != own && apps.iter().any(|a| cgroup::app_matches(a, p));
+            let matches = p.pid != own
+                && p.netns == own_netns
+                && apps.iter().any(|a| cgroup::app_matches(a, p));
             let is_inside = inside.contains(&p.pid);
             // a process may exit between the scan and the move: failures are skipped
             if matches && !is_inside {
@@ -649,7 +758,7 @@ impl SplitTunnel {
             }
             Classifier::Nft => {
                 let nft_ref = |p: &Path| -> Result<nft::NftCgroup, Error> {
-                    let r = cgroup::nft_ref(&self.cgroup_mount, p)?;
+                    let r = cgroup::nft_ref(&self.cgroup_mount, p, self.private_cgroup2)?;
                     if nft::safe_name(&r.1) {
                         Ok(r)
                     } else {
@@ -681,7 +790,11 @@ impl SplitTunnel {
                     tun_device: &self.config.tun_device,
                     dns: self.config.dns,
                 });
-                self.host.run("nft", &["-f", "-"], Some(&text)).map(|_| ())
+                let (program, args) = cgroup::nft_command(
+                    self.private_cgroup2.then_some(self.cgroup_mount.as_path()),
+                );
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                self.host.run(program, &args, Some(&text)).map(|_| ())
             }
         }
     }
@@ -721,6 +834,14 @@ mod tests {
         fn send_and_sync<T: Send + Sync>() {}
         send_and_sync::<SplitTunnel>();
         send_and_sync::<SplitTunnelStatus>();
+    }
+
+    #[test]
+    fn the_private_cgroup2_dir_is_absolute_for_a_relative_data_dir() {
+        // mountinfo lists mount points absolute: a relative one would never be found mounted
+        let dir = private_cgroup2_dir(Path::new("."));
+        assert!(dir.is_absolute(), "{}", dir.display());
+        assert!(dir.ends_with("cgroup2"));
     }
 
     #[test]

@@ -157,16 +157,30 @@ fn serve_resolver(addr: SocketAddr) -> ! {
     std::process::exit(0)
 }
 
-/// Holds a split tunnel until killed (the crash test).
+/// Holds a split tunnel until killed (the crash test) or told `stop` on stdin. With
+/// `SYEBPF_SCOPE_REL` it starts like the client does: the cgroup2 hierarchy from
+/// `prepare_cgroup2` (a private mount when none is visible), the scope relative to it.
 fn hold() -> ! {
-    let config = config_from_env();
+    let mut config = config_from_env();
+    let mut mount = String::from("-");
+    if let Ok(rel) = std::env::var("SYEBPF_SCOPE_REL") {
+        let m = switchyard_split_tunnel::prepare_cgroup2(&config.data_dir).expect("prepare");
+        config.scope_cgroup = m.join(rel);
+        mount = m.display().to_string();
+    }
     let rules = SplitRules {
         mode: SplitMode::Include,
         ips: vec!["10.201.9.2".into()],
         ..SplitRules::default()
     };
     let tunnel = SplitTunnel::start(config, rules).expect("start");
-    result(format!("ready {}", tunnel.mechanism().as_str()));
+    result(format!("ready {} {mount}", tunnel.mechanism().as_str()));
+    let mut line = String::new();
+    if std::io::stdin().read_line(&mut line).is_ok() && line.trim() == "stop" {
+        tunnel.disable().expect("disable");
+        result("stopped".into());
+        std::process::exit(0)
+    }
     loop {
         std::thread::sleep(Duration::from_secs(60));
     }
@@ -183,6 +197,10 @@ fn helper() {
         "origin" => serve_origin(arg.parse().expect("port")),
         "resolver" => serve_resolver(addr()),
         "hold" => hold(),
+        "recover" => result(format!(
+            "undone {}",
+            switchyard_split_tunnel::recover(Path::new(&arg)).expect("recover")
+        )),
         "tcp" => result(tcp_probe(addr(), None)),
         "app-then-tcp" => app_then_probe(addr()),
         "tcp-marked" => result(tcp_probe(addr(), Some(0x77))),
@@ -197,7 +215,12 @@ fn helper() {
 // ---------- fixture ----------
 
 fn root_or_skip(what: &str) -> bool {
-    root_with_tools_or_skip(what, &["ip", "nft", "nsenter", "bpftool", "mount"])
+    root_with_tools_or_skip(
+        what,
+        &[
+            "ip", "nft", "nsenter", "bpftool", "mount", "unshare", "findmnt",
+        ],
+    )
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -205,6 +228,9 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 struct Topo {
     lan: String,
     net: String,
+    /// a bystander's namespace (a container, an `ip netns` tool): its processes share the scope
+    /// cgroups but have their own TCP origin and DNS server on loopback
+    oth: String,
     scope: PathBuf,
     inc: PathBuf,
     exc: PathBuf,
@@ -244,7 +270,11 @@ impl Topo {
     fn new() -> Topo {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let id = format!("syebpf{}{n}", std::process::id() % 100000);
-        let (lan, net) = (format!("{id}-lan"), format!("{id}-net"));
+        let (lan, net, oth) = (
+            format!("{id}-lan"),
+            format!("{id}-net"),
+            format!("{id}-oth"),
+        );
         let mount = cgroup::cgroup2_mount().expect("cgroup2");
         let scope = mount.join(&id);
         let data = tempfile::tempdir().expect("tempdir");
@@ -255,6 +285,7 @@ impl Topo {
             own: scope.join("own"),
             lan,
             net,
+            oth,
             scope,
             data,
             pins,
@@ -263,9 +294,9 @@ impl Topo {
         for dir in [&topo.scope, &topo.inc, &topo.exc, &topo.own] {
             std::fs::create_dir_all(dir).expect("cgroup");
         }
-        let (l, t) = (&topo.lan, &topo.net);
+        let (l, t, o) = (&topo.lan, &topo.net, &topo.oth);
         sh(&format!(
-            "set -e; ip netns add {l}; ip netns add {t}
+            "set -e; ip netns add {l}; ip netns add {t}; ip netns add {o}; ip -n {o} link set lo up
              ip link add {id}d netns {l} type veth peer name {id}D netns {t}
              ip link add {id}t netns {l} type veth peer name {id}T netns {t}
              ip -n {l} link set lo up; ip -n {t} link set lo up
@@ -302,6 +333,52 @@ impl Topo {
         self.start_server(&net, "origin", "8080");
         self.start_server(&lan, "resolver", "127.0.0.1:5353");
         self.start_server(&lan, "resolver", "[::1]:5353");
+        let oth = self.oth.clone();
+        self.start_server(&oth, "origin", "8080");
+        self.start_server(&oth, "resolver", "127.0.0.1:53");
+        self.start_server(&oth, "resolver", "[::1]:53");
+    }
+
+    /// A bystander in the other namespace, in the scope's cgroups, keeps its own routes (its
+    /// sockets carry no mark) and its own DNS server (no redirect to the tunnel's resolver, which
+    /// does not even exist in its namespace).
+    fn assert_bystander_untouched(&self, when: &str) {
+        for cg in [&self.inc, &self.exc, &self.scope] {
+            let probe = |action: &str, arg: &str| {
+                let mut child = helper_in(&self.oth, Some(cg), action, arg)
+                    .spawn()
+                    .expect("bystander");
+                let r = read_result(&mut child);
+                let _ = child.wait();
+                r
+            };
+            let at = format!("{when}, bystander in {}", cg.display());
+            assert_eq!(
+                probe("tcp", "127.0.0.1:8080"),
+                "mark=0x0 seen=127.0.0.1",
+                "{at}: TCP"
+            );
+            assert_eq!(
+                probe("tcp", "[::1]:8080"),
+                "mark=0x0 seen=::1",
+                "{at}: TCP v6"
+            );
+            assert_eq!(
+                probe("udp-dns", "127.0.0.1:53"),
+                "from=127.0.0.1:53 peer=- reply=resolver:q",
+                "{at}: its own DNS over UDP"
+            );
+            assert_eq!(
+                probe("tcp-dns", "127.0.0.1:53"),
+                "peer=127.0.0.1:53 reply=resolver:q",
+                "{at}: its own DNS over TCP"
+            );
+            assert_eq!(
+                probe("udp-dns", "[::1]:53"),
+                "from=[::1]:53 peer=- reply=resolver:q",
+                "{at}: its own DNS over UDP v6"
+            );
+        }
     }
 
     /// Runs a probe inside the lan namespace as a process of `cgroup`.
@@ -334,11 +411,7 @@ impl Topo {
         c.tunnel_mark = MARK;
         c.table = TABLE;
         c.bypass_cgroups = vec![self.own.clone()];
-        c.dns = Some(DnsRedirect {
-            intercept_port: 53,
-            resolver4: Some("127.0.0.1:5353".parse().expect("addr")),
-            resolver6: Some("[::1]:5353".parse().expect("addr")),
-        });
+        c.dns = Some(lan_resolver());
         c
     }
 
@@ -392,9 +465,9 @@ impl Drop for Topo {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.lan])
             .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.net])
-            .status();
+        for ns in [&self.net, &self.oth] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
         // a probe of a failed test may still run in a test cgroup: only this test's processes
         // are there; cgroup.kill ends them so the directories can go
         remove_cgroups(&[
@@ -426,6 +499,7 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
     };
     let mut st = SplitTunnel::start(topo.config(choice), rules).expect("start");
     assert_eq!(st.mechanism(), expected);
+    topo.assert_bystander_untouched("include");
 
     // include: the app's cgroup is tunnelled, the other one goes direct
     let r = topo.probe(&topo.inc, "tcp", "10.201.9.1:8080");
@@ -470,6 +544,12 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
     );
     let mut out = BufReader::new(app.stdout.take().expect("stdout"));
     wait_ready(&mut out);
+    let mut twin = helper_in(&topo.oth, Some(&topo.exc), "app-then-tcp", "127.0.0.1:8080")
+        .env("SYEBPF_COMM", &comm)
+        .spawn()
+        .expect("bystander app");
+    let mut twin_out = BufReader::new(twin.stdout.take().expect("stdout"));
+    wait_ready(&mut twin_out);
     st.add_app(AppRule {
         name: comm.clone(),
         ..AppRule::default()
@@ -481,10 +561,24 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
         Some(st.apps_cgroup()),
         "moved into the apps cgroup"
     );
+    assert_eq!(
+        cgroup::cgroup_of(&mount, twin.id()),
+        Some(topo.exc.clone()),
+        "a process of the same name in another namespace is not moved"
+    );
     let mut stdin = app.stdin.take().expect("stdin");
     stdin.write_all(b"go\n").expect("go");
     let r = next_result(&mut out);
     assert!(r.ends_with(&format!("seen={TUNNEL}")), "app by name: {r}");
+    let mut twin_stdin = twin.stdin.take().expect("stdin");
+    twin_stdin.write_all(b"go\n").expect("go");
+    assert_eq!(
+        next_result(&mut twin_out),
+        "mark=0x0 seen=127.0.0.1",
+        "the bystander of the same name"
+    );
+    drop(twin_stdin);
+    let _ = twin.wait();
     // removing the app returns its processes to where they were
     assert!(st.remove_app(&comm).expect("remove app"));
     assert_eq!(
@@ -550,6 +644,7 @@ fn split_tunnel_scenario(choice: MechanismChoice, expected: Mechanism) {
         let r = topo.probe(cg, "tcp-dns", "[fd53:9::53]:53");
         assert_eq!(r, "peer=[fd53:9::53]:53 reply=resolver:q", "TCP over IPv6");
     }
+    topo.assert_bystander_untouched("exclude");
 
     st.disable().expect("disable");
     assert_eq!(
@@ -624,7 +719,7 @@ fn crash_cleanup(choice: &str, expected: &str) {
         .env("SYEBPF_TUN", topo.tun_device())
         .env("SYEBPF_NFT", &config.nft_table);
     let mut holder = cmd.spawn().expect("holder");
-    assert_eq!(read_result(&mut holder), format!("ready {expected}"));
+    assert_eq!(read_result(&mut holder), format!("ready {expected} -"));
     let before = topo.leftovers();
     assert!(
         before.iter().any(|l| l == "ip rule"),
@@ -669,6 +764,15 @@ fn crash_cleanup(choice: &str, expected: &str) {
     );
 }
 
+/// Port 53 to the resolver of the lan namespace.
+fn lan_resolver() -> DnsRedirect {
+    DnsRedirect {
+        intercept_port: 53,
+        resolver4: Some("127.0.0.1:5353".parse().expect("addr")),
+        resolver6: Some("[::1]:5353".parse().expect("addr")),
+    }
+}
+
 fn config_from_env() -> SplitTunnelConfig {
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset"));
     let mut c = SplitTunnelConfig::new(
@@ -681,11 +785,214 @@ fn config_from_env() -> SplitTunnelConfig {
     c.nft_table = var("SYEBPF_NFT");
     c.tunnel_mark = MARK;
     c.table = TABLE;
+    c.dns = Some(lan_resolver());
     c.mechanism = match var("SYEBPF_MECH").as_str() {
         "nftables" => MechanismChoice::Nftables,
         _ => MechanismChoice::Ebpf,
     };
     c
+}
+
+/// A mount namespace in which no cgroup2 mount is visible (what `ip netns exec` gives a process:
+/// it remounts /sys), kept by a bind mount of its nsfs file so that a holder started in it, the
+/// recovery after its kill -9 and the checks all see the same mounts.
+struct NoCgroupMounts {
+    dir: PathBuf,
+}
+
+impl NoCgroupMounts {
+    fn new(parent: &Path) -> NoCgroupMounts {
+        let dir = parent.join("mntns");
+        let d = dir.display();
+        // the nsfs file can be bound only below a mount of private propagation
+        sh(&format!(
+            "set -e; mkdir -p '{d}'; mount --bind '{d}' '{d}'; mount --make-private '{d}'
+             touch '{d}/mnt'
+             unshare --mount='{d}/mnt' --propagation private umount -R /sys/fs/cgroup"
+        ));
+        NoCgroupMounts { dir }
+    }
+
+    /// `program` run in the namespace.
+    fn command(&self, program: &Path) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--mount={}/mnt", self.dir.display()))
+            .arg("--")
+            .arg(program);
+        c
+    }
+
+    /// The mount points inside the namespace below `dir`.
+    fn mounts_below(&self, dir: &Path) -> Vec<String> {
+        sh_quiet(&format!(
+            "nsenter --mount='{}/mnt' -- findmnt -rn -o TARGET",
+            self.dir.display()
+        ))
+        .lines()
+        .filter(|m| Path::new(m).starts_with(dir))
+        .map(String::from)
+        .collect()
+    }
+}
+
+impl Drop for NoCgroupMounts {
+    fn drop(&mut self) {
+        // the namespace, and every mount in it, goes with its last reference
+        let _ = Command::new("umount").arg(self.dir.join("mnt")).status();
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// The split tunnel started like the client starts it, in a mount namespace without a visible
+/// cgroup2 mount: it mounts the hierarchy privately under its data directory, classifies (the
+/// `ips` rule tunnels, the bystander namespace stays untouched), and unmounts it on stop — or,
+/// after a kill -9, on recovery.
+#[derive(Clone, Copy, PartialEq)]
+enum Stop {
+    Disable,
+    /// kill -9, the mount namespace (and so the private mount) lives on
+    Kill,
+    /// kill -9, and the mounts go as if the namespace had ended with the client (`ip netns exec`)
+    KillMountsGone,
+}
+
+fn without_visible_cgroup2(choice: &str, stop: Stop) {
+    let mut topo = Topo::new();
+    topo.start_servers();
+    let mntns = NoCgroupMounts::new(topo.data.path());
+    assert!(
+        !sh_quiet(&format!(
+            "nsenter --mount='{}/mnt' -- cat /proc/self/mountinfo",
+            mntns.dir.display()
+        ))
+        .contains(" - cgroup2 "),
+        "the fixture's namespace shows no cgroup2 mount"
+    );
+    let config = topo.config(MechanismChoice::Auto);
+    let host_mount = cgroup::cgroup2_mount().expect("cgroup2");
+    let rel = topo
+        .scope
+        .strip_prefix(&host_mount)
+        .expect("scope below the mount");
+    let exe = std::env::current_exe().expect("test exe");
+    let mut cmd = mntns.command(&exe);
+    cmd.args(HELPER_ARGS)
+        .env("SYEBPF_HELPER", "hold")
+        .env("SYEBPF_MECH", choice)
+        .env("SYEBPF_LAN", &topo.lan)
+        .env("SYEBPF_SCOPE", &topo.scope)
+        .env("SYEBPF_SCOPE_REL", rel)
+        .env("SYEBPF_DATA", topo.data.path())
+        .env("SYEBPF_PINS", &topo.pins)
+        .env("SYEBPF_TUN", topo.tun_device())
+        .env("SYEBPF_NFT", &config.nft_table)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut holder = cmd.spawn().expect("holder");
+    let mut out = BufReader::new(holder.stdout.take().expect("stdout"));
+    let private = switchyard_split_tunnel::private_cgroup2_dir(topo.data.path());
+    assert_eq!(
+        next_result(&mut out),
+        format!("ready {choice} {}", private.display()),
+        "started on a private cgroup2 mount"
+    );
+    assert_eq!(
+        mntns.mounts_below(&private),
+        [private.display().to_string()],
+        "mounted"
+    );
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), TUNNEL, "classifies");
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT);
+    topo.assert_bystander_untouched("private cgroup2 mount");
+
+    let mut stdin = holder.stdin.take().expect("stdin");
+    if stop != Stop::Disable {
+        holder.kill().expect("kill -9");
+        let _ = holder.wait();
+        assert_eq!(
+            mntns.mounts_below(&private).len(),
+            1,
+            "a crash leaves the private mount"
+        );
+        assert!(topo.scope.join("switchyard-split-apps").exists());
+        // what the crash left keeps acting, with the netns cookie: on the lan namespace only
+        assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), TUNNEL, "after kill -9");
+        topo.assert_bystander_untouched("after kill -9");
+        if stop == Stop::KillMountsGone {
+            for dir in [&private, &topo.pins] {
+                sh(&format!(
+                    "nsenter --mount='{}/mnt' -- umount '{}'",
+                    mntns.dir.display(),
+                    dir.display()
+                ));
+            }
+        }
+        let mut recovery = mntns.command(&exe);
+        recovery
+            .args(HELPER_ARGS)
+            .env("SYEBPF_HELPER", "recover")
+            .env("SYEBPF_ARG", topo.data.path())
+            .stdout(Stdio::piped());
+        let mut recovery = recovery.spawn().expect("recovery");
+        let r = read_result(&mut recovery);
+        let _ = recovery.wait();
+        assert!(r.starts_with("undone ") && r != "undone 0", "{r}");
+    } else {
+        stdin.write_all(b"stop\n").expect("stop");
+        assert_eq!(next_result(&mut out), "stopped");
+        let _ = holder.wait();
+    }
+    for dir in [&private, &topo.pins] {
+        assert_eq!(
+            mntns.mounts_below(dir),
+            Vec::<String>::new(),
+            "no private cgroup2 (nor bpffs) mount is left"
+        );
+    }
+    assert!(!private.exists(), "its directory is removed");
+    assert!(
+        !topo.scope.join("switchyard-split-apps").exists(),
+        "the managed cgroup is removed"
+    );
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.2"), DIRECT, "after stop");
+    drop(stdin);
+}
+
+#[test]
+fn starts_without_a_visible_cgroup2_mount_ebpf() {
+    if root_or_skip("starts_without_a_visible_cgroup2_mount_ebpf") {
+        without_visible_cgroup2("ebpf", Stop::Disable);
+    }
+}
+
+#[test]
+fn starts_without_a_visible_cgroup2_mount_nftables() {
+    if root_or_skip("starts_without_a_visible_cgroup2_mount_nftables") {
+        without_visible_cgroup2("nftables", Stop::Disable);
+    }
+}
+
+#[test]
+fn kill_9_with_a_private_cgroup2_mount_then_recovery_leaves_nothing_ebpf() {
+    if root_or_skip("kill_9_with_a_private_cgroup2_mount_then_recovery_leaves_nothing_ebpf") {
+        without_visible_cgroup2("ebpf", Stop::Kill);
+    }
+}
+
+#[test]
+fn kill_9_with_a_private_cgroup2_mount_then_recovery_leaves_nothing_nftables() {
+    if root_or_skip("kill_9_with_a_private_cgroup2_mount_then_recovery_leaves_nothing_nftables") {
+        without_visible_cgroup2("nftables", Stop::Kill);
+    }
+}
+
+#[test]
+fn kill_9_ending_the_private_cgroup2_mount_then_recovery_leaves_nothing() {
+    if root_or_skip("kill_9_ending_the_private_cgroup2_mount_then_recovery_leaves_nothing") {
+        without_visible_cgroup2("ebpf", Stop::KillMountsGone);
+    }
 }
 
 #[test]

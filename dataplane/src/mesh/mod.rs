@@ -217,6 +217,11 @@ pub struct MeshTotals {
     pub control_dropped: AtomicU64,
     /// Handshakes from a key the registry does not list.
     pub unknown_key: AtomicU64,
+    /// Handshake initiations refused before any key work: a mac1 not keyed to us, or a
+    /// missing cookie while under load.
+    pub handshakes_refused: AtomicU64,
+    /// Cookie replies sent to initiations beyond the handshake rate (under load).
+    pub handshake_cookies: AtomicU64,
     /// Datagrams of no known kind or session, or failing authentication.
     pub invalid: AtomicU64,
     /// Packets for a virtual IP without a usable session (or forwarding off).

@@ -17,6 +17,7 @@ use super::{
     PeerEntry, SessionState,
 };
 use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
 use std::cell::RefCell;
@@ -40,6 +41,12 @@ const NAT_MIN_WAIT: Duration = Duration::from_millis(1);
 const RECEIVE_BURST: usize = 64;
 /// Receiver indexes are 24 bits (boringtun keeps the low 8 for the session).
 const MAX_INDEX: u32 = (1 << 24) - 1;
+/// Handshake initiations per second (all peers together) taken without a cookie; beyond it an
+/// initiation must carry a mac2 proving its source address (WireGuard's cookie, the figure
+/// boringtun's device uses). Each costs an X25519 operation before its key is known.
+const HANDSHAKES_PER_SECOND: u64 = 100;
+/// WireGuard message type of a cookie reply: it authenticates nothing about its sender.
+const COOKIE_REPLY: u8 = 3;
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -110,6 +117,9 @@ struct Mesh {
     published: Vec<MeshRoute>,
     /// NAT traversal (candidates, checks, selected paths); `None` when it is off.
     nat: Option<NatPaths>,
+    /// mac1 check and cookies for handshake initiations before any X25519 work (its count
+    /// restarts each second).
+    limiter: RateLimiter,
 }
 
 impl Mesh {
@@ -128,6 +138,7 @@ impl Mesh {
         });
         Mesh {
             nat,
+            limiter: RateLimiter::new(&public, HANDSHAKES_PER_SECOND),
             settings,
             shared,
             secret,
@@ -501,6 +512,7 @@ impl Mesh {
                 return;
             }
             DatagramKind::WireGuard { receiver } => receiver >> 8,
+            DatagramKind::HandshakeInit if !self.handshake_admitted(d, back) => return,
             DatagramKind::HandshakeInit => match self.initiator_index(d) {
                 Some(i) => i,
                 None => {
@@ -522,6 +534,29 @@ impl Mesh {
         self.sessions.insert(index, s);
     }
 
+    /// Whether a handshake initiation may cost the X25519 work of finding its key: its mac1
+    /// must be keyed to our public key, and beyond [`HANDSHAKES_PER_SECOND`] its mac2 must
+    /// carry the cookie of its source address (answered with a cookie reply otherwise).
+    fn handshake_admitted(&mut self, d: &[u8], back: PathToPeer) -> bool {
+        let from = match back {
+            PathToPeer::Direct(a) | PathToPeer::Relayed { remote: a, .. } => a,
+        };
+        let mut reply = [0u8; 64];
+        match self.limiter.verify_packet(Some(from.ip()), d, &mut reply) {
+            Ok(_) => true,
+            Err(TunnResult::WriteToNetwork(cookie)) => {
+                self.shared.totals.handshake_cookies.fetch_add(1, Relaxed);
+                let cookie = cookie.to_vec();
+                self.transmit(back, cookie);
+                false
+            }
+            Err(_) => {
+                self.shared.totals.handshakes_refused.fetch_add(1, Relaxed);
+                false
+            }
+        }
+    }
+
     /// The session of the peer whose static key a handshake initiation carries.
     fn initiator_index(&self, d: &[u8]) -> Option<u32> {
         let Ok(Packet::HandshakeInit(init)) = Tunn::parse_incoming_packet(d) else {
@@ -539,6 +574,9 @@ impl Mesh {
             PathToPeer::Direct(a) | PathToPeer::Relayed { remote: a, .. } => a,
         };
         let mut scratch = std::mem::take(&mut self.decrypted);
+        // anyone who saw our initiation's mac1 can make a cookie reply: it says nothing about
+        // where the peer is
+        let proves_address = d.first() != Some(&COOKIE_REPLY);
         let mut first = true;
         loop {
             let input: &[u8] = if first { d } else { &[] };
@@ -546,7 +584,7 @@ impl Mesh {
             first = false;
             match s.tunn.decapsulate(src, input, &mut scratch) {
                 TunnResult::Done => {
-                    if src.is_some() {
+                    if src.is_some() && proves_address {
                         self.authenticated(s, back);
                     }
                     break;
@@ -787,6 +825,8 @@ impl Mesh {
     /// and its announcements and probes.
     fn tick(&mut self) {
         let now = Instant::now();
+        // a no-op until a second has passed since the last reset
+        self.limiter.reset_count();
         self.ensure_router();
         let indexes: Vec<u32> = self.sessions.keys().copied().collect();
         for i in indexes {
@@ -1338,6 +1378,117 @@ mod tests {
         s.device.set_len(0).unwrap();
         s.device.seek(SeekFrom::Start(0)).unwrap();
         all
+    }
+
+    /// A valid handshake initiation to `to` from a key nobody lists (mac1 keyed to `to`).
+    fn stranger_initiation(seed: u8, to: &Side) -> Vec<u8> {
+        let mut tunn = Tunn::new(
+            StaticSecret::from([seed; 32]),
+            PublicKey::from(to.public),
+            None,
+            None,
+            1,
+            None,
+        );
+        let mut out = vec![0u8; 256];
+        match tunn.format_handshake_initiation(&mut out, false) {
+            TunnResult::WriteToNetwork(d) => d.to_vec(),
+            _ => panic!("no initiation"),
+        }
+    }
+
+    #[test]
+    fn initiations_without_our_mac1_are_refused_before_any_key_work() {
+        let mut b = side(2, 2);
+        let mut garbage = vec![0x5a; 148];
+        garbage[..4].copy_from_slice(&1u32.to_le_bytes());
+        for _ in 0..10 {
+            b.mesh
+                .on_datagram(&garbage, SocketAddr::from(([198, 51, 100, 7], 9)));
+        }
+        let totals = &b.mesh.shared.totals;
+        assert_eq!(totals.handshakes_refused.load(Relaxed), 10);
+        // never got as far as looking for the key (an X25519 operation each)
+        assert_eq!(totals.unknown_key.load(Relaxed), 0);
+        assert!(b.mesh.outgoing.is_empty());
+    }
+
+    #[test]
+    fn a_handshake_flood_gets_cookies_and_a_live_session_keeps_carrying_packets() {
+        let mut sides = vec![side(1, 1), side(2, 2)];
+        list_all(&mut sides);
+        pump(&mut sides, (9, 9));
+        pump(&mut sides, (9, 9));
+        let mut b = sides.pop().unwrap();
+        let mut a = sides.pop().unwrap();
+        // a second's worth of initiations from strangers, then more: the rest get cookies
+        let flooder = SocketAddr::from(([198, 51, 100, 7], 9));
+        let flood: Vec<Vec<u8>> = (0..30).map(|i| stranger_initiation(100 + i, &b)).collect();
+        let sent = HANDSHAKES_PER_SECOND + 50;
+        for i in 0..sent as usize {
+            b.mesh.on_datagram(&flood[i % flood.len()], flooder);
+        }
+        let totals = &b.mesh.shared.totals;
+        let (cookies, keyed) = (
+            totals.handshake_cookies.load(Relaxed),
+            totals.unknown_key.load(Relaxed),
+        );
+        // (the session's own handshake may have counted in this second too)
+        assert_eq!(cookies + keyed, sent);
+        assert!(cookies >= 50, "{cookies} cookies");
+        assert!(
+            keyed <= HANDSHAKES_PER_SECOND,
+            "only the initiations within the rate cost key work: {keyed}"
+        );
+        let cookies = std::mem::take(&mut b.mesh.outgoing);
+        assert_eq!(cookies.len() as u64, sent - keyed);
+        assert!(cookies
+            .iter()
+            .all(|(to, d)| *to == flooder && d.len() == 64 && d[0] == COOKIE_REPLY));
+        // meanwhile the session a–b carries a packet (no handshake needed)
+        take_device(&mut b);
+        let packet = wire::udp_packet(a.vip, b.vip, 5000, b"during the flood");
+        a.mesh.send_to_mesh(&packet);
+        deliver(&mut a, &mut b);
+        assert_eq!(take_device(&mut b), packet);
+    }
+
+    #[test]
+    fn a_cookie_reply_from_elsewhere_does_not_move_the_peers_address() {
+        let (mut a, mut b) = (side(1, 1), side(2, 2));
+        list(&mut a, &b, b.public);
+        list(&mut b, &a, a.public);
+        // b is under load: a's initiation is answered with a cookie reply
+        let stranger = stranger_initiation(100, &b);
+        for _ in 0..HANDSHAKES_PER_SECOND {
+            b.mesh
+                .on_datagram(&stranger, SocketAddr::from(([198, 51, 100, 7], 9)));
+        }
+        b.mesh.outgoing.clear();
+        a.mesh.tick();
+        let initiation = std::mem::take(&mut a.mesh.outgoing);
+        assert!(!initiation.is_empty(), "a initiates");
+        for (_, d) in &initiation {
+            b.mesh.on_datagram(d, a.addr);
+        }
+        let (_, cookie) = b
+            .mesh
+            .outgoing
+            .iter()
+            .find(|(_, d)| d.first() == Some(&COOKIE_REPLY))
+            .cloned()
+            .expect("a cookie reply");
+        // the cookie reply arrives from an address that is not b's: a takes the cookie but
+        // learns no path from it
+        let elsewhere = SocketAddr::from(([203, 0, 113, 9], 4444));
+        a.mesh.on_datagram(&cookie, elsewhere);
+        let learnt: Vec<_> = a.mesh.sessions.values().map(|s| s.learnt).collect();
+        assert!(
+            learnt
+                .iter()
+                .all(|l| !matches!(l, Some(PathToPeer::Direct(x)) if *x == elsewhere)),
+            "{learnt:?}"
+        );
     }
 
     /// The IGMPv3 report the kernel writes when a socket joins (`join`) or leaves `group`.

@@ -228,3 +228,20 @@ impl Relays {
         Some(association)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sends_in_flight_stop_at_the_bound_and_free_their_places() {
+        let count = Rc::new(Cell::new(0));
+        let held: Vec<SendSlot> = (0..MAX_SENDS_IN_FLIGHT)
+            .map(|_| SendSlot::take(&count).expect("a place"))
+            .collect();
+        assert!(SendSlot::take(&count).is_none(), "one past the bound");
+        drop(held);
+        assert_eq!(count.get(), 0);
+        assert!(SendSlot::take(&count).is_some());
+    }
+}

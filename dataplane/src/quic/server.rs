@@ -426,7 +426,7 @@ async fn serve_flow(ctx: Rc<CoreContext>, auth: Rc<ConnAuth>, flow: FlowStream, 
         return;
     }
     trace.status = 200;
-    ctx.counters.core(ctx.core).opened();
+    // counted once, by the ConnectionSlot taken above (held until the tunnel ends)
     crate::proxied::run_tunnel(
         &ctx,
         &snapshot,
@@ -440,7 +440,6 @@ async fn serve_flow(ctx: Rc<CoreContext>, auth: Rc<ConnAuth>, flow: FlowStream, 
         trace,
     )
     .await;
-    ctx.counters.core(ctx.core).closed();
 }
 
 #[cfg(test)]

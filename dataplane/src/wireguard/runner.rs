@@ -234,6 +234,7 @@ impl Tunnel {
             names: Vec::new(),
             ports: PortPool::starting_at(
                 ports::FIRST + (random_u64() % u64::from(ports::LAST - ports::FIRST + 1)) as u16,
+                usize::from(s.max_flows),
             ),
             scratch: vec![0; SCRATCH],
             outgoing: Vec::new(),
@@ -287,6 +288,9 @@ impl Tunnel {
             TunnResult::WriteToTunnelV4(packet, _) | TunnResult::WriteToTunnelV6(packet, _) => {
                 self.device.inbound.push_back(packet.to_vec());
             }
+            // a cookie reply (type 3) is made by anyone who saw our initiation: it proves
+            // nothing about the peer being alive
+            TunnResult::Done if datagram.first() == Some(&3) => return,
             TunnResult::Done => {}
             TunnResult::Err(e) => {
                 tracing::debug!(backend = %self.name, %from, error = ?e, "WireGuard datagram dropped");

@@ -10,8 +10,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use std::sync::atomic::Ordering::Relaxed;
 use switchyard_api::client::{
-    MeshNetworkInfo, MeshPeerView, MeshRouteView, MeshStats, MeshStatus, MeshTrafficModes,
-    StatusReply,
+    MeshDrops, MeshNetworkInfo, MeshPeerView, MeshRouteView, MeshStats, MeshStatus,
+    MeshTrafficModes, StatusReply,
 };
 
 fn uptime(live: &Live) -> String {
@@ -95,6 +95,7 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             packets_sent: 0,
             packets_received: 0,
             traffic_modes: MeshTrafficModes::default(),
+            drops: MeshDrops::default(),
         });
     };
     let (peer_count, connected_peers, ..) = peer_counts(&live);
@@ -118,6 +119,16 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             flood_copies_forwarded: m.floods_forwarded.load(Relaxed),
             multicast_groups: m.multicast_groups.load(Relaxed),
             anycast_addresses: m.anycast_addresses.load(Relaxed),
+        },
+        drops: MeshDrops {
+            invalid: t.invalid.load(Relaxed),
+            unknown_key: t.unknown_key.load(Relaxed),
+            handshakes_refused: t.handshakes_refused.load(Relaxed),
+            handshake_cookies: t.handshake_cookies.load(Relaxed),
+            no_route: t.no_route.load(Relaxed),
+            overflow: t.overflow.load(Relaxed),
+            control_dropped: t.control_dropped.load(Relaxed),
+            ice_dropped: t.ice_dropped.load(Relaxed),
         },
     })
 }

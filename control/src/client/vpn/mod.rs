@@ -295,7 +295,9 @@ impl VpnManager {
             .map_err(|e| format!("creating the TUN device {name}: {e}"))?;
         // from here on, returning drops (and so deletes) the device
         host::configure_tun(name, ip, prefix, vpn.mtu).map_err(|e| e.to_string())?;
-        let mount = cgroup::cgroup2_mount().map_err(|e| e.to_string())?;
+        // the visible cgroup2 mount, or a private one when none is (under `ip netns exec`)
+        let mount = switchyard_split_tunnel::prepare_cgroup2(&self.data_dir)
+            .map_err(|e| format!("split tunnel: {e}"))?;
         let scope = if vpn.scope_cgroup.is_empty() {
             mount.clone()
         } else {
