@@ -299,6 +299,9 @@ async fn client_ui_main_flows_in_chromium() {
     // the panel says so with the client's reason and its `error` state
     b.click("#tab-vpn").await;
     b.wait_for("#vpn-status", "disabled").await;
+    // vpn.split.allow_lan (default true) is shown with the split rules
+    b.wait_for("#split-lan", "Directly connected LAN: bypasses the VPN")
+        .await;
     b.fill("#split-domain", "*.split.test").await;
     b.click("#split-domain-add").await;
     b.wait_for(

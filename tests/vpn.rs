@@ -69,7 +69,7 @@ fn serve_udp_origin(arg: &str) -> ! {
         .into_iter()
         .map(|sock| {
             std::thread::spawn(move || {
-                let mut buf = [0u8; 2048];
+                let mut buf = vec![0u8; 65_536];
                 while let Ok((n, peer)) = sock.recv_from(&mut buf) {
                     let mut reply = format!("{} ", peer.ip()).into_bytes();
                     reply.extend_from_slice(&buf[..n]);
@@ -108,6 +108,27 @@ fn udp_round_trips(dst: SocketAddr, count: usize) -> String {
         }
     }
     format!("seen={seen} replies={replies}")
+}
+
+/// Sends one datagram of `size` bytes to `dst` (at most three times) and checks the answer
+/// carries it whole: `seen=<address the origin saw> bytes=<answer length>`.
+fn udp_large_round_trip(dst: SocketAddr, size: usize) -> String {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    let message: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut buf = vec![0u8; 65_536];
+    for _attempt in 0..3 {
+        sock.send_to(&message, dst).expect("send");
+        let Ok((n, from)) = sock.recv_from(&mut buf) else {
+            continue;
+        };
+        if from == dst && buf[..n].ends_with(&message) {
+            let seen = String::from_utf8_lossy(&buf[..n - size]);
+            return format!("seen={} bytes={n}", seen.trim_end());
+        }
+    }
+    "seen=nothing bytes=0".into()
 }
 
 fn connect_and_read(dst: SocketAddr) -> (TcpStream, String) {
@@ -178,6 +199,14 @@ fn helper() {
             result(&udp_round_trips(
                 dst.parse().expect("destination"),
                 count.parse().expect("count"),
+            ));
+        }
+        // SYVPN_ARG = "destination size"
+        "udp-large" => {
+            let (dst, size) = arg.split_once(' ').expect("destination and size");
+            result(&udp_large_round_trip(
+                dst.parse().expect("destination"),
+                size.parse().expect("size"),
             ));
         }
         "tcp" => {
@@ -314,8 +343,19 @@ impl Topo {
     /// `seen=<address the UDP origin saw> replies=<n>` for `count` datagrams a process of
     /// `cgroup` exchanged with `dst`:7000.
     fn udp_seen(&self, cgroup: &Path, dst: &str, count: usize) -> String {
-        let arg = format!("{dst}:7000 {count}");
-        let mut child = helper_in(&self.lan, Some(cgroup), "udp", &arg)
+        self.probe(cgroup, "udp", &format!("{dst}:7000 {count}"))
+    }
+
+    /// What a process of `cgroup` saw sending one `size`-byte datagram to `dst`:7000 (see
+    /// [`udp_large_round_trip`]).
+    fn udp_large(&self, cgroup: &Path, dst: &str, size: usize) -> String {
+        self.probe(cgroup, "udp-large", &format!("{dst}:7000 {size}"))
+    }
+
+    /// The result line of the helper `action` run once by a process of `cgroup` in the lan
+    /// namespace.
+    fn probe(&self, cgroup: &Path, action: &str, arg: &str) -> String {
+        let mut child = helper_in(&self.lan, Some(cgroup), action, arg)
             .spawn()
             .expect("probe");
         let mut out = BufReader::new(child.stdout.take().expect("stdout"));
@@ -952,6 +992,59 @@ fn syvpn_nftables_include_exclude_live_rules_and_cleanup() {
     }
 }
 
+/// `vpn.split.allow_lan`: off, an included app's connection to a host of the directly connected
+/// LAN goes through the tunnel and the server (which sits on that LAN itself and stays
+/// reachable); turned on live through `PUT /api/v1/config`, the LAN is bypassed again.
+#[test]
+fn syvpn_allow_lan_false_tunnels_the_directly_connected_lan() {
+    if !tools_or_skip("syvpn_allow_lan_false_tunnels_the_directly_connected_lan") {
+        return;
+    }
+    let mut topo = Topo::new();
+    // a second LAN host: the internet namespace's veth answers 10.210.0.5 too; a connection
+    // through the server comes from the server's own LAN address, a direct one from 10.210.0.2
+    const LAN_HOST: &str = "10.210.0.5";
+    const SERVER: &str = "10.210.0.1";
+    sh(&format!(
+        "ip -n {} addr add {LAN_HOST}/24 dev {}n",
+        topo.net, topo.id
+    ));
+    topo.start_origins();
+    let server = topo.start_server();
+    assert_eq!(topo.seen(&topo.inc, LAN_HOST), DIRECT);
+    let split = format!(
+        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}], allow_lan: false}}",
+        topo.inc.display()
+    );
+    let client = topo.start_client(&topo.client_yaml(server, true, "ebpf", &split));
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    let rules = client.ok("GET", "/api/v1/vpn/split/rules", None);
+    assert_eq!(rules["allow_lan"], false, "{rules}");
+
+    expect_seen(&topo, &client, &topo.inc, LAN_HOST, SERVER);
+    topo.wait_server_request(&format!("{LAN_HOST}:8080"));
+    // the tunnel itself still works: the server's own address on that LAN is bypassed
+    expect_seen(&topo, &client, &topo.inc, "10.211.9.1", "10.211.9.1");
+    // the other cgroup is not tunnelled at all
+    expect_seen(&topo, &client, &topo.exc, LAN_HOST, DIRECT);
+
+    let v = client.ok(
+        "PUT",
+        "/api/v1/config",
+        Some(r#"{"vpn":{"split":{"allow_lan":true}}}"#),
+    );
+    assert_eq!(v["status"], "updated", "{v}");
+    let rules = client.ok("GET", "/api/v1/vpn/split/rules", None);
+    assert_eq!(rules["allow_lan"], true, "{rules}");
+    expect_seen(&topo, &client, &topo.inc, LAN_HOST, DIRECT);
+    expect_seen(&topo, &client, &topo.inc, "10.211.9.1", "10.211.9.1");
+
+    let v = client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(v["status"], "disabled");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
 /// A namespace of its own whose processes share the VPN's scope cgroups (a container, an
 /// `ip netns` tool), with a TCP origin on 8080 and a DNS server on 127.0.0.1:53 (TCP and UDP).
 struct Bystander {
@@ -1377,6 +1470,19 @@ fn udp_scenario(classifier: &str) {
         }
         assert!(Instant::now() < deadline, "{status}");
         std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // a datagram far larger than the TUN's MTU enters it as IPv4 fragments, and so does the
+    // answer the relay sends back: both are reassembled, through the server and direct
+    for (dst, seen) in [("10.211.9.1", "10.211.9.1"), ("10.211.9.3", DIRECT)] {
+        let size = 30_000;
+        let answer = size + seen.len() + 1;
+        assert_eq!(
+            topo.udp_large(&topo.inc, dst, size),
+            format!("seen={seen} bytes={answer}"),
+            "a {size}-byte datagram through the VPN to {dst}\n{}",
+            client.log()
+        );
     }
 
     // through a server reached over HTTP, UDP cannot go (CONNECT is TCP): its datagrams are

@@ -292,6 +292,14 @@ pub struct SplitRules {
     pub domains: Vec<String>,
     pub ips: Vec<String>,
     pub always_bypass: Vec<String>,
+    /// `vpn.split.allow_lan`: the directly connected LAN bypasses the VPN (true, the default) or
+    /// goes through it like any other destination (false). Extension; not in the spec.
+    #[serde(default = "lan_allowed")]
+    pub allow_lan: bool,
+}
+
+fn lan_allowed() -> bool {
+    true
 }
 
 /// `PUT /api/v1/vpn/split/mode` body.

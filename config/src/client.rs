@@ -400,7 +400,7 @@ impl SplitMode {
 }
 
 /// `vpn.split:`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct VpnSplitConfig {
     pub mode: SplitMode,
@@ -408,6 +408,23 @@ pub struct VpnSplitConfig {
     pub domains: Vec<String>,
     pub ips: Vec<String>,
     pub always_bypass: Vec<String>,
+    /// The directly connected networks never go into the tunnel (true); false tunnels them like
+    /// any other destination (an untrusted LAN), the server's own addresses still excepted. Not
+    /// in the spec.
+    pub allow_lan: bool,
+}
+
+impl Default for VpnSplitConfig {
+    fn default() -> Self {
+        VpnSplitConfig {
+            mode: SplitMode::default(),
+            apps: Vec::new(),
+            domains: Vec::new(),
+            ips: Vec::new(),
+            always_bypass: Vec::new(),
+            allow_lan: true,
+        }
+    }
 }
 
 /// One app of `vpn.split.apps`.

@@ -146,6 +146,9 @@ async function loadVpn() {
     ruleItems($('#split-domains'), r.domains.map((d) => [d, d]), 'domain', '/api/v1/vpn/split/domains');
     ruleItems($('#split-ips'), r.ips.map((i) => [i, i]), 'IP', '/api/v1/vpn/split/ips');
     $('#split-bypass').textContent = r.always_bypass.length ? `Always bypassed: ${r.always_bypass.join(', ')}` : '';
+    $('#split-lan').textContent = r.allow_lan === false
+      ? 'Directly connected LAN: through the VPN like any other destination (vpn.split.allow_lan: false).'
+      : 'Directly connected LAN: bypasses the VPN (vpn.split.allow_lan: true).';
   }
   if (conns.ok) {
     fill($('#vpn-connections tbody'), conns.data.map((c) => el('tr', {},

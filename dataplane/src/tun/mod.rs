@@ -26,6 +26,7 @@
 //! per-packet work is a constant-time rewrite, so one thread that blocks in `poll(2)` on the
 //! device is both simplest and cheapest; it shares only atomics with the cores.
 
+pub mod frag;
 pub mod nat;
 pub mod packet;
 pub mod pump;

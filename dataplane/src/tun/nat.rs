@@ -154,6 +154,11 @@ const CLOSED_LINGER: u64 = 10;
 const IDLE_TIMEOUT: u64 = 3600;
 
 impl Flow {
+    /// Either side has closed or reset it: a SYN on its 4-tuple opens a new connection.
+    fn closing(&self) -> bool {
+        self.reset || self.fin_app || self.fin_local
+    }
+
     fn expired(&self, now: u64) -> bool {
         let quiet = now.saturating_sub(self.last);
         if self.reset || (self.fin_app && self.fin_local) {
@@ -250,9 +255,21 @@ impl Translator {
 
     fn outbound(&mut self, p: &mut [u8], seg: &TcpV4, checksum: Checksum, now: u64) -> Outcome {
         let key = (seg.src, seg.dst);
-        let i = match self.by_app.get(&key) {
-            Some(&i) => i,
-            None if seg.flags & (SYN | ACK | RST) == SYN => match self.allocate(seg, now) {
+        let opens = seg.flags & (SYN | ACK | RST) == SYN;
+        let mut known = self.by_app.get(&key).copied();
+        if let Some(i) =
+            known.filter(|&i| opens && self.flows[i].as_ref().is_some_and(Flow::closing))
+        {
+            // the app reuses the 4-tuple of a flow that is closing or closed (in linger): a new
+            // connection, not the old one's retransmission. It gets a fresh entry and NAT port:
+            // inheriting `reset`/`fin_*` would sweep it after CLOSED_LINGER of quiet, and on the
+            // old port the listener may still hold the old connection (CLOSE_WAIT, TIME_WAIT)
+            self.free(i);
+            known = None;
+        }
+        let i = match known {
+            Some(i) => i,
+            None if opens => match self.allocate(seg, now) {
                 Some(i) => i,
                 None => return Outcome::Dropped(Drop::Full),
             },
@@ -288,15 +305,19 @@ impl Translator {
         Some(i)
     }
 
+    fn free(&mut self, i: usize) {
+        if let Some(f) = self.flows[i].take() {
+            self.by_app.remove(&(f.app, f.dst));
+        }
+        self.table.clear(i);
+    }
+
     /// Frees expired flows; returns how many.
     pub fn sweep(&mut self, now: u64) -> usize {
         let mut freed = 0;
         for i in 0..self.flows.len() {
             if self.flows[i].as_ref().is_some_and(|f| f.expired(now)) {
-                if let Some(f) = self.flows[i].take() {
-                    self.by_app.remove(&(f.app, f.dst));
-                }
-                self.table.clear(i);
+                self.free(i);
                 freed += 1;
             }
         }
@@ -437,6 +458,50 @@ mod tests {
         let mut rst = packet(sa("10.255.0.2:3"), dst, RST, b"");
         t.translate(&mut rst, 100);
         assert_eq!(t.sweep(100 + CLOSED_LINGER), 1);
+    }
+
+    #[test]
+    fn a_new_syn_on_a_closed_flows_4_tuple_opens_a_fresh_flow() {
+        let (mut t, table) = translator(4);
+        let (app, dst) = (sa("10.255.0.2:40000"), sa("192.0.2.9:443"));
+        let listener = sa("10.255.0.2:7000");
+        let mut syn = packet(app, dst, SYN, b"");
+        assert_eq!(t.translate(&mut syn, 0), Outcome::Outbound(0));
+        t.translate(
+            &mut packet(listener, sa("10.255.0.1:10000"), SYN | ACK, b""),
+            0,
+        );
+        // closed by both sides, then by a reset: in linger
+        t.translate(&mut packet(app, dst, FIN | ACK, b""), 1);
+        t.translate(
+            &mut packet(listener, sa("10.255.0.1:10000"), FIN | ACK, b""),
+            1,
+        );
+        t.translate(&mut packet(app, dst, RST, b""), 1);
+
+        // the app opens a new connection from the same port to the same destination
+        let mut syn = packet(app, dst, SYN, b"");
+        assert_eq!(t.translate(&mut syn, 2), Outcome::Outbound(0));
+        let port = packet::parse(&syn).expect("tcp").src.port();
+        assert_ne!(
+            port, 10000,
+            "a fresh NAT port: the listener may still hold the old one"
+        );
+        assert_eq!(table.lookup(10000), None);
+        assert_eq!(table.lookup(port), Some(dst));
+        let mut synack = packet(listener, sa(&format!("10.255.0.1:{port}")), SYN | ACK, b"");
+        assert_eq!(t.translate(&mut synack, 2), Outcome::Inbound(0));
+        let mut data = packet(app, dst, ACK, b"hello");
+        assert_eq!(t.translate(&mut data, 3), Outcome::Outbound(5));
+        assert_eq!(packet::parse(&data).expect("tcp").src.port(), port);
+        // an open connection quiet for longer than the linger stays
+        assert_eq!(t.sweep(3 + CLOSED_LINGER), 0);
+        assert_eq!(t.open_flows(), 1);
+        // its own SYN, retransmitted, is not a new connection
+        let mut again = packet(app, dst, SYN, b"");
+        assert_eq!(t.translate(&mut again, 4), Outcome::Outbound(0));
+        assert_eq!(packet::parse(&again).expect("tcp").src.port(), port);
+        assert_eq!(t.open_flows(), 1);
     }
 
     #[test]

@@ -61,7 +61,8 @@ pub enum Skip {
 }
 
 /// The header and total length of a whole IPv4 packet carrying `protocol` (fragments are
-/// skipped: only the first carries the ports, and the NAT keeps no reassembly state).
+/// skipped: only the first carries the ports; the pump reassembles them before the NAT, see
+/// [`super::frag`]).
 pub(super) fn ipv4_lengths(p: &[u8], protocol: u8) -> Result<(usize, usize), Skip> {
     let first = *p.first().ok_or(Skip::Truncated)?;
     if first >> 4 != 4 {

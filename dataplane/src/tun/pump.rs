@@ -3,6 +3,7 @@
 //! payload beyond the NAT rewrite — the TCP connections themselves are terminated by the kernel
 //! and served on the glommio cores — and it shares nothing with the control plane but atomics.
 
+use super::frag::{self, Limits, Reassembler, Reassembly};
 use super::nat::{Drop as Dropped, Outcome, Translator};
 use super::vnet::{self, VnetHeader};
 use std::io::{Read, Write};
@@ -19,8 +20,14 @@ pub struct TunStats {
     /// From the tunnel back to local applications.
     pub bytes_received: AtomicU64,
     pub packets: AtomicU64,
-    /// Packets the NAT does not handle (IPv6, UDP, ICMP, stray segments).
+    /// Packets the NAT does not handle (IPv6, UDP, ICMP, stray segments), and fragments and
+    /// incomplete datagrams that reassembly gave up on (also counted in `fragments_dropped`).
     pub dropped: AtomicU64,
+    /// IPv4 datagrams put back together from fragments.
+    pub reassembled: AtomicU64,
+    /// Fragments reassembly refused (malformed, overlapping, past 64 KiB or its bounds) plus
+    /// datagrams freed incomplete after the reassembly timeout.
+    pub fragments_dropped: AtomicU64,
     /// Flows in the NAT right now.
     pub flows: AtomicU64,
 }
@@ -73,6 +80,7 @@ impl Drop for TunPump {
 fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &AtomicBool) {
     let started = Instant::now();
     let mut last_sweep = 0;
+    let mut frags = Reassembler::new(Limits::default());
     let fd = device.as_raw_fd();
     let vnet_hdr = match crate::sys::tun_has_vnet_hdr(fd) {
         Ok(v) => v,
@@ -94,6 +102,12 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
             last_sweep = now;
             nat.sweep(now);
             stats.flows.store(nat.open_flows() as u64, Relaxed);
+            let timed_out = frags.sweep(now) as u64;
+            if timed_out > 0 {
+                stats.fragments_dropped.fetch_add(timed_out, Relaxed);
+                stats.dropped.fetch_add(timed_out, Relaxed);
+                tracing::debug!(timed_out, "incomplete fragmented datagrams freed");
+            }
         }
         let n = match device.read(&mut buf) {
             Ok(n) => n,
@@ -111,6 +125,9 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
             }
         };
         stats.packets.fetch_add(1, Relaxed);
+        let Some(n) = reassemble(&mut frags, &mut buf, n, vnet_hdr, now, stats) else {
+            continue;
+        };
         let frame = &mut buf[..n];
         let translated = if vnet_hdr {
             translate_offloaded(&mut nat, frame, now)
@@ -134,6 +151,52 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
         if let Err(e) = device.write(frame) {
             tracing::debug!(error = %e, "writing to the TUN device failed");
             stats.dropped.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// Passes the frame `buf[..n]` through fragment reassembly. `Some(len)`: translate `buf[..len]`
+/// — the frame itself when it is no fragment, or the datagram its fragment completed, copied
+/// over it (after a plain virtio-net header when the device has them; `buf` holds the largest
+/// IPv4 packet). `None`: the fragment is held or dropped (counted).
+fn reassemble(
+    frags: &mut Reassembler,
+    buf: &mut [u8],
+    n: usize,
+    vnet_hdr: bool,
+    now: u64,
+    stats: &TunStats,
+) -> Option<usize> {
+    let at = if vnet_hdr { vnet::LEN } else { 0 };
+    let Some(packet) = buf.get(at..n).filter(|p| frag::is_fragment(p)) else {
+        return Some(n);
+    };
+    if vnet_hdr {
+        // the kernel completes checksums before it fragments: a fragment with offloads is
+        // not one this path produced, and the NAT drops it
+        let plain = VnetHeader::parse(buf).is_some_and(|h| {
+            h.flags & vnet::F_NEEDS_CSUM == 0 && h.gso_type & !vnet::GSO_ECN == vnet::GSO_NONE
+        });
+        if !plain {
+            return Some(n);
+        }
+    }
+    match frags.add(packet, now) {
+        Reassembly::Held => None,
+        Reassembly::Dropped(why) => {
+            stats.fragments_dropped.fetch_add(1, Relaxed);
+            stats.dropped.fetch_add(1, Relaxed);
+            tracing::trace!(?why, len = n, "IPv4 fragment dropped");
+            None
+        }
+        Reassembly::Complete(datagram) => {
+            let len = at + datagram.len();
+            buf.get_mut(at..len)?.copy_from_slice(&datagram);
+            if vnet_hdr {
+                buf[..at].copy_from_slice(&VnetHeader::default().to_bytes());
+            }
+            stats.reassembled.fetch_add(1, Relaxed);
+            Some(len)
         }
     }
 }
@@ -168,6 +231,69 @@ mod tests {
 
     fn frame(hdr: VnetHeader, packet: &[u8]) -> Vec<u8> {
         [&hdr.to_bytes()[..], packet].concat()
+    }
+
+    #[test]
+    fn fragments_are_reassembled_then_translated_as_one_datagram() {
+        use super::super::frag::tests::{datagram, fragments, payload};
+        use super::super::udp_nat::{self, UdpNat};
+        let addrs = |listen_port| NatAddresses {
+            tun_ip: "10.255.0.2".parse().expect("ip"),
+            listen_port,
+            gateway: "10.255.0.1".parse().expect("ip"),
+        };
+        let mut nat =
+            Translator::new(addrs(7000), Arc::new(NatTable::new(FIRST_PORT, 8))).with_udp(
+                UdpNat::new(addrs(7001), Arc::new(NatTable::new(FIRST_PORT, 8))),
+            );
+        let stats = TunStats::default();
+        let body = payload(20_000);
+        let whole = datagram(&body);
+        for vnet_hdr in [true, false] {
+            let at = if vnet_hdr { vnet::LEN } else { 0 };
+            let mut frags = Reassembler::new(Limits::default());
+            let mut buf = vec![0u8; vnet::LEN + usize::from(u16::MAX)];
+            let pieces = fragments(&whole, 1400);
+            let (last, rest) = pieces.split_last().expect("fragments");
+            for piece in rest {
+                buf[at..at + piece.len()].copy_from_slice(piece);
+                let n = at + piece.len();
+                assert_eq!(
+                    reassemble(&mut frags, &mut buf, n, vnet_hdr, 0, &stats),
+                    None
+                );
+            }
+            buf[at..at + last.len()].copy_from_slice(last);
+            let n = reassemble(&mut frags, &mut buf, at + last.len(), vnet_hdr, 0, &stats)
+                .expect("complete");
+            assert_eq!(n, at + whole.len());
+            let outcome = if vnet_hdr {
+                assert_eq!(VnetHeader::parse(&buf), Some(VnetHeader::default()));
+                translate_offloaded(&mut nat, &mut buf[..n], 0)
+            } else {
+                nat.translate(&mut buf[..n], 0)
+            };
+            assert_eq!(outcome, Outcome::Outbound(body.len()));
+            let d = udp_nat::parse(&buf[at..n]).expect("one whole UDP datagram");
+            assert_eq!(d.dst, sa("10.255.0.2:7001"));
+            assert_eq!(&buf[at + 28..n], &body[..]);
+        }
+        assert_eq!(stats.reassembled.load(Relaxed), 2);
+        // a packet that is no fragment passes untouched
+        let mut buf = whole.clone();
+        let n = buf.len();
+        assert_eq!(
+            reassemble(
+                &mut Reassembler::new(Limits::default()),
+                &mut buf,
+                n,
+                false,
+                0,
+                &stats
+            ),
+            Some(n)
+        );
+        assert_eq!(buf, whole);
     }
 
     #[test]

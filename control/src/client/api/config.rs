@@ -64,15 +64,28 @@ fn bad_body(message: String) -> Response {
 async fn apply(state: &ClientState, new: ClientConfig, status: &str, save: bool) -> Response {
     let _guard = state.config_write.lock().await;
     let old = state.config.load_full();
-    let (_, warnings) = warnings(&old, &new);
+    let (_, mut warnings) = warnings(&old, &new);
+    let split = (new.vpn.split != old.vpn.split).then(|| new.vpn.split.clone());
     match state.apply_config(new, save) {
-        Ok(restart) => Json(ConfigUpdated {
-            status: status.into(),
-            restart_required: !restart.is_empty(),
-            restart_fields: restart,
-            warnings,
-        })
-        .into_response(),
+        Ok(restart) => {
+            // a running VPN takes changed split rules (allow_lan included) at once, as the
+            // /api/v1/vpn/split endpoints do
+            if let Some(split) = split {
+                if let Err(e) = state.vpn.apply_split(&split).await {
+                    tracing::warn!(error = %e, "the running VPN refused the new split rules");
+                    warnings.push(format!(
+                        "vpn.split: saved, but the running VPN refused it ({e}); it applies at the next enable"
+                    ));
+                }
+            }
+            Json(ConfigUpdated {
+                status: status.into(),
+                restart_required: !restart.is_empty(),
+                restart_fields: restart,
+                warnings,
+            })
+            .into_response()
+        }
         Err(e) => e.into_response(),
     }
 }

@@ -71,6 +71,7 @@ fn rules_view(s: &VpnSplitConfig) -> SplitRules {
         domains: s.domains.clone(),
         ips: s.ips.clone(),
         always_bypass: s.always_bypass.clone(),
+        allow_lan: s.allow_lan,
     }
 }
 

@@ -3,7 +3,8 @@
 //! [`VpnManager`] drives the [`phase`] state machine. Enabling creates the TUN device
 //! (`vpn.interface_name`, `vpn.mtu`, `vpn.tun.address`), starts the split tunnel
 //! (`switchyard-split-tunnel`: policy routing into the TUN, eBPF or nftables classification of
-//! `vpn.split` with `always_bypass` plus the server's addresses and the LAN), and starts the TUN
+//! `vpn.split` with `always_bypass` plus the server's addresses and — unless
+//! `vpn.split.allow_lan` is off — the directly connected LAN), and starts the TUN
 //! pump of the data plane (`switchyard_dataplane::tun`), whose flows the glommio cores relay to
 //! the selected server or direct by the client's routes. The client's own sockets never loop
 //! into the TUN: the client's cgroup is a bypass cgroup of the classifier (it moves into
@@ -56,9 +57,10 @@ struct Active {
     dns: Option<DnsInterceptor>,
     pump: TunPump,
     _device: std::fs::File,
-    /// Added to the configured `always_bypass` (server addresses, LAN), kept for rule edits.
-    extra_bypass: Vec<String>,
-    /// The LAN part of `extra_bypass`, kept when the server changes.
+    /// The server's addresses: never tunnelled, kept for rule edits.
+    server_nets: Vec<String>,
+    /// The directly connected networks found at enable: not tunnelled unless
+    /// `vpn.split.allow_lan` is off.
     lan: Vec<String>,
 }
 
@@ -81,10 +83,13 @@ fn dns_server(s: &str) -> Option<std::net::SocketAddr> {
         .or_else(|| s.parse::<std::net::IpAddr>().ok().map(|ip| (ip, 53).into()))
 }
 
-/// The split-tunnel rules of the configuration plus the addresses that must never be tunnelled.
-pub fn split_rules(split: &VpnSplitConfig, extra_bypass: &[String]) -> SplitRules {
+/// The split-tunnel rules of the configuration plus what is never tunnelled besides
+/// `always_bypass`: the server's own addresses (`server_nets`, so the tunnel itself keeps
+/// working) and, with `allow_lan`, the directly connected networks (`lan`).
+pub fn split_rules(split: &VpnSplitConfig, server_nets: &[String], lan: &[String]) -> SplitRules {
     let mut always_bypass = split.always_bypass.clone();
-    for net in extra_bypass {
+    let lan = if split.allow_lan { lan } else { &[] };
+    for net in server_nets.iter().chain(lan) {
         if !always_bypass.contains(net) {
             always_bypass.push(net.clone());
         }
@@ -128,17 +133,6 @@ fn dns_upstream(server: Option<&ClientServerConfig>) -> Upstream {
         },
         None => Upstream::Direct { mark: None },
     }
-}
-
-/// What is never tunnelled besides `always_bypass`: the server's own addresses and the LAN.
-fn extra_bypass(server: Option<&str>, lan: &[String]) -> Vec<String> {
-    let mut nets: Vec<String> = server.map(host::server_addresses).unwrap_or_default();
-    for net in lan {
-        if !nets.contains(net) {
-            nets.push(net.clone());
-        }
-    }
-    nets
 }
 
 fn classifier(cfg: &ClientConfig) -> MechanismChoice {
@@ -316,8 +310,8 @@ impl VpnManager {
         split_cfg.mechanism = classifier(cfg);
         split_cfg.dns = dns;
         let lan = host::lan_networks(name);
-        let extra_bypass = extra_bypass(server, &lan);
-        let rules = split_rules(&vpn.split, &extra_bypass);
+        let server_nets = server.map(host::server_addresses).unwrap_or_default();
+        let rules = split_rules(&vpn.split, &server_nets, &lan);
         let split =
             SplitTunnel::start(split_cfg, rules).map_err(|e| format!("split tunnel: {e}"))?;
         let translator = Translator::new(
@@ -359,7 +353,7 @@ impl VpnManager {
             dns: None,
             pump,
             _device: device,
-            extra_bypass,
+            server_nets,
             lan,
         })
     }
@@ -399,7 +393,7 @@ impl VpnManager {
         let Some(a) = active.as_mut() else {
             return Ok(());
         };
-        let rules = split_rules(split, &a.extra_bypass);
+        let rules = split_rules(split, &a.server_nets, &a.lan);
         let mut tunnel = a.split.lock();
         let Some(tunnel) = tunnel.as_mut() else {
             return Ok(());
@@ -424,11 +418,13 @@ impl VpnManager {
         if let Some(dns) = a.dns.as_ref().filter(|_| dns_changed) {
             dns.set_upstream(upstream);
         }
-        let bypass = extra_bypass(server.map(|s| s.address.as_str()), &a.lan);
-        let bypass_changed = bypass != a.extra_bypass;
+        let server_nets = server
+            .map(|s| host::server_addresses(&s.address))
+            .unwrap_or_default();
+        let bypass_changed = server_nets != a.server_nets;
         if bypass_changed {
-            a.extra_bypass = bypass;
-            let rules = split_rules(split, &a.extra_bypass);
+            a.server_nets = server_nets;
+            let rules = split_rules(split, &a.server_nets, &a.lan);
             if let Some(tunnel) = a.split.lock().as_mut() {
                 match tokio::task::block_in_place(|| tunnel.set_rules(rules)) {
                     Ok(()) => *self.split_status.lock() = Some(tunnel.status()),
@@ -540,5 +536,55 @@ impl VpnManager {
                 bytes_received: c.bytes_sent.load(Relaxed),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_lan_is_bypassed_unless_allow_lan_is_off_and_the_server_always_is() {
+        let server = strings(&["10.210.0.1/32"]);
+        let lan = strings(&["10.210.0.0/24", "192.168.1.0/24", "fd00:1::/64"]);
+        let mut split = VpnSplitConfig {
+            always_bypass: strings(&["192.168.1.0/24", "172.16.0.0/12"]),
+            ..VpnSplitConfig::default()
+        };
+        assert!(split.allow_lan, "the default keeps today's behaviour");
+        assert_eq!(
+            split_rules(&split, &server, &lan).always_bypass,
+            strings(&[
+                "192.168.1.0/24",
+                "172.16.0.0/12",
+                "10.210.0.1/32",
+                "10.210.0.0/24",
+                "fd00:1::/64"
+            ])
+        );
+        split.allow_lan = false;
+        // a LAN network the user listed in always_bypass stays bypassed: that is their rule
+        assert_eq!(
+            split_rules(&split, &server, &lan).always_bypass,
+            strings(&["192.168.1.0/24", "172.16.0.0/12", "10.210.0.1/32"])
+        );
+        assert_eq!(
+            split_rules(&split, &[], &lan).always_bypass,
+            strings(&["192.168.1.0/24", "172.16.0.0/12"])
+        );
+    }
+
+    #[test]
+    fn allow_lan_defaults_to_true_in_the_configuration_and_can_be_turned_off() {
+        let cfg = ClientConfig::from_yaml_str("vpn: {split: {mode: include}}", &|_| None)
+            .expect("config");
+        assert!(cfg.vpn.split.allow_lan);
+        let cfg = ClientConfig::from_yaml_str("vpn: {split: {allow_lan: false}}", &|_| None)
+            .expect("config");
+        assert!(!cfg.vpn.split.allow_lan);
     }
 }
