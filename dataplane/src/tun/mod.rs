@@ -15,7 +15,8 @@
 //! additions per packet); flows land on the cores' ordinary io_uring sockets, so the relay,
 //! backends, metrics, live table and debug entries are the proxy's own. A user-space stack would
 //! reimplement all of that per packet on the cores (smoltcp ignores SACK; see FIELD-NOTES). The
-//! price: only IPv4 is translated; ICMP and IPv6 are dropped and counted.
+//! price: only IPv4 is translated; IPv6 is dropped and counted, and an ICMP echo request is
+//! answered with an "administratively prohibited" error ([`icmp`]) so `ping` does not hang.
 //!
 //! UDP takes the same path ([`udp_nat`]): datagrams are rewritten to the data plane's VPN UDP
 //! socket, and [`udp_relay`] on the cores relays each flow (one per NAT port) direct or through
@@ -27,6 +28,7 @@
 //! device is both simplest and cheapest; it shares only atomics with the cores.
 
 pub mod frag;
+pub mod icmp;
 pub mod nat;
 pub mod packet;
 pub mod pump;

@@ -183,6 +183,11 @@ pub struct Translator {
 }
 
 impl Translator {
+    /// The TUN's gateway address (the source of the ICMP errors the TUN answers with).
+    pub fn gateway(&self) -> std::net::Ipv4Addr {
+        self.addrs.gateway
+    }
+
     pub fn new(addrs: NatAddresses, table: Arc<NatTable>) -> Self {
         let n = table.slots.len();
         // a previous VPN session's flows are gone with its TUN device

@@ -4,6 +4,7 @@
 //! and served on the glommio cores — and it shares nothing with the control plane but atomics.
 
 use super::frag::{self, Limits, Reassembler, Reassembly};
+use super::icmp;
 use super::nat::{Drop as Dropped, Outcome, Translator};
 use super::vnet::{self, VnetHeader};
 use std::io::{Read, Write};
@@ -28,6 +29,9 @@ pub struct TunStats {
     /// Fragments reassembly refused (malformed, overlapping, past 64 KiB or its bounds) plus
     /// datagrams freed incomplete after the reassembly timeout.
     pub fragments_dropped: AtomicU64,
+    /// Echo requests answered with ICMP "administratively prohibited" (the tunnel carries no
+    /// ICMP; `ping` reports "Packet filtered" instead of hanging).
+    pub icmp_filtered: AtomicU64,
     /// Flows in the NAT right now.
     pub flows: AtomicU64,
 }
@@ -144,6 +148,7 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
             Outcome::Dropped(why) => {
                 stats.dropped.fetch_add(1, Relaxed);
                 tracing::trace!(?why, len = n, "TUN packet dropped");
+                answer_filtered_echo(&mut device, frame, vnet_hdr, nat.gateway(), stats);
                 continue;
             }
         }
@@ -152,6 +157,35 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
             tracing::debug!(error = %e, "writing to the TUN device failed");
             stats.dropped.fetch_add(1, Relaxed);
         }
+    }
+}
+
+/// Answers an echo request the tunnel cannot carry with an ICMP "administratively prohibited"
+/// error, so `ping` says the packet was filtered instead of waiting ([`icmp`]).
+fn answer_filtered_echo(
+    device: &mut std::fs::File,
+    frame: &[u8],
+    vnet_hdr: bool,
+    gateway: std::net::Ipv4Addr,
+    stats: &TunStats,
+) {
+    let at = if vnet_hdr { vnet::LEN } else { 0 };
+    let Some(reply) = frame
+        .get(at..)
+        .and_then(|p| icmp::filtered_reply(p, gateway))
+    else {
+        return;
+    };
+    let mut out = Vec::with_capacity(at + reply.len());
+    if vnet_hdr {
+        out.extend_from_slice(&VnetHeader::default().to_bytes());
+    }
+    out.extend_from_slice(&reply);
+    match device.write(&out) {
+        Ok(_) => {
+            stats.icmp_filtered.fetch_add(1, Relaxed);
+        }
+        Err(e) => tracing::debug!(error = %e, "writing an ICMP error to the TUN device failed"),
     }
 }
 
