@@ -121,7 +121,7 @@ impl Peer {
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"0.0.0.0:0\"}}\nlogging: {{level: debug, format: json}}\n\
              mesh:\n  enabled: true\n  network_id: {NETWORK}\n  peer_name: {name}\n  device: {{type: {device}}}\n\
-             \x20 discovery: {{server: \"http://{registry}\", heartbeat_interval: 1s}}\n\
+             \x20 discovery: {{server: \"http://{registry}\", insecure: true, heartbeat_interval: 1s}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
         let started = support::mesh::start_client_in(ns, name, dir.path(), &yaml);

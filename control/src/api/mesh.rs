@@ -20,8 +20,8 @@ use axum::Json;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use switchyard_api::{
-    MeshEnrollmentKey, MeshEnrollmentKeyCreate, MeshEnrollmentKeyList, MeshHeartbeat,
-    MeshNetwork, MeshNetworkCreate, MeshNetworkList, MeshPeer, MeshPeerList, MeshPeerUpdate,
+    MeshEnrollmentKey, MeshEnrollmentKeyCreate, MeshEnrollmentKeyList, MeshHeartbeat, MeshNetwork,
+    MeshNetworkCreate, MeshNetworkList, MeshPeer, MeshPeerList, MeshPeerUpdate,
     MeshRegisterRequest, MeshRegisterResponse,
 };
 
@@ -65,7 +65,9 @@ impl From<RegistryError> for ApiError {
 impl From<Denied> for ApiError {
     fn from(denied: Denied) -> Self {
         match denied {
-            Denied::Unauthenticated(m) => ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", m),
+            Denied::Unauthenticated(m) => {
+                ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", m)
+            }
             Denied::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, "FORBIDDEN", m),
         }
     }
@@ -259,7 +261,9 @@ pub async fn get_peer(
     Extension(caller): Extension<Caller>,
     Path((network, peer)): Path<(String, String)>,
 ) -> Result<Json<MeshPeer>, ApiError> {
-    Ok(Json(registry(&state)?.peer(&caller, &network, &peer).await?))
+    Ok(Json(
+        registry(&state)?.peer(&caller, &network, &peer).await?,
+    ))
 }
 
 #[utoipa::path(patch, path = "/api/v1/mesh/networks/{networkID}/peers/{peerID}", tag = "mesh",

@@ -72,9 +72,7 @@ impl Caller {
 }
 
 fn unknown_credential() -> Denied {
-    Denied::Unauthenticated(
-        "not a valid API token or peer credential of this registry".into(),
-    )
+    Denied::Unauthenticated("not a valid API token or peer credential of this registry".into())
 }
 
 /// What a peer credential may do on a route of the API (by its matched route, never by a path
@@ -171,13 +169,19 @@ mod tests {
         let p = "/api/v1/mesh/networks/{networkID}/peers";
         assert_eq!(peer_route("POST", p), Some(Register));
         assert_eq!(peer_route("GET", p), Some(ReadNetwork));
-        assert_eq!(peer_route("delete", &format!("{p}/{{peerID}}")), Some(OwnPeer));
+        assert_eq!(
+            peer_route("delete", &format!("{p}/{{peerID}}")),
+            Some(OwnPeer)
+        );
         assert_eq!(
             peer_route("POST", &format!("{p}/{{peerID}}/heartbeat")),
             Some(OwnPeer)
         );
         assert_eq!(peer_route("GET", "/api/v1/config/full"), None);
-        assert_eq!(peer_route("DELETE", "/api/v1/mesh/networks/{networkID}"), None);
+        assert_eq!(
+            peer_route("DELETE", "/api/v1/mesh/networks/{networkID}"),
+            None
+        );
         assert_eq!(
             peer_route("POST", "/api/v1/mesh/networks/{networkID}/enrollment-keys"),
             None

@@ -14,12 +14,12 @@ pub mod lease;
 pub mod store;
 pub mod validate;
 
+use credential::Caller;
 use lease::LeasePolicy;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
-use credential::Caller;
 use store::{Departed, EnrollmentKeyRow, RegisterAuth, Registered, RegistryError, Store};
 use switchyard_api::{
     MeshHeartbeat, MeshNetwork, MeshNetworkCreate, MeshPeer, MeshPeerUpdate, MeshRegisterRequest,
@@ -28,8 +28,7 @@ use switchyard_config::MeshRegistryConfig;
 
 /// A new peer credential.
 fn new_peer_token() -> Result<String, RegistryError> {
-    credential::new_secret(credential::PEER_TOKEN_PREFIX)
-        .map_err(RegistryError::NoRandomness)
+    credential::new_secret(credential::PEER_TOKEN_PREFIX).map_err(RegistryError::NoRandomness)
 }
 
 /// Long-lived collectors, joined to each scrape of the metrics listener.
@@ -242,14 +241,20 @@ impl Registry {
             field: "ttl".into(),
             reason: "too long".into(),
         })?;
-        let expires_at = chrono::Utc::now()
-            .checked_add_signed(ttl)
-            .ok_or_else(|| validate::Invalid {
-                field: "ttl".into(),
-                reason: "too long".into(),
-            })?;
+        let expires_at =
+            chrono::Utc::now()
+                .checked_add_signed(ttl)
+                .ok_or_else(|| validate::Invalid {
+                    field: "ttl".into(),
+                    reason: "too long".into(),
+                })?;
         let (id, key) = credential::new_id()
-            .and_then(|id| Ok((id, credential::new_secret(credential::ENROLLMENT_KEY_PREFIX)?)))
+            .and_then(|id| {
+                Ok((
+                    id,
+                    credential::new_secret(credential::ENROLLMENT_KEY_PREFIX)?,
+                ))
+            })
             .map_err(RegistryError::NoRandomness)?;
         let row = self
             .store

@@ -450,8 +450,15 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         if let RegisterAuth::EnrollmentKey(key_hash) = auth {
-            admit_enrollment(&mut tx, network, &peer.id, key_hash, existing.is_some(), now)
-                .await?;
+            admit_enrollment(
+                &mut tx,
+                network,
+                &peer.id,
+                key_hash,
+                existing.is_some(),
+                now,
+            )
+            .await?;
         }
         // A key identifies one peer: another member's key is refused (its leases were ended
         // above when over, so a departed peer's key is free again).
