@@ -84,6 +84,9 @@ fn client_refuses_a_plain_http_mesh_registry_off_loopback() {
     let mut child = Command::new(BIN)
         .args(["client", "--config"])
         .arg(&cfg)
+        // In the temp dir: a client that (wrongly) started must not write into the tree.
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
         .env("HOME", dir.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

@@ -1202,3 +1202,30 @@ async fn enrollment_keys_expire_are_single_use_and_revocable() {
     let (st, _) = register_as(&s, "n1", peer("g", 7), "syek_guessed").await;
     assert_eq!(st, StatusCode::UNAUTHORIZED);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lapsed_peer_comes_back_only_with_its_own_credential() {
+    // A one-second lease: the victim's lease lapses without heartbeats.
+    let s = start_with_api(&Db::Sqlite, "1s", &format!(", token: {ADMIN}"), "");
+    admin_network(&s, "lab", "10.88.0.0/29").await;
+    let key = enrollment_key(&s, "lab", json!({"reusable": true})).await;
+    let key = key["key"].as_str().expect("key");
+    let bearer = format!("Bearer {ADMIN}");
+    let mut ws = events(&s, "lab", &[("authorization", &bearer)])
+        .await
+        .expect("events");
+    ping(&mut ws).await;
+    let victim = enroll(&s, "lab", peer("victim", 1), key).await;
+    assert_eq!(next_event(&mut ws, "peer.left").await["peer_id"], "victim");
+
+    // Another member with the network's key: its id and (old) address are not for the taking.
+    let (st, body) = register_as(&s, "lab", peer("victim", 66), key).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{body}");
+    let (st, body) = register_as(&s, "lab", peer("victim", 66), "sypt_guessed").await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{body}");
+    // The victim itself, with its credential, gets its address back.
+    let (st, back) = register_as(&s, "lab", peer("victim", 1), &victim).await;
+    assert_eq!(st, StatusCode::CREATED, "{back}");
+    assert_eq!(back["virtual_ip"], "10.88.0.1");
+    assert_eq!(back["peer_token"].as_str(), Some(victim.as_str()));
+}
