@@ -33,6 +33,8 @@ const PATIENCE: Duration = Duration::from_secs(20);
 on_both_databases!(
     registry_lifecycle_survives_a_restart,
     expiry_frees_the_address_and_announces_peer_left,
+    a_peer_credential_acts_on_its_own_peer_only,
+    enrollment_keys_expire_are_single_use_and_revocable,
 );
 
 /// Writes the configuration (registry on, lease `lease`, metrics on, `extra` appended) into a
@@ -872,8 +874,8 @@ async fn dashboard_mesh_panel_shows_peers_and_live_events() {
 
 const ADMIN: &str = "admin-sekrit";
 
-fn start_secured() -> Server {
-    start_with_api(&Db::Sqlite, "90s", &format!(", token: {ADMIN}"), "")
+fn start_secured(db: &Db) -> Server {
+    start_with_api(db, "90s", &format!(", token: {ADMIN}"), "")
 }
 
 async fn admin(s: &Server, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
@@ -925,9 +927,8 @@ async fn admin_network(s: &Server, id: &str, cidr: &str) {
     assert_eq!(st, StatusCode::CREATED, "{net}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_peer_credential_acts_on_its_own_peer_only() {
-    let s = start_secured();
+async fn a_peer_credential_acts_on_its_own_peer_only(db: Db) {
+    let s = start_secured(&db);
     admin_network(&s, "n1", "10.1.0.0/24").await;
     admin_network(&s, "n2", "10.2.0.0/24").await;
     let key = enrollment_key(&s, "n1", json!({"reusable": true})).await;
@@ -1123,9 +1124,8 @@ async fn a_peer_credential_acts_on_its_own_peer_only() {
     assert_eq!(st, StatusCode::UNAUTHORIZED);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn enrollment_keys_expire_are_single_use_and_revocable() {
-    let s = start_secured();
+async fn enrollment_keys_expire_are_single_use_and_revocable(db: Db) {
+    let s = start_secured(&db);
     admin_network(&s, "n1", "10.1.0.0/24").await;
     admin_network(&s, "n2", "10.2.0.0/24").await;
     let keys = "/api/v1/mesh/networks/n1/enrollment-keys";
