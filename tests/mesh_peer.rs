@@ -104,10 +104,19 @@ impl Peer {
     }
 
     fn start_with(lan: &Lan, i: usize, name: &str, registry: SocketAddr, device: &str) -> Peer {
-        Peer::launch(&lan.peers[i], &lan.lan_ip(i), name, registry, device, false)
+        Peer::launch(
+            &lan.peers[i],
+            &lan.lan_ip(i),
+            name,
+            registry,
+            device,
+            false,
+            "",
+        )
     }
 
-    /// A peer in namespace `ns` whose client API the test reaches at `ip`.
+    /// A peer in namespace `ns` whose client API the test reaches at `ip`; `discovery` is
+    /// added to its `mesh.discovery` mapping (e.g. `, enrollment_key: K`).
     fn launch(
         ns: &str,
         ip: &str,
@@ -115,13 +124,14 @@ impl Peer {
         registry: SocketAddr,
         device: &str,
         relay: bool,
+        discovery: &str,
     ) -> Peer {
         let dir = tempfile::tempdir().expect("tempdir");
         let yaml = format!(
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"0.0.0.0:0\"}}\nlogging: {{level: debug, format: json}}\n\
              mesh:\n  enabled: true\n  network_id: {NETWORK}\n  peer_name: {name}\n  device: {{type: {device}}}\n\
-             \x20 discovery: {{server: \"http://{registry}\", insecure: true, heartbeat_interval: 1s}}\n\
+             \x20 discovery: {{server: \"http://{registry}\", insecure: true, heartbeat_interval: 1s{discovery}}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
         let started = support::mesh::start_client_in(ns, name, dir.path(), &yaml);
@@ -179,12 +189,21 @@ impl Peer {
     }
 }
 
+/// The registry's API token, in no peer's configuration.
+const ADMIN: &str = "registry-admin-token";
+
 fn start_registry(lan: &Lan) -> Server {
+    start_registry_with(lan, None)
+}
+
+/// The registry, with `api.token` `admin` when given (then the peers need enrollment keys).
+fn start_registry_with(lan: &Lan, admin: Option<&str>) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
+    let token = admin.map(|t| format!(", token: {t}")).unwrap_or_default();
     let yaml = format!(
         "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 1\n  data_dir: {data:?}\n\
-         api: {{ listen: \"{}:0\" }}\nlogging: {{ level: info, format: json }}\n\
+         api: {{ listen: \"{}:0\"{token} }}\nlogging: {{ level: info, format: json }}\n\
          mesh:\n  registry: {{ enabled: true, lease_time: 5m }}\n",
         lan.registry_ip()
     );
@@ -196,7 +215,7 @@ fn start_registry(lan: &Lan) -> Server {
         "POST",
         "/api/v1/mesh/networks",
         Some(&json!({"id": NETWORK, "name": "test lab", "cidr": "10.100.0.0/24"}).to_string()),
-        None,
+        admin,
     );
     assert_eq!(status, 201, "network created: {body}");
     server
@@ -632,7 +651,7 @@ fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middl
     let second = SecondBridge::new(&lan, 1, 2);
     let server = start_registry(&lan);
     let start = |i: usize, ip: &str, name: &str, relay: bool| {
-        Peer::launch(&lan.peers[i], ip, name, server.api, "tun", relay)
+        Peer::launch(&lan.peers[i], ip, name, server.api, "tun", relay, "")
     };
     // only bravo relays: alpha and charlie take each other's packets from bravo's session
     // because their route to the other goes through it
@@ -903,7 +922,7 @@ impl TwoHops {
         let second = SecondBridge::named(&lan, 1, 2, ("symode", "symg", "10.217"), test);
         let server = start_registry(&lan);
         let start = |i: usize, ip: &str, name: &str, relay: bool| {
-            Peer::launch(&lan.peers[i], ip, name, server.api, device, relay)
+            Peer::launch(&lan.peers[i], ip, name, server.api, device, relay, "")
         };
         let peers = vec![
             start(0, &lan.lan_ip(0), "alpha", false),
@@ -1166,7 +1185,9 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
         return;
     }
     let lan = Lan::named("symode", "symd", "10.216", 5, 2);
-    let server = start_registry(&lan);
+    // The registry has an admin token the peers never see: each joins with a single-use
+    // enrollment key and then uses its own credential, across the registry's restart.
+    let server = start_registry_with(&lan, Some(ADMIN));
     // the peers know the registry by address and port: pin the port for the second start
     let config = std::fs::read_to_string(&server.config_path).expect("config");
     let pinned = config.replace(&format!("{}:0", lan.registry_ip()), &server.api.to_string());
@@ -1174,7 +1195,27 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
     let peers: Vec<Peer> = ["left", "right"]
         .iter()
         .enumerate()
-        .map(|(i, n)| Peer::start(&lan, i, n, server.api))
+        .map(|(i, n)| {
+            let (status, key) = api_call(
+                &server,
+                "POST",
+                &format!("/api/v1/mesh/networks/{NETWORK}/enrollment-keys"),
+                Some("{}"),
+                Some(ADMIN),
+            );
+            assert_eq!(status, 201, "{key}");
+            let key = key["key"].as_str().expect("key");
+            let discovery = format!(", enrollment_key: {key}");
+            Peer::launch(
+                &lan.peers[i],
+                &lan.lan_ip(i),
+                n,
+                server.api,
+                "tun",
+                false,
+                &discovery,
+            )
+        })
         .collect();
     let vip = |p: &Peer| {
         p.wait_for("/api/v1/mesh/status", "connected", |s| {
@@ -1205,7 +1246,8 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
         // a heartbeat answered 204 again moves last_seen past the restart, same address
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let listed = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/{name}"));
+            let path = format!("/api/v1/mesh/networks/{NETWORK}/peers/{name}");
+            let (_, listed) = api_call(&server, "GET", &path, None, Some(ADMIN));
             let renewed = listed["last_seen"]
                 .as_str()
                 .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
@@ -1231,6 +1273,29 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
     }
     assert!(ping(&lan.peers[0], &vips[1], 2), "ping after the restart");
     assert!(ping(&lan.peers[1], &vips[0], 2));
+    // every key was used once, and no peer holds the admin token
+    let (_, keys) = api_call(
+        &server,
+        "GET",
+        &format!("/api/v1/mesh/networks/{NETWORK}/enrollment-keys"),
+        None,
+        Some(ADMIN),
+    );
+    assert_eq!(keys["keys"], json!([]), "{keys}");
+    for p in &peers {
+        let data = p._dir.path().join("data");
+        let token = std::fs::read_to_string(data.join("mesh.peer-token")).expect("peer token");
+        assert!(token.starts_with("sypt_"), "{token}");
+        let mode = std::fs::metadata(data.join("mesh.peer-token"))
+            .expect("meta")
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        let config = std::fs::read_to_string(p._dir.path().join("client.yaml")).expect("config");
+        assert!(!config.contains(ADMIN), "{config}");
+    }
 }
 
 /// A bulk TCP transfer across the mesh arrives byte for byte: what the batched data path

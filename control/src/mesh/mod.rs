@@ -237,24 +237,15 @@ impl Registry {
         reusable: bool,
         ttl: std::time::Duration,
     ) -> Result<(EnrollmentKeyRow, String), RegistryError> {
-        let ttl = chrono::Duration::from_std(ttl).map_err(|_| validate::Invalid {
-            field: "ttl".into(),
-            reason: "too long".into(),
-        })?;
-        let expires_at =
-            chrono::Utc::now()
-                .checked_add_signed(ttl)
-                .ok_or_else(|| validate::Invalid {
-                    field: "ttl".into(),
-                    reason: "too long".into(),
-                })?;
-        let (id, key) = credential::new_id()
-            .and_then(|id| {
-                Ok((
-                    id,
-                    credential::new_secret(credential::ENROLLMENT_KEY_PREFIX)?,
-                ))
-            })
+        let expires_at = chrono::Duration::from_std(ttl)
+            .ok()
+            .and_then(|ttl| chrono::Utc::now().checked_add_signed(ttl))
+            .ok_or_else(|| validate::Invalid {
+                field: "ttl".into(),
+                reason: "too long".into(),
+            })?;
+        let id = credential::new_id().map_err(RegistryError::NoRandomness)?;
+        let key = credential::new_secret(credential::ENROLLMENT_KEY_PREFIX)
             .map_err(RegistryError::NoRandomness)?;
         let row = self
             .store
