@@ -1059,6 +1059,11 @@ async fn a_peer_credential_acts_on_its_own_peer_only(db: Db) {
     let (st, b_now) = admin(&s, Method::GET, &format!("{p}/b"), None).await;
     assert_eq!(st, StatusCode::OK);
     assert_eq!(b_now["endpoints"], peer("b", 2)["endpoints"], "{b_now}");
+    assert_eq!(
+        metric(&s, "switchyard_mesh_heartbeats_total{result=\"denied\"}").await,
+        Some(2.0),
+        "b's and n2's refused heartbeats"
+    );
 
     // Events: its own network only.
     let bearer = format!("Bearer {a}");
@@ -1157,23 +1162,12 @@ async fn enrollment_keys_expire_are_single_use_and_revocable(db: Db) {
         listed[0].get("key").is_none() && !list.to_string().contains(multi_key),
         "{list}"
     );
-    let (st, _) = admin(
-        &s,
-        Method::DELETE,
-        &format!("{keys}/{}", multi["id"].as_str().expect("id")),
-        None,
-    )
-    .await;
+    let revoke = format!("{keys}/{}", multi["id"].as_str().expect("id"));
+    let (st, _) = admin(&s, Method::DELETE, &revoke, None).await;
     assert_eq!(st, StatusCode::NO_CONTENT);
     let (st, _) = register_as(&s, "n1", peer("e", 5), multi_key).await;
     assert_eq!(st, StatusCode::UNAUTHORIZED, "revoked");
-    let (st, _) = admin(
-        &s,
-        Method::DELETE,
-        &format!("{keys}/{}", multi["id"].as_str().expect("id")),
-        None,
-    )
-    .await;
+    let (st, _) = admin(&s, Method::DELETE, &revoke, None).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
 
     // Expiry: wait (bounded) until the key's expires_at has passed, then it is refused.

@@ -190,6 +190,17 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_routes_are_served_routes() {
+        // A renamed route would silently leave peers without access: hold the table to the
+        // router's own list.
+        let served: Vec<_> = crate::api::served_routes()
+            .into_iter()
+            .filter(|(method, path)| peer_route(method, path).is_some())
+            .collect();
+        assert_eq!(served.len(), 6, "{served:?}");
+    }
+
+    #[test]
     fn secrets_are_distinct_and_hashed() {
         let a = new_secret(PEER_TOKEN_PREFIX).expect("randomness");
         let b = new_secret(PEER_TOKEN_PREFIX).expect("randomness");
