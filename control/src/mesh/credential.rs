@@ -197,7 +197,7 @@ mod tests {
             .into_iter()
             .filter(|(method, path)| peer_route(method, path).is_some())
             .collect();
-        assert_eq!(served.len(), 6, "{served:?}");
+        assert_eq!(served.len(), 7, "{served:?}");
     }
 
     #[test]
