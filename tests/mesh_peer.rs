@@ -1296,6 +1296,23 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
         let config = std::fs::read_to_string(p._dir.path().join("client.yaml")).expect("config");
         assert!(!config.contains(ADMIN), "{config}");
     }
+    // the admin removes `right`: its credential goes with it, and its status says so
+    let (status, _) = api_call(
+        &server,
+        "DELETE",
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers/right"),
+        None,
+        Some(ADMIN),
+    );
+    assert_eq!(status, 204);
+    peers[1].wait_for("/api/v1/mesh/status", "right's credential refused", |s| {
+        s["status"] == "error"
+    });
+    assert!(
+        peers[1].log_text().contains("answered 401"),
+        "{}",
+        peers[1].log_text()
+    );
 }
 
 /// A bulk TCP transfer across the mesh arrives byte for byte: what the batched data path
