@@ -104,19 +104,12 @@ impl Peer {
     }
 
     fn start_with(lan: &Lan, i: usize, name: &str, registry: SocketAddr, device: &str) -> Peer {
-        Peer::launch(
-            &lan.peers[i],
-            &lan.lan_ip(i),
-            name,
-            registry,
-            device,
-            false,
-            "",
-        )
+        Peer::launch(&lan.peers[i], &lan.lan_ip(i), name, registry, device, false)
     }
 
-    /// A peer in namespace `ns` whose client API the test reaches at `ip`; `discovery` is
-    /// added to its `mesh.discovery` mapping (e.g. `, enrollment_key: K`).
+    /// A peer in namespace `ns` whose client API the test reaches at `ip`, joining with a
+    /// single-use enrollment key of its own (the registry's admin token is in no peer's
+    /// configuration).
     fn launch(
         ns: &str,
         ip: &str,
@@ -124,14 +117,14 @@ impl Peer {
         registry: SocketAddr,
         device: &str,
         relay: bool,
-        discovery: &str,
     ) -> Peer {
         let dir = tempfile::tempdir().expect("tempdir");
+        let key = support::mesh::single_use_key(registry, NETWORK);
         let yaml = format!(
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"0.0.0.0:0\"}}\nlogging: {{level: debug, format: json}}\n\
              mesh:\n  enabled: true\n  network_id: {NETWORK}\n  peer_name: {name}\n  device: {{type: {device}}}\n\
-             \x20 discovery: {{server: \"http://{registry}\", insecure: true, heartbeat_interval: 1s{discovery}}}\n\
+             \x20 discovery: {{server: \"http://{registry}\", insecure: true, enrollment_key: {key}, heartbeat_interval: 1s}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
         let started = support::mesh::start_client_in(ns, name, dir.path(), &yaml);
@@ -190,17 +183,13 @@ impl Peer {
 }
 
 /// The registry's API token, in no peer's configuration.
-const ADMIN: &str = "registry-admin-token";
+const ADMIN: &str = support::mesh::REGISTRY_ADMIN;
 
+/// The registry (with `api.token` [`ADMIN`]) and the test network.
 fn start_registry(lan: &Lan) -> Server {
-    start_registry_with(lan, None)
-}
-
-/// The registry, with `api.token` `admin` when given (then the peers need enrollment keys).
-fn start_registry_with(lan: &Lan, admin: Option<&str>) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let token = admin.map(|t| format!(", token: {t}")).unwrap_or_default();
+    let token = format!(", token: {ADMIN}");
     let yaml = format!(
         "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 1\n  data_dir: {data:?}\n\
          api: {{ listen: \"{}:0\"{token} }}\nlogging: {{ level: info, format: json }}\n\
@@ -215,7 +204,7 @@ fn start_registry_with(lan: &Lan, admin: Option<&str>) -> Server {
         "POST",
         "/api/v1/mesh/networks",
         Some(&json!({"id": NETWORK, "name": "test lab", "cidr": "10.100.0.0/24"}).to_string()),
-        admin,
+        Some(ADMIN),
     );
     assert_eq!(status, 201, "network created: {body}");
     server
@@ -253,7 +242,7 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (mut ws, _) = rt
         .block_on(tokio_tungstenite::connect_async(format!(
-            "ws://{}/api/v1/mesh/networks/{NETWORK}/events",
+            "ws://{}/api/v1/mesh/networks/{NETWORK}/events?token={ADMIN}",
             server.api
         )))
         .expect("registry event stream");
@@ -385,7 +374,10 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
     // the registry shows what the peers measured (heartbeat bodies)
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let listed = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/alpha"));
+        let listed = support::mesh::registry_get(
+            server.api,
+            &format!("/api/v1/mesh/networks/{NETWORK}/peers/alpha"),
+        );
         let reported = listed["connection_type"] == "direct"
             && listed["latency"].as_f64().is_some_and(|l| l > 0.0)
             && listed["bytes_sent"].as_u64() > Some(0)
@@ -415,13 +407,16 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
         ping(&lan.peers[0], &mallory_vip, 2),
         "mallory reachable with its registered key"
     );
-    let entry = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/mallory"));
+    let entry = support::mesh::registry_get(
+        server.api,
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers/mallory"),
+    );
     let (status, _) = api_call(
         &server,
         "DELETE",
         &format!("/api/v1/mesh/networks/{NETWORK}/peers/mallory"),
         None,
-        None,
+        Some(ADMIN),
     );
     assert_eq!(status, 204);
     let forged = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
@@ -431,7 +426,7 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
         "POST",
         &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
         Some(&forged.to_string()),
-        None,
+        Some(ADMIN),
     );
     assert_eq!(status, 201, "{body}");
     assert_eq!(peers[0].call("POST", "/api/v1/mesh/disable").0, 200);
@@ -651,7 +646,7 @@ fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middl
     let second = SecondBridge::new(&lan, 1, 2);
     let server = start_registry(&lan);
     let start = |i: usize, ip: &str, name: &str, relay: bool| {
-        Peer::launch(&lan.peers[i], ip, name, server.api, "tun", relay, "")
+        Peer::launch(&lan.peers[i], ip, name, server.api, "tun", relay)
     };
     // only bravo relays: alpha and charlie take each other's packets from bravo's session
     // because their route to the other goes through it
@@ -922,7 +917,7 @@ impl TwoHops {
         let second = SecondBridge::named(&lan, 1, 2, ("symode", "symg", "10.217"), test);
         let server = start_registry(&lan);
         let start = |i: usize, ip: &str, name: &str, relay: bool| {
-            Peer::launch(&lan.peers[i], ip, name, server.api, device, relay, "")
+            Peer::launch(&lan.peers[i], ip, name, server.api, device, relay)
         };
         let peers = vec![
             start(0, &lan.lan_ip(0), "alpha", false),
@@ -1090,8 +1085,10 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
     let deadline = Instant::now() + PATIENCE;
     loop {
         let kind = |id: &str| {
-            m.server
-                .api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/{id}"))["connection_type"]
+            support::mesh::registry_get(
+                m.server.api,
+                &format!("/api/v1/mesh/networks/{NETWORK}/peers/{id}"),
+            )["connection_type"]
                 .clone()
         };
         let seen = [kind("alpha"), kind("bravo"), kind("charlie")];
@@ -1187,7 +1184,7 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
     let lan = Lan::named("symode", "symd", "10.216", 5, 2);
     // The registry has an admin token the peers never see: each joins with a single-use
     // enrollment key and then uses its own credential, across the registry's restart.
-    let server = start_registry_with(&lan, Some(ADMIN));
+    let server = start_registry(&lan);
     // the peers know the registry by address and port: pin the port for the second start
     let config = std::fs::read_to_string(&server.config_path).expect("config");
     let pinned = config.replace(&format!("{}:0", lan.registry_ip()), &server.api.to_string());
@@ -1195,27 +1192,7 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
     let peers: Vec<Peer> = ["left", "right"]
         .iter()
         .enumerate()
-        .map(|(i, n)| {
-            let (status, key) = api_call(
-                &server,
-                "POST",
-                &format!("/api/v1/mesh/networks/{NETWORK}/enrollment-keys"),
-                Some("{}"),
-                Some(ADMIN),
-            );
-            assert_eq!(status, 201, "{key}");
-            let key = key["key"].as_str().expect("key");
-            let discovery = format!(", enrollment_key: {key}");
-            Peer::launch(
-                &lan.peers[i],
-                &lan.lan_ip(i),
-                n,
-                server.api,
-                "tun",
-                false,
-                &discovery,
-            )
-        })
+        .map(|(i, n)| Peer::start(&lan, i, n, server.api))
         .collect();
     let vip = |p: &Peer| {
         p.wait_for("/api/v1/mesh/status", "connected", |s| {

@@ -1122,10 +1122,23 @@ async fn a_peer_credential_acts_on_its_own_peer_only(db: Db) {
     )
     .await;
     assert_eq!(st, StatusCode::NO_CONTENT);
-    // A peer leaves with its own credential; then the credential is gone.
+    // A peer leaves with its own credential and comes back with it (its address kept for
+    // it); the admin's removal ends the credential.
     let (st, _) = call_with(&s, Method::DELETE, &format!("{p}/a"), None, Some(&a)).await;
     assert_eq!(st, StatusCode::NO_CONTENT);
+    let (_, list) = admin(&s, Method::GET, p, None).await;
+    assert!(!list.to_string().contains("\"id\":\"a\""), "{list}");
+    let (st, back) = register_as(&s, "n1", peer("a", 1), &a).await;
+    assert_eq!(
+        (st, back["virtual_ip"].as_str()),
+        (StatusCode::CREATED, Some("10.1.0.1")),
+        "{back}"
+    );
+    let (st, _) = admin(&s, Method::DELETE, &format!("{p}/a"), None).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
     let (st, _) = call_with(&s, Method::GET, p, None, Some(&a)).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    let (st, _) = register_as(&s, "n1", peer("a", 1), &a).await;
     assert_eq!(st, StatusCode::UNAUTHORIZED);
 }
 

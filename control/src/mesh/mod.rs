@@ -426,8 +426,18 @@ impl Registry {
         peer: &str,
     ) -> Result<(), RegistryError> {
         caller.may_act_on(network, peer)?;
-        if let Some(departed) = self.store.delete_peer(network, peer).await? {
-            tracing::info!(network, peer, "mesh peer deleted");
+        // The admin removes a peer (with its credential); a peer itself only leaves.
+        let departed = match caller {
+            Caller::Admin => self.store.delete_peer(network, peer).await?,
+            _ => self.store.leave_peer(network, peer).await?,
+        };
+        if let Some(departed) = departed {
+            tracing::info!(
+                network,
+                peer,
+                by_admin = (*caller == Caller::Admin),
+                "mesh peer deleted"
+            );
             self.announce_left(&[departed]);
         }
         self.refresh_gauges().await;

@@ -710,6 +710,42 @@ impl Store {
         }))
     }
 
+    /// A peer leaves by itself: its lease ends now (its address is free, offered to it again
+    /// first) but its row and credential stay, so it can come back without a new enrollment
+    /// key until the sweep forgets it. `Some` when it held a lease.
+    pub async fn leave_peer(&self, network: &str, peer: &str) -> Result<Option<Departed>> {
+        let now = iso(Utc::now());
+        let row = sqlx::query(
+            "UPDATE mesh_peers SET previous_ip = virtual_ip, virtual_ip = NULL, lease_expires = $1 \
+             WHERE network_id = $2 AND id = $3 AND virtual_ip IS NOT NULL AND lease_expires > $1 \
+             RETURNING name",
+        )
+        .bind(&now)
+        .bind(network)
+        .bind(peer)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(row) = row {
+            return Ok(Some(Departed {
+                network_id: network.into(),
+                peer_id: peer.into(),
+                name: row.try_get("name")?,
+            }));
+        }
+        let mut conn = self.pool.acquire().await?;
+        let known = sqlx::query("SELECT 1 FROM mesh_peers WHERE network_id = $1 AND id = $2")
+            .bind(network)
+            .bind(peer)
+            .fetch_optional(&mut *conn)
+            .await?
+            .is_some();
+        if known {
+            Ok(None)
+        } else {
+            Err(unknown(&mut conn, network, peer).await)
+        }
+    }
+
     /// Renews a held lease (and records the peer's reported figures). `NoLease` when the lease
     /// is over, whether or not the sweep has ended it yet.
     pub async fn heartbeat(
