@@ -328,20 +328,26 @@ impl Registry {
         if peer.name.trim().is_empty() {
             peer.name = peer.id.clone();
         }
-        let key_hash = match caller {
-            Caller::Unresolved(secret) => credential::secret_hash(secret),
-            _ => String::new(),
+        let presented_hash = match caller {
+            Caller::Unresolved(secret) | Caller::Peer { token: secret, .. } => {
+                credential::secret_hash(secret)
+            }
+            Caller::Admin => String::new(),
         };
         let (auth, token) = match caller {
             Caller::Admin => (RegisterAuth::Admin, new_peer_token()?),
             Caller::Peer { token, .. } => {
                 caller.may_act_on(network, &peer.id)?;
-                (RegisterAuth::OwnCredential, token.clone())
+                (RegisterAuth::OwnCredential(&presented_hash), token.clone())
             }
-            Caller::Unresolved(_) => (RegisterAuth::EnrollmentKey(&key_hash), new_peer_token()?),
+            Caller::Unresolved(_) => (
+                RegisterAuth::EnrollmentKey(&presented_hash),
+                new_peer_token()?,
+            ),
         };
         // A new credential replaces the stored one; the peer's own is kept as it is.
-        let issued = (auth != RegisterAuth::OwnCredential).then(|| credential::secret_hash(&token));
+        let issued = (!matches!(auth, RegisterAuth::OwnCredential(_)))
+            .then(|| credential::secret_hash(&token));
         let done = self
             .store
             .register(

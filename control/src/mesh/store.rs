@@ -90,8 +90,9 @@ pub struct Registered {
 pub enum RegisterAuth<'a> {
     /// The admin token: any id (a new credential replaces the old one).
     Admin,
-    /// The id's own credential (checked by the caller of the store).
-    OwnCredential,
+    /// The SHA-256 of the id's own credential: checked against the stored one in the
+    /// registration's transaction (a peer removed meanwhile does not come back this way).
+    OwnCredential(&'a str),
     /// The SHA-256 of a presented secret that may be an enrollment key of the network: a new
     /// id only; a single-use key is consumed by the registration that succeeds.
     EnrollmentKey(&'a str),
@@ -442,23 +443,39 @@ impl Store {
             .parse()
             .map_err(|e| corrupt(format!("cidr {cidr:?}: {e}")))?;
         let existing = sqlx::query(
-            "SELECT public_key, virtual_ip, previous_ip, endpoints FROM mesh_peers \
+            "SELECT public_key, virtual_ip, previous_ip, endpoints, token_hash FROM mesh_peers \
              WHERE network_id = $1 AND id = $2",
         )
         .bind(network)
         .bind(&peer.id)
         .fetch_optional(&mut *tx)
         .await?;
-        if let RegisterAuth::EnrollmentKey(key_hash) = auth {
-            admit_enrollment(
-                &mut tx,
-                network,
-                &peer.id,
-                key_hash,
-                existing.is_some(),
-                now,
-            )
-            .await?;
+        match auth {
+            RegisterAuth::EnrollmentKey(key_hash) => {
+                admit_enrollment(
+                    &mut tx,
+                    network,
+                    &peer.id,
+                    key_hash,
+                    existing.is_some(),
+                    now,
+                )
+                .await?
+            }
+            RegisterAuth::OwnCredential(token_hash) => {
+                let stored = match &existing {
+                    Some(r) => r.try_get::<Option<String>, _>("token_hash")?,
+                    None => None,
+                };
+                if stored.as_deref() != Some(token_hash) {
+                    return Err(Denied::Unauthenticated(format!(
+                        "the credential of peer {:?} is no longer valid in mesh network {network:?} (the peer was removed)",
+                        peer.id
+                    ))
+                    .into());
+                }
+            }
+            RegisterAuth::Admin => {}
         }
         // A key identifies one peer: another member's key is refused (its leases were ended
         // above when over, so a departed peer's key is free again).
