@@ -183,6 +183,18 @@ async fn network_exists(conn: &mut AnyConnection, id: &str) -> Result<bool> {
         .is_some())
 }
 
+/// Is `peer` a row of `network` (with a lease or not)?
+async fn peer_exists(conn: &mut AnyConnection, network: &str, peer: &str) -> Result<bool> {
+    Ok(
+        sqlx::query("SELECT 1 FROM mesh_peers WHERE network_id = $1 AND id = $2")
+            .bind(network)
+            .bind(peer)
+            .fetch_optional(conn)
+            .await?
+            .is_some(),
+    )
+}
+
 /// `UnknownNetwork` or `UnknownPeer`, whichever is true.
 async fn unknown(conn: &mut AnyConnection, network: &str, peer: &str) -> RegistryError {
     match network_exists(conn, network).await {
@@ -750,12 +762,7 @@ impl Store {
             }));
         }
         let mut conn = self.pool.acquire().await?;
-        let known = sqlx::query("SELECT 1 FROM mesh_peers WHERE network_id = $1 AND id = $2")
-            .bind(network)
-            .bind(peer)
-            .fetch_optional(&mut *conn)
-            .await?
-            .is_some();
+        let known = peer_exists(&mut conn, network, peer).await?;
         if known {
             Ok(None)
         } else {
@@ -802,12 +809,7 @@ impl Store {
             return Ok(());
         }
         let mut conn = self.pool.acquire().await?;
-        let known = sqlx::query("SELECT 1 FROM mesh_peers WHERE network_id = $1 AND id = $2")
-            .bind(network)
-            .bind(peer)
-            .fetch_optional(&mut *conn)
-            .await?
-            .is_some();
+        let known = peer_exists(&mut conn, network, peer).await?;
         Err(if known {
             RegistryError::NoLease {
                 network: network.into(),
