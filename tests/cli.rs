@@ -67,3 +67,46 @@ fn server_refuses_an_invalid_config_with_the_reason() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nowhere"));
 }
+
+#[test]
+fn client_refuses_a_plain_http_mesh_registry_off_loopback() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("client.yaml");
+    // 192.0.2.1 (TEST-NET-1) is never contacted: the configuration is refused before.
+    std::fs::write(
+        &cfg,
+        "proxy:\n  http: {listen: \"127.0.0.1:0\"}\n  socks5: {listen: \"127.0.0.1:0\"}\n\
+         api: {listen: \"127.0.0.1:0\"}\n\
+         mesh:\n  enabled: true\n  network_id: n\n\
+         \x20 discovery: {server: \"http://192.0.2.1:7082\", enrollment_key: syek_0}\n",
+    )
+    .expect("write");
+    let mut child = Command::new(BIN)
+        .args(["client", "--config"])
+        .arg(&cfg)
+        // In the temp dir: a client that (wrongly) started must not write into the tree.
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("HOME", dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    // Bounded: a client that accepted the configuration would run until stopped.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the client started with a plain-HTTP registry off loopback");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("mesh.discovery.server") && stderr.contains("plain HTTP"),
+        "{stderr}"
+    );
+}

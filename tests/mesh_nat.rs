@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::mesh::{curl_in, ping, Ws};
+use support::mesh::{curl_in, ping, registry_get, Ws, REGISTRY_ADMIN};
 use support::netns::{root_with_tools_or_skip, sh, sh_quiet};
 use support::*;
 
@@ -271,7 +271,7 @@ impl Registry {
             .port();
         let yaml = format!(
             "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 1\n  data_dir: {data:?}\n\
-             api: {{ listen: \"{}:{port}\" }}\nlogging: {{ level: info, format: json }}\n\
+             api: {{ listen: \"{}:{port}\", token: {REGISTRY_ADMIN} }}\nlogging: {{ level: info, format: json }}\n\
              mesh:\n  registry: {{ enabled: true, lease_time: 5m }}\n",
             t.registry_ip()
         );
@@ -288,7 +288,7 @@ impl Registry {
             "POST",
             "/api/v1/mesh/networks",
             Some(&json!({"id": NETWORK, "name": "nat lab", "cidr": "10.100.0.0/24"}).to_string()),
-            None,
+            Some(REGISTRY_ADMIN),
         );
         assert_eq!(status, 201, "network created: {body}");
         r
@@ -316,16 +316,20 @@ impl Registry {
     }
 
     fn peers(&self) -> Vec<Value> {
-        self.server()
-            .api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers"))["peers"]
+        registry_get(
+            self.server().api,
+            &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
+        )["peers"]
             .as_array()
             .cloned()
             .unwrap_or_default()
     }
 
     fn peer(&self, id: &str) -> Value {
-        self.server()
-            .api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/{id}"))
+        registry_get(
+            self.server().api,
+            &format!("/api/v1/mesh/networks/{NETWORK}/peers/{id}"),
+        )
     }
 }
 
@@ -343,11 +347,13 @@ impl Peer {
     fn start(ns: &str, name: &'static str, registry: SocketAddr, turn: SocketAddr) -> Peer {
         let dir = tempfile::tempdir().expect("tempdir");
         let relay = name == "bravo";
+        // its own single-use key: the registry's admin token is in no peer's configuration
+        let key = support::mesh::single_use_key(registry, NETWORK);
         let yaml = format!(
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"0.0.0.0:0\"}}\nlogging: {{level: debug, format: json}}\n\
              mesh:\n  enabled: true\n  network_id: {NETWORK}\n  peer_name: {name}\n\
-             \x20 discovery: {{server: \"http://{registry}\", heartbeat_interval: 1s}}\n\
+             \x20 discovery: {{server: \"http://{registry}\", insecure: true, enrollment_key: {key}, heartbeat_interval: 1s}}\n\
              \x20 stun: {{servers: [\"stun:{turn}\"], timeout: 3s}}\n\
              \x20 turn: {{servers: [{{url: \"turn:{turn}\", username: {TURN_USER}, password: {TURN_PASSWORD}}}]}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
@@ -652,7 +658,7 @@ fn five_peers_through_nat_symmetric_nat_and_a_relaying_peer_reach_each_other() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (mut ws, _) = rt
         .block_on(tokio_tungstenite::connect_async(format!(
-            "ws://{}/api/v1/mesh/networks/{NETWORK}/events",
+            "ws://{}/api/v1/mesh/networks/{NETWORK}/events?token={REGISTRY_ADMIN}",
             registry.server().api
         )))
         .expect("registry event stream");

@@ -107,7 +107,9 @@ impl Peer {
         Peer::launch(&lan.peers[i], &lan.lan_ip(i), name, registry, device, false)
     }
 
-    /// A peer in namespace `ns` whose client API the test reaches at `ip`.
+    /// A peer in namespace `ns` whose client API the test reaches at `ip`, joining with a
+    /// single-use enrollment key of its own (the registry's admin token is in no peer's
+    /// configuration).
     fn launch(
         ns: &str,
         ip: &str,
@@ -117,11 +119,12 @@ impl Peer {
         relay: bool,
     ) -> Peer {
         let dir = tempfile::tempdir().expect("tempdir");
+        let key = support::mesh::single_use_key(registry, NETWORK);
         let yaml = format!(
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"0.0.0.0:0\"}}\nlogging: {{level: debug, format: json}}\n\
              mesh:\n  enabled: true\n  network_id: {NETWORK}\n  peer_name: {name}\n  device: {{type: {device}}}\n\
-             \x20 discovery: {{server: \"http://{registry}\", heartbeat_interval: 1s}}\n\
+             \x20 discovery: {{server: \"http://{registry}\", insecure: true, enrollment_key: {key}, heartbeat_interval: 1s}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
         let started = support::mesh::start_client_in(ns, name, dir.path(), &yaml);
@@ -183,12 +186,17 @@ impl Peer {
     }
 }
 
+/// The registry's API token, in no peer's configuration.
+const ADMIN: &str = support::mesh::REGISTRY_ADMIN;
+
+/// The registry (with `api.token` [`ADMIN`]) and the test network.
 fn start_registry(lan: &Lan) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
+    let token = format!(", token: {ADMIN}");
     let yaml = format!(
         "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 1\n  data_dir: {data:?}\n\
-         api: {{ listen: \"{}:0\" }}\nlogging: {{ level: info, format: json }}\n\
+         api: {{ listen: \"{}:0\"{token} }}\nlogging: {{ level: info, format: json }}\n\
          mesh:\n  registry: {{ enabled: true, lease_time: 5m }}\n",
         lan.registry_ip()
     );
@@ -200,7 +208,7 @@ fn start_registry(lan: &Lan) -> Server {
         "POST",
         "/api/v1/mesh/networks",
         Some(&json!({"id": NETWORK, "name": "test lab", "cidr": "10.100.0.0/24"}).to_string()),
-        None,
+        Some(ADMIN),
     );
     assert_eq!(status, 201, "network created: {body}");
     server
@@ -238,7 +246,7 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (mut ws, _) = rt
         .block_on(tokio_tungstenite::connect_async(format!(
-            "ws://{}/api/v1/mesh/networks/{NETWORK}/events",
+            "ws://{}/api/v1/mesh/networks/{NETWORK}/events?token={ADMIN}",
             server.api
         )))
         .expect("registry event stream");
@@ -370,7 +378,10 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
     // the registry shows what the peers measured (heartbeat bodies)
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let listed = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/alpha"));
+        let listed = support::mesh::registry_get(
+            server.api,
+            &format!("/api/v1/mesh/networks/{NETWORK}/peers/alpha"),
+        );
         let reported = listed["connection_type"] == "direct"
             && listed["latency"].as_f64().is_some_and(|l| l > 0.0)
             && listed["bytes_sent"].as_u64() > Some(0)
@@ -400,13 +411,16 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
         ping(&lan.peers[0], &mallory_vip, 2),
         "mallory reachable with its registered key"
     );
-    let entry = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/mallory"));
+    let entry = support::mesh::registry_get(
+        server.api,
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers/mallory"),
+    );
     let (status, _) = api_call(
         &server,
         "DELETE",
         &format!("/api/v1/mesh/networks/{NETWORK}/peers/mallory"),
         None,
-        None,
+        Some(ADMIN),
     );
     assert_eq!(status, 204);
     let forged = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
@@ -416,7 +430,7 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
         "POST",
         &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
         Some(&forged.to_string()),
-        None,
+        Some(ADMIN),
     );
     assert_eq!(status, 201, "{body}");
     assert_eq!(peers[0].call("POST", "/api/v1/mesh/disable").0, 200);
@@ -1075,8 +1089,10 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
     let deadline = Instant::now() + PATIENCE;
     loop {
         let kind = |id: &str| {
-            m.server
-                .api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/{id}"))["connection_type"]
+            support::mesh::registry_get(
+                m.server.api,
+                &format!("/api/v1/mesh/networks/{NETWORK}/peers/{id}"),
+            )["connection_type"]
                 .clone()
         };
         let seen = [kind("alpha"), kind("bravo"), kind("charlie")];
@@ -1170,6 +1186,8 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
         return;
     }
     let lan = Lan::named("symode", "symd", "10.216", 5, 2);
+    // The registry has an admin token the peers never see: each joins with a single-use
+    // enrollment key and then uses its own credential, across the registry's restart.
     let server = start_registry(&lan);
     // the peers know the registry by address and port: pin the port for the second start
     let config = std::fs::read_to_string(&server.config_path).expect("config");
@@ -1209,7 +1227,8 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
         // a heartbeat answered 204 again moves last_seen past the restart, same address
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let listed = server.api_get(&format!("/api/v1/mesh/networks/{NETWORK}/peers/{name}"));
+            let path = format!("/api/v1/mesh/networks/{NETWORK}/peers/{name}");
+            let (_, listed) = api_call(&server, "GET", &path, None, Some(ADMIN));
             let renewed = listed["last_seen"]
                 .as_str()
                 .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
@@ -1235,6 +1254,46 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
     }
     assert!(ping(&lan.peers[0], &vips[1], 2), "ping after the restart");
     assert!(ping(&lan.peers[1], &vips[0], 2));
+    // every key was used once, and no peer holds the admin token
+    let (_, keys) = api_call(
+        &server,
+        "GET",
+        &format!("/api/v1/mesh/networks/{NETWORK}/enrollment-keys"),
+        None,
+        Some(ADMIN),
+    );
+    assert_eq!(keys["keys"], json!([]), "{keys}");
+    for p in &peers {
+        let data = p._dir.path().join("data");
+        let token = std::fs::read_to_string(data.join("mesh.peer-token")).expect("peer token");
+        assert!(token.starts_with("sypt_"), "{token}");
+        let mode = std::fs::metadata(data.join("mesh.peer-token"))
+            .expect("meta")
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        let config = std::fs::read_to_string(p._dir.path().join("client.yaml")).expect("config");
+        assert!(!config.contains(ADMIN), "{config}");
+    }
+    // the admin removes `right`: its credential goes with it, and its status says so
+    let (status, _) = api_call(
+        &server,
+        "DELETE",
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers/right"),
+        None,
+        Some(ADMIN),
+    );
+    assert_eq!(status, 204);
+    peers[1].wait_for("/api/v1/mesh/status", "right's credential refused", |s| {
+        s["status"] == "error"
+    });
+    assert!(
+        peers[1].log_text().contains("answered 401"),
+        "{}",
+        peers[1].log_text()
+    );
 }
 
 /// A bulk TCP transfer across the mesh arrives byte for byte: what the batched data path

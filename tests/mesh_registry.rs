@@ -33,11 +33,18 @@ const PATIENCE: Duration = Duration::from_secs(20);
 on_both_databases!(
     registry_lifecycle_survives_a_restart,
     expiry_frees_the_address_and_announces_peer_left,
+    a_peer_credential_acts_on_its_own_peer_only,
+    enrollment_keys_expire_are_single_use_and_revocable,
 );
 
 /// Writes the configuration (registry on, lease `lease`, metrics on, `extra` appended) into a
 /// new temp dir and starts the server.
 fn start(db: &Db, lease: &str, extra: &str) -> Server {
+    start_with_api(db, lease, "", extra)
+}
+
+/// [`start`] with `api_fields` added to the `api:` mapping (e.g. `, token: x`).
+fn start_with_api(db: &Db, lease: &str, api_fields: &str, extra: &str) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let url = match db {
@@ -46,7 +53,7 @@ fn start(db: &Db, lease: &str, extra: &str) -> Server {
     };
     let yaml = format!(
         "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 1\n  data_dir: {data:?}\n\
-         api: {{ listen: \"127.0.0.1:0\" }}\nlogging: {{ level: info, format: json }}\n\
+         api: {{ listen: \"127.0.0.1:0\"{api_fields} }}\nlogging: {{ level: info, format: json }}\n\
          metrics: {{ enabled: true, listen: \"127.0.0.1:0\" }}\n\
          mesh:\n  registry: {{ enabled: true, database_url: {url:?}, lease_time: {lease} }}\n{extra}"
     );
@@ -861,4 +868,371 @@ async fn dashboard_mesh_panel_shows_peers_and_live_events() {
     )
     .await;
     b.quit().await;
+}
+
+// ------------------------------------------------------- mesh trust (issue 28)
+
+const ADMIN: &str = "admin-sekrit";
+
+fn start_secured(db: &Db) -> Server {
+    start_with_api(db, "90s", &format!(", token: {ADMIN}"), "")
+}
+
+async fn admin(s: &Server, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    call_with(s, method, path, body, Some(ADMIN)).await
+}
+
+/// Creates an enrollment key of `network` (admin); the creation answer.
+async fn enrollment_key(s: &Server, network: &str, body: Value) -> Value {
+    let (st, key) = admin(
+        s,
+        Method::POST,
+        &format!("/api/v1/mesh/networks/{network}/enrollment-keys"),
+        Some(body),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{key}");
+    key
+}
+
+/// Registers `body` in `network` with the Bearer `token`.
+async fn register_as(s: &Server, network: &str, body: Value, token: &str) -> (StatusCode, Value) {
+    call_with(
+        s,
+        Method::POST,
+        &format!("/api/v1/mesh/networks/{network}/peers"),
+        Some(json!({"network_id": network, "peer": body})),
+        Some(token),
+    )
+    .await
+}
+
+/// Registers a new peer with `token` and returns its credential.
+async fn enroll(s: &Server, network: &str, body: Value, token: &str) -> String {
+    let (st, reg) = register_as(s, network, body, token).await;
+    assert_eq!(st, StatusCode::CREATED, "{reg}");
+    let cred = reg["peer_token"].as_str().expect("peer_token").to_owned();
+    assert!(cred.starts_with("sypt_") && cred != token, "{reg}");
+    cred
+}
+
+async fn admin_network(s: &Server, id: &str, cidr: &str) {
+    let (st, net) = admin(
+        s,
+        Method::POST,
+        "/api/v1/mesh/networks",
+        Some(json!({"id": id, "name": id, "cidr": cidr})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{net}");
+}
+
+async fn a_peer_credential_acts_on_its_own_peer_only(db: Db) {
+    let s = start_secured(&db);
+    admin_network(&s, "n1", "10.1.0.0/24").await;
+    admin_network(&s, "n2", "10.2.0.0/24").await;
+    let key = enrollment_key(&s, "n1", json!({"reusable": true})).await;
+    let key = key["key"].as_str().expect("key");
+    let a = enroll(&s, "n1", peer("a", 1), key).await;
+    let b = enroll(&s, "n1", peer("b", 2), key).await;
+    assert_ne!(a, b);
+
+    // Its own peer: heartbeat, PATCH, read.
+    let p = "/api/v1/mesh/networks/n1/peers";
+    for (method, path, body, want) in [
+        (
+            Method::POST,
+            format!("{p}/a/heartbeat"),
+            None,
+            StatusCode::NO_CONTENT,
+        ),
+        (
+            Method::PATCH,
+            format!("{p}/a"),
+            Some(json!({"metadata": {"k": 1}})),
+            StatusCode::OK,
+        ),
+        (Method::GET, p.to_owned(), None, StatusCode::OK),
+        (Method::GET, format!("{p}/b"), None, StatusCode::OK),
+        // Another peer: refused, and left as it was.
+        (
+            Method::POST,
+            format!("{p}/b/heartbeat"),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::PATCH,
+            format!("{p}/b"),
+            Some(json!({"endpoints": []})),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::DELETE,
+            format!("{p}/b"),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        // Another network, the admin's routes, the rest of the API.
+        (
+            Method::GET,
+            "/api/v1/mesh/networks/n2/peers".to_owned(),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::POST,
+            "/api/v1/mesh/networks/n2/peers/a/heartbeat".to_owned(),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::GET,
+            "/api/v1/mesh/networks".to_owned(),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::GET,
+            "/api/v1/mesh/networks/n1".to_owned(),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/mesh/networks/n1".to_owned(),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::GET,
+            "/api/v1/mesh/networks/n1/enrollment-keys".to_owned(),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::POST,
+            "/api/v1/mesh/networks/n1/enrollment-keys".to_owned(),
+            Some(json!({})),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::GET,
+            "/api/v1/config/full".to_owned(),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::PUT,
+            "/api/v1/config".to_owned(),
+            Some(json!({})),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::GET,
+            "/api/v1/status".to_owned(),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+    ] {
+        let (st, body) = call_with(&s, method.clone(), &path, body, Some(&a)).await;
+        assert_eq!(st, want, "{method} {path}: {body}");
+    }
+    // An enrollment key is a credential for registration only.
+    for path in ["/api/v1/mesh/networks/n1/peers", "/api/v1/config/full"] {
+        let (st, _) = call_with(&s, Method::GET, path, None, Some(key)).await;
+        assert_eq!(
+            st,
+            StatusCode::UNAUTHORIZED,
+            "{path} with an enrollment key"
+        );
+    }
+    let (st, _) = call_with(
+        &s,
+        Method::GET,
+        "/api/v1/config/full",
+        None,
+        Some("sypt_forged"),
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    let (st, b_now) = admin(&s, Method::GET, &format!("{p}/b"), None).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(b_now["endpoints"], peer("b", 2)["endpoints"], "{b_now}");
+    assert_eq!(
+        metric(&s, "switchyard_mesh_heartbeats_total{result=\"denied\"}").await,
+        Some(2.0),
+        "b's and n2's refused heartbeats"
+    );
+
+    // Events: its own network only.
+    let bearer = format!("Bearer {a}");
+    let mut ws = events(&s, "n1", &[("authorization", &bearer)])
+        .await
+        .expect("own network");
+    ping(&mut ws).await;
+    assert_eq!(
+        events(&s, "n2", &[("authorization", &bearer)])
+            .await
+            .err()
+            .map(|e| e.0),
+        Some(403)
+    );
+
+    // Registration: its own id with its own credential (handed back as it is), not another's.
+    let (st, again) = register_as(&s, "n1", peer("a", 1), &a).await;
+    assert_eq!(
+        (st, again["peer_token"].as_str()),
+        (StatusCode::OK, Some(a.as_str())),
+        "{again}"
+    );
+    let (st, body) = register_as(&s, "n1", peer("b", 9), &a).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{body}");
+    // Hijack: an existing id with an enrollment key (and a new public key) is refused.
+    let (st, body) = register_as(&s, "n1", peer("b", 9), key).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{body}");
+    // One public key, one peer.
+    let (st, body) = register_as(&s, "n1", peer("c", 1), key).await;
+    assert_eq!(
+        (st, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("PUBLIC_KEY_IN_USE")),
+        "{body}"
+    );
+
+    // The admin re-registers b: a new credential replaces the old one.
+    let (st, reg) = register_as(&s, "n1", peer("b", 2), ADMIN).await;
+    assert_eq!(st, StatusCode::OK, "{reg}");
+    let b2 = reg["peer_token"].as_str().expect("peer_token");
+    assert_ne!(b2, b);
+    let (st, _) = call_with(
+        &s,
+        Method::POST,
+        &format!("{p}/b/heartbeat"),
+        None,
+        Some(&b),
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "the replaced credential");
+    let (st, _) = call_with(
+        &s,
+        Method::POST,
+        &format!("{p}/b/heartbeat"),
+        None,
+        Some(b2),
+    )
+    .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    // A peer leaves with its own credential and comes back with it (its address kept for
+    // it); the admin's removal ends the credential.
+    let (st, _) = call_with(&s, Method::DELETE, &format!("{p}/a"), None, Some(&a)).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let (_, list) = admin(&s, Method::GET, p, None).await;
+    assert!(!list.to_string().contains("\"id\":\"a\""), "{list}");
+    let (st, back) = register_as(&s, "n1", peer("a", 1), &a).await;
+    assert_eq!(
+        (st, back["virtual_ip"].as_str()),
+        (StatusCode::CREATED, Some("10.1.0.1")),
+        "{back}"
+    );
+    let (st, _) = admin(&s, Method::DELETE, &format!("{p}/a"), None).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let (st, _) = call_with(&s, Method::GET, p, None, Some(&a)).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    let (st, _) = register_as(&s, "n1", peer("a", 1), &a).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+}
+
+async fn enrollment_keys_expire_are_single_use_and_revocable(db: Db) {
+    let s = start_secured(&db);
+    admin_network(&s, "n1", "10.1.0.0/24").await;
+    admin_network(&s, "n2", "10.2.0.0/24").await;
+    let keys = "/api/v1/mesh/networks/n1/enrollment-keys";
+
+    // Single use: a refused registration does not consume it, the first success does.
+    let once = enrollment_key(&s, "n1", json!({})).await;
+    assert_eq!(once["reusable"], false, "{once}");
+    let once_key = once["key"].as_str().expect("key");
+    enroll(&s, "n1", peer("a", 1), ADMIN).await;
+    let (st, _) = register_as(&s, "n1", peer("b", 1), once_key).await;
+    assert_eq!(st, StatusCode::CONFLICT, "a's public key");
+    let (st, _) = register_as(&s, "n2", peer("b", 2), once_key).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "a key of another network");
+    enroll(&s, "n1", peer("b", 2), once_key).await;
+    let (st, body) = register_as(&s, "n1", peer("c", 3), once_key).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "consumed: {body}");
+
+    // Listed without the secret; revoked keys are refused.
+    let multi = enrollment_key(&s, "n1", json!({"reusable": true, "ttl": "1h"})).await;
+    let multi_key = multi["key"].as_str().expect("key");
+    enroll(&s, "n1", peer("c", 3), multi_key).await;
+    enroll(&s, "n1", peer("d", 4), multi_key).await;
+    let (st, list) = admin(&s, Method::GET, keys, None).await;
+    assert_eq!(st, StatusCode::OK);
+    let listed = list["keys"].as_array().expect("keys");
+    assert_eq!(listed.len(), 1, "the consumed key is gone: {list}");
+    assert_eq!(listed[0]["id"], multi["id"]);
+    assert!(
+        listed[0].get("key").is_none() && !list.to_string().contains(multi_key),
+        "{list}"
+    );
+    let revoke = format!("{keys}/{}", multi["id"].as_str().expect("id"));
+    let (st, _) = admin(&s, Method::DELETE, &revoke, None).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let (st, _) = register_as(&s, "n1", peer("e", 5), multi_key).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "revoked");
+    let (st, _) = admin(&s, Method::DELETE, &revoke, None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+
+    // Expiry: wait (bounded) until the key's expires_at has passed, then it is refused.
+    let short = enrollment_key(&s, "n1", json!({"reusable": true, "ttl": "1s"})).await;
+    let expires: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(short["expires_at"].clone()).expect("expires_at");
+    let wait = (expires - chrono::Utc::now()).to_std().unwrap_or_default();
+    assert!(wait < PATIENCE, "{short}");
+    tokio::time::sleep(wait + Duration::from_millis(50)).await;
+    let (st, body) = register_as(&s, "n1", peer("f", 6), short["key"].as_str().expect("key")).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "expired: {body}");
+
+    for ttl in ["0s", "soon", "9000h"] {
+        let (st, body) = admin(&s, Method::POST, keys, Some(json!({"ttl": ttl}))).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{ttl}: {body}");
+    }
+    let (st, _) = admin(
+        &s,
+        Method::POST,
+        "/api/v1/mesh/networks/nope/enrollment-keys",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    // Nothing without a credential.
+    let (st, _) = register_as(&s, "n1", peer("g", 7), "syek_guessed").await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lapsed_peer_comes_back_only_with_its_own_credential() {
+    // A one-second lease: the victim's lease lapses without heartbeats.
+    let s = start_with_api(&Db::Sqlite, "1s", &format!(", token: {ADMIN}"), "");
+    admin_network(&s, "lab", "10.88.0.0/29").await;
+    let key = enrollment_key(&s, "lab", json!({"reusable": true})).await;
+    let key = key["key"].as_str().expect("key");
+    let bearer = format!("Bearer {ADMIN}");
+    let mut ws = events(&s, "lab", &[("authorization", &bearer)])
+        .await
+        .expect("events");
+    ping(&mut ws).await;
+    let victim = enroll(&s, "lab", peer("victim", 1), key).await;
+    assert_eq!(next_event(&mut ws, "peer.left").await["peer_id"], "victim");
+
+    // Another member with the network's key: its id and (old) address are not for the taking.
+    let (st, body) = register_as(&s, "lab", peer("victim", 66), key).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{body}");
+    let (st, body) = register_as(&s, "lab", peer("victim", 66), "sypt_guessed").await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{body}");
+    // The victim itself, with its credential, gets its address back.
+    let (st, back) = register_as(&s, "lab", peer("victim", 1), &victim).await;
+    assert_eq!(st, StatusCode::CREATED, "{back}");
+    assert_eq!(back["virtual_ip"], "10.88.0.1");
+    assert_eq!(back["peer_token"].as_str(), Some(victim.as_str()));
 }

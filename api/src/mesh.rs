@@ -126,6 +126,44 @@ pub struct MeshRegisterResponse {
     pub lease_expires: DateTime<Utc>,
     /// The other peers holding a lease.
     pub peers: Vec<MeshPeerSummary>,
+    /// This peer's own credential (Bearer) for its heartbeats, updates, peer list, events and
+    /// later registrations: new when the registration was authorised by an enrollment key or
+    /// the admin token (replacing any earlier one), the presented one otherwise. Keep it
+    /// secret; the registry stores only its SHA-256. Absent from registries before issue 28.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_token: Option<String>,
+}
+
+/// `POST /api/v1/mesh/networks/{networkID}/enrollment-keys` body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MeshEnrollmentKeyCreate {
+    /// true: any number of registrations until it expires; false (default): consumed by the
+    /// first registration that succeeds.
+    #[serde(default)]
+    pub reusable: bool,
+    /// How long the key can be used, as a duration (`90s`, `30m`, `24h`; 1 s … 8760 h);
+    /// default `24h`.
+    #[serde(default)]
+    pub ttl: Option<String>,
+}
+
+/// An enrollment key. `key` (the secret, `syek_` and 64 hex digits) is in the creation answer
+/// only: the registry stores its SHA-256.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshEnrollmentKey {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub reusable: bool,
+    pub expires_at: DateTime<Utc>,
+    pub created: DateTime<Utc>,
+}
+
+/// `GET /api/v1/mesh/networks/{networkID}/enrollment-keys`: the keys that can still be used.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct MeshEnrollmentKeyList {
+    pub keys: Vec<MeshEnrollmentKey>,
 }
 
 /// `PATCH /api/v1/mesh/networks/{networkID}/peers/{peerID}` body: absent fields stay.

@@ -503,13 +503,23 @@ impl Default for MeshDeviceConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MeshDiscoveryConfig {
-    /// Discovery (registry) server: the server's management API, `http://host:port` (or
-    /// `host:port`, read as http).
+    /// Discovery (registry) server: the server's management API, `https://host:port` or
+    /// `http://host:port` (`host:port` is read as http). Plain http is refused off loopback
+    /// unless `insecure` is true: it would carry the peer's credential in clear text.
     pub server: String,
-    /// The server API's token (`api.token` of the server), sent as a Bearer token to the
-    /// registry; none when the server's API has no token. Secret: masked in GET /api/v1/config.
+    /// The server API's token (`api.token` of the server), for a peer the registry's admin
+    /// runs: every registry call carries it. Members use `enrollment_key` instead. Secret:
+    /// masked in GET /api/v1/config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// An enrollment key of the network (`POST /api/v1/mesh/networks/{id}/enrollment-keys`
+    /// on the server), used for the first registration only: the registry's answer carries
+    /// the peer's own credential, kept (mode 0600) as `mesh.peer-token` in the data
+    /// directory and used from then on. Secret: masked in GET /api/v1/config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enrollment_key: Option<String>,
+    /// Allows a plain `http://` registry that is not on loopback (credentials in clear text).
+    pub insecure: bool,
     pub heartbeat_interval: Duration,
     pub peer_timeout: Duration,
 }
@@ -519,6 +529,8 @@ impl Default for MeshDiscoveryConfig {
         MeshDiscoveryConfig {
             server: String::new(),
             token: None,
+            enrollment_key: None,
+            insecure: false,
             heartbeat_interval: Duration::from_secs(30),
             peer_timeout: Duration::from_secs(120),
         }
@@ -661,7 +673,11 @@ pub fn masked(cfg: &ClientConfig) -> ClientConfig {
         .servers
         .iter_mut()
         .flat_map(|s| [&mut s.password, &mut s.token])
-        .chain([&mut cfg.api.token, &mut cfg.mesh.discovery.token]);
+        .chain([
+            &mut cfg.api.token,
+            &mut cfg.mesh.discovery.token,
+            &mut cfg.mesh.discovery.enrollment_key,
+        ]);
     for secret in optional.flatten() {
         mask(secret);
     }
@@ -670,6 +686,38 @@ pub fn masked(cfg: &ClientConfig) -> ClientConfig {
         mask(&mut turn.password);
     }
     cfg
+}
+
+/// Checks that `mesh.discovery.server` protects the credentials it is sent: https, or plain
+/// http to a loopback host, or `insecure: true`. Empty (not configured) passes.
+pub fn registry_transport(cfg: &MeshDiscoveryConfig) -> Result<(), String> {
+    let server = cfg.server.trim();
+    if server.is_empty() || cfg.insecure {
+        return Ok(());
+    }
+    let lower = server.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Ok(());
+    }
+    let rest = lower.strip_prefix("http://").unwrap_or(&lower);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host_port.split(':').next().unwrap_or_default(),
+    };
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        return Ok(());
+    }
+    Err(format!(
+        "{server:?} is plain HTTP to a host that is not on loopback: the registry credentials \
+         and the event stream would cross the network in clear text; use https:// (or set \
+         mesh.discovery.insecure: true to accept that)"
+    ))
 }
 
 /// `mesh.connection.preshared_key` decoded; `Ok(None)` when empty.
@@ -903,6 +951,9 @@ pub fn validate_client(cfg: &ClientConfig) -> Vec<Problem> {
     if let Err(e) = mesh_preshared_key(&cfg.mesh.connection) {
         problem("mesh.connection.preshared_key".into(), e);
     }
+    if let Err(e) = registry_transport(&cfg.mesh.discovery) {
+        problem("mesh.discovery.server".into(), e);
+    }
     if !matches!(cfg.mesh.device.kind.as_str(), "tun" | "tap") {
         problem(
             "mesh.device.type".into(),
@@ -953,9 +1004,49 @@ mod tests {
     }
 
     #[test]
+    fn a_plain_http_registry_is_refused_off_loopback_unless_insecure() {
+        let check = |server: &str, insecure: bool| {
+            registry_transport(&MeshDiscoveryConfig {
+                server: server.into(),
+                insecure,
+                ..MeshDiscoveryConfig::default()
+            })
+        };
+        for ok in [
+            "",
+            "https://reg.example",
+            "HTTPS://10.0.0.1:7082/",
+            "http://127.0.0.1:7082",
+            "127.0.0.2:7082",
+            "http://localhost:7082/",
+            "http://[::1]:7082",
+            "http://user@127.0.0.1:1",
+        ] {
+            assert_eq!(check(ok, false), Ok(()), "{ok}");
+        }
+        for refused in [
+            "http://10.0.0.1:7082",
+            "10.0.0.1:7082",
+            "http://reg.example",
+            "http://[2001:db8::1]:7082",
+            "http://127.0.0.1.evil.example:80",
+            "http://127.0.0.1@10.0.0.1:80",
+        ] {
+            assert!(check(refused, false).is_err(), "{refused}");
+            assert_eq!(check(refused, true), Ok(()), "{refused} with insecure");
+        }
+        let mut cfg = ClientConfig::default();
+        cfg.mesh.discovery.server = "http://192.0.2.1:7082".into();
+        assert!(validate_client(&cfg)
+            .iter()
+            .any(|p| p.field == "mesh.discovery.server"));
+    }
+
+    #[test]
     fn mesh_secrets_are_masked_and_a_masked_value_sent_back_keeps_the_secret() {
         let mut cfg = ClientConfig::default();
         cfg.mesh.discovery.token = Some("registry-token".into());
+        cfg.mesh.discovery.enrollment_key = Some("syek_0".into());
         cfg.mesh.connection.preshared_key = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=".into();
         assert_eq!(
             mesh_preshared_key(&cfg.mesh.connection).unwrap(),
@@ -963,6 +1054,7 @@ mod tests {
         );
         let shown = serde_json::to_value(masked(&cfg)).unwrap();
         assert_eq!(shown["mesh"]["discovery"]["token"], MASKED);
+        assert_eq!(shown["mesh"]["discovery"]["enrollment_key"], MASKED);
         assert_eq!(shown["mesh"]["connection"]["preshared_key"], MASKED);
         let back = merge_partial(&cfg, &shown).unwrap();
         assert_eq!(back, cfg, "the masked values keep the secrets");

@@ -5,7 +5,7 @@
 //!   of a key: `client_secret`), and the private key material (`key`, `tls_auth`, `tls_crypt`)
 //!   of `openvpn` settings and of provider backends' `config`.
 //! - Client ([`crate::client::masked`]): `servers[].password`, `servers[].token`, `api.token`,
-//!   `mesh.discovery.token`, `mesh.connection.preshared_key`, `mesh.turn.servers[].password`.
+//!   `mesh.discovery.token`, `mesh.discovery.enrollment_key`, `mesh.connection.preshared_key`, `mesh.turn.servers[].password`.
 //! - [`unmask`]: where the posted value still holds [`MASKED`], the running value at the same
 //!   place comes back; array entries with a `name` (or `url`, `username`) are matched by it, not
 //!   by position, so a reordered list keeps each entry's own secret.

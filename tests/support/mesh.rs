@@ -1,6 +1,7 @@
 //! Helpers of the mesh namespace tests (`tests/mesh_peer.rs`, `tests/mesh_nat.rs`): ping and
 //! curl from a namespace, a client peer started in one, waiting for a peer's API to show
-//! something, and the registry's event stream.
+//! something, the registry's event stream, and the registry's admin token with the enrollment
+//! keys the peers join with (no peer's configuration holds the admin token).
 #![allow(dead_code)]
 
 use super::{spawn_with_listeners, Listening, BIN};
@@ -28,6 +29,57 @@ pub fn curl_in(ns: &str, secs: u32, url: &str) -> std::process::Output {
         .arg(url)
         .output()
         .expect("curl")
+}
+
+/// The registries' `api.token`: the tests' own calls carry it, the peers never see it.
+pub const REGISTRY_ADMIN: &str = "registry-admin-token";
+
+/// `GET path` on the registry at `registry` as its admin: the JSON answer.
+pub fn registry_get(registry: std::net::SocketAddr, path: &str) -> Value {
+    let out = Command::new("curl")
+        .args(["-sS", "--fail-with-body", "--max-time", "10", "-H"])
+        .arg(format!("Authorization: Bearer {REGISTRY_ADMIN}"))
+        .arg(format!("http://{registry}{path}"))
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success(),
+        "GET {path}: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// A new single-use enrollment key of `network` on the registry at `registry` (as its admin).
+pub fn single_use_key(registry: std::net::SocketAddr, network: &str) -> String {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--fail-with-body",
+            "--max-time",
+            "10",
+            "-X",
+            "POST",
+            "-H",
+        ])
+        .arg(format!("Authorization: Bearer {REGISTRY_ADMIN}"))
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            "{}",
+        ])
+        .arg(format!(
+            "http://{registry}/api/v1/mesh/networks/{network}/enrollment-keys"
+        ))
+        .output()
+        .expect("curl");
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    answer["key"]
+        .as_str()
+        .unwrap_or_else(|| panic!("an enrollment key: {answer}"))
+        .to_owned()
 }
 
 pub type Ws =

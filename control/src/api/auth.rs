@@ -17,8 +17,9 @@
 //! expire after [`SESSION_TTL`], and end at `POST /api/v1/logout`.
 
 use super::error::{ApiError, ApiJson};
+use crate::mesh::credential::{peer_route, Caller, PeerRoute};
 use crate::server::ServerState;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::uri::PathAndQuery;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
@@ -287,16 +288,64 @@ pub fn csrf_matches(headers: &HeaderMap, session_id: &str) -> bool {
         .is_some_and(|t| constant_time_eq(t.as_bytes(), csrf_token(session_id).as_bytes()))
 }
 
+/// The server API's gate: the API token (any form) makes the caller the admin; otherwise a
+/// mesh peer credential is admitted on the routes a peer may use (decided by the matched
+/// route, [`peer_route`]) and refused with 403 on every other; anything else is 401. The
+/// handler gets the [`Caller`] as an extension.
 pub async fn require_token(
     State(state): State<Arc<ServerState>>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
     if !is_authorized(&state, &req) {
-        return refused(&req);
+        return match mesh_caller(&state, &mut req).await {
+            Ok(caller) => {
+                req.extensions_mut().insert(caller);
+                next.run(req).await
+            }
+            Err(refusal) => refusal,
+        };
     }
+    req.extensions_mut().insert(Caller::Admin);
     let cfg = state.config.load();
     with_csrf_check(cfg.api.token.as_deref(), &state.sessions, req, next).await
+}
+
+/// The caller of a request without the API token, by its Bearer (or `?token=`) secret: a mesh
+/// peer, or at registration a possible enrollment key. Err is the answer to send.
+async fn mesh_caller(state: &ServerState, req: &mut Request) -> Result<Caller, Response> {
+    let access = req
+        .extensions()
+        .get::<MatchedPath>()
+        .and_then(|route| peer_route(req.method().as_str(), route.as_str()));
+    let secret = bearer(req.headers())
+        .or_else(|| req.extensions().get::<QueryToken>().map(|t| t.0.as_str()))
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned);
+    let (Some(secret), Some(registry)) = (secret, state.mesh.clone()) else {
+        return Err(refused(req));
+    };
+    // `&mut`: a shared reference to the request (its body is not Sync) is not Send.
+    let (path, method) = (req.uri().path().to_owned(), req.method().clone());
+    let caller = registry
+        .caller(&secret)
+        .await
+        .map_err(|e| ApiError::from(e).into_response())?;
+    match (access, &caller) {
+        // Checked by the registration itself, as an enrollment key of the path's network.
+        (Some(PeerRoute::Register), _) => Ok(caller),
+        (Some(_), Caller::Peer { .. }) => Ok(caller),
+        (None, Caller::Peer { network, peer, .. }) => {
+            tracing::warn!(%path, %method, %network, %peer, "API request refused: a mesh peer credential outside the peer's routes");
+            Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "FORBIDDEN",
+                "a mesh peer credential may only register, heartbeat, update or delete its own peer and read its own network's peers and events",
+            )
+            .into_response())
+        }
+        _ => Err(refused(req)),
+    }
 }
 
 /// Runs an authorised request, refusing a state change authenticated by the session cookie

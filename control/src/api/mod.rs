@@ -195,6 +195,21 @@ fn protected() -> Routes {
             "/api/v1/mesh/networks/{networkID}/events",
             get(mesh::events),
         )
+        .add(
+            "post",
+            "/api/v1/mesh/networks/{networkID}/enrollment-keys",
+            post(mesh::create_enrollment_key),
+        )
+        .add(
+            "get",
+            "/api/v1/mesh/networks/{networkID}/enrollment-keys",
+            get(mesh::list_enrollment_keys),
+        )
+        .add(
+            "delete",
+            "/api/v1/mesh/networks/{networkID}/enrollment-keys/{keyID}",
+            delete(mesh::revoke_enrollment_key),
+        )
         .add("get", "/api/v1/openapi.json", get(openapi::openapi_json))
         .add("get", "/api/v1/ws", get(ws::upgrade))
 }

@@ -45,7 +45,8 @@ impl Modify for BearerAuth {
         super::mesh::list_networks, super::mesh::create_network, super::mesh::get_network,
         super::mesh::delete_network, super::mesh::register, super::mesh::list_peers,
         super::mesh::get_peer, super::mesh::update_peer, super::mesh::delete_peer,
-        super::mesh::heartbeat, super::mesh::events,
+        super::mesh::heartbeat, super::mesh::events, super::mesh::create_enrollment_key,
+        super::mesh::list_enrollment_keys, super::mesh::revoke_enrollment_key,
     )
 )]
 pub struct ServerApiDoc;

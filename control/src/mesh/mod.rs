@@ -8,21 +8,28 @@
 //! restart keeps networks, peers and leases), [`events`] fans events out per network; the
 //! [`Registry`] ties them together, counts what happens (metrics) and runs the expiry sweep.
 
+pub mod credential;
 pub mod events;
 pub mod lease;
 pub mod store;
 pub mod validate;
 
+use credential::Caller;
 use lease::LeasePolicy;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
-use store::{Departed, Registered, RegistryError, Store};
+use store::{Departed, EnrollmentKeyRow, RegisterAuth, Registered, RegistryError, Store};
 use switchyard_api::{
     MeshHeartbeat, MeshNetwork, MeshNetworkCreate, MeshPeer, MeshPeerUpdate, MeshRegisterRequest,
 };
 use switchyard_config::MeshRegistryConfig;
+
+/// A new peer credential.
+fn new_peer_token() -> Result<String, RegistryError> {
+    credential::new_secret(credential::PEER_TOKEN_PREFIX).map_err(RegistryError::NoRandomness)
+}
 
 /// Long-lived collectors, joined to each scrape of the metrics listener.
 #[derive(Clone)]
@@ -63,7 +70,7 @@ impl MeshMetrics {
             heartbeats: IntCounterVec::new(
                 Opts::new(
                     "switchyard_mesh_heartbeats_total",
-                    "peer heartbeats by result (renewed, no_lease = 409, unknown = 404)",
+                    "peer heartbeats by result (renewed, no_lease = 409, unknown = 404, denied = 403 for another peer's credential)",
                 ),
                 &["result"],
             )?,
@@ -209,14 +216,83 @@ impl Registry {
         Ok(())
     }
 
-    pub async fn register(
+    /// Who presents `secret` (a Bearer value that is not the API token): a peer, by its
+    /// credential, or unresolved (at registration it may be an enrollment key).
+    pub async fn caller(&self, secret: &str) -> Result<Caller, RegistryError> {
+        // Only what looks like a peer credential costs a lookup.
+        if !secret.trim().starts_with(credential::PEER_TOKEN_PREFIX) {
+            return Ok(Caller::Unresolved(secret.to_owned()));
+        }
+        let hash = credential::secret_hash(secret);
+        Ok(match self.store.peer_by_token(&hash).await? {
+            Some((network, peer)) => Caller::Peer {
+                network,
+                peer,
+                token: secret.trim().to_owned(),
+            },
+            None => Caller::Unresolved(secret.to_owned()),
+        })
+    }
+
+    /// Creates an enrollment key of `network`; returns it with its secret (shown only now).
+    pub async fn create_enrollment_key(
         &self,
         network: &str,
+        reusable: bool,
+        ttl: std::time::Duration,
+    ) -> Result<(EnrollmentKeyRow, String), RegistryError> {
+        let expires_at = chrono::Duration::from_std(ttl)
+            .ok()
+            .and_then(|ttl| chrono::Utc::now().checked_add_signed(ttl))
+            .ok_or_else(|| validate::Invalid {
+                field: "ttl".into(),
+                reason: "too long".into(),
+            })?;
+        let id = credential::new_id().map_err(RegistryError::NoRandomness)?;
+        let key = credential::new_secret(credential::ENROLLMENT_KEY_PREFIX)
+            .map_err(RegistryError::NoRandomness)?;
+        let row = self
+            .store
+            .create_enrollment_key(
+                network,
+                &id,
+                &credential::secret_hash(&key),
+                reusable,
+                expires_at,
+            )
+            .await?;
+        tracing::info!(network, key = %row.id, reusable, expires_at = %row.expires_at, "mesh enrollment key created");
+        Ok((row, key))
+    }
+
+    pub async fn enrollment_keys(
+        &self,
+        network: &str,
+    ) -> Result<Vec<EnrollmentKeyRow>, RegistryError> {
+        self.store.enrollment_keys(network).await
+    }
+
+    pub async fn revoke_enrollment_key(
+        &self,
+        network: &str,
+        id: &str,
+    ) -> Result<(), RegistryError> {
+        self.store.delete_enrollment_key(network, id).await?;
+        tracing::info!(network, key = %id, "mesh enrollment key revoked");
+        Ok(())
+    }
+
+    /// Registers `req` for `caller`; returns what happened and the peer's credential (new for
+    /// the admin and for an enrollment key, the presented one for the peer itself).
+    pub async fn register(
+        &self,
+        caller: &Caller,
+        network: &str,
         req: &MeshRegisterRequest,
-    ) -> Result<Registered, RegistryError> {
-        let result = self.register_checked(network, req).await;
+    ) -> Result<(Registered, String), RegistryError> {
+        let result = self.register_checked(caller, network, req).await;
         let label = match &result {
-            Ok(r) if r.joined => "joined",
+            Ok((r, _)) if r.joined => "joined",
             Ok(_) => "renewed",
             Err(_) => "refused",
         };
@@ -226,9 +302,10 @@ impl Registry {
 
     async fn register_checked(
         &self,
+        caller: &Caller,
         network: &str,
         req: &MeshRegisterRequest,
-    ) -> Result<Registered, RegistryError> {
+    ) -> Result<(Registered, String), RegistryError> {
         if let Some(body_network) = &req.network_id {
             if body_network != network {
                 return Err(validate::Invalid {
@@ -251,9 +328,36 @@ impl Registry {
         if peer.name.trim().is_empty() {
             peer.name = peer.id.clone();
         }
+        let presented_hash = match caller {
+            Caller::Unresolved(secret) | Caller::Peer { token: secret, .. } => {
+                credential::secret_hash(secret)
+            }
+            Caller::Admin => String::new(),
+        };
+        let (auth, token) = match caller {
+            Caller::Admin => (RegisterAuth::Admin, new_peer_token()?),
+            Caller::Peer { token, .. } => {
+                caller.may_act_on(network, &peer.id)?;
+                (RegisterAuth::OwnCredential(&presented_hash), token.clone())
+            }
+            Caller::Unresolved(_) => (
+                RegisterAuth::EnrollmentKey(&presented_hash),
+                new_peer_token()?,
+            ),
+        };
+        // A new credential replaces the stored one; the peer's own is kept as it is.
+        let issued = (!matches!(auth, RegisterAuth::OwnCredential(_)))
+            .then(|| credential::secret_hash(&token));
         let done = self
             .store
-            .register(&self.policy, network, &peer, &metadata)
+            .register(
+                &self.policy,
+                network,
+                &peer,
+                &metadata,
+                auth,
+                issued.as_deref(),
+            )
             .await?;
         self.announce_expired(&done.expired);
         if done.joined {
@@ -271,23 +375,36 @@ impl Registry {
             );
         }
         self.refresh_gauges().await;
-        Ok(done)
+        Ok((done, token))
     }
 
-    pub async fn peers(&self, network: &str) -> Result<Vec<MeshPeer>, RegistryError> {
+    pub async fn peers(
+        &self,
+        caller: &Caller,
+        network: &str,
+    ) -> Result<Vec<MeshPeer>, RegistryError> {
+        caller.may_read(network)?;
         self.store.peers(network).await
     }
 
-    pub async fn peer(&self, network: &str, peer: &str) -> Result<MeshPeer, RegistryError> {
+    pub async fn peer(
+        &self,
+        caller: &Caller,
+        network: &str,
+        peer: &str,
+    ) -> Result<MeshPeer, RegistryError> {
+        caller.may_read(network)?;
         self.store.peer(network, peer).await
     }
 
     pub async fn update_peer(
         &self,
+        caller: &Caller,
         network: &str,
         peer: &str,
         update: &MeshPeerUpdate,
     ) -> Result<MeshPeer, RegistryError> {
+        caller.may_act_on(network, peer)?;
         if let Some(list) = &update.endpoints {
             validate::endpoints("endpoints", list)?;
         }
@@ -308,9 +425,25 @@ impl Registry {
         Ok(updated)
     }
 
-    pub async fn delete_peer(&self, network: &str, peer: &str) -> Result<(), RegistryError> {
-        if let Some(departed) = self.store.delete_peer(network, peer).await? {
-            tracing::info!(network, peer, "mesh peer deleted");
+    pub async fn delete_peer(
+        &self,
+        caller: &Caller,
+        network: &str,
+        peer: &str,
+    ) -> Result<(), RegistryError> {
+        caller.may_act_on(network, peer)?;
+        // The admin removes a peer (with its credential); a peer itself only leaves.
+        let departed = match caller {
+            Caller::Admin => self.store.delete_peer(network, peer).await?,
+            _ => self.store.leave_peer(network, peer).await?,
+        };
+        if let Some(departed) = departed {
+            tracing::info!(
+                network,
+                peer,
+                by_admin = (*caller == Caller::Admin),
+                "mesh peer deleted"
+            );
             self.announce_left(&[departed]);
         }
         self.refresh_gauges().await;
@@ -319,15 +452,21 @@ impl Registry {
 
     pub async fn heartbeat(
         &self,
+        caller: &Caller,
         network: &str,
         peer: &str,
         report: &MeshHeartbeat,
     ) -> Result<(), RegistryError> {
-        let result = self
-            .store
-            .heartbeat(&self.policy, network, peer, report)
-            .await;
+        let result = match caller.may_act_on(network, peer) {
+            Ok(()) => {
+                self.store
+                    .heartbeat(&self.policy, network, peer, report)
+                    .await
+            }
+            Err(denied) => Err(denied.into()),
+        };
         let label = match &result {
+            Err(RegistryError::Denied(_)) => "denied",
             Ok(()) => "renewed",
             Err(RegistryError::NoLease { .. }) => "no_lease",
             Err(RegistryError::UnknownNetwork(_) | RegistryError::UnknownPeer { .. }) => "unknown",
@@ -373,6 +512,9 @@ impl Registry {
                     tracing::info!(peers = n, "forgot mesh peers whose lease expired long ago")
                 }
                 Err(e) => tracing::warn!(error = %e, "forgetting expired mesh peers failed"),
+            }
+            if let Err(e) = self.store.forget_expired_keys(chrono::Utc::now()).await {
+                tracing::warn!(error = %e, "deleting expired mesh enrollment keys failed");
             }
         }
     }

@@ -3,6 +3,7 @@
 //! runs in one write transaction; the unique index on (network, address) makes the database
 //! the judge when registrations race, and a registration that loses the race is retried.
 
+use super::credential::Denied;
 use super::lease::{self, LeasePolicy};
 use super::validate::Invalid;
 use chrono::{DateTime, Utc};
@@ -35,6 +36,16 @@ pub enum RegistryError {
     NoLease { network: String, peer: String },
     #[error("peer {peer:?} of mesh network {network:?} holds a lease with another public key; delete the peer or wait until its lease expires")]
     KeyMismatch { network: String, peer: String },
+    #[error("the public key of peer {peer:?} is already the key of peer {holder:?} in mesh network {network:?}: a key identifies one peer")]
+    PublicKeyInUse {
+        network: String,
+        peer: String,
+        holder: String,
+    },
+    #[error("no enrollment key {key:?} in mesh network {network:?}")]
+    UnknownEnrollmentKey { network: String, key: String },
+    #[error(transparent)]
+    Denied(#[from] Denied),
     #[error("mesh network {network:?} ({cidr}) is full: all {capacity} addresses are leased")]
     NetworkFull {
         network: String,
@@ -43,6 +54,8 @@ pub enum RegistryError {
     },
     #[error("the registry database: {0}")]
     Db(#[from] sqlx::Error),
+    #[error("no randomness from the OS: {0}")]
+    NoRandomness(getrandom::Error),
     #[error("stored registry data is damaged: {0}")]
     Corrupt(String),
 }
@@ -70,6 +83,28 @@ pub struct Registered {
     pub others: Vec<MeshPeerSummary>,
     /// Leases of the network that had expired and were ended on the way.
     pub expired: Vec<Departed>,
+}
+
+/// What authorises a registration (the caller's identity, resolved by the registry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterAuth<'a> {
+    /// The admin token: any id (a new credential replaces the old one).
+    Admin,
+    /// The SHA-256 of the id's own credential: checked against the stored one in the
+    /// registration's transaction (a peer removed meanwhile does not come back this way).
+    OwnCredential(&'a str),
+    /// The SHA-256 of a presented secret that may be an enrollment key of the network: a new
+    /// id only; a single-use key is consumed by the registration that succeeds.
+    EnrollmentKey(&'a str),
+}
+
+/// An enrollment key as the registry lists it (its secret is never stored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnrollmentKeyRow {
+    pub id: String,
+    pub reusable: bool,
+    pub expires_at: DateTime<Utc>,
+    pub created: DateTime<Utc>,
 }
 
 /// Leased peers per network (metrics).
@@ -148,6 +183,18 @@ async fn network_exists(conn: &mut AnyConnection, id: &str) -> Result<bool> {
         .is_some())
 }
 
+/// Is `peer` a row of `network` (with a lease or not)?
+async fn peer_exists(conn: &mut AnyConnection, network: &str, peer: &str) -> Result<bool> {
+    Ok(
+        sqlx::query("SELECT 1 FROM mesh_peers WHERE network_id = $1 AND id = $2")
+            .bind(network)
+            .bind(peer)
+            .fetch_optional(conn)
+            .await?
+            .is_some(),
+    )
+}
+
 /// `UnknownNetwork` or `UnknownPeer`, whichever is true.
 async fn unknown(conn: &mut AnyConnection, network: &str, peer: &str) -> RegistryError {
     match network_exists(conn, network).await {
@@ -185,6 +232,64 @@ async fn expire(
             })
         })
         .collect()
+}
+
+/// Checks a registration's enrollment key (by its hash) in the registration's transaction,
+/// and consumes a single-use key. A valid key registers a new id only: an existing one needs
+/// its own credential or the admin token, whether or not its lease is over.
+async fn admit_enrollment(
+    conn: &mut AnyConnection,
+    network: &str,
+    peer: &str,
+    key_hash: &str,
+    peer_exists: bool,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let row = sqlx::query(
+        "SELECT id, reusable, expires_at FROM mesh_enrollment_keys \
+         WHERE key_hash = $1 AND network_id = $2",
+    )
+    .bind(key_hash)
+    .bind(network)
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| {
+        Denied::Unauthenticated(format!(
+            "not a valid API token, peer credential or enrollment key of mesh network {network:?} (a single-use key works once; a revoked key not at all)"
+        ))
+    })?;
+    let id: String = row.try_get("id")?;
+    let expires_at = time(&row.try_get::<String, _>("expires_at")?)?;
+    if expires_at <= now {
+        return Err(Denied::Unauthenticated(format!(
+            "enrollment key {id:?} of mesh network {network:?} expired at {}",
+            iso(expires_at)
+        ))
+        .into());
+    }
+    if peer_exists {
+        return Err(Denied::Forbidden(format!(
+            "peer {peer:?} is registered in mesh network {network:?}: registering it again needs its own peer credential or the admin token, not an enrollment key"
+        ))
+        .into());
+    }
+    if row.try_get::<i64, _>("reusable")? == 0 {
+        sqlx::query("DELETE FROM mesh_enrollment_keys WHERE id = $1")
+            .bind(&id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    tracing::debug!(network, peer, key = %id, "registration admitted by enrollment key");
+    Ok(())
+}
+
+fn enrollment_key_from(row: &AnyRow) -> Result<EnrollmentKeyRow> {
+    Ok(EnrollmentKeyRow {
+        id: row.try_get("id")?,
+        reusable: row.try_get::<i64, _>("reusable")? != 0,
+        expires_at: time(&row.try_get::<String, _>("expires_at")?)?,
+        created: time(&row.try_get::<String, _>("created")?)?,
+    })
 }
 
 impl Store {
@@ -267,6 +372,10 @@ impl Store {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        sqlx::query("DELETE FROM mesh_enrollment_keys WHERE network_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         // Peers first: SQLite enforces the foreign key's cascade only with the pragma on, and
         // this does not depend on it.
         sqlx::query("DELETE FROM mesh_peers WHERE network_id = $1")
@@ -291,12 +400,14 @@ impl Store {
         network: &str,
         peer: &MeshPeerRegistration,
         metadata_json: &str,
+        auth: RegisterAuth<'_>,
+        new_token_hash: Option<&str>,
     ) -> Result<Registered> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             match self
-                .register_once(policy, network, peer, metadata_json)
+                .register_once(policy, network, peer, metadata_json, auth, new_token_hash)
                 .await
             {
                 Err(RegistryError::Db(e))
@@ -315,6 +426,8 @@ impl Store {
         network: &str,
         peer: &MeshPeerRegistration,
         metadata_json: &str,
+        auth: RegisterAuth<'_>,
+        new_token_hash: Option<&str>,
     ) -> Result<Registered> {
         let now = Utc::now();
         let now_s = iso(now);
@@ -342,13 +455,58 @@ impl Store {
             .parse()
             .map_err(|e| corrupt(format!("cidr {cidr:?}: {e}")))?;
         let existing = sqlx::query(
-            "SELECT public_key, virtual_ip, previous_ip, endpoints FROM mesh_peers \
+            "SELECT public_key, virtual_ip, previous_ip, endpoints, token_hash FROM mesh_peers \
              WHERE network_id = $1 AND id = $2",
         )
         .bind(network)
         .bind(&peer.id)
         .fetch_optional(&mut *tx)
         .await?;
+        match auth {
+            RegisterAuth::EnrollmentKey(key_hash) => {
+                admit_enrollment(
+                    &mut tx,
+                    network,
+                    &peer.id,
+                    key_hash,
+                    existing.is_some(),
+                    now,
+                )
+                .await?
+            }
+            RegisterAuth::OwnCredential(token_hash) => {
+                let stored = match &existing {
+                    Some(r) => r.try_get::<Option<String>, _>("token_hash")?,
+                    None => None,
+                };
+                if stored.as_deref() != Some(token_hash) {
+                    return Err(Denied::Unauthenticated(format!(
+                        "the credential of peer {:?} is no longer valid in mesh network {network:?} (the peer was removed)",
+                        peer.id
+                    ))
+                    .into());
+                }
+            }
+            RegisterAuth::Admin => {}
+        }
+        // A key identifies one peer: another member's key is refused (its leases were ended
+        // above when over, so a departed peer's key is free again).
+        let holder = sqlx::query(
+            "SELECT id FROM mesh_peers WHERE network_id = $1 AND public_key = $2 AND id <> $3 \
+             AND virtual_ip IS NOT NULL",
+        )
+        .bind(network)
+        .bind(&peer.public_key)
+        .bind(&peer.id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(row) = holder {
+            return Err(RegistryError::PublicKeyInUse {
+                network: network.into(),
+                peer: peer.id.clone(),
+                holder: row.try_get("id")?,
+            });
+        }
         let held = match &existing {
             Some(r) => r
                 .try_get::<Option<String>, _>("virtual_ip")?
@@ -439,6 +597,14 @@ impl Store {
                 .await?;
             (ip, true, false)
         };
+        if let Some(hash) = new_token_hash {
+            sqlx::query("UPDATE mesh_peers SET token_hash = $1 WHERE network_id = $2 AND id = $3")
+                .bind(hash)
+                .bind(network)
+                .bind(&peer.id)
+                .execute(&mut *tx)
+                .await?;
+        }
         let others = sqlx::query(
             "SELECT id, name, virtual_ip, public_key, endpoints FROM mesh_peers \
              WHERE network_id = $1 AND virtual_ip IS NOT NULL AND id <> $2 ORDER BY id",
@@ -573,6 +739,37 @@ impl Store {
         }))
     }
 
+    /// A peer leaves by itself: its lease ends now (its address is free, offered to it again
+    /// first) but its row and credential stay, so it can come back without a new enrollment
+    /// key until the sweep forgets it. `Some` when it held a lease.
+    pub async fn leave_peer(&self, network: &str, peer: &str) -> Result<Option<Departed>> {
+        let now = iso(Utc::now());
+        let row = sqlx::query(
+            "UPDATE mesh_peers SET previous_ip = virtual_ip, virtual_ip = NULL, lease_expires = $1 \
+             WHERE network_id = $2 AND id = $3 AND virtual_ip IS NOT NULL AND lease_expires > $1 \
+             RETURNING name",
+        )
+        .bind(&now)
+        .bind(network)
+        .bind(peer)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(row) = row {
+            return Ok(Some(Departed {
+                network_id: network.into(),
+                peer_id: peer.into(),
+                name: row.try_get("name")?,
+            }));
+        }
+        let mut conn = self.pool.acquire().await?;
+        let known = peer_exists(&mut conn, network, peer).await?;
+        if known {
+            Ok(None)
+        } else {
+            Err(unknown(&mut conn, network, peer).await)
+        }
+    }
+
     /// Renews a held lease (and records the peer's reported figures). `NoLease` when the lease
     /// is over, whether or not the sweep has ended it yet.
     pub async fn heartbeat(
@@ -612,12 +809,7 @@ impl Store {
             return Ok(());
         }
         let mut conn = self.pool.acquire().await?;
-        let known = sqlx::query("SELECT 1 FROM mesh_peers WHERE network_id = $1 AND id = $2")
-            .bind(network)
-            .bind(peer)
-            .fetch_optional(&mut *conn)
-            .await?
-            .is_some();
+        let known = peer_exists(&mut conn, network, peer).await?;
         Err(if known {
             RegistryError::NoLease {
                 network: network.into(),
@@ -639,6 +831,104 @@ impl Store {
         Ok(
             sqlx::query("DELETE FROM mesh_peers WHERE virtual_ip IS NULL AND lease_expires < $1")
                 .bind(iso(before))
+                .execute(&self.pool)
+                .await?
+                .rows_affected(),
+        )
+    }
+
+    /// The (network, peer) whose credential hashes to `token_hash`.
+    pub async fn peer_by_token(&self, token_hash: &str) -> Result<Option<(String, String)>> {
+        let row = sqlx::query("SELECT network_id, id FROM mesh_peers WHERE token_hash = $1")
+            .bind(token_hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok((r.try_get("network_id")?, r.try_get("id")?)))
+            .transpose()
+    }
+
+    pub async fn create_enrollment_key(
+        &self,
+        network: &str,
+        id: &str,
+        key_hash: &str,
+        reusable: bool,
+        expires_at: DateTime<Utc>,
+    ) -> Result<EnrollmentKeyRow> {
+        let mut tx = begin_write(&self.pool, self.engine).await?;
+        if !network_exists(&mut tx, network).await? {
+            return Err(RegistryError::UnknownNetwork(network.into()));
+        }
+        let created = iso(Utc::now());
+        let expires = iso(expires_at);
+        sqlx::query(
+            "INSERT INTO mesh_enrollment_keys (id, network_id, key_hash, reusable, expires_at, created) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(id)
+        .bind(network)
+        .bind(key_hash)
+        .bind(i64::from(reusable))
+        .bind(&expires)
+        .bind(&created)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(EnrollmentKeyRow {
+            id: id.into(),
+            reusable,
+            // As stored (millisecond precision), so a later list shows the same times.
+            expires_at: time(&expires)?,
+            created: time(&created)?,
+        })
+    }
+
+    /// The network's enrollment keys that can still be used (unexpired), oldest first.
+    pub async fn enrollment_keys(&self, network: &str) -> Result<Vec<EnrollmentKeyRow>> {
+        let mut conn = self.pool.acquire().await?;
+        if !network_exists(&mut conn, network).await? {
+            return Err(RegistryError::UnknownNetwork(network.into()));
+        }
+        sqlx::query(
+            "SELECT id, reusable, expires_at, created FROM mesh_enrollment_keys \
+             WHERE network_id = $1 AND expires_at > $2 ORDER BY created, id",
+        )
+        .bind(network)
+        .bind(iso(Utc::now()))
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(enrollment_key_from)
+        .collect()
+    }
+
+    /// Revokes (deletes) an enrollment key; peers it enrolled keep their own credentials.
+    pub async fn delete_enrollment_key(&self, network: &str, id: &str) -> Result<()> {
+        let deleted =
+            sqlx::query("DELETE FROM mesh_enrollment_keys WHERE network_id = $1 AND id = $2")
+                .bind(network)
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+        if deleted.rows_affected() == 1 {
+            return Ok(());
+        }
+        let mut conn = self.pool.acquire().await?;
+        Err(if network_exists(&mut conn, network).await? {
+            RegistryError::UnknownEnrollmentKey {
+                network: network.into(),
+                key: id.into(),
+            }
+        } else {
+            RegistryError::UnknownNetwork(network.into())
+        })
+    }
+
+    /// Deletes enrollment keys that expired before `now`.
+    pub async fn forget_expired_keys(&self, now: DateTime<Utc>) -> Result<u64> {
+        Ok(
+            sqlx::query("DELETE FROM mesh_enrollment_keys WHERE expires_at <= $1")
+                .bind(iso(now))
                 .execute(&self.pool)
                 .await?
                 .rows_affected(),

@@ -142,9 +142,10 @@ pub async fn enable(State(state): State<S>) -> Result<Json<StatusReply>, ApiErro
     let cfg = state.config.load_full();
     state.mesh.enable(&cfg.mesh).await.map_err(|e| {
         let status = match e {
-            MeshError::Missing { .. } | MeshError::Mac(_) | MeshError::PresharedKey(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            MeshError::Missing { .. }
+            | MeshError::Mac(_)
+            | MeshError::PresharedKey(_)
+            | MeshError::InsecureRegistry(_) => StatusCode::BAD_REQUEST,
             MeshError::Identity(_) | MeshError::Bind { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, "MESH_NOT_STARTED", e.to_string())

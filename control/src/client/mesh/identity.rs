@@ -1,7 +1,8 @@
 //! The mesh peer's identity on disk: its X25519 static key (generated on the first start,
 //! `mesh.key` in the data directory, mode 0600, reused afterwards) and the UDP port it picked
 //! when `mesh.connection.listen_port` is 0 (`mesh.port`), so its endpoints stay the same
-//! across restarts.
+//! across restarts; and the peer's registry credential (`mesh.peer-token`, 0600), which the
+//! registry hands out at the first registration (issue 28).
 
 use base64::Engine as _;
 use std::io::Write as _;
@@ -90,6 +91,35 @@ pub fn load_or_create(data_dir: &Path) -> Result<Identity, IdentityError> {
     Ok(Identity { private, public })
 }
 
+pub fn peer_token_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("mesh.peer-token")
+}
+
+/// The registry credential saved at an earlier registration, if any.
+pub fn saved_peer_token(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let token = text.trim();
+    (!token.is_empty()).then(|| token.to_owned())
+}
+
+/// Saves the registry credential (mode 0600, written beside and renamed into place, so a
+/// crash leaves the old credential or the new one, never a torn file).
+pub fn save_peer_token(path: &Path, token: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let partial = path.with_extension("partial");
+    let _ = std::fs::remove_file(&partial);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&partial)?;
+    f.write_all(token.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&partial, path)
+}
+
 /// The port picked on an earlier start (0 when none).
 pub fn saved_port(data_dir: &Path) -> u16 {
     std::fs::read_to_string(port_path(data_dir))
@@ -130,5 +160,17 @@ mod tests {
         assert_eq!(saved_port(dir.path()), 0);
         save_port(dir.path(), 41000);
         assert_eq!(saved_port(dir.path()), 41000);
+    }
+
+    #[test]
+    fn the_peer_token_is_kept_private_and_replaced_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = peer_token_path(&dir.path().join("sub"));
+        assert_eq!(saved_peer_token(&path), None);
+        save_peer_token(&path, "sypt_1").unwrap();
+        save_peer_token(&path, "sypt_2").unwrap();
+        assert_eq!(saved_peer_token(&path).as_deref(), Some("sypt_2"));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 }

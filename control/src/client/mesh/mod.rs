@@ -38,6 +38,8 @@ pub enum MeshError {
     Missing { field: &'static str },
     #[error("mesh.device.mac_address {0:?} is not a unicast MAC address (aa:bb:cc:dd:ee:ff)")]
     Mac(String),
+    #[error("mesh.discovery.server: {0}")]
+    InsecureRegistry(String),
     #[error("mesh.connection.preshared_key: {0}")]
     PresharedKey(String),
     #[error(transparent)]
@@ -217,6 +219,8 @@ impl MeshManager {
         let base = registry::base_url(&cfg.discovery.server).ok_or(MeshError::Missing {
             field: "mesh.discovery.server",
         })?;
+        switchyard_config::client::registry_transport(&cfg.discovery)
+            .map_err(MeshError::InsecureRegistry)?;
         let psk = mesh_preshared_key(&cfg.connection).map_err(MeshError::PresharedKey)?;
         let identity = identity::load_or_create(&self.data_dir)?;
         let mac = if cfg.device.kind == "tap" {
@@ -252,9 +256,19 @@ impl MeshManager {
                 counters: HashMap::new(),
             }),
         });
+        let secret = |v: &Option<String>| {
+            v.as_deref()
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+        };
         let registry = registry::RegistryClient::new(
             base,
-            cfg.discovery.token.clone(),
+            registry::Credentials {
+                admin: secret(&cfg.discovery.token),
+                enrollment_key: secret(&cfg.discovery.enrollment_key),
+                token_file: Some(identity::peer_token_path(&self.data_dir)),
+            },
             cfg.network_id.clone(),
         );
         let task = peer::PeerTask {

@@ -396,6 +396,9 @@ impl PeerTask {
                             info.phase = Phase::Connected;
                             info.virtual_ip = Some(vip);
                         }
+                        // the credential is refused (the admin removed this peer, or replaced
+                        // its credential): shown in the status; the sessions run until stopped
+                        Err(e @ RegistryError::Refused { status: 401 | 403, .. }) => self.fail(e),
                         // unreachable registry: the sessions keep running meanwhile
                         Err(e) => tracing::warn!(error = %e, "mesh heartbeat failed"),
                     }

@@ -1,9 +1,14 @@
 //! The client side of the server's mesh registry (`/api/v1/mesh/networks/{id}/...`):
 //! registration, heartbeats, the peer list, leaving, and the request that opens the
-//! network's event WebSocket. Authenticates with `mesh.discovery.token` as a Bearer token
-//! (the server API's token) when one is configured.
+//! network's event WebSocket. Authenticates with a Bearer credential: `mesh.discovery.token`
+//! (the server's admin token, for an admin-run peer) when configured; otherwise the peer's own
+//! credential, which the first registration (with `mesh.discovery.enrollment_key`) returns and
+//! which is kept in the data directory.
 
+use parking_lot::RwLock;
 use reqwest::StatusCode;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use switchyard_api::{
     MeshEndpoint, MeshHeartbeat, MeshPeer, MeshPeerList, MeshPeerRegistration, MeshPeerUpdate,
@@ -38,12 +43,25 @@ pub enum Heartbeat {
     Unknown,
 }
 
+/// What the peer can present to the registry (`mesh.discovery`).
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    /// `mesh.discovery.token`: the admin's token, for every call.
+    pub admin: Option<String>,
+    /// `mesh.discovery.enrollment_key`: for a registration without a credential of our own.
+    pub enrollment_key: Option<String>,
+    /// Where the peer's own credential is kept; `None`: in memory only.
+    pub token_file: Option<PathBuf>,
+}
+
 #[derive(Clone)]
 pub struct RegistryClient {
     http: reqwest::Client,
     /// `http://host:port`, no trailing slash.
     base: String,
-    token: Option<String>,
+    creds: Credentials,
+    /// The peer's own credential (from the token file, then from registrations).
+    peer_token: Arc<RwLock<Option<String>>>,
     network: String,
 }
 
@@ -61,18 +79,47 @@ pub fn base_url(server: &str) -> Option<String> {
 }
 
 impl RegistryClient {
-    pub fn new(base: String, token: Option<String>, network: String) -> Self {
+    pub fn new(base: String, creds: Credentials, network: String) -> Self {
         switchyard_service::tls::use_ring_provider();
         let http = reqwest::Client::builder()
             .timeout(CALL_TIMEOUT)
             .build()
             .unwrap_or_default();
+        let saved = creds
+            .token_file
+            .as_deref()
+            .and_then(super::identity::saved_peer_token);
         Self {
             http,
             base,
-            token,
+            creds,
+            peer_token: Arc::new(RwLock::new(saved)),
             network,
         }
+    }
+
+    /// The Bearer credential of every call but a first registration: the admin token, else
+    /// the peer's own.
+    fn bearer(&self) -> Option<String> {
+        self.creds
+            .admin
+            .clone()
+            .or_else(|| self.peer_token.read().clone())
+    }
+
+    /// Keeps the credential a registration returned (in the token file when there is one).
+    fn keep_peer_token(&self, token: &str) {
+        if self.creds.admin.is_some() || self.peer_token.read().as_deref() == Some(token) {
+            return;
+        }
+        if let Some(path) = &self.creds.token_file {
+            match super::identity::save_peer_token(path, token) {
+                Ok(()) => tracing::info!(path = %path.display(), "mesh registry credential saved"),
+                Err(e) => tracing::warn!(path = %path.display(), error = %e,
+                    "cannot save the mesh registry credential: it lasts until the client stops"),
+            }
+        }
+        *self.peer_token.write() = Some(token.to_owned());
     }
 
     fn url(&self, tail: &str) -> String {
@@ -81,7 +128,7 @@ impl RegistryClient {
 
     fn request(&self, method: reqwest::Method, tail: &str) -> reqwest::RequestBuilder {
         let req = self.http.request(method, self.url(tail));
-        match &self.token {
+        match self.bearer() {
             Some(t) => req.bearer_auth(t),
             None => req,
         }
@@ -123,19 +170,41 @@ impl RegistryClient {
             network_id: Some(self.network.clone()),
             peer,
         };
-        let resp = self
-            .send(
-                what,
-                self.request(reqwest::Method::POST, "/peers").json(&body),
-            )
-            .await?;
+        let post = |bearer: Option<&str>| {
+            let req = self.http.post(self.url("/peers")).json(&body);
+            match bearer {
+                Some(t) => req.bearer_auth(t),
+                None => req,
+            }
+        };
+        let own = self.bearer();
+        let key = self.creds.enrollment_key.as_deref();
+        let mut resp = self.send(what, post(own.as_deref().or(key))).await?;
+        let refused = matches!(
+            resp.status(),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        );
+        if refused && own.is_some() && self.creds.admin.is_none() && key.is_some() {
+            // Our saved credential is unknown (the peer was deleted or forgotten) or belongs
+            // elsewhere (another network): enroll again with the key (a single-use key that
+            // was used is refused too).
+            tracing::warn!(
+                "the registry refused this peer's credential; registering with the enrollment key"
+            );
+            resp = self.send(what, post(key)).await?;
+        }
         if !resp.status().is_success() {
             return Err(Self::refused(what, resp).await);
         }
-        resp.json().await.map_err(|e| RegistryError::Invalid {
-            what,
-            reason: e.to_string(),
-        })
+        let answer: MeshRegisterResponse =
+            resp.json().await.map_err(|e| RegistryError::Invalid {
+                what,
+                reason: e.to_string(),
+            })?;
+        if let Some(token) = &answer.peer_token {
+            self.keep_peer_token(token);
+        }
+        Ok(answer)
     }
 
     pub async fn heartbeat(
@@ -221,7 +290,7 @@ impl RegistryClient {
             .map(|rest| format!("ws{rest}"))
             .unwrap_or(url);
         let mut req = url.into_client_request().map_err(|e| e.to_string())?;
-        if let Some(t) = &self.token {
+        if let Some(t) = self.bearer() {
             let value = format!("Bearer {t}")
                 .parse()
                 .map_err(|_| "token is not a header value".to_string())?;
@@ -248,7 +317,10 @@ mod tests {
         assert_eq!(base_url("  "), None);
         let c = RegistryClient::new(
             "https://reg.example".into(),
-            Some("t".into()),
+            Credentials {
+                admin: Some("t".into()),
+                ..Credentials::default()
+            },
             "office".into(),
         );
         let req = c.events_request().expect("request");
