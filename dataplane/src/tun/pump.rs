@@ -181,10 +181,12 @@ fn answer_filtered_echo(
         out.extend_from_slice(&VnetHeader::default().to_bytes());
     }
     out.extend_from_slice(&reply);
+    // a TUN write takes the whole packet or fails
     match device.write(&out) {
-        Ok(_) => {
+        Ok(n) if n == out.len() => {
             stats.icmp_filtered.fetch_add(1, Relaxed);
         }
+        Ok(n) => tracing::debug!(n, "the TUN device took part of an ICMP error"),
         Err(e) => tracing::debug!(error = %e, "writing an ICMP error to the TUN device failed"),
     }
 }
