@@ -837,6 +837,17 @@ fn vpn_scenario(classifier: &str) {
     topo.wait_server_request("10.211.9.1:8080");
     expect_seen(&topo, &client, &topo.exc, "10.211.9.1", DIRECT);
 
+    // ping to a tunnelled destination: the tunnel carries no ICMP, and says so at once
+    // ("Packet filtered" from the TUN's gateway) instead of leaving ping to time out
+    let ping = in_netns(&topo.lan, Some(&topo.inc), Path::new("ping"))
+        .args(["-n", "-c", "1", "-W", "10", "10.211.9.1"])
+        .output()
+        .expect("ping");
+    let said = String::from_utf8_lossy(&ping.stdout);
+    assert!(said.contains("Packet filtered"), "{said}\n{}", client.log());
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert!(status["dropped"].as_u64().unwrap_or(0) >= 1, "{status}");
+
     // an IP rule added live steers one destination of the other cgroup into the VPN
     client.ok(
         "POST",
