@@ -1534,6 +1534,58 @@ mod tests {
     }
 
     #[test]
+    fn floods_are_delivered_only_from_a_listed_origin_at_its_own_address() {
+        let mut sides = vec![side(1, 1), side(2, 2)];
+        for s in &sides {
+            s.mesh.shared.set_network_prefix(24);
+        }
+        list_all(&mut sides);
+        for _ in 0..3 {
+            pump(&mut sides, (9, 9));
+        }
+        take_device(&mut sides[1]);
+        let everyone = Ipv4Addr::new(10, 100, 0, 255);
+        let flood = |origin: &str, id: u64, src: Ipv4Addr| {
+            Message::Flood(switchyard_mesh_routing::wire::Flood {
+                origin: origin.into(),
+                id,
+                ttl: 2,
+                mode: switchyard_mesh_routing::FloodMode::Broadcast,
+                payload: wire::udp_packet(src, everyone, 9, b"flood"),
+            })
+            .encode()
+            .unwrap()
+        };
+        // peer1 floods a packet with another member's source; then in the name of a stranger
+        let own = sides[0].vip;
+        sides[0].mesh.send_control(
+            "peer2",
+            &flood("peer1", 1 << 40, Ipv4Addr::new(10, 100, 0, 2)),
+        );
+        sides[0]
+            .mesh
+            .send_control("peer2", &flood("mallory", 1 << 40, own));
+        pump(&mut sides, (9, 9));
+        assert!(take_device(&mut sides[1]).is_empty(), "nothing delivered");
+        let totals = &sides[1].mesh.shared.totals;
+        assert_eq!(totals.invalid.load(Relaxed), 1, "forged inner source");
+        assert_eq!(
+            totals.route_claims_refused.load(Relaxed),
+            1,
+            "unlisted origin"
+        );
+        // its own flood, from its own address, is delivered
+        sides[0]
+            .mesh
+            .send_control("peer2", &flood("peer1", (1 << 40) + 1, own));
+        pump(&mut sides, (9, 9));
+        assert_eq!(
+            take_device(&mut sides[1]),
+            wire::udp_packet(own, everyone, 9, b"flood")
+        );
+    }
+
+    #[test]
     fn broadcast_multicast_and_anycast_reach_the_right_peers_across_two_hops() {
         let mut sides = vec![side(1, 1), side(2, 2), side(3, 3)];
         sides[1].mesh.settings.relay_via_peers = true;

@@ -142,6 +142,12 @@ impl Router {
         if !self.neighbours.contains_key(from) {
             return Err(RoutingError::NotNeighbour(from.to_owned()));
         }
+        // a flood names its origin; only a listed member can be one (an unlisted name would
+        // still fill the seen-cache and the trees)
+        if !self.members.contains_key(&flood.origin) && flood.origin != self.local_id {
+            self.stats.claims_refused += 1;
+            return Ok((None, Vec::new()));
+        }
         if flood.origin == self.local_id || !self.seen.insert(&flood.origin, flood.id, now) {
             self.stats.flood_duplicates += 1;
             return Ok((None, Vec::new()));

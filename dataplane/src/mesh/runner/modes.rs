@@ -271,6 +271,17 @@ impl Mesh {
                 .is_some_and(|r| r.group_members(src).iter().any(|(id, _)| *id == s.entry.id))
     }
 
+    /// Whether `packet`'s IPv4 source is the registry address of member `origin`.
+    fn is_origins_own(&self, origin: &str, packet: &[u8]) -> bool {
+        let Some((src, _)) = wire::ipv4_addresses(packet) else {
+            return false;
+        };
+        self.table
+            .peers
+            .iter()
+            .any(|p| p.id == origin && p.vip == src)
+    }
+
     /// TAP mode: a frame from the peer whose virtual IP is `from`: its source MAC lives there.
     pub(super) fn learn_mac(&mut self, frame: &[u8], from: Ipv4Addr) {
         if let Some(id) = self.table.peers.iter().find(|p| p.vip == from) {
@@ -306,6 +317,11 @@ impl Mesh {
         if self.settings.layer2 {
             let now = Instant::now();
             self.modes.macs.learn_from_frame(packet, &flood.origin, now);
+        } else if !self.is_origins_own(&flood.origin, packet) {
+            // an IP packet flooded in another member's name must come from that member's
+            // registry address
+            self.shared.totals.invalid.fetch_add(1, Relaxed);
+            return;
         }
         self.write_device(packet);
     }
