@@ -58,13 +58,20 @@ impl MacTable {
             return false;
         }
         if let Some((owner, seen)) = self.entries.get_mut(&mac) {
-            *seen = now;
-            if owner != peer {
-                // The address moved to another peer (a VM migrated, a bridge re-cabled).
-                *owner = peer.to_owned();
-                return true;
+            if owner == peer {
+                *seen = now;
+                return false;
             }
-            return false;
+            // Another peer claims an address still in use behind its owner: refused, or any
+            // member could draw a neighbour's frames by sending one with its source MAC. The
+            // address moves (a VM migrated, a bridge re-cabled) once its owner has been quiet
+            // for the ageing time.
+            if now.saturating_duration_since(*seen) < self.ageing {
+                return false;
+            }
+            *owner = peer.to_owned();
+            *seen = now;
+            return true;
         }
         if self.entries.len() >= self.capacity {
             self.expire(now);
@@ -189,6 +196,20 @@ mod tests {
         t.learn(M3, "peer-c", t0 + Duration::from_secs(20));
         t.forget_peer("peer-c");
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_live_address_is_not_taken_over_by_another_peer() {
+        let t0 = Instant::now();
+        let mut t = MacTable::new(LOCAL, Duration::from_secs(10), DEFAULT_CAPACITY);
+        t.learn(M2, "victim", t0);
+        // frames with the victim's source MAC from another member, again and again
+        for s in 1..10 {
+            let at = t0 + Duration::from_secs(s);
+            assert!(!t.learn(M2, "mallory", at));
+            t.learn(M2, "victim", at);
+        }
+        assert_eq!(t.lookup(M2, t0 + Duration::from_secs(10)), Some("victim"));
     }
 
     #[test]
