@@ -792,16 +792,12 @@ mod tests {
         assert_eq!(sim.count(|e| matches!(e, Event::Unreachable { .. })), 2);
     }
 
-    #[test]
-    fn checks_with_another_networks_secret_are_dropped() {
+    /// Replaces b with one made by `make` (given b's address and a's endpoints) and checks
+    /// that b drops a's first check, unanswered.
+    fn a_check_is_dropped_by(make: impl FnOnce(SocketAddr, &[Endpoint], Instant) -> IceEndpoint) {
         let mut sim = Sim::new(&["a", "b"], |_| {});
-        // b derives its check password from a different network key.
-        let b_addr = sim.nodes[1].0;
-        let mut c = IceConfig::new("b", vec![b_addr]);
-        c.secret = b"other network".to_vec();
-        let mut b = IceEndpoint::new(c, sim.now);
-        b.set_peer("a", PAIR_KEY, &sim.nodes[0].1.local_endpoints(), sim.now);
-        sim.nodes[1].1 = b;
+        let a_endpoints = sim.nodes[0].1.local_endpoints();
+        sim.nodes[1].1 = make(sim.nodes[1].0, &a_endpoints, sim.now);
         let now = sim.now;
         sim.nodes[0].1.handle_timeout(now);
         let t = sim.nodes[0].1.poll_transmit().expect("a check");
@@ -814,27 +810,25 @@ mod tests {
     }
 
     #[test]
+    fn checks_with_another_networks_secret_are_dropped() {
+        // b derives its check password from a different network key
+        a_check_is_dropped_by(|b_addr, a_endpoints, now| {
+            let mut c = IceConfig::new("b", vec![b_addr]);
+            c.secret = b"other network".to_vec();
+            let mut b = IceEndpoint::new(c, now);
+            b.set_peer("a", PAIR_KEY, a_endpoints, now);
+            b
+        });
+    }
+
+    #[test]
     fn checks_keyed_for_another_pair_are_dropped() {
-        let mut sim = Sim::new(&["a", "b"], |_| {});
         // same network, same ids, but b's pair key is not the one a holds (an outsider who
         // knows both ids)
-        let b_addr = sim.nodes[1].0;
-        let mut b = IceEndpoint::new(IceConfig::new("b", vec![b_addr]), sim.now);
-        b.set_peer(
-            "a",
-            b"not our pair",
-            &sim.nodes[0].1.local_endpoints(),
-            sim.now,
-        );
-        sim.nodes[1].1 = b;
-        let now = sim.now;
-        sim.nodes[0].1.handle_timeout(now);
-        let t = sim.nodes[0].1.poll_transmit().expect("a check");
-        let a_addr = sim.nodes[0].0;
-        assert_eq!(
-            sim.nodes[1].1.handle_datagram(a_addr, &t.bytes, now),
-            Received::Dropped
-        );
-        assert!(sim.nodes[1].1.poll_transmit().is_none());
+        a_check_is_dropped_by(|b_addr, a_endpoints, now| {
+            let mut b = IceEndpoint::new(IceConfig::new("b", vec![b_addr]), now);
+            b.set_peer("a", b"not our pair", a_endpoints, now);
+            b
+        });
     }
 }

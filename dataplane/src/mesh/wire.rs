@@ -170,7 +170,8 @@ pub fn etherip_frame(p: &[u8]) -> Option<&[u8]> {
     Some(&body[2..])
 }
 
-fn checksum(header: &[u8]) -> u16 {
+/// The Internet checksum (RFC 1071) of `header` (any bytes; an odd last byte is padded).
+pub(crate) fn checksum(header: &[u8]) -> u16 {
     let mut sum: u32 = header
         .chunks(2)
         .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))

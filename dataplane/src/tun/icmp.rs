@@ -8,6 +8,7 @@
 //! (RFC 792). `ping` then reports "Packet filtered" at once. ICMP errors themselves are never
 //! answered (RFC 1122 §3.2.2).
 
+use crate::mesh::wire::checksum;
 use std::net::Ipv4Addr;
 
 const IPPROTO_ICMP: u8 = 1;
@@ -53,18 +54,6 @@ pub fn filtered_reply(packet: &[u8], gateway: Ipv4Addr) -> Option<Vec<u8>> {
     let icmp_check = checksum(&out[20..]);
     out[22..24].copy_from_slice(&icmp_check.to_be_bytes());
     Some(out)
-}
-
-/// The Internet checksum (RFC 1071) of `data`.
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 #[cfg(test)]
