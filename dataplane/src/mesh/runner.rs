@@ -669,19 +669,15 @@ impl Mesh {
             self.shared.totals.no_route.fetch_add(1, Relaxed);
             return;
         };
-        // a peer speaks for its own address, for the peers we route through it (their packets
-        // come back the same way), or for anyone when we forward for others
-        let routed_via_sender = || {
+        // a peer speaks for its own address, and for the members it offers routes to (a
+        // relayed packet comes from one of those): never for an address the registry does not
+        // give a member, whether or not we forward for others
+        let relayed_by_sender = || {
             self.router
                 .as_ref()
-                .and_then(|r| r.next_hop(src))
-                .is_some_and(|h| h.peer_id == s.entry.id)
+                .is_some_and(|r| r.may_come_through(&s.entry.id, src))
         };
-        if src != s.entry.vip
-            && !self.settings.relay_via_peers
-            && !routed_via_sender()
-            && !self.anycast_source(s, src)
-        {
+        if src != s.entry.vip && !relayed_by_sender() && !self.anycast_source(s, src) {
             self.shared.totals.invalid.fetch_add(1, Relaxed);
             return;
         }
@@ -1531,6 +1527,36 @@ mod tests {
         p[3] = (20 + igmp.len()) as u8;
         p.extend(igmp);
         p
+    }
+
+    #[test]
+    fn a_relaying_peer_cannot_speak_for_an_address_no_member_it_routes_to_holds() {
+        let mut sides = vec![side(1, 1), side(2, 2), side(3, 3)];
+        for s in sides.iter_mut() {
+            s.mesh.settings.relay_via_peers = true;
+        }
+        list_all(&mut sides);
+        // 0 reaches 2 only through 1
+        for _ in 0..4 {
+            pump(&mut sides, (0, 2));
+        }
+        for s in sides.iter_mut() {
+            take_device(s);
+        }
+        let (v0, v1, v2) = (sides[0].vip, sides[1].vip, sides[2].vip);
+        // peer1 sends packets whose sources are: itself, peer3 (it relays for it), nobody
+        for src in [v1, v2, Ipv4Addr::new(10, 100, 0, 77)] {
+            let packet = wire::udp_packet(src, v0, 5000, b"who");
+            sides[1].mesh.send_to_mesh(&packet);
+            pump(&mut sides, (0, 2));
+            let got = take_device(&mut sides[0]);
+            if src == Ipv4Addr::new(10, 100, 0, 77) {
+                assert!(got.is_empty(), "an address no member holds");
+            } else {
+                assert_eq!(got, packet, "{src}");
+            }
+        }
+        assert_eq!(sides[0].mesh.shared.totals.invalid.load(Relaxed), 1);
     }
 
     #[test]

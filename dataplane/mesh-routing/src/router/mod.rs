@@ -578,6 +578,22 @@ impl Router {
         self.next_hop_to(dest)
     }
 
+    /// Whether a packet from the member at `vip` may have come through neighbour `via`: `via`
+    /// is that member, or it offers a usable route to it (any of its routes, not only the one
+    /// we chose, so asymmetric paths still pass). Addresses the registry does not list never
+    /// do.
+    pub fn may_come_through(&self, via: &str, vip: Ipv4Addr) -> bool {
+        let Some((member, _)) = self.members.iter().find(|(_, v)| **v == vip) else {
+            return false;
+        };
+        member == via
+            || self.neighbours.get(via).is_some_and(|n| {
+                n.adverts
+                    .get(member)
+                    .is_some_and(|a| a.route.as_ref().is_some_and(|r| r.vip == vip))
+            })
+    }
+
     /// The next hop towards a peer by id.
     pub fn next_hop_to(&self, dest: &str) -> Option<NextHop> {
         let r = self.routes.get(dest)?;
