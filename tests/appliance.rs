@@ -59,14 +59,41 @@ struct Guest {
     started: Instant,
 }
 
+/// One guest connection (stdin/stdout, from qemu's guestfwd `cmd:`) relayed to the host's
+/// 127.0.0.1:PORT.
+const GUESTFWD_RELAY: &str = r#"
+import os, socket, sys, threading
+upstream = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+def to_upstream():
+    while True:
+        data = os.read(0, 65536)
+        if not data:
+            upstream.shutdown(socket.SHUT_WR)
+            return
+        upstream.sendall(data)
+threading.Thread(target=to_upstream, daemon=True).start()
+while True:
+    data = upstream.recv(65536)
+    if not data:
+        break
+    os.write(1, data)
+"#;
+
 impl Guest {
     fn boot(image: &Path, dir: &Path, run: &str, origin_port: u16) -> Guest {
         let (proxy, api) = (free_port(), free_port());
         let serial = dir.join(format!("serial-{run}.log"));
         let qmp = dir.join(format!("qmp-{run}.sock"));
+        // guestfwd to a `tcp:` chardev is one connection, opened when qemu starts: nginx closed
+        // it after 60 s without a request whenever the boot took longer (TCG beside a loaded
+        // CPU), and the guest's request then hung. `cmd:` starts the relay per connection.
+        let relay = dir.join("guestfwd_relay.py");
+        std::fs::write(&relay, GUESTFWD_RELAY).expect("relay script");
         let net = format!(
             "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{proxy}-:7080,\
-             hostfwd=tcp:127.0.0.1:{api}-:7082,guestfwd=tcp:10.0.2.100:80-tcp:127.0.0.1:{origin_port}"
+             hostfwd=tcp:127.0.0.1:{api}-:7082,\
+             guestfwd=tcp:10.0.2.100:80-cmd:python3 {} {origin_port}",
+            relay.display()
         );
         let child = Command::new("qemu-system-x86_64")
             .args(["-accel", "tcg", "-cpu", "max", "-m", "768", "-smp", "2"])
@@ -327,6 +354,7 @@ fn cannot_run() -> bool {
         "sfdisk",
         "mkfs.ext4",
         "objcopy",
+        "python3",
     ]
     .iter()
     .any(|tool| require(tool).is_none())
