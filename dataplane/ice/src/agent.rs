@@ -22,6 +22,11 @@ use crate::candidate::{pair_priority, priority, Candidate, CandidateKind};
 use crate::stun::{hmac_sha1, Attribute, Class, Message, Method, TransactionId};
 use crate::transaction::{Retransmit, TimerAction, INITIAL_RTO};
 
+/// Most peer-reflexive remote candidates an agent holds: each came from a check whose source
+/// address anyone on the path can rewrite (a replayed check keeps its integrity), and each
+/// costs checks sent to it. A new one beyond this replaces the oldest one not in use.
+pub const MAX_PEER_REFLEXIVE: usize = 8;
+
 /// How our side of a pair sends: from the socket itself, or through our allocation on the TURN
 /// server at this address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -321,6 +326,68 @@ impl Agent {
         }
     }
 
+    /// Below [`MAX_PEER_REFLEXIVE`] peer-reflexive candidates, or one fewer after forgetting
+    /// the oldest not on the selected pair; false when every one is in use.
+    fn make_room_for_peer_reflexive(&mut self) -> bool {
+        let reflexive = |r: &&Candidate| r.kind == CandidateKind::PeerReflexive;
+        if self.remotes.iter().filter(reflexive).count() < MAX_PEER_REFLEXIVE {
+            return true;
+        }
+        let in_use = self.selected().map(|p| p.remote);
+        let oldest = self
+            .remotes
+            .iter()
+            .filter(reflexive)
+            .map(|r| r.addr)
+            .find(|a| Some(*a) != in_use);
+        match oldest {
+            Some(addr) => {
+                self.forget_remote(addr);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Peer-reflexive candidates whose every pair failed are forgotten: a real peer's check
+    /// brings its address back, an address forged into a replayed check stays gone.
+    fn forget_failed_peer_reflexive(&mut self) {
+        let failed: Vec<SocketAddr> = self
+            .remotes
+            .iter()
+            .filter(|r| r.kind == CandidateKind::PeerReflexive)
+            .map(|r| r.addr)
+            .filter(|a| {
+                self.pairs
+                    .iter()
+                    .filter(|p| p.remote == *a)
+                    .all(|p| matches!(p.state, PairState::Failed))
+            })
+            .collect();
+        for addr in failed {
+            self.forget_remote(addr);
+        }
+    }
+
+    /// Removes a remote candidate and its pairs (never the selected pair's).
+    fn forget_remote(&mut self, addr: SocketAddr) {
+        let selected_path = self.selected();
+        if selected_path.is_some_and(|p| p.remote == addr) {
+            return;
+        }
+        self.remotes.retain(|r| r.addr != addr);
+        self.pairs.retain(|p| p.remote != addr);
+        self.selected = selected_path.and_then(|s| self.pairs.iter().position(|p| p.path() == s));
+    }
+
+    /// How many peer-reflexive candidates are held.
+    pub fn peer_reflexive_count(&self) -> usize {
+        self.remotes
+            .iter()
+            .filter(|r| r.kind == CandidateKind::PeerReflexive)
+            .count()
+    }
+
     fn allowed(&self, via: Via, remote_kind: CandidateKind) -> bool {
         let relayed = matches!(via, Via::Relay(_)) || remote_kind == CandidateKind::Relayed;
         if relayed {
@@ -464,6 +531,9 @@ impl Agent {
                     priority: remote_priority,
                 };
                 if !self.remotes.iter().any(|r| r.addr == from) {
+                    if !self.make_room_for_peer_reflexive() {
+                        return true;
+                    }
                     self.remotes.push(candidate);
                 }
                 let local = self.locals.iter().find(|(v, _)| *v == via).map(|(_, p)| *p);
@@ -630,6 +700,7 @@ impl Agent {
                 }
             }
         }
+        self.forget_failed_peer_reflexive();
 
         if let Some(consent) = &mut self.consent {
             if now >= consent.last_ok + self.config.consent_timeout {
@@ -865,6 +936,32 @@ mod tests {
                 "a timer stays due"
             );
         }
+    }
+
+    /// Replayed checks from forged sources: at most MAX_PEER_REFLEXIVE addresses are held and
+    /// checked, and they are gone once their checks fail.
+    #[test]
+    fn peer_reflexive_candidates_are_bounded_and_expire() {
+        let now = Instant::now();
+        let mut a = Agent::new("a", "b", b"", config(), now);
+        a.add_local(Via::Direct, 1);
+        let check = Agent::new("b", "a", b"", config(), now).check_request_for_test();
+        let m = Message::decode(&check).unwrap();
+        for i in 0..100u16 {
+            let forged = SocketAddr::from(([198, 51, 100, (i % 250) as u8], 1000 + i));
+            assert!(a.handle_request(Via::Direct, forged, &m, &check, now));
+        }
+        assert_eq!(a.peer_reflexive_count(), MAX_PEER_REFLEXIVE);
+        assert!(a.pairs.len() <= MAX_PEER_REFLEXIVE);
+        // nobody answers the checks sent to them: they fail and the addresses go
+        let mut t = now;
+        for _ in 0..400 {
+            t += Duration::from_millis(50);
+            a.handle_timeout(t);
+            while a.poll_outgoing().is_some() {}
+        }
+        assert_eq!(a.peer_reflexive_count(), 0);
+        assert!(a.pairs.is_empty());
     }
 
     #[test]
