@@ -34,6 +34,7 @@ on_both_databases!(
     registry_lifecycle_survives_a_restart,
     expiry_frees_the_address_and_announces_peer_left,
     a_peer_credential_acts_on_its_own_peer_only,
+    anycast_addresses_are_the_registrys_word,
     enrollment_keys_expire_are_single_use_and_revocable,
 );
 
@@ -1140,6 +1141,59 @@ async fn a_peer_credential_acts_on_its_own_peer_only(db: Db) {
     assert_eq!(st, StatusCode::UNAUTHORIZED);
     let (st, _) = register_as(&s, "n1", peer("a", 1), &a).await;
     assert_eq!(st, StatusCode::UNAUTHORIZED);
+}
+
+/// `metadata.anycast` is what the data plane trusts for anycast: a member's own or another
+/// member's address, or one outside the network, is refused (400, field named); a listed
+/// address is never leased to a new peer.
+async fn anycast_addresses_are_the_registrys_word(db: Db) {
+    let s = start_secured(&db);
+    admin_network(&s, "n1", "10.1.0.0/29").await;
+    let key = enrollment_key(&s, "n1", json!({"reusable": true})).await;
+    let key = key["key"].as_str().expect("key");
+    let a = enroll(&s, "n1", peer("a", 1), key).await;
+    let b = enroll(&s, "n1", peer("b", 2), key).await;
+    let p = "/api/v1/mesh/networks/n1/peers";
+    let patch = |list: Value| Some(json!({"metadata": {"anycast": list}}));
+    for (list, field) in [
+        (json!(["10.1.0.2"]), "metadata.anycast[0]"), // b's address
+        (json!(["10.1.0.6", "10.1.0.1"]), "metadata.anycast[1]"), // a's own
+        (json!(["10.1.0.7"]), "metadata.anycast[0]"), // the broadcast address
+        (json!(["10.9.0.1"]), "metadata.anycast[0]"), // outside the network
+        (json!("10.1.0.6"), "metadata.anycast"),
+    ] {
+        let (st, body) = call_with(
+            &s,
+            Method::PATCH,
+            &format!("{p}/a"),
+            patch(list.clone()),
+            Some(&a),
+        )
+        .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{list}: {body}");
+        assert!(body.to_string().contains(field), "{list}: {body}");
+    }
+    // two members serve one anycast address; it is never leased
+    for (id, token) in [("a", &a), ("b", &b)] {
+        let (st, body) = call_with(
+            &s,
+            Method::PATCH,
+            &format!("{p}/{id}"),
+            patch(json!(["10.1.0.3"])),
+            Some(token),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert_eq!(body["metadata"]["anycast"], json!(["10.1.0.3"]));
+    }
+    enroll(&s, "n1", peer("c", 3), key).await;
+    let (_, list) = admin(&s, Method::GET, p, None).await;
+    let c_ip = list["peers"]
+        .as_array()
+        .and_then(|l| l.iter().find(|x| x["id"] == "c"))
+        .map(|x| addr(&x["virtual_ip"]))
+        .expect("c listed");
+    assert_eq!(c_ip, Ipv4Addr::new(10, 1, 0, 4), "10.1.0.3 skipped: {list}");
 }
 
 async fn enrollment_keys_expire_are_single_use_and_revocable(db: Db) {

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use ipnet::Ipv4Net;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AnyPool, Row};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use switchyard_api::{
     MeshEndpoint, MeshHeartbeat, MeshNetwork, MeshPeer, MeshPeerRegistration, MeshPeerSummary,
@@ -124,6 +124,43 @@ pub struct Store {
 
 fn corrupt(what: impl std::fmt::Display) -> RegistryError {
     RegistryError::Corrupt(what.to_string())
+}
+
+/// The addresses members of `network` hold (address → peer id) and the anycast addresses
+/// they list: neither may be leased to another peer.
+async fn addresses_in_use(
+    conn: &mut AnyConnection,
+    network: &str,
+    net: Ipv4Net,
+) -> Result<(BTreeMap<Ipv4Addr, String>, BTreeSet<Ipv4Addr>)> {
+    let rows = sqlx::query(
+        "SELECT id, virtual_ip, metadata FROM mesh_peers \
+         WHERE network_id = $1 AND virtual_ip IS NOT NULL",
+    )
+    .bind(network)
+    .fetch_all(conn)
+    .await?;
+    let mut held = BTreeMap::new();
+    let mut anycast = BTreeSet::new();
+    for r in &rows {
+        let id: String = r.try_get("id")?;
+        let text: String = r.try_get("virtual_ip")?;
+        let ip = text
+            .parse::<Ipv4Addr>()
+            .map_err(|e| corrupt(format!("address {text:?}: {e}")))?;
+        held.insert(ip, id);
+        // a list stored before these checks existed may not pass them: it reserves nothing
+        let listed = anycast_of(&r.try_get::<String, _>("metadata")?, net).unwrap_or_default();
+        anycast.extend(listed);
+    }
+    Ok((held, anycast))
+}
+
+/// The anycast addresses a stored (or about to be stored) metadata text lists.
+fn anycast_of(metadata_json: &str, net: Ipv4Net) -> Result<Vec<Ipv4Addr>> {
+    let meta: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(metadata_json).map_err(|e| corrupt(format!("metadata: {e}")))?;
+    Ok(super::validate::anycast("metadata.anycast", &meta, net)?)
 }
 
 fn time(text: &str) -> Result<DateTime<Utc>> {
@@ -439,21 +476,8 @@ impl Store {
         // PostgreSQL: lock the network's row, so registrations of one network take turns
         // instead of all picking the same free address and retrying as a herd. (SQLite's
         // `BEGIN IMMEDIATE` already serialises writers.)
-        let lock = match self.engine {
-            Engine::Postgres => " FOR UPDATE",
-            Engine::Sqlite => "",
-        };
-        let cidr: String = sqlx::query(&format!(
-            "SELECT cidr FROM mesh_networks WHERE id = $1{lock}"
-        ))
-        .bind(network)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| RegistryError::UnknownNetwork(network.into()))?
-        .try_get("cidr")?;
-        let net: Ipv4Net = cidr
-            .parse()
-            .map_err(|e| corrupt(format!("cidr {cidr:?}: {e}")))?;
+        let net = self.network_cidr_locked(&mut tx, network).await?;
+        let cidr = net.to_string();
         let existing = sqlx::query(
             "SELECT public_key, virtual_ip, previous_ip, endpoints, token_hash FROM mesh_peers \
              WHERE network_id = $1 AND id = $2",
@@ -507,6 +531,19 @@ impl Store {
                 holder: row.try_get("id")?,
             });
         }
+        // anycast addresses are the registry's word (the data plane trusts no other): never a
+        // member's address, never leased while some member lists them
+        let own_anycast = anycast_of(metadata_json, net)?;
+        let (mut held_addresses, listed_anycast) = addresses_in_use(&mut tx, network, net).await?;
+        if let Some(r) = &existing {
+            if let Some(ip) = r.try_get::<Option<String>, _>("virtual_ip")? {
+                // its own address counts too: it keeps it below
+                if let Ok(ip) = ip.parse() {
+                    held_addresses.insert(ip, peer.id.clone());
+                }
+            }
+        }
+        super::validate::anycast_not_held("metadata.anycast", &own_anycast, &held_addresses)?;
         let held = match &existing {
             Some(r) => r
                 .try_get::<Option<String>, _>("virtual_ip")?
@@ -546,19 +583,9 @@ impl Store {
             let changed = endpoints_from(&old_endpoints)? != peer.endpoints;
             (ip, false, changed)
         } else {
-            let used = sqlx::query(
-                "SELECT virtual_ip FROM mesh_peers WHERE network_id = $1 AND virtual_ip IS NOT NULL",
-            )
-            .bind(network)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| {
-                let text: String = r.try_get("virtual_ip")?;
-                text.parse::<Ipv4Addr>()
-                    .map_err(|e| corrupt(format!("address {text:?}: {e}")))
-            })
-            .collect::<Result<BTreeSet<_>>>()?;
+            let mut used: BTreeSet<Ipv4Addr> = held_addresses.keys().copied().collect();
+            used.extend(listed_anycast.iter().copied());
+            used.extend(own_anycast.iter().copied());
             let previous = match &existing {
                 Some(r) => r
                     .try_get::<Option<String>, _>("previous_ip")?
@@ -636,6 +663,29 @@ impl Store {
         })
     }
 
+    /// The network's address range, its row locked on PostgreSQL so that writers of one
+    /// network take turns (SQLite's `BEGIN IMMEDIATE` already serialises writers).
+    async fn network_cidr_locked(
+        &self,
+        conn: &mut AnyConnection,
+        network: &str,
+    ) -> Result<Ipv4Net> {
+        let lock = match self.engine {
+            Engine::Postgres => " FOR UPDATE",
+            Engine::Sqlite => "",
+        };
+        let cidr: String = sqlx::query(&format!(
+            "SELECT cidr FROM mesh_networks WHERE id = $1{lock}"
+        ))
+        .bind(network)
+        .fetch_optional(conn)
+        .await?
+        .ok_or_else(|| RegistryError::UnknownNetwork(network.into()))?
+        .try_get("cidr")?;
+        cidr.parse()
+            .map_err(|e| corrupt(format!("cidr {cidr:?}: {e}")))
+    }
+
     /// Peers of `network` holding a lease now.
     pub async fn peers(&self, network: &str) -> Result<Vec<MeshPeer>> {
         let mut conn = self.pool.acquire().await?;
@@ -692,6 +742,12 @@ impl Store {
     ) -> Result<MeshPeer> {
         let mut tx = begin_write(&self.pool, self.engine).await?;
         Self::leased_peer(&mut tx, network, peer).await?;
+        if let Some(meta) = metadata_json {
+            let net = self.network_cidr_locked(&mut tx, network).await?;
+            let (held, _) = addresses_in_use(&mut tx, network, net).await?;
+            let listed = anycast_of(meta, net)?;
+            super::validate::anycast_not_held("metadata.anycast", &listed, &held)?;
+        }
         if let Some(list) = &update.endpoints {
             sqlx::query("UPDATE mesh_peers SET endpoints = $1 WHERE network_id = $2 AND id = $3")
                 .bind(endpoints_json(list)?)

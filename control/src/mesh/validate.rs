@@ -9,6 +9,8 @@ use switchyard_api::MeshEndpoint;
 pub const MAX_ENDPOINTS: usize = 16;
 /// Largest `metadata` object, as JSON.
 pub const MAX_METADATA_BYTES: usize = 4096;
+/// Most anycast addresses a peer may list in `metadata.anycast`.
+pub const MAX_ANYCAST: usize = 16;
 /// Longest id and name.
 pub const MAX_ID_LEN: usize = 64;
 pub const MAX_NAME_LEN: usize = 128;
@@ -176,6 +178,67 @@ pub fn metadata(
     Ok(text)
 }
 
+/// `metadata.anycast`: the anycast addresses a peer serves, the only ones the data plane
+/// accepts it for (a group claim in a datagram proves nothing). Absent: none. Each must be an
+/// address `net` could lease (not its network, broadcast or a multicast address); whether a
+/// member holds it is the store's check, inside its transaction.
+pub fn anycast(
+    field: &str,
+    metadata: &serde_json::Map<String, serde_json::Value>,
+    net: Ipv4Net,
+) -> Result<Vec<std::net::Ipv4Addr>, Invalid> {
+    let Some(value) = metadata.get("anycast") else {
+        return Ok(Vec::new());
+    };
+    let list = value
+        .as_array()
+        .ok_or_else(|| invalid(field, "a list of IPv4 addresses"))?;
+    if list.len() > MAX_ANYCAST {
+        return Err(invalid(
+            field,
+            format!("at most {MAX_ANYCAST} addresses (got {})", list.len()),
+        ));
+    }
+    let leasable = super::lease::leasable(net);
+    let mut out = Vec::with_capacity(list.len());
+    for (i, v) in list.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        let ip: std::net::Ipv4Addr = v
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| invalid(&at, "an IPv4 address as a string"))?;
+        if !leasable.contains(&u32::from(ip)) {
+            return Err(invalid(
+                at,
+                format!("{ip} is not an address of the network {net} a member could hold"),
+            ));
+        }
+        if out.contains(&ip) {
+            return Err(invalid(at, format!("{ip} is listed twice")));
+        }
+        out.push(ip);
+    }
+    Ok(out)
+}
+
+/// An anycast list may not name an address a member holds (`holders`: address → peer id),
+/// the listing peer's own included: a "group" at a member's address would draw its traffic.
+pub fn anycast_not_held(
+    field: &str,
+    list: &[std::net::Ipv4Addr],
+    holders: &std::collections::BTreeMap<std::net::Ipv4Addr, String>,
+) -> Result<(), Invalid> {
+    for (i, ip) in list.iter().enumerate() {
+        if let Some(peer) = holders.get(ip) {
+            return Err(invalid(
+                format!("{field}[{i}]"),
+                format!("{ip} is the address of member {peer:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -272,5 +335,36 @@ mod tests {
         assert_eq!(metadata("metadata", &m).unwrap(), r#"{"os":"linux"}"#);
         m.insert("big".into(), "x".repeat(5000).into());
         assert!(metadata("metadata", &m).is_err());
+    }
+
+    #[test]
+    fn anycast_lists() {
+        let net: Ipv4Net = "10.100.0.0/24".parse().unwrap();
+        let meta = |v: serde_json::Value| v.as_object().unwrap().clone();
+        assert!(anycast("m", &meta(serde_json::json!({})), net)
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            anycast(
+                "m",
+                &meta(serde_json::json!({"anycast": ["10.100.0.200"]})),
+                net
+            )
+            .unwrap(),
+            vec!["10.100.0.200".parse::<std::net::Ipv4Addr>().unwrap()]
+        );
+        for bad in [
+            serde_json::json!({"anycast": "10.100.0.200"}),
+            serde_json::json!({"anycast": ["10.100.1.1"]}),
+            serde_json::json!({"anycast": ["10.100.0.255"]}),
+            serde_json::json!({"anycast": ["10.100.0.0"]}),
+            serde_json::json!({"anycast": ["224.0.0.5"]}),
+            serde_json::json!({"anycast": [7]}),
+            serde_json::json!({"anycast": ["10.100.0.9", "10.100.0.9"]}),
+        ] {
+            assert!(anycast("m", &meta(bad.clone()), net).is_err(), "{bad}");
+        }
+        let many: Vec<String> = (1..=17).map(|i| format!("10.100.0.{i}")).collect();
+        assert!(anycast("m", &meta(serde_json::json!({ "anycast": many })), net).is_err());
     }
 }

@@ -144,6 +144,9 @@ pub struct PeerEntry {
     /// When it joined (registry, Unix ms): a peer that left and joined again has lost its
     /// sessions, so ours with it starts afresh instead of waiting for a stale one to time out.
     pub joined_ms: i64,
+    /// The anycast addresses the registry lists for it (`metadata.anycast`): the only ones it
+    /// may send from or be chosen for besides its own address.
+    pub anycast: Vec<Ipv4Addr>,
     pub counters: Arc<PeerCounters>,
 }
 

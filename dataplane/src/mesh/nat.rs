@@ -5,10 +5,11 @@
 //! pair starts working later. This module decides which path a peer's WireGuard datagram takes
 //! and frames it for that path; the runner owns the socket and the sessions.
 //!
-//! Path choice per peer ([`choose`]): the path the checks selected; before that (or while
-//! checks go on after a loss) the way the peer's last authenticated datagram came (a peer
-//! behind a NAT we have not checked yet is answered at its peer-reflexive address); else one of
-//! its published direct endpoints.
+//! Path choice per peer ([`choose`]): of the path the checks selected and the way the peer's
+//! authenticated datagrams come (a peer behind a NAT we have not checked yet is answered at its
+//! peer-reflexive address), the one that changed last — a selection never overrides a way a
+//! WireGuard-authenticated datagram proved since (the peer roamed, as WireGuard's own roaming
+//! rule has it); else one of its published direct endpoints.
 
 use super::{CandidateEndpoint, MeshShared, PathToPeer};
 use std::collections::HashMap;
@@ -104,22 +105,27 @@ pub fn arrival(
     }
 }
 
-/// The path a peer's datagrams take: the one the checks selected, else the way its last
-/// authenticated datagram came, else published endpoint number `choice` (rotating). The
-/// policy holds for the last two as well: no direct path when `direct_connect` is off.
+/// A path and since when it holds (selected by the checks, or first proven by an
+/// authenticated datagram).
+pub type PathSince = (PathToPeer, Instant);
+
+/// The path a peer's datagrams take: of the one the checks selected and the way its
+/// authenticated datagrams come, the newer (a tie goes to the selection); else published
+/// endpoint number `choice` (rotating). The policy holds for the last two as well: no direct
+/// path when `direct_connect` is off.
 pub fn choose(
-    selected: Option<PathToPeer>,
-    learnt: Option<PathToPeer>,
+    selected: Option<PathSince>,
+    learnt: Option<PathSince>,
     published: &[SocketAddr],
     choice: usize,
     direct_connect: bool,
 ) -> Option<PathToPeer> {
-    if selected.is_some() {
-        return selected;
-    }
-    let allowed = |p: &PathToPeer| direct_connect || matches!(p, PathToPeer::Relayed { .. });
-    if let Some(l) = learnt.filter(allowed) {
-        return Some(l);
+    let allowed = |p: &PathSince| direct_connect || matches!(p.0, PathToPeer::Relayed { .. });
+    match (selected, learnt.filter(allowed)) {
+        (Some(s), Some(l)) if l.1 > s.1 => return Some(l.0),
+        (Some(s), _) => return Some(s.0),
+        (None, Some(l)) => return Some(l.0),
+        (None, None) => {}
     }
     (direct_connect && !published.is_empty())
         .then(|| PathToPeer::Direct(published[choice % published.len()]))
@@ -150,8 +156,8 @@ pub(super) enum Inbound {
 /// The owner core's NAT traversal: the ICE endpoint and the paths it selected.
 pub(super) struct NatPaths {
     ice: IceEndpoint,
-    /// The selected path of each peer (by id).
-    selected: HashMap<String, PathToPeer>,
+    /// The selected path of each peer (by id), and when it was selected.
+    selected: HashMap<String, PathSince>,
     /// Framing scratch for relayed datagrams.
     frame: Vec<u8>,
     /// What was last published to the control plane.
@@ -205,8 +211,8 @@ impl NatPaths {
         self.selected.remove(id);
     }
 
-    /// The path the checks selected for peer `id`.
-    pub fn selected(&self, id: &str) -> Option<PathToPeer> {
+    /// The path the checks selected for peer `id`, and when.
+    pub fn selected(&self, id: &str) -> Option<PathSince> {
         self.selected.get(id).copied()
     }
 
@@ -259,7 +265,7 @@ impl NatPaths {
                 Event::PathSelected { peer, path } => {
                     let p = path_to_peer(&path);
                     tracing::info!(%peer, path = ?p, "mesh path selected");
-                    self.selected.insert(peer.clone(), p);
+                    self.selected.insert(peer.clone(), (p, Instant::now()));
                     newly.push(peer);
                 }
                 Event::PathLost { peer } => {
@@ -354,20 +360,45 @@ mod tests {
             turn: Some(a("203.0.113.1:3478")),
             remote: a("203.0.113.1:50000"),
         };
+        let t0 = Instant::now();
+        let (earlier, later) = (t0, t0 + Duration::from_secs(1));
         // a relayed selection wins over a direct address learnt earlier …
         assert_eq!(
-            choose(Some(relayed), Some(learnt), &published, 0, true),
+            choose(
+                Some((relayed, later)),
+                Some((learnt, earlier)),
+                &published,
+                0,
+                true
+            ),
             Some(relayed)
         );
         // … and a direct selection (the upgrade) over a relayed arrival
         let direct = PathToPeer::Direct(a("198.51.100.2:7"));
         assert_eq!(
-            choose(Some(direct), Some(relayed), &published, 0, true),
+            choose(
+                Some((direct, later)),
+                Some((relayed, earlier)),
+                &published,
+                0,
+                true
+            ),
             Some(direct)
+        );
+        // but a way an authenticated datagram proved after the selection is not overridden
+        assert_eq!(
+            choose(
+                Some((direct, earlier)),
+                Some((learnt, later)),
+                &published,
+                0,
+                true
+            ),
+            Some(learnt)
         );
         // before any selection: where the peer's datagrams came from (peer-reflexive)
         assert_eq!(
-            choose(None, Some(learnt), &published, 0, true),
+            choose(None, Some((learnt, t0)), &published, 0, true),
             Some(learnt)
         );
         // nothing learnt: the published endpoints in turn
@@ -377,9 +408,9 @@ mod tests {
         );
         assert_eq!(choose(None, None, &[], 0, true), None);
         // direct_connect off: only relayed paths, never a published or learnt direct one
-        assert_eq!(choose(None, Some(learnt), &published, 0, false), None);
+        assert_eq!(choose(None, Some((learnt, t0)), &published, 0, false), None);
         assert_eq!(
-            choose(None, Some(relayed), &published, 0, false),
+            choose(None, Some((relayed, t0)), &published, 0, false),
             Some(relayed)
         );
     }

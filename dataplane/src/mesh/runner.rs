@@ -60,7 +60,7 @@ struct Session {
     tunn: Tunn,
     /// The way the last authenticated datagram came (the peer may roam, or be behind a NAT
     /// not checked yet); used until NAT traversal selected a path.
-    learnt: Option<PathToPeer>,
+    learnt: Option<nat::PathSince>,
     /// The peer's published relay addresses (a datagram from one came through its relay).
     relays: Vec<SocketAddr>,
     /// Which published endpoint is tried (moves on after each unanswered connect timeout).
@@ -73,7 +73,7 @@ struct Session {
 
 impl Session {
     /// Where its datagrams go ([`nat::choose`]), given the path NAT traversal selected.
-    fn path(&self, selected: Option<PathToPeer>, direct_connect: bool) -> Option<PathToPeer> {
+    fn path(&self, selected: Option<nat::PathSince>, direct_connect: bool) -> Option<PathToPeer> {
         nat::choose(
             selected,
             self.learnt,
@@ -383,6 +383,8 @@ impl Mesh {
         if let Some(router) = self.router.as_mut() {
             let members = self.table.peers.iter().map(|p| (p.id.clone(), p.vip));
             router.set_members(members, Instant::now());
+            let anycast = self.table.peers.iter();
+            router.set_anycast_listing(anycast.map(|p| (p.id.clone(), p.anycast.clone())));
         }
     }
 
@@ -607,14 +609,10 @@ impl Mesh {
                 TunnResult::WriteToNetwork(out) => {
                     let out = out.to_vec();
                     // answers (handshake response, queued packets) go back the way it came
-                    // unless NAT traversal selected a path
-                    let path = self
-                        .nat
-                        .as_ref()
-                        .and_then(|n| n.selected(&s.entry.id))
-                        .unwrap_or(back);
-                    self.transmit(path, out);
+                    // unless NAT traversal selected a path since
                     self.authenticated(s, back);
+                    let path = self.path_of(s).unwrap_or(back);
+                    self.transmit(path, out);
                 }
                 TunnResult::WriteToTunnelV4(packet, _) => {
                     self.authenticated(s, back);
@@ -638,7 +636,9 @@ impl Mesh {
 
     /// A datagram passed the session's authentication: `back` is the way to the peer now.
     fn authenticated(&self, s: &mut Session, back: PathToPeer) {
-        s.learnt = Some(back);
+        if s.learnt.map(|(p, _)| p) != Some(back) {
+            s.learnt = Some((back, Instant::now()));
+        }
         s.entry.counters.last_seen_ms.store(unix_ms(), Relaxed);
         self.refresh_state(s);
     }
@@ -1117,6 +1117,7 @@ mod tests {
                 endpoints: vec![other.addr],
                 candidates: Vec::new(),
                 joined_ms: 1,
+                anycast: Vec::new(),
                 counters: counters.clone(),
             })],
         });
@@ -1202,13 +1203,29 @@ mod tests {
 
     /// Lists every other side in each side's table.
     fn list_all(sides: &mut [Side]) {
-        let entries: Vec<(Ipv4Addr, [u8; 32], SocketAddr)> =
-            sides.iter().map(|s| (s.vip, s.public, s.addr)).collect();
+        list_all_with_anycast(sides, &[]);
+    }
+
+    /// Lists every other side in each side's table, side `i` with the registry's anycast
+    /// addresses `anycast[i]` (none past the slice's end).
+    fn list_all_with_anycast(sides: &mut [Side], anycast: &[Vec<Ipv4Addr>]) {
+        let entries: Vec<(Ipv4Addr, [u8; 32], SocketAddr, Vec<Ipv4Addr>)> = sides
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                (
+                    s.vip,
+                    s.public,
+                    s.addr,
+                    anycast.get(i).cloned().unwrap_or_default(),
+                )
+            })
+            .collect();
         for me in sides.iter_mut() {
             let peers = entries
                 .iter()
-                .filter(|(vip, _, _)| *vip != me.vip)
-                .map(|(vip, key, addr)| {
+                .filter(|(vip, _, _, _)| *vip != me.vip)
+                .map(|(vip, key, addr, anycast)| {
                     Arc::new(PeerEntry {
                         id: format!("peer{}", vip.octets()[3]),
                         name: String::new(),
@@ -1217,6 +1234,7 @@ mod tests {
                         endpoints: vec![*addr],
                         candidates: Vec::new(),
                         joined_ms: 1,
+                        anycast: anycast.clone(),
                         counters: Arc::new(PeerCounters::default()),
                     })
                 })
@@ -1339,6 +1357,7 @@ mod tests {
                     priority: 0,
                 }],
                 joined_ms: 1,
+                anycast: Vec::new(),
                 counters: Arc::new(PeerCounters::default()),
             });
             sides[i]
@@ -1379,7 +1398,13 @@ mod tests {
         }
         // side 0 learnt side 1's address from its check (peer-reflexive) and uses it
         assert_eq!(
-            sides[0].mesh.nat.as_ref().unwrap().selected("peer2"),
+            sides[0]
+                .mesh
+                .nat
+                .as_ref()
+                .unwrap()
+                .selected("peer2")
+                .map(|(p, _)| p),
             Some(PathToPeer::Direct(addrs[1]))
         );
         let s = sides[0].mesh.sessions.values().next().unwrap();
@@ -1508,7 +1533,12 @@ mod tests {
         // learns no path from it
         let elsewhere = SocketAddr::from(([203, 0, 113, 9], 4444));
         a.mesh.on_datagram(&cookie, elsewhere);
-        let learnt: Vec<_> = a.mesh.sessions.values().map(|s| s.learnt).collect();
+        let learnt: Vec<_> = a
+            .mesh
+            .sessions
+            .values()
+            .map(|s| s.learnt.map(|(p, _)| p))
+            .collect();
         assert!(
             learnt
                 .iter()
@@ -1678,7 +1708,7 @@ mod tests {
             1
         );
 
-        // an anycast address on 1 and 2: 0's packets go to 1 (closer), then to 2 when 1 drops it
+        // an anycast address on 1 and 2 that the registry does not list: it draws nothing
         let anycast = Ipv4Addr::new(10, 100, 0, 200);
         for i in [1, 2] {
             sides[i].mesh.shared.set_local_anycast(vec![anycast]);
@@ -1687,6 +1717,24 @@ mod tests {
             pump(&mut sides, (0, 2));
         }
         let to_anycast = wire::udp_packet(v0, anycast, 7000, b"nearest");
+        sides[0].mesh.device_packet(&to_anycast);
+        pump(&mut sides, (0, 2));
+        assert!(take_device(&mut sides[1]).is_empty() && take_device(&mut sides[2]).is_empty());
+        assert!(
+            sides[0]
+                .mesh
+                .shared
+                .totals
+                .route_claims_refused
+                .load(Relaxed)
+                > 0
+        );
+        // listed for both: 0's packets go to 1 (closer), then to 2 when 1 drops it
+        let listed = vec![Vec::new(), vec![anycast], vec![anycast]];
+        list_all_with_anycast(&mut sides, &listed);
+        for _ in 0..3 {
+            pump(&mut sides, (0, 2));
+        }
         sides[0].mesh.device_packet(&to_anycast);
         pump(&mut sides, (0, 2));
         assert_eq!(take_device(&mut sides[1]), to_anycast);

@@ -17,7 +17,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard_api::{MeshEndpoint, MeshHeartbeat, MeshPeer, MeshPeerRegistration};
+use switchyard_api::{MeshEndpoint, MeshHeartbeat, MeshPeer, MeshPeerRegistration, MeshPeerUpdate};
 use switchyard_config::client::MeshConfig;
 use switchyard_dataplane::commands::{Command, CommandSender};
 use switchyard_dataplane::mesh::{
@@ -48,6 +48,13 @@ pub struct PeerTask {
     pub socket: std::net::UdpSocket,
     pub port: u16,
     pub commands: CommandSender,
+}
+
+/// The anycast list the registry holds for this peer, and the last one it refused.
+#[derive(Default)]
+struct AnycastListed {
+    sent: Vec<Ipv4Addr>,
+    refused: Vec<Ipv4Addr>,
 }
 
 /// Aborts a spawned task when dropped (the event follower ends with the peer).
@@ -119,18 +126,61 @@ impl PeerTask {
         }
     }
 
-    /// Hands the mesh device's anycast addresses to the data plane.
-    fn publish_anycast(&self, vip: Ipv4Addr, prefix: u8) {
+    /// Hands the mesh device's anycast addresses to the data plane; returns them (sorted).
+    fn publish_anycast(&self, vip: Ipv4Addr, prefix: u8) -> Vec<Ipv4Addr> {
         let Ok(network) = ipnet::Ipv4Net::new(vip, prefix) else {
-            return;
+            return Vec::new();
         };
-        let found = endpoints::anycast_addresses(
+        let mut found = endpoints::anycast_addresses(
             &endpoints::interface_addresses(),
             &self.cfg.device.name,
             network.trunc(),
             vip,
         );
-        self.live.shared.set_local_anycast(found);
+        found.sort();
+        found.dedup();
+        self.live.shared.set_local_anycast(found.clone());
+        found
+    }
+
+    /// What this peer publishes as its metadata: the TAP device's `mac`, and the `anycast`
+    /// addresses it serves (the other members accept it for those only when the registry
+    /// lists them).
+    fn metadata(&self, anycast: &[Ipv4Addr]) -> serde_json::Map<String, serde_json::Value> {
+        let mut meta = serde_json::Map::new();
+        if let Some(mac) = &self.mac {
+            meta.insert("mac".to_owned(), mac.clone().into());
+        }
+        if !anycast.is_empty() {
+            let list = anycast.iter().map(|a| a.to_string().into()).collect();
+            meta.insert("anycast".to_owned(), serde_json::Value::Array(list));
+        }
+        meta
+    }
+
+    /// Sends a changed anycast list to the registry. A refused list is said once and not sent
+    /// again until the device's addresses change.
+    async fn update_anycast(&self, found: Vec<Ipv4Addr>, listed: &mut AnycastListed) {
+        if found == listed.sent || found == listed.refused {
+            return;
+        }
+        let update = MeshPeerUpdate {
+            endpoints: None,
+            metadata: Some(self.metadata(&found)),
+        };
+        match self.registry.update_peer(&self.live.peer_id, update).await {
+            Ok(()) => {
+                tracing::info!(anycast = ?found, "mesh anycast addresses listed by the registry");
+                listed.sent = found;
+                listed.refused.clear();
+            }
+            Err(e @ RegistryError::Refused { status: 400, .. }) => {
+                tracing::warn!(anycast = ?found, error = %e,
+                    "the registry refused this peer's anycast addresses: no member sends to them here");
+                listed.refused = found;
+            }
+            Err(e) => tracing::debug!(error = %e, "mesh anycast addresses not updated"),
+        }
     }
 
     fn fail(&self, e: impl std::fmt::Display) {
@@ -151,11 +201,9 @@ impl PeerTask {
                 name: self.live.peer_name.clone(),
                 public_key: self.identity.public_base64(),
                 endpoints: published.clone(),
-                metadata: self
-                    .mac
-                    .iter()
-                    .map(|m| ("mac".to_owned(), serde_json::Value::String(m.clone())))
-                    .collect(),
+                // the anycast list follows in its own update: a list the registry refuses
+                // must not keep the peer out of the network
+                metadata: self.metadata(&[]),
             };
             match self.registry.register(req).await {
                 Ok(r) => {
@@ -334,10 +382,14 @@ impl PeerTask {
         let mut anycast_check = tokio::time::interval(ANYCAST_CHECK);
         let mut candidate_check = tokio::time::interval(CANDIDATE_CHECK);
         let mut candidates_seen = 0;
+        let mut anycast_listed = AnycastListed::default();
         loop {
             tokio::select! {
                 _ = changed.notified() => self.resync(&mut counters).await,
-                _ = anycast_check.tick() => self.publish_anycast(vip, prefix),
+                _ = anycast_check.tick() => {
+                    let found = self.publish_anycast(vip, prefix);
+                    self.update_anycast(found, &mut anycast_listed).await;
+                }
                 _ = candidate_check.tick() => {
                     let version = self.live.shared.candidates_version.load(Relaxed);
                     if version == candidates_seen {
@@ -383,6 +435,8 @@ impl PeerTask {
                                 tracing::info!("mesh lease lost (409): registering again");
                             }
                             let (again, again_prefix) = self.register(&mut published).await;
+                            // registering replaced the metadata: the anycast list goes again
+                            anycast_listed = AnycastListed::default();
                             prefix = again_prefix;
                             if again != vip {
                                 if let Err(e) = self.address_device(again, prefix).await {
@@ -450,6 +504,12 @@ pub fn build_table(
             *slot = (key, Arc::default());
         }
         seen.push(p.id.clone());
+        let anycast = p
+            .metadata
+            .get("anycast")
+            .and_then(|v| v.as_array())
+            .map(|l| l.iter().filter_map(|a| a.as_str()?.parse().ok()).collect())
+            .unwrap_or_default();
         entries.push(Arc::new(PeerEntry {
             id: p.id.clone(),
             name: p.name.clone(),
@@ -466,6 +526,7 @@ pub fn build_table(
                 })
                 .collect(),
             joined_ms: p.joined_at.timestamp_millis(),
+            anycast,
             counters: slot.1.clone(),
         }));
     }

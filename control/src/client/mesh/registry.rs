@@ -248,11 +248,20 @@ impl RegistryClient {
         peer_id: &str,
         endpoints: Vec<MeshEndpoint>,
     ) -> Result<(), RegistryError> {
-        let what = "the endpoint update";
         let body = MeshPeerUpdate {
             endpoints: Some(endpoints),
             metadata: None,
         };
+        self.update_peer(peer_id, body).await
+    }
+
+    /// Replaces this peer's endpoints and/or metadata (`PATCH …/peers/{id}`).
+    pub async fn update_peer(
+        &self,
+        peer_id: &str,
+        body: MeshPeerUpdate,
+    ) -> Result<(), RegistryError> {
+        let what = "the peer update";
         let tail = format!("/peers/{peer_id}");
         let resp = self
             .send(

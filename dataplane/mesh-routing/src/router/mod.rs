@@ -315,6 +315,9 @@ pub struct Router {
     /// only; an entry naming an id not listed here, or another address than the listed one,
     /// is no route (a member cannot draw another's traffic by claiming its address).
     members: BTreeMap<String, Ipv4Addr>,
+    /// The registry's anycast addresses by member: an anycast group reaches a member only
+    /// when listed here for it (a membership in a datagram is its liveness, not its right).
+    anycast_listed: BTreeMap<String, BTreeSet<Ipv4Addr>>,
     /// Metric last announced per destination (triggered updates only for larger moves).
     announced: BTreeMap<String, u32>,
     /// Destinations for the next triggered update.
@@ -367,6 +370,7 @@ impl Router {
             routes: BTreeMap::new(),
             by_vip: BTreeMap::new(),
             members: BTreeMap::new(),
+            anycast_listed: BTreeMap::new(),
             announced: BTreeMap::new(),
             pending: BTreeSet::new(),
             withdrawn: BTreeMap::new(),
@@ -483,6 +487,25 @@ impl Router {
         for dest in touched {
             self.reselect(&dest, now);
         }
+    }
+
+    /// Sets the registry's anycast addresses of each member (its `metadata.anycast`).
+    pub fn set_anycast_listing(
+        &mut self,
+        listed: impl IntoIterator<Item = (String, Vec<Ipv4Addr>)>,
+    ) {
+        self.anycast_listed = listed
+            .into_iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(id, l)| (id, l.into_iter().collect()))
+            .collect();
+    }
+
+    /// Whether the registry lists anycast address `group` for member `id`.
+    pub fn anycast_listed(&self, id: &str, group: Ipv4Addr) -> bool {
+        self.anycast_listed
+            .get(id)
+            .is_some_and(|l| l.contains(&group))
     }
 
     /// Takes in one announcement from neighbour `from`.

@@ -509,8 +509,16 @@ fn memberships_must_name_their_registry_address_and_no_members_address_as_a_grou
     assert_eq!(r.stats().claims_refused, 3);
     assert!(r.group_members(C).is_empty());
     assert!(r.group_members(service).is_empty());
-    // a real anycast address, announced by its member
+    // an anycast address the registry does not list for c: kept, counted, reaches nobody
     r.handle_membership("b", &membership("c", C, 3, service), now)
         .unwrap();
+    assert_eq!(r.stats().claims_refused, 4);
+    assert_eq!(r.anycast_target(service), None);
+    // listed by the registry: c is the group's member
+    r.set_anycast_listing([("c".to_owned(), vec![service])]);
     assert_eq!(r.group_members(service), vec![("c".to_owned(), C)]);
+    assert!(matches!(
+        r.anycast_target(service),
+        Some(AnycastTarget::Remote(h)) if h.dest_peer_id == "c"
+    ));
 }

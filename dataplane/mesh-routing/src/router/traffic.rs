@@ -70,6 +70,14 @@ impl Router {
             self.stats.claims_refused += 1;
             return Ok(Vec::new());
         }
+        // an anycast group the registry does not list for the origin is kept (the listing may
+        // arrive after the membership) but reaches nobody (`anycast_target`); counted
+        if m.groups
+            .iter()
+            .any(|g| !g.is_multicast() && !self.anycast_listed(&m.origin, *g))
+        {
+            self.stats.claims_refused += 1;
+        }
         if !self.groups.accept(m, now) {
             return Ok(Vec::new());
         }
@@ -93,6 +101,7 @@ impl Router {
         self.groups
             .remote_members(group)
             .into_iter()
+            .filter(|(id, _)| self.anycast_listed(id, group))
             .filter_map(|(id, _)| self.next_hop_to(&id))
             .min_by(|a, b| {
                 (a.metric, a.hop_count, &a.dest_peer_id).cmp(&(

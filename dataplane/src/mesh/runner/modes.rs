@@ -261,14 +261,10 @@ impl Mesh {
         anycast
     }
 
-    /// Whether peer `s` may send from `src` as an anycast member: it announced that address
-    /// (the answers of a member come from the anycast address).
+    /// Whether peer `s` may send from `src` as an anycast member (the answers of a member
+    /// come from the anycast address): the registry lists that address for it.
     pub(super) fn anycast_source(&self, s: &Session, src: Ipv4Addr) -> bool {
-        self.modes.network.anycast.contains(&src)
-            && self
-                .router
-                .as_ref()
-                .is_some_and(|r| r.group_members(src).iter().any(|(id, _)| *id == s.entry.id))
+        s.entry.anycast.contains(&src)
     }
 
     /// Whether `packet`'s IPv4 source is the registry address of member `origin`.
