@@ -423,6 +423,18 @@ fn three_peers_mesh_ping_and_tcp_across_keys_are_checked_and_leavers_are_dropped
         Some(ADMIN),
     );
     assert_eq!(status, 204);
+    // the admin's removal: every member drops mallory's session at once (peer.left), so
+    // mallory reaches nobody though its key and sessions were good a moment ago
+    peers[1].wait_for("/api/v1/mesh/peers", "bravo dropped mallory", |v| {
+        v.as_array()
+            .is_some_and(|a| a.iter().all(|x| x["id"] != "mallory"))
+    });
+    // (the data plane takes a new table at its next timer turn, 250 ms)
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !ping(&lan.peers[3], &vips[1], 2),
+        "mallory → bravo after the admin removed mallory"
+    );
     let forged = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
         "public_key": FORGED_KEY, "endpoints": entry["endpoints"]}});
     let (status, body) = api_call(
@@ -1391,4 +1403,234 @@ fn a_bulk_tcp_transfer_crosses_the_batched_data_path_intact() {
     let received = std::fs::read(&got).expect("downloaded file");
     assert_eq!(received.len(), blob.len(), "bytes received");
     assert!(received == blob, "the bytes arrived changed");
+}
+
+/// Issue 28's malicious member: mallory enrolls with its own key like any peer and holds a
+/// real session with alpha, then lies in the mesh protocol. Each lie fails and is counted in
+/// alpha's `drops`; alpha and bravo keep talking throughout, and mallory never receives a
+/// packet meant for bravo or for an anycast address it claimed.
+#[test]
+fn a_malicious_member_with_a_valid_key_draws_no_traffic_and_speaks_for_nobody() {
+    use std::net::Ipv4Addr;
+    use support::mesh_member::{key_from_base64, udp_socket_in, Member};
+    use switchyard_dataplane::mesh::wire;
+    use switchyard_mesh_routing::wire::{Announcement, Flood, Membership, RouteEntry};
+    use switchyard_mesh_routing::{FloodMode, Message};
+
+    if !root_with_tools_or_skip(
+        "mesh peer namespaces",
+        &["ip", "nsenter", "ping", "python3"],
+    ) {
+        return;
+    }
+    let lan = Lan::named("syevil", "syevl", "10.223", 6, 3);
+    let server = start_registry(&lan);
+    let alpha = Peer::start(&lan, 0, "alpha", server.api);
+    let bravo = Peer::start(&lan, 1, "bravo", server.api);
+    let vip_of = |p: &Peer| -> Ipv4Addr {
+        let s = p.wait_for("/api/v1/mesh/status", "connected", |s| {
+            s["connected_peers"] == 1
+        });
+        s["virtual_ip"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("vip")
+    };
+    let (alpha_vip, bravo_vip) = (vip_of(&alpha), vip_of(&bravo));
+
+    // mallory enrolls with a single-use key and its own X25519 key, like any peer
+    let socket = udp_socket_in(&lan.peers[2]);
+    let port = socket.local_addr().expect("addr").port();
+    let secret = boringtun::x25519::StaticSecret::from([0x4d; 32]);
+    let body = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
+        "public_key": Member::public_key_of(&secret),
+        "endpoints": [{"address": lan.lan_ip(2), "port": port, "type": "lan", "priority": 1}]}});
+    let key = support::mesh::single_use_key(server.api, NETWORK);
+    let (status, reg) = api_call(
+        &server,
+        "POST",
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
+        Some(&body.to_string()),
+        Some(&key),
+    );
+    assert_eq!(status, 201, "{reg}");
+    let mallory_vip: Ipv4Addr = reg["virtual_ip"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("mallory's vip");
+    let entry = support::mesh::registry_get(
+        server.api,
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers/alpha"),
+    );
+    let alpha_at: SocketAddr = entry["endpoints"]
+        .as_array()
+        .and_then(|l| l.iter().find(|e| e["address"] == lan.lan_ip(0)))
+        .map(|e| format!("{}:{}", lan.lan_ip(0), e["port"]))
+        .and_then(|a| a.parse().ok())
+        .expect("alpha's LAN endpoint");
+    let alpha_key = key_from_base64(entry["public_key"].as_str().expect("key"));
+    let mut m = Member::new(
+        "mallory",
+        socket,
+        secret,
+        mallory_vip,
+        alpha_at,
+        alpha_key,
+        Some(key_from_base64(PSK)),
+    );
+    alpha.wait_for("/api/v1/mesh/status", "alpha lists mallory", |s| {
+        s["peer_count"] == 2
+    });
+    assert!(m.connect(PATIENCE), "mallory's session with alpha");
+    let drops = |what: &str| -> u64 {
+        alpha.get("/api/v1/mesh/stats")["drops"][what]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let wait_drops = |what: &str, at_least: u64| {
+        alpha.wait_for("/api/v1/mesh/stats", &format!("alpha counts {what}"), |s| {
+            s["drops"][what].as_u64() >= Some(at_least)
+        });
+    };
+
+    // 1. packets in bravo's name through mallory's own session
+    let invalid = drops("invalid");
+    let forged = wire::udp_packet(bravo_vip, alpha_vip, 9, b"in bravo's name");
+    for _ in 0..5 {
+        m.send_packet(&forged);
+    }
+    wait_drops("invalid", invalid + 5);
+
+    // 2. route claims: bravo's address under a made-up id, bravo's id at mallory's address;
+    // 3. group claims: bravo's address as an anycast group, an address no one is listed for
+    let claims = drops("route_claims_refused");
+    let route = |dest: &str, vip| RouteEntry {
+        dest: dest.into(),
+        vip,
+        metric: 1,
+        latency_ms: 0,
+        hop_count: 1,
+        path: vec![dest.into()],
+    };
+    m.send_control(
+        alpha_vip,
+        &Message::Announcement(Announcement {
+            sender: "mallory".into(),
+            seq: 1,
+            entries: vec![route("ghost", bravo_vip), route("bravo", mallory_vip)],
+        }),
+    );
+    let service = Ipv4Addr::new(10, 100, 0, 200);
+    for (seq, group) in [(1, bravo_vip), (2, service)] {
+        m.send_control(
+            alpha_vip,
+            &Message::Membership(Membership {
+                origin: "mallory".into(),
+                vip: mallory_vip,
+                seq,
+                groups: vec![group],
+            }),
+        );
+    }
+    wait_drops("route_claims_refused", claims + 4);
+    assert!(
+        ping(&lan.peers[0], &bravo_vip.to_string(), 3),
+        "alpha → bravo"
+    );
+    assert!(
+        !ping(&lan.peers[0], &service.to_string(), 1),
+        "nobody serves {service}"
+    );
+    m.pump(Duration::from_secs(1));
+    assert!(
+        !m.got_packet_for(bravo_vip) && !m.got_packet_for(service),
+        "mallory drew traffic it claimed"
+    );
+
+    // a route to bravo through mallory (a path claim, which routes may make) does not let
+    // mallory speak for bravo: relayed traffic is bravo's own ciphertext, not mallory's word
+    m.send_control(
+        alpha_vip,
+        &Message::Announcement(Announcement {
+            sender: "mallory".into(),
+            seq: 2,
+            entries: vec![route("bravo", bravo_vip)],
+        }),
+    );
+    m.pump(Duration::from_millis(300));
+    let invalid = drops("invalid");
+    for _ in 0..5 {
+        m.send_packet(&forged);
+    }
+    wait_drops("invalid", invalid + 5);
+
+    // 4. a broadcast in bravo's name, with a sequence far ahead of bravo's own: alpha writes
+    // nothing, and bravo's real broadcast still arrives
+    let broadcasts = |p: &Peer| {
+        p.get("/api/v1/mesh/stats")["traffic_modes"]["broadcast_packets_received"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let heard = broadcasts(&alpha);
+    let all = Ipv4Addr::new(10, 100, 0, 255);
+    m.send_control(
+        alpha_vip,
+        &Message::Flood(Flood {
+            origin: "bravo".into(),
+            id: u64::MAX - 5,
+            ttl: 1,
+            mode: FloodMode::Broadcast,
+            payload: wire::udp_packet(bravo_vip, all, 9999, b"forged"),
+        }),
+    );
+    m.pump(Duration::from_secs(1));
+    assert_eq!(
+        broadcasts(&alpha),
+        heard,
+        "a flood in bravo's name was delivered"
+    );
+    sh(&format!(
+        "ip netns exec {} python3 -c \"import socket; s = socket.socket(2, 2); \
+         s.setsockopt(1, 6, 1); s.sendto(b'real', ('{all}', 9999))\"",
+        lan.peers[1]
+    ));
+    alpha.wait_for("/api/v1/mesh/stats", "bravo's broadcast at alpha", |s| {
+        s["traffic_modes"]["broadcast_packets_received"].as_u64() == Some(heard + 1)
+    });
+
+    // 5. forged connectivity checks: never answered, counted
+    let ice = drops("ice_dropped");
+    for _ in 0..20 {
+        m.forged_ice_check("alpha:mallory");
+    }
+    assert_eq!(
+        m.raw_answers(Duration::from_secs(1)),
+        0,
+        "a forged check was answered"
+    );
+    wait_drops("ice_dropped", ice + 20);
+
+    // 6. off-path cookie replies for guessed receiver indexes: bravo's session keeps its path
+    m.cookie_replies((1..64u32).flat_map(|i| (0..4).map(move |k| i << 8 | k)));
+    assert!(
+        ping(&lan.peers[0], &bravo_vip.to_string(), 3),
+        "alpha → bravo after cookies"
+    );
+    assert_eq!(alpha.get("/api/v1/mesh/peers/bravo")["status"], "connected");
+
+    // 7. handshake floods: garbage initiations are refused before any key work, real ones
+    // beyond the rate get cookies; alpha and bravo keep talking meanwhile
+    let (refused, cookies) = (drops("handshakes_refused"), drops("handshake_cookies"));
+    m.handshake_flood(2000, false);
+    m.handshake_flood(400, true);
+    assert!(
+        ping(&lan.peers[0], &bravo_vip.to_string(), 3),
+        "alpha → bravo under a flood"
+    );
+    wait_drops("handshakes_refused", refused + 1000);
+    wait_drops("handshake_cookies", cookies + 1);
+    assert!(
+        !m.got_packet_for(bravo_vip),
+        "mallory never saw bravo's traffic"
+    );
 }

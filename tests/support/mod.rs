@@ -6,6 +6,7 @@
 pub mod browser;
 pub mod kdc;
 pub mod mesh;
+pub mod mesh_member;
 pub mod netns;
 pub mod oidc;
 pub mod ovpn_server;
