@@ -1360,8 +1360,14 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
 /// the one at the path rule's path. Each resolves its own name through {DNS} (its first send) and
 /// connects to the answer (its first connection); returns what each saw, with the dnsmasq log
 /// line of its question.
-fn fresh_app_flows(topo: &Topo, images: &[&Path], tag: &str, dns_log: &Path) -> Vec<String> {
-    (0..FRESH_APPS)
+fn fresh_app_flows(
+    topo: &Topo,
+    images: &[&Path],
+    tag: &str,
+    dns_log: &Path,
+    count: usize,
+) -> Vec<String> {
+    (0..count)
         .map(|i| {
             let name = format!("{tag}{i}.plain.test");
             let image = images[i % images.len()];
@@ -1465,7 +1471,10 @@ fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
         );
     };
     // include: every app through the VPN from its first connection
-    check(fresh_app_flows(&topo, &images, "inc", &dns_log), tunnelled);
+    check(
+        fresh_app_flows(&topo, &images, "inc", &dns_log, FRESH_APPS),
+        tunnelled,
+    );
     // a process matching no rule goes direct
     expect_seen(&topo, &client, &topo.exc, "10.211.9.1", DIRECT);
 
@@ -1475,8 +1484,18 @@ fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
         Some(r#"{"mode":"exclude"}"#),
     );
     // exclude: every app direct from its first connection
-    check(fresh_app_flows(&topo, &images, "exc", &dns_log), &direct);
+    check(
+        fresh_app_flows(&topo, &images, "exc", &dns_log, FRESH_APPS),
+        &direct,
+    );
     expect_seen(&topo, &client, &topo.exc, "10.211.9.1", "10.211.9.1");
+
+    // the name rule removed live: a fresh process of that name is no app any more (tunnelled in
+    // exclude mode), one at the rule's path still is
+    client.ok("DELETE", "/api/v1/vpn/split/apps/syapp-by-name", None);
+    let flows = fresh_app_flows(&topo, &images, "del", &dns_log, 2);
+    assert!(flows[0].contains(&format!(" {tunnelled} ")), "{flows:?}");
+    assert!(flows[1].contains(&format!(" {direct} ")), "{flows:?}");
 
     // the exec hook's records went with the processes (exit hook)
     let pinned = topo.data_dir().join("bpffs/maps/sy_app_tgids");

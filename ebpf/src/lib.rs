@@ -452,11 +452,6 @@ impl SplitTunnelProgram {
         Ok(removed)
     }
 
-    /// The processes (tgids) the exec hook recorded as apps.
-    pub fn app_processes(&self) -> Vec<u32> {
-        self.app_tgids.keys().filter_map(Result::ok).collect()
-    }
-
     /// The bpffs directory holding this instance's pins.
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir

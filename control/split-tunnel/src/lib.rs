@@ -838,7 +838,14 @@ fn sync_images(
         // rule are moved into the apps cgroup by the scan that follows every rule change
         program.clear_app_processes()?;
     }
-    for image in wanted.difference(installed) {
+    // two names cut to the same 15-byte comm share one key: after a removal, every wanted image
+    // is inserted again
+    let inserted: Vec<&AppImage> = if removed.is_empty() {
+        wanted.difference(installed).collect()
+    } else {
+        wanted.iter().collect()
+    };
+    for image in inserted {
         if !program.insert_app_image(image)? {
             tracing::warn!(
                 ?image,
