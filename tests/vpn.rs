@@ -1438,8 +1438,11 @@ fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
             std::fs::copy(&exe, copy).expect("copy the test binary");
         }
     }
+    // and bash under a rule's name, whose subshell (a fork without exec) connects
+    let shell = bin.join("syapp-shell");
+    std::fs::copy("/bin/bash", &shell).expect("copy bash");
     let split = format!(
-        "{{mode: include, apps: [{{name: syapp-by-name}}, {{name: by-path, path: \"{}\"}}]}}",
+        "{{mode: include, apps: [{{name: syapp-by-name}}, {{name: by-path, path: \"{}\"}}, {{name: syapp-shell}}]}}",
         by_path.display()
     );
     let yaml = topo.client_yaml(server, true, "ebpf", &split).replace(
@@ -1477,6 +1480,16 @@ fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
     );
     // a process matching no rule goes direct
     expect_seen(&topo, &client, &topo.exc, "10.211.9.1", DIRECT);
+    // an app's forked child (no exec of its own) is that app from its first connection
+    let forked = in_netns(&topo.lan, Some(&topo.exc), &shell)
+        .args([
+            "-c",
+            "(exec 3<>/dev/tcp/10.211.9.1/8080; read -r seen <&3; echo \"seen=$seen\")",
+        ])
+        .output()
+        .expect("app shell");
+    let said = String::from_utf8_lossy(&forked.stdout);
+    assert_eq!(said.trim(), "seen=10.211.9.1", "{}", client.log());
 
     client.ok(
         "PUT",
