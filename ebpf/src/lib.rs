@@ -10,10 +10,11 @@
 //! cgroups, the names and paths of apps, and the DNS resolver redirect. Apps by name or path are
 //! followed from exec by three BTF tracepoint programs (exec, fork, exit) that record a matching
 //! process's tgid, so its sockets are classified from the first one; without kernel BTF they are
-//! left out and the client's /proc scan alone moves such apps into the apps cgroup. The programs act only on sockets of one network
-//! namespace (the client's, by its cookie: [`netns_cookie`]); cgroup hooks would otherwise see the
-//! sockets of every namespace whose processes share the cgroup tree. Policy routing, nftables and
-//! the rule model live in `switchyard-split-tunnel`, which drives this crate.
+//! left out and the client's /proc scan alone moves such apps into the apps cgroup. The programs
+//! act only on sockets of one network namespace (the client's, by its cookie: [`netns_cookie`]);
+//! cgroup hooks would otherwise see the sockets of every namespace whose processes share the
+//! cgroup tree. Policy routing, nftables and the rule model live in `switchyard-split-tunnel`,
+//! which drives this crate.
 //!
 //! The second program, `src/reuseport_balance.bpf.c` ([`ReuseportBalancer`]), is the server's: it
 //! hands new connections to the data plane's per-core `SO_REUSEPORT` listeners in turn.
