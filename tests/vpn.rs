@@ -1355,6 +1355,174 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
     assert_eq!(topo.leftovers(), Vec::<String>::new());
 }
 
+/// Fresh processes one after another, each a copy of this test binary started in the `exc`
+/// cgroup (no app cgroup) of the lan namespace: alternately the copy named like the name rule and
+/// the one at the path rule's path. Each resolves its own name through {DNS} (its first send) and
+/// connects to the answer (its first connection); returns what each saw, with the dnsmasq log
+/// line of its question.
+fn fresh_app_flows(
+    topo: &Topo,
+    images: &[&Path],
+    tag: &str,
+    dns_log: &Path,
+    count: usize,
+) -> Vec<String> {
+    (0..count)
+        .map(|i| {
+            let name = format!("{tag}{i}.plain.test");
+            let image = images[i % images.len()];
+            let mut child = netns::helper_copy_in(
+                &topo.lan,
+                Some(&topo.exc),
+                image,
+                ("SYVPN_HELPER", "SYVPN_ARG"),
+                "resolve-tcp",
+                &format!("{DNS}:53 {name}"),
+            )
+            .spawn()
+            .expect("fresh app");
+            let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+            let r = next_result(&mut out);
+            let _ = child.wait();
+            let image = image.file_name().unwrap_or_default().to_string_lossy();
+            format!("{image} {r} dns-from={}", dns_asker(dns_log, &name))
+        })
+        .collect()
+}
+
+/// How many fresh processes [`fresh_app_flows`] starts per mode.
+const FRESH_APPS: usize = 20;
+
+/// The address dnsmasq saw asking for `name` (waiting, bounded, for its log line).
+fn dns_asker(dns_log: &Path, name: &str) -> String {
+    let needle = format!("query[A] {name} from ");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = std::fs::read_to_string(dns_log).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains(&needle)) {
+            return line.rsplit(' ').next().unwrap_or_default().to_string();
+        }
+        if Instant::now() > deadline {
+            return "nobody".into();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 38 item 2: apps by name or path are classified from a process's first socket, however
+/// short-lived and however soon after the VPN came up (the client's /proc scan runs every 2 s and
+/// would catch none of them): in include mode each goes through the VPN, in exclude mode each goes
+/// direct, and its DNS question goes to the client's resolver (which asks through the server) in
+/// both. A process matching no rule goes the other way; the exec hook's records go with the
+/// processes.
+#[test]
+fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
+    if !tools_or_skip("syvpn_ebpf_apps_by_name_and_path_from_their_first_connection")
+        || support::require("dnsmasq").is_none()
+    {
+        return;
+    }
+    let mut topo = Topo::new();
+    topo.start_origins();
+    let dns_log = topo.start_dnsmasq();
+    let server = topo.start_server();
+    // copies of this test binary: one named like the name rule, one at the path rule's path
+    // under a name no rule has
+    let bin = topo.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    let by_name = bin.join("syapp-by-name");
+    let by_path = bin.join("pathapp");
+    let exe = std::env::current_exe().expect("test exe");
+    for copy in [&by_name, &by_path] {
+        if std::fs::hard_link(&exe, copy).is_err() {
+            std::fs::copy(&exe, copy).expect("copy the test binary");
+        }
+    }
+    // and bash under a rule's name, whose subshell (a fork without exec) connects
+    let shell = bin.join("syapp-shell");
+    std::fs::copy("/bin/bash", &shell).expect("copy bash");
+    let split = format!(
+        "{{mode: include, apps: [{{name: syapp-by-name}}, {{name: by-path, path: \"{}\"}}, {{name: syapp-shell}}]}}",
+        by_path.display()
+    );
+    let yaml = topo.client_yaml(server, true, "ebpf", &split).replace(
+        "dns: {enabled: false}",
+        &format!("dns: {{enabled: true, servers: [\"{DNS}\"]}}"),
+    );
+    let client = topo.start_client(&yaml);
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    assert_eq!(status["mechanism"], "ebpf", "{status}");
+
+    let images = [by_name.as_path(), by_path.as_path()];
+    let tunnelled = "ip=10.211.9.1 seen=10.211.9.1";
+    let direct = format!("ip=10.211.9.1 seen={DIRECT}");
+    let check = |flows: Vec<String>, want: &str| {
+        let wrong: Vec<&String> = flows
+            .iter()
+            .filter(|f| {
+                !f.contains(&format!(" {want} "))
+                    || f.ends_with(&format!("dns-from={DIRECT}"))
+                    || f.ends_with("dns-from=nobody")
+            })
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{} of {FRESH_APPS} fresh apps went the wrong way (wanted {want}, DNS through the resolver): {wrong:#?}\nclient log:\n{}",
+            wrong.len(),
+            client.log()
+        );
+    };
+    // include: every app through the VPN from its first connection
+    check(
+        fresh_app_flows(&topo, &images, "inc", &dns_log, FRESH_APPS),
+        tunnelled,
+    );
+    // a process matching no rule goes direct
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", DIRECT);
+    // an app's forked child (no exec of its own) is that app from its first connection
+    let forked = in_netns(&topo.lan, Some(&topo.exc), &shell)
+        .args([
+            "-c",
+            "(exec 3<>/dev/tcp/10.211.9.1/8080; read -r seen <&3; echo \"seen=$seen\")",
+        ])
+        .output()
+        .expect("app shell");
+    let said = String::from_utf8_lossy(&forked.stdout);
+    assert_eq!(said.trim(), "seen=10.211.9.1", "{}", client.log());
+
+    client.ok(
+        "PUT",
+        "/api/v1/vpn/split/mode",
+        Some(r#"{"mode":"exclude"}"#),
+    );
+    // exclude: every app direct from its first connection
+    check(
+        fresh_app_flows(&topo, &images, "exc", &dns_log, FRESH_APPS),
+        &direct,
+    );
+    expect_seen(&topo, &client, &topo.exc, "10.211.9.1", "10.211.9.1");
+
+    // the name rule removed live: a fresh process of that name is no app any more (tunnelled in
+    // exclude mode), one at the rule's path still is
+    client.ok("DELETE", "/api/v1/vpn/split/apps/syapp-by-name", None);
+    let flows = fresh_app_flows(&topo, &images, "del", &dns_log, 2);
+    assert!(flows[0].contains(&format!(" {tunnelled} ")), "{flows:?}");
+    assert!(flows[1].contains(&format!(" {direct} ")), "{flows:?}");
+
+    // the exec hook's records went with the processes (exit hook)
+    let pinned = topo.data_dir().join("bpffs/maps/sy_app_tgids");
+    let dump = sh_quiet(&format!(
+        "bpftool -j map dump pinned '{}'",
+        pinned.display()
+    ));
+    let records: serde_json::Value = serde_json::from_str(&dump).unwrap_or_default();
+    assert_eq!(records, serde_json::json!([]), "{dump}");
+
+    client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
 /// A VPN flow's `local_addr` is the application's own address, not the NAT address
 /// (`vpn.tun.gateway`, 10.255.0.1 by default) the kernel shows the relay.
 fn assert_application_address(flow: &serde_json::Value) {

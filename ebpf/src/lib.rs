@@ -7,10 +7,14 @@
 //! process in it or below is classified), pins maps and links under a bpffs directory so they
 //! outlive a crash and the next start can remove them ([`remove_pins`]), and updates the maps live:
 //! the mode and tunnel mark, the destination LPM tries (split nets and `always_bypass`), the app
-//! cgroups, and the DNS resolver redirect. The programs act only on sockets of one network
-//! namespace (the client's, by its cookie: [`netns_cookie`]); cgroup hooks would otherwise see the
-//! sockets of every namespace whose processes share the cgroup tree. Policy routing, nftables and
-//! the rule model live in `switchyard-split-tunnel`, which drives this crate.
+//! cgroups, the names and paths of apps, and the DNS resolver redirect. Apps by name or path are
+//! followed from exec by three BTF tracepoint programs (exec, fork, exit) that record a matching
+//! process's tgid, so its sockets are classified from the first one; without kernel BTF they are
+//! left out and the client's /proc scan alone moves such apps into the apps cgroup. The programs
+//! act only on sockets of one network namespace (the client's, by its cookie: [`netns_cookie`]);
+//! cgroup hooks would otherwise see the sockets of every namespace whose processes share the
+//! cgroup tree. Policy routing, nftables and the rule model live in `switchyard-split-tunnel`,
+//! which drives this crate.
 //!
 //! The second program, `src/reuseport_balance.bpf.c` ([`ReuseportBalancer`]), is the server's: it
 //! hands new connections to the data plane's per-core `SO_REUSEPORT` listeners in turn.
@@ -26,12 +30,14 @@ use std::path::{Path, PathBuf};
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashMap, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr};
+use aya::programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, CgroupSockAddr};
 use ipnet::IpNet;
 
 pub use bpffs::{ensure_bpffs, fs_type_of, is_bpffs, unmount_bpffs};
-pub use maps::{host_net, AppClass, ClassifierConfig, DnsRedirect, Mode};
-use maps::{NetKey, RawConfig};
+use maps::{comm_key, path_key, NetKey, RawConfig};
+pub use maps::{
+    host_net, AppClass, AppImage, ClassifierConfig, DnsRedirect, Mode, COMM_LEN, PATH_LEN,
+};
 pub use netns::netns_cookie;
 pub use reuseport::{ReuseportBalancer, MAX_CORES, REUSEPORT_BALANCE_OBJECT};
 
@@ -60,6 +66,14 @@ const SOCK_ADDR_PROGRAMS: &[&str] = &[
 ];
 const SOCK_CREATE_PROGRAM: &str = "sy_sock_create";
 
+/// The BTF tracepoint programs following apps by name or path, with their tracepoints; fork and
+/// exit are attached before exec so that no record is made that they would not carry or remove.
+const EXEC_HOOKS: &[(&str, &str)] = &[
+    ("sy_app_fork", "sched_process_fork"),
+    ("sy_app_exit", "sched_process_exit"),
+    ("sy_app_exec", "sched_process_exec"),
+];
+
 /// Errors of loading, attaching and map updates.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -83,6 +97,8 @@ pub enum Error {
     ZeroMark,
     #[error("the netns cookie must not be 0 (the programs would act on no socket)")]
     ZeroNetnsCookie,
+    #[error("kernel BTF: {0}")]
+    Btf(#[source] aya::BtfError),
     #[error("{0} listeners cannot be balanced (1 to {max})", max = reuseport::MAX_CORES)]
     Cores(usize),
 }
@@ -97,6 +113,11 @@ pub struct SplitTunnelProgram {
     bypass_v4: LpmTrie<MapData, u32, u32>,
     bypass_v6: LpmTrie<MapData, [u32; 4], u32>,
     apps: HashMap<MapData, u64, u32>,
+    app_names: HashMap<MapData, [u8; COMM_LEN], u32>,
+    app_paths: HashMap<MapData, [u8; PATH_LEN], u32>,
+    app_tgids: HashMap<MapData, u32, u32>,
+    /// The exec hooks are attached (apps by name/path are classified from exec).
+    exec_hooks: bool,
     // keeps the programs loaded for as long as the links need them
     _ebpf: aya::Ebpf,
 }
@@ -164,6 +185,45 @@ fn take_map(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<aya::maps::Map, 
     ebpf.take_map(name).ok_or(Error::Missing(name))
 }
 
+/// Loads, attaches and pins (under `links`) one BTF tracepoint program.
+fn attach_tracepoint(
+    ebpf: &mut aya::Ebpf,
+    btf: &aya::Btf,
+    links: &Path,
+    name: &'static str,
+    tracepoint: &str,
+) -> Result<PinnedLink, Error> {
+    let wrap = |e| Error::Program(name, e);
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(Error::Missing(name))?
+        .try_into()
+        .map_err(wrap)?;
+    prog.load(tracepoint, btf).map_err(wrap)?;
+    let id = prog.attach().map_err(wrap)?;
+    let link = FdLink::from(prog.take_link(id).map_err(wrap)?);
+    let path = links.join(name);
+    link.pin(&path).map_err(|e| Error::Pin(path, e))
+}
+
+/// Attaches every [`EXEC_HOOKS`] program, or none.
+fn attach_exec_hooks(ebpf: &mut aya::Ebpf, links: &Path) -> Result<Vec<PinnedLink>, Error> {
+    let btf = aya::Btf::from_sys_fs().map_err(Error::Btf)?;
+    let mut pinned = Vec::new();
+    for (name, tracepoint) in EXEC_HOOKS {
+        match attach_tracepoint(ebpf, &btf, links, name, tracepoint) {
+            Ok(link) => pinned.push(link),
+            Err(e) => {
+                for link in pinned {
+                    let _ = link.unpin();
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(pinned)
+}
+
 impl SplitTunnelProgram {
     /// Loads the programs with `config`, attaches them to the cgroup directory `scope` and pins
     /// maps and links under `pin_dir` (which must be on bpffs, see [`ensure_bpffs`], and should
@@ -226,6 +286,17 @@ impl SplitTunnelProgram {
             pinned.push(attach_pinned!(CgroupSockAddr, name));
         }
 
+        let exec_hooks = match attach_exec_hooks(&mut ebpf, &links) {
+            Ok(hooks) => {
+                pinned.extend(hooks);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the exec hooks did not attach: apps by name or path are classified only once the /proc scan moved them into the apps cgroup");
+                false
+            }
+        };
+
         let mut trie =
             |name: &'static str| -> Result<aya::maps::Map, Error> { take_map(&mut ebpf, name) };
         let split_v4 =
@@ -238,7 +309,13 @@ impl SplitTunnelProgram {
             LpmTrie::try_from(trie("sy_bypass_v6")?).map_err(|e| Error::Map("sy_bypass_v6", e))?;
         let apps = HashMap::try_from(trie("sy_app_cgroups")?)
             .map_err(|e| Error::Map("sy_app_cgroups", e))?;
-        tracing::info!(scope = %scope.display(), pins = %pin_dir.display(), object = OBJECT_SOURCE, "eBPF split tunnel attached");
+        let app_names =
+            HashMap::try_from(trie("sy_app_names")?).map_err(|e| Error::Map("sy_app_names", e))?;
+        let app_paths =
+            HashMap::try_from(trie("sy_app_paths")?).map_err(|e| Error::Map("sy_app_paths", e))?;
+        let app_tgids =
+            HashMap::try_from(trie("sy_app_tgids")?).map_err(|e| Error::Map("sy_app_tgids", e))?;
+        tracing::info!(scope = %scope.display(), pins = %pin_dir.display(), object = OBJECT_SOURCE, exec_hooks, "eBPF split tunnel attached");
         Ok(SplitTunnelProgram {
             pin_dir: pin_dir.to_path_buf(),
             links: pinned,
@@ -248,6 +325,10 @@ impl SplitTunnelProgram {
             bypass_v4,
             bypass_v6,
             apps,
+            app_names,
+            app_paths,
+            app_tgids,
+            exec_hooks,
             _ebpf: ebpf,
         })
     }
@@ -317,6 +398,59 @@ impl SplitTunnelProgram {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(Error::Map("sy_app_cgroups", e)),
         }
+    }
+
+    /// Whether the exec hooks are attached: apps by name or path are then classified from exec.
+    pub fn exec_hooks(&self) -> bool {
+        self.exec_hooks
+    }
+
+    /// Adds a name or path that the exec hook matches; applies to the next exec. Returns false
+    /// (and changes nothing) for one the hook cannot compare: a path longer than [`PATH_LEN`]
+    /// bytes, an empty name.
+    pub fn insert_app_image(&mut self, image: &AppImage) -> Result<bool, Error> {
+        let inserted = match image {
+            AppImage::Name(name) => comm_key(name).map(|key| {
+                self.app_names
+                    .insert(key, 1, 0)
+                    .map_err(|e| Error::Map("sy_app_names", e))
+            }),
+            AppImage::Path(path) => path_key(path).map(|key| {
+                self.app_paths
+                    .insert(key, 1, 0)
+                    .map_err(|e| Error::Map("sy_app_paths", e))
+            }),
+        };
+        inserted.transpose().map(|done| done.is_some())
+    }
+
+    /// Removes a name or path of the exec hook; absent entries are not an error.
+    pub fn remove_app_image(&mut self, image: &AppImage) -> Result<(), Error> {
+        let result = match image {
+            AppImage::Name(name) => comm_key(name).map(|key| self.app_names.remove(&key)),
+            AppImage::Path(path) => path_key(path).map(|key| self.app_paths.remove(&key)),
+        };
+        match result {
+            None | Some(Ok(())) | Some(Err(aya::maps::MapError::KeyNotFound)) => Ok(()),
+            Some(Err(e)) => Err(Error::Map("sy_app_names/sy_app_paths", e)),
+        }
+    }
+
+    /// Forgets every process the exec hook recorded (after the names or paths changed: a process
+    /// recorded for a removed rule must not stay an app). Processes still matching are caught by
+    /// the /proc scan, which moves them into the apps cgroup.
+    pub fn clear_app_processes(&mut self) -> Result<usize, Error> {
+        let tgids: Vec<u32> = self.app_tgids.keys().filter_map(Result::ok).collect();
+        let mut removed = 0;
+        for tgid in tgids {
+            match self.app_tgids.remove(&tgid) {
+                Ok(()) => removed += 1,
+                // it exited meanwhile
+                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(Error::Map("sy_app_tgids", e)),
+            }
+        }
+        Ok(removed)
     }
 
     /// The bpffs directory holding this instance's pins.

@@ -147,6 +147,44 @@ impl From<IpNet> for NetKey {
     }
 }
 
+/// `COMM_LEN` of the C source: the kernel's TASK_COMM_LEN (15 bytes of name and a NUL).
+pub const COMM_LEN: usize = 16;
+/// `PATH_LEN` of the C source: the longest rule path the exec hook compares, with its NUL.
+pub const PATH_LEN: usize = 256;
+
+/// A name or path an app rule matches at exec (see `sy_app_names`, `sy_app_paths`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AppImage {
+    /// Process name, compared with the comm the kernel gives the new image (its base name cut at
+    /// 15 bytes); the rule's name is cut the same way.
+    Name(String),
+    /// Absolute executable path, compared with the file name the image was exec'd by.
+    Path(String),
+}
+
+/// Zero-padded key of `N` bytes holding `text` and at least one NUL; `None` when it does not
+/// fit (or is empty).
+fn padded<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
+    if text.is_empty() || text.len() >= N || text.contains(&0) {
+        return None;
+    }
+    let mut key = [0u8; N];
+    key[..text.len()].copy_from_slice(text);
+    Some(key)
+}
+
+/// The `sy_app_names` key of a rule name: cut at 15 bytes like the kernel's comm.
+pub(crate) fn comm_key(name: &str) -> Option<[u8; COMM_LEN]> {
+    let bytes = name.as_bytes();
+    padded(&bytes[..bytes.len().min(COMM_LEN - 1)])
+}
+
+/// The `sy_app_paths` key of a rule path; `None` for a path too long for the exec hook (the /proc
+/// scan still matches it).
+pub(crate) fn path_key(path: &str) -> Option<[u8; PATH_LEN]> {
+    padded(path.as_bytes())
+}
+
 /// Converts an exact address into the host network (`/32`, `/128`).
 pub fn host_net(ip: std::net::IpAddr) -> IpNet {
     match ip {
@@ -186,6 +224,26 @@ mod tests {
         assert_eq!(raw.resolver4_port.to_ne_bytes(), [0x14, 0xe9]);
         assert_eq!(raw.dns_port.to_ne_bytes(), [0, 53]);
         assert_eq!(raw.netns_cookie, 0x1234_5678_9abc);
+    }
+
+    #[test]
+    fn comm_keys_are_cut_like_the_kernel_comm_and_zero_padded() {
+        let key = comm_key("thunderbird-binary").expect("key");
+        assert_eq!(&key[..15], b"thunderbird-bin");
+        assert_eq!(key[15], 0);
+        let short = comm_key("curl").expect("key");
+        assert_eq!(&short[..5], b"curl\0");
+        assert!(short[4..].iter().all(|b| *b == 0));
+        assert_eq!(comm_key(""), None);
+        assert_eq!(comm_key("a\0b"), None);
+    }
+
+    #[test]
+    fn path_keys_fit_the_c_buffer_with_a_nul() {
+        let key = path_key("/usr/bin/curl").expect("key");
+        assert_eq!(&key[..14], b"/usr/bin/curl\0");
+        assert!(path_key(&"x".repeat(PATH_LEN - 1)).is_some());
+        assert_eq!(path_key(&"x".repeat(PATH_LEN)), None);
     }
 
     #[test]

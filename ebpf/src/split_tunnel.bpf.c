@@ -9,6 +9,14 @@
 //   cgroup/recvmsg4|6         replies of a redirected query appear to come from the original server
 //   cgroup/getpeername4|6     a redirected connected socket reports the original peer
 //
+// and to the scheduler's BTF tracepoints, which follow apps matched by name or path from the exec
+// of their image (so a process started at any time is classified from its first socket, not after
+// the client's next /proc scan moved it into the apps cgroup):
+//   tp_btf/sched_process_exec  records the process (tgid) when its new image's comm or filename
+//                              matches a rule (sy_app_names / sy_app_paths), forgets it otherwise
+//   tp_btf/sched_process_fork  a new process inherits its parent's record (apps forking helpers)
+//   tp_btf/sched_process_exit  the record goes when the last thread of the process exits
+//
 // A marked socket carries `tunnel_mark`; `ip rule fwmark <mark> lookup <table>` sends it into the
 // TUN table. A socket that already carries any other mark (the proxy's own sockets set SO_MARK) or
 // lives in a cgroup listed as BYPASS is never touched. Maps are pinned by name so the loader can find
@@ -25,6 +33,7 @@
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
 
 #ifndef SOL_SOCKET
 #define SOL_SOCKET 1
@@ -133,6 +142,36 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sy_app_cgroups SEC(".maps");
 
+#define COMM_LEN 16  // TASK_COMM_LEN: 15 bytes and a NUL, as /proc/PID/comm
+#define PATH_LEN 256 // longer rule paths are matched by the /proc scan only
+
+// Name rules: comm (zero-padded, cut at 15 bytes) -> 1
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, char[COMM_LEN]);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_app_names SEC(".maps");
+
+// Path rules: absolute executable path (zero-padded) -> 1
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, char[PATH_LEN]);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_app_paths SEC(".maps");
+
+// tgid of a process whose image matched a name/path rule -> APP_SELECTED
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_app_tgids SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -157,10 +196,16 @@ static __always_inline struct config *get_config(void *ctx)
 	return cfg;
 }
 
+// The class of the current process: its cgroup's (a bypass cgroup wins), else its own record
+// from the exec hook.
 static __always_inline __u32 app_class(void)
 {
 	__u64 cg = bpf_get_current_cgroup_id();
 	__u32 *class = bpf_map_lookup_elem(&sy_app_cgroups, &cg);
+	if (class && *class)
+		return *class;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	class = bpf_map_lookup_elem(&sy_app_tgids, &tgid);
 	return class ? *class : 0;
 }
 
@@ -385,6 +430,98 @@ SEC("cgroup/getpeername6")
 int sy_getpeername6(struct bpf_sock_addr *ctx)
 {
 	return restore_peer6(ctx);
+}
+
+// ---- apps by name or path, from exec ----
+//
+// The kernel structs are read through BTF (CO-RE: the loader relocates each field to this kernel's
+// layout), declared here with only the fields used.
+
+struct net {
+	__u64 net_cookie;
+} __attribute__((preserve_access_index));
+
+struct nsproxy {
+	struct net *net_ns;
+} __attribute__((preserve_access_index));
+
+typedef struct {
+	int counter;
+} sy_atomic_t;
+
+struct signal_struct {
+	sy_atomic_t live;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	int pid;
+	int tgid;
+	struct nsproxy *nsproxy;
+	struct signal_struct *signal;
+} __attribute__((preserve_access_index));
+
+struct linux_binprm {
+	const char *filename;
+} __attribute__((preserve_access_index));
+
+static __always_inline int image_matches(struct linux_binprm *bprm)
+{
+	char comm[COMM_LEN] = {};
+	// after exec the comm is the new image's base name
+	bpf_get_current_comm(comm, sizeof(comm));
+	if (bpf_map_lookup_elem(&sy_app_names, comm))
+		return 1;
+	char path[PATH_LEN] = {};
+	if (bpf_probe_read_kernel_str(path, sizeof(path), bprm->filename) <= 0)
+		return 0;
+	return bpf_map_lookup_elem(&sy_app_paths, path) != 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(sy_app_exec, struct task_struct *p, int old_pid, struct linux_binprm *bprm)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct config *cfg = lookup_config();
+	// only processes of the client's network namespace (the socket programs check each socket's
+	// namespace again)
+	if (cfg && cfg->netns_cookie != 0 && p->nsproxy &&
+	    p->nsproxy->net_ns->net_cookie == cfg->netns_cookie && image_matches(bprm)) {
+		__u32 selected = APP_SELECTED;
+		bpf_map_update_elem(&sy_app_tgids, &tgid, &selected, BPF_ANY);
+	} else {
+		// a recorded app that exec'd another image is no longer that app
+		bpf_map_delete_elem(&sy_app_tgids, &tgid);
+	}
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(sy_app_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid = parent->tgid;
+	__u32 child_tgid = child->tgid;
+	if (child_tgid == parent_tgid)
+		return 0; // a new thread of the same process
+	__u32 *class = bpf_map_lookup_elem(&sy_app_tgids, &parent_tgid);
+	if (class) {
+		__u32 value = *class;
+		bpf_map_update_elem(&sy_app_tgids, &child_tgid, &value, BPF_ANY);
+	} else {
+		// a record left for a reused pid (its exit was missed) must not classify the new process
+		bpf_map_delete_elem(&sy_app_tgids, &child_tgid);
+	}
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(sy_app_exit, struct task_struct *p)
+{
+	// do_exit counts the thread out of signal->live before this tracepoint: 0 = last thread
+	if (p->signal && p->signal->live.counter == 0) {
+		__u32 tgid = p->tgid;
+		bpf_map_delete_elem(&sy_app_tgids, &tgid);
+	}
+	return 0;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -99,7 +99,19 @@ pub fn helper_in(
     arg: &str,
 ) -> Command {
     let exe = std::env::current_exe().expect("test exe");
-    let mut cmd = in_netns(netns, cgroup, &exe);
+    helper_copy_in(netns, cgroup, &exe, env, action, arg)
+}
+
+/// Like [`helper_in`] with `program`, a copy of this test binary (under another name or path).
+pub fn helper_copy_in(
+    netns: &str,
+    cgroup: Option<&Path>,
+    program: &Path,
+    env: (&str, &str),
+    action: &str,
+    arg: &str,
+) -> Command {
+    let mut cmd = in_netns(netns, cgroup, program);
     cmd.args(HELPER_ARGS)
         .env(env.0, action)
         .env(env.1, arg)

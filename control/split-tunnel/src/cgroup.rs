@@ -2,8 +2,11 @@
 //! process name or path.
 //!
 //! Apps matched by name or path are moved into one managed cgroup (the "apps" cgroup under the
-//! scope) whose id the classifier knows — the way production split-tunnel tools do it; processes
-//! started later are caught by the next [`crate::SplitTunnel::refresh_apps`] scan. Only processes
+//! scope) whose id the classifier knows — the way production split-tunnel tools do it — by the
+//! [`crate::SplitTunnel::refresh_apps`] scan. With eBPF, a process started later is classified
+//! from its exec on (the exec hook records it; see `switchyard-ebpf`), so the scan matters for
+//! processes that were running before the VPN came up; with nftables it is caught by the next
+//! scan. Only processes
 //! of the tunnel's own network namespace are moved: one of a container or another `ip netns` with
 //! the same name is none of the tunnel's business. Sockets a
 //! process opened before the move keep their mark until their next connect/send.

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
 use serde::Serialize;
-use switchyard_ebpf::{AppClass, ClassifierConfig, NetList, SplitTunnelProgram};
+use switchyard_ebpf::{AppClass, AppImage, ClassifierConfig, NetList, SplitTunnelProgram};
 
 pub use rules::{AppRule, CompiledRules, RuleError, SplitMode, SplitRules};
 pub use switchyard_ebpf::DnsRedirect;
@@ -328,6 +328,21 @@ struct Installed {
     split: BTreeSet<IpNet>,
     bypass: BTreeSet<IpNet>,
     apps: BTreeMap<u64, AppClass>,
+    /// names and paths the exec hook matches
+    images: BTreeSet<AppImage>,
+}
+
+/// What the exec hook matches for the name/path app rules: a rule's path when it has one (the
+/// path decides then, as in [`cgroup::app_matches`]), else its name.
+fn app_images(apps: &[AppRule]) -> BTreeSet<AppImage> {
+    apps.iter()
+        .filter(|a| a.cgroup.is_none())
+        .filter_map(|a| match &a.path {
+            Some(path) => Some(AppImage::Path(path.clone())),
+            None if !a.name.trim().is_empty() => Some(AppImage::Name(a.name.clone())),
+            None => None,
+        })
+        .collect()
 }
 
 enum Classifier {
@@ -743,6 +758,7 @@ impl SplitTunnel {
                 for path in &self.config.bypass_cgroups {
                     apps.insert(switchyard_ebpf::cgroup_id(path)?, AppClass::Bypass);
                 }
+                sync_images(program, &mut installed.images, app_images(&self.rules.apps))?;
                 sync_nets(program, NetList::Split, &mut installed.split, &split)?;
                 sync_nets(program, NetList::Bypass, &mut installed.bypass, &bypass)?;
                 for id in installed.apps.keys().filter(|id| !apps.contains_key(id)) {
@@ -808,6 +824,39 @@ impl SplitTunnel {
     }
 }
 
+fn sync_images(
+    program: &mut SplitTunnelProgram,
+    installed: &mut BTreeSet<AppImage>,
+    wanted: BTreeSet<AppImage>,
+) -> Result<(), Error> {
+    let removed: Vec<&AppImage> = installed.difference(&wanted).collect();
+    for image in &removed {
+        program.remove_app_image(image)?;
+    }
+    if !removed.is_empty() {
+        // a process recorded for a removed rule is no app any more; those still matching another
+        // rule are moved into the apps cgroup by the scan that follows every rule change
+        program.clear_app_processes()?;
+    }
+    // two names cut to the same 15-byte comm share one key: after a removal, every wanted image
+    // is inserted again
+    let inserted: Vec<&AppImage> = if removed.is_empty() {
+        wanted.difference(installed).collect()
+    } else {
+        wanted.iter().collect()
+    };
+    for image in inserted {
+        if !program.insert_app_image(image)? {
+            tracing::warn!(
+                ?image,
+                "app path too long for the exec hook: matched by the /proc scan only"
+            );
+        }
+    }
+    *installed = wanted;
+    Ok(())
+}
+
 fn sync_nets(
     program: &mut SplitTunnelProgram,
     list: NetList,
@@ -842,6 +891,28 @@ mod tests {
         let dir = private_cgroup2_dir(Path::new("."));
         assert!(dir.is_absolute(), "{}", dir.display());
         assert!(dir.ends_with("cgroup2"));
+    }
+
+    #[test]
+    fn exec_hook_matches_a_rule_by_path_when_it_has_one_else_by_name() {
+        let app = |name: &str, path: Option<&str>, cgroup: Option<&str>| AppRule {
+            name: name.into(),
+            path: path.map(str::to_string),
+            cgroup: cgroup.map(str::to_string),
+            bundle_id: None,
+        };
+        let images = app_images(&[
+            app("curl", None, None),
+            app("tb", Some("/usr/lib/thunderbird/thunderbird-bin"), None),
+            app("inc-app", None, Some("inc")),
+            app(" ", None, None),
+        ]);
+        let want: BTreeSet<AppImage> = [
+            AppImage::Name("curl".into()),
+            AppImage::Path("/usr/lib/thunderbird/thunderbird-bin".into()),
+        ]
+        .into();
+        assert_eq!(images, want);
     }
 
     #[test]

@@ -729,6 +729,18 @@ fn crash_cleanup(choice: &str, expected: &str) {
         before.iter().any(|l| l.starts_with("routes")),
         "and its routes: {before:?}"
     );
+    // the exec hook's tracepoint link, by id: it must be gone (not only unpinned) after recovery
+    let exec_link = (expected == "ebpf").then(|| {
+        let pin = topo.pins.join("links/sy_app_exec");
+        let shown = sh_quiet(&format!("bpftool -j link show pinned '{}'", pin.display()));
+        let link: serde_json::Value = serde_json::from_str(&shown).unwrap_or_default();
+        let id = link["id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no exec hook link: {shown}"));
+        let attached = sh_quiet(&format!("bpftool link show id {id}"));
+        assert!(attached.contains("sched_process_exec"), "{attached}");
+        id
+    });
     holder.kill().expect("kill -9");
     let _ = holder.wait();
     let after_crash = topo.leftovers();
@@ -762,6 +774,13 @@ fn crash_cleanup(choice: &str, expected: &str) {
         !topo.scope.join("switchyard-split-apps").exists(),
         "managed cgroup removed"
     );
+    if let Some(id) = exec_link {
+        let shown = sh_quiet(&format!("bpftool link show id {id}"));
+        assert!(
+            !shown.contains("sched_process_exec"),
+            "the exec hook is still attached: {shown}"
+        );
+    }
 }
 
 /// Port 53 to the resolver of the lan namespace.
