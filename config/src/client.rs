@@ -349,6 +349,11 @@ pub struct VpnTunConfig {
     /// Address of the device, CIDR form.
     pub address: String,
     pub gateway: String,
+    /// The device's IPv6 address (CIDR form, a unique local address by default): IPv6 flows
+    /// are carried like IPv4 ones. Empty: no IPv6 through the tunnel (tunnelled IPv6 is
+    /// refused, never sent outside it).
+    pub address6: String,
+    pub gateway6: String,
 }
 
 impl Default for VpnTunConfig {
@@ -356,6 +361,8 @@ impl Default for VpnTunConfig {
         VpnTunConfig {
             address: "10.255.0.2/24".into(),
             gateway: "10.255.0.1".into(),
+            address6: "fd7a:5359:5400::2/64".into(),
+            gateway6: "fd7a:5359:5400::1".into(),
         }
     }
 }
