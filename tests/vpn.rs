@@ -440,13 +440,23 @@ impl Topo {
 
     /// The UDP origin on port 7000 of the origin addresses.
     fn start_udp_origin(&mut self) {
-        let addresses = "7000 10.211.9.1 10.211.9.2 10.211.9.3";
-        let mut child = helper_in(&self.net, None, "udp-origin", addresses)
-            .spawn()
-            .expect("udp origin");
+        let net = self.net.clone();
+        self.start_helper(&net, "udp-origin", "7000 10.211.9.1 10.211.9.2 10.211.9.3");
+    }
+
+    /// Starts the helper `action` in `netns` (stopped with the topology) once it says it is
+    /// ready; its further result lines.
+    fn start_helper(
+        &mut self,
+        netns: &str,
+        action: &str,
+        arg: &str,
+    ) -> BufReader<std::process::ChildStdout> {
+        let mut child = helper_in(netns, None, action, arg).spawn().expect(action);
         let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        assert_eq!(next_result(&mut out), "ready");
+        assert_eq!(next_result(&mut out), "ready", "{action}");
         self.children.push(child);
+        out
     }
 
     /// `seen=<address the UDP origin saw> replies=<n>` for `count` datagrams a process of
@@ -1765,24 +1775,10 @@ fn curl6_seen(topo: &Topo, cgroup: &Path, ip: &str) -> String {
 fn ipv6_scenario(classifier: &str) {
     let mut topo = Topo::named("syv6");
     let far = topo.add_ipv6();
-    let mut origin = helper_in(&topo.net, None, "http6-origin", "8086")
-        .spawn()
-        .expect("origin");
-    let mut out = BufReader::new(origin.stdout.take().expect("stdout"));
-    assert_eq!(next_result(&mut out), "ready");
-    topo.children.push(origin);
-    let mut far_origin = helper_in(&far.0, None, "http6-origin", "8086")
-        .spawn()
-        .expect("far origin");
-    let mut far_seen = BufReader::new(far_origin.stdout.take().expect("stdout"));
-    assert_eq!(next_result(&mut far_seen), "ready");
-    topo.children.push(far_origin);
-    let mut udp = helper_in(&topo.net, None, "udp-origin", &format!("7000 {ORIGIN6}"))
-        .spawn()
-        .expect("udp origin");
-    let mut out = BufReader::new(udp.stdout.take().expect("stdout"));
-    assert_eq!(next_result(&mut out), "ready");
-    topo.children.push(udp);
+    // kept open: the origin reports each connection on it
+    let _origin_seen = topo.start_helper(&topo.net.clone(), "http6-origin", "8086");
+    let mut far_seen = topo.start_helper(&far.0, "http6-origin", "8086");
+    topo.start_helper(&topo.net.clone(), "udp-origin", &format!("7000 {ORIGIN6}"));
     let dns_log = topo.start_dnsmasq();
     topo.start_server();
     let socks = topo.server_socks5();

@@ -8,11 +8,11 @@
 //! with its first datagram and ends when it has been quiet for a while. The NAT port space is its
 //! own ([`NatTable`] instance): UDP and TCP ports never collide.
 
-use super::nat::{drop6, Drop, NatAddresses, NatAddresses6, NatTable, Outcome};
+use super::nat::{drop6, local_side, Drop, NatAddresses, NatAddresses6, NatTable, Outcome};
 use super::packet::{adjust, ipv4_lengths, read16, words, write16, Checksum, Skip};
 use super::packet6::{self, Transport6};
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 
 /// IP protocol number of UDP.
@@ -250,26 +250,6 @@ impl UdpNat {
         Outcome::Inbound(d.payload())
     }
 
-    /// The socket side of NAT port `port` for a datagram of `d`'s family.
-    fn socket_side(&self, d: &Datagram, port: u16) -> Option<(SocketAddr, SocketAddr)> {
-        match d {
-            Datagram::V4(_) => {
-                let a = self.addrs;
-                Some((
-                    SocketAddr::V4(SocketAddrV4::new(a.gateway, port)),
-                    SocketAddr::V4(SocketAddrV4::new(a.tun_ip, a.listen_port)),
-                ))
-            }
-            Datagram::V6(_) => {
-                let a = self.addrs6?;
-                Some((
-                    SocketAddr::V6(SocketAddrV6::new(a.gateway, port, 0, 0)),
-                    SocketAddr::V6(SocketAddrV6::new(a.tun_ip, a.listen_port, 0, 0)),
-                ))
-            }
-        }
-    }
-
     fn outbound(&mut self, p: &mut [u8], d: &Datagram, now: u64) -> Outcome {
         let key = (d.src(), d.dst());
         let i = match self.by_app.get(&key) {
@@ -279,7 +259,13 @@ impl UdpNat {
                 None => return Outcome::Dropped(Drop::Full),
             },
         };
-        let Some((src, dst)) = self.socket_side(d, self.table.port(i)) else {
+        let local = local_side(
+            &self.addrs,
+            self.addrs6,
+            d.src().is_ipv6(),
+            self.table.port(i),
+        );
+        let Some((src, dst)) = local else {
             return Outcome::Dropped(Drop::Unsupported);
         };
         let Some(flow) = self.flows[i].as_mut() else {
