@@ -87,7 +87,8 @@ fn serve_udp_origin(arg: &str) -> ! {
 /// Sends `count` datagrams from one socket to `dst`, each answered before the next (a lost one
 /// is sent again, at most three times): `seen=<address the origin saw> replies=<n>`.
 fn udp_round_trips(dst: SocketAddr, count: usize) -> String {
-    let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+    let any = if dst.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+    let sock = std::net::UdpSocket::bind(any).expect("bind");
     sock.set_read_timeout(Some(Duration::from_secs(3)))
         .expect("timeout");
     let (mut seen, mut replies) = (String::from("nothing"), 0);
@@ -149,13 +150,87 @@ fn connect_and_read(dst: SocketAddr) -> (TcpStream, String) {
 
 /// A DNS query for the A record of `name` (id 0x5359, recursion desired).
 fn dns_query(name: &str) -> Vec<u8> {
+    dns_query_of(name, 1)
+}
+
+/// A DNS query for the records of type `qtype` of `name`.
+fn dns_query_of(name: &str, qtype: u8) -> Vec<u8> {
     let mut q = vec![0x53, 0x59, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
     for label in name.split('.') {
         q.push(label.len() as u8);
         q.extend_from_slice(label.as_bytes());
     }
-    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q.extend_from_slice(&[0, 0, qtype, 0, 1]);
     q
+}
+
+/// Bytes after the first line of the IPv6 HTTP origin's answers (a pattern no byte of which
+/// repeats its neighbour, so a lost or doubled segment shows).
+fn http6_body() -> Vec<u8> {
+    (0..256 * 1024u32).map(|i| (i % 251) as u8).collect()
+}
+
+/// An HTTP origin on `[::]:port`: answers each request with `<peer address>\n` and
+/// [`http6_body`], and reports each connection (`RESULT seen=<peer address>`).
+fn serve_http6_origin(port: u16) -> ! {
+    let l = std::net::TcpListener::bind(("::", port)).expect("bind origin");
+    result("ready");
+    for conn in l.incoming().flatten() {
+        let Ok(peer) = conn.peer_addr() else {
+            continue;
+        };
+        result(&format!("seen={}", peer.ip()));
+        std::thread::spawn(move || {
+            let mut conn = conn;
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && matches!(conn.read(&mut byte), Ok(1)) {
+                head.push(byte[0]);
+            }
+            let mut body = format!("{}\n", peer.ip()).into_bytes();
+            body.extend_from_slice(&http6_body());
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(answer.as_bytes());
+            let _ = conn.write_all(&body);
+        });
+    }
+    std::process::exit(0)
+}
+
+/// Resolves the AAAA record of `name` over UDP at `server`, then asks the IPv6 HTTP origin at
+/// the answer's port 8086: `ip=<answer> seen=<what the origin saw>`.
+fn resolve6_then_connect(server: SocketAddr, name: &str) -> String {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    sock.send_to(&dns_query_of(name, 28), server).expect("send");
+    let mut buf = [0u8; 1500];
+    let (n, _) = sock.recv_from(&mut buf).expect("dns answer");
+    let reply = &buf[..n];
+    let answers = u16::from_be_bytes([reply[6], reply[7]]);
+    if answers == 0 || n < 12 + 16 {
+        return "ip=none".into();
+    }
+    let mut octets = [0u8; 16];
+    octets.copy_from_slice(&reply[n - 16..]);
+    let ip = std::net::Ipv6Addr::from(octets);
+    let dst = SocketAddr::from((ip, 8086));
+    let mut stream = TcpStream::connect_timeout(&dst, Duration::from_secs(10)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let _ = stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    let seen = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, body)| body.lines().next())
+        .unwrap_or("nothing");
+    format!("ip={ip} seen={seen}")
 }
 
 /// The address of the one A record of an answer (its last four bytes), if it has an answer.
@@ -191,6 +266,15 @@ fn helper() {
     let arg = std::env::var("SYVPN_ARG").unwrap_or_default();
     match action.as_str() {
         "origin" => serve_origin(arg.parse().expect("port")),
+        "http6-origin" => serve_http6_origin(arg.parse().expect("port")),
+        // SYVPN_ARG = "dns-server-address name"
+        "resolve6-tcp" => {
+            let (server, name) = arg.split_once(' ').expect("server and name");
+            result(&resolve6_then_connect(
+                server.parse().expect("server"),
+                name,
+            ));
+        }
         // SYVPN_ARG = "port address..."
         "udp-origin" => serve_udp_origin(&arg),
         // SYVPN_ARG = "destination count"
@@ -323,6 +407,31 @@ impl Topo {
         topo
     }
 
+    /// Adds IPv6: lan fd00:210::2 — internet fd00:210::1 with origins on fd00:211:9::1-2, and a
+    /// third namespace `-far` beyond the lan (a router hop away: not the directly connected LAN)
+    /// with an origin on fd00:214::1 that the lan reaches directly and the server cannot reach.
+    fn add_ipv6(&self) -> FarNetns {
+        let (id, l, t) = (&self.id, &self.lan, &self.net);
+        let far = FarNetns(format!("{id}-far"));
+        let f = &far.0;
+        sh(&format!(
+            "set -e
+             ip -n {l} addr add fd00:210::2/64 dev {id}l nodad
+             ip -n {t} addr add fd00:210::1/64 dev {id}n nodad
+             ip -n {t} addr add {ORIGIN6}/128 dev lo; ip -n {t} addr add {NAMED6}/128 dev lo
+             ip -n {l} -6 route add default via fd00:210::1
+             ip netns add {f}
+             ip link add {id}f netns {l} type veth peer name {id}g netns {f}
+             ip -n {f} link set lo up
+             ip -n {l} addr add fd00:215::1/64 dev {id}f nodad; ip -n {l} link set {id}f up
+             ip -n {f} addr add fd00:215::2/64 dev {id}g nodad; ip -n {f} link set {id}g up
+             ip -n {f} addr add {FAR6}/128 dev lo
+             ip -n {l} -6 route add fd00:214::/64 via fd00:215::2
+             ip -n {f} -6 route add default via fd00:215::1"
+        ));
+        far
+    }
+
     fn tun(&self) -> String {
         // interface names are at most 15 bytes
         let id = &self.id;
@@ -331,13 +440,23 @@ impl Topo {
 
     /// The UDP origin on port 7000 of the origin addresses.
     fn start_udp_origin(&mut self) {
-        let addresses = "7000 10.211.9.1 10.211.9.2 10.211.9.3";
-        let mut child = helper_in(&self.net, None, "udp-origin", addresses)
-            .spawn()
-            .expect("udp origin");
+        let net = self.net.clone();
+        self.start_helper(&net, "udp-origin", "7000 10.211.9.1 10.211.9.2 10.211.9.3");
+    }
+
+    /// Starts the helper `action` in `netns` (stopped with the topology) once it says it is
+    /// ready; its further result lines.
+    fn start_helper(
+        &mut self,
+        netns: &str,
+        action: &str,
+        arg: &str,
+    ) -> BufReader<std::process::ChildStdout> {
+        let mut child = helper_in(netns, None, action, arg).spawn().expect(action);
         let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        assert_eq!(next_result(&mut out), "ready");
+        assert_eq!(next_result(&mut out), "ready", "{action}");
         self.children.push(child);
+        out
     }
 
     /// `seen=<address the UDP origin saw> replies=<n>` for `count` datagrams a process of
@@ -510,6 +629,8 @@ impl Topo {
                 "--bind-interfaces",
                 &format!("--listen-address={DNS}"),
                 "--address=/a.tun.test/10.211.9.2",
+                // an IPv6-only name (AAAA; its A question gets no address)
+                &format!("--address=/v6.tun.test/{NAMED6}"),
                 // b.plain.test, c.plain.test, … (each question a name not cached yet)
                 "--address=/plain.test/10.211.9.1",
                 "--log-queries",
@@ -681,6 +802,24 @@ fn curl_in(netns: &str, method: &str, url: &str, body: Option<&str>) -> (u16, St
 }
 
 const DNS: &str = "10.211.9.53";
+
+/// The IPv6 topology ([`Topo::add_ipv6`]): the lan's address, two origins of the internet
+/// namespace (the second one is `v6.tun.test`) and the origin only the lan reaches.
+const DIRECT6: &str = "fd00:210::2";
+const ORIGIN6: &str = "fd00:211:9::1";
+const NAMED6: &str = "fd00:211:9::2";
+const FAR6: &str = "fd00:214::1";
+/// The far side of the far namespace's link, the lan's address there.
+const DIRECT6_FAR: &str = "fd00:215::1";
+
+/// The namespace [`Topo::add_ipv6`] adds; deleted on drop.
+struct FarNetns(String);
+
+impl Drop for FarNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
 
 struct Capture {
     child: Child,
@@ -1769,4 +1908,145 @@ fn syquic_vpn_udp_and_tcp_through_a_quic_server() {
     let v = client.ok("POST", "/api/v1/vpn/disable", None);
     assert_eq!(v["status"], "disabled");
     assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+/// `curl -6` of the IPv6 HTTP origin at `[ip]:8086` by a process of `cgroup` in the lan
+/// namespace: (curl's exit code, body, stderr).
+fn curl6(topo: &Topo, cgroup: &Path, ip: &str) -> (i32, Vec<u8>, String) {
+    let out = in_netns(&topo.lan, Some(cgroup), Path::new("curl"))
+        .args(["-sS", "-6", "--max-time", "20"])
+        .arg(format!("http://[{ip}]:8086/"))
+        .output()
+        .expect("curl");
+    (
+        out.status.code().unwrap_or(-1),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The first line of a [`curl6`] body: the address the origin saw.
+fn curl6_seen(topo: &Topo, cgroup: &Path, ip: &str) -> String {
+    let (code, body, err) = curl6(topo, cgroup, ip);
+    assert_eq!(code, 0, "curl -6 [{ip}]: {err}");
+    let body = String::from_utf8_lossy(&body).into_owned();
+    body.lines().next().unwrap_or_default().to_string()
+}
+
+/// IPv6 through the VPN (with the given classifier), the server a SOCKS5 proxy that reaches
+/// the internet namespace's IPv6 origins: `curl -6` of an included app arrives byte-exact
+/// through the TUN and the server; its UDP too (a SOCKS5 association with an IPv6 target); an
+/// AAAA answer of the resolver puts the name's IPv6 address into the split set (a domain rule
+/// tunnels the excluded cgroup's flow to it); ping -6 is answered "administratively
+/// prohibited". Fail closed: a tunnelled flow to an IPv6 origin the server cannot reach is
+/// reset at once, and that origin — which the lan reaches directly — sees no connection.
+fn ipv6_scenario(classifier: &str) {
+    let mut topo = Topo::named("syv6");
+    let far = topo.add_ipv6();
+    // kept open: the origin reports each connection on it
+    let _origin_seen = topo.start_helper(&topo.net.clone(), "http6-origin", "8086");
+    let mut far_seen = topo.start_helper(&far.0, "http6-origin", "8086");
+    topo.start_helper(&topo.net.clone(), "udp-origin", &format!("7000 {ORIGIN6}"));
+    let dns_log = topo.start_dnsmasq();
+    topo.start_server();
+    let socks = topo.server_socks5();
+    // before the VPN, IPv6 goes direct
+    assert_eq!(curl6_seen(&topo, &topo.inc, ORIGIN6), DIRECT6);
+
+    let split = format!(
+        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}], domains: [\"*.tun.test\"]}}",
+        topo.inc.display()
+    );
+    let yaml = topo
+        .client_yaml(socks, true, classifier, &split)
+        .replace("protocol: HTTP", "protocol: SOCKS5")
+        .replace(
+            "dns: {enabled: false}",
+            &format!("dns: {{enabled: true, servers: [\"{DNS}\"], cache_ttl: 5m}}"),
+        );
+    let client = topo.start_client(&yaml);
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+
+    // the included app's IPv6 flow crosses the TUN and the server: the origin sees the
+    // server's own address, and the body arrives byte for byte
+    let (code, body, err) = curl6(&topo, &topo.inc, ORIGIN6);
+    assert_eq!(code, 0, "curl -6 through the VPN: {err}\n{}", client.log());
+    let mut want = format!("{ORIGIN6}\n").into_bytes();
+    want.extend_from_slice(&http6_body());
+    assert_eq!(body.len(), want.len(), "{}", client.log());
+    assert!(body == want, "the body through the VPN differs");
+    // the other cgroup is not tunnelled
+    assert_eq!(curl6_seen(&topo, &topo.exc, ORIGIN6), DIRECT6);
+
+    // UDP over IPv6, through the server's SOCKS5 association
+    let via = topo.probe(&topo.inc, "udp", &format!("[{ORIGIN6}]:7000 3"));
+    assert_eq!(
+        via,
+        format!("seen={ORIGIN6} replies=3"),
+        "inc app's IPv6 UDP through the VPN\n{}",
+        client.log()
+    );
+
+    // the resolver's AAAA answer: the excluded cgroup's flow to the name's IPv6 address is
+    // tunnelled by the domain rule (the origin sees the server's address, not the lan's)
+    let r = topo.probe(&topo.exc, "resolve6-tcp", &format!("{DNS}:53 v6.tun.test"));
+    assert_eq!(r, format!("ip={NAMED6} seen={NAMED6}"), "{}", client.log());
+    let queries = std::fs::read_to_string(&dns_log).unwrap_or_default();
+    assert!(
+        queries.contains("query[AAAA] v6.tun.test"),
+        "dnsmasq log:\n{queries}"
+    );
+
+    // ping -6 to a tunnelled destination is refused at once, not left to time out
+    let ping = in_netns(&topo.lan, Some(&topo.inc), Path::new("ping"))
+        .args(["-6", "-n", "-c", "1", "-W", "10", ORIGIN6])
+        .output()
+        .expect("ping");
+    let said = String::from_utf8_lossy(&ping.stdout);
+    assert!(
+        said.contains("Administratively prohibited"),
+        "{said}\n{}",
+        client.log()
+    );
+
+    // fail closed: the server cannot reach the far origin; the tunnelled flow is reset (not
+    // left hanging: curl's timeout is exit code 28), and never goes direct
+    let (code, _, err) = curl6(&topo, &topo.inc, FAR6);
+    assert!(
+        code != 0 && code != 28,
+        "curl -6 to an origin the server cannot reach: exit {code}: {err}\n{}",
+        client.log()
+    );
+    // the lan does reach it directly, and that is the first connection the origin saw
+    assert_eq!(curl6_seen(&topo, &topo.exc, FAR6), DIRECT6_FAR);
+    assert_eq!(
+        next_result(&mut far_seen),
+        format!("seen={DIRECT6_FAR}"),
+        "the refused flow reached the origin"
+    );
+
+    // disable leaves nothing behind (the IPv6 rule and route included)
+    let v = client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(v["status"], "disabled");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    assert_eq!(curl6_seen(&topo, &topo.inc, ORIGIN6), DIRECT6);
+}
+
+#[test]
+fn syv6_ebpf_ipv6_tcp_udp_aaaa_and_fail_closed() {
+    if tools_or_skip("syv6_ebpf_ipv6_tcp_udp_aaaa_and_fail_closed")
+        && support::require("dnsmasq").is_some()
+    {
+        ipv6_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syv6_nftables_ipv6_tcp_udp_aaaa_and_fail_closed() {
+    if tools_or_skip("syv6_nftables_ipv6_tcp_udp_aaaa_and_fail_closed")
+        && support::require("dnsmasq").is_some()
+    {
+        ipv6_scenario("nftables");
+    }
 }

@@ -2,15 +2,16 @@
 //! transparent proxy, fed by an nftables redirect) in one run (needs root: namespaces, cgroups).
 //!
 //! Layout (names prefixed `syvpnb` or `$SWITCHYARD_BENCH_PREFIX`, removed at the end, also on error):
-//! - namespace `syvpnb-net`: `switchyard server` on 10.210.0.1:18080, an iperf3 server and a
-//!   connect-and-close origin on 10.211.9.1;
-//! - namespace `syvpnb-lan` (veth 10.210.0.2, default route to the other side):
+//! - namespace `syvpnb-net`: `switchyard server` on 10.210.0.1:18080, iperf3 servers and a
+//!   connect-and-close origin on 10.211.9.1 and fd00:211:9::1;
+//! - namespace `syvpnb-lan` (veth 10.210.0.2 and fd00:210::2, default routes to the other side):
 //!   `switchyard client` with the VPN on (TUN `syvpnbt0`, include mode, the app cgroup
 //!   `syvpnb/app` selected), and redsocks relaying to the same server by HTTP CONNECT for the
 //!   sockets of uid 65534 (nft `meta skuid` redirect).
 //!
 //! Three paths to the same iperf3 server: plain (the veth, no proxy), vpn (a process of the app
-//! cgroup: TUN → NAT → client → server), redsocks (uid 65534: nft redirect → redsocks → server).
+//! cgroup: TUN → NAT → client → server), redsocks (uid 65534: nft redirect → redsocks → server);
+//! plain and vpn also over IPv6 (the server dials the origin's IPv6 address; redsocks has none).
 //! Figures: iperf3 TCP throughput, the relay's CPU per Gbit/s (client process vs redsocks; the
 //! server is the same for both and reported too), and new flows/s (connect, read one byte,
 //! close; one Python worker, so the figure compares paths rather than measuring a ceiling).
@@ -29,6 +30,8 @@ use crate::scenarios::Ctx;
 use crate::wireguard::{cpu_seconds, stat_seconds};
 
 const ORIGIN: &str = "10.211.9.1";
+/// The same origin's IPv6 address (the VPN's IPv6 row).
+const ORIGIN6: &str = "fd00:211:9::1";
 const SERVER: &str = "10.210.0.1:18080";
 
 /// Prefix of every name the scenario creates (namespaces, cgroup, interfaces): `syvpnb`, or
@@ -133,7 +136,8 @@ pub(crate) fn in_ns(
     cmd
 }
 
-const ORIGIN_PY: &str = "import socket\nl=socket.socket()\nl.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\nl.bind(('0.0.0.0',8081))\nl.listen(4096)\nwhile True:\n    c,_=l.accept()\n    c.sendall(b'x')\n    c.close()\n";
+// dual-stack: the same origin answers on its IPv4 and IPv6 addresses
+const ORIGIN_PY: &str = "import socket\nl=socket.socket(socket.AF_INET6)\nl.setsockopt(socket.IPPROTO_IPV6,socket.IPV6_V6ONLY,0)\nl.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\nl.bind(('::',8081))\nl.listen(4096)\nwhile True:\n    c,_=l.accept()\n    c.sendall(b'x')\n    c.close()\n";
 const FLOWS_PY: &str = "import socket,sys,time\ndst=(sys.argv[1],int(sys.argv[2]))\nend=time.time()+float(sys.argv[3])\nn=0\nerr=0\nwhile time.time()<end:\n    try:\n        s=socket.create_connection(dst,5)\n        s.recv(1)\n        s.close()\n        n+=1\n    except OSError:\n        err+=1\nprint(n,err)\n";
 
 /// utime + stime of the threads of `pid` named `name` (the client's TUN pump is `vpn-tun`).
@@ -226,7 +230,11 @@ pub fn run(ctx: &Ctx) -> Result<String> {
          ip -n {lan} addr add 10.210.0.2/24 dev {p}l; ip -n {lan} link set {p}l up
          ip -n {net} addr add 10.210.0.1/24 dev {p}n; ip -n {net} link set {p}n up
          ip -n {net} addr add {ORIGIN}/32 dev lo
-         ip -n {lan} route add default via 10.210.0.1"
+         ip -n {lan} route add default via 10.210.0.1
+         ip -n {lan} addr add fd00:210::2/64 dev {p}l nodad
+         ip -n {net} addr add fd00:210::1/64 dev {p}n nodad
+         ip -n {net} addr add {ORIGIN6}/128 dev lo
+         ip -n {lan} -6 route add default via fd00:210::1"
     ))?;
     let mut procs = Procs::default();
     let sy = ctx.switchyard.display().to_string();
@@ -256,6 +264,17 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             &["-s", "-B", ORIGIN, "-p", "5201"],
         ),
         &dir.join("iperf3.log"),
+    )?;
+    procs.spawn(
+        "iperf3 -s (IPv6)",
+        in_ns(
+            net,
+            None,
+            false,
+            "iperf3",
+            &["-s", "-B", ORIGIN6, "-p", "5202"],
+        ),
+        &dir.join("iperf3-v6.log"),
     )?;
     procs.spawn(
         "origin",
@@ -339,16 +358,15 @@ EOF"
         bail!("{r}");
     }
     let secs = ctx.seconds.to_string();
-    let iperf_args = ["-c", ORIGIN, "-p", "5201", "-t", secs.as_str(), "-J"];
-    let flow_args = ["-c", FLOWS_PY, ORIGIN, "8081", secs.as_str()];
     let mut results: Vec<(&str, PathFigures)> = Vec::new();
-    for (name, cgroup, nobody, relay) in [
-        ("plain veth", None, false, None),
+    for (name, cgroup, nobody, relay, v6) in [
+        ("plain veth", None, false, None, false),
         (
             "switchyard VPN (TUN, MTU 1420)",
             Some(app.as_path()),
             false,
             Some(client),
+            false,
         ),
         // the TUN never carries packets off the machine: a large MTU is safe and cuts the
         // pump's per-packet work
@@ -357,10 +375,27 @@ EOF"
             Some(app.as_path()),
             false,
             Some(client),
+            false,
         ),
-        ("redsocks (nft redirect)", None, true, Some(redsocks)),
+        // IPv6 through the same TUN (its IPv6 listener), to the origin's IPv6 address
+        (
+            "switchyard VPN IPv6 (TUN, MTU 9000)",
+            Some(app.as_path()),
+            false,
+            Some(client),
+            true,
+        ),
+        ("plain veth IPv6", None, false, None, true),
+        ("redsocks (nft redirect)", None, true, Some(redsocks), false),
     ] {
-        if name.contains("MTU 9000") {
+        let (origin, iperf_port) = if v6 {
+            (ORIGIN6, "5202")
+        } else {
+            (ORIGIN, "5201")
+        };
+        let iperf_args = ["-c", origin, "-p", iperf_port, "-t", secs.as_str(), "-J"];
+        let flow_args = ["-c", FLOWS_PY, origin, "8081", secs.as_str()];
+        if name == "switchyard VPN (TUN, MTU 9000)" {
             sh(&format!("ip -n {lan} link set dev {p}t0 mtu 9000"))?;
         }
         let mut fig = PathFigures::default();

@@ -45,10 +45,10 @@ pub struct ListenSpec {
 }
 
 impl ListenSpec {
-    /// The VPN listener: the TUN address, a free port.
-    fn vpn(tun_ip: Ipv4Addr) -> Self {
+    /// The VPN listener: the TUN address (IPv4, or the IPv6 one for IPv6 flows), a free port.
+    fn vpn(tun_ip: IpAddr) -> Self {
         ListenSpec {
-            ip: Some(IpAddr::V4(tun_ip)),
+            ip: Some(tun_ip),
             port: 0,
         }
     }
@@ -179,13 +179,10 @@ fn vpn_udp_socket(addr: SocketAddr) -> std::io::Result<Socket> {
 }
 
 /// One VPN UDP socket per core on the TUN address, all on one free port.
-fn bind_vpn_udp(
-    tun_ip: Ipv4Addr,
-    cores: usize,
-) -> Result<(Vec<Socket>, SocketAddr), DataplaneError> {
+fn bind_vpn_udp(tun_ip: IpAddr, cores: usize) -> Result<(Vec<Socket>, SocketAddr), DataplaneError> {
     let fail =
         |e: std::io::Error| DataplaneError::Start(format!("cannot bind UDP on {tun_ip}: {e}"));
-    let first = vpn_udp_socket(SocketAddr::new(IpAddr::V4(tun_ip), 0)).map_err(fail)?;
+    let first = vpn_udp_socket(SocketAddr::new(tun_ip, 0)).map_err(fail)?;
     let addr = first
         .local_addr()
         .ok()
@@ -252,17 +249,27 @@ struct CoreListeners {
     socks5: Option<Socket>,
     vpn: Option<Socket>,
     vpn_udp: Option<Socket>,
+    /// The VPN listener and UDP socket on the TUN's IPv6 address.
+    vpn6: Option<Socket>,
+    vpn6_udp: Option<Socket>,
 }
 
 impl CoreListeners {
     /// Duplicates of the descriptors, kept by the supervisor: shutting one down stops the
     /// kernel from queueing connections for this core even if the dead executor leaked its copy.
     fn guards(&self) -> std::io::Result<Vec<Socket>> {
-        [&self.http, &self.socks5, &self.vpn, &self.vpn_udp]
-            .into_iter()
-            .flatten()
-            .map(|s| s.try_clone())
-            .collect()
+        [
+            &self.http,
+            &self.socks5,
+            &self.vpn,
+            &self.vpn_udp,
+            &self.vpn6,
+            &self.vpn6_udp,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|s| s.try_clone())
+        .collect()
     }
 }
 
@@ -293,6 +300,8 @@ struct CoreSeed {
     vpn: Option<Arc<crate::tun::VpnPath>>,
     vpn_listen: Option<ListenSpec>,
     vpn_udp_listen: Option<SocketAddr>,
+    vpn6_listen: Option<ListenSpec>,
+    vpn6_udp_listen: Option<SocketAddr>,
     /// Bound once; the core running it (0, also after a restart) uses a duplicate of its socket.
     quic: Option<Arc<crate::quic::QuicListener>>,
     /// Round-robin over the listener groups; locked by supervisors only, never by a core.
@@ -390,6 +399,7 @@ impl CoreSeed {
                     (listeners.http, Service::Http),
                     (listeners.socks5, Service::Socks5),
                     (listeners.vpn, Service::Vpn),
+                    (listeners.vpn6, Service::Vpn),
                 ] {
                     if let Some(socket) = socket {
                         // a second descriptor of the same (non-blocking) listener for plain
@@ -409,7 +419,7 @@ impl CoreSeed {
                         )));
                     }
                 }
-                if let Some(socket) = listeners.vpn_udp {
+                for socket in [listeners.vpn_udp, listeners.vpn6_udp].into_iter().flatten() {
                     tasks.push(glommio::spawn_local(crate::tun::udp_relay::serve(
                         udp_from_socket(socket),
                         ctx.clone(),
@@ -437,6 +447,11 @@ impl CoreSeed {
             vpn: bind(self.vpn_listen, true)?,
             vpn_udp: self
                 .vpn_udp_listen
+                .map(|a| vpn_udp_socket(a).map_err(|e| DataplaneError::Start(e.to_string())))
+                .transpose()?,
+            vpn6: bind(self.vpn6_listen, true)?,
+            vpn6_udp: self
+                .vpn6_udp_listen
                 .map(|a| vpn_udp_socket(a).map_err(|e| DataplaneError::Start(e.to_string())))
                 .transpose()?,
         })
@@ -483,6 +498,7 @@ impl CoreSeed {
                             listeners.http.as_ref(),
                             listeners.socks5.as_ref(),
                             listeners.vpn.as_ref(),
+                            listeners.vpn6.as_ref(),
                         ],
                     );
                 }
@@ -540,16 +556,32 @@ impl Dataplane {
         let vpn_listen = opts
             .vpn
             .as_ref()
-            .map(|v| bind_per_core(ListenSpec::vpn(v.tun_ip), cores.len(), true))
+            .map(|v| bind_per_core(ListenSpec::vpn(IpAddr::V4(v.tun_ip)), cores.len(), true))
             .transpose()?;
         let vpn_addr = vpn_listen.as_ref().map(|(_, _, a)| *a);
         let vpn_udp = opts
             .vpn
             .as_ref()
-            .map(|v| bind_vpn_udp(v.tun_ip, cores.len()))
+            .map(|v| bind_vpn_udp(IpAddr::V4(v.tun_ip), cores.len()))
             .transpose()?;
         if let (Some(vpn), Some((_, addr))) = (&opts.vpn, &vpn_udp) {
             vpn.udp_port.store(addr.port(), Ordering::Release);
+        }
+        // IPv6 flows meet their own listener and UDP socket on the TUN's IPv6 address
+        let vpn6 = opts.vpn.as_ref().and_then(|v| Some((v, v.v6?.tun_ip)));
+        let vpn6_listen = vpn6
+            .map(|(_, ip)| bind_per_core(ListenSpec::vpn(IpAddr::V6(ip)), cores.len(), true))
+            .transpose()?;
+        let vpn6_udp = vpn6
+            .map(|(_, ip)| bind_vpn_udp(IpAddr::V6(ip), cores.len()))
+            .transpose()?;
+        if let Some((vpn, _)) = vpn6 {
+            if let Some((_, _, addr)) = &vpn6_listen {
+                vpn.listen_port6.store(addr.port(), Ordering::Release);
+            }
+            if let Some((_, addr)) = &vpn6_udp {
+                vpn.udp_port6.store(addr.port(), Ordering::Release);
+            }
         }
         let quic = opts.quic.clone();
         let no_sockets: &[Socket] = &[];
@@ -557,6 +589,9 @@ impl Dataplane {
             http.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
             socks.as_ref().map_or(no_sockets, |(s, _, _)| s.as_slice()),
             vpn_listen
+                .as_ref()
+                .map_or(no_sockets, |(s, _, _)| s.as_slice()),
+            vpn6_listen
                 .as_ref()
                 .map_or(no_sockets, |(s, _, _)| s.as_slice()),
         ]);
@@ -580,12 +615,19 @@ impl Dataplane {
             vpn: opts.vpn.clone(),
             vpn_listen: vpn_listen.as_ref().map(|(_, spec, _)| *spec),
             vpn_udp_listen: vpn_udp.as_ref().map(|(_, a)| *a),
+            vpn6_listen: vpn6_listen.as_ref().map(|(_, spec, _)| *spec),
+            vpn6_udp_listen: vpn6_udp.as_ref().map(|(_, a)| *a),
             quic: quic.clone(),
             balance: Arc::new(std::sync::Mutex::new(balance)),
         };
         // core i takes socket i of each group: its index in the round-robin
         let mut vpn_udp_sockets = vpn_udp.map(|(s, _)| s).unwrap_or_default().into_iter();
         let mut vpn_sockets = vpn_listen
+            .map(|(s, _, _)| s)
+            .unwrap_or_default()
+            .into_iter();
+        let mut vpn6_udp_sockets = vpn6_udp.map(|(s, _)| s).unwrap_or_default().into_iter();
+        let mut vpn6_sockets = vpn6_listen
             .map(|(s, _, _)| s)
             .unwrap_or_default()
             .into_iter();
@@ -603,6 +645,8 @@ impl Dataplane {
                 socks5: socks_sockets.next(),
                 vpn: vpn_sockets.next(),
                 vpn_udp: vpn_udp_sockets.next(),
+                vpn6: vpn6_sockets.next(),
+                vpn6_udp: vpn6_udp_sockets.next(),
             };
             let guards = listeners
                 .guards()

@@ -234,6 +234,29 @@ pub fn set_freebind(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Makes closing the TCP socket `fd` send a reset instead of a FIN (`SO_LINGER` 0): a refused
+/// VPN flow ends for its application at once with "connection reset", not as a clean close.
+pub fn set_reset_on_close(fd: RawFd) -> io::Result<()> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt(2) with a pointer to a live linger struct and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Sets `O_NONBLOCK` on `fd` (the TUN pump reads until `EAGAIN` and only then polls).
 pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: fcntl(2) F_GETFL/F_SETFL on a descriptor the caller owns.

@@ -247,9 +247,22 @@ fn vpn_path(cfg: &ClientConfig) -> Option<Arc<switchyard_dataplane::tun::VpnPath
     let tun = vpn::host::tun_address(&cfg.vpn.tun.address).map(|(ip, _)| ip);
     let gateway = cfg.vpn.tun.gateway.parse::<std::net::Ipv4Addr>().ok();
     match (tun, gateway) {
-        (Some(tun), Some(gateway)) if tun != gateway => Some(Arc::new(
-            switchyard_dataplane::tun::VpnPath::new(tun, gateway),
-        )),
+        (Some(tun), Some(gateway)) if tun != gateway => {
+            let path = switchyard_dataplane::tun::VpnPath::new(tun, gateway);
+            let tun6 = vpn::host::tun_address6(&cfg.vpn.tun.address6).map(|(ip, _)| ip);
+            let gateway6 = cfg.vpn.tun.gateway6.parse::<std::net::Ipv6Addr>().ok();
+            let path = match (tun6, gateway6) {
+                (Some(tun6), Some(gateway6)) if tun6 != gateway6 => path.with_v6(tun6, gateway6),
+                _ => {
+                    if !cfg.vpn.tun.address6.is_empty() {
+                        tracing::warn!(address6 = %cfg.vpn.tun.address6, gateway6 = %cfg.vpn.tun.gateway6,
+                            "vpn.tun needs distinct IPv6 address6 and gateway6: tunnelled IPv6 is refused");
+                    }
+                    path
+                }
+            };
+            Some(Arc::new(path))
+        }
         _ => {
             tracing::warn!(address = %cfg.vpn.tun.address, gateway = %cfg.vpn.tun.gateway,
                 "vpn.tun needs distinct IPv4 address and gateway: VPN mode unavailable");

@@ -15,8 +15,10 @@
 //! additions per packet); flows land on the cores' ordinary io_uring sockets, so the relay,
 //! backends, metrics, live table and debug entries are the proxy's own. A user-space stack would
 //! reimplement all of that per packet on the cores (smoltcp ignores SACK; see FIELD-NOTES). The
-//! price: only IPv4 is translated; IPv6 is dropped and counted, and an ICMP echo request is
-//! answered with an "administratively prohibited" error ([`icmp`]) so `ping` does not hang.
+//! price: the kernel must see each flow addressed to a listener of its own family, so IPv6 has
+//! its own TUN address, listener and UDP socket ([`packet6`]); IPv6 packets with extension
+//! headers (fragments included) are dropped and counted, and an ICMP echo request is answered
+//! with an "administratively prohibited" error ([`icmp`]) so `ping` does not hang.
 //!
 //! UDP takes the same path ([`udp_nat`]): datagrams are rewritten to the data plane's VPN UDP
 //! socket, and [`udp_relay`] on the cores relays each flow (one per NAT port) direct or through
@@ -31,6 +33,7 @@ pub mod frag;
 pub mod icmp;
 pub mod nat;
 pub mod packet;
+pub mod packet6;
 pub mod pump;
 pub(crate) mod serve;
 pub mod udp_nat;
@@ -39,11 +42,11 @@ pub mod vnet;
 
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::AtomicU16;
 use std::sync::Arc;
 
-pub use nat::{NatAddresses, NatTable, Translator};
+pub use nat::{NatAddresses, NatAddresses6, NatTable, Translator};
 pub use pump::{TunPump, TunStats};
 pub use udp_nat::UdpNat;
 pub use udp_relay::UdpRelayStats;
@@ -59,13 +62,35 @@ pub struct VpnPath {
     pub tun_ip: Ipv4Addr,
     /// Source address of translated flows; the listener accepts nothing else.
     pub gateway: Ipv4Addr,
+    /// The TUN's IPv6 address and gateway, when IPv6 is carried (`vpn.tun.address6`).
+    pub v6: Option<Addresses6>,
     /// Domains learnt from DNS answers, by address: flows are routed by name when known.
-    pub names: ArcSwap<HashMap<Ipv4Addr, String>>,
-    /// Original destinations of UDP flows, by UDP NAT port.
+    pub names: ArcSwap<HashMap<IpAddr, String>>,
+    /// Original destinations of TCP and UDP flows of either family, by UDP NAT port.
     pub udp_nat: Arc<NatTable>,
     /// The VPN UDP socket's port on `tun_ip` (set by the data plane at start; 0 = no UDP relay).
     pub udp_port: AtomicU16,
+    /// The IPv6 listener's and UDP socket's ports on the TUN's IPv6 address (set by the data
+    /// plane at start; 0 = none).
+    pub listen_port6: AtomicU16,
+    pub udp_port6: AtomicU16,
     pub udp_stats: Arc<UdpRelayStats>,
+}
+
+/// The TUN's IPv6 side: translated IPv6 flows come from `gateway` to listeners on `tun_ip`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addresses6 {
+    pub tun_ip: Ipv6Addr,
+    pub gateway: Ipv6Addr,
+}
+
+/// `host:port` for logs and the connections table, with an IPv6 literal in brackets.
+pub(crate) fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 impl std::fmt::Debug for VpnPath {
@@ -87,7 +112,24 @@ impl VpnPath {
             names: ArcSwap::from_pointee(HashMap::new()),
             udp_nat: Arc::new(NatTable::new(nat::FIRST_PORT, nat::PORTS)),
             udp_port: AtomicU16::new(0),
+            v6: None,
+            listen_port6: AtomicU16::new(0),
+            udp_port6: AtomicU16::new(0),
             udp_stats: Arc::new(UdpRelayStats::default()),
+        }
+    }
+
+    /// Carries IPv6 too, with these TUN addresses.
+    pub fn with_v6(mut self, tun_ip: Ipv6Addr, gateway: Ipv6Addr) -> Self {
+        self.v6 = Some(Addresses6 { tun_ip, gateway });
+        self
+    }
+
+    /// Whether `ip` is a gateway address (the source of every translated flow).
+    pub fn is_gateway(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(v4) => v4 == self.gateway,
+            IpAddr::V6(v6) => self.v6.is_some_and(|a| a.gateway == v6),
         }
     }
 
@@ -95,29 +137,22 @@ impl VpnPath {
     /// packets, and an answer that changes nothing — most cache hits — copies nothing). The map
     /// is bounded: past [`MAX_NAMES`] addresses it starts afresh (a flow whose name was dropped
     /// is routed by address until the name is resolved again).
-    pub fn learn_names(&self, name: &str, addresses: &[std::net::IpAddr]) {
-        let v4: Vec<Ipv4Addr> = addresses
-            .iter()
-            .filter_map(|a| match a {
-                std::net::IpAddr::V4(v4) => Some(*v4),
-                std::net::IpAddr::V6(_) => None,
-            })
-            .collect();
-        if v4.is_empty() {
+    pub fn learn_names(&self, name: &str, addresses: &[IpAddr]) {
+        if addresses.is_empty() {
             return;
         }
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         let known = self.names.load();
-        if v4.iter().all(|ip| known.get(ip) == Some(&name)) {
+        if addresses.iter().all(|ip| known.get(ip) == Some(&name)) {
             return;
         }
         self.names.rcu(|old| {
-            let mut map = if old.len() + v4.len() > MAX_NAMES {
+            let mut map = if old.len() + addresses.len() > MAX_NAMES {
                 HashMap::new()
             } else {
                 HashMap::clone(old)
             };
-            for ip in &v4 {
+            for ip in addresses {
                 map.insert(*ip, name.clone());
             }
             map
@@ -133,7 +168,6 @@ pub fn open_device(name: &str) -> std::io::Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::IpAddr;
 
     fn ip(last: u32) -> IpAddr {
         IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + last))
@@ -144,11 +178,13 @@ mod tests {
         let path = VpnPath::new(Ipv4Addr::new(10, 255, 0, 2), Ipv4Addr::new(10, 255, 0, 1));
         path.learn_names("Example.COM.", &[ip(1), "::1".parse().expect("v6")]);
         let first = path.names.load_full();
+        assert_eq!(first.get(&ip(1)).map(String::as_str), Some("example.com"));
+        let v6: IpAddr = "::1".parse().expect("v6");
         assert_eq!(
-            first.get(&Ipv4Addr::from(0x0a00_0001)).map(String::as_str),
-            Some("example.com")
+            first.get(&v6).map(String::as_str),
+            Some("example.com"),
+            "AAAA answers are learnt too"
         );
-        assert_eq!(first.len(), 1, "IPv6 addresses are not kept");
         path.learn_names("example.com", &[ip(1)]);
         assert!(
             Arc::ptr_eq(&first, &path.names.load_full()),
@@ -156,10 +192,7 @@ mod tests {
         );
         path.learn_names("other.example", &[ip(1)]);
         assert_eq!(
-            path.names
-                .load()
-                .get(&Ipv4Addr::from(0x0a00_0001))
-                .map(String::as_str),
+            path.names.load().get(&ip(1)).map(String::as_str),
             Some("other.example")
         );
     }
@@ -179,7 +212,7 @@ mod tests {
         assert_eq!(
             path.names
                 .load()
-                .get(&Ipv4Addr::from(0x0a00_0000 + MAX_NAMES as u32 + 9000))
+                .get(&ip(MAX_NAMES as u32 + 9000))
                 .map(String::as_str),
             Some("one.more")
         );

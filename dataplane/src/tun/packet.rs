@@ -58,6 +58,8 @@ pub enum Skip {
     NotTcp,
     Fragment,
     Truncated,
+    /// An IPv6 packet with extension headers (fragments included) before its transport header.
+    Extension,
 }
 
 /// The header and total length of a whole IPv4 packet carrying `protocol` (fragments are

@@ -21,7 +21,8 @@ pub struct TunStats {
     /// From the tunnel back to local applications.
     pub bytes_received: AtomicU64,
     pub packets: AtomicU64,
-    /// Packets the NAT does not handle (IPv6, UDP, ICMP, stray segments), and fragments and
+    /// Packets the NAT does not handle (ICMP, IPv6 with extension headers or fragments, IPv6
+    /// when the TUN has no IPv6 address, stray segments), and fragments and
     /// incomplete datagrams that reassembly gave up on (also counted in `fragments_dropped`).
     pub dropped: AtomicU64,
     /// IPv4 datagrams put back together from fragments.
@@ -148,7 +149,7 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
             Outcome::Dropped(why) => {
                 stats.dropped.fetch_add(1, Relaxed);
                 tracing::trace!(?why, len = n, "TUN packet dropped");
-                answer_filtered_echo(&mut device, frame, vnet_hdr, nat.gateway(), stats);
+                answer_filtered_echo(&mut device, frame, vnet_hdr, &nat, stats);
                 continue;
             }
         }
@@ -166,14 +167,15 @@ fn answer_filtered_echo(
     device: &mut std::fs::File,
     frame: &[u8],
     vnet_hdr: bool,
-    gateway: std::net::Ipv4Addr,
+    nat: &Translator,
     stats: &TunStats,
 ) {
     let at = if vnet_hdr { vnet::LEN } else { 0 };
-    let Some(reply) = frame
-        .get(at..)
-        .and_then(|p| icmp::filtered_reply(p, gateway))
-    else {
+    let Some(reply) = frame.get(at..).and_then(|p| match p.first()? >> 4 {
+        4 => icmp::filtered_reply(p, nat.gateway()),
+        6 => icmp::filtered_reply6(p, nat.gateway6()?),
+        _ => None,
+    }) else {
         return;
     };
     let mut out = Vec::with_capacity(at + reply.len());

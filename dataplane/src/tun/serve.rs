@@ -7,42 +7,52 @@ use crate::trace::Trace;
 use glommio::net::TcpStream;
 use std::cell::RefCell;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
+
+/// Ends a flow that cannot be served with a reset: the application sees its connection refused
+/// at once (fail closed: an IPv6 flow the server leg cannot carry never goes anywhere else).
+fn refuse(stream: &TcpStream) {
+    if let Err(e) = crate::sys::set_reset_on_close(stream.as_raw_fd()) {
+        tracing::debug!(error = %e, "VPN flow: cannot make its close a reset");
+    }
+}
 
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreContext>) {
     let Some(vpn) = ctx.vpn.clone() else {
         return;
     };
-    // only the pump's translated flows come from the gateway address
-    let SocketAddr::V4(from) = peer else {
-        return;
-    };
-    if *from.ip() != vpn.gateway {
+    // only the pump's translated flows come from a gateway address
+    if !vpn.is_gateway(peer.ip()) {
         tracing::debug!(client = %peer, "VPN listener: not a translated flow");
         return;
     }
-    let Some(dst) = vpn.nat.lookup(from.port()) else {
-        tracing::debug!(client = %peer, "VPN listener: no NAT entry");
-        return;
+    let dst = match vpn.nat.lookup(peer.port()) {
+        Some(dst) if dst.is_ipv4() == peer.is_ipv4() => dst,
+        _ => {
+            tracing::debug!(client = %peer, "VPN listener: no NAT entry");
+            return;
+        }
     };
     // the flow's client is the application, not the NAT address the kernel shows
-    let peer = vpn.nat.app(from.port()).map_or(peer, SocketAddr::V4);
+    let peer = vpn.nat.app(peer.port()).unwrap_or(peer);
     let ip = dst.ip().to_string();
     // route by the name the application resolved when the resolver saw it, else by address;
     // the dial always goes to the address the application chose
     let host = vpn
         .names
         .load()
-        .get(dst.ip())
+        .get(&dst.ip())
         .cloned()
         .unwrap_or_else(|| ip.clone());
     let snapshot = ctx.snapshot.load_full();
-    let label = format!("{host}:{}", dst.port());
+    let label = super::host_port(&host, dst.port());
     let mut trace = Trace::new(Protocol::Vpn, "CONNECT");
     trace.host = label.clone();
     trace.url = label.clone();
     let client_ip = peer.ip();
     let Some((_, backend)) = snapshot.select(&host) else {
+        refuse(&stream);
         trace.fail(403, format!("no route for {host}"));
         trace.finish(&ctx, &snapshot, client_ip);
         return;
@@ -53,6 +63,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(%host, port = dst.port(), error = %e, "VPN flow: connect failed");
+            refuse(&stream);
             trace.fail(e.http_status().0, e.to_string());
             trace.finish(&ctx, &snapshot, client_ip);
             return;

@@ -8,10 +8,11 @@
 //! with its first datagram and ends when it has been quiet for a while. The NAT port space is its
 //! own ([`NatTable`] instance): UDP and TCP ports never collide.
 
-use super::nat::{Drop, NatAddresses, NatTable, Outcome};
-use super::packet::{adjust, ipv4_lengths, read16, words, write16, Skip};
+use super::nat::{drop6, local_side, Drop, NatAddresses, NatAddresses6, NatTable, Outcome};
+use super::packet::{adjust, ipv4_lengths, read16, words, write16, Checksum, Skip};
+use super::packet6::{self, Transport6};
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 
 /// IP protocol number of UDP.
@@ -42,7 +43,7 @@ pub fn parse(p: &[u8]) -> Result<UdpV4, NotUdp> {
     let (ihl, total) = ipv4_lengths(p, IPPROTO_UDP).map_err(|skip| match skip {
         Skip::NotIpv4 => NotUdp::NotIpv4,
         Skip::NotTcp => NotUdp::OtherProtocol,
-        Skip::Fragment => NotUdp::Fragment,
+        Skip::Fragment | Skip::Extension => NotUdp::Fragment,
         Skip::Truncated => NotUdp::Truncated,
     })?;
     let udp = ihl;
@@ -104,8 +105,8 @@ pub const UNREPLIED_TIMEOUT: u64 = 60;
 pub const REPLIED_TIMEOUT: u64 = 180;
 
 struct Flow {
-    app: SocketAddrV4,
-    dst: SocketAddrV4,
+    app: SocketAddr,
+    dst: SocketAddr,
     last: u64,
     replied: bool,
 }
@@ -122,12 +123,55 @@ impl Flow {
     }
 }
 
+/// A parsed UDP datagram of either family.
+#[derive(Debug, Clone, Copy)]
+enum Datagram {
+    V4(UdpV4),
+    V6(Transport6),
+}
+
+impl Datagram {
+    fn src(&self) -> SocketAddr {
+        match self {
+            Datagram::V4(d) => SocketAddr::V4(d.src),
+            Datagram::V6(d) => SocketAddr::V6(d.src),
+        }
+    }
+
+    fn dst(&self) -> SocketAddr {
+        match self {
+            Datagram::V4(d) => SocketAddr::V4(d.dst),
+            Datagram::V6(d) => SocketAddr::V6(d.dst),
+        }
+    }
+
+    fn payload(&self) -> usize {
+        match self {
+            Datagram::V4(d) => d.payload,
+            Datagram::V6(d) => d.payload,
+        }
+    }
+
+    /// Rewrites to `src → dst` of the datagram's own family (a flow never changes family).
+    fn rewrite(&self, p: &mut [u8], src: SocketAddr, dst: SocketAddr) {
+        match (self, src, dst) {
+            (Datagram::V4(d), SocketAddr::V4(src), SocketAddr::V4(dst)) => rewrite(p, d, src, dst),
+            (Datagram::V6(d), SocketAddr::V6(src), SocketAddr::V6(dst)) => {
+                packet6::rewrite(p, d, true, src, dst, Checksum::Full)
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The pump thread's UDP NAT state (never shared; the cores read [`NatTable`]).
 pub struct UdpNat {
     addrs: NatAddresses,
+    /// The IPv6 side (the VPN's IPv6 UDP socket), when the TUN has IPv6 addresses.
+    addrs6: Option<NatAddresses6>,
     table: Arc<NatTable>,
     flows: Vec<Option<Flow>>,
-    by_app: HashMap<(SocketAddrV4, SocketAddrV4), usize>,
+    by_app: HashMap<(SocketAddr, SocketAddr), usize>,
     next: usize,
 }
 
@@ -141,11 +185,18 @@ impl UdpNat {
         }
         UdpNat {
             addrs,
+            addrs6: None,
             table,
             flows: (0..n).map(|_| None).collect(),
             by_app: HashMap::new(),
             next: 0,
         }
+    }
+
+    /// Translates IPv6 UDP too, to the IPv6 UDP socket of `addrs6` (NAT ports shared with IPv4).
+    pub fn with_v6(mut self, addrs6: NatAddresses6) -> Self {
+        self.addrs6 = Some(addrs6);
+        self
     }
 
     /// Rewrites the IPv4 UDP datagram `p` in place (when the outcome is not `Dropped`). `now` is
@@ -156,58 +207,87 @@ impl UdpNat {
         };
         let a = self.addrs;
         if *d.src.ip() == a.tun_ip && d.src.port() == a.listen_port && *d.dst.ip() == a.gateway {
-            return self.inbound(p, &d, now);
+            return self.inbound(p, &Datagram::V4(d), now);
         }
         if *d.dst.ip() == a.gateway || *d.dst.ip() == a.tun_ip {
             return Outcome::Dropped(Drop::Loop);
         }
-        self.outbound(p, &d, now)
+        self.outbound(p, &Datagram::V4(d), now)
     }
 
-    fn inbound(&mut self, p: &mut [u8], d: &UdpV4, now: u64) -> Outcome {
-        let Some(i) = self.table.index(d.dst.port()) else {
+    /// [`UdpNat::translate`] for an IPv6 UDP datagram.
+    pub fn translate6(&mut self, p: &mut [u8], now: u64) -> Outcome {
+        let Some(a) = self.addrs6 else {
+            return Outcome::Dropped(Drop::Unsupported);
+        };
+        let d = match packet6::parse_udp(p) {
+            Ok(d) => d,
+            Err(skip) => return Outcome::Dropped(drop6(skip)),
+        };
+        if *d.src.ip() == a.tun_ip && d.src.port() == a.listen_port && *d.dst.ip() == a.gateway {
+            return self.inbound(p, &Datagram::V6(d), now);
+        }
+        if *d.dst.ip() == a.gateway || *d.dst.ip() == a.tun_ip {
+            return Outcome::Dropped(Drop::Loop);
+        }
+        self.outbound(p, &Datagram::V6(d), now)
+    }
+
+    fn inbound(&mut self, p: &mut [u8], d: &Datagram, now: u64) -> Outcome {
+        let Some(i) = self.table.index(d.dst().port()) else {
             return Outcome::Dropped(Drop::NoFlow);
         };
         let Some(flow) = self.flows[i].as_mut() else {
             return Outcome::Dropped(Drop::NoFlow);
         };
+        if flow.app.is_ipv4() != d.dst().is_ipv4() {
+            return Outcome::Dropped(Drop::NoFlow);
+        }
         flow.last = now;
         flow.replied = true;
         let (src, dst) = (flow.dst, flow.app);
-        rewrite(p, d, src, dst);
-        Outcome::Inbound(d.payload)
+        d.rewrite(p, src, dst);
+        Outcome::Inbound(d.payload())
     }
 
-    fn outbound(&mut self, p: &mut [u8], d: &UdpV4, now: u64) -> Outcome {
-        let i = match self.by_app.get(&(d.src, d.dst)) {
+    fn outbound(&mut self, p: &mut [u8], d: &Datagram, now: u64) -> Outcome {
+        let key = (d.src(), d.dst());
+        let i = match self.by_app.get(&key) {
             Some(&i) => i,
-            None => match self.allocate(d, now) {
+            None => match self.allocate(key, now) {
                 Some(i) => i,
                 None => return Outcome::Dropped(Drop::Full),
             },
         };
+        let local = local_side(
+            &self.addrs,
+            self.addrs6,
+            d.src().is_ipv6(),
+            self.table.port(i),
+        );
+        let Some((src, dst)) = local else {
+            return Outcome::Dropped(Drop::Unsupported);
+        };
         let Some(flow) = self.flows[i].as_mut() else {
             return Outcome::Dropped(Drop::NoFlow);
         };
         flow.last = now;
-        let src = SocketAddrV4::new(self.addrs.gateway, self.table.port(i));
-        let dst = SocketAddrV4::new(self.addrs.tun_ip, self.addrs.listen_port);
-        rewrite(p, d, src, dst);
-        Outcome::Outbound(d.payload)
+        d.rewrite(p, src, dst);
+        Outcome::Outbound(d.payload())
     }
 
-    fn allocate(&mut self, d: &UdpV4, now: u64) -> Option<usize> {
+    fn allocate(&mut self, (app, dst): (SocketAddr, SocketAddr), now: u64) -> Option<usize> {
         // reused as late as possible, so a core still relaying the previous flow of a port sees
         // the new destination in the table and starts afresh
         let i = super::nat::next_free(&self.flows, &mut self.next)?;
         self.flows[i] = Some(Flow {
-            app: d.src,
-            dst: d.dst,
+            app,
+            dst,
             last: now,
             replied: false,
         });
-        self.by_app.insert((d.src, d.dst), i);
-        self.table.publish(i, d.src, d.dst);
+        self.by_app.insert((app, dst), i);
+        self.table.publish(i, app, dst);
         Some(i)
     }
 
@@ -418,7 +498,7 @@ mod tests {
             (sa("10.255.0.1:10000"), sa("10.255.0.2:7001"))
         );
         assert!(checksums_ok(&out));
-        assert_eq!(table.lookup(10000), Some(dst));
+        assert_eq!(table.lookup(10000), Some(dst.into()));
 
         let mut reply = datagram(
             sa("10.255.0.2:7001"),
@@ -440,6 +520,36 @@ mod tests {
         assert_eq!(parse(&other).expect("udp").src.port(), 10001);
         assert_eq!(read16(&other, 26), 0);
         assert_eq!(t.open_flows(), 2);
+    }
+
+    #[test]
+    fn an_ipv6_datagram_goes_to_the_ipv6_socket_and_back() {
+        use crate::tun::packet6::tests::{checksum_at, full_checksum, packet6, sa6};
+        use crate::tun::packet6::IPPROTO_UDP as UDP;
+        let (t, table) = nat(8);
+        let mut t = t.with_v6(NatAddresses6 {
+            tun_ip: "fd7a:5359::2".parse().expect("ip"),
+            listen_port: 7007,
+            gateway: "fd7a:5359::1".parse().expect("ip"),
+        });
+        let (app, dst) = (sa6("[fd7a:5359::2]:40000"), sa6("[2001:db8::7]:53"));
+        let mut out = packet6(UDP, app, dst, 0, b"ping");
+        assert_eq!(t.translate6(&mut out, 0), Outcome::Outbound(4));
+        let d = packet6::parse_udp(&out).expect("udp");
+        assert_eq!(
+            (d.src, d.dst),
+            (sa6("[fd7a:5359::1]:10000"), sa6("[fd7a:5359::2]:7007"))
+        );
+        assert_eq!(checksum_at(&out), full_checksum(&out));
+        assert_eq!(table.lookup(10000), Some(dst.into()));
+        let mut reply = packet6(UDP, d.dst, d.src, 0, b"pong!");
+        assert_eq!(t.translate6(&mut reply, 1), Outcome::Inbound(5));
+        let back = packet6::parse_udp(&reply).expect("udp");
+        assert_eq!((back.src, back.dst), (dst, app));
+        assert_eq!(checksum_at(&reply), full_checksum(&reply));
+        // an IPv4 reply to the IPv6 flow's port is no flow of its
+        let mut wrong = datagram(sa("10.255.0.2:7001"), sa("10.255.0.1:10000"), b"x", true);
+        assert_eq!(t.translate(&mut wrong, 1), Outcome::Dropped(Drop::NoFlow));
     }
 
     #[test]
@@ -473,7 +583,7 @@ mod tests {
         assert_eq!(t.sweep(UNREPLIED_TIMEOUT - 1), 0);
         assert_eq!(t.sweep(UNREPLIED_TIMEOUT), 1, "the unanswered flow");
         assert_eq!(table.lookup(10000), None);
-        assert_eq!(table.lookup(10001), Some(dst));
+        assert_eq!(table.lookup(10001), Some(dst.into()));
         assert_eq!(t.sweep(10 + REPLIED_TIMEOUT - 1), 0);
         assert_eq!(t.sweep(10 + REPLIED_TIMEOUT), 1);
         assert_eq!(t.open_flows(), 0);

@@ -26,7 +26,7 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::net::{TcpStream, UdpSocket};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -65,7 +65,7 @@ pub(crate) struct FlowTable<T> {
 
 struct FlowEntry<T> {
     id: u64,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     handle: T,
 }
 
@@ -79,7 +79,7 @@ impl<T> FlowTable<T> {
     }
 
     /// The flow of `port` if it is still the flow to `dst`.
-    pub fn get(&self, port: u16, dst: SocketAddrV4) -> Option<&T> {
+    pub fn get(&self, port: u16, dst: SocketAddr) -> Option<&T> {
         self.flows
             .get(&port)
             .filter(|e| e.dst == dst)
@@ -88,7 +88,7 @@ impl<T> FlowTable<T> {
 
     /// Adds the flow of `port` (replacing a stale one of the same port); its id, or `None`
     /// when the table is full.
-    pub fn insert(&mut self, port: u16, dst: SocketAddrV4, handle: T) -> Option<u64> {
+    pub fn insert(&mut self, port: u16, dst: SocketAddr, handle: T) -> Option<u64> {
         if !self.flows.contains_key(&port) && self.flows.len() >= self.max {
             return None;
         }
@@ -133,12 +133,8 @@ pub(crate) async fn serve(socket: UdpSocket, ctx: Rc<CoreContext>) {
             }
         };
         // only the pump's translated flows come from the gateway address
-        let SocketAddr::V4(from) = from else {
-            stats.drop_one();
-            continue;
-        };
         let dst = match vpn.udp_nat.lookup(from.port()) {
-            Some(dst) if *from.ip() == vpn.gateway => dst,
+            Some(dst) if vpn.is_gateway(from.ip()) && dst.is_ipv4() == from.is_ipv4() => dst,
             _ => {
                 tracing::debug!(client = %from, "VPN UDP: not a translated flow");
                 stats.drop_one();
@@ -174,8 +170,8 @@ pub(crate) async fn serve(socket: UdpSocket, ctx: Rc<CoreContext>) {
 async fn relay_flow(
     ctx: &CoreContext,
     vpn_socket: &UdpSocket,
-    app: SocketAddrV4,
-    dst: SocketAddrV4,
+    app: SocketAddr,
+    dst: SocketAddr,
     datagrams: &LocalReceiver<Vec<u8>>,
 ) {
     let Some(vpn) = ctx.vpn.as_ref() else {
@@ -187,23 +183,20 @@ async fn relay_flow(
     let host = vpn
         .names
         .load()
-        .get(dst.ip())
+        .get(&dst.ip())
         .cloned()
         .unwrap_or_else(|| dst.ip().to_string());
-    let label = format!("{host}:{}", dst.port());
+    let label = super::host_port(&host, dst.port());
     let mut trace = Trace::new(Protocol::VpnUdp, "UDP");
     trace.host = label.clone();
     trace.url = label.clone();
     // shown as the flow's client: the application, not the NAT address replies go to
-    let peer = vpn
-        .udp_nat
-        .app(app.port())
-        .map_or(SocketAddr::V4(app), SocketAddr::V4);
+    let peer = vpn.udp_nat.app(app.port()).unwrap_or(app);
     let opened = match snapshot.select(&host) {
         Some((_, backend)) => {
             let backend = backend.clone();
             trace.backend = backend.name.clone();
-            open_egress(ctx, &snapshot, &backend)
+            open_egress(ctx, &snapshot, &backend, dst)
                 .await
                 .map(|egress| (backend, egress))
         }
@@ -263,11 +256,7 @@ async fn relay_flow(
         while let Some(payload) = egress.recv(&mut buf, dst).await {
             last.set(Instant::now());
             let payload = &buf[payload];
-            if vpn_socket
-                .send_to(payload, SocketAddr::V4(app))
-                .await
-                .is_ok()
-            {
+            if vpn_socket.send_to(payload, app).await.is_ok() {
                 let n = payload.len() as u64;
                 live.add_sent(n);
                 core.add_sent(n);
@@ -319,12 +308,16 @@ async fn open_egress(
     ctx: &CoreContext,
     snapshot: &Snapshot,
     backend: &Backend,
+    dst: SocketAddr,
 ) -> Result<(Egress, Option<TcpStream>), DataplaneError> {
     match &backend.kind {
-        BackendKind::Direct => Ok((
-            Egress::Direct(udp_socket(IpAddr::V4(Ipv4Addr::UNSPECIFIED))?),
-            None,
-        )),
+        BackendKind::Direct => {
+            let any = match dst {
+                SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            };
+            Ok((Egress::Direct(udp_socket(any)?), None))
+        }
         BackendKind::Socks5 {
             host,
             port,
@@ -371,27 +364,27 @@ async fn open_egress(
 
 impl Egress {
     /// Sends `payload` towards `dst`; `out` is scratch space.
-    async fn send(&self, payload: &[u8], dst: SocketAddrV4, out: &mut Vec<u8>) -> bool {
+    async fn send(&self, payload: &[u8], dst: SocketAddr, out: &mut Vec<u8>) -> bool {
         match self {
-            Egress::Direct(socket) => socket.send_to(payload, SocketAddr::V4(dst)).await.is_ok(),
+            Egress::Direct(socket) => socket.send_to(payload, dst).await.is_ok(),
             Egress::Socks5 { socket, relay, .. } => {
                 out.clear();
-                socks5::encode_udp_header(&TargetAddr::Ip(SocketAddr::V4(dst)), out);
+                socks5::encode_udp_header(&TargetAddr::Ip(dst), out);
                 out.extend_from_slice(payload);
                 socket.send_to(out, *relay).await.is_ok()
             }
-            Egress::Quic(port) => port.send(SocketAddr::V4(dst), payload.to_vec()),
+            Egress::Quic(port) => port.send(dst, payload.to_vec()),
         }
     }
 
     /// The next reply from `dst`: where its payload is in `buf`. `None` when the socket fails.
     /// Datagrams from anyone else are ignored.
-    async fn recv(&self, buf: &mut [u8], dst: SocketAddrV4) -> Option<Range<usize>> {
+    async fn recv(&self, buf: &mut [u8], dst: SocketAddr) -> Option<Range<usize>> {
         loop {
             match self {
                 Egress::Direct(socket) => {
                     let (n, from) = socket.recv_from(buf).await.ok()?;
-                    if from == SocketAddr::V4(dst) {
+                    if same_peer(from, dst) {
                         return Some(0..n);
                     }
                 }
@@ -406,7 +399,7 @@ impl Egress {
                 }
                 Egress::Quic(port) => {
                     let (from, data) = port.recv().await?;
-                    if from == SocketAddr::V4(dst) {
+                    if same_peer(from, dst) {
                         let n = data.len().min(buf.len());
                         buf[..n].copy_from_slice(&data[..n]);
                         return Some(0..n);
@@ -427,15 +420,24 @@ async fn control_closed(control: Option<TcpStream>) {
     while matches!(control.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
+/// Whether `from` is `dst` (an IPv4-mapped IPv6 address is the same peer as its IPv4 one; the
+/// scope and flow label do not matter).
+fn same_peer(from: SocketAddr, dst: SocketAddr) -> bool {
+    let plain = |a: SocketAddr| match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => SocketAddr::new(IpAddr::V6(*v6.ip()), v6.port()),
+        },
+        v4 => v4,
+    };
+    plain(from) == plain(dst)
+}
+
 /// Where the payload of a SOCKS5 relay's datagram is, if it is a whole reply from `dst`.
-fn socks5_payload(datagram: &[u8], dst: SocketAddrV4) -> Option<Range<usize>> {
+fn socks5_payload(datagram: &[u8], dst: SocketAddr) -> Option<Range<usize>> {
     let header = socks5::parse_udp_header(datagram).ok()?;
     let from_dst = match header.addr {
-        TargetAddr::Ip(SocketAddr::V4(a)) => a == dst,
-        // an IPv4-mapped IPv6 address is the same peer
-        TargetAddr::Ip(SocketAddr::V6(a)) => {
-            a.ip().to_ipv4_mapped() == Some(*dst.ip()) && a.port() == dst.port()
-        }
+        TargetAddr::Ip(a) => same_peer(a, dst),
         TargetAddr::Domain(..) => false,
     };
     (header.frag == 0 && from_dst).then_some(header.header_len..datagram.len())
@@ -445,7 +447,7 @@ fn socks5_payload(datagram: &[u8], dst: SocketAddrV4) -> Option<Range<usize>> {
 mod tests {
     use super::*;
 
-    fn sa(s: &str) -> SocketAddrV4 {
+    fn sa(s: &str) -> SocketAddr {
         s.parse().expect("address")
     }
 
@@ -472,7 +474,7 @@ mod tests {
     fn relay_replies_are_taken_only_whole_and_from_the_destination() {
         let dst = sa("192.0.2.7:7000");
         let mut d = Vec::new();
-        socks5::encode_udp_header(&TargetAddr::Ip(SocketAddr::V4(dst)), &mut d);
+        socks5::encode_udp_header(&TargetAddr::Ip(dst), &mut d);
         let header = d.len();
         d.extend_from_slice(b"pong");
         assert_eq!(socks5_payload(&d, dst), Some(header..header + 4));
@@ -487,5 +489,13 @@ mod tests {
         for cut in 0..header {
             assert_eq!(socks5_payload(&d[..cut], dst), None);
         }
+        // an IPv6 destination's replies
+        let dst6 = sa("[2001:db8::7]:7000");
+        let mut d6 = Vec::new();
+        socks5::encode_udp_header(&TargetAddr::Ip(dst6), &mut d6);
+        d6.extend_from_slice(b"pong");
+        assert_eq!(socks5_payload(&d6, dst6), Some(d6.len() - 4..d6.len()));
+        assert_eq!(socks5_payload(&d6, dst), None);
+        assert_eq!(socks5_payload(&d, dst6), None);
     }
 }

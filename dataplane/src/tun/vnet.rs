@@ -12,6 +12,7 @@
 //! hdr_len u16, gso_size u16, csum_start u16, csum_offset u16.
 
 use super::packet::{self, Checksum};
+use super::packet6;
 
 /// Bytes of the header (`struct virtio_net_hdr`, the TUN default `TUNSETVNETHDRSZ`).
 pub const LEN: usize = 10;
@@ -97,10 +98,17 @@ pub fn prepare(hdr: &mut VnetHeader, p: &mut [u8]) -> Result<Checksum, Refused> 
         };
     }
     let (start, offset) = (usize::from(hdr.csum_start), usize::from(hdr.csum_offset));
-    if let Ok(seg) = packet::parse(p) {
-        if seg.tcp_offset() == start && offset == packet::TCP_CHECKSUM_OFFSET {
+    // the TCP header's offset and the super-packet type of its family
+    let tcp = match packet::parse(p) {
+        Ok(seg) => Some((seg.tcp_offset(), GSO_TCPV4)),
+        Err(_) => packet6::parse_tcp(p)
+            .ok()
+            .map(|seg| (seg.transport_offset(), GSO_TCPV6)),
+    };
+    if let Some((at, family_gso)) = tcp {
+        if at == start && offset == packet::TCP_CHECKSUM_OFFSET {
             let gso = hdr.gso_type & !GSO_ECN;
-            return if gso == GSO_NONE || gso == GSO_TCPV4 {
+            return if gso == GSO_NONE || gso == family_gso {
                 Ok(Checksum::Partial)
             } else {
                 Err(Refused::Offload)
@@ -119,6 +127,8 @@ pub fn prepare(hdr: &mut VnetHeader, p: &mut [u8]) -> Result<Checksum, Refused> 
 mod tests {
     use super::super::packet::tests::{full_checksums, packet, partial};
     use super::super::packet::{ACK, SYN};
+    use super::super::packet6::tests::{packet6, sa6};
+    use super::super::packet6::IPPROTO_TCP;
     use super::*;
     use std::net::SocketAddrV4;
 
@@ -164,6 +174,17 @@ mod tests {
             assert_eq!(prepare(&mut h, &mut p), Ok(Checksum::Partial));
             assert_eq!(h, before);
         }
+        // an IPv6 super-packet, and TSO4 claimed for it
+        let (src, dst) = (sa6("[fd7a::2]:40000"), sa6("[2001:db8::1]:443"));
+        let mut p6 = packet6(IPPROTO_TCP, src, dst, ACK, &[7; 3000]);
+        let mut h6 = VnetHeader {
+            csum_start: 40,
+            hdr_len: 60,
+            ..tcp_partial_header(GSO_TCPV6)
+        };
+        assert_eq!(prepare(&mut h6, &mut p6), Ok(Checksum::Partial));
+        h6.gso_type = GSO_TCPV4;
+        assert_eq!(prepare(&mut h6, &mut p6), Err(Refused::Offload));
         // TSO6 on an IPv4 packet, or a TCP super-packet without its pending checksum
         let mut p = partial(sa("10.255.0.2:40000"), sa("192.0.2.1:443"), ACK, &[7; 3000]);
         assert_eq!(

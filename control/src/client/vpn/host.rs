@@ -2,7 +2,7 @@
 //! MTU and reverse-path filter, the client's own bypass cgroup, and the networks that never go
 //! into the tunnel (the server's addresses and the directly connected LAN).
 
-use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use switchyard_split_tunnel::host::Host;
 use switchyard_split_tunnel::{cgroup, Error};
@@ -13,6 +13,35 @@ pub fn tun_address(address: &str) -> Option<(Ipv4Addr, u8)> {
     let ip: Ipv4Addr = ip.trim().parse().ok()?;
     let prefix: u8 = prefix.trim().parse().ok().filter(|p| *p <= 32)?;
     Some((ip, prefix))
+}
+
+/// `vpn.tun.address6` (`fd7a:5359:5400::2/64`) → the address and prefix; `None` when empty or
+/// not an IPv6 CIDR.
+pub fn tun_address6(address: &str) -> Option<(Ipv6Addr, u8)> {
+    let (ip, prefix) = address.split_once('/').unwrap_or((address, "128"));
+    let ip: Ipv6Addr = ip.trim().parse().ok()?;
+    let prefix: u8 = prefix.trim().parse().ok().filter(|p| *p <= 128)?;
+    Some((ip, prefix))
+}
+
+/// Gives the TUN device its IPv6 address, at once usable (`nodad`: the pump's gateway never
+/// answers duplicate address detection, and a tentative address would refuse the listener's
+/// replies for a second).
+pub fn configure_tun6(name: &str, ip: Ipv6Addr, prefix: u8) -> Result<(), Error> {
+    Host::default().run(
+        "ip",
+        &[
+            "-6",
+            "addr",
+            "replace",
+            &format!("{ip}/{prefix}"),
+            "dev",
+            name,
+            "nodad",
+        ],
+        None,
+    )?;
+    Ok(())
 }
 
 /// Gives the TUN device its address and MTU, brings it up, and turns its reverse-path filter off:
@@ -145,6 +174,13 @@ mod tests {
             Some(("10.9.0.1".parse().expect("ip"), 32))
         );
         assert_eq!(tun_address("fd00::1/64"), None);
+        assert_eq!(
+            tun_address6("fd7a:5359:5400::2/64"),
+            Some(("fd7a:5359:5400::2".parse().expect("ip"), 64))
+        );
+        assert_eq!(tun_address6(""), None);
+        assert_eq!(tun_address6("10.0.0.1/24"), None);
+        assert_eq!(tun_address6("fd00::1/129"), None);
         assert_eq!(tun_address("10.0.0.1/40"), None);
     }
 

@@ -28,7 +28,9 @@ use switchyard_config::client::{ClientConfig, VpnSplitConfig};
 use switchyard_config::client::{ClientServerConfig, ServerProtocol};
 use switchyard_dataplane::events::Protocol;
 use switchyard_dataplane::live::LiveTable;
-use switchyard_dataplane::tun::{NatAddresses, Translator, TunPump, UdpNat, VpnPath};
+use switchyard_dataplane::tun::{
+    NatAddresses, NatAddresses6, Translator, TunPump, UdpNat, VpnPath,
+};
 use switchyard_split_tunnel::{
     cgroup, AppRule, DnsRedirect, MechanismChoice, SplitRules, SplitTunnel, SplitTunnelConfig,
     SplitTunnelStatus,
@@ -295,6 +297,19 @@ impl VpnManager {
             .map_err(|e| format!("creating the TUN device {name}: {e}"))?;
         // from here on, returning drops (and so deletes) the device
         host::configure_tun(name, ip, prefix, vpn.mtu).map_err(|e| e.to_string())?;
+        // IPv6 through the tunnel when the path has its addresses and the device takes them;
+        // otherwise tunnelled IPv6 has no way out (the split tunnel's IPv6 route table is
+        // unreachable or the pump drops it), never a way around
+        let v6 = path.v6.filter(|a| {
+            let prefix = host::tun_address6(&vpn.tun.address6).map_or(64, |(_, p)| p);
+            match host::configure_tun6(name, a.tun_ip, prefix) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the TUN device takes no IPv6 address: tunnelled IPv6 is refused");
+                    false
+                }
+            }
+        });
         // the visible cgroup2 mount, or a private one when none is (under `ip netns exec`)
         let mount = switchyard_split_tunnel::prepare_cgroup2(&self.data_dir)
             .map_err(|e| format!("split tunnel: {e}"))?;
@@ -322,19 +337,39 @@ impl VpnManager {
             },
             path.nat.clone(),
         );
+        let acquire = std::sync::atomic::Ordering::Acquire;
+        let (listen_port6, udp_port6) = (
+            path.listen_port6.load(acquire),
+            path.udp_port6.load(acquire),
+        );
+        let v6_at = |port: u16| {
+            v6.filter(|_| port != 0).map(|a| NatAddresses6 {
+                tun_ip: a.tun_ip,
+                listen_port: port,
+                gateway: a.gateway,
+            })
+        };
+        let translator = match v6_at(listen_port6) {
+            Some(addrs6) => translator.with_v6(addrs6),
+            None => translator,
+        };
         // UDP is relayed when the data plane has its VPN UDP socket (else dropped and counted)
-        let udp_port = path.udp_port.load(std::sync::atomic::Ordering::Acquire);
+        let udp_port = path.udp_port.load(acquire);
         let translator = if udp_port == 0 {
             translator
         } else {
-            translator.with_udp(UdpNat::new(
+            let udp = UdpNat::new(
                 NatAddresses {
                     tun_ip: path.tun_ip,
                     listen_port: udp_port,
                     gateway: path.gateway,
                 },
                 path.udp_nat.clone(),
-            ))
+            );
+            translator.with_udp(match v6_at(udp_port6) {
+                Some(addrs6) => udp.with_v6(addrs6),
+                None => udp,
+            })
         };
         let pump = device
             .try_clone()
