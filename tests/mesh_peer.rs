@@ -153,22 +153,7 @@ impl Peer {
     }
 
     fn call(&self, method: &str, path: &str) -> (u16, Value) {
-        let out = curl(&[
-            "-sS",
-            "--max-time",
-            "10",
-            "-X",
-            method,
-            "-w",
-            "\n%{http_code}",
-            &format!("http://{}{path}", self.api),
-        ]);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        (
-            code.trim().parse().unwrap_or(0),
-            serde_json::from_str(body).unwrap_or(Value::Null),
-        )
+        support::mesh::call_json(method, &format!("http://{}{path}", self.api), &[])
     }
 
     fn get(&self, path: &str) -> Value {

@@ -69,24 +69,37 @@ pub fn single_use_key_at(base: &str, network: &str) -> String {
 /// `method path` on the registry at `base` as its admin: the status and the JSON answer. An
 /// https registry's certificate is not checked here (the test made it; the peers pin it).
 pub fn admin_call(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut cmd = Command::new("curl");
-    cmd.args([
-        "-sS",
-        "--insecure",
-        "--max-time",
-        "10",
-        "-X",
-        method,
-        "-w",
-        "\n%{http_code}",
-    ])
-    .arg("-H")
-    .arg(format!("Authorization: Bearer {REGISTRY_ADMIN}"));
-    if let Some(body) = body {
-        cmd.args(["-H", "Content-Type: application/json", "--data-binary"])
-            .arg(body.to_string());
+    let auth = format!("Authorization: Bearer {REGISTRY_ADMIN}");
+    let body = body.map(|b| b.to_string());
+    let mut args = vec!["--insecure", "-H", &auth];
+    if let Some(body) = &body {
+        args.extend([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            body,
+        ]);
     }
-    let out = cmd.arg(format!("{base}{path}")).output().expect("curl");
+    call_json(method, &format!("{base}{path}"), &args)
+}
+
+/// `curl -X method url` with `extra` arguments (10 s at most): the status and the JSON answer
+/// (0 and null when there is none).
+pub fn call_json(method: &str, url: &str, extra: &[&str]) -> (u16, Value) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-X",
+            method,
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (

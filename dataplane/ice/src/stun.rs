@@ -665,10 +665,7 @@ mod tests {
             reason: String::new(),
         });
         let mut raw = m.encode(None, false);
-        assert_eq!(
-            Message::decode(&raw).unwrap().error_code(),
-            Some((487, ""))
-        );
+        assert_eq!(Message::decode(&raw).unwrap().error_code(), Some((487, "")));
         let number = HEADER_LEN + 4 + 3;
         assert_eq!(raw[number], 87);
         raw[number] = 252;
