@@ -343,8 +343,14 @@ impl RegistryClient {
     }
 
     /// Opens the network's event stream: wss:// (checked like the REST calls) for an https
-    /// registry, ws:// for an http one.
+    /// registry, ws:// for an http one; connection and handshakes within [`CALL_TIMEOUT`].
     pub async fn open_events(&self) -> Result<EventStream, String> {
+        tokio::time::timeout(CALL_TIMEOUT, self.connect_events())
+            .await
+            .map_err(|_| "the event stream did not open in time".to_string())?
+    }
+
+    async fn connect_events(&self) -> Result<EventStream, String> {
         let req = self.events_request()?;
         let uri = req.uri().clone();
         let host = uri
@@ -353,13 +359,9 @@ impl RegistryClient {
             .ok_or_else(|| format!("{uri} has no host"))?;
         let secure = uri.scheme_str() == Some("wss");
         let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
-        let tcp = tokio::time::timeout(
-            CALL_TIMEOUT,
-            tokio::net::TcpStream::connect((host.as_str(), port)),
-        )
-        .await
-        .map_err(|_| format!("connecting to {host}:{port} timed out"))?
-        .map_err(|e| format!("connecting to {host}:{port}: {e}"))?;
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| format!("connecting to {host}:{port}: {e}"))?;
         let _ = tcp.set_nodelay(true);
         let io: Box<dyn EventIo> = if secure {
             let name = rustls::pki_types::ServerName::try_from(host.clone())
