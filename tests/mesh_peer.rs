@@ -118,13 +118,28 @@ impl Peer {
         device: &str,
         relay: bool,
     ) -> Peer {
-        let dir = tempfile::tempdir().expect("tempdir");
         let key = support::mesh::single_use_key(registry, NETWORK);
+        let discovery =
+            format!("server: \"http://{registry}\", insecure: true, enrollment_key: {key}");
+        Peer::launch_with(ns, ip, name, &discovery, device, relay)
+    }
+
+    /// A peer whose `mesh.discovery` holds `discovery` (YAML flow-map entries) and a 1 s
+    /// heartbeat.
+    fn launch_with(
+        ns: &str,
+        ip: &str,
+        name: &str,
+        discovery: &str,
+        device: &str,
+        relay: bool,
+    ) -> Peer {
+        let dir = tempfile::tempdir().expect("tempdir");
         let yaml = format!(
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
              api: {{listen: \"0.0.0.0:0\"}}\nlogging: {{level: debug, format: json}}\n\
              mesh:\n  enabled: true\n  network_id: {NETWORK}\n  peer_name: {name}\n  device: {{type: {device}}}\n\
-             \x20 discovery: {{server: \"http://{registry}\", insecure: true, enrollment_key: {key}, heartbeat_interval: 1s}}\n\
+             \x20 discovery: {{{discovery}, heartbeat_interval: 1s}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
         let started = support::mesh::start_client_in(ns, name, dir.path(), &yaml);
@@ -138,22 +153,7 @@ impl Peer {
     }
 
     fn call(&self, method: &str, path: &str) -> (u16, Value) {
-        let out = curl(&[
-            "-sS",
-            "--max-time",
-            "10",
-            "-X",
-            method,
-            "-w",
-            "\n%{http_code}",
-            &format!("http://{}{path}", self.api),
-        ]);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        (
-            code.trim().parse().unwrap_or(0),
-            serde_json::from_str(body).unwrap_or(Value::Null),
-        )
+        support::mesh::call_json(method, &format!("http://{}{path}", self.api), &[])
     }
 
     fn get(&self, path: &str) -> Value {
@@ -191,18 +191,7 @@ const ADMIN: &str = support::mesh::REGISTRY_ADMIN;
 
 /// The registry (with `api.token` [`ADMIN`]) and the test network.
 fn start_registry(lan: &Lan) -> Server {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let token = format!(", token: {ADMIN}");
-    let yaml = format!(
-        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 1\n  data_dir: {data:?}\n\
-         api: {{ listen: \"{}:0\"{token} }}\nlogging: {{ level: info, format: json }}\n\
-         mesh:\n  registry: {{ enabled: true, lease_time: 5m }}\n",
-        lan.registry_ip()
-    );
-    let path = dir.path().join("server.yaml");
-    std::fs::write(&path, yaml).expect("write config");
-    let server = start_server_with_file(dir, path);
+    let server = launch_registry(lan, "");
     let (status, body) = api_call(
         &server,
         "POST",
@@ -212,6 +201,23 @@ fn start_registry(lan: &Lan) -> Server {
     );
     assert_eq!(status, 201, "network created: {body}");
     server
+}
+
+/// The registry alone (no network yet), with `api_extra` (YAML flow-map entries, e.g.
+/// `, tls: {...}`) in its `api` section.
+fn launch_registry(lan: &Lan, api_extra: &str) -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let token = format!(", token: {ADMIN}{api_extra}");
+    let yaml = format!(
+        "server:\n  http: {{ listen: \"127.0.0.1:0\" }}\n  socks5: {{ listen: \"127.0.0.1:0\" }}\n  cores: 1\n  data_dir: {data:?}\n\
+         api: {{ listen: \"{}:0\"{token} }}\nlogging: {{ level: info, format: json }}\n\
+         mesh:\n  registry: {{ enabled: true, lease_time: 5m }}\n",
+        lan.registry_ip()
+    );
+    let path = dir.path().join("server.yaml");
+    std::fs::write(&path, yaml).expect("write config");
+    start_server_with_file(dir, path)
 }
 
 /// Pings for about five seconds (long enough for a fresh handshake): whether any reply came.
@@ -1306,6 +1312,106 @@ fn a_registry_restart_keeps_the_peers_addresses_and_the_mesh_running() {
         "{}",
         peers[1].log_text()
     );
+}
+
+/// Issue 28: an https registry with a self-signed certificate, pinned by its SHA-256
+/// fingerprint (`mesh.discovery.fingerprint`, the QUIC transport's form). Two peers join with
+/// the right pin and follow the registry's events over wss:// (the second one's `peer.joined`
+/// reaches the first through the stream); a peer with a wrong pin is refused at the TLS
+/// handshake, says so in its log and status, and never joins.
+#[test]
+fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over_wss() {
+    if !root_with_tools_or_skip("mesh https registry", &["ip", "nsenter", "ping"]) {
+        return;
+    }
+    let lan = Lan::named("symtls", "symtl", "10.222", 6, 3);
+    let certs = tempfile::tempdir().expect("tempdir");
+    let generated =
+        rcgen::generate_simple_self_signed(vec![lan.registry_ip()]).expect("certificate");
+    let (cert, key) = (certs.path().join("api.crt"), certs.path().join("api.key"));
+    std::fs::write(&cert, generated.cert.pem()).expect("cert");
+    std::fs::write(&key, generated.signing_key.serialize_pem()).expect("key");
+    use switchyard_dataplane::quic::tls::{fingerprint_of, format_fingerprint};
+    let pin = format_fingerprint(&fingerprint_of(generated.cert.der()));
+    let server = launch_registry(&lan, &format!(", tls: {{cert: {cert:?}, key: {key:?}}}"));
+    let base = format!("https://{}", server.api);
+    let (status, body) = support::mesh::admin_call(
+        &base,
+        "POST",
+        "/api/v1/mesh/networks",
+        Some(json!({"id": NETWORK, "name": "test lab", "cidr": "10.100.0.0/24"})),
+    );
+    assert_eq!(status, 201, "network created: {body}");
+    let join = |i: usize, name: &str, pin: &str| {
+        let key = support::mesh::single_use_key_at(&base, NETWORK);
+        let discovery =
+            format!("server: \"{base}\", fingerprint: \"{pin}\", enrollment_key: {key}");
+        Peer::launch_with(
+            &lan.peers[i],
+            &lan.lan_ip(i),
+            name,
+            &discovery,
+            "tun",
+            false,
+        )
+    };
+
+    let left = join(0, "left", &pin);
+    left.wait_for("/api/v1/mesh/status", "left registered", |s| {
+        s["status"] == "connected"
+    });
+    let right = join(1, "right", &pin);
+    let vip = right.wait_for("/api/v1/mesh/status", "right connected", |s| {
+        s["status"] == "connected" && s["connected_peers"] == 1
+    })["virtual_ip"]
+        .as_str()
+        .expect("vip")
+        .to_owned();
+    assert!(ping(&lan.peers[0], &vip, 3), "left reaches right");
+    // the event stream (wss:// under an https registry) told left about right
+    support::mesh::wait_until(
+        PATIENCE,
+        "left's event stream announces right",
+        || json!(left.log_text()),
+        |log| {
+            log.as_str().is_some_and(|l| {
+                l.lines().any(|l| {
+                    l.contains("mesh event") && l.contains("peer.joined") && l.contains("right")
+                })
+            })
+        },
+        String::new,
+    );
+
+    let mut wrong_pin = pin.clone();
+    wrong_pin.replace_range(..2, if pin.starts_with("00") { "11" } else { "00" });
+    let outsider = join(2, "outsider", &wrong_pin);
+    outsider.wait_for("/api/v1/mesh/status", "the wrong pin refused", |s| {
+        s["status"] == "error"
+    });
+    let refusal = format!("does not match the pinned {wrong_pin}");
+    assert!(
+        outsider
+            .log_text()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains(&refusal)),
+        "{}",
+        outsider.log_text()
+    );
+    let (_, listed) = support::mesh::admin_call(
+        &base,
+        "GET",
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
+        None,
+    );
+    let ids: Vec<&str> = listed["peers"]
+        .as_array()
+        .expect("peers")
+        .iter()
+        .filter_map(|p| p["id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 2, "{listed}");
+    assert!(!ids.contains(&"outsider"), "{listed}");
 }
 
 /// A bulk TCP transfer across the mesh arrives byte for byte: what the batched data path

@@ -527,6 +527,12 @@ pub struct MeshDiscoveryConfig {
     pub enrollment_key: Option<String>,
     /// Allows a plain `http://` registry that is not on loopback (credentials in clear text).
     pub insecure: bool,
+    /// SHA-256 fingerprint of an `https://` registry's certificate (the QUIC transport's form:
+    /// 64 hex digits, colons allowed). When set, that certificate is the only one accepted (a
+    /// self-signed one works; no CA check); when absent, the system's CA roots decide. The
+    /// REST calls and the event stream (wss://) are checked alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
     pub heartbeat_interval: Duration,
     pub peer_timeout: Duration,
 }
@@ -538,6 +544,7 @@ impl Default for MeshDiscoveryConfig {
             token: None,
             enrollment_key: None,
             insecure: false,
+            fingerprint: None,
             heartbeat_interval: Duration::from_secs(30),
             peer_timeout: Duration::from_secs(120),
         }
@@ -725,6 +732,32 @@ pub fn registry_transport(cfg: &MeshDiscoveryConfig) -> Result<(), String> {
          and the event stream would cross the network in clear text; use https:// (or set \
          mesh.discovery.insecure: true to accept that)"
     ))
+}
+
+/// `mesh.discovery.fingerprint` decoded; `Ok(None)` when absent or empty. A pin needs an
+/// `https://` registry (over plain http it would protect nothing).
+pub fn registry_pin(cfg: &MeshDiscoveryConfig) -> Result<Option<[u8; 32]>, String> {
+    let Some(text) = cfg
+        .fingerprint
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    else {
+        return Ok(None);
+    };
+    let pin = parse_fingerprint(text)?;
+    if !cfg
+        .server
+        .trim()
+        .to_ascii_lowercase()
+        .starts_with("https://")
+    {
+        return Err(format!(
+            "a certificate pin needs an https:// registry, not {:?}",
+            cfg.server.trim()
+        ));
+    }
+    Ok(Some(pin))
 }
 
 /// `mesh.connection.preshared_key` decoded; `Ok(None)` when empty.
@@ -980,6 +1013,9 @@ pub fn validate_client(cfg: &ClientConfig) -> Vec<Problem> {
     if let Err(e) = registry_transport(&cfg.mesh.discovery) {
         problem("mesh.discovery.server".into(), e);
     }
+    if let Err(e) = registry_pin(&cfg.mesh.discovery) {
+        problem("mesh.discovery.fingerprint".into(), e);
+    }
     if !matches!(cfg.mesh.device.kind.as_str(), "tun" | "tap") {
         problem(
             "mesh.device.type".into(),
@@ -1066,6 +1102,41 @@ mod tests {
         assert!(validate_client(&cfg)
             .iter()
             .any(|p| p.field == "mesh.discovery.server"));
+    }
+
+    #[test]
+    fn a_registry_pin_is_a_sha256_fingerprint_of_an_https_registry() {
+        let check = |server: &str, fingerprint: Option<&str>| {
+            registry_pin(&MeshDiscoveryConfig {
+                server: server.into(),
+                fingerprint: fingerprint.map(str::to_owned),
+                ..MeshDiscoveryConfig::default()
+            })
+        };
+        let colons = ["AB"; 32].join(":");
+        assert_eq!(check("https://reg.example", None), Ok(None));
+        assert_eq!(check("https://reg.example", Some(" ")), Ok(None));
+        assert_eq!(
+            check("https://reg.example", Some(&colons)),
+            Ok(Some([0xab; 32]))
+        );
+        assert_eq!(
+            check("HTTPS://10.0.0.1:7082", Some(&"cd".repeat(32))),
+            Ok(Some([0xcd; 32]))
+        );
+        assert!(check("https://reg.example", Some("abcd")).is_err());
+        let plain = check("http://127.0.0.1:7082", Some(&colons)).expect_err("http");
+        assert!(plain.contains("https://"), "{plain}");
+        let mut cfg = ClientConfig::default();
+        cfg.mesh.discovery.server = "https://reg.example".into();
+        cfg.mesh.discovery.fingerprint = Some("zz".into());
+        let problems = validate_client(&cfg);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.field == "mesh.discovery.fingerprint" && p.message.contains("SHA-256")),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -53,33 +53,59 @@ pub fn registry_get(registry: std::net::SocketAddr, path: &str) -> Value {
 
 /// A new single-use enrollment key of `network` on the registry at `registry` (as its admin).
 pub fn single_use_key(registry: std::net::SocketAddr, network: &str) -> String {
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--fail-with-body",
-            "--max-time",
-            "10",
-            "-X",
-            "POST",
-            "-H",
-        ])
-        .arg(format!("Authorization: Bearer {REGISTRY_ADMIN}"))
-        .args([
-            "-H",
-            "Content-Type: application/json",
-            "--data-binary",
-            "{}",
-        ])
-        .arg(format!(
-            "http://{registry}/api/v1/mesh/networks/{network}/enrollment-keys"
-        ))
-        .output()
-        .expect("curl");
-    let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    single_use_key_at(&format!("http://{registry}"), network)
+}
+
+/// [`single_use_key`] from the registry at `base` (`http://…` or `https://…`).
+pub fn single_use_key_at(base: &str, network: &str) -> String {
+    let path = format!("/api/v1/mesh/networks/{network}/enrollment-keys");
+    let (_, answer) = admin_call(base, "POST", &path, Some(serde_json::json!({})));
     answer["key"]
         .as_str()
         .unwrap_or_else(|| panic!("an enrollment key: {answer}"))
         .to_owned()
+}
+
+/// `method path` on the registry at `base` as its admin: the status and the JSON answer. An
+/// https registry's certificate is not checked here (the test made it; the peers pin it).
+pub fn admin_call(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let auth = format!("Authorization: Bearer {REGISTRY_ADMIN}");
+    let body = body.map(|b| b.to_string());
+    let mut args = vec!["--insecure", "-H", &auth];
+    if let Some(body) = &body {
+        args.extend([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            body,
+        ]);
+    }
+    call_json(method, &format!("{base}{path}"), &args)
+}
+
+/// `curl -X method url` with `extra` arguments (10 s at most): the status and the JSON answer
+/// (0 and null when there is none).
+pub fn call_json(method: &str, url: &str, extra: &[&str]) -> (u16, Value) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-X",
+            method,
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
 }
 
 pub type Ws =

@@ -32,22 +32,27 @@ pub fn shown(url: &str) -> String {
     url.split('?').next().unwrap_or(url).to_owned()
 }
 
+/// An error with its source chain, which names the cause (connection refused, TLS, DNS) that
+/// reqwest's own message leaves out.
+pub(crate) fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut reason = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        reason = format!("{reason}: {s}");
+        source = s.source();
+    }
+    reason
+}
+
 fn send_error(url: &str, e: reqwest::Error) -> ApiError {
     // reqwest's message names the full URL, whose query may carry a token: drop it.
     let e = e.without_url();
     if e.is_timeout() {
         ApiError::Timeout { url: shown(url) }
     } else {
-        // The source chain names the cause (connection refused, TLS, DNS).
-        let mut reason = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            reason = format!("{reason}: {s}");
-            source = s.source();
-        }
         ApiError::Unreachable {
             url: shown(url),
-            reason,
+            reason: with_sources(&e),
         }
     }
 }

@@ -451,7 +451,9 @@ fn decode_attribute(kind: u16, v: &[u8], tid: &TransactionId) -> Result<Attribut
         kind::NONCE => Attribute::Nonce(text()?),
         kind::SOFTWARE => Attribute::Software(text()?),
         kind::ERROR_CODE => {
-            if v.len() < 4 {
+            // The number is 0..=99 (RFC 8489 §14.8); a larger one would read as another code
+            // (class 7, number 252 as 952) that no encoding gives back.
+            if v.len() < 4 || v[3] >= 100 {
                 return Err(bad());
             }
             let code = u16::from(v[2] & 0x07) * 100 + u16::from(v[3]);
@@ -652,6 +654,25 @@ mod tests {
         let mut bad = raw.clone();
         bad[25] ^= 1;
         assert!(Message::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn an_error_code_number_beyond_99_is_malformed() {
+        // Found by the stun_message fuzz target: class 7 with number 252 decoded as code 952,
+        // which encodes as 152.
+        let m = Message::new(Class::Error, Method::Binding, [3; 12]).with(Attribute::ErrorCode {
+            code: 487,
+            reason: String::new(),
+        });
+        let mut raw = m.encode(None, false);
+        assert_eq!(Message::decode(&raw).unwrap().error_code(), Some((487, "")));
+        let number = HEADER_LEN + 4 + 3;
+        assert_eq!(raw[number], 87);
+        raw[number] = 252;
+        assert_eq!(
+            Message::decode(&raw),
+            Err(StunError::BadAttribute(kind::ERROR_CODE))
+        );
     }
 
     #[test]

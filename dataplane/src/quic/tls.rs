@@ -5,11 +5,12 @@
 //! fingerprint stays the same across restarts. Clients do not consult a CA store: they pin the
 //! SHA-256 fingerprint of the server's leaf certificate (a self-signed certificate has no other
 //! anchor; a CA-issued one pins just as well), and still check the handshake signature with
-//! that certificate's key.
+//! that certificate's key. The mesh peer's registry client (`mesh.discovery.fingerprint`)
+//! pins its https registry with the same [`PinnedCert`].
 
 use crate::pem::PemPairError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls13_signature, CryptoProvider};
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use sha2::{Digest, Sha256};
@@ -55,7 +56,8 @@ pub fn format_fingerprint(fp: &[u8; 32]) -> String {
         .join(":")
 }
 
-fn fingerprint_of(cert: &CertificateDer<'_>) -> [u8; 32] {
+/// SHA-256 of a certificate (DER): what a pin is compared with.
+pub fn fingerprint_of(cert: &CertificateDer<'_>) -> [u8; 32] {
     Sha256::digest(cert.as_ref()).into()
 }
 
@@ -136,11 +138,21 @@ pub fn server_config(
     Ok(Arc::new(quic))
 }
 
-/// Accepts exactly the certificate whose SHA-256 is `pin`.
+/// Accepts exactly the certificate whose SHA-256 is `pin` (no CA, name or validity check: the
+/// pin is the trust anchor), and checks the handshake signature with that certificate's key.
 #[derive(Debug)]
 pub struct PinnedCert {
     pin: [u8; 32],
     provider: Arc<CryptoProvider>,
+}
+
+impl PinnedCert {
+    pub fn new(pin: [u8; 32]) -> Self {
+        PinnedCert {
+            pin,
+            provider: provider(),
+        }
+    }
 }
 
 impl ServerCertVerifier for PinnedCert {
@@ -164,13 +176,19 @@ impl ServerCertVerifier for PinnedCert {
         }
     }
 
+    /// Only reached over TLS over TCP (the registry client): QUIC offers TLS 1.3 alone.
     fn verify_tls12_signature(
         &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General("QUIC needs TLS 1.3".into()))
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -199,12 +217,11 @@ impl ServerCertVerifier for PinnedCert {
 pub fn client_config(
     pin: [u8; 32],
 ) -> Result<Arc<quinn_proto::crypto::rustls::QuicClientConfig>, QuicTlsError> {
-    let provider = provider();
-    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| QuicTlsError::Config(e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedCert { pin, provider }))
+        .with_custom_certificate_verifier(Arc::new(PinnedCert::new(pin)))
         .with_no_client_auth();
     config.alpn_protocols = vec![ALPN.to_vec()];
     config.enable_early_data = true;
@@ -240,18 +257,12 @@ mod tests {
     fn the_pin_decides() {
         let dir = tempfile::tempdir().expect("tempdir");
         let id = server_identity(None, dir.path()).expect("generate");
-        let verifier = PinnedCert {
-            pin: id.fingerprint,
-            provider: provider(),
-        };
+        let verifier = PinnedCert::new(id.fingerprint);
         let name = ServerName::try_from("switchyard").expect("name");
         assert!(verifier
             .verify_server_cert(&id.chain[0], &[], &name, &[], UnixTime::now())
             .is_ok());
-        let wrong = PinnedCert {
-            pin: [0; 32],
-            provider: provider(),
-        };
+        let wrong = PinnedCert::new([0; 32]);
         let err = wrong
             .verify_server_cert(&id.chain[0], &[], &name, &[], UnixTime::now())
             .expect_err("wrong pin");

@@ -137,7 +137,7 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
 #[utoipa::path(post, path = "/api/v1/mesh/enable", tag = "mesh",
     responses((status = 200, body = StatusReply),
         (status = 400, description = "the configuration cannot run a mesh peer", body = switchyard_api::ErrorBody),
-        (status = 500, description = "key file or UDP port", body = switchyard_api::ErrorBody)))]
+        (status = 500, description = "key file, UDP port or the registry's TLS set-up", body = switchyard_api::ErrorBody)))]
 pub async fn enable(State(state): State<S>) -> Result<Json<StatusReply>, ApiError> {
     let cfg = state.config.load_full();
     state.mesh.enable(&cfg.mesh).await.map_err(|e| {
@@ -145,8 +145,11 @@ pub async fn enable(State(state): State<S>) -> Result<Json<StatusReply>, ApiErro
             MeshError::Missing { .. }
             | MeshError::Mac(_)
             | MeshError::PresharedKey(_)
-            | MeshError::InsecureRegistry(_) => StatusCode::BAD_REQUEST,
-            MeshError::Identity(_) | MeshError::Bind { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            | MeshError::InsecureRegistry(_)
+            | MeshError::RegistryPin(_) => StatusCode::BAD_REQUEST,
+            MeshError::Identity(_) | MeshError::Bind { .. } | MeshError::Registry(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         ApiError::new(status, "MESH_NOT_STARTED", e.to_string())
     })?;

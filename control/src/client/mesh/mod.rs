@@ -40,6 +40,10 @@ pub enum MeshError {
     Mac(String),
     #[error("mesh.discovery.server: {0}")]
     InsecureRegistry(String),
+    #[error("mesh.discovery.fingerprint: {0}")]
+    RegistryPin(String),
+    #[error(transparent)]
+    Registry(#[from] registry::RegistryError),
     #[error("mesh.connection.preshared_key: {0}")]
     PresharedKey(String),
     #[error(transparent)]
@@ -221,6 +225,8 @@ impl MeshManager {
         })?;
         switchyard_config::client::registry_transport(&cfg.discovery)
             .map_err(MeshError::InsecureRegistry)?;
+        let pin = switchyard_config::client::registry_pin(&cfg.discovery)
+            .map_err(MeshError::RegistryPin)?;
         let psk = mesh_preshared_key(&cfg.connection).map_err(MeshError::PresharedKey)?;
         let identity = identity::load_or_create(&self.data_dir)?;
         let mac = if cfg.device.kind == "tap" {
@@ -270,7 +276,8 @@ impl MeshManager {
                 token_file: Some(identity::peer_token_path(&self.data_dir)),
             },
             cfg.network_id.clone(),
-        );
+            pin,
+        )?;
         let task = peer::PeerTask {
             live: live.clone(),
             registry: registry.clone(),

@@ -553,15 +553,8 @@ async fn resolve(url: Result<ServerUrl, String>) -> Result<SocketAddr, String> {
 async fn follow_events(registry: RegistryClient, changed: Arc<tokio::sync::Notify>) {
     let mut attempt = 0;
     loop {
-        let req = match registry.events_request() {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "mesh events: bad request; the peer list is read at each heartbeat");
-                return;
-            }
-        };
-        match tokio_tungstenite::connect_async(req).await {
-            Ok((mut ws, _)) => {
+        match registry.open_events().await {
+            Ok(mut ws) => {
                 attempt = 0;
                 changed.notify_one();
                 while let Some(msg) = ws.next().await {
@@ -578,6 +571,8 @@ async fn follow_events(registry: RegistryClient, changed: Arc<tokio::sync::Notif
                     }
                 }
             }
+            // a certificate refused here is refused for the REST calls too (one TLS
+            // configuration), which log it as a warning
             Err(e) => tracing::debug!(error = %e, "mesh event stream not opened"),
         }
         tokio::time::sleep(backoff(attempt)).await;

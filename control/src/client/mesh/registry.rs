@@ -4,6 +4,11 @@
 //! (the server's admin token, for an admin-run peer) when configured; otherwise the peer's own
 //! credential, which the first registration (with `mesh.discovery.enrollment_key`) returns and
 //! which is kept in the data directory.
+//!
+//! TLS: an `https://` registry is checked by one rustls configuration shared by the REST calls
+//! and the event stream (wss://): the certificate pinned by `mesh.discovery.fingerprint` (the
+//! QUIC transport's [`PinnedCert`]: its SHA-256 decides, no CA), else the system's CA roots
+//! (rustls-platform-verifier, what reqwest uses by default).
 
 use parking_lot::RwLock;
 use reqwest::StatusCode;
@@ -14,6 +19,7 @@ use switchyard_api::{
     MeshEndpoint, MeshHeartbeat, MeshPeer, MeshPeerList, MeshPeerRegistration, MeshPeerUpdate,
     MeshRegisterRequest, MeshRegisterResponse,
 };
+use switchyard_dataplane::quic::tls::{provider, PinnedCert};
 
 /// Longest wait for one registry call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -30,6 +36,8 @@ pub enum RegistryError {
     },
     #[error("the registry's answer to {what} is not understood: {reason}")]
     Invalid { what: &'static str, reason: String },
+    #[error("TLS for the registry: {0}")]
+    Tls(String),
 }
 
 /// What a heartbeat found.
@@ -54,9 +62,35 @@ pub struct Credentials {
     pub token_file: Option<PathBuf>,
 }
 
+/// The network's event stream (ws:// or wss://).
+pub type EventStream = tokio_tungstenite::WebSocketStream<Box<dyn EventIo>>;
+
+/// The connection under [`EventStream`]: plain TCP or TLS over it.
+pub trait EventIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> EventIo for T {}
+
+/// The TLS of every registry connection: the pinned certificate, else the system's CA roots.
+fn tls_config(pin: Option<[u8; 32]>) -> Result<Arc<rustls::ClientConfig>, RegistryError> {
+    let tls_error = |e: rustls::Error| RegistryError::Tls(e.to_string());
+    let provider = provider();
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(tls_error)?
+        .dangerous();
+    let builder = match pin {
+        Some(pin) => builder.with_custom_certificate_verifier(Arc::new(PinnedCert::new(pin))),
+        None => builder.with_custom_certificate_verifier(Arc::new(
+            rustls_platform_verifier::Verifier::new(provider).map_err(tls_error)?,
+        )),
+    };
+    Ok(Arc::new(builder.with_no_client_auth()))
+}
+
 #[derive(Clone)]
 pub struct RegistryClient {
     http: reqwest::Client,
+    /// What [`Self::http`] checks an https registry with; the event stream uses it too.
+    tls: Arc<rustls::ClientConfig>,
     /// `http://host:port`, no trailing slash.
     base: String,
     creds: Credentials,
@@ -79,23 +113,31 @@ pub fn base_url(server: &str) -> Option<String> {
 }
 
 impl RegistryClient {
-    pub fn new(base: String, creds: Credentials, network: String) -> Self {
-        switchyard_service::tls::use_ring_provider();
+    /// `pin`: `mesh.discovery.fingerprint`, decoded.
+    pub fn new(
+        base: String,
+        creds: Credentials,
+        network: String,
+        pin: Option<[u8; 32]>,
+    ) -> Result<Self, RegistryError> {
+        let tls = tls_config(pin)?;
         let http = reqwest::Client::builder()
             .timeout(CALL_TIMEOUT)
+            .tls_backend_preconfigured((*tls).clone())
             .build()
-            .unwrap_or_default();
+            .map_err(|e| RegistryError::Tls(crate::providers::http::with_sources(&e)))?;
         let saved = creds
             .token_file
             .as_deref()
             .and_then(super::identity::saved_peer_token);
-        Self {
+        Ok(Self {
             http,
+            tls,
             base,
             creds,
             peer_token: Arc::new(RwLock::new(saved)),
             network,
-        }
+        })
     }
 
     /// The Bearer credential of every call but a first registration: the admin token, else
@@ -141,7 +183,8 @@ impl RegistryClient {
     ) -> Result<reqwest::Response, RegistryError> {
         let resp = req.send().await.map_err(|e| RegistryError::Unreachable {
             url: self.base.clone(),
-            reason: e.to_string(),
+            // the source chain names the cause (refused, TLS: a certificate not matching the pin)
+            reason: crate::providers::http::with_sources(&e.without_url()),
         })?;
         tracing::trace!(what, status = %resp.status(), "registry call");
         Ok(resp)
@@ -307,6 +350,49 @@ impl RegistryClient {
         }
         Ok(req)
     }
+
+    /// Opens the network's event stream: wss:// (checked like the REST calls) for an https
+    /// registry, ws:// for an http one; connection and handshakes within [`CALL_TIMEOUT`].
+    pub async fn open_events(&self) -> Result<EventStream, String> {
+        tokio::time::timeout(CALL_TIMEOUT, self.connect_events())
+            .await
+            .map_err(|_| "the event stream did not open in time".to_string())?
+    }
+
+    async fn connect_events(&self) -> Result<EventStream, String> {
+        let req = self.events_request()?;
+        let uri = req.uri().clone();
+        let host = uri
+            .host()
+            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
+            .ok_or_else(|| format!("{uri} has no host"))?;
+        let secure = uri.scheme_str() == Some("wss");
+        let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| format!("connecting to {host}:{port}: {e}"))?;
+        let _ = tcp.set_nodelay(true);
+        let io: Box<dyn EventIo> = if secure {
+            let name = rustls::pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| format!("{host}: {e}"))?;
+            let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+                .connect(name, tcp)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "TLS with {host}:{port}: {}",
+                        crate::providers::http::with_sources(&e)
+                    )
+                })?;
+            Box::new(tls)
+        } else {
+            Box::new(tcp)
+        };
+        let (ws, _) = tokio_tungstenite::client_async(req, io)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(ws)
+    }
 }
 
 #[cfg(test)]
@@ -331,7 +417,9 @@ mod tests {
                 ..Credentials::default()
             },
             "office".into(),
-        );
+            None,
+        )
+        .expect("client");
         let req = c.events_request().expect("request");
         assert_eq!(
             req.uri().to_string(),
