@@ -680,6 +680,14 @@ fn anycast_picks_the_closest_member() {
         Some(AnycastTarget::Local) => "local".into(),
         None => "none".into(),
     };
+    // announced but not listed by the registry: no remote member is chosen
+    assert_eq!(target(&s, "a"), "none");
+    for r in s.routers.values_mut() {
+        r.set_anycast_listing([
+            ("b".to_owned(), vec![service]),
+            ("d".to_owned(), vec![service]),
+        ]);
+    }
     assert_eq!(target(&s, "a"), "b->b");
     assert_eq!(target(&s, "b"), "local");
     assert_eq!(target(&s, "c"), "b->b", "10 ms to b beats 30 ms to d");
