@@ -39,15 +39,21 @@ pub fn idle_socket_is_clean(fd: RawFd) -> bool {
 /// Sets a socket option of type `int` (e.g. `SO_RCVBUF`) on a descriptor glommio owns (its
 /// sockets do not lend themselves to socket2).
 pub fn set_int_sockopt(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
-    // SAFETY: setsockopt(2) reads `size_of::<c_int>()` bytes from a live local c_int, on a
-    // descriptor owned by a live socket.
+    set_sockopt(fd, level, name, &value)
+}
+
+/// Sets socket option `name` to the plain C value `value` (an int, a `linger`).
+fn set_sockopt<T: Copy>(fd: RawFd, level: i32, name: i32, value: &T) -> io::Result<()> {
+    // SAFETY: setsockopt(2) reads `size_of::<T>()` bytes from a live `T` the caller lends, on
+    // a descriptor owned by a live socket; `T` is a plain C option value (Copy, no pointers
+    // the kernel would follow).
     let rc = unsafe {
         libc::setsockopt(
             fd,
             level,
             name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
     if rc == 0 {
@@ -217,21 +223,7 @@ pub fn wait_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
 
 /// Sets `IP_FREEBIND`, so a listener can bind to an address (the TUN's) before it exists.
 pub fn set_freebind(fd: RawFd) -> io::Result<()> {
-    let on: libc::c_int = 1;
-    // SAFETY: setsockopt(2) with a pointer to a live c_int and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_FREEBIND,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_int_sockopt(fd, libc::IPPROTO_IP, libc::IP_FREEBIND, 1)
 }
 
 /// Makes closing the TCP socket `fd` send a reset instead of a FIN (`SO_LINGER` 0): a refused
@@ -241,20 +233,7 @@ pub fn set_reset_on_close(fd: RawFd) -> io::Result<()> {
         l_onoff: 1,
         l_linger: 0,
     };
-    // SAFETY: setsockopt(2) with a pointer to a live linger struct and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_sockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &linger)
 }
 
 /// Sets `O_NONBLOCK` on `fd` (the TUN pump reads until `EAGAIN` and only then polls).

@@ -329,15 +329,14 @@ impl Agent {
     /// Below [`MAX_PEER_REFLEXIVE`] peer-reflexive candidates, or one fewer after forgetting
     /// the oldest not on the selected pair; false when every one is in use.
     fn make_room_for_peer_reflexive(&mut self) -> bool {
-        let reflexive = |r: &&Candidate| r.kind == CandidateKind::PeerReflexive;
-        if self.remotes.iter().filter(reflexive).count() < MAX_PEER_REFLEXIVE {
+        if self.peer_reflexive_count() < MAX_PEER_REFLEXIVE {
             return true;
         }
         let in_use = self.selected().map(|p| p.remote);
         let oldest = self
             .remotes
             .iter()
-            .filter(reflexive)
+            .filter(|r| r.kind == CandidateKind::PeerReflexive)
             .map(|r| r.addr)
             .find(|a| Some(*a) != in_use);
         match oldest {
@@ -381,7 +380,7 @@ impl Agent {
     }
 
     /// How many peer-reflexive candidates are held.
-    pub fn peer_reflexive_count(&self) -> usize {
+    fn peer_reflexive_count(&self) -> usize {
         self.remotes
             .iter()
             .filter(|r| r.kind == CandidateKind::PeerReflexive)
