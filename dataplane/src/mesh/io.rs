@@ -171,7 +171,8 @@ impl MeshSocket {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.send_waiting(group).await,
                 Err(e)
                     if run > 1
-                        && crate::quic::udp::gso_refused(&e)
+                        && (crate::quic::udp::gso_refused(&e)
+                            || e.raw_os_error() == Some(libc::EMSGSIZE))
                         && first.len() > self.gso_carried.get().max(ETHERNET_UDP_PAYLOAD) =>
                 {
                     tracing::debug!(error = %e, size = first.len(), "UDP segmentation offload refused for segments this large; they go one by one");
