@@ -234,8 +234,9 @@ impl Mesh {
         let Some(router) = self.router.as_mut() else {
             return;
         };
-        // a session that only works through a relay is no link of ours
-        let up = s.connected() && s.relayed.is_none();
+        // a session that only works through a relay is no link of ours: a neighbour's last
+        // datagram came over the underlay (and it has had one: a relay that left proves none)
+        let up = s.connected() && s.relayed.is_none() && s.learnt.is_some();
         if up && !s.neighbour {
             let rtt = Duration::from_micros(s.entry.counters.rtt_us.load(Relaxed));
             match router.neighbour_up(&s.entry.id, s.entry.vip, rtt, now) {
@@ -444,7 +445,10 @@ impl Mesh {
         let listed: Vec<u32> = keep.keys().copied().collect();
         for s in keep.values_mut() {
             s.through = s.through.filter(|i| listed.contains(i));
-            s.relayed = s.relayed.filter(|i| listed.contains(i));
+            if s.relayed.is_some_and(|i| !listed.contains(&i)) {
+                s.relayed = None;
+                s.learnt = None;
+            }
         }
         self.by_vip = keep.iter().map(|(i, s)| (s.entry.vip, *i)).collect();
         self.sessions = keep;
