@@ -756,6 +756,24 @@ fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middl
         relayed["bytes_received"].as_u64() > Some(20_000),
         "bravo carried the document from charlie: {relayed}"
     );
+    // a 4 MiB stream alpha → charlie through bravo arrives byte for byte; bravo passed it on
+    // in envelopes it cannot read (alpha and charlie have their own session) and refused
+    // nothing
+    let logs = || {
+        format!(
+            "alpha:\n{}\nbravo:\n{}\ncharlie:\n{}",
+            alpha.log_text(),
+            bravo.log_text(),
+            charlie.log_text()
+        )
+    };
+    transfer_blob((&lan.peers[0], &alpha_vip), &lan.peers[2], 4 << 20, logs);
+    let stats = bravo.get("/api/v1/mesh/stats");
+    assert!(
+        stats["relayed_datagrams"].as_u64() > Some(2_000),
+        "bravo relayed the stream: {stats}"
+    );
+    assert_eq!(stats["drops"]["relay_refused"], 0, "{stats}");
 
     // the middle peer leaves: the route is withdrawn and charlie is out of reach
     assert_eq!(bravo.call("POST", "/api/v1/mesh/disable").0, 200);
@@ -996,7 +1014,9 @@ fn tun_broadcast_reaches_every_peer_once_multicast_only_members_and_anycast_the_
     assert_eq!(charlie.received("bc"), want, "no duplicates");
     assert_eq!(m.modes(0)["broadcast_packets_sent"], 10, "{}", m.modes(0));
     assert_eq!(m.modes(2)["broadcast_packets_received"], 10);
-    assert!(m.modes(1)["flood_copies_forwarded"].as_u64() >= Some(10));
+    // bravo passed charlie's copies on in envelopes of alpha's session with charlie
+    let relayed = m.peers[1].get("/api/v1/mesh/stats")["relayed_datagrams"].as_u64();
+    assert!(relayed >= Some(10), "{relayed:?}");
 
     // multicast: charlie joins 239.77.0.1 on its mesh device (the kernel's IGMP report tells
     // its peer), bravo does not; alpha's stream reaches charlie only
@@ -1440,9 +1460,16 @@ fn a_bulk_tcp_transfer_crosses_the_batched_data_path_intact() {
         });
         vips.push(s["virtual_ip"].as_str().expect("vip").to_owned());
     }
-    // 8 MiB without a repeating pattern (xorshift), so a misplaced segment shows
+    let logs = || format!("{}\n{}", peers[0].log_text(), peers[1].log_text());
+    transfer_blob((&lan.peers[0], &vips[0]), &lan.peers[1], 8 << 20, logs);
+}
+
+/// Serves `size` bytes without a repeating pattern (xorshift, so a misplaced segment shows)
+/// over HTTP at `server`'s (namespace, virtual IP) and downloads them with curl in namespace
+/// `client`; asserts they arrived byte for byte (`logs` for the failure message).
+fn transfer_blob(server: (&str, &str), client: &str, size: usize, logs: impl Fn() -> String) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut blob = vec![0u8; 8 << 20];
+    let mut blob = vec![0u8; size];
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     for b in blob.iter_mut() {
         x ^= x << 13;
@@ -1454,35 +1481,20 @@ fn a_bulk_tcp_transfer_crosses_the_batched_data_path_intact() {
     std::fs::create_dir(&served).expect("dir");
     std::fs::write(served.join("blob"), &blob).expect("write blob");
     let mut http = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lan.peers[0],
-            "python3",
-            "-m",
-            "http.server",
-        ])
-        .args(["--bind", &vips[0], "--directory"])
+        .args(["netns", "exec", server.0, "python3", "-m", "http.server"])
+        .args(["--bind", server.1, "--directory"])
         .arg(&served)
         .arg("8080")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("python3 http.server");
-    let url = format!("http://{}:8080/blob", vips[0]);
+    let url = format!("http://{}:8080/blob", server.1);
     let got = dir.path().join("got");
     let mut last = None;
     for _ in 0..40 {
         let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &lan.peers[1],
-                "curl",
-                "-sS",
-                "--max-time",
-                "30",
-            ])
+            .args(["netns", "exec", client, "curl", "-sS", "--max-time", "30"])
             .arg("-o")
             .arg(&got)
             .arg(&url)
@@ -1501,10 +1513,9 @@ fn a_bulk_tcp_transfer_crosses_the_batched_data_path_intact() {
     let out = last.expect("curl ran");
     assert!(
         out.status.success(),
-        "bulk download over the mesh: {}\n{}\n{}",
+        "bulk download over the mesh: {}\n{}",
         String::from_utf8_lossy(&out.stderr),
-        peers[0].log_text(),
-        peers[1].log_text()
+        logs()
     );
     let received = std::fs::read(&got).expect("downloaded file");
     assert_eq!(received.len(), blob.len(), "bytes received");

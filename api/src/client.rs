@@ -434,6 +434,10 @@ pub struct MeshStats {
     /// Broadcast, multicast and anycast traffic (the spec leaves the stats body open).
     #[serde(default)]
     pub traffic_modes: MeshTrafficModes,
+    /// Datagrams of other members' sessions this peer passed on in relay envelopes
+    /// (`relay_via_peers`; it cannot read them).
+    #[serde(default)]
+    pub relayed_datagrams: u64,
     /// Datagrams and packets the mesh refused, by reason.
     #[serde(default)]
     pub drops: MeshDrops,
@@ -454,6 +458,11 @@ pub struct MeshDrops {
     pub handshake_cookies: u64,
     /// Packets for a virtual IP without a usable session.
     pub no_route: u64,
+    /// Packets for another member that a session carried in plaintext (a relay passes on only
+    /// end-to-end envelopes), and envelopes this peer does not pass on (`relay_via_peers` off,
+    /// TTL spent, a source no member holds).
+    #[serde(default)]
+    pub relay_refused: u64,
     /// Packets lost to a full queue or device.
     pub overflow: u64,
     /// Routing control messages refused (malformed, stale, from a non-neighbour).
@@ -481,8 +490,6 @@ pub struct MeshTrafficModes {
     pub anycast_packets_sent: u64,
     /// Packets for one of this peer's anycast addresses written to the device.
     pub anycast_packets_received: u64,
-    /// Flood copies passed on to other peers down a delivery tree.
-    pub flood_copies_forwarded: u64,
     /// Multicast groups joined on the mesh device (IGMP).
     pub multicast_groups: u64,
     /// Anycast addresses of the mesh device.

@@ -52,7 +52,17 @@ pub(super) struct MeshSocket {
     /// The same socket, for non-blocking batched sends and receives.
     raw: Socket,
     gso: Cell<bool>,
+    /// The largest segment a GSO send carried …
+    gso_carried: Cell<usize>,
+    /// … and the smallest one refused for its size (the route's MTU: relay envelopes of a
+    /// session through another member are larger than a direct session's datagrams). Runs of
+    /// segments this large go one by one, the kernel fragmenting them.
+    gso_too_large: Cell<usize>,
 }
+
+/// The UDP payload of a 1500-byte IPv4 packet: a GSO segment above it may be refused for its
+/// size alone.
+const ETHERNET_UDP_PAYLOAD: usize = 1472;
 
 impl MeshSocket {
     pub fn new(socket: std::net::UdpSocket) -> io::Result<Self> {
@@ -74,6 +84,8 @@ impl MeshSocket {
             udp: crate::sys::udp_from_std(socket),
             raw,
             gso: Cell::new(true),
+            gso_carried: Cell::new(0),
+            gso_too_large: Cell::new(usize::MAX),
         })
     }
 
@@ -135,7 +147,7 @@ impl MeshSocket {
     pub async fn send_all(&self, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
         let mut at = 0;
         while at < out.len() {
-            let run = if self.gso.get() {
+            let run = if self.gso.get() && out[at].1.len() < self.gso_too_large.get() {
                 segment::gso_run(&out[at..])
             } else {
                 1
@@ -151,8 +163,22 @@ impl MeshSocket {
                 crate::quic::udp::send_segments(&self.raw, *to, &bufs, first.len())
             };
             match sent {
-                Ok(_) => {}
+                Ok(_) => {
+                    if run > 1 && first.len() > self.gso_carried.get() {
+                        self.gso_carried.set(first.len());
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.send_waiting(group).await,
+                Err(e)
+                    if run > 1
+                        && (crate::quic::udp::gso_refused(&e)
+                            || e.raw_os_error() == Some(libc::EMSGSIZE))
+                        && first.len() > self.gso_carried.get().max(ETHERNET_UDP_PAYLOAD) =>
+                {
+                    tracing::debug!(error = %e, size = first.len(), "UDP segmentation offload refused for segments this large; they go one by one");
+                    self.gso_too_large.set(first.len());
+                    self.send_waiting(group).await;
+                }
                 Err(e) if run > 1 && crate::quic::udp::gso_refused(&e) => {
                     tracing::info!(error = %e, "UDP segmentation offload refused; mesh datagrams go one by one");
                     self.gso.set(false);

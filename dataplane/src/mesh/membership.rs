@@ -118,6 +118,11 @@ impl LocalGroups {
         changed
     }
 
+    /// Whether the device joined multicast group `group`.
+    pub fn is_multicast_member(&self, group: Ipv4Addr) -> bool {
+        self.multicast.contains(&group)
+    }
+
     pub fn is_anycast(&self, address: Ipv4Addr) -> bool {
         self.anycast.contains(&address)
     }

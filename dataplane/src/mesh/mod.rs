@@ -2,7 +2,8 @@
 //! peer-to-peer datagram uses, one boringtun session per peer the registry lists, and the mesh
 //! TUN device. IP packets from the device go to the peer that owns the destination virtual IP;
 //! datagrams from the socket are demultiplexed ([`wire::classify`]) and decrypted, then written
-//! to the device, consumed as control traffic (port [`wire::CONTROL_PORT`]) or forwarded. In TAP
+//! to the device, consumed as control traffic (port [`wire::CONTROL_PORT`]), or — relay
+//! envelopes (port [`wire::RELAY_PORT`]) — handed to the session they belong to or passed on. In TAP
 //! mode the device carries Ethernet frames, which travel as EtherIP between the virtual IPs
 //! (group and unknown destinations to every peer, MACs learnt per session).
 //!
@@ -12,10 +13,11 @@
 //!
 //! Routing (`switchyard-mesh-routing`): the owner core drives one `Router` — sessions that come
 //! up or go are its neighbours (with the latency its probes measure), its announcements and
-//! probes travel on the control port inside the sessions, and a packet for a peer without a
-//! session of its own goes to the router's next hop (which forwards it when it has
-//! `relay_via_peers`; a peer that does not relay offers no routes). The routes are published
-//! to the control plane as [`MeshRoute`] snapshots.
+//! probes travel on the control port inside the sessions. Every pair of members has a session
+//! of its own: the datagrams of one with a peer the underlay does not reach travel in relay
+//! envelopes through the session with the router's next hop, which passes them on when it has
+//! `relay_via_peers` (a peer that does not relay offers no routes) and cannot read or forge
+//! them. The routes are published to the control plane as [`MeshRoute`] snapshots.
 //!
 //! NAT traversal (`switchyard-ice`, module [`nat`]): the owner core gathers server-reflexive
 //! and relayed candidates, runs connectivity checks against the candidates the registry lists
@@ -25,12 +27,12 @@
 //! publishes them to the registry.
 //!
 //! Traffic modes (`runner/modes.rs`): a packet from the device is classified by its destination
-//! (`switchyard_mesh_routing::classify_destination`): broadcast and multicast travel as floods
-//! down the router's delivery tree (multicast delivered only where the group was joined),
-//! anycast goes to the closest member hop by hop. This peer's groups are learnt from the
+//! (`switchyard_mesh_routing::classify_destination`): broadcast and multicast go as one copy
+//! per reachable member (multicast: per member of the group) in our session with it, anycast
+//! to the closest member. This peer's groups are learnt from the
 //! device ([`membership`]: the IGMP reports the kernel writes to it, and the device's extra
 //! addresses the control plane publishes in [`MeshShared::local_anycast`]). In TAP mode
-//! broadcast, multicast and unknown-unicast frames take the same floods and unicast frames go
+//! broadcast, multicast and unknown-unicast frames take the same copies and unicast frames go
 //! to the peer their MAC was learnt from, routed like any packet for its virtual IP.
 //!
 //! How the bytes move is `io`'s (batched socket and device I/O: UDP GSO/GRO, a TUN with
@@ -74,7 +76,8 @@ pub struct PeerCounters {
     /// Round trip of the last latency probe in microseconds; 0 = not measured yet.
     pub rtt_us: AtomicU64,
     state: AtomicU8,
-    /// The kind of path the session uses: 0 none, 1 direct, 2 relayed (TURN).
+    /// The kind of path the session uses: 0 none, 1 direct, 2 relayed (TURN), 3 through other
+    /// members (its datagrams in relay envelopes).
     path: AtomicU8,
 }
 
@@ -103,8 +106,14 @@ impl PeerCounters {
         match self.path.load(Relaxed) {
             1 => Some("direct"),
             2 => Some("relayed"),
+            3 => Some("multi-hop"),
             _ => None,
         }
+    }
+
+    /// Written by the owner core: the session's datagrams travel through other members.
+    pub fn set_through_peers(&self) {
+        self.path.store(3, Relaxed);
     }
 
     /// Written by the owner core.
@@ -156,8 +165,8 @@ pub struct PeerTable {
     pub peers: Vec<Arc<PeerEntry>>,
 }
 
-/// How datagrams reach a peer's session. (Multi-hop is not a path of a session: packets for
-/// a peer reached via others go into the next hop's session.)
+/// How datagrams reach a peer's session over the underlay. (A session with a peer reached via
+/// others sends its datagrams in relay envelopes through the next hop's session instead.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathToPeer {
     /// Straight to the peer (a host, server-reflexive or peer-reflexive address).
@@ -230,8 +239,14 @@ pub struct MeshTotals {
     pub route_claims_refused: AtomicU64,
     /// Datagrams of no known kind or session, or failing authentication.
     pub invalid: AtomicU64,
-    /// Packets for a virtual IP without a usable session (or forwarding off).
+    /// Packets for a virtual IP without a usable session.
     pub no_route: AtomicU64,
+    /// Packets for another member that a session carried in plaintext (a relay passes on only
+    /// envelopes, whose payload it cannot read), and envelopes this peer does not pass on
+    /// (`relay_via_peers` off, TTL spent, a source no member holds).
+    pub relay_refused: AtomicU64,
+    /// Envelopes of other members' sessions passed on towards their destination.
+    pub relayed: AtomicU64,
     /// Packets dropped because a queue or the device was full.
     pub overflow: AtomicU64,
     pub modes: ModeCounters,
@@ -241,9 +256,9 @@ pub struct MeshTotals {
 #[derive(Debug, Default)]
 pub struct ModeCounters {
     /// Broadcast packets (TAP: broadcast and unknown-unicast frames) read from the device and
-    /// flooded.
+    /// sent to every reachable member.
     pub broadcast_sent: AtomicU64,
-    /// Flooded broadcast packets written to the device.
+    /// Broadcast packets (TAP: frames to a group MAC) from members written to the device.
     pub broadcast_received: AtomicU64,
     pub multicast_sent: AtomicU64,
     pub multicast_received: AtomicU64,
@@ -251,8 +266,6 @@ pub struct ModeCounters {
     pub anycast_sent: AtomicU64,
     /// Anycast packets for one of our anycast addresses written to the device.
     pub anycast_received: AtomicU64,
-    /// Flood copies passed on to our children in another peer's delivery tree.
-    pub floods_forwarded: AtomicU64,
     /// Multicast groups joined on the device (IGMP) right now.
     pub multicast_groups: AtomicU64,
     /// Anycast addresses of the device right now.
@@ -353,7 +366,8 @@ pub struct MeshSettings {
     pub keep_alive: Duration,
     /// A peer that does not complete a handshake within this is marked unreachable.
     pub connect_timeout: Duration,
-    /// Forward decrypted packets for other virtual IPs (hop by hop, TTL decremented).
+    /// Pass on relay envelopes for other members (hop by hop, TTL decremented) and offer
+    /// routes through this peer.
     pub relay_via_peers: bool,
     /// TAP mode: the device carries Ethernet frames, sent to peers as EtherIP.
     pub layer2: bool,

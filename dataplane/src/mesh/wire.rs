@@ -9,6 +9,11 @@ use std::net::Ipv4Addr;
 /// announcements, latency probes). Consumed by the peer, never written to the device.
 pub const CONTROL_PORT: u16 = switchyard_mesh_routing::CONTROL_PORT;
 
+/// UDP port of relay envelopes, virtual IP to virtual IP: the payload is a WireGuard datagram
+/// of the session between the envelope's source and destination, which relaying members pass
+/// on hop by hop and cannot read or forge. Consumed by the peer, never written to the device.
+pub const RELAY_PORT: u16 = CONTROL_PORT + 1;
+
 /// STUN's magic cookie (RFC 8489 §6).
 const STUN_COOKIE: [u8; 4] = [0x21, 0x12, 0xA4, 0x42];
 

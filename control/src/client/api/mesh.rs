@@ -95,6 +95,7 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             packets_sent: 0,
             packets_received: 0,
             traffic_modes: MeshTrafficModes::default(),
+            relayed_datagrams: 0,
             drops: MeshDrops::default(),
         });
     };
@@ -116,16 +117,17 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             multicast_packets_received: m.multicast_received.load(Relaxed),
             anycast_packets_sent: m.anycast_sent.load(Relaxed),
             anycast_packets_received: m.anycast_received.load(Relaxed),
-            flood_copies_forwarded: m.floods_forwarded.load(Relaxed),
             multicast_groups: m.multicast_groups.load(Relaxed),
             anycast_addresses: m.anycast_addresses.load(Relaxed),
         },
+        relayed_datagrams: t.relayed.load(Relaxed),
         drops: MeshDrops {
             invalid: t.invalid.load(Relaxed),
             unknown_key: t.unknown_key.load(Relaxed),
             handshakes_refused: t.handshakes_refused.load(Relaxed),
             handshake_cookies: t.handshake_cookies.load(Relaxed),
             no_route: t.no_route.load(Relaxed),
+            relay_refused: t.relay_refused.load(Relaxed),
             overflow: t.overflow.load(Relaxed),
             control_dropped: t.control_dropped.load(Relaxed),
             route_claims_refused: t.route_claims_refused.load(Relaxed),

@@ -92,10 +92,11 @@ pub fn reach(
             .get(&p.id)
             .filter(|(_, c)| c.state() == SessionState::Connected);
         if let Some((_, c)) = session {
-            if c.path_type() == Some("relayed") {
-                r.relayed += 1;
-            } else {
-                r.direct += 1;
+            match c.path_type() {
+                Some("relayed") => r.relayed += 1,
+                // a session of its own, its datagrams through other members
+                Some("multi-hop") => r.multi_hop += 1,
+                _ => r.direct += 1,
             }
         } else if multi_hop_route(routes, &p.id).is_some() {
             r.multi_hop += 1;
@@ -114,7 +115,9 @@ pub fn peer_view(
     let state = counters.map_or(SessionState::Connecting, PeerCounters::state);
     let load = |f: fn(&PeerCounters) -> u64| counters.map_or(0, f);
     let connected = state == SessionState::Connected;
-    let multi_hop = !connected && via.is_some();
+    // reached through others: with no session up, or a session whose datagrams go through them
+    let through_peers = counters.and_then(PeerCounters::path_type) == Some("multi-hop");
+    let multi_hop = via.is_some() && (!connected || through_peers);
     let status = if multi_hop {
         "connected"
     } else {
@@ -137,14 +140,14 @@ pub fn peer_view(
             .to_owned(),
         public_key: peer.public_key.clone(),
         status: status.into(),
-        connection_type: if connected {
+        connection_type: if multi_hop {
+            "multi-hop".into()
+        } else if connected {
             // the kind of path the session's datagrams take (direct until one is measured)
             counters
                 .and_then(PeerCounters::path_type)
                 .unwrap_or("direct")
                 .into()
-        } else if multi_hop {
-            "multi-hop".into()
         } else {
             String::new()
         },

@@ -1,15 +1,17 @@
 //! Traffic modes on the owner core. A packet read from the device is classified by its
 //! destination (`classify_destination`): broadcast (255.255.255.255, the network's broadcast
-//! address, 224.0.0.1) and multicast start a flood down the router's delivery tree — multicast
-//! only when some reachable peer joined the group, and delivered only there — anycast goes to
-//! the closest member, hop by hop, and the rest is unicast as before. The groups of this peer
+//! address, 224.0.0.1) goes to every reachable member and multicast to the reachable members
+//! that joined the group — one copy each, in our session with that member (end to end: a
+//! relaying member passes on envelopes it cannot read, so every copy's origin and source are
+//! proven by the session it arrives in) — anycast goes to the closest member, in our session
+//! with it, and the rest is unicast as before. The groups of this peer
 //! come from the device: IGMP reports the kernel writes to it (consumed here) and the anycast
 //! addresses the control plane publishes; they are handed to the router, which announces them.
 //!
-//! TAP mode: broadcast, multicast and unknown-unicast frames take the same floods (IPv4
-//! multicast frames as a multicast flood of their group); a unicast frame goes as EtherIP to
-//! the virtual IP of the peer its MAC was learnt from — learnt from EtherIP packets and from
-//! floods, so peers reached through others are learnt too — and is routed like any packet.
+//! TAP mode: broadcast, multicast and unknown-unicast frames take the same copies (IPv4
+//! multicast frames those of their group) as EtherIP packets to each member; a unicast frame
+//! goes as EtherIP to the virtual IP of the peer its MAC was learnt from — learnt from the
+//! EtherIP packets of each member's own session — and is routed like any packet.
 
 use super::{Mesh, Session};
 use crate::mesh::membership::{self, LocalGroups, ALL_HOSTS};
@@ -21,7 +23,8 @@ use std::time::Instant;
 use switchyard_mesh_routing::l2::learning::{MacTable, DEFAULT_AGEING, DEFAULT_CAPACITY};
 use switchyard_mesh_routing::l2::mac::MacAddr;
 use switchyard_mesh_routing::{
-    classify_destination, AnycastTarget, ControlOutcome, Delivery, FloodMode, MeshNetwork, Message,
+    classify_destination, delivery::classify_address, AnycastTarget, Delivery, FloodMode,
+    MeshNetwork,
 };
 
 /// Ethernet type of IPv4.
@@ -101,7 +104,7 @@ impl Mesh {
         self.refresh_network();
     }
 
-    fn refresh_network(&mut self) {
+    pub(super) fn refresh_network(&mut self) {
         let known = self
             .router
             .as_ref()
@@ -182,40 +185,51 @@ impl Mesh {
         }
     }
 
-    /// Starts a flood of `payload` down our delivery tree. A multicast nobody reachable joined
-    /// is not sent at all.
+    /// Sends `payload` to every reachable member (broadcast) or to the reachable members of
+    /// a group, one copy each in our own session with it (TAP: as EtherIP to its address). A
+    /// multicast nobody reachable joined is not sent at all.
     fn originate(&mut self, mode: FloodMode, payload: &[u8]) {
-        let now = Instant::now();
         self.ensure_router();
-        let Some(router) = self.router.as_mut() else {
-            self.shared.totals.no_route.fetch_add(1, Relaxed);
-            return;
+        let targets: Vec<u32> = match (mode, self.router.as_ref()) {
+            (FloodMode::Multicast(g), Some(router)) => router
+                .group_members(g)
+                .iter()
+                .filter_map(|(_, vip)| self.by_vip.get(vip).copied())
+                .collect(),
+            (FloodMode::Multicast(_), None) => Vec::new(),
+            (FloodMode::Broadcast, router) => self
+                .sessions
+                .values()
+                .filter(|s| {
+                    s.connected() || router.is_some_and(|r| r.next_hop_to(&s.entry.id).is_some())
+                })
+                .map(|s| s.index)
+                .collect(),
         };
         let counters = &self.shared.totals.modes;
         match mode {
-            FloodMode::Multicast(g) if router.group_members(g).is_empty() => return,
+            FloodMode::Multicast(_) if targets.is_empty() => return,
             FloodMode::Multicast(_) => counters.multicast_sent.fetch_add(1, Relaxed),
             FloodMode::Broadcast => counters.broadcast_sent.fetch_add(1, Relaxed),
         };
-        match router.originate_flood(mode, payload.to_vec(), now) {
-            Ok(copies) => {
-                for (neighbour, datagram) in copies {
-                    self.send_control(&neighbour, &datagram);
+        let (layer2, local) = (self.settings.layer2, self.local_vip());
+        for i in targets {
+            self.send_to_session(i, |s| {
+                if layer2 {
+                    wire::etherip_packet(local, s.entry.vip, payload)
+                } else {
+                    payload.to_vec()
                 }
-            }
-            Err(e) => {
-                self.shared.totals.no_route.fetch_add(1, Relaxed);
-                tracing::debug!(error = %e, "mesh flood not sent");
-            }
+            });
         }
     }
 
-    /// An anycast packet to the closest member of `group` (the next hop picks again); false
+    /// An anycast packet to the closest member of `group`, in our session with it; false
     /// when no member is reachable.
     fn send_anycast(&mut self, group: Ipv4Addr, packet: &[u8]) -> bool {
         let target = self.router.as_ref().and_then(|r| r.anycast_target(group));
         let index = match target {
-            Some(AnycastTarget::Remote(hop)) => self.session_of(&hop.peer_id),
+            Some(AnycastTarget::Remote(hop)) => self.session_of(&hop.dest_peer_id),
             Some(AnycastTarget::Local) => {
                 self.write_device(packet);
                 return true;
@@ -234,14 +248,42 @@ impl Mesh {
         }
     }
 
-    /// A decrypted packet for someone else, forwarded hop by hop (TTL already decremented).
-    pub(super) fn forward(&mut self, packet: &[u8]) {
-        match wire::ipv4_addresses(packet) {
-            Some((_, dst)) if self.modes.network.anycast.contains(&dst) => {
-                self.send_anycast(dst, packet);
+    /// Whether a decrypted IP packet for `dst` (not ours) is a broadcast, or a multicast of a
+    /// group we joined, to write to the device (counted as such).
+    pub(super) fn flooded_packet(&self, dst: Ipv4Addr) -> bool {
+        let counters = &self.shared.totals.modes;
+        match classify_address(dst, &self.modes.network) {
+            Delivery::Broadcast => {
+                counters.broadcast_received.fetch_add(1, Relaxed);
+                true
             }
-            _ => self.send_to_mesh(packet),
+            Delivery::Multicast(g) if g == ALL_HOSTS => {
+                counters.broadcast_received.fetch_add(1, Relaxed);
+                true
+            }
+            Delivery::Multicast(g) if self.modes.groups.is_multicast_member(g) => {
+                counters.multicast_received.fetch_add(1, Relaxed);
+                true
+            }
+            _ => false,
         }
+    }
+
+    /// TAP mode: counts a frame from a peer that went to several (broadcast and multicast
+    /// destination MACs; IPv4 multicast of a group as multicast).
+    pub(super) fn count_flooded_frame(&self, frame: &[u8]) {
+        if !MacAddr::destination_of(frame).is_some_and(|d| d.is_multicast()) {
+            return;
+        }
+        let group = ipv4_of_frame(frame)
+            .and_then(wire::ipv4_addresses)
+            .map(|(_, g)| g)
+            .filter(|g| g.is_multicast() && *g != ALL_HOSTS);
+        let counters = &self.shared.totals.modes;
+        match group {
+            Some(_) => counters.multicast_received.fetch_add(1, Relaxed),
+            None => counters.broadcast_received.fetch_add(1, Relaxed),
+        };
     }
 
     /// Whether a decrypted packet for `dst` is ours: our virtual IP, or one of our anycast
@@ -267,17 +309,6 @@ impl Mesh {
         s.entry.anycast.contains(&src)
     }
 
-    /// Whether `packet`'s IPv4 source is the registry address of member `origin`.
-    fn is_origins_own(&self, origin: &str, packet: &[u8]) -> bool {
-        let Some((src, _)) = wire::ipv4_addresses(packet) else {
-            return false;
-        };
-        self.table
-            .peers
-            .iter()
-            .any(|p| p.id == origin && p.vip == src)
-    }
-
     /// TAP mode: a frame from the peer whose virtual IP is `from`: its source MAC lives there.
     pub(super) fn learn_mac(&mut self, frame: &[u8], from: Ipv4Addr) {
         if let Some(id) = self.table.peers.iter().find(|p| p.vip == from) {
@@ -285,40 +316,5 @@ impl Mesh {
                 .macs
                 .learn_from_frame(frame, &id.id, Instant::now());
         }
-    }
-
-    /// What a control message did besides replies: a flooded packet for us goes to the device
-    /// (TAP: its source MAC is learnt behind the flood's origin), copies passed on are counted,
-    /// and changed memberships reach classification.
-    pub(super) fn after_control(&mut self, datagram: &[u8], outcome: &ControlOutcome) {
-        if outcome.deliver.is_none() && outcome.send.is_empty() {
-            return;
-        }
-        let flood = match Message::decode(datagram) {
-            Ok(Message::Flood(f)) => f,
-            Ok(Message::Membership(_)) => return self.refresh_network(),
-            _ => return,
-        };
-        let counters = &self.shared.totals.modes;
-        counters
-            .floods_forwarded
-            .fetch_add(outcome.send.len() as u64, Relaxed);
-        let Some(packet) = &outcome.deliver else {
-            return;
-        };
-        match flood.mode {
-            FloodMode::Broadcast => counters.broadcast_received.fetch_add(1, Relaxed),
-            FloodMode::Multicast(_) => counters.multicast_received.fetch_add(1, Relaxed),
-        };
-        if self.settings.layer2 {
-            let now = Instant::now();
-            self.modes.macs.learn_from_frame(packet, &flood.origin, now);
-        } else if !self.is_origins_own(&flood.origin, packet) {
-            // an IP packet flooded in another member's name must come from that member's
-            // registry address
-            self.shared.totals.invalid.fetch_add(1, Relaxed);
-            return;
-        }
-        self.write_device(packet);
     }
 }
