@@ -433,10 +433,14 @@ impl Agent {
             "10.9.9.9:9".parse().expect("addr"),
             1,
         )]);
-        self.check_request(0, false).1
+        self.check_request(0, false)
+            .map(|(_, bytes)| bytes)
+            .unwrap_or_default()
     }
 
-    fn check_request(&mut self, pair: usize, nominate: bool) -> (TransactionId, Vec<u8>) {
+    /// A connectivity check for `pair`; `None` only when the ids are too long for a STUN
+    /// message (the registry bounds them far below that).
+    fn check_request(&mut self, pair: usize, nominate: bool) -> Option<(TransactionId, Vec<u8>)> {
         let tid: TransactionId = rand::thread_rng().gen();
         let p = &self.pairs[pair];
         // PRIORITY is what a peer-reflexive candidate learnt from this check would get.
@@ -458,11 +462,15 @@ impl Agent {
         if nominate {
             m = m.with(Attribute::UseCandidate);
         }
-        (tid, m.encode(Some(&self.password), true))
+        let bytes = m.encode(Some(&self.password), true).ok()?;
+        Some((tid, bytes))
     }
 
     fn start_check(&mut self, pair: usize, nominate: bool, now: Instant) {
-        let (tid, bytes) = self.check_request(pair, nominate);
+        let Some((tid, bytes)) = self.check_request(pair, nominate) else {
+            self.pairs[pair].state = PairState::Failed;
+            return;
+        };
         let p = &mut self.pairs[pair];
         self.out.push_back(Outgoing {
             via: p.via,
@@ -491,12 +499,14 @@ impl Agent {
             tracing::debug!(peer = %self.remote_id, %from, "connectivity check with bad integrity dropped");
             return false;
         }
-        let response = success_response(message, from).encode(Some(&self.password), true);
-        self.out.push_back(Outgoing {
-            via,
-            to: from,
-            bytes: response,
-        });
+        // a success response carries one address: it always fits
+        if let Ok(response) = success_response(message, from).encode(Some(&self.password), true) {
+            self.out.push_back(Outgoing {
+                via,
+                to: from,
+                bytes: response,
+            });
+        }
         let use_candidate = message
             .attributes
             .iter()
@@ -706,10 +716,12 @@ impl Agent {
                 self.lose(now);
             } else if now >= consent.next {
                 consent.next = now + self.config.consent_interval;
-                if let Some(i) = self.selected {
-                    // The controlling side's consent checks nominate again, so a controlled
-                    // side that lost the path on its own (one-way loss) takes it back.
-                    let (tid, bytes) = self.check_request(i, self.controlling);
+                // The controlling side's consent checks nominate again, so a controlled
+                // side that lost the path on its own (one-way loss) takes it back.
+                let check = self
+                    .selected
+                    .and_then(|i| Some((i, self.check_request(i, self.controlling)?)));
+                if let Some((i, (tid, bytes))) = check {
                     if let Some(consent) = &mut self.consent {
                         consent.outstanding.push_back(tid);
                         if consent.outstanding.len() > CONSENT_OUTSTANDING {

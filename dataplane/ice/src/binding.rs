@@ -89,7 +89,11 @@ impl BindingClient {
         if self.next_request.is_some_and(|t| now >= t) {
             self.next_request = None;
             let tid: TransactionId = rand::thread_rng().gen();
-            let bytes = Message::new(Class::Request, Method::Binding, tid).encode(None, true);
+            // a bare Binding request: 28 bytes
+            let Ok(bytes) = Message::new(Class::Request, Method::Binding, tid).encode(None, true)
+            else {
+                return;
+            };
             self.transmits.push(bytes.clone());
             self.in_flight = Some((
                 tid,

@@ -24,6 +24,7 @@ pub fn encode(channel: u16, data: &[u8]) -> Vec<u8> {
 }
 
 /// [`encode`] appending to `out`.
+/// `data` must fit the 16-bit length (the caller checks); longer data is cut there.
 pub fn encode_into(channel: u16, data: &[u8], out: &mut Vec<u8>) {
     let data = &data[..data.len().min(usize::from(u16::MAX))];
     out.extend_from_slice(&channel.to_be_bytes());

@@ -293,8 +293,7 @@ impl IceEndpoint {
             Via::Direct => Some((remote, false)),
             Via::Relay(server) => {
                 let turn = self.turn.iter().find(|t| t.server() == server)?;
-                turn.wrap_into(remote, data, out);
-                Some((server, true))
+                turn.wrap_into(remote, data, out).then_some((server, true))
             }
         }
     }
@@ -309,7 +308,7 @@ impl IceEndpoint {
                 let turn = self.turn.iter().find(|t| t.server() == server)?;
                 Some(Transmit {
                     to: server,
-                    bytes: turn.wrap(to, bytes),
+                    bytes: turn.wrap(to, bytes)?,
                 })
             }
         }

@@ -113,7 +113,8 @@ mod tests {
     #[test]
     fn classifies_the_three_kinds() {
         let stun = stun::Message::new(stun::Class::Request, stun::Method::Binding, [1; 12])
-            .encode(None, true);
+            .encode(None, true)
+            .unwrap();
         assert_eq!(classify(&stun), DatagramKind::Stun);
         // A STUN header whose length field lies is not STUN.
         let mut lying = stun.clone();

@@ -125,7 +125,15 @@ pub enum StunError {
     BadAttribute(u16),
     #[error("STUN FINGERPRINT does not match")]
     BadFingerprint,
+    /// Encoding: the attributes do not fit the 16-bit length field (our own input's fault).
+    #[error("STUN message of {0} bytes is longer than its length field can say")]
+    TooLong(usize),
 }
+
+/// Longest USERNAME value (RFC 8489 §14.3: "less than 513 bytes").
+const MAX_USERNAME: usize = 512;
+/// Longest REALM, NONCE and SOFTWARE values (RFC 8489 §14.9, §14.10, §14.14: 763 bytes).
+const MAX_TEXT: usize = 763;
 
 /// A STUN message. `integrity` is the MESSAGE-INTEGRITY of a decoded message with the offset of
 /// the attribute (what [`Message::verify_integrity`] needs); it is ignored when encoding.
@@ -234,8 +242,12 @@ impl Message {
     }
 
     /// Encodes the message, adding MESSAGE-INTEGRITY with `integrity_key` and a FINGERPRINT
-    /// when asked.
-    pub fn encode(&self, integrity_key: Option<&[u8]>, fingerprint: bool) -> Vec<u8> {
+    /// when asked. Fails when the message would be longer than its length field can say.
+    pub fn encode(
+        &self,
+        integrity_key: Option<&[u8]>,
+        fingerprint: bool,
+    ) -> Result<Vec<u8>, StunError> {
         let mut out = Vec::with_capacity(128);
         let method = self.method.code();
         let class_bits: u16 = match self.class {
@@ -256,6 +268,13 @@ impl Message {
         for attribute in &self.attributes {
             encode_attribute(&mut out, attribute, &self.transaction_id);
         }
+        // MESSAGE-INTEGRITY and FINGERPRINT add 24 and 8 bytes; any one value is shorter
+        let total = out.len()
+            + if integrity_key.is_some() { 24 } else { 0 }
+            + if fingerprint { 8 } else { 0 };
+        if total - HEADER_LEN > usize::from(u16::MAX) {
+            return Err(StunError::TooLong(total));
+        }
         if let Some(key) = integrity_key {
             let at = out.len();
             set_length(&mut out, at + 24);
@@ -270,7 +289,7 @@ impl Message {
         }
         let len = out.len();
         set_length(&mut out, len);
-        out
+        Ok(out)
     }
 
     /// Checks MESSAGE-INTEGRITY of this decoded message against its raw bytes. False when the
@@ -446,10 +465,11 @@ fn decode_attribute(kind: u16, v: &[u8], tid: &TransactionId) -> Result<Attribut
         kind::XOR_RELAYED_ADDRESS => {
             Attribute::XorRelayedAddress(xor(parse_address(v).ok_or_else(bad)?, tid))
         }
-        kind::USERNAME => Attribute::Username(text()?),
-        kind::REALM => Attribute::Realm(text()?),
-        kind::NONCE => Attribute::Nonce(text()?),
-        kind::SOFTWARE => Attribute::Software(text()?),
+        kind::USERNAME if v.len() <= MAX_USERNAME => Attribute::Username(text()?),
+        kind::REALM if v.len() <= MAX_TEXT => Attribute::Realm(text()?),
+        kind::NONCE if v.len() <= MAX_TEXT => Attribute::Nonce(text()?),
+        kind::SOFTWARE if v.len() <= MAX_TEXT => Attribute::Software(text()?),
+        kind::USERNAME | kind::REALM | kind::NONCE | kind::SOFTWARE => return Err(bad()),
         kind::ERROR_CODE => {
             // The number is 0..=99 (RFC 8489 §14.8); a larger one would read as another code
             // (class 7, number 252 as 952) that no encoding gives back.
@@ -644,7 +664,7 @@ mod tests {
             .with(Attribute::IceControlling(0xdead_beef_0000_0001))
             .with(Attribute::UseCandidate)
             .with(Attribute::RequestedTransport(17));
-        let raw = m.encode(Some(b"key"), true);
+        let raw = m.encode(Some(b"key"), true).unwrap();
         assert!(Message::looks_like_stun(&raw));
         let back = Message::decode(&raw).expect("decode");
         assert_eq!(back.attributes, m.attributes);
@@ -664,7 +684,7 @@ mod tests {
             code: 487,
             reason: String::new(),
         });
-        let mut raw = m.encode(None, false);
+        let mut raw = m.encode(None, false).unwrap();
         assert_eq!(Message::decode(&raw).unwrap().error_code(), Some((487, "")));
         let number = HEADER_LEN + 4 + 3;
         assert_eq!(raw[number], 87);
@@ -673,6 +693,39 @@ mod tests {
             Message::decode(&raw),
             Err(StunError::BadAttribute(kind::ERROR_CODE))
         );
+    }
+
+    #[test]
+    fn oversized_text_is_malformed_and_an_oversized_message_is_not_encoded() {
+        // a TURN server's REALM or NONCE is echoed in our next request: past RFC 8489's bounds
+        // it is refused at decode, so a server cannot make us build a message too long to say
+        let with = |a: Attribute| Message::new(Class::Error, Method::Allocate, [4; 12]).with(a);
+        let fits = with(Attribute::Nonce("n".repeat(MAX_TEXT))).encode(None, false);
+        assert!(Message::decode(&fits.unwrap()).is_ok());
+        for (kind, big) in [
+            (kind::REALM, Attribute::Realm("r".repeat(MAX_TEXT + 1))),
+            (kind::NONCE, Attribute::Nonce("n".repeat(MAX_TEXT + 1))),
+            (
+                kind::USERNAME,
+                Attribute::Username("u".repeat(MAX_USERNAME + 1)),
+            ),
+        ] {
+            let raw = with(big).encode(None, false).unwrap();
+            assert_eq!(Message::decode(&raw), Err(StunError::BadAttribute(kind)));
+        }
+        // a value the length field cannot say is an error, not a wrapped length
+        // the longest body a 4-byte aligned message has is 65532 bytes
+        let most = 65532 - 4 - 24 - 8;
+        assert!(with(Attribute::Data(vec![0; most]))
+            .encode(Some(b"k"), true)
+            .is_ok());
+        assert!(matches!(
+            with(Attribute::Data(vec![0; most + 1])).encode(Some(b"k"), true),
+            Err(StunError::TooLong(_))
+        ));
+        assert!(with(Attribute::Data(vec![0; 70_000]))
+            .encode(None, false)
+            .is_err());
     }
 
     #[test]
@@ -689,7 +742,9 @@ mod tests {
                 Method::Data,
                 Method::Other(0xABC),
             ] {
-                let raw = Message::new(class, method, [1; 12]).encode(None, false);
+                let raw = Message::new(class, method, [1; 12])
+                    .encode(None, false)
+                    .unwrap();
                 let back = Message::decode(&raw).expect("decode");
                 assert_eq!((back.class, back.method), (class, method));
             }
@@ -703,7 +758,8 @@ mod tests {
         let valid = Message::new(Class::Success, Method::Allocate, [3; 12])
             .with(Attribute::XorRelayedAddress("1.2.3.4:5".parse().unwrap()))
             .with(Attribute::Realm("r".into()))
-            .encode(Some(b"k"), true);
+            .encode(Some(b"k"), true)
+            .unwrap();
         for _ in 0..20_000 {
             let mut d = valid.clone();
             let cut = rng.gen_range(0..=d.len());

@@ -210,26 +210,33 @@ impl TurnClient {
     }
 
     /// Frames `data` for `peer` through the relay: ChannelData when a channel is bound, a Send
-    /// indication otherwise. The result goes to [`TurnClient::server`].
-    pub fn wrap(&self, peer: SocketAddr, data: &[u8]) -> Vec<u8> {
+    /// indication otherwise. The result goes to [`TurnClient::server`]; `None` when `data` is
+    /// too long for a frame.
+    pub fn wrap(&self, peer: SocketAddr, data: &[u8]) -> Option<Vec<u8>> {
         let mut out = Vec::with_capacity(data.len() + 4);
-        self.wrap_into(peer, data, &mut out);
-        out
+        self.wrap_into(peer, data, &mut out).then_some(out)
     }
 
     /// [`TurnClient::wrap`] into a buffer the caller reuses (the data plane's hot path: a
-    /// ChannelData frame is the data behind a 4-byte header).
-    pub fn wrap_into(&self, peer: SocketAddr, data: &[u8], out: &mut Vec<u8>) {
+    /// ChannelData frame is the data behind a 4-byte header). False (and `out` empty) when
+    /// `data` is too long for a frame's 16-bit length.
+    pub fn wrap_into(&self, peer: SocketAddr, data: &[u8], out: &mut Vec<u8>) -> bool {
         out.clear();
+        if data.len() > usize::from(u16::MAX) {
+            return false;
+        }
         match self.channels.get(&peer) {
             Some((channel, r)) if r.confirmed => channel_data::encode_into(*channel, data, out),
-            _ => out.extend_from_slice(
-                &Message::new(Class::Indication, Method::Send, rand::thread_rng().gen())
-                    .with(Attribute::XorPeerAddress(peer))
-                    .with(Attribute::Data(data.to_vec()))
-                    .encode(None, false),
-            ),
+            _ => match Message::new(Class::Indication, Method::Send, rand::thread_rng().gen())
+                .with(Attribute::XorPeerAddress(peer))
+                .with(Attribute::Data(data.to_vec()))
+                .encode(None, false)
+            {
+                Ok(indication) => out.extend_from_slice(&indication),
+                Err(_) => return false,
+            },
         }
+        true
     }
 
     /// A ChannelData frame from the server: the peer it came from and its data.
@@ -591,7 +598,10 @@ impl TurnClient {
                 .with(Attribute::Realm(self.realm.clone()))
                 .with(Attribute::Nonce(self.nonce.clone()));
         }
-        let bytes = message.encode(self.key.as_deref(), true);
+        // USERNAME is ours; REALM and NONCE passed decode's RFC 8489 bounds: it fits
+        let Ok(bytes) = message.encode(self.key.as_deref(), true) else {
+            return;
+        };
         self.transmits.push_back(bytes.clone());
         self.pending.insert(
             tid,
@@ -646,7 +656,7 @@ mod tests {
     ) {
         let mut m = Message::new(class, req.method, req.transaction_id);
         m.attributes = attrs;
-        let raw = m.encode(key, true);
+        let raw = m.encode(key, true).unwrap();
         let decoded = Message::decode(&raw).unwrap();
         assert_eq!(c.handle_message(&decoded, &raw, at), None);
     }
@@ -681,7 +691,7 @@ mod tests {
         assert_eq!(req.method, Method::Allocate);
         assert_eq!(req.username(), Some("u"));
         assert_eq!(req.nonce(), Some("n1"));
-        let raw = req.encode(Some(&key), false);
+        let raw = req.encode(Some(&key), false).unwrap();
         assert!(Message::decode(&raw).unwrap().verify_integrity(&raw, &key));
         answer_at(
             &mut c,
@@ -755,13 +765,13 @@ mod tests {
         let (mut c, key) = allocated(now);
         let peer: SocketAddr = "10.0.0.9:7000".parse().unwrap();
         // Before the channel is confirmed data goes as a Send indication.
-        let send = Message::decode(&c.wrap(peer, b"x")).unwrap();
+        let send = Message::decode(&c.wrap(peer, b"x").unwrap()).unwrap();
         assert_eq!((send.class, send.method), (Class::Indication, Method::Send));
         c.bind_channel(peer, now);
         let req = last_request(&mut c);
         assert_eq!(req.method, Method::ChannelBind);
         answer_at(&mut c, &req, Class::Success, vec![], Some(&key), now);
-        let frame = c.wrap(peer, b"abc");
+        let frame = c.wrap(peer, b"abc").unwrap();
         assert_eq!(c.unwrap_channel(&frame), Some((peer, &b"abc"[..])));
         // The permission the channel installed is refreshed after 240 s, the allocation a
         // minute before its 600 s lifetime ends, the channel after 540 s.
@@ -803,7 +813,8 @@ mod tests {
         let raw = Message::new(Class::Indication, Method::Data, [9; 12])
             .with(Attribute::XorPeerAddress(peer))
             .with(Attribute::Data(b"hi".to_vec()))
-            .encode(None, false);
+            .encode(None, false)
+            .unwrap();
         let m = Message::decode(&raw).unwrap();
         assert_eq!(
             c.handle_message(&m, &raw, Instant::now()),

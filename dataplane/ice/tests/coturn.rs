@@ -144,7 +144,10 @@ fn turn_allocate_permission_channel_and_indications() {
         !pending
     });
     socket
-        .send_to(&client.wrap(peer_addr, b"send indication"), turn.addr)
+        .send_to(
+            &client.wrap(peer_addr, b"send indication").expect("fits"),
+            turn.addr,
+        )
         .expect("send");
     let mut buf = [0u8; 2048];
     let (n, from) = peer.recv_from(&mut buf).expect("peer receives via relay");
@@ -159,10 +162,13 @@ fn turn_allocate_permission_channel_and_indications() {
 
     client.bind_channel(peer_addr, Instant::now());
     drive(&mut client, &mut |c| {
-        classify(&c.wrap(peer_addr, b"x")) == DatagramKind::ChannelData
+        classify(&c.wrap(peer_addr, b"x").expect("fits")) == DatagramKind::ChannelData
     });
     socket
-        .send_to(&client.wrap(peer_addr, b"channel data"), turn.addr)
+        .send_to(
+            &client.wrap(peer_addr, b"channel data").expect("fits"),
+            turn.addr,
+        )
         .expect("send");
     let (n, from) = peer
         .recv_from(&mut buf)

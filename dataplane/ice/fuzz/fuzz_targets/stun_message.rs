@@ -26,7 +26,12 @@ fuzz_target!(|data: &[u8]| {
         (Some(KEY), false),
         (Some(KEY), true),
     ] {
-        let bytes = msg.encode(key, fingerprint);
+        let Ok(bytes) = msg.encode(key, fingerprint) else {
+            // only a message near the length field's limit outgrows it by the 32 bytes of
+            // MESSAGE-INTEGRITY and FINGERPRINT
+            assert!(data.len() + 32 > usize::from(u16::MAX));
+            continue;
+        };
         assert!(Message::looks_like_stun(&bytes));
         let again = Message::decode(&bytes).expect("a re-encoded message decodes");
         assert_eq!(

@@ -124,7 +124,9 @@ impl Coturn {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut buf = [0u8; 1024];
         while Instant::now() < deadline {
-            let req = Message::new(Class::Request, Method::Binding, [5; 12]).encode(None, true);
+            let req = Message::new(Class::Request, Method::Binding, [5; 12])
+                .encode(None, true)
+                .expect("a bare request fits");
             probe.send_to(&req, self.addr).expect("send");
             if let Ok((n, _)) = probe.recv_from(&mut buf) {
                 if Message::decode(&buf[..n]).is_ok_and(|m| m.class == Class::Success) {
