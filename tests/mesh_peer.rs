@@ -1531,8 +1531,8 @@ fn a_malicious_member_with_a_valid_key_draws_no_traffic_and_speaks_for_nobody() 
     use std::net::Ipv4Addr;
     use support::mesh_member::{key_from_base64, udp_socket_in, Member};
     use switchyard_dataplane::mesh::wire;
-    use switchyard_mesh_routing::wire::{Announcement, Membership, RouteEntry};
-    use switchyard_mesh_routing::Message;
+    use switchyard_mesh_routing::wire::{Announcement, Flood, Membership, RouteEntry};
+    use switchyard_mesh_routing::{FloodMode, Message};
 
     if !root_with_tools_or_skip(
         "mesh peer namespaces",
@@ -1681,8 +1681,45 @@ fn a_malicious_member_with_a_valid_key_draws_no_traffic_and_speaks_for_nobody() 
     }
     wait_drops("invalid", invalid + 5);
 
-    // (a broadcast in bravo's name is not refused yet: floods are relayed control messages,
-    // not end to end; branch h-e2e sends them in the origin's own session — issue 28)
+    // 4. a broadcast in bravo's name: as a flood control message with a sequence far ahead of
+    // bravo's (floods travel end to end in their origin's own session now: refused as such), and
+    // as a broadcast packet from bravo's address in mallory's session (cryptokey routing). Alpha
+    // writes neither, and bravo's real broadcast still arrives
+    let broadcasts = |p: &Peer| {
+        p.get("/api/v1/mesh/stats")["traffic_modes"]["broadcast_packets_received"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let heard = broadcasts(&alpha);
+    let (control, invalid) = (drops("control_dropped"), drops("invalid"));
+    let all = Ipv4Addr::new(10, 100, 0, 255);
+    let in_bravos_name = wire::udp_packet(bravo_vip, all, 9999, b"forged");
+    m.send_control(
+        alpha_vip,
+        &Message::Flood(Flood {
+            origin: "bravo".into(),
+            id: u64::MAX - 5,
+            ttl: 1,
+            mode: FloodMode::Broadcast,
+            payload: in_bravos_name.clone(),
+        }),
+    );
+    m.send_packet(&in_bravos_name);
+    wait_drops("control_dropped", control + 1);
+    wait_drops("invalid", invalid + 1);
+    assert_eq!(
+        broadcasts(&alpha),
+        heard,
+        "a broadcast in bravo's name was delivered"
+    );
+    sh(&format!(
+        "ip netns exec {} python3 -c \"import socket; s = socket.socket(2, 2); \
+         s.setsockopt(1, 6, 1); s.sendto(b'real', ('{all}', 9999))\"",
+        lan.peers[1]
+    ));
+    alpha.wait_for("/api/v1/mesh/stats", "bravo's broadcast at alpha", |s| {
+        s["traffic_modes"]["broadcast_packets_received"].as_u64() == Some(heard + 1)
+    });
 
     // 5. forged connectivity checks: never answered, counted
     let ice = drops("ice_dropped");

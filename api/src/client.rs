@@ -465,7 +465,8 @@ pub struct MeshDrops {
     pub relay_refused: u64,
     /// Packets lost to a full queue or device.
     pub overflow: u64,
-    /// Routing control messages refused (malformed, stale, from a non-neighbour).
+    /// Routing control messages refused (malformed, stale, from a non-neighbour, a flood
+    /// message: floods travel end to end as copies in their origin's own session).
     pub control_dropped: u64,
     /// Route announcement entries naming an id the registry does not list, or another
     /// virtual IP than the registry gives that id (a route never changes who owns an address).

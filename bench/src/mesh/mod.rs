@@ -13,6 +13,7 @@
 //! | nebula | 10.219.3.0/24; a CA and two host certs from `nebula-cert`; `a` is the lighthouse | `symbn?` |
 //! | tinc (1.0, router mode, default cipher) | 10.219.4.0/24; RSA keys from `tincd -K`; `b` connects to `a` | `symbt?` |
 //! | switchyard | 10.219.5.0/24 leased by a `switchyard server` registry in `symb-a`; two `switchyard client`s with `mesh.enabled` | `symby?` |
+//! | switchyard relayed (a → c → b) | the same network, registry in a third namespace `symb-c` joined to `a` (10.219.7.0/24) and to `b` (10.219.8.0/24) without IP forwarding, the a–b veth down; a third client in `c` passes a's and b's end-to-end envelopes on (`relay_via_peers`) | `symbz?` |
 //!
 //! An overlay is ready when `b`'s overlay address answers a ping from `a` (bounded wait). Then,
 //! from `a` to `b` over the overlay: latency from `ping -i 0.01` (ICMP echo; p50/p99 of the
@@ -22,6 +23,8 @@
 
 mod programs;
 mod summary;
+
+use programs::Layout;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -57,6 +60,10 @@ const SWITCHYARD_CIDR: &str = "10.219.5.0/24";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The switchyard row's name; the target compares it with this row.
 const REFERENCE: &str = "boringtun-cli --threads 1";
+/// The relayed switchyard row's name.
+const RELAYED: &str = "switchyard relayed (a → c → b)";
+/// The relaying namespace's links: to `a` (a's address, c's) and to `b` (b's, c's).
+const RELAY_LINKS: [[&str; 2]; 2] = [["10.219.7.1", "10.219.7.3"], ["10.219.8.2", "10.219.8.3"]];
 
 /// One overlay's figures.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -86,16 +93,18 @@ enum Overlay {
     Nebula,
     Tinc,
     Switchyard,
+    SwitchyardRelayed,
 }
 
 impl Overlay {
-    const ALL: [Overlay; 6] = [
+    const ALL: [Overlay; 7] = [
         Overlay::Underlay,
         Overlay::Boringtun { threads: Some(1) },
         Overlay::Boringtun { threads: None },
         Overlay::Nebula,
         Overlay::Tinc,
         Overlay::Switchyard,
+        Overlay::SwitchyardRelayed,
     ];
 
     fn name(self) -> &'static str {
@@ -106,6 +115,7 @@ impl Overlay {
             Overlay::Nebula => "nebula",
             Overlay::Tinc => "tinc",
             Overlay::Switchyard => "switchyard",
+            Overlay::SwitchyardRelayed => RELAYED,
         }
     }
 
@@ -113,6 +123,7 @@ impl Overlay {
         match self {
             Overlay::Underlay => Role::Ceiling,
             Overlay::Switchyard => Role::Switchyard,
+            Overlay::SwitchyardRelayed => Role::Variant,
             _ => Role::Peer,
         }
     }
@@ -138,6 +149,11 @@ impl Names {
     /// A device of side `side`: prefix + one letter per program + `a`/`b` (≤ 12 characters).
     fn dev(&self, kind: char, side: usize) -> String {
         format!("{}{kind}{}", self.prefix, side_name(side))
+    }
+
+    /// The relaying namespace (`c`) of the relayed row.
+    fn relay_ns(&self) -> String {
+        format!("{}-c", self.prefix)
     }
 }
 
@@ -203,6 +219,10 @@ impl Drop for Tracked {
 
 /// Removes what [`run`] creates; safe to call when nothing exists.
 fn teardown(names: &Names) {
+    let _ = Command::new("ip")
+        .args(["netns", "del", &names.relay_ns()])
+        .stderr(Stdio::null())
+        .status();
     for side in 0..2 {
         let _ = Command::new("ip")
             .args(["netns", "del", &names.ns(side)])
@@ -307,6 +327,10 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         tracing::info!("bench mesh: {}", overlay.name());
         let mut entry = Entry::new(overlay.name(), overlay.role());
         let mut procs = Tracked::default();
+        let relayed = overlay == Overlay::SwitchyardRelayed;
+        if relayed {
+            relay_topology(&names, true)?;
+        }
         let load_before = loadavg();
         match start(&setup, overlay, &mut procs) {
             Ok(up) => {
@@ -324,6 +348,9 @@ pub fn run(ctx: &Ctx) -> Result<String> {
             Err(e) => entry.error = Some(format!("{e:#}")),
         }
         drop(procs);
+        if relayed {
+            relay_topology(&names, false)?;
+        }
         tracing::info!("bench mesh: {}: {}", overlay.name(), entry.status());
         entries.push(entry);
     }
@@ -338,6 +365,51 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         }),
     )?;
     Ok(summary::section(ctx.seconds, &entries))
+}
+
+/// With `up`: namespace `c` joined to `a` and to `b` ([`RELAY_LINKS`]) with IP forwarding off,
+/// and the a–b veth down, so `a` and `b` reach each other only through a peer in `c`. Without:
+/// `c` removed and the veth up again.
+fn relay_topology(names: &Names, up: bool) -> Result<()> {
+    let (a, b, c, p) = (names.ns(0), names.ns(1), names.relay_ns(), &names.prefix);
+    let (va, vb) = (names.dev('v', 0), names.dev('v', 1));
+    if !up {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &c])
+            .stderr(Stdio::null())
+            .status();
+        return sh(&format!(
+            "set -e; ip -n {a} link set {va} up; ip -n {b} link set {vb} up"
+        ))
+        .map(drop);
+    }
+    let [[ia, ca], [ib, cb]] = RELAY_LINKS;
+    sh(&format!(
+        "set -e; ip netns add {c}; ip -n {c} link set lo up
+         ip netns exec {c} sysctl -qw net.ipv4.ip_forward=0
+         ip link add {p}ra netns {a} type veth peer name {p}rc netns {c}
+         ip link add {p}sb netns {b} type veth peer name {p}sc netns {c}
+         ip -n {a} addr add {ia}/24 dev {p}ra; ip -n {a} link set {p}ra up
+         ip -n {c} addr add {ca}/24 dev {p}rc; ip -n {c} link set {p}rc up
+         ip -n {b} addr add {ib}/24 dev {p}sb; ip -n {b} link set {p}sb up
+         ip -n {c} addr add {cb}/24 dev {p}sc; ip -n {c} link set {p}sc up
+         ip -n {a} link set {va} down; ip -n {b} link set {vb} down"
+    ))
+    .map(drop)
+}
+
+/// The relayed row's layout: registry and relaying peer in `c`, which `a` and `b` reach over
+/// their own links.
+fn relay_layout(s: &Setup<'_>) -> Layout {
+    let relay_ns = s.names.relay_ns();
+    Layout {
+        registry_ns: relay_ns.clone(),
+        registry_listen: format!("0.0.0.0:{REGISTRY_PORT}"),
+        registry_urls: RELAY_LINKS.map(|[_, c]| format!("http://{c}:{REGISTRY_PORT}")),
+        relay: Some((relay_ns, format!("http://127.0.0.1:{REGISTRY_PORT}"))),
+        dev: 'z',
+        name: "switchyard-relayed",
+    }
 }
 
 /// Starts `overlay` between the two namespaces and waits until `b` answers over it.
@@ -383,7 +455,8 @@ fn start(s: &Setup<'_>, overlay: Overlay, procs: &mut Tracked) -> Result<Up> {
         Overlay::Boringtun { threads } => programs::boringtun(s, threads, procs)?,
         Overlay::Nebula => programs::nebula(s, procs)?,
         Overlay::Tinc => programs::tinc(s, procs)?,
-        Overlay::Switchyard => programs::switchyard(s, procs)?,
+        Overlay::Switchyard => programs::switchyard(s, &Layout::direct(s), procs)?,
+        Overlay::SwitchyardRelayed => programs::switchyard(s, &relay_layout(s), procs)?,
     };
     wait_reachable(s, procs, &up)?;
     Ok(up)

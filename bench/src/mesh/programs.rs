@@ -281,40 +281,83 @@ fn mesh_state(code: u16, v: &Value) -> String {
     }
 }
 
-/// `switchyard client`'s configuration for `side`: only the mesh, registry in `a`.
-fn client_config(side: usize, dev: &str) -> String {
+/// `switchyard client`'s configuration: only the mesh, named `name`, its device `dev`, the
+/// registry at `registry` (plain HTTP on the bench's private veth: `insecure`), passing other
+/// members' envelopes on when `relay`.
+fn client_config(name: &str, dev: &str, registry: &str, relay: bool) -> String {
     format!(
         "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
          api: {{listen: \"127.0.0.1:{CLIENT_API_PORT}\"}}\nlogging: {{level: info}}\n\
-         mesh:\n  enabled: true\n  network_id: {NETWORK}\n  network_cidr: {SWITCHYARD_CIDR}\n  peer_name: {}\n\
+         mesh:\n  enabled: true\n  network_id: {NETWORK}\n  network_cidr: {SWITCHYARD_CIDR}\n  peer_name: {name}\n\
          \x20 device: {{type: tun, name: {dev}, mtu: {OVERLAY_MTU}}}\n\
-         \x20 discovery: {{server: \"http://{}:{REGISTRY_PORT}\", heartbeat_interval: 5s}}\n",
-        side_name(side),
-        UNDERLAY[0]
+         \x20 discovery: {{server: \"{registry}\", insecure: true, heartbeat_interval: 5s}}\n\
+         \x20 connection: {{relay_via_peers: {relay}}}\n"
     )
 }
 
-pub(super) fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
+/// Where switchyard's registry and peers run: the direct row (registry in `a`, peers `a` and
+/// `b`) or the relayed one (registry and a relaying peer in `c`, the only namespace `a` and
+/// `b` both reach).
+pub(super) struct Layout {
+    /// The namespace of the registry (`switchyard server`).
+    pub registry_ns: String,
+    /// Its API's listen address there.
+    pub registry_listen: String,
+    /// How `a` and `b` reach it.
+    pub registry_urls: [String; 2],
+    /// The relaying peer: its namespace and how it reaches the registry.
+    pub relay: Option<(String, String)>,
+    /// The letter of the overlay devices' names.
+    pub dev: char,
+    /// The workdir's name.
+    pub name: &'static str,
+}
+
+impl Layout {
+    /// The direct row: `a` and `b` over the veth between them.
+    pub fn direct(s: &Setup<'_>) -> Layout {
+        let url = format!("http://{}:{REGISTRY_PORT}", UNDERLAY[0]);
+        Layout {
+            registry_ns: s.ns(0),
+            registry_listen: format!("{}:{REGISTRY_PORT}", UNDERLAY[0]),
+            registry_urls: [url.clone(), url],
+            relay: None,
+            dev: 'y',
+            name: "switchyard",
+        }
+    }
+}
+
+/// The registry's base URL seen from its own namespace.
+fn registry_base(layout: &Layout) -> String {
+    let port = layout.registry_listen.rsplit(':').next().unwrap_or("0");
+    match layout.registry_listen.split(':').next() {
+        Some("0.0.0.0") => format!("http://127.0.0.1:{port}"),
+        _ => format!("http://{}", layout.registry_listen),
+    }
+}
+
+pub(super) fn switchyard(s: &Setup<'_>, layout: &Layout, procs: &mut Tracked) -> Result<Up> {
     let bin = s.ctx.switchyard.display().to_string();
-    let dir = s.workdir("switchyard")?;
-    let a = s.ns(0);
-    let registry = format!("http://{}:{REGISTRY_PORT}", UNDERLAY[0]);
+    let dir = s.workdir(layout.name)?;
+    let home = &layout.registry_ns;
+    let registry = registry_base(layout);
     let server_cfg = dir.join("server.yaml");
     fs::write(
         &server_cfg,
         format!(
             "server:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n  data_dir: \"{}\"\n\
-             api: {{listen: \"{}:{REGISTRY_PORT}\"}}\nlogging: {{level: info}}\n\
+             api: {{listen: \"{}\"}}\nlogging: {{level: info}}\n\
              mesh:\n  registry: {{enabled: true, lease_time: 30s}}\n",
             dir.join("server-data").display(),
-            UNDERLAY[0]
+            layout.registry_listen
         ),
     )?;
     let server_log = dir.join("server.log");
     let server = procs.spawn_under_test(
         "switchyard server (registry)",
         in_ns(
-            &a,
+            home,
             None,
             false,
             &bin,
@@ -328,7 +371,7 @@ pub(super) fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
         if let Some(reason) = procs.exited(&[server]) {
             bail!("{reason}; log: {}", tail(&server_log, 5));
         }
-        match http(&a, "GET", &networks, None) {
+        match http(home, "GET", &networks, None) {
             Ok((200, _)) => break,
             Ok((status, body)) if Instant::now() > deadline => {
                 bail!("registry: GET {networks} answers {status}: {body}")
@@ -338,7 +381,7 @@ pub(super) fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
         }
     }
     let (status, body) = http(
-        &a,
+        home,
         "POST",
         &networks,
         Some(&json!({"id": NETWORK, "name": "switchyard bench", "cidr": SWITCHYARD_CIDR})),
@@ -346,15 +389,29 @@ pub(super) fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
     if status != 201 {
         bail!("registry: creating the network answered {status}: {body}");
     }
+    // a and b, then the relay (when there is one): each with its namespace and registry URL
+    let mut members: Vec<(String, String, String, bool)> = (0..2)
+        .map(|side| {
+            (
+                side_name(side).to_string(),
+                s.ns(side),
+                layout.registry_urls[side].clone(),
+                false,
+            )
+        })
+        .collect();
+    if let Some((ns, url)) = &layout.relay {
+        members.push(("c".into(), ns.clone(), url.clone(), true));
+    }
     let mut peers = Vec::new();
     let mut logs = Vec::new();
-    for side in 0..2 {
-        let me = side_name(side);
+    for (me, ns, url, relay) in &members {
         let cfg = dir.join(format!("client-{me}.yaml"));
-        fs::write(&cfg, client_config(side, &s.names.dev('y', side)))?;
+        let dev = format!("{}{}{me}", s.names.prefix, layout.dev);
+        fs::write(&cfg, client_config(me, &dev, url, *relay))?;
         let log = dir.join(format!("client-{me}.log"));
         let cmd = in_ns(
-            &s.ns(side),
+            ns,
             None,
             false,
             &bin,
@@ -369,7 +426,7 @@ pub(super) fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
         peers.push(procs.spawn_under_test(&format!("switchyard client {me}"), cmd, &log)?);
         logs.push(log);
     }
-    // Both peers registered: b's leased address is where a pings it.
+    // Every peer registered: b's leased address is where a pings it.
     let listed = format!("{networks}/{NETWORK}/peers");
     let deadline = Instant::now() + READY_TIMEOUT;
     let target = loop {
@@ -380,16 +437,17 @@ pub(super) fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
                 tail(&logs[1], 3)
             );
         }
-        let list = http(&a, "GET", &listed, None)
+        let list = http(home, "GET", &listed, None)
             .map(|(_, v)| v)
             .unwrap_or(Value::Null);
-        if let (Some(_), Some(ip)) = (leased_ip(&list, "a"), leased_ip(&list, "b")) {
+        let all = members.iter().all(|(me, ..)| leased_ip(&list, me).is_some());
+        if let (true, Some(ip)) = (all, leased_ip(&list, "b")) {
             break ip;
         }
         if Instant::now() > deadline {
-            let status = |side: usize| {
+            let status = |ns: &str| {
                 http(
-                    &s.ns(side),
+                    ns,
                     "GET",
                     &format!("http://127.0.0.1:{CLIENT_API_PORT}/api/v1/mesh/status"),
                     None,
@@ -398,22 +456,28 @@ pub(super) fn switchyard(s: &Setup<'_>, procs: &mut Tracked) -> Result<Up> {
                 .unwrap_or_else(|e| format!("{e:#}"))
             };
             bail!(
-                "the peers did not both register within {READY_TIMEOUT:?} (client mesh status a: {}, b: {}; registry lists {}); log a: {}",
-                status(0),
-                status(1),
+                "the peers did not all register within {READY_TIMEOUT:?} (client mesh status a: {}, b: {}; registry lists {}); log a: {}",
+                status(&s.ns(0)),
+                status(&s.ns(1)),
                 list["peers"],
                 tail(&logs[0], 3)
             );
         }
         std::thread::sleep(Duration::from_millis(250));
     };
+    let note = match &layout.relay {
+        None => format!(
+            "`switchyard client` peers (whole client process measured), registry `switchyard server` in {home}, network {SWITCHYARD_CIDR}"
+        ),
+        Some((ns, _)) => format!(
+            "a and b reach only {ns} (their veth down, no IP forwarding in {ns}): `switchyard client` c there passes their end-to-end envelopes on (`relay_via_peers`); registry in {ns}; CPU and memory of a, b and c"
+        ),
+    };
     Ok(Up {
         peers,
         target,
         version: output_of(&bin, &["--version"]).filter(|v| !v.is_empty()),
-        notes: vec![format!(
-            "`switchyard client` peers (whole client process measured), registry `switchyard server` in {a}, network {SWITCHYARD_CIDR}"
-        )],
+        notes: vec![note],
     })
 }
 
@@ -461,9 +525,12 @@ mod tests {
         assert!(host.contains("Address = 10.219.0.2\n") && host.contains("Subnet = 10.219.4.2/32"));
         assert!(up.contains("10.219.4.2/24") && up.contains("mtu 1400"));
         assert!(!tinc_files(0, "symbta")[0].contains("ConnectTo"));
-        let client = client_config(1, "symbyb");
+        let client = client_config("b", "symbyb", "http://10.219.0.1:17390", false);
         assert!(client.contains("peer_name: b\n"));
-        assert!(client.contains("server: \"http://10.219.0.1:17390\""));
+        assert!(client.contains("server: \"http://10.219.0.1:17390\", insecure: true"));
         assert!(client.contains("name: symbyb"));
+        assert!(client.contains("relay_via_peers: false"));
+        let relay = client_config("c", "symbzc", "http://127.0.0.1:17390", true);
+        assert!(relay.contains("relay_via_peers: true"));
     }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{ping_count, MeshFigures, OVERLAY_MTU, REFERENCE, UNDERLAY};
+use super::{ping_count, MeshFigures, OVERLAY_MTU, REFERENCE, RELAYED, UNDERLAY};
 use crate::report::{compare, f, notes, table, verdict, version_cell, Entry, Role};
 use crate::tunnels::{one_minute, BUSY_LOAD};
 
@@ -154,6 +154,20 @@ fn targets(entries: &[Entry<MeshFigures>], reference: Option<&MeshFigures>) -> S
         let _ = writeln!(
             md,
             "- TCP {what}: switchyard / {REFERENCE} {target} (target ≥ 2×); / best peer {best}; / raw underlay {ceiling}"
+        );
+    }
+    if let Some(relayed) = entries
+        .iter()
+        .find(|e| e.program == RELAYED)
+        .and_then(Entry::valid)
+    {
+        let _ = writeln!(
+            md,
+            "- relayed through a third member (end to end: c passes ciphertext on) / direct switchyard: {} (1 stream), {} (4 streams); ping p50 {} ms against {} ms",
+            ratio(relayed.tcp_1_stream_gbit_s, sy.tcp_1_stream_gbit_s),
+            ratio(relayed.tcp_4_streams_gbit_s, sy.tcp_4_streams_gbit_s),
+            f(relayed.ping_p50_ms, 3),
+            f(sy.ping_p50_ms, 3)
         );
     }
     let best_p99 = entries
