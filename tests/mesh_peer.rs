@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::mesh::{curl_in, ping, Ws};
+use support::mesh::{curl_in, ping, ping_dont_fragment, Ws};
 use support::netns::{root_with_tools_or_skip, sh, sh_quiet};
 use support::*;
 
@@ -731,6 +731,18 @@ fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middl
         bravo.log_text()
     );
     assert!(ping(&lan.peers[2], &alpha_vip, 3), "ping charlie → alpha");
+    // the relayed way carries 60 bytes of envelope more: a packet that fills the device's
+    // 1400 bytes with "don't fragment" is answered with "fragmentation needed" (mtu 1340) from
+    // bravo's address, the kernel keeps that path MTU, and a 1340-byte packet crosses
+    let bravo_vip = vip(&bravo);
+    let (answered, said) = ping_dont_fragment(&lan.peers[0], &charlie_vip, 1400 - 28);
+    assert!(
+        !answered && said.contains(&format!("From {bravo_vip}")) && said.contains("mtu = 1340"),
+        "{said}"
+    );
+    let (answered, said) = ping_dont_fragment(&lan.peers[0], &charlie_vip, 1340 - 28);
+    assert!(answered, "{said}");
+    assert!(alpha.get("/api/v1/mesh/stats")["drops"]["too_big_for_relay"].as_u64() >= Some(1));
     let openapi = curl(&[
         "-sS",
         "--max-time",

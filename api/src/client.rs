@@ -463,6 +463,11 @@ pub struct MeshDrops {
     /// TTL spent, a source no member holds).
     #[serde(default)]
     pub relay_refused: u64,
+    /// IPv4 packets with "don't fragment" larger than a way through a relaying member carries
+    /// (the device MTU less 60 bytes of envelope): answered with ICMP "fragmentation needed"
+    /// from the relay's virtual IP, so the sender's path MTU adapts.
+    #[serde(default)]
+    pub too_big_for_relay: u64,
     /// Packets lost to a full queue or device.
     pub overflow: u64,
     /// Routing control messages refused (malformed, stale, from a non-neighbour, a flood

@@ -21,6 +21,29 @@ pub fn ping(ns: &str, ip: &str, count: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// One `ping -M do -s <size>` (don't fragment) from namespace `ns`: whether it was answered,
+/// and what ping printed (an ICMP "fragmentation needed" shows as `Frag needed … (mtu = N)`).
+pub fn ping_dont_fragment(ns: &str, ip: &str, size: usize) -> (bool, String) {
+    let out = Command::new("ip")
+        .args([
+            "netns", "exec", ns, "ping", "-n", "-c", "1", "-W", "2", "-M", "do", "-s",
+        ])
+        .arg(size.to_string())
+        .arg(ip)
+        .output();
+    match out {
+        Ok(o) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
 /// `curl -sS --max-time <secs> <url>` from namespace `ns`.
 pub fn curl_in(ns: &str, secs: u32, url: &str) -> std::process::Output {
     Command::new("ip")

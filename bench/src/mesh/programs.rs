@@ -440,7 +440,9 @@ pub(super) fn switchyard(s: &Setup<'_>, layout: &Layout, procs: &mut Tracked) ->
         let list = http(home, "GET", &listed, None)
             .map(|(_, v)| v)
             .unwrap_or(Value::Null);
-        let all = members.iter().all(|(me, ..)| leased_ip(&list, me).is_some());
+        let all = members
+            .iter()
+            .all(|(me, ..)| leased_ip(&list, me).is_some());
         if let (true, Some(ip)) = (all, leased_ip(&list, "b")) {
             break ip;
         }

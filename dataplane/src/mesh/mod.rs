@@ -247,6 +247,10 @@ pub struct MeshTotals {
     pub relay_refused: AtomicU64,
     /// Envelopes of other members' sessions passed on towards their destination.
     pub relayed: AtomicU64,
+    /// IPv4 packets with "don't fragment" too large for a way through a relaying member
+    /// (the device MTU less an envelope's [`wire::ENVELOPE_OVERHEAD`]): answered with ICMP
+    /// "fragmentation needed", so the sender's path MTU adapts.
+    pub too_big_for_relay: AtomicU64,
     /// Packets dropped because a queue or the device was full.
     pub overflow: AtomicU64,
     pub modes: ModeCounters,
@@ -371,6 +375,8 @@ pub struct MeshSettings {
     pub relay_via_peers: bool,
     /// TAP mode: the device carries Ethernet frames, sent to peers as EtherIP.
     pub layer2: bool,
+    /// `mesh.device.mtu`: what the device passes in one packet.
+    pub device_mtu: u32,
     /// NAT traversal: candidates, STUN and TURN servers, the path policy.
     pub nat: NatSettings,
 }

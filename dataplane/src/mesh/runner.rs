@@ -1081,10 +1081,39 @@ impl Mesh {
             self.shared.totals.no_route.fetch_add(1, Relaxed);
             return;
         };
+        if let Way::Through(relay) = way {
+            if self.too_big_for_relay(relay, packet) {
+                return;
+            }
+        }
         // boringtun queues the packet itself while a handshake is under way
         if let TunnResult::WriteToNetwork(d) = s.tunn.encapsulate(packet, &mut self.scratch) {
             let d = d.to_vec();
             self.send_of(s, way, d);
+        }
+    }
+
+    /// Whether `packet` cannot go through the relaying member `relay` in one piece: an IPv4
+    /// packet with "don't fragment" larger than the device MTU less an envelope. The device
+    /// gets ICMP "fragmentation needed" from the relay's virtual IP (not ours: the kernel drops
+    /// a packet from its own address), so the sender's path MTU to that peer adapts instead of
+    /// every relayed datagram being fragmented on the underlay. TAP frames are not checked.
+    fn too_big_for_relay(&mut self, relay: u32, packet: &[u8]) -> bool {
+        let mtu = self.settings.device_mtu as usize;
+        if self.settings.layer2 || packet.len() + wire::ENVELOPE_OVERHEAD <= mtu {
+            return false;
+        }
+        let Some(router) = self.sessions.get(&relay).map(|r| r.entry.vip) else {
+            return false;
+        };
+        let fits = u16::try_from(mtu.saturating_sub(wire::ENVELOPE_OVERHEAD)).unwrap_or(u16::MAX);
+        match wire::fragmentation_needed(packet, router, fits) {
+            Some(icmp) => {
+                self.shared.totals.too_big_for_relay.fetch_add(1, Relaxed);
+                self.write_device(&icmp);
+                true
+            }
+            None => false,
         }
     }
 
@@ -1344,6 +1373,7 @@ mod tests {
             connect_timeout: Duration::from_secs(30),
             relay_via_peers: false,
             layer2: false,
+            device_mtu: 1400,
             nat: crate::mesh::NatSettings::default(),
         };
         Side {
@@ -1583,6 +1613,37 @@ mod tests {
         assert_relay_read_nothing_of(&sides[1], &[b"two hops", b"back"]);
         assert!(device_bytes(&mut sides[1]).is_empty());
         assert!(sides[1].mesh.shared.totals.relayed.load(Relaxed) >= 4);
+
+        // the largest packet the device passes does not fit an envelope in one underlay
+        // datagram: with "don't fragment" (wire::udp_packet sets it) 0's device is told the
+        // relayed way's MTU by ICMP from the relay's address; one that fits still goes
+        let fits = 1400 - wire::ENVELOPE_OVERHEAD;
+        let big = wire::udp_packet(v0, v2, 5002, &vec![7; fits + 1 - 28]);
+        take_device(&mut sides[0]);
+        take_device(&mut sides[2]);
+        sides[0].mesh.send_to_mesh(&big);
+        let icmp = take_device(&mut sides[0]);
+        assert_eq!(
+            wire::ipv4_addresses(&icmp),
+            Some((v1, v0)),
+            "from the relay to 0"
+        );
+        assert_eq!((icmp[20], icmp[21]), (3, 4), "fragmentation needed");
+        assert_eq!(u16::from_be_bytes([icmp[26], icmp[27]]) as usize, fits);
+        assert_eq!(&icmp[28..48], &big[..20], "quotes the packet's header");
+        assert_eq!(
+            sides[0].mesh.shared.totals.too_big_for_relay.load(Relaxed),
+            1
+        );
+        pump(&mut sides, (0, 2));
+        assert!(
+            take_device(&mut sides[2]).is_empty(),
+            "the big packet stayed"
+        );
+        let most = wire::udp_packet(v0, v2, 5003, &vec![7; fits - 28]);
+        sides[0].mesh.send_to_mesh(&most);
+        pump(&mut sides, (0, 2));
+        assert_eq!(take_device(&mut sides[2]), most);
 
         // without relaying, 1 offers no routes: a fresh 0 learns nothing about 2
         let mut sides = vec![side(1, 1), side(2, 2), side(3, 3)];

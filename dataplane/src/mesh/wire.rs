@@ -145,6 +145,38 @@ pub fn udp_packet(src: Ipv4Addr, dst: Ipv4Addr, port: u16, payload: &[u8]) -> Ve
     ipv4_packet(src, dst, 17, &udp)
 }
 
+/// What a relay envelope adds to the WireGuard datagram it carries: its IPv4 and UDP headers,
+/// then the next hop's session's data header (16 bytes) and tag (16 bytes).
+pub const ENVELOPE_OVERHEAD: usize = 20 + 8 + 32;
+
+const IPPROTO_ICMP: u8 = 1;
+
+/// ICMP "destination unreachable, fragmentation needed" (RFC 792, next-hop MTU per RFC 1191)
+/// from `router` to the sender of the IPv4 `packet`, which has "don't fragment" set and does
+/// not fit `mtu`: the IP header and the first 8 bytes of the packet quoted. `None` for anything
+/// else — no DF, it fits, not IPv4, truncated, or itself an ICMP error (never answered,
+/// RFC 1122 §3.2.2).
+pub fn fragmentation_needed(packet: &[u8], router: Ipv4Addr, mtu: u16) -> Option<Vec<u8>> {
+    let header = packet.get(..20)?;
+    let ihl = usize::from(header[0] & 0x0F) * 4;
+    let dont_fragment = header[6] & 0x40 != 0;
+    if header[0] >> 4 != 4 || ihl < 20 || !dont_fragment || packet.len() <= usize::from(mtu) {
+        return None;
+    }
+    let quoted = packet.get(..ihl + 8)?;
+    // only echo requests among ICMP messages: errors and the rest are not answered
+    if header[9] == IPPROTO_ICMP && quoted[ihl] != 8 {
+        return None;
+    }
+    let mut icmp = vec![3, 4, 0, 0, 0, 0];
+    icmp.extend_from_slice(&mtu.to_be_bytes());
+    icmp.extend_from_slice(quoted);
+    let sum = checksum(&icmp);
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    let sender = Ipv4Addr::new(header[12], header[13], header[14], header[15]);
+    Some(ipv4_packet(router, sender, IPPROTO_ICMP, &icmp))
+}
+
 /// IP protocol number of EtherIP (RFC 3378).
 pub const ETHERIP: u8 = 97;
 /// The EtherIP header: version 3, reserved bits 0.
@@ -244,6 +276,41 @@ mod tests {
         assert_eq!(etherip_frame(&p), Some(&frame[..]));
         assert_eq!(etherip_frame(&udp_packet(a, b, 1, &frame)), None);
         assert_eq!(etherip_frame(&p[..30]), None, "truncated");
+    }
+
+    #[test]
+    fn fragmentation_needed_quotes_the_packet_and_answers_only_what_it_must() {
+        let (a, b, relay) = (
+            Ipv4Addr::new(10, 1, 0, 1),
+            Ipv4Addr::new(10, 1, 0, 2),
+            Ipv4Addr::new(10, 1, 0, 9),
+        );
+        let big = udp_packet(a, b, 7000, &[1; 1372]);
+        let icmp = fragmentation_needed(&big, relay, 1340).expect("an answer");
+        assert_eq!(ipv4_addresses(&icmp), Some((relay, a)));
+        assert_eq!(checksum(&icmp[..20]), 0);
+        assert_eq!(checksum(&icmp[20..]), 0, "the ICMP checksum verifies");
+        assert_eq!((icmp[20], icmp[21]), (3, 4));
+        assert_eq!(&icmp[24..28], &[0, 0, 0x05, 0x3c], "next-hop MTU 1340");
+        assert_eq!(&icmp[28..], &big[..28], "header and 8 bytes quoted");
+        // it fits; no DF; an ICMP error; truncated or not IPv4: no answer
+        assert!(fragmentation_needed(&big, relay, 1400).is_none());
+        let mut may_fragment = big.clone();
+        may_fragment[6] = 0;
+        assert!(fragmentation_needed(&may_fragment, relay, 1340).is_none());
+        let error = ipv4_packet(a, b, IPPROTO_ICMP, &[3; 1400]);
+        assert!(fragmentation_needed(&error, relay, 1340).is_none());
+        let echo = ipv4_packet(a, b, IPPROTO_ICMP, &[8; 1400]);
+        assert!(fragmentation_needed(&echo, relay, 1340).is_some());
+        for cut in 0..28 {
+            assert!(
+                fragmentation_needed(&big[..cut], relay, 10).is_none(),
+                "{cut}"
+            );
+        }
+        let mut v6 = big.clone();
+        v6[0] = 0x65;
+        assert!(fragmentation_needed(&v6, relay, 1340).is_none());
     }
 
     #[test]

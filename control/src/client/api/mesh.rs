@@ -128,6 +128,7 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             handshake_cookies: t.handshake_cookies.load(Relaxed),
             no_route: t.no_route.load(Relaxed),
             relay_refused: t.relay_refused.load(Relaxed),
+            too_big_for_relay: t.too_big_for_relay.load(Relaxed),
             overflow: t.overflow.load(Relaxed),
             control_dropped: t.control_dropped.load(Relaxed),
             route_claims_refused: t.route_claims_refused.load(Relaxed),

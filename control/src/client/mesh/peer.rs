@@ -323,6 +323,7 @@ impl PeerTask {
                 connect_timeout: self.cfg.connection.connect_timeout.as_std(),
                 relay_via_peers: self.cfg.connection.relay_via_peers,
                 layer2: self.mac.is_some(),
+                device_mtu: self.cfg.device.mtu,
                 nat: self.nat_settings().await,
             },
             shared: self.live.shared.clone(),
