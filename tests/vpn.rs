@@ -1456,16 +1456,27 @@ fn syvpn_failed_enable_is_an_error_and_leaves_nothing() {
 /// The IPv6 address [`dns_scenario`]'s dnsmasq listens on besides [`DNS`].
 const DNS6: &str = "fd00:211:9::53";
 
+/// One question of [`dns_questions`]: where it went and its type, what came back, what should.
+struct Question {
+    asked: String,
+    got: String,
+    want: &'static str,
+}
+
 /// A process of `cgroup` (no app) asks each DNS server, over IPv4 and over IPv6, for the A and
-/// the AAAA record of a fresh name under `dual.test`; what it got, one line per question.
-fn dns_questions(topo: &Topo, cgroup: &Path, tag: &str) -> Vec<String> {
+/// the AAAA record of a fresh name under `dual.test`.
+fn dns_questions(topo: &Topo, cgroup: &Path, tag: &str) -> Vec<Question> {
     let servers = [format!("{DNS}:53"), format!("[{DNS6}]:53")];
     let mut got = Vec::new();
     for (i, server) in servers.iter().enumerate() {
         for (qtype, want) in [(1, "10.211.9.1"), (28, ORIGIN6)] {
             let name = format!("{tag}{i}q{qtype}.dual.test");
-            let r = topo.probe(cgroup, "dns-ask", &format!("{server} {name} {qtype}"));
-            got.push(format!("{server} type {qtype}: {r} (want {want})"));
+            let asked = format!("{server} {name} {qtype}");
+            got.push(Question {
+                got: topo.probe(cgroup, "dns-ask", &asked),
+                asked,
+                want,
+            });
         }
     }
     got
@@ -1477,12 +1488,10 @@ fn assert_dns_intercepted(topo: &Topo, client: &Client, cgroup: &Path, tag: &str
     let capture = topo.capture_dns();
     let got = dns_questions(topo, cgroup, tag);
     let leaked = capture.packets();
-    let wrong: Vec<&String> = got
+    let wrong: Vec<String> = got
         .iter()
-        .filter(|l| {
-            let (answer, want) = l.split_once(" (want ").unwrap_or_default();
-            !answer.ends_with(&format!("answer={}", want.trim_end_matches(')')))
-        })
+        .filter(|q| q.got != format!("answer={}", q.want))
+        .map(|q| format!("{}: {} (wanted {})", q.asked, q.got, q.want))
         .collect();
     assert!(wrong.is_empty(), "{tag}: {wrong:#?}\n{}", client.log());
     assert!(
@@ -1599,9 +1608,14 @@ fn dns_scenario(classifier: &str) {
     for server in [DNS, DNS6] {
         assert!(
             seen.iter().any(|l| l.contains(&format!("{server}.53"))),
-            "the capture saw no direct DNS to {server}: {seen:#?}\n{got:#?}"
+            "the capture saw no direct DNS to {server}: {seen:#?}"
         );
     }
+    let direct: Vec<&String> = got.iter().map(|q| &q.got).collect();
+    assert!(
+        got.iter().all(|q| q.got == format!("answer={}", q.want)),
+        "direct answers: {direct:?}"
+    );
     assert_eq!(topo.leftovers(), Vec::<String>::new());
 }
 

@@ -52,7 +52,11 @@ async fn listen6_answers_on_ipv6_loopback_from_the_same_cache() {
     .await;
     let at6 = dns.local_addr6().expect("IPv6 listeners");
     assert_eq!(at6.ip(), ip("::1"));
-    assert_eq!(at6.port(), dns.local_addr().port(), "the same port when free");
+    assert_eq!(
+        at6.port(),
+        dns.local_addr().port(),
+        "the same port when free"
+    );
     let out = dig(at6, &["a.test", "AAAA", "+short"]).await;
     assert_eq!(out.trim(), "2001:db8::3");
     let out = dig(at6, &["a.test", "A", "+short", "+tcp"]).await;
