@@ -233,6 +233,38 @@ fn resolve6_then_connect(server: SocketAddr, name: &str) -> String {
     format!("ip={ip} seen={seen}")
 }
 
+/// Asks `server` over UDP for the records of type `qtype` (1 = A, 28 = AAAA) of `name`:
+/// `answer=<address of the last record>`, `answer=none` for an empty answer or `answer=silence`
+/// when no answer came from `server` itself (a redirected question's answer must appear to).
+fn dns_ask(server: SocketAddr, name: &str, qtype: u8) -> String {
+    let any = if server.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    };
+    let sock = std::net::UdpSocket::bind(any).expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    sock.send_to(&dns_query_of(name, qtype), server)
+        .expect("send");
+    let mut buf = [0u8; 1500];
+    let reply = match sock.recv_from(&mut buf) {
+        Ok((n, from)) if from == server => &buf[..n],
+        _ => return "answer=silence".into(),
+    };
+    let answers = u16::from_be_bytes([reply[6], reply[7]]);
+    let size = if qtype == 28 { 16 } else { 4 };
+    if answers == 0 || reply.len() < 12 + size {
+        return "answer=none".into();
+    }
+    let data = &reply[reply.len() - size..];
+    let ip = match <[u8; 16]>::try_from(data) {
+        Ok(octets) => std::net::IpAddr::from(octets),
+        Err(_) => std::net::IpAddr::from([data[0], data[1], data[2], data[3]]),
+    };
+    format!("answer={ip}")
+}
+
 /// The address of the one A record of an answer (its last four bytes), if it has an answer.
 fn dns_answer(reply: &[u8]) -> Option<String> {
     let answers = u16::from_be_bytes([*reply.get(6)?, *reply.get(7)?]);
@@ -318,6 +350,20 @@ fn helper() {
             let _ = stream.shutdown(std::net::Shutdown::Write);
             let closed = matches!(stream.read(&mut [0u8; 16]), Ok(0));
             result(&format!("seen={seen} sent={sent} closed={closed}"));
+        }
+        // SYVPN_ARG = "dns-server-address name qtype"
+        "dns-ask" => {
+            let mut words = arg.split(' ');
+            let (Some(server), Some(name), Some(qtype)) =
+                (words.next(), words.next(), words.next())
+            else {
+                panic!("dns-ask: {arg:?}");
+            };
+            result(&dns_ask(
+                server.parse().expect("server"),
+                name,
+                qtype.parse().expect("qtype"),
+            ));
         }
         // SYVPN_ARG = "dns-server-address name"
         "resolve-tcp" => {
@@ -615,8 +661,24 @@ impl Topo {
 
     /// dnsmasq on 10.211.9.53 in the internet namespace, logging queries; returns the log path.
     fn start_dnsmasq(&mut self) -> PathBuf {
+        self.start_dnsmasq_on(&[DNS])
+    }
+
+    /// dnsmasq on each of `addresses` (IPv4 or IPv6, added to the internet namespace's
+    /// loopback), logging queries; returns the log path.
+    fn start_dnsmasq_on(&mut self, addresses: &[&str]) -> PathBuf {
         let log = self.dir.path().join("dnsmasq.log");
-        sh(&format!("ip -n {} addr add {DNS}/32 dev lo", self.net));
+        for a in addresses {
+            let (prefix, nodad) = if a.contains(':') {
+                (128, "nodad")
+            } else {
+                (32, "")
+            };
+            sh(&format!(
+                "ip -n {} addr add {a}/{prefix} dev lo {nodad}",
+                self.net
+            ));
+        }
         let child = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", self.net))
             .args([
@@ -627,12 +689,15 @@ impl Topo {
                 "--no-hosts",
                 "--user=root",
                 "--bind-interfaces",
-                &format!("--listen-address={DNS}"),
+                &format!("--listen-address={}", addresses.join(",")),
                 "--address=/a.tun.test/10.211.9.2",
                 // an IPv6-only name (AAAA; its A question gets no address)
                 &format!("--address=/v6.tun.test/{NAMED6}"),
                 // b.plain.test, c.plain.test, … (each question a name not cached yet)
                 "--address=/plain.test/10.211.9.1",
+                // x.dual.test, y.dual.test, …: an A and an AAAA record each
+                "--address=/dual.test/10.211.9.1",
+                &format!("--address=/dual.test/{ORIGIN6}"),
                 "--log-queries",
                 // answers of --address carry TTL 0 unless told otherwise: nothing would be cached
                 "--local-ttl=300",
@@ -648,7 +713,9 @@ impl Topo {
             .expect("dnsmasq");
         self.children.push(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !sh_quiet(&format!("nsenter --net=/run/netns/{} ss -lnu", self.net)).contains(DNS) {
+        while !addresses.iter().all(|a| {
+            sh_quiet(&format!("nsenter --net=/run/netns/{} ss -lnu", self.net)).contains(a)
+        }) {
             assert!(Instant::now() < deadline, "dnsmasq did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -1386,26 +1453,70 @@ fn syvpn_failed_enable_is_an_error_and_leaves_nothing() {
     );
 }
 
-/// DNS interception: a domain rule steers what its names resolve to into the VPN, repeated
-/// questions are answered from the resolver's cache (dnsmasq sees one), and with everything
-/// tunnelled no DNS packet leaves by the lan link — which a capture shows it does without the VPN.
-#[test]
-fn syvpn_dns_domain_rule_cache_and_no_leak() {
-    if !tools_or_skip("syvpn_dns_domain_rule_cache_and_no_leak")
-        || support::require("dnsmasq").is_none()
-        || support::require("tcpdump").is_none()
-    {
-        return;
+/// The IPv6 address [`dns_scenario`]'s dnsmasq listens on besides [`DNS`].
+const DNS6: &str = "fd00:211:9::53";
+
+/// One question of [`dns_questions`]: where it went and its type, what came back, what should.
+struct Question {
+    asked: String,
+    got: String,
+    want: &'static str,
+}
+
+/// A process of `cgroup` (no app) asks each DNS server, over IPv4 and over IPv6, for the A and
+/// the AAAA record of a fresh name under `dual.test`.
+fn dns_questions(topo: &Topo, cgroup: &Path, tag: &str) -> Vec<Question> {
+    let servers = [format!("{DNS}:53"), format!("[{DNS6}]:53")];
+    let mut got = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        for (qtype, want) in [(1, "10.211.9.1"), (28, ORIGIN6)] {
+            let name = format!("{tag}{i}q{qtype}.dual.test");
+            let asked = format!("{server} {name} {qtype}");
+            got.push(Question {
+                got: topo.probe(cgroup, "dns-ask", &asked),
+                asked,
+                want,
+            });
+        }
     }
+    got
+}
+
+/// Asserts every question of [`dns_questions`] was answered with its record, and none of them
+/// (nor anything else on port 53) crossed the lan link.
+fn assert_dns_intercepted(topo: &Topo, client: &Client, cgroup: &Path, tag: &str) {
+    let capture = topo.capture_dns();
+    let got = dns_questions(topo, cgroup, tag);
+    let leaked = capture.packets();
+    let wrong: Vec<String> = got
+        .iter()
+        .filter(|q| q.got != format!("answer={}", q.want))
+        .map(|q| format!("{}: {} (wanted {})", q.asked, q.got, q.want))
+        .collect();
+    assert!(wrong.is_empty(), "{tag}: {wrong:#?}\n{}", client.log());
+    assert!(
+        leaked.is_empty(),
+        "{tag}: DNS left by the lan link: {leaked:#?}\n{}",
+        client.log()
+    );
+}
+
+/// DNS interception (with the given classifier): a domain rule steers what its names resolve to
+/// into the VPN, repeated questions are answered from the resolver's cache (dnsmasq sees one),
+/// and while the VPN is on no DNS packet leaves by the lan link — questions for A and AAAA
+/// records asked over IPv4 and over IPv6, in include mode by a process that is no app and in
+/// exclude mode — which a capture shows it does without the VPN.
+fn dns_scenario(classifier: &str) {
     let mut topo = Topo::new();
+    let _far = topo.add_ipv6();
     topo.start_origins();
-    let dns_log = topo.start_dnsmasq();
+    let dns_log = topo.start_dnsmasq_on(&[DNS, DNS6]);
     let server = topo.start_server();
     let yaml = topo
         .client_yaml(
             server,
             true,
-            "ebpf",
+            classifier,
             "{mode: include, domains: [\"*.tun.test\"]}",
         )
         .replace(
@@ -1415,6 +1526,7 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
     let client = topo.start_client(&yaml);
     let status = client.ok("GET", "/api/v1/vpn/status", None);
     assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    assert_eq!(status["mechanism"], classifier, "{status}");
     assert_eq!(status["dns"], serde_json::json!([DNS]));
     assert_eq!(status["dns_servers"], status["dns"]);
 
@@ -1442,6 +1554,10 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
     assert_eq!(cache["enabled"], true, "{cache}");
     assert!(cache.to_string().contains("a.tun.test"), "{cache}");
 
+    // include mode, a process that is no app: its flows go direct, its DNS does not — over
+    // IPv4 or IPv6, for A or AAAA
+    assert_dns_intercepted(&topo, &client, &topo.exc, "inc");
+
     // everything tunnelled: no DNS packet on the lan link, yet the name resolves
     client.ok(
         "PUT",
@@ -1453,6 +1569,7 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
     assert_eq!(r, "ip=10.211.9.1 seen=10.211.9.1", "{}", client.log());
     let leaked = capture.packets();
     assert!(leaked.is_empty(), "DNS left by the lan link: {leaked:?}");
+    assert_dns_intercepted(&topo, &client, &topo.exc, "exc");
 
     // disconnected, every flow goes direct and the running VPN's resolver follows at once: the
     // next question crosses the lan link; connected again, questions go through the server
@@ -1481,17 +1598,45 @@ fn syvpn_dns_domain_rule_cache_and_no_leak() {
         "DNS left by the lan link after reconnecting: {leaked:?}"
     );
 
-    // without the VPN the same question does cross the link (the capture would see a leak)
+    // without the VPN the same questions do cross the link (the capture would see a leak)
     client.ok("POST", "/api/v1/vpn/disable", None);
     let capture = topo.capture_dns();
     let r = topo.resolve_and_connect(&topo.exc, "c.plain.test");
     assert_eq!(r, format!("ip=10.211.9.1 seen={DIRECT}"));
+    let got = dns_questions(&topo, &topo.exc, "off");
     let seen = capture.packets();
+    for server in [DNS, DNS6] {
+        assert!(
+            seen.iter().any(|l| l.contains(&format!("{server}.53"))),
+            "the capture saw no direct DNS to {server}: {seen:#?}"
+        );
+    }
+    let direct: Vec<&String> = got.iter().map(|q| &q.got).collect();
     assert!(
-        seen.iter().any(|l| l.contains(&format!("{DNS}.53"))),
-        "the capture saw no direct DNS: {seen:?}"
+        got.iter().all(|q| q.got == format!("answer={}", q.want)),
+        "direct answers: {direct:?}"
     );
     assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+#[test]
+fn syvpn_ebpf_dns_domain_rule_cache_and_no_leak_v4_v6() {
+    if tools_or_skip("syvpn_ebpf_dns_domain_rule_cache_and_no_leak_v4_v6")
+        && support::require("dnsmasq").is_some()
+        && support::require("tcpdump").is_some()
+    {
+        dns_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syvpn_nftables_dns_domain_rule_cache_and_no_leak_v4_v6() {
+    if tools_or_skip("syvpn_nftables_dns_domain_rule_cache_and_no_leak_v4_v6")
+        && support::require("dnsmasq").is_some()
+        && support::require("tcpdump").is_some()
+    {
+        dns_scenario("nftables");
+    }
 }
 
 /// Fresh processes one after another, each a copy of this test binary started in the `exc`
@@ -1657,6 +1802,99 @@ fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
     ));
     let records: serde_json::Value = serde_json::from_str(&dump).unwrap_or_default();
     assert_eq!(records, serde_json::json!([]), "{dump}");
+
+    client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+/// The processes the exec hook recorded (`sy_app_tgids` keys), read with bpftool from the pins
+/// of the client at `data_dir`.
+fn recorded_app_tgids(data_dir: &Path) -> Vec<u32> {
+    let pinned = data_dir.join("bpffs/maps/sy_app_tgids");
+    let dump = sh_quiet(&format!(
+        "bpftool -j map dump pinned '{}'",
+        pinned.display()
+    ));
+    let records: serde_json::Value = serde_json::from_str(&dump).unwrap_or_default();
+    let key = |record: &serde_json::Value| -> Option<u32> {
+        // with BTF bpftool adds the typed form; else the key's bytes, "0x.." each, little endian
+        if let Some(k) = record["formatted"]["key"].as_u64() {
+            return u32::try_from(k).ok();
+        }
+        let bytes = record["key"]
+            .as_array()?
+            .iter()
+            .map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        Some(u32::from_le_bytes(bytes.try_into().ok()?))
+    };
+    records
+        .as_array()
+        .map(|all| all.iter().filter_map(key).collect())
+        .unwrap_or_default()
+}
+
+/// The exec hook acts only in the client's network namespace: a process named like a name rule
+/// started in a bystander namespace whose processes share the scope cgroups is not recorded as
+/// an app and reaches its own origin untouched, while the same image started in the client's
+/// namespace is recorded and tunnelled.
+#[test]
+fn syvpn_ebpf_exec_hook_leaves_a_bystander_namespace_alone() {
+    if !tools_or_skip("syvpn_ebpf_exec_hook_leaves_a_bystander_namespace_alone") {
+        return;
+    }
+    let mut topo = Topo::new();
+    topo.start_origins();
+    let server = topo.start_server();
+    let bystander = Bystander::new(&topo);
+    let bin = topo.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    let by_name = bin.join("syapp-by-name");
+    let exe = std::env::current_exe().expect("test exe");
+    if std::fs::hard_link(&exe, &by_name).is_err() {
+        std::fs::copy(&exe, &by_name).expect("copy the test binary");
+    }
+    let split = "{mode: include, apps: [{name: syapp-by-name}]}";
+    let client = topo.start_client(&topo.client_yaml(server, true, "ebpf", split));
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+
+    // the app, started in each namespace (the scope's exc cgroup), holding its connection
+    let hold = |netns: &str, dst: &str| {
+        let mut child = netns::helper_copy_in(
+            netns,
+            Some(&topo.exc),
+            &by_name,
+            ("SYVPN_HELPER", "SYVPN_ARG"),
+            "tcp-hold",
+            dst,
+        )
+        .spawn()
+        .expect("app");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let seen = next_result(&mut out);
+        (child, seen)
+    };
+    let (mut own, own_seen) = hold(&topo.lan, "10.211.9.1:8080");
+    let (mut other, other_seen) = hold(&bystander.ns, "127.0.0.1:8080");
+    let recorded = recorded_app_tgids(&topo.data_dir());
+    assert_eq!(own_seen, "seen=10.211.9.1", "{}", client.log());
+    assert_eq!(other_seen, "seen=127.0.0.1", "{}", client.log());
+    assert!(
+        recorded.contains(&own.id()),
+        "the app in the client's namespace ({}) is recorded: {recorded:?}",
+        own.id()
+    );
+    assert!(
+        !recorded.contains(&other.id()),
+        "the bystander's process ({}) is recorded: {recorded:?}",
+        other.id()
+    );
+    for child in [&mut own, &mut other] {
+        drop(child.stdin.take());
+        let _ = child.wait();
+    }
+    bystander.assert_untouched(&topo, &client);
 
     client.ok("POST", "/api/v1/vpn/disable", None);
     assert_eq!(topo.leftovers(), Vec::<String>::new());
@@ -1913,9 +2151,20 @@ fn syquic_vpn_udp_and_tcp_through_a_quic_server() {
 /// `curl -6` of the IPv6 HTTP origin at `[ip]:8086` by a process of `cgroup` in the lan
 /// namespace: (curl's exit code, body, stderr).
 fn curl6(topo: &Topo, cgroup: &Path, ip: &str) -> (i32, Vec<u8>, String) {
+    curl_origin(topo, cgroup, ip)
+}
+
+/// `curl` of the HTTP origin at `ip`:8086 (IPv4 or IPv6, which that origin listens on both)
+/// by a process of `cgroup` in the lan namespace: (curl's exit code, body, stderr).
+fn curl_origin(topo: &Topo, cgroup: &Path, ip: &str) -> (i32, Vec<u8>, String) {
+    let (family, url) = if ip.contains(':') {
+        ("-6", format!("http://[{ip}]:8086/"))
+    } else {
+        ("-4", format!("http://{ip}:8086/"))
+    };
     let out = in_netns(&topo.lan, Some(cgroup), Path::new("curl"))
-        .args(["-sS", "-6", "--max-time", "20"])
-        .arg(format!("http://[{ip}]:8086/"))
+        .args(["-sS", family, "--max-time", "20"])
+        .arg(url)
         .output()
         .expect("curl");
     (
@@ -1931,6 +2180,23 @@ fn curl6_seen(topo: &Topo, cgroup: &Path, ip: &str) -> String {
     assert_eq!(code, 0, "curl -6 [{ip}]: {err}");
     let body = String::from_utf8_lossy(&body).into_owned();
     body.lines().next().unwrap_or_default().to_string()
+}
+
+/// The status reports the TUN's IPv6 address (the one the device carries) and gateway beside
+/// the IPv4 ones (the defaults of `vpn.tun.address6` and `gateway6`).
+fn assert_tun6_in_status(topo: &Topo, status: &serde_json::Value) {
+    assert_eq!(status["ip6"], "fd7a:5359:5400::2", "{status}");
+    assert_eq!(status["gateway6"], "fd7a:5359:5400::1", "{status}");
+    assert_eq!(status["ip"], "10.255.0.2", "{status}");
+    let addrs = sh(&format!(
+        "ip -n {} -j -6 addr show dev {}",
+        topo.lan,
+        topo.tun()
+    ));
+    assert!(
+        addrs.contains("\"local\":\"fd7a:5359:5400::2\""),
+        "the TUN carries another IPv6 address: {addrs}"
+    );
 }
 
 /// IPv6 through the VPN (with the given classifier), the server a SOCKS5 proxy that reaches
@@ -1967,6 +2233,7 @@ fn ipv6_scenario(classifier: &str) {
     let client = topo.start_client(&yaml);
     let status = client.ok("GET", "/api/v1/vpn/status", None);
     assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    assert_tun6_in_status(&topo, &status);
 
     // the included app's IPv6 flow crosses the TUN and the server: the origin sees the
     // server's own address, and the body arrives byte for byte
@@ -2048,5 +2315,72 @@ fn syv6_nftables_ipv6_tcp_udp_aaaa_and_fail_closed() {
         && support::require("dnsmasq").is_some()
     {
         ipv6_scenario("nftables");
+    }
+}
+
+/// Fail closed when the server is down (with the given classifier): an included app's IPv4 and
+/// IPv6 flows go through the SOCKS5 server while it runs; once it is gone, each is refused at once
+/// (a reset, not left to curl's timeout) and none is sent direct — the origin, which the lan
+/// reaches directly, sees the next direct connection as its first since.
+fn server_down_scenario(classifier: &str) {
+    let mut topo = Topo::named("syv6");
+    let _far = topo.add_ipv6();
+    let mut origin_seen = topo.start_helper(&topo.net.clone(), "http6-origin", "8086");
+    topo.start_server();
+    let socks = topo.server_socks5();
+    let split = format!(
+        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}]}}",
+        topo.inc.display()
+    );
+    let yaml = topo
+        .client_yaml(socks, true, classifier, &split)
+        .replace("protocol: HTTP", "protocol: SOCKS5");
+    let client = topo.start_client(&yaml);
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+
+    // the origin listens on [::]: an IPv4 peer shows as an IPv4-mapped address
+    let origins = [("10.211.9.1", "::ffff:10.211.9.1"), (ORIGIN6, ORIGIN6)];
+    for (ip, server_side) in origins {
+        let (code, _, err) = curl_origin(&topo, &topo.inc, ip);
+        assert_eq!(code, 0, "{ip} through the server: {err}\n{}", client.log());
+        assert_eq!(next_result(&mut origin_seen), format!("seen={server_side}"));
+    }
+
+    topo.server = None; // killed: nothing listens on its address any more
+    for (ip, _) in origins {
+        let (code, _, err) = curl_origin(&topo, &topo.inc, ip);
+        assert!(
+            code != 0 && code != 28,
+            "{ip} with the server down: exit {code}: {err}\n{}",
+            client.log()
+        );
+    }
+    // the next connection the origin sees is the excluded cgroup's direct one
+    let (code, _, err) = curl_origin(&topo, &topo.exc, ORIGIN6);
+    assert_eq!(code, 0, "direct: {err}");
+    assert_eq!(
+        next_result(&mut origin_seen),
+        format!("seen={DIRECT6}"),
+        "a refused flow reached the origin\n{}",
+        client.log()
+    );
+
+    let v = client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(v["status"], "disabled");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+#[test]
+fn syv6_ebpf_server_down_refuses_ipv4_and_ipv6_never_direct() {
+    if tools_or_skip("syv6_ebpf_server_down_refuses_ipv4_and_ipv6_never_direct") {
+        server_down_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syv6_nftables_server_down_refuses_ipv4_and_ipv6_never_direct() {
+    if tools_or_skip("syv6_nftables_server_down_refuses_ipv4_and_ipv6_never_direct") {
+        server_down_scenario("nftables");
     }
 }

@@ -235,6 +235,13 @@ pub struct VpnStatus {
     pub gateway: String,
     pub ip: String,
     pub local_ip: String,
+    /// The TUN's IPv6 address (`vpn.tun.address6` without its prefix); empty without IPv6
+    /// (extension).
+    #[serde(default)]
+    pub ip6: String,
+    /// The TUN's IPv6 gateway (`vpn.tun.gateway6`); empty without IPv6 (extension).
+    #[serde(default)]
+    pub gateway6: String,
     pub dns: Vec<String>,
     pub dns_servers: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -58,6 +58,9 @@ pub struct ResolverConfig {
     /// Where the resolver listens, UDP and TCP on the same port (port 0: any free port, the same
     /// for both).
     pub listen: SocketAddr,
+    /// A second pair of listeners, for the IPv6 redirect (port 0: `listen`'s port when free,
+    /// else any). `None`: IPv4 only.
+    pub listen6: Option<SocketAddr>,
     /// Upstream servers, tried in order (`vpn.dns.servers`).
     pub servers: Vec<SocketAddr>,
     /// Upper bound on the TTLs kept and handed out (`vpn.dns.cache_ttl`).
@@ -71,6 +74,7 @@ impl Default for ResolverConfig {
     fn default() -> Self {
         ResolverConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listen6: None,
             servers: Vec::new(),
             cache_ttl: Duration::from_secs(300),
             upstream: Upstream::Direct { mark: None },
@@ -99,10 +103,11 @@ pub enum Error {
     BadServer(String),
 }
 
-/// The running resolver: a UDP and a TCP listener on one port. Dropping it stops both
-/// listeners; [`DnsInterceptor::shutdown`] also waits for them.
+/// The running resolver: a UDP and a TCP listener on one port (and a second pair with
+/// `listen6`). Dropping it stops the listeners; [`DnsInterceptor::shutdown`] also waits for them.
 pub struct DnsInterceptor {
     local_addr: SocketAddr,
+    local_addr6: Option<SocketAddr>,
     resolver: Arc<Resolver>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -111,13 +116,18 @@ impl DnsInterceptor {
     /// Binds the listeners and starts serving.
     pub async fn start(cfg: ResolverConfig, on_resolved: OnResolved) -> Result<Self, Error> {
         let (udp, tcp) = bind_pair(cfg.listen).await?;
-        let local_addr = udp.local_addr().map_err(|source| Error::Bind {
-            addr: cfg.listen,
-            proto: "udp",
-            source,
-        })?;
-        if let Some(&own) = cfg.servers.iter().find(|s| **s == local_addr) {
-            return Err(Error::Loop(own));
+        let local_addr = bound_addr(&udp, cfg.listen)?;
+        let (pair6, local_addr6) = match cfg.listen6 {
+            Some(listen6) => {
+                let (udp6, tcp6) = bind_pair6(listen6, local_addr.port()).await?;
+                let addr6 = bound_addr(&udp6, listen6)?;
+                (Some((udp6, tcp6)), Some(addr6))
+            }
+            None => (None, None),
+        };
+        let own = [Some(local_addr), local_addr6];
+        if let Some(&looped) = cfg.servers.iter().find(|s| own.contains(&Some(**s))) {
+            return Err(Error::Loop(looped));
         }
         if let Upstream::Direct { mark: Some(mark) } = cfg.upstream {
             // Setting SO_MARK needs CAP_NET_ADMIN: say so now rather than SERVFAIL every query.
@@ -131,13 +141,18 @@ impl DnsInterceptor {
             cfg.upstream,
             on_resolved,
         ));
-        let tasks = vec![
-            tokio::spawn(listener::serve_udp(Arc::new(udp), resolver.clone())),
-            tokio::spawn(listener::serve_tcp(tcp, resolver.clone())),
-        ];
-        tracing::info!(listen = %local_addr, "VPN DNS resolver listening");
+        let mut tasks = Vec::new();
+        for (udp, tcp) in std::iter::once((udp, tcp)).chain(pair6) {
+            tasks.push(tokio::spawn(listener::serve_udp(
+                Arc::new(udp),
+                resolver.clone(),
+            )));
+            tasks.push(tokio::spawn(listener::serve_tcp(tcp, resolver.clone())));
+        }
+        tracing::info!(listen = %local_addr, listen6 = ?local_addr6, "VPN DNS resolver listening");
         Ok(DnsInterceptor {
             local_addr,
+            local_addr6,
             resolver,
             tasks,
         })
@@ -146,6 +161,11 @@ impl DnsInterceptor {
     /// The address both listeners are bound to (the one for the DNS redirect).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address of the second pair (`listen6`), the one for the IPv6 redirect.
+    pub fn local_addr6(&self) -> Option<SocketAddr> {
+        self.local_addr6
     }
 
     /// The cache as `GET /api/v1/vpn/dns/cache` shows it: one entry per cached question (name,
@@ -201,7 +221,7 @@ impl DnsInterceptor {
         self.resolver.cache().lock().clear();
     }
 
-    /// Stops both listeners and every query task and waits until they are gone.
+    /// Stops the listeners and every query task and waits until they are gone.
     pub async fn shutdown(mut self) {
         for t in &self.tasks {
             t.abort();
@@ -218,6 +238,26 @@ impl Drop for DnsInterceptor {
             t.abort();
         }
     }
+}
+
+/// The address `udp` (bound for `listen`) is bound to.
+fn bound_addr(udp: &UdpSocket, listen: SocketAddr) -> Result<SocketAddr, Error> {
+    udp.local_addr().map_err(|source| Error::Bind {
+        addr: listen,
+        proto: "udp",
+        source,
+    })
+}
+
+/// Binds the second pair: on `port` (the first pair's) when `listen6` leaves the port open and
+/// it is free there, else as [`bind_pair`] does.
+async fn bind_pair6(listen6: SocketAddr, port: u16) -> Result<(UdpSocket, TcpListener), Error> {
+    if listen6.port() == 0 {
+        if let Ok(pair) = bind_pair(SocketAddr::new(listen6.ip(), port)).await {
+            return Ok(pair);
+        }
+    }
+    bind_pair(listen6).await
 }
 
 /// Binds UDP and TCP on the same address. With port 0 the UDP socket picks the port and TCP

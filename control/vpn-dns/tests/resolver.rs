@@ -35,6 +35,40 @@ async fn start(
     (dns, reports)
 }
 
+/// With `listen6` the resolver takes questions on IPv6 loopback too, UDP and TCP, on the IPv4
+/// listeners' port, with one cache for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen6_answers_on_ipv6_loopback_from_the_same_cache() {
+    let Some(upstream) = peers::dnsmasq_and_dig() else {
+        return;
+    };
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("SKIP listen6: no IPv6 loopback");
+        return;
+    }
+    let (dns, _reports) = start(vec![upstream.addr], |cfg| {
+        cfg.listen6 = Some(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 0)));
+    })
+    .await;
+    let at6 = dns.local_addr6().expect("IPv6 listeners");
+    assert_eq!(at6.ip(), ip("::1"));
+    assert_eq!(
+        at6.port(),
+        dns.local_addr().port(),
+        "the same port when free"
+    );
+    let out = dig(at6, &["a.test", "AAAA", "+short"]).await;
+    assert_eq!(out.trim(), "2001:db8::3");
+    let out = dig(at6, &["a.test", "A", "+short", "+tcp"]).await;
+    assert_eq!(out.trim(), "10.1.2.3");
+    upstream.wait_queries("AAAA", "a.test", 1);
+    // the IPv4 listener answers the same question from the cache
+    let out = dig(dns.local_addr(), &["a.test", "AAAA", "+short"]).await;
+    assert_eq!(out.trim(), "2001:db8::3");
+    assert_eq!(upstream.queries("AAAA", "a.test"), 1);
+    assert_eq!(dns.stats().cache_hits, 1, "{:?}", dns.stats());
+}
+
 /// A UDP socket that takes queries and never answers (a dead server that does not even send
 /// ICMP errors).
 fn silent_server() -> std::net::UdpSocket {

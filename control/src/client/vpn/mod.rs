@@ -189,14 +189,17 @@ impl VpnManager {
         let split: SharedSplit = Arc::new(Mutex::new(None));
         let up = match self.start_resolver(cfg, server, &split).await {
             Ok(dns) => {
-                // the resolver listens on 127.0.0.1 (see start_resolver)
+                // the resolver listens on 127.0.0.1 and ::1 (see start_resolver)
                 let redirect = dns.as_ref().map(|d| DnsRedirect {
                     intercept_port: cfg.vpn.dns.intercept_port,
                     resolver4: match d.local_addr() {
                         std::net::SocketAddr::V4(v4) => Some(v4),
                         std::net::SocketAddr::V6(_) => None,
                     },
-                    resolver6: None,
+                    resolver6: match d.local_addr6() {
+                        Some(std::net::SocketAddr::V6(v6)) => Some(v6),
+                        _ => None,
+                    },
                 });
                 let address = server.map(|s| s.address.as_str());
                 match tokio::task::block_in_place(|| self.bring_up(cfg, address, redirect)) {
@@ -264,8 +267,18 @@ impl VpnManager {
                 }
             }
         });
+        // IPv6 questions are redirected to ::1 — unless the namespace has no IPv6 loopback
+        // (IPv6 disabled), where no IPv6 question can leave either
+        let loopback6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 0));
+        let listen6 = std::net::UdpSocket::bind(loopback6)
+            .is_ok()
+            .then_some(loopback6);
+        if listen6.is_none() {
+            tracing::warn!("no IPv6 loopback: the VPN's resolver takes IPv4 questions only");
+        }
         let config = ResolverConfig {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            listen6,
             servers,
             cache_ttl: dns.cache_ttl.as_std(),
             upstream,
@@ -517,6 +530,10 @@ impl VpnManager {
         let ip = host::tun_address(&cfg.vpn.tun.address)
             .map(|(ip, _)| ip.to_string())
             .unwrap_or_default();
+        // IPv6 of the TUN: both or neither (an empty address6 means no IPv6)
+        let (ip6, gateway6) = host::tun_address6(&cfg.vpn.tun.address6)
+            .map(|(ip6, _)| (ip6.to_string(), cfg.vpn.tun.gateway6.clone()))
+            .unwrap_or_default();
         let dns = if cfg.vpn.dns.enabled {
             cfg.vpn.dns.servers.clone()
         } else {
@@ -535,6 +552,8 @@ impl VpnManager {
             gateway: cfg.vpn.tun.gateway.clone(),
             local_ip: ip.clone(),
             ip,
+            ip6,
+            gateway6,
             dns_servers: dns.clone(),
             dns,
             connected_at: phase.since(),
