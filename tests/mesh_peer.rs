@@ -794,7 +794,13 @@ fn a_peer_behind_another_is_reached_across_two_hops_and_withdrawn_when_the_middl
             v.as_array()
                 .is_some_and(|a| a.iter().all(|r| r["dest_peer_id"] != other))
         });
-        let seen = p.get(&format!("/api/v1/mesh/peers/{other}"));
+        // the end-to-end session's keys are still good, but it has no way: unreachable once
+        // connect_timeout passed, not connected
+        let seen = p.wait_for(
+            &format!("/api/v1/mesh/peers/{other}"),
+            "unreachable without its relay",
+            |v| v["status"] == "unreachable",
+        );
         assert_ne!(seen["connection_type"], "multi-hop", "{seen}");
     }
     assert!(

@@ -89,6 +89,10 @@ struct Session {
     /// The session of the relaying member that carried the last authenticated datagram of
     /// this session; `None` when it came over the underlay.
     relayed: Option<u32>,
+    /// Since when the way this session went left with its relaying member and no datagram
+    /// proved another: its keys are still good, but it shows as connecting (not connected),
+    /// and as unreachable once `connect_timeout` passed.
+    way_lost: Option<Instant>,
 }
 
 impl Session {
@@ -416,6 +420,7 @@ impl Mesh {
                         underlay_tried: Instant::now(),
                         through: None,
                         relayed: None,
+                        way_lost: None,
                     };
                     // the peer with the lower key opens the session at once; the other waits
                     // for it (or for traffic), so crossing handshakes are rare
@@ -441,19 +446,36 @@ impl Mesh {
                 }
             }
         }
-        // a relay that left carries nothing any more
+        // a relay that left carries nothing any more: a session that went through it has no
+        // way until a datagram proves one (over the underlay, tried at once, or another relay)
         let listed: Vec<u32> = keep.keys().copied().collect();
+        let now = Instant::now();
+        let mut lost = Vec::new();
         for s in keep.values_mut() {
+            let went_through = s.through.or(s.relayed);
             s.through = s.through.filter(|i| listed.contains(i));
             if s.relayed.is_some_and(|i| !listed.contains(&i)) {
                 s.relayed = None;
                 s.learnt = None;
+            }
+            if went_through.is_some_and(|i| !listed.contains(&i)) && s.through.is_none() {
+                s.way_lost = Some(now);
+                s.trying_since = now;
+                s.entry.counters.set_state(SessionState::Connecting);
+                s.entry.counters.set_path(None);
+                lost.push(s.index);
             }
         }
         self.by_vip = keep.iter().map(|(i, s)| (s.entry.vip, *i)).collect();
         self.sessions = keep;
         self.table = table;
         self.share_members();
+        for index in lost {
+            if let Some(mut s) = self.sessions.remove(&index) {
+                self.initiate_underlay(&mut s);
+                self.sessions.insert(index, s);
+            }
+        }
     }
 
     /// Gives the router the registry's table: who owns which virtual IP (announcements only
@@ -870,6 +892,7 @@ impl Mesh {
 
     /// A datagram passed the session's authentication: `back` is the way to the peer now.
     fn authenticated(&self, s: &mut Session, back: Way) {
+        s.way_lost = None;
         match back {
             Way::Underlay(path) => {
                 if s.learnt.map(|(p, _)| p) != Some(path) {
@@ -885,7 +908,7 @@ impl Mesh {
 
     fn refresh_state(&self, s: &mut Session) {
         let c = &s.entry.counters;
-        if s.connected() {
+        if s.connected() && s.way_lost.is_none() {
             if c.state() != SessionState::Connected {
                 tracing::info!(peer = %s.entry.id, way = ?self.way_of(s), "mesh session up");
             }
@@ -1138,7 +1161,8 @@ impl Mesh {
             }
             self.refresh_state(&mut s);
             self.sync_neighbour(&mut s, now);
-            if !s.connected() && s.trying_since.elapsed() >= self.settings.connect_timeout {
+            let stuck = !s.connected() || s.way_lost.is_some();
+            if stuck && s.trying_since.elapsed() >= self.settings.connect_timeout {
                 let c = &s.entry.counters;
                 if c.state() != SessionState::Unreachable {
                     tracing::warn!(peer = %s.entry.id, path = ?self.path_of(&s),
@@ -1644,6 +1668,26 @@ mod tests {
         sides[0].mesh.send_to_mesh(&most);
         pump(&mut sides, (0, 2));
         assert_eq!(take_device(&mut sides[2]), most);
+
+        // the relay leaves the network: 0's session with 2 keeps its keys but has no way, so
+        // it shows connecting, not connected, and unreachable once connect_timeout passed
+        let relay = sides.remove(1);
+        list_all(&mut sides);
+        let state = |s: &Side| {
+            let x = s
+                .mesh
+                .sessions
+                .values()
+                .find(|x| x.entry.vip == v2)
+                .unwrap();
+            (x.connected(), x.entry.counters.state())
+        };
+        sides[0].mesh.tick();
+        assert_eq!(state(&sides[0]), (true, SessionState::Connecting));
+        sides[0].mesh.settings.connect_timeout = Duration::ZERO;
+        sides[0].mesh.tick();
+        assert_eq!(state(&sides[0]), (true, SessionState::Unreachable));
+        drop(relay);
 
         // without relaying, 1 offers no routes: a fresh 0 learns nothing about 2
         let mut sides = vec![side(1, 1), side(2, 2), side(3, 3)];
