@@ -1043,16 +1043,15 @@ fn vpn_scenario(classifier: &str) {
     topo.wait_server_request("10.211.9.1:8080");
     expect_seen(&topo, &client, &topo.exc, "10.211.9.1", DIRECT);
 
-    // ping to a tunnelled destination: the tunnel carries no ICMP, and says so at once
-    // ("Packet filtered" from the TUN's gateway) instead of leaving ping to time out
-    let ping = in_netns(&topo.lan, Some(&topo.inc), Path::new("ping"))
-        .args(["-n", "-c", "1", "-W", "10", "10.211.9.1"])
-        .output()
-        .expect("ping");
-    let said = String::from_utf8_lossy(&ping.stdout);
-    assert!(said.contains("Packet filtered"), "{said}\n{}", client.log());
-    let status = client.ok("GET", "/api/v1/vpn/status", None);
-    assert!(status["dropped"].as_u64().unwrap_or(0) >= 1, "{status}");
+    // ping to a tunnelled destination: answered from a probe through the server (its HTTP
+    // CONNECT here; see syicmp_ for the rest)
+    let said = ping(&topo, &topo.inc, &["-c", "1", "10.211.9.1"]);
+    assert!(
+        said.contains("bytes from 10.211.9.1: icmp_seq=1"),
+        "{said}\n{}",
+        client.log()
+    );
+    icmp_stats(&client, &[("echo_answered", 1)]);
 
     // an IP rule added live steers one destination of the other cgroup into the VPN
     client.ok(
@@ -1935,6 +1934,33 @@ fn vpn_flow(client: &Client, protocol: &str, remote: &str, received: u64) -> ser
     }
 }
 
+/// The client in include mode (the `inc` cgroup is the app) with the server's SOCKS5 selected,
+/// its HTTP proxy as the second server `gw-http`, and a `direct` route for 10.211.9.3; once the
+/// VPN is connected.
+fn start_include_client(
+    topo: &Topo,
+    classifier: &str,
+    socks: SocketAddr,
+    http: SocketAddr,
+) -> Client {
+    let split = format!(
+        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}]}}",
+        topo.inc.display()
+    );
+    let yaml = topo
+        .client_yaml(socks, true, classifier, &split)
+        .replace("protocol: HTTP", "protocol: SOCKS5")
+        .replace(
+            "vpn:\n",
+            &format!("  - {{name: gw-http, address: \"{http}\", protocol: HTTP}}\nvpn:\n"),
+        )
+        + "routing:\n  routes:\n    - {name: to-direct, patterns: [\"10.211.9.3\"], action: direct}\n";
+    let client = topo.start_client(&yaml);
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    client
+}
+
 /// UDP through the VPN path (with the given classifier): an app of the included cgroup exchanges datagrams with a UDP origin
 /// through the server's SOCKS5 UDP ASSOCIATE (the origin sees the server's address, the server
 /// lists the association), a `direct` client route relays them from the client's own address,
@@ -1951,21 +1977,7 @@ fn udp_scenario(classifier: &str) {
         format!("seen={DIRECT} replies=1")
     );
 
-    let split = format!(
-        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}]}}",
-        topo.inc.display()
-    );
-    let yaml = topo
-        .client_yaml(socks, true, classifier, &split)
-        .replace("protocol: HTTP", "protocol: SOCKS5")
-        .replace(
-            "vpn:\n",
-            &format!("  - {{name: gw-http, address: \"{http}\", protocol: HTTP}}\nvpn:\n"),
-        )
-        + "routing:\n  routes:\n    - {name: udp-direct, patterns: [\"10.211.9.3\"], action: direct}\n";
-    let client = topo.start_client(&yaml);
-    let status = client.ok("GET", "/api/v1/vpn/status", None);
-    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    let client = start_include_client(&topo, classifier, socks, http);
 
     // through the server: the origin sees the server's own address, three round trips on one flow
     let via = topo.udp_seen(&topo.inc, "10.211.9.1", 3);
@@ -2203,8 +2215,7 @@ fn assert_tun6_in_status(topo: &Topo, status: &serde_json::Value) {
 /// the internet namespace's IPv6 origins: `curl -6` of an included app arrives byte-exact
 /// through the TUN and the server; its UDP too (a SOCKS5 association with an IPv6 target); an
 /// AAAA answer of the resolver puts the name's IPv6 address into the split set (a domain rule
-/// tunnels the excluded cgroup's flow to it); ping -6 is answered "administratively
-/// prohibited". Fail closed: a tunnelled flow to an IPv6 origin the server cannot reach is
+/// tunnels the excluded cgroup's flow to it); ping -6 is answered. Fail closed: a tunnelled flow to an IPv6 origin the server cannot reach is
 /// reset at once, and that origin — which the lan reaches directly — sees no connection.
 fn ipv6_scenario(classifier: &str) {
     let mut topo = Topo::named("syv6");
@@ -2265,17 +2276,9 @@ fn ipv6_scenario(classifier: &str) {
         "dnsmasq log:\n{queries}"
     );
 
-    // ping -6 to a tunnelled destination is refused at once, not left to time out
-    let ping = in_netns(&topo.lan, Some(&topo.inc), Path::new("ping"))
-        .args(["-6", "-n", "-c", "1", "-W", "10", ORIGIN6])
-        .output()
-        .expect("ping");
-    let said = String::from_utf8_lossy(&ping.stdout);
-    assert!(
-        said.contains("Administratively prohibited"),
-        "{said}\n{}",
-        client.log()
-    );
+    // ping -6 to a tunnelled destination the server reaches is answered (see syicmp_)
+    let said = ping(&topo, &topo.inc, &["-6", "-c", "1", ORIGIN6]);
+    assert!(said.contains(" 1 received"), "{said}\n{}", client.log());
 
     // fail closed: the server cannot reach the far origin; the tunnelled flow is reset (not
     // left hanging: curl's timeout is exit code 28), and never goes direct
@@ -2382,5 +2385,140 @@ fn syv6_ebpf_server_down_refuses_ipv4_and_ipv6_never_direct() {
 fn syv6_nftables_server_down_refuses_ipv4_and_ipv6_never_direct() {
     if tools_or_skip("syv6_nftables_server_down_refuses_ipv4_and_ipv6_never_direct") {
         server_down_scenario("nftables");
+    }
+}
+
+/// `ping` (iputils) run by a process of `cgroup` in the lan namespace with `args` (numeric
+/// output; it waits at most 10 s for the last answer): what it printed.
+fn ping(topo: &Topo, cgroup: &Path, args: &[&str]) -> String {
+    let out = in_netns(&topo.lan, Some(cgroup), Path::new("ping"))
+        .args(["-n", "-W", "10"])
+        .args(args)
+        .output()
+        .expect("ping");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Waits (bounded) until the client's ICMP counters (`icmp` of the VPN status) have `want`;
+/// returns them.
+fn icmp_stats(client: &Client, want: &[(&str, u64)]) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let icmp = client.ok("GET", "/api/v1/vpn/status", None)["icmp"].clone();
+        if want.iter().all(|(k, v)| icmp[*k] == *v) {
+            return icmp;
+        }
+        assert!(Instant::now() < deadline, "want {want:?}: {icmp}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 38 item 5: ping through the VPN (with the given classifier). An included app's echo
+/// requests are answered by probing the destination over its route: through the server's
+/// SOCKS5 (IPv4 and IPv6; the reply comes from the destination, id/seq/data intact, three out
+/// of three), through the server's HTTP CONNECT (its `Proxy-Status` tells a refusing host from
+/// an unreachable one) and direct. A destination the server cannot reach (an address of a
+/// subnet of the internet namespace where no host answers ARP/ND) is reported "Destination Host
+/// Unreachable" (IPv6: "Address unreachable") instead of leaving ping to time out; the status's
+/// `icmp` counters move.
+fn icmp_scenario(classifier: &str) {
+    let mut topo = Topo::named("syic");
+    let _far = topo.add_ipv6();
+    // a subnet of the internet namespace without hosts: the server's connects fail with
+    // EHOSTUNREACH once neighbour discovery gives up
+    let (id, t) = (topo.id.clone(), topo.net.clone());
+    sh(&format!(
+        "set -e
+         ip -n {t} link add {id}x type veth peer name {id}y
+         ip -n {t} addr add 10.212.0.1/24 dev {id}x
+         ip -n {t} addr add fd00:212::1/64 dev {id}x nodad
+         ip -n {t} link set {id}x up; ip -n {t} link set {id}y up"
+    ));
+    let http = topo.start_server();
+    let socks = topo.server_socks5();
+    let client = start_include_client(&topo, classifier, socks, http);
+
+    // through the server's SOCKS5: three replies from the destination itself
+    for (family, dst) in [("-4", "10.211.9.1"), ("-6", ORIGIN6)] {
+        let said = ping(&topo, &topo.inc, &[family, "-c", "3", "-i", "0.3", dst]);
+        assert!(
+            said.contains("3 packets transmitted, 3 received"),
+            "{said}\n{}",
+            client.log()
+        );
+        assert_eq!(
+            said.matches(&format!("bytes from {dst}: icmp_seq="))
+                .count(),
+            3,
+            "{said}"
+        );
+    }
+    icmp_stats(&client, &[("echo_answered", 6), ("echo_requests", 6)]);
+
+    // the server cannot reach the host: reported at once by the TUN's gateway, not a timeout
+    let said = ping(&topo, &topo.inc, &["-4", "-c", "1", "10.212.0.9"]);
+    assert!(
+        said.contains("Destination Host Unreachable"),
+        "{said}\n{}",
+        client.log()
+    );
+    let said = ping(&topo, &topo.inc, &["-6", "-c", "1", "fd00:212::9"]);
+    assert!(
+        said.contains("Destination unreachable: Address unreachable"),
+        "{said}\n{}",
+        client.log()
+    );
+    icmp_stats(&client, &[("echo_unreachable", 2), ("echo_dropped", 0)]);
+
+    // a direct route: the client probes from its own address
+    let said = ping(&topo, &topo.inc, &["-c", "2", "-i", "0.3", "10.211.9.3"]);
+    assert!(said.contains(", 2 received"), "{said}\n{}", client.log());
+
+    // through the server's HTTP proxy: CONNECT's Proxy-Status says refused or unreachable
+    client.ok("POST", "/api/v1/servers/gw-http/select", None);
+    let said = ping(&topo, &topo.inc, &["-c", "2", "-i", "0.3", "10.211.9.2"]);
+    assert!(said.contains(", 2 received"), "{said}\n{}", client.log());
+    let said = ping(&topo, &topo.inc, &["-c", "1", "10.212.0.9"]);
+    assert!(
+        said.contains("Destination Host Unreachable"),
+        "{said}\n{}",
+        client.log()
+    );
+    icmp_stats(
+        &client,
+        &[
+            ("echo_answered", 10),
+            ("echo_unreachable", 3),
+            ("echo_requests", 13),
+            ("echo_dropped", 0),
+            ("echo_limited", 0),
+        ],
+    );
+
+    let v = client.ok("POST", "/api/v1/vpn/disable", None);
+    assert_eq!(v["status"], "disabled");
+    assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+#[test]
+fn syicmp_ebpf_ping_answered_through_the_server_and_direct_unreachable_reported() {
+    if tools_or_skip("syicmp_ebpf_ping_answered_through_the_server_and_direct_unreachable_reported")
+        && support::require("ping").is_some()
+    {
+        icmp_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syicmp_nftables_ping_answered_through_the_server_and_direct_unreachable_reported() {
+    if tools_or_skip(
+        "syicmp_nftables_ping_answered_through_the_server_and_direct_unreachable_reported",
+    ) && support::require("ping").is_some()
+    {
+        icmp_scenario("nftables");
     }
 }

@@ -265,6 +265,28 @@ pub struct VpnStatus {
     /// route that cannot carry UDP, full flow queues or tables) (extension).
     #[serde(default)]
     pub dropped: u64,
+    /// How the TUN path answered ICMP echo requests (ping) since start (extension).
+    #[serde(default)]
+    pub icmp: VpnIcmpStats,
+}
+
+/// ICMP echo requests (ping) that entered the TUN: each probed over its destination's route
+/// and answered as the probe said, or not at all (extension of `GET /api/v1/vpn/status`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct VpnIcmpStats {
+    /// Echo requests handed to the data plane's cores.
+    pub echo_requests: u64,
+    /// Echo replies (the destination was reachable over its route).
+    pub echo_answered: u64,
+    /// Answered "destination host unreachable" (the route's server or socket says so).
+    pub echo_unreachable: u64,
+    /// Answered "administratively prohibited" (no route, or none that carries it).
+    pub echo_prohibited: u64,
+    /// Not answered: the probe had no verdict within its bound (ping counts a loss).
+    pub echo_dropped: u64,
+    /// Not answered: over the probe bounds (probes in flight, waiting requests, starts per
+    /// second).
+    pub echo_limited: u64,
 }
 
 /// One VPN connection.

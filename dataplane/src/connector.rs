@@ -289,13 +289,27 @@ async fn http_connect(
         match http1::parse_response_head(&buf, &limits) {
             Ok(Some((head, used))) => {
                 if !(200..300).contains(&head.status) {
-                    return Err(fail(
-                        format!(
-                            "CONNECT {authority} answered {} {}",
-                            head.status, head.reason
+                    let said = head.header("proxy-status").and_then(proxy_status_error);
+                    let target = || authority.clone();
+                    return Err(match said {
+                        Some("connection_refused") => DataplaneError::OriginRefused {
+                            proxy: proxy.to_owned(),
+                            target: target(),
+                        },
+                        Some("destination_ip_unroutable" | "destination_unavailable") => {
+                            DataplaneError::Unreachable {
+                                proxy: proxy.to_owned(),
+                                target: target(),
+                            }
+                        }
+                        _ => fail(
+                            format!(
+                                "CONNECT {authority} answered {} {}",
+                                head.status, head.reason
+                            ),
+                            head.status == 502 || head.status == 503,
                         ),
-                        head.status == 502 || head.status == 503,
-                    ));
+                    });
                 }
                 return Ok(Connected {
                     stream: BackendStream::Tcp(stream),
@@ -314,6 +328,17 @@ async fn http_connect(
         }
         buf.extend_from_slice(&chunk[..n]);
     }
+}
+
+/// The `error` parameter of an RFC 9209 `Proxy-Status` header value's first member (the
+/// intermediary nearest the origin: the one that tried to connect).
+fn proxy_status_error(value: &[u8]) -> Option<&str> {
+    let value = std::str::from_utf8(value).ok()?;
+    let first = value.split(',').next()?;
+    first.split(';').skip(1).find_map(|param| {
+        let (key, v) = param.trim().split_once('=')?;
+        (key.trim() == "error").then(|| v.trim().trim_matches('"'))
+    })
 }
 
 async fn read_until<T>(
@@ -423,10 +448,29 @@ async fn socks5_request(
             socks5::Command::UdpAssociate => "UDP ASSOCIATE",
             socks5::Command::Bind => "BIND",
         };
-        return Err(fail(
-            format!("{what} {target} failed with reply {code}"),
-            code == socks5::ReplyCode::ConnectionRefused as u8,
-        ));
+        let unreachable = [
+            socks5::ReplyCode::NetworkUnreachable as u8,
+            socks5::ReplyCode::HostUnreachable as u8,
+        ];
+        return Err(match command {
+            // the proxy's word on the destination (an association's failure is the proxy's)
+            socks5::Command::Connect if code == socks5::ReplyCode::ConnectionRefused as u8 => {
+                DataplaneError::OriginRefused {
+                    proxy: proxy.to_owned(),
+                    target: target.to_string(),
+                }
+            }
+            socks5::Command::Connect if unreachable.contains(&code) => {
+                DataplaneError::Unreachable {
+                    proxy: proxy.to_owned(),
+                    target: target.to_string(),
+                }
+            }
+            _ => fail(
+                format!("{what} {target} failed with reply {code}"),
+                code == socks5::ReplyCode::ConnectionRefused as u8,
+            ),
+        });
     }
     Ok((bound, buf))
 }
@@ -482,5 +526,32 @@ impl Dialer<'_> {
             }
         };
         Ok(UdpAssociation { control, relay })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proxy_status_error;
+
+    #[test]
+    fn the_proxy_status_error_type_is_read_from_the_first_member() {
+        let read = |v: &str| proxy_status_error(v.as_bytes()).map(str::to_owned);
+        assert_eq!(
+            read("switchyard; error=connection_refused").as_deref(),
+            Some("connection_refused")
+        );
+        assert_eq!(
+            read("proxy.example; received-status=502; error=\"destination_ip_unroutable\"")
+                .as_deref(),
+            Some("destination_ip_unroutable")
+        );
+        // the first member is the proxy nearest the origin: the one that tried to connect
+        assert_eq!(
+            read("near; error=connection_timeout, far; error=connection_refused").as_deref(),
+            Some("connection_timeout")
+        );
+        assert_eq!(read("switchyard"), None);
+        assert_eq!(read(""), None);
+        assert_eq!(proxy_status_error(&[0xff, 0xfe]), None);
     }
 }

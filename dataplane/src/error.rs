@@ -29,6 +29,14 @@ pub enum DataplaneError {
         reason: String,
         refused: bool,
     },
+    /// The upstream proxy reached the destination's host, which refused the connection (SOCKS5
+    /// reply 5, `Proxy-Status: connection_refused`, a QUIC server's `refused`): the proxy works.
+    #[error("upstream proxy {proxy}: connection to {target} refused")]
+    OriginRefused { proxy: String, target: String },
+    /// The upstream proxy says the destination cannot be reached (SOCKS5 replies 3 and 4,
+    /// `Proxy-Status: destination_ip_unroutable`): the proxy works.
+    #[error("upstream proxy {proxy}: {target} is unreachable")]
+    Unreachable { proxy: String, target: String },
     #[error("WireGuard backend {backend}: {reason}")]
     Tunnel { backend: String, reason: String },
     #[error("QUIC server {server}: {reason}")]
@@ -60,6 +68,8 @@ impl DataplaneError {
             | Self::Connect { .. }
             | Self::ConnectTimeout { .. }
             | Self::UpstreamProxy { .. }
+            | Self::OriginRefused { .. }
+            | Self::Unreachable { .. }
             | Self::Tunnel { .. }
             | Self::Quic { .. }
             | Self::Openvpn { .. } => Side::Upstream,
@@ -86,12 +96,31 @@ impl DataplaneError {
         }
     }
 
+    /// The RFC 9209 `Proxy-Status` error type an HTTP proxy reports this failure with, when
+    /// the failure is the destination's (a client behind the proxy tells a refusing host from
+    /// an unreachable one by it, see `connector::http_connect`).
+    pub fn proxy_status(&self) -> Option<&'static str> {
+        match self {
+            Self::Refused { .. } | Self::OriginRefused { .. } => Some("connection_refused"),
+            Self::Unreachable { .. } => Some("destination_ip_unroutable"),
+            Self::Connect { source, .. } if is_unreachable(source) => {
+                Some("destination_ip_unroutable")
+            }
+            Self::ConnectTimeout { .. } => Some("connection_timeout"),
+            Self::Resolve { .. } => Some("dns_error"),
+            _ => None,
+        }
+    }
+
     /// SOCKS5 reply code (RFC 1928 §6).
     pub fn socks5_reply(&self) -> switchyard_proto::socks5::ReplyCode {
         use switchyard_proto::socks5::ReplyCode;
         match self {
             Self::Refused { .. } => ReplyCode::ConnectionRefused,
-            Self::UpstreamProxy { refused: true, .. } => ReplyCode::ConnectionRefused,
+            Self::UpstreamProxy { refused: true, .. } | Self::OriginRefused { .. } => {
+                ReplyCode::ConnectionRefused
+            }
+            Self::Unreachable { .. } => ReplyCode::HostUnreachable,
             Self::Resolve { .. } => ReplyCode::HostUnreachable,
             Self::ConnectTimeout { .. } => ReplyCode::TtlExpired,
             Self::Connect { source, .. } => match source.raw_os_error() {
@@ -104,4 +133,15 @@ impl DataplaneError {
             _ => ReplyCode::GeneralFailure,
         }
     }
+}
+
+/// Whether a connect failed because the host or its network cannot be reached.
+pub(crate) fn is_unreachable(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENETUNREACH | libc::EHOSTUNREACH)
+    ) || matches!(
+        e.kind(),
+        io::ErrorKind::HostUnreachable | io::ErrorKind::NetworkUnreachable
+    )
 }

@@ -222,7 +222,16 @@ pub(crate) async fn refuse(
 
 async fn refuse_with(client: &RefCell<TcpStream>, trace: &mut Trace, e: &DataplaneError) {
     let (status, reason) = e.http_status();
-    refuse(client, trace, status, reason, &[], e.to_string()).await;
+    // RFC 9209: a client behind this proxy tells a refusing host from an unreachable one
+    let proxy_status = e
+        .proxy_status()
+        .map(|error| format!("switchyard; error={error}"));
+    let extra: Vec<(&str, &str)> = proxy_status
+        .as_deref()
+        .map(|v| ("Proxy-Status", v))
+        .into_iter()
+        .collect();
+    refuse(client, trace, status, reason, &extra, e.to_string()).await;
 }
 
 pub(crate) fn host_port_label(host: &str, port: u16) -> String {

@@ -175,6 +175,8 @@ async fn account(
         (_, Ok(_)) => Some(true),
         (BackendKind::Direct, Err(_)) => None,
         (_, Err(DataplaneError::UpstreamProxy { refused: true, .. })) => None,
+        // the proxy reported on the destination: it works
+        (_, Err(DataplaneError::OriginRefused { .. } | DataplaneError::Unreachable { .. })) => None,
         (_, Err(e)) if e.side() == crate::error::Side::Upstream => Some(false),
         _ => None,
     };

@@ -246,10 +246,14 @@ impl QuicBackend {
                 early_data,
             }),
             Status::Timeout => Err(DataplaneError::ConnectTimeout { target }),
-            status => Err(DataplaneError::UpstreamProxy {
+            Status::Refused => Err(DataplaneError::OriginRefused {
+                proxy: self.settings.address.clone(),
+                target,
+            }),
+            _ => Err(DataplaneError::UpstreamProxy {
                 proxy: self.settings.address.clone(),
                 reason: format!("QUIC server refused {target}: {}", answer.message),
-                refused: status == Status::Refused,
+                refused: false,
             }),
         }
     }

@@ -354,9 +354,9 @@ async fn hello(
 /// The reply status for a failed connect.
 fn status_of(e: &DataplaneError) -> Status {
     match e {
-        DataplaneError::Refused { .. } | DataplaneError::UpstreamProxy { refused: true, .. } => {
-            Status::Refused
-        }
+        DataplaneError::Refused { .. }
+        | DataplaneError::UpstreamProxy { refused: true, .. }
+        | DataplaneError::OriginRefused { .. } => Status::Refused,
         DataplaneError::ConnectTimeout { .. } => Status::Timeout,
         DataplaneError::NoRoute(_) => Status::NotAllowed,
         _ => Status::Failed,

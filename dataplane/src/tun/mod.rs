@@ -17,8 +17,12 @@
 //! reimplement all of that per packet on the cores (smoltcp ignores SACK; see FIELD-NOTES). The
 //! price: the kernel must see each flow addressed to a listener of its own family, so IPv6 has
 //! its own TUN address, listener and UDP socket ([`packet6`]); IPv6 packets with extension
-//! headers (fragments included) are dropped and counted, and an ICMP echo request is answered
-//! with an "administratively prohibited" error ([`icmp`]) so `ping` does not hang.
+//! headers (fragments included) are dropped and counted.
+//!
+//! ICMP is not carried either, but ping works: the pump hands each echo request to the cores
+//! (as the payload of a UDP datagram to the VPN UDP socket), a core probes the destination over
+//! its route and answers with an echo reply, "host unreachable" or "administratively
+//! prohibited", or not at all when the probe has no verdict ([`echo`], packets in [`icmp`]).
 //!
 //! UDP takes the same path ([`udp_nat`]): datagrams are rewritten to the data plane's VPN UDP
 //! socket, and [`udp_relay`] on the cores relays each flow (one per NAT port) direct or through
@@ -29,6 +33,7 @@
 //! per-packet work is a constant-time rewrite, so one thread that blocks in `poll(2)` on the
 //! device is both simplest and cheapest; it shares only atomics with the cores.
 
+pub mod echo;
 pub mod frag;
 pub mod icmp;
 pub mod nat;

@@ -352,6 +352,18 @@ impl Translator {
         self.addrs6.map(|a| a.gateway)
     }
 
+    /// Where echo requests are carried to the cores: the VPN UDP socket, when UDP is relayed.
+    pub fn echo_carrier(&self) -> Option<super::icmp::Carrier> {
+        self.udp.as_ref().map(|u| {
+            let a = u.addresses();
+            super::icmp::Carrier {
+                tun_ip: a.tun_ip,
+                udp_port: a.listen_port,
+                gateway: a.gateway,
+            }
+        })
+    }
+
     pub fn new(addrs: NatAddresses, table: Arc<NatTable>) -> Self {
         let n = table.len();
         // a previous VPN session's flows are gone with its TUN device

@@ -21,18 +21,31 @@ pub struct TunStats {
     /// From the tunnel back to local applications.
     pub bytes_received: AtomicU64,
     pub packets: AtomicU64,
-    /// Packets the NAT does not handle (ICMP, IPv6 with extension headers or fragments, IPv6
-    /// when the TUN has no IPv6 address, stray segments), and fragments and
-    /// incomplete datagrams that reassembly gave up on (also counted in `fragments_dropped`).
+    /// Packets the NAT does not handle (ICMP other than echo requests, IPv6 with extension
+    /// headers or fragments, IPv6 when the TUN has no IPv6 address, stray segments), and
+    /// fragments and incomplete datagrams that reassembly gave up on (also counted in
+    /// `fragments_dropped`).
     pub dropped: AtomicU64,
     /// IPv4 datagrams put back together from fragments.
     pub reassembled: AtomicU64,
     /// Fragments reassembly refused (malformed, overlapping, past 64 KiB or its bounds) plus
     /// datagrams freed incomplete after the reassembly timeout.
     pub fragments_dropped: AtomicU64,
-    /// Echo requests answered with ICMP "administratively prohibited" (the tunnel carries no
-    /// ICMP; `ping` reports "Packet filtered" instead of hanging).
-    pub icmp_filtered: AtomicU64,
+    /// ICMP echo requests handed to the cores to be answered ([`super::echo`]).
+    pub echo_requests: AtomicU64,
+    /// Echo replies written into the TUN (the destination answered a probe over its route).
+    pub echo_answered: AtomicU64,
+    /// Echo requests answered "host unreachable" (the route's backend cannot reach it).
+    pub echo_unreachable: AtomicU64,
+    /// Echo requests answered "administratively prohibited" (no route, a route that carries
+    /// nothing there, or no core to hand them to).
+    pub echo_prohibited: AtomicU64,
+    /// Echo requests left unanswered: the probe got no verdict within its bound (`ping` counts
+    /// a loss, as for a lost packet).
+    pub echo_dropped: AtomicU64,
+    /// Echo requests refused by the bounds (probes in flight, requests waiting for one probe,
+    /// probes started per second): unanswered too.
+    pub echo_limited: AtomicU64,
     /// Flows in the NAT right now.
     pub flows: AtomicU64,
 }
@@ -96,6 +109,8 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
     };
     // the largest IPv4 packet (a 64 KiB TSO super-packet) after the header
     let mut buf = vec![0u8; vnet::LEN + usize::from(u16::MAX)];
+    // echo requests go to the cores through the VPN UDP socket, when there is one
+    let carrier = nat.echo_carrier();
     // read until EAGAIN and poll only then: one syscall per packet under load instead of two
     if let Err(e) = crate::sys::set_nonblocking(fd) {
         tracing::error!(error = %e, "the TUN device cannot be made non-blocking; the VPN path stops");
@@ -134,6 +149,11 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
             continue;
         };
         let frame = &mut buf[..n];
+        if let Some(c) = carrier {
+            if write_carried_answer(&mut device, frame, vnet_hdr, &c, stats) {
+                continue;
+            }
+        }
         let translated = if vnet_hdr {
             translate_offloaded(&mut nat, frame, now)
         } else {
@@ -147,9 +167,11 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
                 stats.bytes_received.fetch_add(payload as u64, Relaxed);
             }
             Outcome::Dropped(why) => {
+                if answer_echo(&mut device, frame, vnet_hdr, &nat, stats) {
+                    continue;
+                }
                 stats.dropped.fetch_add(1, Relaxed);
                 tracing::trace!(?why, len = n, "TUN packet dropped");
-                answer_filtered_echo(&mut device, frame, vnet_hdr, &nat, stats);
                 continue;
             }
         }
@@ -161,35 +183,93 @@ fn run(mut device: std::fs::File, mut nat: Translator, stats: &TunStats, stop: &
     }
 }
 
-/// Answers an echo request the tunnel cannot carry with an ICMP "administratively prohibited"
-/// error, so `ping` says the packet was filtered instead of waiting ([`icmp`]).
-fn answer_filtered_echo(
+/// Hands an echo request to the cores (carried to the VPN UDP socket, [`icmp::carry`]), or,
+/// without a VPN UDP socket, answers it "administratively prohibited" so `ping` says the packet
+/// was filtered instead of waiting. Whether `frame` was an echo request handled so.
+fn answer_echo(
     device: &mut std::fs::File,
     frame: &[u8],
     vnet_hdr: bool,
     nat: &Translator,
     stats: &TunStats,
-) {
+) -> bool {
     let at = if vnet_hdr { vnet::LEN } else { 0 };
-    let Some(reply) = frame.get(at..).and_then(|p| match p.first()? >> 4 {
-        4 => icmp::filtered_reply(p, nat.gateway()),
-        6 => icmp::filtered_reply6(p, nat.gateway6()?),
-        _ => None,
-    }) else {
-        return;
+    let Some(packet) = frame.get(at..) else {
+        return false;
     };
-    let mut out = Vec::with_capacity(at + reply.len());
+    if let Some(carried) = nat.echo_carrier().and_then(|c| icmp::carry(packet, &c)) {
+        let counter = if write_packet(device, &carried, vnet_hdr) {
+            &stats.echo_requests
+        } else {
+            &stats.echo_dropped
+        };
+        counter.fetch_add(1, Relaxed);
+        return true;
+    }
+    let reply = match packet.first().map(|b| b >> 4) {
+        Some(4) => icmp::filtered_reply(packet, nat.gateway()),
+        Some(6) => nat
+            .gateway6()
+            .and_then(|gateway| icmp::filtered_reply6(packet, gateway)),
+        _ => None,
+    };
+    let Some(reply) = reply else {
+        return false;
+    };
+    if write_packet(device, &reply, vnet_hdr) {
+        stats.echo_prohibited.fetch_add(1, Relaxed);
+    }
+    true
+}
+
+/// Writes a core's answer to a carried echo request into the TUN, when `frame` is one
+/// ([`icmp::carried_answer`]), and counts it. Whether `frame` was one.
+fn write_carried_answer(
+    device: &mut std::fs::File,
+    frame: &[u8],
+    vnet_hdr: bool,
+    carrier: &icmp::Carrier,
+    stats: &TunStats,
+) -> bool {
+    let at = if vnet_hdr { vnet::LEN } else { 0 };
+    let Some((answer, kind)) = frame
+        .get(at..)
+        .and_then(|p| icmp::carried_answer(p, carrier))
+    else {
+        return false;
+    };
+    if write_packet(device, answer, vnet_hdr) {
+        let counter = match kind {
+            icmp::Answer::EchoReply => &stats.echo_answered,
+            icmp::Answer::Refused(icmp::Refusal::HostUnreachable) | icmp::Answer::Other => {
+                &stats.echo_unreachable
+            }
+            icmp::Answer::Refused(icmp::Refusal::Prohibited) => &stats.echo_prohibited,
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+    true
+}
+
+/// Writes a packet the pump made into the TUN (after a plain virtio-net header when the device
+/// has them); whether the device took it.
+fn write_packet(device: &mut std::fs::File, packet: &[u8], vnet_hdr: bool) -> bool {
+    let mut out = Vec::with_capacity(vnet::LEN + packet.len());
     if vnet_hdr {
         out.extend_from_slice(&VnetHeader::default().to_bytes());
     }
-    out.extend_from_slice(&reply);
+    out.extend_from_slice(packet);
     // a TUN write takes the whole packet or fails
     match device.write(&out) {
-        Ok(n) if n == out.len() => {
-            stats.icmp_filtered.fetch_add(1, Relaxed);
+        Ok(n) if n == out.len() => true,
+        Ok(n) => {
+            tracing::debug!(n, "the TUN device took part of a packet");
+            false
         }
-        Ok(n) => tracing::debug!(n, "the TUN device took part of an ICMP error"),
-        Err(e) => tracing::debug!(error = %e, "writing an ICMP error to the TUN device failed"),
+        Err(e) => {
+            tracing::debug!(error = %e, "writing a packet to the TUN device failed");
+            false
+        }
     }
 }
 

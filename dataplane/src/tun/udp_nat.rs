@@ -193,6 +193,11 @@ impl UdpNat {
         }
     }
 
+    /// The IPv4 side: the VPN UDP socket (`listen_port`) on `tun_ip`, and the gateway.
+    pub fn addresses(&self) -> NatAddresses {
+        self.addrs
+    }
+
     /// Translates IPv6 UDP too, to the IPv6 UDP socket of `addrs6` (NAT ports shared with IPv4).
     pub fn with_v6(mut self, addrs6: NatAddresses6) -> Self {
         self.addrs6 = Some(addrs6);

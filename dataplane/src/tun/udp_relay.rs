@@ -11,7 +11,8 @@
 //! association's control connection closes, or when the egress fails. The flows of a core are
 //! bounded ([`MAX_FLOWS_PER_CORE`]) and so is each flow's queue; what does not fit is dropped
 //! and counted in [`UdpRelayStats`]. `SO_REUSEPORT` hashes a flow's 4-tuple, so all its
-//! datagrams reach the same core.
+//! datagrams reach the same core. The socket also receives the echo requests the pump carries
+//! from the gateway's carrier ports ([`super::echo`]).
 
 use crate::connector::Dialer;
 use crate::engine::CoreContext;
@@ -121,6 +122,7 @@ pub(crate) async fn serve(socket: UdpSocket, ctx: Rc<CoreContext>) {
     let socket = Rc::new(socket);
     let flows: Flows = Rc::new(RefCell::new(FlowTable::new(MAX_FLOWS_PER_CORE)));
     let stats = &vpn.udp_stats;
+    let probes = super::echo::core_probes();
     let mut buf = vec![0u8; 65_536];
     loop {
         let (n, from) = match socket.recv_from(&mut buf).await {
@@ -132,6 +134,12 @@ pub(crate) async fn serve(socket: UdpSocket, ctx: Rc<CoreContext>) {
                 continue;
             }
         };
+        // echo requests the pump carries here come from the gateway's carrier ports
+        if from.is_ipv4() && vpn.is_gateway(from.ip()) && super::icmp::is_carrier_port(from.port())
+        {
+            super::echo::handle(&ctx, &socket, &probes, from, &buf[..n]);
+            continue;
+        }
         // only the pump's translated flows come from the gateway address
         let dst = match vpn.udp_nat.lookup(from.port()) {
             Some(dst) if vpn.is_gateway(from.ip()) && dst.is_ipv4() == from.is_ipv4() => dst,

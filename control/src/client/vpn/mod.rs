@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use phase::{Phase, Step};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use switchyard_api::client::{VpnConnection, VpnStatus};
+use switchyard_api::client::{VpnConnection, VpnIcmpStats, VpnStatus};
 use switchyard_config::client::{ClientConfig, VpnSplitConfig};
 use switchyard_config::client::{ClientServerConfig, ServerProtocol};
 use switchyard_dataplane::events::Protocol;
@@ -526,6 +526,18 @@ impl VpnManager {
                 p.stats.dropped.load(Relaxed) + p.udp_stats.dropped.load(Relaxed),
             )
         });
+        let icmp = self.path.as_ref().map_or_else(VpnIcmpStats::default, |p| {
+            use std::sync::atomic::Ordering::Relaxed;
+            let s = &p.stats;
+            VpnIcmpStats {
+                echo_requests: s.echo_requests.load(Relaxed),
+                echo_answered: s.echo_answered.load(Relaxed),
+                echo_unreachable: s.echo_unreachable.load(Relaxed),
+                echo_prohibited: s.echo_prohibited.load(Relaxed),
+                echo_dropped: s.echo_dropped.load(Relaxed),
+                echo_limited: s.echo_limited.load(Relaxed),
+            }
+        });
         let split = self.split_status.lock().clone();
         let ip = host::tun_address(&cfg.vpn.tun.address)
             .map(|(ip, _)| ip.to_string())
@@ -563,6 +575,7 @@ impl VpnManager {
             error: phase.reason().map(str::to_string),
             flows,
             dropped,
+            icmp,
         }
     }
 
