@@ -120,7 +120,7 @@ struct Mesh {
     secret: StaticSecret,
     public: PublicKey,
     table: Arc<super::PeerTable>,
-    sessions: HashMap<u32, Session>,
+    sessions: HashMap<u32, Box<Session>>,
     /// Broadcast, multicast and anycast; TAP frames.
     modes: modes::Modes,
     next_index: u32,
@@ -366,8 +366,8 @@ impl Mesh {
         if Arc::ptr_eq(&table, &self.table) {
             return;
         }
-        let mut keep: HashMap<u32, Session> = HashMap::new();
-        let mut old: Vec<(u32, Session)> = self.sessions.drain().collect();
+        let mut keep: HashMap<u32, Box<Session>> = HashMap::new();
+        let mut old: Vec<(u32, Box<Session>)> = self.sessions.drain().collect();
         for entry in &table.peers {
             let found = old.iter().position(|(_, s)| {
                 s.entry.id == entry.id
@@ -408,7 +408,8 @@ impl Mesh {
                         let key = pair_key(&self.secret, &entry.public_key);
                         n.set_peer(&entry.id, &key, &entry.candidates, Instant::now());
                     }
-                    let mut s = Session {
+                    // boxed: a session moves out of the map and back for every packet
+                    let mut s = Box::new(Session {
                         index,
                         entry: entry.clone(),
                         tunn,
@@ -421,7 +422,7 @@ impl Mesh {
                         through: None,
                         relayed: None,
                         way_lost: None,
-                    };
+                    });
                     // the peer with the lower key opens the session at once; the other waits
                     // for it (or for traffic), so crossing handshakes are rare
                     if self.public.as_bytes() < &entry.public_key {
@@ -489,7 +490,7 @@ impl Mesh {
         }
     }
 
-    fn allocate_index(&mut self, a: &HashMap<u32, Session>, b: &[(u32, Session)]) -> u32 {
+    fn allocate_index(&mut self, a: &HashMap<u32, Box<Session>>, b: &[(u32, Box<Session>)]) -> u32 {
         loop {
             let i = self.next_index;
             self.next_index = if i >= MAX_INDEX { 1 } else { i + 1 };
