@@ -776,6 +776,13 @@ impl Topo {
         }
     }
 
+    /// Disables the client's VPN and checks that it left nothing of its own behind.
+    fn disable_and_expect_nothing_left(&self, client: &Client) {
+        let v = client.ok("POST", "/api/v1/vpn/disable", None);
+        assert_eq!(v["status"], "disabled");
+        assert_eq!(self.leftovers(), Vec::<String>::new());
+    }
+
     /// What of the VPN is left in the lan namespace and the scope cgroup.
     fn leftovers(&self) -> Vec<String> {
         let l = &self.lan;
@@ -1121,9 +1128,7 @@ fn vpn_scenario(classifier: &str) {
         "while on: {:?}",
         topo.leftovers()
     );
-    let v = client.ok("POST", "/api/v1/vpn/disable", None);
-    assert_eq!(v["status"], "disabled");
-    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    topo.disable_and_expect_nothing_left(&client);
     assert_eq!(
         client.ok("GET", "/api/v1/vpn/status", None)["status"],
         "disabled"
@@ -1256,9 +1261,7 @@ fn syvpn_allow_lan_false_tunnels_the_directly_connected_lan() {
     expect_seen(&topo, &client, &topo.inc, LAN_HOST, DIRECT);
     expect_seen(&topo, &client, &topo.inc, "10.211.9.1", "10.211.9.1");
 
-    let v = client.ok("POST", "/api/v1/vpn/disable", None);
-    assert_eq!(v["status"], "disabled");
-    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    topo.disable_and_expect_nothing_left(&client);
 }
 
 /// A namespace of its own whose processes share the VPN's scope cgroups (a container, an
@@ -2071,9 +2074,7 @@ fn udp_scenario(classifier: &str) {
     topo.start_origins();
     expect_seen(&topo, &client, &topo.inc, "10.211.9.1", "10.211.9.1");
 
-    let v = client.ok("POST", "/api/v1/vpn/disable", None);
-    assert_eq!(v["status"], "disabled");
-    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    topo.disable_and_expect_nothing_left(&client);
 }
 
 #[test]
@@ -2155,9 +2156,7 @@ fn syquic_vpn_udp_and_tcp_through_a_quic_server() {
     assert_eq!(q["connections_total"], 1, "{q}");
     assert!(q["streams_total"].as_u64().unwrap_or(0) >= 1, "{q}");
 
-    let v = client.ok("POST", "/api/v1/vpn/disable", None);
-    assert_eq!(v["status"], "disabled");
-    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    topo.disable_and_expect_nothing_left(&client);
 }
 
 /// `curl -6` of the IPv6 HTTP origin at `[ip]:8086` by a process of `cgroup` in the lan
@@ -2297,9 +2296,7 @@ fn ipv6_scenario(classifier: &str) {
     );
 
     // disable leaves nothing behind (the IPv6 rule and route included)
-    let v = client.ok("POST", "/api/v1/vpn/disable", None);
-    assert_eq!(v["status"], "disabled");
-    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    topo.disable_and_expect_nothing_left(&client);
     assert_eq!(curl6_seen(&topo, &topo.inc, ORIGIN6), DIRECT6);
 }
 
@@ -2369,9 +2366,7 @@ fn server_down_scenario(classifier: &str) {
         client.log()
     );
 
-    let v = client.ok("POST", "/api/v1/vpn/disable", None);
-    assert_eq!(v["status"], "disabled");
-    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    topo.disable_and_expect_nothing_left(&client);
 }
 
 #[test]
@@ -2499,9 +2494,7 @@ fn icmp_scenario(classifier: &str) {
         ],
     );
 
-    let v = client.ok("POST", "/api/v1/vpn/disable", None);
-    assert_eq!(v["status"], "disabled");
-    assert_eq!(topo.leftovers(), Vec::<String>::new());
+    topo.disable_and_expect_nothing_left(&client);
 }
 
 #[test]

@@ -42,6 +42,9 @@ const TTL: u8 = 64;
 /// The UDP source ports that carry echo requests from the pump to the cores (above the NAT's
 /// ports, [`super::nat::FIRST_PORT`] + [`super::nat::PORTS`], so no UDP flow has one).
 pub const CARRIER_PORTS: std::ops::Range<u16> = 60_000..64_096;
+// a translated UDP flow's NAT port must never look like a carrier port to the cores
+const _: () =
+    assert!(super::nat::FIRST_PORT as usize + super::nat::PORTS <= CARRIER_PORTS.start as usize);
 /// The largest request that is carried (it and its IPv4 and UDP headers fit in one datagram).
 const MAX_CARRIED: usize = u16::MAX as usize - 28;
 
