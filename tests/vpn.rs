@@ -1699,15 +1699,11 @@ fn dns_asker(dns_log: &Path, name: &str) -> String {
 /// short-lived and however soon after the VPN came up (the client's /proc scan runs every 2 s and
 /// would catch none of them): in include mode each goes through the VPN, in exclude mode each goes
 /// direct, and its DNS question goes to the client's resolver (which asks through the server) in
-/// both. A process matching no rule goes the other way; the exec hook's records go with the
-/// processes.
-#[test]
-fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
-    if !tools_or_skip("syvpn_ebpf_apps_by_name_and_path_from_their_first_connection")
-        || support::require("dnsmasq").is_none()
-    {
-        return;
-    }
+/// both. A process matching no rule goes the other way. With eBPF the exec hook records each
+/// process (and its records go with the processes); with nftables the exec watch (fanotify) moves
+/// each into the apps cgroup before its exec returns, and counts it in the VPN status.
+fn apps_from_their_first_connection_scenario(classifier: &str) {
+    let nftables = classifier == "nftables";
     let mut topo = Topo::new();
     topo.start_origins();
     let dns_log = topo.start_dnsmasq();
@@ -1731,14 +1727,24 @@ fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
         "{{mode: include, apps: [{{name: syapp-by-name}}, {{name: by-path, path: \"{}\"}}, {{name: syapp-shell}}]}}",
         by_path.display()
     );
-    let yaml = topo.client_yaml(server, true, "ebpf", &split).replace(
+    let yaml = topo.client_yaml(server, true, classifier, &split).replace(
         "dns: {enabled: false}",
         &format!("dns: {{enabled: true, servers: [\"{DNS}\"]}}"),
     );
     let client = topo.start_client(&yaml);
     let status = client.ok("GET", "/api/v1/vpn/status", None);
     assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
-    assert_eq!(status["mechanism"], "ebpf", "{status}");
+    assert_eq!(status["mechanism"], classifier, "{status}");
+    // nftables: filesystem marks for the name rules, an inode mark on the path rule's file
+    let marks = exec_watch_marks(client.pid());
+    if nftables {
+        assert!(
+            marks.is_some_and(|(fs, inodes)| fs > 0 && inodes == 1),
+            "{marks:?}"
+        );
+    } else {
+        assert_eq!(marks, None);
+    }
 
     let images = [by_name.as_path(), by_path.as_path()];
     let tunnelled = "ip=10.211.9.1 seen=10.211.9.1";
@@ -1796,17 +1802,71 @@ fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
     assert!(flows[0].contains(&format!(" {tunnelled} ")), "{flows:?}");
     assert!(flows[1].contains(&format!(" {direct} ")), "{flows:?}");
 
-    // the exec hook's records went with the processes (exit hook)
-    let pinned = topo.data_dir().join("bpffs/maps/sy_app_tgids");
-    let dump = sh_quiet(&format!(
-        "bpftool -j map dump pinned '{}'",
-        pinned.display()
-    ));
-    let records: serde_json::Value = serde_json::from_str(&dump).unwrap_or_default();
-    assert_eq!(records, serde_json::json!([]), "{dump}");
+    let status = client.ok("GET", "/api/v1/vpn/status", None);
+    if !nftables {
+        // the exec hook's records went with the processes (exit hook)
+        let pinned = topo.data_dir().join("bpffs/maps/sy_app_tgids");
+        let dump = sh_quiet(&format!(
+            "bpftool -j map dump pinned '{}'",
+            pinned.display()
+        ));
+        let records: serde_json::Value = serde_json::from_str(&dump).unwrap_or_default();
+        assert_eq!(records, serde_json::json!([]), "{dump}");
+        assert!(status.get("app_execs").is_none(), "{status}");
+    } else {
+        // every fresh app (and the shell) was moved at its exec
+        let moved = status["app_execs"]["moved"].as_u64().unwrap_or(0);
+        assert!(moved > 2 * FRESH_APPS as u64, "{status}");
+        assert!(
+            status["app_execs"]["seen"].as_u64() >= Some(moved),
+            "{status}"
+        );
+        // the last name rule removed: the filesystem marks go, the path rule's stays
+        client.ok("DELETE", "/api/v1/vpn/split/apps/syapp-shell", None);
+        assert_eq!(exec_watch_marks(client.pid()), Some((0, 1)));
+    }
 
     client.ok("POST", "/api/v1/vpn/disable", None);
     assert_eq!(topo.leftovers(), Vec::<String>::new());
+    assert_eq!(
+        exec_watch_marks(client.pid()),
+        None,
+        "disable closes the group"
+    );
+}
+
+/// The marks of a process's fanotify group (the nftables exec watch), from its fdinfo:
+/// (filesystem marks, inode marks); `None` when it has no group.
+fn exec_watch_marks(pid: u32) -> Option<(usize, usize)> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let fanotify = fds.flatten().find(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[fanotify]")
+    })?;
+    let info = std::fs::read_to_string(format!(
+        "/proc/{pid}/fdinfo/{}",
+        fanotify.file_name().to_string_lossy()
+    ))
+    .unwrap_or_default();
+    let count = |prefix: &str| info.lines().filter(|l| l.starts_with(prefix)).count();
+    Some((count("fanotify sdev:"), count("fanotify ino:")))
+}
+
+#[test]
+fn syvpn_ebpf_apps_by_name_and_path_from_their_first_connection() {
+    if tools_or_skip("syvpn_ebpf_apps_by_name_and_path_from_their_first_connection")
+        && support::require("dnsmasq").is_some()
+    {
+        apps_from_their_first_connection_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syvpn_nftables_apps_by_name_and_path_from_their_first_connection() {
+    if tools_or_skip("syvpn_nftables_apps_by_name_and_path_from_their_first_connection")
+        && support::require("dnsmasq").is_some()
+    {
+        apps_from_their_first_connection_scenario("nftables");
+    }
 }
 
 /// The processes the exec hook recorded (`sy_app_tgids` keys), read with bpftool from the pins
@@ -1836,15 +1896,23 @@ fn recorded_app_tgids(data_dir: &Path) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// The exec hook acts only in the client's network namespace: a process named like a name rule
-/// started in a bystander namespace whose processes share the scope cgroups is not recorded as
-/// an app and reaches its own origin untouched, while the same image started in the client's
-/// namespace is recorded and tunnelled.
-#[test]
-fn syvpn_ebpf_exec_hook_leaves_a_bystander_namespace_alone() {
-    if !tools_or_skip("syvpn_ebpf_exec_hook_leaves_a_bystander_namespace_alone") {
-        return;
-    }
+/// The cgroup v2 directory of a process (from `/proc/PID/cgroup`).
+fn cgroup_of(pid: u32) -> PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let rel = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::/"))
+        .unwrap_or_default();
+    cgroup2_mount().join(rel)
+}
+
+/// The exec hook (eBPF) or exec watch (nftables) acts only in the client's network namespace: a
+/// process named like a name rule started in a bystander namespace whose processes share the
+/// scope cgroups is not recorded as an app (eBPF) nor moved out of its cgroup (nftables: that
+/// cgroup is not the client's to change) and reaches its own origin untouched, while the same
+/// image started in the client's namespace is recorded (or moved into the apps cgroup) and
+/// tunnelled.
+fn exec_hook_bystander_scenario(classifier: &str) {
     let mut topo = Topo::new();
     topo.start_origins();
     let server = topo.start_server();
@@ -1857,9 +1925,10 @@ fn syvpn_ebpf_exec_hook_leaves_a_bystander_namespace_alone() {
         std::fs::copy(&exe, &by_name).expect("copy the test binary");
     }
     let split = "{mode: include, apps: [{name: syapp-by-name}]}";
-    let client = topo.start_client(&topo.client_yaml(server, true, "ebpf", split));
+    let client = topo.start_client(&topo.client_yaml(server, true, classifier, split));
     let status = client.ok("GET", "/api/v1/vpn/status", None);
     assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    assert_eq!(status["mechanism"], classifier, "{status}");
 
     // the app, started in each namespace (the scope's exc cgroup), holding its connection
     let hold = |netns: &str, dst: &str| {
@@ -1879,19 +1948,25 @@ fn syvpn_ebpf_exec_hook_leaves_a_bystander_namespace_alone() {
     };
     let (mut own, own_seen) = hold(&topo.lan, "10.211.9.1:8080");
     let (mut other, other_seen) = hold(&bystander.ns, "127.0.0.1:8080");
-    let recorded = recorded_app_tgids(&topo.data_dir());
     assert_eq!(own_seen, "seen=10.211.9.1", "{}", client.log());
     assert_eq!(other_seen, "seen=127.0.0.1", "{}", client.log());
-    assert!(
-        recorded.contains(&own.id()),
-        "the app in the client's namespace ({}) is recorded: {recorded:?}",
-        own.id()
-    );
-    assert!(
-        !recorded.contains(&other.id()),
-        "the bystander's process ({}) is recorded: {recorded:?}",
-        other.id()
-    );
+    if classifier == "ebpf" {
+        let recorded = recorded_app_tgids(&topo.data_dir());
+        assert!(
+            recorded.contains(&own.id()),
+            "the app in the client's namespace ({}) is recorded: {recorded:?}",
+            own.id()
+        );
+        assert!(
+            !recorded.contains(&other.id()),
+            "the bystander's process ({}) is recorded: {recorded:?}",
+            other.id()
+        );
+    } else {
+        let apps = topo.scope.join("switchyard-split-apps");
+        assert_eq!(cgroup_of(own.id()), apps, "{}", client.log());
+        assert_eq!(cgroup_of(other.id()), topo.exc, "{}", client.log());
+    }
     for child in [&mut own, &mut other] {
         drop(child.stdin.take());
         let _ = child.wait();
@@ -1900,6 +1975,20 @@ fn syvpn_ebpf_exec_hook_leaves_a_bystander_namespace_alone() {
 
     client.ok("POST", "/api/v1/vpn/disable", None);
     assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+#[test]
+fn syvpn_ebpf_exec_hook_leaves_a_bystander_namespace_alone() {
+    if tools_or_skip("syvpn_ebpf_exec_hook_leaves_a_bystander_namespace_alone") {
+        exec_hook_bystander_scenario("ebpf");
+    }
+}
+
+#[test]
+fn syvpn_nftables_exec_hook_leaves_a_bystander_namespace_alone() {
+    if tools_or_skip("syvpn_nftables_exec_hook_leaves_a_bystander_namespace_alone") {
+        exec_hook_bystander_scenario("nftables");
+    }
 }
 
 /// A VPN flow's `local_addr` is the application's own address, not the NAT address

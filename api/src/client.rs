@@ -268,6 +268,19 @@ pub struct VpnStatus {
     /// How the TUN path answered ICMP echo requests (ping) since start (extension).
     #[serde(default)]
     pub icmp: VpnIcmpStats,
+    /// The nftables classifier's exec watch, which moves apps by name or path into the apps
+    /// cgroup at exec; absent with eBPF or where fanotify permission events are unavailable
+    /// (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_execs: Option<VpnAppExecs>,
+}
+
+/// Execs the exec watch answered and processes it moved into the apps cgroup at their exec,
+/// since the VPN came up (extension of `GET /api/v1/vpn/status`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct VpnAppExecs {
+    pub seen: u64,
+    pub moved: u64,
 }
 
 /// ICMP echo requests (ping) that entered the TUN: each probed over its destination's route

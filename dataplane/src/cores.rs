@@ -123,8 +123,8 @@ pub fn parse_mountinfo(text: &str) -> (Option<CgroupMount>, Option<CgroupMount>)
             continue;
         };
         let mount = CgroupMount {
-            root: unescape_mount(root),
-            mount_point: PathBuf::from(unescape_mount(point)),
+            root: switchyard_ebpf::unescape_mountinfo(root),
+            mount_point: PathBuf::from(switchyard_ebpf::unescape_mountinfo(point)),
         };
         match *fs {
             "cgroup2" if unified.is_none() => unified = Some(mount),
@@ -140,31 +140,6 @@ pub fn parse_mountinfo(text: &str) -> (Option<CgroupMount>, Option<CgroupMount>)
         }
     }
     (unified, cpu_v1)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal (`\040`).
-fn unescape_mount(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|d| u8::from_str_radix(d, 8).ok())
-        });
-        match (bytes[i], octal) {
-            (b'\\', Some(b)) => {
-                out.push(b);
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The directories of the process's cgroup and its ancestors up to the mount point, innermost

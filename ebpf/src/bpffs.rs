@@ -17,7 +17,7 @@ pub fn fs_type_of(mountinfo: &str, path: &Path) -> Option<String> {
         let (Some(mount_point), Some(fs_type)) = (fields.get(4), fields.get(sep + 1)) else {
             continue;
         };
-        let mount_point = mount_point.replace("\\040", " ");
+        let mount_point = unescape_mountinfo(mount_point);
         if path.starts_with(&mount_point)
             && best
                 .as_ref()
@@ -27,6 +27,32 @@ pub fn fs_type_of(mountinfo: &str, path: &Path) -> Option<String> {
         }
     }
     best.map(|(_, t)| t)
+}
+
+/// A path field of `/proc/self/mountinfo` as the path it is: mountinfo writes space, tab, newline
+/// and backslash as `\` and three octal digits (`\040`).
+pub fn unescape_mountinfo(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
+            std::str::from_utf8(d)
+                .ok()
+                .and_then(|d| u8::from_str_radix(d, 8).ok())
+        });
+        match (bytes[i], octal) {
+            (b'\\', Some(b)) => {
+                out.push(b);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether `dir` is on a bpf file system.
@@ -84,6 +110,14 @@ mod tests {
 31 22 0:27 / /tmp rw - tmpfs tmpfs rw
 32 31 0:28 / /tmp/pins\\040x rw - bpf bpf rw
 ";
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mountinfo("/a\\040b\\011c\\134d"), "/a b\tc\\d");
+        // a backslash without three octal digits stays as it is
+        assert_eq!(unescape_mountinfo("/x\\04"), "/x\\04");
+        assert_eq!(unescape_mountinfo("/x\\999"), "/x\\999");
+    }
 
     #[test]
     fn longest_mount_point_decides() {

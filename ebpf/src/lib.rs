@@ -33,7 +33,7 @@ use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, CgroupSockAddr};
 use ipnet::IpNet;
 
-pub use bpffs::{ensure_bpffs, fs_type_of, is_bpffs, unmount_bpffs};
+pub use bpffs::{ensure_bpffs, fs_type_of, is_bpffs, unescape_mountinfo, unmount_bpffs};
 use maps::{comm_key, path_key, NetKey, RawConfig};
 pub use maps::{
     host_net, AppClass, AppImage, ClassifierConfig, DnsRedirect, Mode, COMM_LEN, PATH_LEN,

@@ -3,16 +3,18 @@
 //!
 //! Apps matched by name or path are moved into one managed cgroup (the "apps" cgroup under the
 //! scope) whose id the classifier knows — the way production split-tunnel tools do it — by the
-//! [`crate::SplitTunnel::refresh_apps`] scan. With eBPF, a process started later is classified
-//! from its exec on (the exec hook records it; see `switchyard-ebpf`), so the scan matters for
-//! processes that were running before the VPN came up; with nftables it is caught by the next
-//! scan. Only processes
-//! of the tunnel's own network namespace are moved: one of a container or another `ip netns` with
-//! the same name is none of the tunnel's business. Sockets a
-//! process opened before the move keep their mark until their next connect/send.
+//! [`crate::SplitTunnel::refresh_apps`] scan. A process started later is classified from its exec
+//! on: with eBPF the exec hook records it (see `switchyard-ebpf`), with nftables the exec watch
+//! ([`crate::exec_watch`], fanotify) moves it into the apps cgroup before its exec returns. So the
+//! scan matters for processes that were running before the VPN came up (and, with nftables, for
+//! all of them where fanotify permission events are unavailable). Only processes of the tunnel's
+//! own network namespace are moved: one of a container or another `ip netns` with the same name
+//! is none of the tunnel's business. Sockets a process opened before the move keep their mark
+//! until their next connect/send.
 
 use std::path::{Path, PathBuf};
 
+use crate::exec_watch::comm_cut;
 use crate::rules::AppRule;
 use crate::Error;
 
@@ -27,7 +29,9 @@ pub fn cgroup2_mount_in(mountinfo: &str) -> Option<PathBuf> {
         if fields.get(sep + 1) != Some(&"cgroup2") {
             return None;
         }
-        Some(PathBuf::from(fields.get(4)?.replace("\\040", " ")))
+        Some(PathBuf::from(switchyard_ebpf::unescape_mountinfo(
+            fields.get(4)?,
+        )))
     })
 }
 
@@ -51,7 +55,7 @@ pub fn is_cgroup2_mount(dir: &Path) -> bool {
         sep.is_some_and(|sep| fields.get(sep + 1) == Some(&"cgroup2"))
             && fields
                 .get(4)
-                .is_some_and(|p| Path::new(&p.replace("\\040", " ")) == dir)
+                .is_some_and(|p| Path::new(&switchyard_ebpf::unescape_mountinfo(p)) == dir)
     })
 }
 
@@ -180,9 +184,17 @@ pub fn app_matches(app: &AppRule, p: &ProcessInfo) -> bool {
     if let Some(path) = &app.path {
         return p.exe.as_deref() == Some(path.as_str());
     }
-    // comm is cut at 15 bytes: compare against the same cut of the rule's name
-    let name = app.name.as_bytes();
-    !name.is_empty() && p.name.as_bytes() == &name[..name.len().min(15)]
+    // comm is cut at 15 bytes: compare against the same cut of the rule's name. The base name
+    // of the executable counts too, cut the same way: it is what the nftables exec watch sees
+    // (the file the kernel opened, symlinks resolved; see `exec_watch`), and a process it moved
+    // into the apps cgroup must not be moved out again by the scan.
+    let name = comm_cut(app.name.as_bytes());
+    let exe_name = p
+        .exe
+        .as_deref()
+        .and_then(|e| e.rsplit('/').next())
+        .map(|b| comm_cut(b.as_bytes()));
+    !name.is_empty() && (p.name.as_bytes() == name || exe_name == Some(name))
 }
 
 /// Every process visible in /proc.
@@ -319,6 +331,16 @@ mod tests {
         };
         assert!(app_matches(&by_name("thunderbird-binary"), &p));
         assert!(!app_matches(&by_name("thunderbird"), &p));
+        // started through a symlink of another name: comm is the link's name, the exe is the
+        // file's; either name matches
+        let linked = ProcessInfo {
+            name: "python3".into(),
+            exe: Some("/usr/bin/python3.11".into()),
+            ..p.clone()
+        };
+        assert!(app_matches(&by_name("python3"), &linked));
+        assert!(app_matches(&by_name("python3.11"), &linked));
+        assert!(!app_matches(&by_name("python"), &linked));
         let by_path = AppRule {
             name: "tb".into(),
             path: Some("/usr/lib/thunderbird/thunderbird-bin".into()),

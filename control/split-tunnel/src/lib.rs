@@ -19,6 +19,7 @@
 //! again with everything else.
 
 pub mod cgroup;
+pub mod exec_watch;
 pub mod host;
 pub mod journal;
 pub mod nft;
@@ -27,6 +28,7 @@ pub mod rules;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::Serialize;
@@ -35,6 +37,7 @@ use switchyard_ebpf::{AppClass, AppImage, ClassifierConfig, NetList, SplitTunnel
 pub use rules::{AppRule, CompiledRules, RuleError, SplitMode, SplitRules};
 pub use switchyard_ebpf::DnsRedirect;
 
+use exec_watch::{ExecStats, ExecWatch};
 use host::Host;
 use journal::{Change, Journal};
 
@@ -370,6 +373,9 @@ pub struct SplitTunnel {
     netns_cookie: u64,
     /// pid → the cgroup a process was in before it was moved into the apps cgroup
     moved_from: BTreeMap<u32, PathBuf>,
+    /// nftables: moves apps by name/path into the apps cgroup at exec (`None` with eBPF, or
+    /// where fanotify permission events are unavailable: the scan alone then)
+    exec_watch: Option<ExecWatch>,
 }
 
 impl SplitTunnel {
@@ -403,6 +409,7 @@ impl SplitTunnel {
             apps_cgroup,
             netns_cookie: 0,
             moved_from: BTreeMap::new(),
+            exec_watch: None,
         };
         // from here on, a failure undoes what was done so far
         match tunnel.install() {
@@ -448,6 +455,17 @@ impl SplitTunnel {
                 netns: self.config.netns.clone(),
                 name: self.config.nft_table.clone(),
             })?;
+            self.exec_watch = match ExecWatch::start(
+                &self.apps_cgroup,
+                &self.cgroup_mount,
+                self.own_netns(),
+            ) {
+                Ok(watch) => Some(watch),
+                Err(e) => {
+                    tracing::warn!(error = %e, "apps by name or path are found by a /proc scan every 2 s only: a process started while the VPN is on may make its first connections (and DNS queries) outside its rule until then");
+                    None
+                }
+            };
         }
         self.install_routing()?;
         self.sync()?;
@@ -671,10 +689,30 @@ impl SplitTunnel {
         Ok(true)
     }
 
+    /// The network namespace the tunnel acts in, as [`cgroup::netns_id`] names it.
+    fn own_netns(&self) -> Option<cgroup::NetnsId> {
+        cgroup::netns_id(
+            &self
+                .config
+                .netns_path()
+                .unwrap_or_else(|| PathBuf::from("/proc/self/ns/net")),
+        )
+    }
+
+    /// Execs the nftables exec watch saw and processes it moved into the apps cgroup (`None`
+    /// with eBPF or where the watch could not start).
+    pub fn exec_stats(&self) -> Option<Arc<ExecStats>> {
+        self.exec_watch.as_ref().map(ExecWatch::stats)
+    }
+
     /// Moves processes matching name/path app rules into the apps cgroup, and processes there that
     /// no longer match back to where they came from (the scope cgroup after a restart). Returns
     /// how many moved in.
     pub fn refresh_apps(&mut self) -> Result<usize, Error> {
+        if let Some(watch) = &mut self.exec_watch {
+            self.moved_from.extend(watch.take_moved());
+            watch.refresh_marks();
+        }
         let apps: Vec<&AppRule> = self
             .rules
             .apps
@@ -683,12 +721,7 @@ impl SplitTunnel {
             .collect();
         let inside = cgroup::members(&self.apps_cgroup);
         let own = std::process::id();
-        let own_netns = cgroup::netns_id(
-            &self
-                .config
-                .netns_path()
-                .unwrap_or_else(|| PathBuf::from("/proc/self/ns/net")),
-        );
+        let own_netns = self.own_netns();
         let mut moved = 0;
         let processes = cgroup::processes();
         for p in &processes {
@@ -810,13 +843,19 @@ impl SplitTunnel {
                     self.private_cgroup2.then_some(self.cgroup_mount.as_path()),
                 );
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                self.host.run(program, &args, Some(&text)).map(|_| ())
+                self.host.run(program, &args, Some(&text))?;
+                if let Some(watch) = &mut self.exec_watch {
+                    watch.set_rules(&self.rules.apps);
+                }
+                Ok(())
             }
         }
     }
 
     /// Removes everything this split tunnel changed on the host.
-    pub fn disable(self) -> Result<(), Error> {
+    pub fn disable(mut self) -> Result<(), Error> {
+        // stops the responder and closes the fanotify group, which removes its marks
+        drop(self.exec_watch.take());
         if let Classifier::Ebpf(program, _) = self.classifier {
             program.detach()?;
         }

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use phase::{Phase, Step};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use switchyard_api::client::{VpnConnection, VpnIcmpStats, VpnStatus};
+use switchyard_api::client::{VpnAppExecs, VpnConnection, VpnIcmpStats, VpnStatus};
 use switchyard_config::client::{ClientConfig, VpnSplitConfig};
 use switchyard_config::client::{ClientServerConfig, ServerProtocol};
 use switchyard_dataplane::events::Protocol;
@@ -31,6 +31,7 @@ use switchyard_dataplane::live::LiveTable;
 use switchyard_dataplane::tun::{
     NatAddresses, NatAddresses6, Translator, TunPump, UdpNat, VpnPath,
 };
+use switchyard_split_tunnel::exec_watch::ExecStats;
 use switchyard_split_tunnel::{
     cgroup, AppRule, DnsRedirect, MechanismChoice, SplitRules, SplitTunnel, SplitTunnelConfig,
     SplitTunnelStatus,
@@ -71,6 +72,8 @@ pub struct VpnManager {
     /// Serialises enable, disable and rule edits (all control plane).
     active: tokio::sync::Mutex<Option<Active>>,
     split_status: Mutex<Option<SplitTunnelStatus>>,
+    /// The nftables exec watch's counters while the VPN is on (read live by the status).
+    exec_stats: Mutex<Option<Arc<ExecStats>>>,
     path: Option<Arc<VpnPath>>,
     listen_port: Option<u16>,
     live: Arc<LiveTable>,
@@ -156,6 +159,7 @@ impl VpnManager {
             phase: Mutex::new(Phase::Disabled),
             active: tokio::sync::Mutex::new(None),
             split_status: Mutex::new(None),
+            exec_stats: Mutex::new(None),
             path,
             listen_port,
             live,
@@ -222,7 +226,11 @@ impl VpnManager {
         };
         match up {
             Ok(a) => {
-                *self.split_status.lock() = a.split.lock().as_ref().map(SplitTunnel::status);
+                {
+                    let split = a.split.lock();
+                    *self.split_status.lock() = split.as_ref().map(SplitTunnel::status);
+                    *self.exec_stats.lock() = split.as_ref().and_then(SplitTunnel::exec_stats);
+                }
                 *active = Some(a);
                 let _ = self.step(Step::Up);
                 tracing::info!(device = %cfg.vpn.interface_name, "VPN connected");
@@ -425,6 +433,7 @@ impl VpnManager {
             None => Ok(()),
         };
         *self.split_status.lock() = None;
+        *self.exec_stats.lock() = None;
         let _ = self.step(Step::Disable);
         match &result {
             Ok(()) => tracing::info!("VPN disabled"),
@@ -539,6 +548,13 @@ impl VpnManager {
             }
         });
         let split = self.split_status.lock().clone();
+        let app_execs = self.exec_stats.lock().as_ref().map(|s| {
+            use std::sync::atomic::Ordering::Relaxed;
+            VpnAppExecs {
+                seen: s.seen.load(Relaxed),
+                moved: s.moved.load(Relaxed),
+            }
+        });
         let ip = host::tun_address(&cfg.vpn.tun.address)
             .map(|(ip, _)| ip.to_string())
             .unwrap_or_default();
@@ -576,6 +592,7 @@ impl VpnManager {
             flows,
             dropped,
             icmp,
+            app_execs,
         }
     }
 
