@@ -2564,12 +2564,23 @@ fn syicmp_nftables_ping_answered_through_the_server_and_direct_unreachable_repor
     }
 }
 
+/// What an included app's TCP connection to `dst`:8080 came to (see [`tcp_outcome`]).
+fn app_tcp_outcome(topo: &Topo, dst: &str) -> String {
+    topo.probe(&topo.inc, "tcp-outcome", &format!("{dst}:8080"))
+}
+
+/// The response code an included app's question for `name` got (see [`dns_rcode`]).
+fn app_dns_rcode(topo: &Topo, name: &str) -> String {
+    topo.probe(&topo.inc, "dns-rcode", &format!("{DNS}:53 {name}"))
+}
+
 /// The kill switch in VPN mode (issue 36, `routing.when_disconnected: block`), with the given
 /// classifier. Disconnected, an included app's traffic for the server is refused — its TCP
 /// connection reset, its UDP datagrams dropped, its DNS question answered REFUSED — and a
 /// capture on the lan link sees no packet to those origins and no DNS at all, while the `direct`
 /// route (10.211.9.3) keeps working; the VPN status counts what was refused and the client
-/// status says `blocked: not connected`. Connected again, everything goes through the server;
+/// status says `blocked: not connected`. Connected again, everything goes through the server,
+/// and once the server stops answering the resolver answers SERVFAIL without a direct query;
 /// disconnected once more, a name of a `direct` route still resolves (directly).
 fn kill_switch_scenario(classifier: &str) {
     let mut topo = Topo::named("syks");
@@ -2593,23 +2604,26 @@ fn kill_switch_scenario(classifier: &str) {
     let client = topo.start_client(&yaml);
     let status = client.ok("GET", "/api/v1/vpn/status", None);
     assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
-    let tcp = |dst: &str| topo.probe(&topo.inc, "tcp-outcome", &format!("{dst}:8080"));
-    let rcode = |name: &str| topo.probe(&topo.inc, "dns-rcode", &format!("{DNS}:53 {name}"));
     // connected: through the server. (Another origin than the blocked one below: with the
     // nftables classifier the kernel's socketless replies of a closed flow — the ACK/RST of a
     // TIME_WAIT — carry no mark and leave by the lan link, retransmitted for seconds; that is
     // the classifier's, not the kill switch's, and is reported separately.)
-    assert_eq!(tcp("10.211.9.2"), "seen=10.211.9.2", "{}", client.log());
+    assert_eq!(
+        app_tcp_outcome(&topo, "10.211.9.2"),
+        "seen=10.211.9.2",
+        "{}",
+        client.log()
+    );
 
     client.ok("POST", "/api/v1/disconnect", None);
     let status = client.ok("GET", "/api/v1/status", None);
     assert_eq!(status["status"], "blocked: not connected", "{status}");
     let capture = topo.capture("host 10.211.9.1 or port 53");
-    let refused_tcp = tcp("10.211.9.1");
+    let refused_tcp = app_tcp_outcome(&topo, "10.211.9.1");
     let refused_udp = topo.udp_seen(&topo.inc, "10.211.9.1", 1);
-    let refused_dns = rcode("a.tun.test");
+    let refused_dns = app_dns_rcode(&topo, "a.tun.test");
     // the direct route keeps working (its packets go to 10.211.9.3, outside the capture)
-    let direct_tcp = tcp("10.211.9.3");
+    let direct_tcp = app_tcp_outcome(&topo, "10.211.9.3");
     let direct_udp = topo.udp_seen(&topo.inc, "10.211.9.3", 1);
     let leaked = capture.packets();
     assert_eq!(
@@ -2649,12 +2663,36 @@ fn kill_switch_scenario(classifier: &str) {
         client.log()
     );
     assert!(capture.packets().is_empty(), "connected, DNS went direct");
-    assert_eq!(tcp("10.211.9.1"), "seen=10.211.9.1", "{}", client.log());
+    assert_eq!(
+        app_tcp_outcome(&topo, "10.211.9.1"),
+        "seen=10.211.9.1",
+        "{}",
+        client.log()
+    );
     assert_eq!(
         topo.udp_seen(&topo.inc, "10.211.9.1", 1),
         "seen=10.211.9.1 replies=1"
     );
-    assert_eq!(tcp("10.211.9.3"), format!("seen={DIRECT}"));
+    assert_eq!(
+        app_tcp_outcome(&topo, "10.211.9.3"),
+        format!("seen={DIRECT}")
+    );
+
+    // connected to a server that stopped answering: the resolver fails closed too — SERVFAIL,
+    // no direct query (as TCP is reset, see the syv6 server-down scenario)
+    topo.server = None;
+    let capture = topo.capture("port 53");
+    assert_eq!(
+        app_dns_rcode(&topo, "d.tun.test"),
+        "rcode=2 answers=0",
+        "{}",
+        client.log()
+    );
+    let leaked = capture.packets();
+    assert!(
+        leaked.is_empty(),
+        "the server is down: DNS went direct: {leaked:?}"
+    );
 
     // disconnected again: a name of the `direct` route is resolved, directly
     client.ok("POST", "/api/v1/disconnect", None);
@@ -2670,7 +2708,7 @@ fn kill_switch_scenario(classifier: &str) {
         seen.iter().any(|l| l.contains(&format!("{DNS}.53"))),
         "the direct route's name was not resolved directly: {seen:?}"
     );
-    assert_eq!(rcode("c.tun.test"), "rcode=5 answers=0");
+    assert_eq!(app_dns_rcode(&topo, "c.tun.test"), "rcode=5 answers=0");
 
     topo.disable_and_expect_nothing_left(&client);
 }
