@@ -435,6 +435,13 @@ fn tools_or_skip(what: &str) -> bool {
     root_with_tools_or_skip(what, &["ip", "nft", "nsenter", "bpftool", "curl"])
 }
 
+/// [`tools_or_skip`] plus dnsmasq (the upstream DNS server) and tcpdump (the leak captures).
+fn dns_tools_or_skip(what: &str) -> bool {
+    tools_or_skip(what)
+        && support::require("dnsmasq").is_some()
+        && support::require("tcpdump").is_some()
+}
+
 fn cgroup2_mount() -> PathBuf {
     let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     info.lines()
@@ -1671,20 +1678,14 @@ fn dns_scenario(classifier: &str) {
 
 #[test]
 fn syvpn_ebpf_dns_domain_rule_cache_and_no_leak_v4_v6() {
-    if tools_or_skip("syvpn_ebpf_dns_domain_rule_cache_and_no_leak_v4_v6")
-        && support::require("dnsmasq").is_some()
-        && support::require("tcpdump").is_some()
-    {
+    if dns_tools_or_skip("syvpn_ebpf_dns_domain_rule_cache_and_no_leak_v4_v6") {
         dns_scenario("ebpf");
     }
 }
 
 #[test]
 fn syvpn_nftables_dns_domain_rule_cache_and_no_leak_v4_v6() {
-    if tools_or_skip("syvpn_nftables_dns_domain_rule_cache_and_no_leak_v4_v6")
-        && support::require("dnsmasq").is_some()
-        && support::require("tcpdump").is_some()
-    {
+    if dns_tools_or_skip("syvpn_nftables_dns_domain_rule_cache_and_no_leak_v4_v6") {
         dns_scenario("nftables");
     }
 }
@@ -1994,19 +1995,27 @@ fn start_include_client(
     socks: SocketAddr,
     http: SocketAddr,
 ) -> Client {
+    let yaml = include_client_yaml(topo, classifier, socks).replace(
+        "vpn:\n",
+        &format!("  - {{name: gw-http, address: \"{http}\", protocol: HTTP}}\nvpn:\n"),
+    ) + "routing:\n  routes:\n    - {name: to-direct, patterns: [\"10.211.9.3\"], action: direct}\n";
+    start_connected_client(topo, &yaml)
+}
+
+/// The client configuration with the `inc` cgroup as the app (include mode) and the server's
+/// SOCKS5 selected.
+fn include_client_yaml(topo: &Topo, classifier: &str, socks: SocketAddr) -> String {
     let split = format!(
         "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}]}}",
         topo.inc.display()
     );
-    let yaml = topo
-        .client_yaml(socks, true, classifier, &split)
+    topo.client_yaml(socks, true, classifier, &split)
         .replace("protocol: HTTP", "protocol: SOCKS5")
-        .replace(
-            "vpn:\n",
-            &format!("  - {{name: gw-http, address: \"{http}\", protocol: HTTP}}\nvpn:\n"),
-        )
-        + "routing:\n  routes:\n    - {name: to-direct, patterns: [\"10.211.9.3\"], action: direct}\n";
-    let client = topo.start_client(&yaml);
+}
+
+/// Starts the client on `yaml`; once its VPN is connected.
+fn start_connected_client(topo: &Topo, yaml: &str) -> Client {
+    let client = topo.start_client(yaml);
     let status = client.ok("GET", "/api/v1/vpn/status", None);
     assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
     client
@@ -2588,22 +2597,11 @@ fn kill_switch_scenario(classifier: &str) {
     topo.start_udp_origin();
     topo.start_dnsmasq();
     topo.start_server();
-    let socks = topo.server_socks5();
-    let split = format!(
-        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}]}}",
-        topo.inc.display()
-    );
-    let yaml = topo
-        .client_yaml(socks, true, classifier, &split)
-        .replace("protocol: HTTP", "protocol: SOCKS5")
-        .replace(
-            "dns: {enabled: false}",
-            &format!("dns: {{enabled: true, servers: [\"{DNS}\"], cache_ttl: 5m}}"),
-        )
-        + "routing:\n  when_disconnected: block\n  routes:\n    - {name: to-direct, patterns: [\"10.211.9.3\", \"*.plain.test\"], action: direct}\n";
-    let client = topo.start_client(&yaml);
-    let status = client.ok("GET", "/api/v1/vpn/status", None);
-    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    let yaml = include_client_yaml(&topo, classifier, topo.server_socks5()).replace(
+        "dns: {enabled: false}",
+        &format!("dns: {{enabled: true, servers: [\"{DNS}\"], cache_ttl: 5m}}"),
+    ) + "routing:\n  when_disconnected: block\n  routes:\n    - {name: to-direct, patterns: [\"10.211.9.3\", \"*.plain.test\"], action: direct}\n";
+    let client = start_connected_client(&topo, &yaml);
     // connected: through the server. (Another origin than the blocked one below: with the
     // nftables classifier the kernel's socketless replies of a closed flow — the ACK/RST of a
     // TIME_WAIT — carry no mark and leave by the lan link, retransmitted for seconds; that is
@@ -2715,20 +2713,14 @@ fn kill_switch_scenario(classifier: &str) {
 
 #[test]
 fn syks_ebpf_kill_switch_blocks_tcp_udp_and_dns_for_the_server_while_disconnected() {
-    if tools_or_skip("syks_ebpf_kill_switch")
-        && support::require("dnsmasq").is_some()
-        && support::require("tcpdump").is_some()
-    {
+    if dns_tools_or_skip("syks_ebpf_kill_switch") {
         kill_switch_scenario("ebpf");
     }
 }
 
 #[test]
 fn syks_nftables_kill_switch_blocks_tcp_udp_and_dns_for_the_server_while_disconnected() {
-    if tools_or_skip("syks_nftables_kill_switch")
-        && support::require("dnsmasq").is_some()
-        && support::require("tcpdump").is_some()
-    {
+    if dns_tools_or_skip("syks_nftables_kill_switch") {
         kill_switch_scenario("nftables");
     }
 }
