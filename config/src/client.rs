@@ -249,15 +249,6 @@ pub enum WhenDisconnected {
     Block,
 }
 
-impl WhenDisconnected {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WhenDisconnected::Direct => "direct",
-            WhenDisconnected::Block => "block",
-        }
-    }
-}
-
 /// `routing:`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
