@@ -991,3 +991,169 @@ fn cpu_profile_is_gzipped_pprof_protobuf_with_samples() {
     assert_eq!(st, 200);
     assert!(cmdline.contains("client"), "{cmdline:?}");
 }
+
+/// What the kill switch must do to a destination routed to the server: the HTTP proxy answers
+/// `503` naming the reason (a plain request and a CONNECT), the SOCKS5 proxy replies 2 (not
+/// allowed by ruleset). `tag` marks the attempts' paths in the origin's access log.
+fn expect_blocked(client: &Client, origin: &Nginx, tag: &str) {
+    let url = origin.url(&format!("/hello.txt?{tag}-http"));
+    let proxy = format!("http://{}", client.http);
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-w",
+        "\n%{http_code}",
+        "-x",
+        &proxy,
+        &url,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "blocked: not connected\n\n503",
+        "{tag}: plain HTTP to a server route\n{}",
+        client.log_text()
+    );
+    let url = origin.url(&format!("/hello.txt?{tag}-connect"));
+    let out = curl(&[
+        "-sS",
+        "--max-time",
+        "20",
+        "-p",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_connect}",
+        "-x",
+        &proxy,
+        &url,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "503",
+        "{tag}: CONNECT to a server route"
+    );
+    let out = curl_via_socks(client, &origin.url(&format!("/hello.txt?{tag}-socks")));
+    assert!(!out.status.success(), "{tag}: SOCKS5 to a server route");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("SOCKS5") && stderr.contains("(2)"),
+        "{tag}: SOCKS5 reply 2 (not allowed by ruleset) wanted: {stderr}"
+    );
+}
+
+/// The direct route's destination works over both proxies (the origin answers).
+fn expect_direct_works(client: &Client, origin: &Nginx, tag: &str) {
+    // `localhost` is routed direct; the same origin as 127.0.0.1 is routed to the server
+    let url = format!("http://localhost:{}/hello.txt?{tag}-direct", origin.port);
+    for out in [curl_via_http(client, &url), curl_via_socks(client, &url)] {
+        assert_eq!(
+            out.stdout,
+            b"hello through switchyard",
+            "{tag}: the direct route: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            client.log_text()
+        );
+    }
+}
+
+/// `routing.when_disconnected: block` (issue 36): never connected (auto-connect off) and after
+/// `POST /api/v1/disconnect`, a destination routed to the server is refused over HTTP (503
+/// `blocked: not connected`, plain and CONNECT) and SOCKS5 (reply 2) and neither the origin nor
+/// the server sees anything of it, while a `direct` route keeps working; status, health and the
+/// debug entries say so. Connected, both work and the server carries the first.
+#[test]
+fn kill_switch_blocks_server_routes_while_disconnected() {
+    let Some(nginx) = origin() else { return };
+    let server = gateway();
+    let yaml = client_yaml(&format!(
+        "server: {{auto_connect: false}}\nrouting:\n  when_disconnected: block\n  routes:\n    - {{name: local, patterns: [localhost], action: direct}}\nservers:\n{}",
+        server_entry("gw", &server, "HTTP")
+    ));
+    let client = start_client(&yaml);
+    assert!(
+        client
+            .log_text()
+            .contains("destinations for the server are blocked"),
+        "{}",
+        client.log_text()
+    );
+    let status = client.get("/api/v1/status");
+    assert_eq!(
+        (&status["status"], &status["server_connected"]),
+        (
+            &serde_json::json!("blocked: not connected"),
+            &serde_json::json!(false)
+        ),
+        "{status}"
+    );
+    let health = client.get("/api/v1/health");
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert!(
+        health["problems"]
+            .to_string()
+            .contains("blocked: not connected"),
+        "{health}"
+    );
+
+    expect_blocked(&client, &nginx, "never");
+    expect_direct_works(&client, &nginx, "never");
+    let errors = client.get("/api/v1/debug/errors");
+    let blocked: Vec<&serde_json::Value> = errors
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["action"] == "blocked")
+        .collect();
+    assert!(blocked.len() >= 3, "{errors}");
+    assert!(
+        blocked
+            .iter()
+            .all(|e| e["error"] == "blocked: not connected"),
+        "{errors}"
+    );
+
+    // connected: the server carries the server route, the direct route stays direct
+    let (st, v) = call(client.api, "POST", "/api/v1/connect", None);
+    assert_eq!((st, &v["status"]), (200, &serde_json::json!("connected")));
+    assert_eq!(client.get("/api/v1/status")["status"], "running");
+    client.wait_health("healthy");
+    let url = nginx.url("/hello.txt?connected");
+    for out in [curl_via_http(&client, &url), curl_via_socks(&client, &url)] {
+        assert_eq!(
+            out.stdout,
+            b"hello through switchyard",
+            "connected: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    expect_direct_works(&client, &nginx, "connected");
+    let carried = wait_server_connections(&server, 2);
+    assert_eq!(
+        carried, 2,
+        "the server carried the two server-route requests"
+    );
+
+    // disconnected: blocked again
+    let (st, _) = call(client.api, "POST", "/api/v1/disconnect", None);
+    assert_eq!(st, 200);
+    assert_eq!(
+        client.get("/api/v1/status")["status"],
+        "blocked: not connected"
+    );
+    expect_blocked(&client, &nginx, "disconnected");
+    expect_direct_works(&client, &nginx, "disconnected");
+
+    // nothing refused reached the origin or the server
+    let log = std::fs::read_to_string(nginx.dir.path().join("access.log")).unwrap_or_default();
+    for tag in ["never", "disconnected"] {
+        for leg in ["http", "connect", "socks"] {
+            assert!(
+                !log.contains(&format!("{tag}-{leg}")),
+                "{tag}-{leg} reached the origin:\n{log}"
+            );
+        }
+        assert!(log.contains(&format!("{tag}-direct")), "{log}");
+    }
+    assert_eq!(server_connections(&server), carried);
+}

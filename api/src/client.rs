@@ -23,7 +23,8 @@ impl StatusReply {
 /// `GET /api/v1/status`
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ClientStatus {
-    /// `running`.
+    /// `running`, or `blocked: not connected` while `routing.when_disconnected: block` refuses
+    /// what the server would carry (no server connected).
     pub status: String,
     pub version: String,
     pub server_connected: bool,
@@ -273,6 +274,10 @@ pub struct VpnStatus {
     /// (extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_execs: Option<VpnAppExecs>,
+    /// What the kill switch (`routing.when_disconnected: block`) refused since start
+    /// (extension).
+    #[serde(default)]
+    pub blocked: VpnBlockedStats,
 }
 
 /// Execs the exec watch answered and processes it moved into the apps cgroup at their exec,
@@ -281,6 +286,18 @@ pub struct VpnStatus {
 pub struct VpnAppExecs {
     pub seen: u64,
     pub moved: u64,
+}
+
+/// Traffic of the VPN refused because its route was blocked — meant for the server while none
+/// is connected (extension of `GET /api/v1/vpn/status`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct VpnBlockedStats {
+    /// TCP flows reset.
+    pub tcp_flows: u64,
+    /// UDP datagrams dropped (also counted in `dropped`).
+    pub udp_datagrams: u64,
+    /// DNS questions answered REFUSED by the VPN's resolver (never forwarded).
+    pub dns_refused: u64,
 }
 
 /// ICMP echo requests (ping) that entered the TUN: each probed over its destination's route

@@ -237,12 +237,26 @@ impl RouteAction {
     }
 }
 
+/// What destinations whose route says `server` get while no server is connected (the client
+/// never connected, or after `POST /api/v1/disconnect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenDisconnected {
+    /// They go direct (fail open; the default, the client's behaviour before the switch).
+    #[default]
+    Direct,
+    /// They are refused (fail closed: the kill switch); `direct` routes keep working.
+    Block,
+}
+
 /// `routing:`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RoutingConfig {
     /// Action for destinations no route matches (default `server`).
     pub default_action: RouteAction,
+    /// `direct` (default) or `block`: see [`WhenDisconnected`].
+    pub when_disconnected: WhenDisconnected,
     #[serde(deserialize_with = "null_default")]
     pub routes: Vec<ClientRouteConfig>,
 }
@@ -1185,6 +1199,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("routing.default_action"), "{err}");
+    }
+
+    #[test]
+    fn when_disconnected_defaults_to_direct_takes_block_and_names_a_bad_value() {
+        assert_eq!(
+            ClientConfig::default().routing.when_disconnected,
+            WhenDisconnected::Direct
+        );
+        let cfg =
+            ClientConfig::from_yaml_str("routing: {when_disconnected: block}", &|_| None).unwrap();
+        assert_eq!(cfg.routing.when_disconnected, WhenDisconnected::Block);
+        let err = ClientConfig::from_yaml_str("routing: {when_disconnected: drop}", &|_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("routing.when_disconnected") && err.contains("block"),
+            "{err}"
+        );
+        let err = merge_partial(
+            &ClientConfig::default(),
+            &serde_json::json!({"routing": {"when_disconnected": "off"}}),
+        )
+        .unwrap_err();
+        assert!(err.contains("routing.when_disconnected"), "{err}");
     }
 
     #[test]

@@ -86,6 +86,7 @@ impl Dialer<'_> {
                 stream: BackendStream::Tcp(link.0.open(self, host, port, deadline).await?),
                 early_data: Vec::new(),
             }),
+            BackendKind::Blocked { reason } => Err(DataplaneError::Blocked(reason)),
             BackendKind::Unavailable { type_name } => {
                 Err(DataplaneError::BackendUnavailable((*type_name).into()))
             }

@@ -48,6 +48,10 @@ pub enum DataplaneError {
     },
     #[error("OpenVPN backend {backend}: {reason}")]
     Openvpn { backend: String, reason: String },
+    /// A blocked backend refused the connection (the client's kill switch); the message is
+    /// what the proxy client reads: `blocked: not connected`.
+    #[error("blocked: {0}")]
+    Blocked(&'static str),
     #[error("backend {0} is not available in this build")]
     BackendUnavailable(String),
     #[error("no route for {0}")]
@@ -73,7 +77,10 @@ impl DataplaneError {
             | Self::Tunnel { .. }
             | Self::Quic { .. }
             | Self::Openvpn { .. } => Side::Upstream,
-            Self::BackendUnavailable(_) | Self::NoRoute(_) | Self::Overloaded(_) => Side::Internal,
+            Self::BackendUnavailable(_)
+            | Self::NoRoute(_)
+            | Self::Overloaded(_)
+            | Self::Blocked(_) => Side::Internal,
             Self::Start(_) | Self::Io(_) => Side::Internal,
         }
     }
@@ -90,7 +97,9 @@ impl DataplaneError {
     pub fn http_status(&self) -> (u16, &'static str) {
         match self {
             Self::ConnectTimeout { .. } => (504, "Gateway Timeout"),
-            Self::Overloaded(_) | Self::BackendUnavailable(_) => (503, "Service Unavailable"),
+            Self::Overloaded(_) | Self::BackendUnavailable(_) | Self::Blocked(_) => {
+                (503, "Service Unavailable")
+            }
             Self::NoRoute(_) => (502, "Bad Gateway"),
             _ => (502, "Bad Gateway"),
         }
@@ -129,7 +138,7 @@ impl DataplaneError {
                 Some(libc::ECONNREFUSED) => ReplyCode::ConnectionRefused,
                 _ => ReplyCode::HostUnreachable,
             },
-            Self::NoRoute(_) => ReplyCode::NotAllowed,
+            Self::NoRoute(_) | Self::Blocked(_) => ReplyCode::NotAllowed,
             _ => ReplyCode::GeneralFailure,
         }
     }

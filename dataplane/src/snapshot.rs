@@ -53,6 +53,12 @@ pub enum BackendKind {
     /// A switchyard server reached over QUIC (client role; shared across snapshots while
     /// its settings stay, so a reload keeps the connection).
     Quic(QuicRef),
+    /// Refuses every connection with [`crate::error::DataplaneError::Blocked`] and carries no
+    /// datagram: the client's kill switch (`routing.when_disconnected: block`) puts it where
+    /// the server would be while no server is connected.
+    Blocked {
+        reason: &'static str,
+    },
     /// Parsed and validated, but its transport is not in this build yet.
     Unavailable {
         type_name: &'static str,
@@ -150,6 +156,7 @@ impl Backend {
             BackendKind::Wireguard(_) => "wireguard",
             BackendKind::Openvpn(_) => "openvpn",
             BackendKind::Quic(_) => "quic",
+            BackendKind::Blocked { .. } => "blocked",
             BackendKind::Unavailable { type_name } => type_name,
         }
     }

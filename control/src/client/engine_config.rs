@@ -5,9 +5,16 @@
 //! configuration cannot name and [`compile`] puts in place), and one engine route per client route plus a catch-all for the default action —
 //! and compiled into the engine's [`Snapshot`]. Routing, pooling, keep-alive, counters and request
 //! records then all come from the same engine the server runs.
+//!
+//! While no server is connected, routes with action `server` go to `direct` — or, with
+//! `routing.when_disconnected: block` (the kill switch), to a third backend, [`BLOCKED`], that
+//! refuses every connection (`blocked: not connected`). The cores thus decide from the snapshot
+//! they already read; the control plane only publishes a new one on connect and disconnect.
 
 use std::sync::Arc;
-use switchyard_config::client::{ClientConfig, ClientServerConfig, RouteAction, ServerProtocol};
+use switchyard_config::client::{
+    ClientConfig, ClientServerConfig, RouteAction, ServerProtocol, WhenDisconnected,
+};
 use switchyard_config::{
     BackendConfig, BackendType, LoadBalance, RouteConfig, ServerConfig, UpstreamProxyConfig,
 };
@@ -21,19 +28,42 @@ pub const DIRECT: &str = "direct";
 pub const SERVER_PREFIX: &str = "server/";
 /// Name of the catch-all engine route carrying `routing.default_action`.
 pub const DEFAULT_ROUTE: &str = "(default action)";
+/// Name of the backend that refuses what the server would carry while no server is connected
+/// (`routing.when_disconnected: block`).
+pub const BLOCKED: &str = "blocked";
+/// Why [`BLOCKED`] refuses: proxy clients read `blocked: not connected`.
+pub const NOT_CONNECTED: &str = "not connected";
 
-/// `direct` / `server` and the backend name of a recorded request's backend.
+/// `direct` / `server` / `blocked` and the backend name of a recorded request's backend.
 pub fn action_of(backend: &str) -> (&'static str, &str) {
     match backend.strip_prefix(SERVER_PREFIX) {
         Some(name) => ("server", name),
+        None if backend == BLOCKED => ("blocked", ""),
         None => ("direct", backend),
     }
 }
 
+/// Whether `cfg` with `server` connected (or none) refuses what the server would carry.
+pub fn blocks(cfg: &ClientConfig, server: Option<&ClientServerConfig>) -> bool {
+    server.is_none() && cfg.routing.when_disconnected == WhenDisconnected::Block
+}
+
+/// Whether `snapshot` refuses `host` (its route's backend is [`BLOCKED`]).
+pub fn is_blocked(snapshot: &Snapshot, host: &str) -> bool {
+    snapshot
+        .select(host)
+        .is_some_and(|(_, b)| matches!(b.kind, BackendKind::Blocked { .. }))
+}
+
 /// The engine configuration of `cfg`. `server` is the selected server while connected; without
-/// one every destination goes direct (routes with action `server` included).
+/// one every destination goes direct (routes with action `server` included), or with
+/// `routing.when_disconnected: block` those go to [`BLOCKED`] (a stand-in here that
+/// [`compile`] replaces).
 pub fn engine_config(cfg: &ClientConfig, server: Option<&ClientServerConfig>) -> ServerConfig {
     let mut backends = vec![BackendConfig::direct(DIRECT)];
+    if blocks(cfg, server) {
+        backends.push(BackendConfig::direct(BLOCKED));
+    }
     let server_backend = server.map(|s| {
         let name = format!("{SERVER_PREFIX}{}", s.name);
         let upstream = UpstreamProxyConfig {
@@ -58,9 +88,11 @@ pub fn engine_config(cfg: &ClientConfig, server: Option<&ClientServerConfig>) ->
         });
         name
     });
+    let unconnected = if blocks(cfg, server) { BLOCKED } else { DIRECT };
     let target = |action: RouteAction| match (action, &server_backend) {
         (RouteAction::Server, Some(name)) => name.clone(),
-        _ => DIRECT.to_owned(),
+        (RouteAction::Server, None) => unconnected.to_owned(),
+        (RouteAction::Direct, _) => DIRECT.to_owned(),
     };
     let mut routes: Vec<RouteConfig> = cfg
         .routing
@@ -115,7 +147,27 @@ pub fn compile(
     if let Some(s) = server.filter(|s| s.protocol == ServerProtocol::Quic) {
         put_quic_backend(&mut snapshot, s, previous)?;
     }
+    if blocks(cfg, server) {
+        replace_backend(&mut snapshot, BLOCKED, || BackendKind::Blocked {
+            reason: NOT_CONNECTED,
+        });
+    }
     Ok(snapshot)
+}
+
+/// Puts a backend of the kind `kind` in place of the stand-in named `name` (the engine's
+/// configuration cannot name that kind), keeping the stand-in's counters and health.
+fn replace_backend(snapshot: &mut Snapshot, name: &str, kind: impl Fn() -> BackendKind) {
+    for slot in snapshot.backends.iter_mut().filter(|b| b.name == name) {
+        *slot = Arc::new(Backend {
+            name: slot.name.clone(),
+            kind: kind(),
+            enabled: slot.enabled,
+            counters: slot.counters.clone(),
+            health: slot.health.clone(),
+            health_check: None,
+        });
+    }
 }
 
 /// The QUIC settings of a server entry: its pin, token, credentials and TCP fallback.
@@ -189,16 +241,7 @@ fn put_quic_backend(
             _ => None,
         });
     let quic = kept.unwrap_or_else(|| QuicRef(Arc::new(QuicBackend::new(&name, settings))));
-    for slot in snapshot.backends.iter_mut().filter(|b| b.name == name) {
-        *slot = Arc::new(Backend {
-            name: slot.name.clone(),
-            kind: BackendKind::Quic(quic.clone()),
-            enabled: slot.enabled,
-            counters: slot.counters.clone(),
-            health: slot.health.clone(),
-            health_check: None,
-        });
-    }
+    replace_backend(snapshot, &name, || BackendKind::Quic(quic.clone()));
     Ok(())
 }
 
@@ -274,6 +317,37 @@ mod tests {
             assert_eq!(snap.select(host).unwrap().1.name, "direct", "{host}");
         }
         assert_eq!(snap.backends.len(), 1);
+    }
+
+    #[test]
+    fn block_when_disconnected_refuses_server_routes_and_keeps_direct_ones() {
+        let mut cfg = config();
+        cfg.routing.when_disconnected = WhenDisconnected::Block;
+        let snap = compile(&cfg, None, None, 1).unwrap();
+        let pick = |host: &str| snap.select(host).unwrap().1.clone();
+        assert_eq!(pick("nas.lan").kind, BackendKind::Direct);
+        for host in ["a.corp.example", "example.org"] {
+            let b = pick(host);
+            assert_eq!(
+                b.kind,
+                BackendKind::Blocked {
+                    reason: NOT_CONNECTED
+                },
+                "{host}"
+            );
+            assert_eq!(action_of(&b.name), ("blocked", ""));
+            assert!(is_blocked(&snap, host), "{host}");
+        }
+        assert!(!is_blocked(&snap, "nas.lan"));
+        // connected: the server carries them, nothing is blocked
+        let snap = compile(&cfg, cfg.servers.first(), None, 1).unwrap();
+        assert_eq!(snap.select("example.org").unwrap().1.name, "server/home");
+        assert!(snap.backends.iter().all(|b| b.name != BLOCKED));
+        // default_action direct: only the `server` route is blocked
+        cfg.routing.default_action = RouteAction::Direct;
+        let snap = compile(&cfg, None, None, 1).unwrap();
+        assert_eq!(snap.select("example.org").unwrap().1.name, DIRECT);
+        assert_eq!(snap.select("a.corp.example").unwrap().1.name, BLOCKED);
     }
 
     #[test]

@@ -143,6 +143,9 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     }
     match first_server {
         Some(s) => tracing::info!(server = %s.name, address = %s.address, protocol = s.protocol.as_str(), "connected to the server"),
+        None if engine_config::blocks(&cfg, None) => tracing::info!(
+            "not connected: destinations for the server are blocked (routing.when_disconnected: block) until POST /api/v1/connect"
+        ),
         None if cfg.servers.is_empty() => {
             tracing::info!("no server configured: every destination goes direct")
         }
@@ -162,6 +165,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                 dataplane.vpn_addr.map(|a| a.port()),
                 dataplane.live.clone(),
                 args.data_dir.clone(),
+                dataplane.snapshot.clone(),
             ),
         },
         &dataplane,

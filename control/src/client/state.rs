@@ -200,11 +200,13 @@ impl ClientState {
 
     /// Makes a running VPN follow the server in use (see `VpnManager::follow_server`).
     pub async fn vpn_follow_server(&self) {
-        let server = self.server_in_use();
+        self.vpn_follow(self.server_in_use().as_ref()).await;
+    }
+
+    /// Makes a running VPN follow `server` (the one in use, or about to be).
+    pub async fn vpn_follow(&self, server: Option<&ClientServerConfig>) {
         let cfg = self.config.load_full();
-        self.vpn
-            .follow_server(&cfg.vpn.split, server.as_ref())
-            .await;
+        self.vpn.follow_server(&cfg.vpn.split, server).await;
     }
 
     pub fn selected_name(&self) -> Option<String> {
@@ -247,12 +249,28 @@ impl ClientState {
             }
             changed
         });
+        let none = if engine_config::blocks(&cfg, None) {
+            "(none: server routes blocked, direct routes direct)"
+        } else {
+            "(none: every destination direct)"
+        };
         tracing::info!(
-            server = server.map_or("(none: every destination direct)", |s| s.name.as_str()),
+            server = server.map_or(none, |s| s.name.as_str()),
             routes = cfg.routing.routes.len(),
             "routing published to the data plane"
         );
         Ok(())
+    }
+
+    /// `blocked: not connected` while the published snapshot refuses what the server would
+    /// carry (`routing.when_disconnected: block` and no server connected), else `None`.
+    pub fn blocked(&self) -> Option<String> {
+        self.snapshot
+            .load()
+            .backends
+            .iter()
+            .any(|b| b.name == engine_config::BLOCKED)
+            .then(|| format!("blocked: {}", engine_config::NOT_CONNECTED))
     }
 
     pub fn connect(&self) -> Result<String, ClientError> {
@@ -269,7 +287,11 @@ impl ClientState {
 
     pub fn disconnect(&self) -> Result<(), ClientError> {
         self.connection.lock().connected = false;
-        tracing::info!("disconnected: every destination goes direct");
+        if engine_config::blocks(&self.config.load(), None) {
+            tracing::info!("disconnected: destinations for the server are blocked");
+        } else {
+            tracing::info!("disconnected: every destination goes direct");
+        }
         self.publish()
     }
 
@@ -312,11 +334,13 @@ impl ClientState {
         self.connection.lock().dial_failed = false;
     }
 
-    /// Why the client is degraded (empty when healthy): data-plane cores that are down, and,
-    /// while connected, a selected server that cannot be reached (its last probe failed, or the
-    /// engine's dials to it keep failing since the last successful probe).
+    /// Why the client is degraded (empty when healthy): data-plane cores that are down, the kill
+    /// switch blocking (`blocked: not connected`), and, while connected, a selected server that
+    /// cannot be reached (its last probe failed, or the engine's dials to it keep failing since
+    /// the last successful probe).
     pub fn problems(&self) -> Vec<String> {
         let mut problems = self.core_health.problems();
+        problems.extend(self.blocked());
         let conn = self.connection.lock();
         let Some(name) = conn.selected.as_deref().filter(|_| conn.connected) else {
             return problems;

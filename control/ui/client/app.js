@@ -26,8 +26,10 @@ async function loadStatus() {
   const res = await api('GET', '/api/v1/status');
   if (!res.ok) { showError(message(res)); return; }
   const s = res.data;
+  // the kill switch (routing.when_disconnected: block) reports itself in `status`
+  const blocked = s.status.startsWith('blocked') ? s.status : '';
   statList($('#status'), [
-    ['Server', s.server_connected ? `connected to ${s.server_address}` : 'not connected'],
+    ['Server', s.server_connected ? `connected to ${s.server_address}` : (blocked || 'not connected: every destination goes direct')],
     ['HTTP proxy', s.http_proxy || 'off'], ['SOCKS5 proxy', s.socks5_proxy || 'off'],
     ['VPN', s.vpn_status], ['Active connections', s.active_connections],
     ['Sent', bytes(s.bytes_sent)], ['Received', bytes(s.bytes_received)],
@@ -38,7 +40,7 @@ async function loadStatus() {
 }
 
 $('#connect').addEventListener('click', () => act('POST', '/api/v1/connect', undefined, 'Connected.', 'Not connected'));
-$('#disconnect').addEventListener('click', () => act('POST', '/api/v1/disconnect', undefined, 'Disconnected: every destination goes direct.', 'Not disconnected'));
+$('#disconnect').addEventListener('click', () => act('POST', '/api/v1/disconnect', undefined, 'Disconnected.', 'Not disconnected'));
 $('#status-refresh').addEventListener('click', () => guarded(loadStatus));
 
 // ---- servers and quick settings --------------------------------------------------------

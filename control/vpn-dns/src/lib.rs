@@ -52,6 +52,11 @@ use resolver::Resolver;
 /// it short (a map update).
 pub type OnResolved = Arc<dyn Fn(&str, &[IpAddr]) + Send + Sync>;
 
+/// Whether a question for a name (lower case, no root dot) is answered REFUSED instead of being
+/// answered from the cache or forwarded: the client's kill switch refuses names it would resolve
+/// through a server that is not connected, and never sends them anywhere else.
+pub type Refuse = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// Settings of the resolver (the `vpn.dns.*` keys plus what the VPN decides).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolverConfig {
@@ -209,6 +214,12 @@ impl DnsInterceptor {
             }
         }
         self.resolver.set_upstream(up);
+    }
+
+    /// Sets (or clears) the rule of names answered REFUSED and never forwarded (see
+    /// [`Refuse`]); it is asked for every question.
+    pub fn set_refuse(&self, refuse: Option<Refuse>) {
+        self.resolver.set_refuse(refuse);
     }
 
     /// The upstream path in use.

@@ -113,8 +113,17 @@ pub struct Answer {
 
 impl Answer {
     pub fn servfail() -> Self {
+        Self::empty(ResponseCode::ServFail)
+    }
+
+    /// The answer to a question the resolver must not forward (see `DnsInterceptor::set_refuse`).
+    pub fn refused() -> Self {
+        Self::empty(ResponseCode::Refused)
+    }
+
+    fn empty(response_code: ResponseCode) -> Self {
         Answer {
-            response_code: ResponseCode::ServFail,
+            response_code,
             answers: Vec::new(),
             authority: Vec::new(),
         }

@@ -19,9 +19,10 @@ use crate::cache::{Cache, CacheKey};
 use crate::message::{
     answer_of, encode_answer, read_query, resolved_names, Answer, Incoming, Transport,
 };
+use crate::name::normalise;
 use crate::server_order::ServerHealth;
 use crate::upstream::{Exchanger, Upstream, UpstreamError};
-use crate::OnResolved;
+use crate::{OnResolved, Refuse};
 
 /// Answers kept at most (a client box asks for a few thousand names at most).
 pub const CACHE_CAPACITY: usize = 10_000;
@@ -43,6 +44,8 @@ pub struct ResolverStats {
     pub servfail: u64,
     /// Messages answered FORMERR/NOTIMP or dropped as malformed.
     pub malformed: u64,
+    /// Questions answered REFUSED because the refusal rule named their name (never forwarded).
+    pub refused: u64,
     /// Answers in the cache now (fresh or not yet evicted).
     pub cache_entries: u64,
 }
@@ -56,6 +59,7 @@ struct Counters {
     upstream_errors: AtomicU64,
     servfail: AtomicU64,
     malformed: AtomicU64,
+    refused: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -71,6 +75,7 @@ pub struct Resolver {
     health: Mutex<ServerHealth>,
     counters: Counters,
     on_resolved: OnResolved,
+    refuse: Mutex<Option<Refuse>>,
 }
 
 impl Resolver {
@@ -90,7 +95,12 @@ impl Resolver {
             health: Mutex::default(),
             counters: Counters::default(),
             on_resolved,
+            refuse: Mutex::new(None),
         }
+    }
+
+    pub fn set_refuse(&self, refuse: Option<Refuse>) {
+        *self.refuse.lock() = refuse;
     }
 
     /// The answer to send back for a client's message, `None` to send nothing.
@@ -107,6 +117,12 @@ impl Resolver {
                 return None;
             }
         };
+        let refuse = self.refuse.lock().clone();
+        if refuse.is_some_and(|refuse| refuse(&normalise(q.query.name()))) {
+            // before the cache too: the rule says this name gets no answer at all
+            bump(&self.counters.refused);
+            return encode_answer(&q, &Answer::refused(), transport);
+        }
         let answer = self.answer(&q.query).await;
         if answer.response_code == ResponseCode::NoError {
             for r in resolved_names(q.query.name(), &answer.answers) {
@@ -226,6 +242,7 @@ impl Resolver {
             upstream_errors: get(&c.upstream_errors),
             servfail: get(&c.servfail),
             malformed: get(&c.malformed),
+            refused: get(&c.refused),
             cache_entries: self.cache.lock().len() as u64,
         }
     }
@@ -259,5 +276,55 @@ impl Drop for Fetch<'_> {
         if !self.finished {
             self.inflight.lock().remove(&self.key);
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Message;
+    use hickory_proto::rr::{Name, RecordType};
+
+    fn query(name: &str) -> Vec<u8> {
+        let mut m = Message::new();
+        m.set_id(7)
+            .set_recursion_desired(true)
+            .add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+        m.to_vec().unwrap()
+    }
+
+    #[tokio::test]
+    async fn refused_names_are_answered_refused_and_never_forwarded() {
+        // the one upstream is a closed port: anything forwarded would fail (SERVFAIL)
+        let closed = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let server = closed.local_addr().unwrap();
+        drop(closed);
+        let resolver = Resolver::new(
+            vec![server],
+            Duration::from_millis(200),
+            Duration::from_secs(60),
+            Upstream::Direct { mark: None },
+            Arc::new(|_, _| {}),
+        );
+        resolver.set_refuse(Some(Arc::new(|name| name.ends_with("blocked.test"))));
+        let code = |reply: Vec<u8>| Message::from_vec(&reply).unwrap().response_code();
+        let reply = resolver
+            .handle(&query("A.Blocked.Test."), Transport::Udp)
+            .await;
+        assert_eq!(code(reply.unwrap()), ResponseCode::Refused);
+        let stats = resolver.stats();
+        assert_eq!((stats.refused, stats.upstream_queries), (1, 0));
+        // other names are forwarded as before
+        let reply = resolver.handle(&query("other.test."), Transport::Udp).await;
+        assert_eq!(code(reply.unwrap()), ResponseCode::ServFail);
+        assert_eq!(resolver.stats().upstream_queries, 1);
+        // cleared: the name is forwarded too
+        resolver.set_refuse(None);
+        resolver
+            .handle(&query("a.blocked.test."), Transport::Udp)
+            .await;
+        assert_eq!(resolver.stats().refused, 1);
+        assert_eq!(resolver.stats().upstream_queries, 2);
     }
 }

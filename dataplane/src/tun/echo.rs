@@ -74,9 +74,11 @@ pub(crate) fn judge(kind: &BackendKind, result: &Result<(), DataplaneError>) -> 
     match result {
         Ok(()) | Err(DataplaneError::OriginRefused { .. }) => Verdict::Reachable,
         Err(DataplaneError::Unreachable { .. }) => Verdict::Unreachable,
-        Err(DataplaneError::NoRoute(_) | DataplaneError::BackendUnavailable(_)) => {
-            Verdict::Prohibited
-        }
+        Err(
+            DataplaneError::NoRoute(_)
+            | DataplaneError::BackendUnavailable(_)
+            | DataplaneError::Blocked(_),
+        ) => Verdict::Prohibited,
         Err(DataplaneError::Refused { .. }) if own_socket => Verdict::Reachable,
         Err(DataplaneError::Connect { source, .. })
             if own_socket && crate::error::is_unreachable(source) =>

@@ -48,6 +48,8 @@ pub struct TunStats {
     pub echo_limited: AtomicU64,
     /// Flows in the NAT right now.
     pub flows: AtomicU64,
+    /// TCP flows the cores reset because their route was blocked (the kill switch).
+    pub blocked_tcp: AtomicU64,
 }
 
 /// A running pump; [`TunPump::stop`] ends the thread and closes the device.

@@ -63,6 +63,11 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(%host, port = dst.port(), error = %e, "VPN flow: connect failed");
+            if matches!(e, crate::error::DataplaneError::Blocked(_)) {
+                vpn.stats
+                    .blocked_tcp
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             refuse(&stream);
             trace.fail(e.http_status().0, e.to_string());
             trace.finish(&ctx, &snapshot, client_ip);

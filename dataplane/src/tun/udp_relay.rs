@@ -48,6 +48,8 @@ pub struct UdpRelayStats {
     /// Datagrams the relay dropped: not from a NAT flow, too many flows, a full flow queue, no
     /// route, a route that cannot carry UDP, or an egress that failed.
     pub dropped: AtomicU64,
+    /// Of those, datagrams of flows whose route was blocked (the kill switch).
+    pub blocked: AtomicU64,
 }
 
 impl UdpRelayStats {
@@ -223,12 +225,16 @@ async fn relay_flow(
                 e.to_string(),
             );
             // the flow stays (dropping) until it idles, so it is not re-routed per datagram
+            let blocked = matches!(e, DataplaneError::Blocked(_));
             let last = Cell::new(Instant::now());
             or(
                 async {
                     while datagrams.recv().await.is_some() {
                         last.set(Instant::now());
                         stats.drop_one();
+                        if blocked {
+                            stats.blocked.fetch_add(1, Relaxed);
+                        }
                     }
                 },
                 idle(&last),
@@ -363,6 +369,7 @@ async fn open_egress(
             server.0.ensure_started(ctx, &backend.health);
             Ok((Egress::Quic(server.0.open_datagrams().await?), None))
         }
+        BackendKind::Blocked { reason } => Err(DataplaneError::Blocked(reason)),
         _ => Err(DataplaneError::BackendUnavailable(format!(
             "{} for UDP (only direct, socks5 and quic routes carry UDP)",
             backend.type_name()

@@ -15,7 +15,8 @@ use switchyard_api::client::{
 use switchyard_api::{HealthResponse, LoginRequest, MessageWithTime, VersionInfo};
 
 /// `healthy`, or `degraded` (with `problems`) while connected and the selected server cannot be
-/// reached, or while a data-plane core is down.
+/// reached, while a data-plane core is down, or while the kill switch blocks (`blocked: not
+/// connected`).
 #[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()),
     responses((status = 200, body = HealthResponse)))]
 pub async fn health(State(state): State<S>) -> Json<HealthResponse> {
@@ -39,7 +40,8 @@ pub async fn status(State(state): State<S>) -> Json<ClientStatus> {
     let server = state.selected_server();
     let uptime = std::time::Duration::from_secs(state.started.elapsed().as_secs());
     Json(ClientStatus {
-        status: "running".into(),
+        // the kill switch says so where every client of the API looks first
+        status: state.blocked().unwrap_or_else(|| "running".into()),
         version: env!("CARGO_PKG_VERSION").into(),
         server_connected: state.is_connected() && server.is_some(),
         server_address: server.map(|s| s.address).unwrap_or_default(),
@@ -60,12 +62,18 @@ pub async fn status(State(state): State<S>) -> Json<ClientStatus> {
 #[utoipa::path(post, path = "/api/v1/connect", tag = "connection",
     responses((status = 200, body = StatusReply), (status = 409, description = "no server configured", body = switchyard_api::ErrorBody)))]
 pub async fn connect(State(state): State<S>) -> Result<Json<StatusReply>, ClientError> {
+    // The VPN's resolver moves to the server before the engine routes through it: a question
+    // asked in between goes through the server or is refused (kill switch), never direct.
+    if let Some(server) = state.selected_server() {
+        state.vpn_follow(Some(&server)).await;
+    }
     state.connect()?;
     state.vpn_follow_server().await;
     Ok(Json(StatusReply::new("connected")))
 }
 
-/// Every destination goes direct until the next connect.
+/// Every destination goes direct until the next connect — or, with
+/// `routing.when_disconnected: block`, only `direct` routes work.
 #[utoipa::path(post, path = "/api/v1/disconnect", tag = "connection",
     responses((status = 200, body = StatusReply)))]
 pub async fn disconnect(State(state): State<S>) -> Result<Json<StatusReply>, ClientError> {

@@ -23,7 +23,9 @@ use parking_lot::Mutex;
 use phase::{Phase, Step};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use switchyard_api::client::{VpnAppExecs, VpnConnection, VpnIcmpStats, VpnStatus};
+use switchyard_api::client::{
+    VpnAppExecs, VpnBlockedStats, VpnConnection, VpnIcmpStats, VpnStatus,
+};
 use switchyard_config::client::{ClientConfig, VpnSplitConfig};
 use switchyard_config::client::{ClientServerConfig, ServerProtocol};
 use switchyard_dataplane::events::Protocol;
@@ -31,6 +33,7 @@ use switchyard_dataplane::live::LiveTable;
 use switchyard_dataplane::tun::{
     NatAddresses, NatAddresses6, Translator, TunPump, UdpNat, VpnPath,
 };
+use switchyard_dataplane::SnapshotHandle;
 use switchyard_split_tunnel::exec_watch::ExecStats;
 use switchyard_split_tunnel::{
     cgroup, AppRule, DnsRedirect, MechanismChoice, SplitRules, SplitTunnel, SplitTunnelConfig,
@@ -78,6 +81,10 @@ pub struct VpnManager {
     listen_port: Option<u16>,
     live: Arc<LiveTable>,
     data_dir: PathBuf,
+    /// The engine's routing as the cores see it: the resolver refuses names it blocks.
+    snapshot: SnapshotHandle,
+    /// DNS questions the resolver refused since start (counted by its refusal rule).
+    dns_refused: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// `vpn.dns.servers` entry: `ip` (port 53) or `ip:port`.
@@ -154,6 +161,7 @@ impl VpnManager {
         listen_port: Option<u16>,
         live: Arc<LiveTable>,
         data_dir: PathBuf,
+        snapshot: SnapshotHandle,
     ) -> Self {
         VpnManager {
             phase: Mutex::new(Phase::Disabled),
@@ -164,6 +172,8 @@ impl VpnManager {
             listen_port,
             live,
             data_dir,
+            snapshot,
+            dns_refused: Arc::default(),
         }
     }
 
@@ -292,10 +302,21 @@ impl VpnManager {
             upstream,
             ..ResolverConfig::default()
         };
-        DnsInterceptor::start(config, on_resolved)
+        let dns = DnsInterceptor::start(config, on_resolved)
             .await
-            .map(Some)
-            .map_err(|e| format!("DNS resolver: {e}"))
+            .map_err(|e| format!("DNS resolver: {e}"))?;
+        // Set before the split tunnel redirects the first question here. A name the engine
+        // blocks is answered REFUSED: it is never forwarded, neither through the server (not
+        // connected) nor direct (the kill switch).
+        let (snapshot, refused) = (self.snapshot.clone(), self.dns_refused.clone());
+        dns.set_refuse(Some(Arc::new(move |name| {
+            let blocked = crate::client::engine_config::is_blocked(&snapshot.load(), name);
+            if blocked {
+                refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            blocked
+        })));
+        Ok(Some(dns))
     }
 
     fn bring_up(
@@ -524,6 +545,22 @@ impl VpnManager {
         }
     }
 
+    /// What the kill switch refused since start: the TUN path's counters and the resolver's.
+    fn blocked(&self) -> VpnBlockedStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (tcp_flows, udp_datagrams) = self.path.as_ref().map_or((0, 0), |p| {
+            (
+                p.stats.blocked_tcp.load(Relaxed),
+                p.udp_stats.blocked.load(Relaxed),
+            )
+        });
+        VpnBlockedStats {
+            tcp_flows,
+            udp_datagrams,
+            dns_refused: self.dns_refused.load(Relaxed),
+        }
+    }
+
     pub fn status(&self, cfg: &ClientConfig) -> VpnStatus {
         let phase = self.phase();
         let (sent, received, flows, dropped) = self.path.as_ref().map_or((0, 0, 0, 0), |p| {
@@ -593,6 +630,7 @@ impl VpnManager {
             dropped,
             icmp,
             app_execs,
+            blocked: self.blocked(),
         }
     }
 
