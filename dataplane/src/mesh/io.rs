@@ -142,9 +142,10 @@ impl MeshSocket {
         Ok((n, from, segment.max(1)))
     }
 
-    /// Sends every datagram of `out` (in order) and empties it: runs to one address in one
-    /// GSO send each, the rest one by one; a full socket buffer is waited for.
-    pub async fn send_all(&self, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+    /// Sends every datagram of `out` (in order): runs to one address in one GSO send each, the
+    /// rest one by one; a full socket buffer is waited for. `out` is left as it was, for the
+    /// caller to reuse its buffers (the runner's `recycle`) or drop.
+    pub async fn send_all(&self, out: &[(SocketAddr, Vec<u8>)]) {
         let mut at = 0;
         while at < out.len() {
             let run = if self.gso.get() && out[at].1.len() < self.gso_too_large.get() {
@@ -187,7 +188,6 @@ impl MeshSocket {
                 Err(e) => tracing::debug!(%to, error = %e, "mesh datagram not sent"),
             }
         }
-        out.clear();
     }
 
     async fn send_waiting(&self, group: &[(SocketAddr, Vec<u8>)]) {

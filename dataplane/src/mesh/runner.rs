@@ -35,6 +35,14 @@ const TIMER_TICK: Duration = Duration::from_millis(250);
 const SESSION_LIFETIME: Duration = Duration::from_secs(180);
 /// Datagram scratch: the largest IP packet plus WireGuard's overhead.
 const SCRATCH: usize = 65_536 + 256;
+/// Sent datagrams kept for the next encapsulations (the rest are freed: memory over
+/// allocations): about one super-packet's segments for each of a few streams.
+const SPARE_DATAGRAMS: usize = 256;
+/// What WireGuard adds to a data packet (boringtun's `DATA_OVERHEAD_SZ`: header and tag).
+const DATA_OVERHEAD: usize = 32;
+/// A handshake initiation (148 bytes) is written instead of a data packet while a session is
+/// being set up: the destination always has room for one.
+const HANDSHAKE_ROOM: usize = 148;
 /// The shortest sleep for NAT traversal's timers.
 const NAT_MIN_WAIT: Duration = Duration::from_millis(1);
 /// Receives taken from the socket per turn of the receiver before others get the core.
@@ -127,6 +135,8 @@ struct Mesh {
     device: Device,
     /// Datagrams to send once the `RefCell` borrow ends.
     outgoing: Vec<(SocketAddr, Vec<u8>)>,
+    /// Buffers of sent datagrams, for the next encapsulations ([`Mesh::recycle`]).
+    spare: Vec<Vec<u8>>,
     /// Output of encapsulation and timers.
     scratch: Vec<u8>,
     /// Output of decapsulation: separate, because a decrypted packet may be answered (a
@@ -182,6 +192,7 @@ impl Mesh {
             next_index: 1,
             device: Device::new(device),
             outgoing: Vec::new(),
+            spare: Vec::new(),
             scratch: vec![0u8; SCRATCH],
             decrypted: vec![0u8; SCRATCH],
             envelopes: Vec::new(),
@@ -1110,11 +1121,30 @@ impl Mesh {
                 return;
             }
         }
-        // boringtun queues the packet itself while a handshake is under way
-        if let TunnResult::WriteToNetwork(d) = s.tunn.encapsulate(packet, &mut self.scratch) {
-            let d = d.to_vec();
-            self.send_of(s, way, d);
+        // encrypted straight into a datagram buffer of an earlier send: no copy, no allocation
+        // per packet. boringtun panics on a destination shorter than the packet plus its
+        // overhead, and queues the packet itself while a handshake is under way.
+        let mut d = self.spare.pop().unwrap_or_default();
+        d.resize(packet.len().max(HANDSHAKE_ROOM) + DATA_OVERHEAD, 0);
+        let written = match s.tunn.encapsulate(packet, &mut d) {
+            TunnResult::WriteToNetwork(w) => Some(w.len()),
+            _ => None,
+        };
+        match written {
+            Some(n) => {
+                d.truncate(n);
+                self.send_of(s, way, d);
+            }
+            None => self.spare.push(d),
         }
+    }
+
+    /// Takes back the datagrams a send is done with (and empties `sent`), keeping up to
+    /// [`SPARE_DATAGRAMS`] buffers for the next encapsulations.
+    fn recycle(&mut self, sent: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let room = SPARE_DATAGRAMS.saturating_sub(self.spare.len());
+        self.spare.extend(sent.drain(..).map(|(_, d)| d).take(room));
+        sent.clear();
     }
 
     /// Whether `packet` cannot go through the relaying member `relay` in one piece: an IPv4
@@ -1242,7 +1272,8 @@ async fn receive(socket: Rc<MeshSocket>, mesh: Rc<RefCell<Mesh>>) {
                 }
                 std::mem::swap(&mut out, &mut m.outgoing);
             }
-            socket.send_all(&mut out).await;
+            socket.send_all(&out).await;
+            mesh.borrow_mut().recycle(&mut out);
         }
         // joined segments go to the device once the burst is read
         mesh.borrow_mut().flush_device();
@@ -1332,7 +1363,8 @@ pub(crate) async fn run(start: MeshStart) {
                 std::mem::swap(&mut out, &mut m.outgoing);
             }
             queue.recycle(batch);
-            socket.send_all(&mut out).await;
+            socket.send_all(&out).await;
+            mesh.borrow_mut().recycle(&mut out);
             // the receiver (the stream's acknowledgements) gets its turn
             glommio::yield_if_needed().await;
         }
@@ -1346,14 +1378,15 @@ pub(crate) async fn run(start: MeshStart) {
             m.flush_device();
             std::mem::swap(&mut out, &mut m.outgoing);
         }
-        socket.send_all(&mut out).await;
+        socket.send_all(&out).await;
+        mesh.borrow_mut().recycle(&mut out);
     }
-    let mut goodbye = {
+    let goodbye = {
         let mut m = mesh.borrow_mut();
         m.close_nat();
         std::mem::take(&mut m.outgoing)
     };
-    socket.send_all(&mut goodbye).await;
+    socket.send_all(&goodbye).await;
     tracing::info!("mesh data plane stopped");
     shared.running.store(false, Relaxed);
     shared.beat_ms.store(0, Relaxed);
