@@ -6,7 +6,9 @@
 //! fallback ([`nft`]: `socket cgroupv2` + `meta mark`), which behaves the same; [`SplitTunnel::
 //! mechanism`] says which is active. Tunnelled sockets carry the tunnel mark, and policy routing
 //! (`ip rule fwmark M lookup T`, table T = default route via the TUN device) sends them into the
-//! tunnel; everything else takes the main table. Rules follow the spec's split-tunnel model
+//! tunnel; so does whatever leaves from the TUN's own addresses (`ip rule from A lookup T`: the
+//! kernel's socketless replies of a closed tunnelled flow carry no mark); everything else takes
+//! the main table. Rules follow the spec's split-tunnel model
 //! ([`rules`]); changes apply live. [`SplitTunnel::on_resolved`] is the DNS path's hook: addresses
 //! of names matching a domain rule join the split set. Every host change is journalled before it
 //! is made, so a crash (`kill -9`) is cleaned up by the next start or by [`recover`]; disable
@@ -106,6 +108,9 @@ pub struct SplitTunnelConfig {
     pub bypass_cgroups: Vec<PathBuf>,
     /// TUN device that table `table` routes into.
     pub tun_device: String,
+    /// The TUN device's own addresses: what leaves from them takes table `table` whatever its
+    /// mark (`ip rule from A lookup T`, priority `rule_priority + 1`).
+    pub tun_sources: Vec<IpAddr>,
     /// SO_MARK / packet mark of tunnelled traffic.
     pub tunnel_mark: u32,
     pub table: u32,
@@ -131,6 +136,7 @@ impl SplitTunnelConfig {
             apps_cgroup_name: "switchyard-split-apps".into(),
             bypass_cgroups: Vec::new(),
             tun_device: tun_device.into(),
+            tun_sources: Vec::new(),
             tunnel_mark: 0x5359,
             table: 0x5359,
             rule_priority: 5359,
@@ -279,17 +285,32 @@ fn undo(change: &Change) -> Result<(), Error> {
         }
         .run_undo(
             "ip",
-            &[
-                &format!("-{family}"),
-                "rule",
+            &as_strs(&rule_args(
                 "del",
-                "fwmark",
-                &format!("{fwmark:#x}"),
-                "lookup",
-                &table.to_string(),
-                "priority",
-                &priority.to_string(),
-            ],
+                *family,
+                ("fwmark", &format!("{fwmark:#x}")),
+                *table,
+                *priority,
+            )),
+        ),
+        Change::IpRuleFrom {
+            netns,
+            family,
+            from,
+            table,
+            priority,
+        } => Host {
+            netns: netns.clone(),
+        }
+        .run_undo(
+            "ip",
+            &as_strs(&rule_args(
+                "del",
+                *family,
+                ("from", &from.to_string()),
+                *table,
+                *priority,
+            )),
         ),
         Change::IpRoutes {
             netns,
@@ -323,6 +344,33 @@ fn undo(change: &Change) -> Result<(), Error> {
         Change::Cgroup { path } => cgroup::remove_cgroup(path),
         Change::Cgroup2Mount { dir } => cgroup::unmount_cgroup2(dir),
     }
+}
+
+/// The arguments of `ip -<family> rule <op> <selector> lookup <table> priority <priority>`.
+fn rule_args(
+    op: &str,
+    family: u8,
+    (key, value): (&str, &str),
+    table: u32,
+    priority: u32,
+) -> Vec<String> {
+    [
+        &format!("-{family}"),
+        "rule",
+        op,
+        key,
+        value,
+        "lookup",
+        &table.to_string(),
+        "priority",
+        &priority.to_string(),
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
+fn as_strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
 
 /// What the eBPF maps hold now (so updates are diffs).
@@ -553,21 +601,47 @@ impl SplitTunnel {
                 table: self.config.table,
                 priority: self.config.rule_priority,
             })?;
+            let fwmark = format!("{:#x}", self.config.tunnel_mark);
             self.host.run(
                 "ip",
-                &[
-                    &fam,
-                    "rule",
+                &as_strs(&rule_args(
                     "add",
-                    "fwmark",
-                    &format!("{:#x}", self.config.tunnel_mark),
-                    "lookup",
-                    &table,
-                    "priority",
-                    &self.config.rule_priority.to_string(),
-                ],
+                    family,
+                    ("fwmark", &fwmark),
+                    self.config.table,
+                    self.config.rule_priority,
+                )),
                 None,
             )?;
+            // What the kernel sends from a TUN address without a socket's mark — the RST for a
+            // tunnelled flow's port that no longer has a socket, a reply to a packet conntrack
+            // did not translate — goes into the tunnel too, never out by the main table with
+            // the TUN's source. After the fwmark rule: a rule of higher precedence (the host's,
+            // the client's own) still decides first.
+            for from in self.config.tun_sources.iter().filter(|a| match a {
+                IpAddr::V4(_) => family == 4,
+                IpAddr::V6(_) => family == 6,
+            }) {
+                let priority = self.config.rule_priority + 1;
+                self.record(Change::IpRuleFrom {
+                    netns: self.config.netns.clone(),
+                    family,
+                    from: *from,
+                    table: self.config.table,
+                    priority,
+                })?;
+                self.host.run(
+                    "ip",
+                    &as_strs(&rule_args(
+                        "add",
+                        family,
+                        ("from", &from.to_string()),
+                        self.config.table,
+                        priority,
+                    )),
+                    None,
+                )?;
+            }
         }
         Ok(())
     }
@@ -952,6 +1026,14 @@ mod tests {
         ]
         .into();
         assert_eq!(images, want);
+    }
+
+    #[test]
+    fn rule_arguments_name_selector_table_and_priority() {
+        assert_eq!(
+            rule_args("add", 6, ("from", "fd7a::2"), 0x5359, 5360).join(" "),
+            "-6 rule add from fd7a::2 lookup 21337 priority 5360"
+        );
     }
 
     #[test]
