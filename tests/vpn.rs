@@ -2565,26 +2565,35 @@ fn sylk_nftables_nothing_leaves_the_lan_link_from_the_tun_address() {
     }
 }
 
+/// How [`server_down_scenario`] takes the server away.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ServerDown {
+    /// Killed: its address refuses connections (a reset).
+    Refusing,
+    /// Alive, but an nftables rule of the internet namespace drops everything sent to its
+    /// address: connects get no answer at all.
+    Silent,
+}
+
 /// Fail closed when the server is down (with the given classifier): an included app's IPv4 and
-/// IPv6 flows go through the SOCKS5 server while it runs; once it is gone, each is refused at once
-/// (a reset, not left to curl's timeout) and none is sent direct — the origin, which the lan
-/// reaches directly, sees the next direct connection as its first since.
-fn server_down_scenario(classifier: &str) {
+/// IPv6 flows go through the SOCKS5 server while it runs; once it is gone, each ends in an error
+/// of the client's (a refusing server: a reset at once; a silent one: after the client's
+/// `server.connect_timeout`, 3 s here — never curl's own timeout) and none is sent direct — the
+/// origin, which the lan reaches directly, sees the next direct connection as its first since,
+/// and a capture on the lan link sees no packet for the origins. Silent, the VPN's resolver
+/// answers SERVFAIL and nothing of port 53 leaves by the lan link.
+fn server_down_scenario(classifier: &str, down: ServerDown) {
     let mut topo = Topo::named("syv6");
     let _far = topo.add_ipv6();
     let mut origin_seen = topo.start_helper(&topo.net.clone(), "http6-origin", "8086");
+    topo.start_dnsmasq();
     topo.start_server();
     let socks = topo.server_socks5();
-    let split = format!(
-        "{{mode: include, apps: [{{name: inc-app, cgroup: \"{}\"}}]}}",
-        topo.inc.display()
-    );
-    let yaml = topo
-        .client_yaml(socks, true, classifier, &split)
-        .replace("protocol: HTTP", "protocol: SOCKS5");
-    let client = topo.start_client(&yaml);
-    let status = client.ok("GET", "/api/v1/vpn/status", None);
-    assert_eq!(status["status"], "connected", "{status}\n{}", client.log());
+    let yaml = include_client_yaml(&topo, classifier, socks).replace(
+        "dns: {enabled: false}",
+        &format!("dns: {{enabled: true, servers: [\"{DNS}\"]}}"),
+    ) + "server:\n  connect_timeout: 3s\n";
+    let client = start_connected_client(&topo, &yaml);
 
     // the origin listens on [::]: an IPv4 peer shows as an IPv4-mapped address
     let origins = [("10.211.9.1", "::ffff:10.211.9.1"), (ORIGIN6, ORIGIN6)];
@@ -2594,7 +2603,19 @@ fn server_down_scenario(classifier: &str) {
         assert_eq!(next_result(&mut origin_seen), format!("seen={server_side}"));
     }
 
-    topo.server = None; // killed: nothing listens on its address any more
+    match down {
+        ServerDown::Refusing => topo.server = None,
+        ServerDown::Silent => drop(sh(&format!(
+            "nsenter --net=/run/netns/{} nft -f - <<'EOF'
+table ip sysilent {{
+  chain input {{ type filter hook input priority 0; policy accept; ip daddr {} drop; }}
+}}
+EOF",
+            topo.net,
+            socks.ip()
+        ))),
+    }
+    let capture = topo.capture(&format!("host 10.211.9.1 or host {ORIGIN6} or port 53"));
     for (ip, _) in origins {
         let (code, _, err) = curl_origin(&topo, &topo.inc, ip);
         assert!(
@@ -2602,6 +2623,16 @@ fn server_down_scenario(classifier: &str) {
             "{ip} with the server down: exit {code}: {err}\n{}",
             client.log()
         );
+    }
+    let dns = app_dns_rcode(&topo, "e.tun.test");
+    let leaked = capture.packets();
+    assert!(
+        leaked.is_empty(),
+        "sent direct: {leaked:#?}\n{}",
+        client.log()
+    );
+    if down == ServerDown::Silent {
+        assert_eq!(dns, "rcode=2 answers=0", "{}", client.log());
     }
     // the next connection the origin sees is the excluded cgroup's direct one
     let (code, _, err) = curl_origin(&topo, &topo.exc, ORIGIN6);
@@ -2618,15 +2649,24 @@ fn server_down_scenario(classifier: &str) {
 
 #[test]
 fn syv6_ebpf_server_down_refuses_ipv4_and_ipv6_never_direct() {
-    if tools_or_skip("syv6_ebpf_server_down_refuses_ipv4_and_ipv6_never_direct") {
-        server_down_scenario("ebpf");
+    if dns_tools_or_skip("syv6_ebpf_server_down_refuses_ipv4_and_ipv6_never_direct") {
+        server_down_scenario("ebpf", ServerDown::Refusing);
     }
 }
 
 #[test]
 fn syv6_nftables_server_down_refuses_ipv4_and_ipv6_never_direct() {
-    if tools_or_skip("syv6_nftables_server_down_refuses_ipv4_and_ipv6_never_direct") {
-        server_down_scenario("nftables");
+    if dns_tools_or_skip("syv6_nftables_server_down_refuses_ipv4_and_ipv6_never_direct") {
+        server_down_scenario("nftables", ServerDown::Refusing);
+    }
+}
+
+/// The silent server's path after classification is the data plane's, the same for both
+/// classifiers: one is enough.
+#[test]
+fn syv6_nftables_server_silent_times_out_ipv4_ipv6_and_dns_never_direct() {
+    if dns_tools_or_skip("syv6_nftables_server_silent_times_out_ipv4_ipv6_and_dns_never_direct") {
+        server_down_scenario("nftables", ServerDown::Silent);
     }
 }
 
