@@ -2815,7 +2815,8 @@ fn app_dns_rcode(topo: &Topo, name: &str) -> String {
 
 /// The kill switch in VPN mode (issue 36, `routing.when_disconnected: block`), with the given
 /// classifier. Disconnected, an included app's traffic for the server is refused — its TCP
-/// connection reset, its UDP datagrams dropped, its DNS question answered REFUSED — and a
+/// connection reset, its UDP datagrams dropped, its DNS question answered REFUSED, its ping
+/// answered "administratively prohibited" (iputils: "Packet filtered") — and a
 /// capture on the lan link sees no packet to those origins and no DNS at all, while the `direct`
 /// route (10.211.9.3) keeps working; the VPN status counts what was refused and the client
 /// status says `blocked: not connected`. Connected again, everything goes through the server,
@@ -2852,7 +2853,15 @@ fn kill_switch_scenario(classifier: &str) {
     // the direct route keeps working (its packets go to 10.211.9.3, outside the capture)
     let direct_tcp = app_tcp_outcome(&topo, "10.211.9.3");
     let direct_udp = topo.udp_seen(&topo.inc, "10.211.9.3", 1);
+    // a ping the rules refuse is answered "administratively prohibited" by the TUN's gateway
+    let pinged = ping(&topo, &topo.inc, &["-4", "-c", "1", "10.211.9.1"]);
     let leaked = capture.packets();
+    assert!(
+        pinged.contains("From 10.255.0.1 icmp_seq=1 Packet filtered"),
+        "{pinged}\n{}",
+        client.log()
+    );
+    icmp_stats(&client, &[("echo_prohibited", 1), ("echo_requests", 1)]);
     assert_eq!(
         (
             refused_tcp.as_str(),
@@ -2942,14 +2951,14 @@ fn kill_switch_scenario(classifier: &str) {
 
 #[test]
 fn syks_ebpf_kill_switch_blocks_tcp_udp_and_dns_for_the_server_while_disconnected() {
-    if dns_tools_or_skip("syks_ebpf_kill_switch") {
+    if dns_tools_or_skip("syks_ebpf_kill_switch") && support::require("ping").is_some() {
         kill_switch_scenario("ebpf");
     }
 }
 
 #[test]
 fn syks_nftables_kill_switch_blocks_tcp_udp_and_dns_for_the_server_while_disconnected() {
-    if dns_tools_or_skip("syks_nftables_kill_switch") {
+    if dns_tools_or_skip("syks_nftables_kill_switch") && support::require("ping").is_some() {
         kill_switch_scenario("nftables");
     }
 }
