@@ -274,44 +274,10 @@ fn remount_private_cgroup2(entries: &[Change]) {
 
 fn undo(change: &Change) -> Result<(), Error> {
     match change {
-        Change::IpRule {
-            netns,
-            family,
-            fwmark,
-            table,
-            priority,
-        } => Host {
+        Change::IpRule { netns, .. } | Change::IpRuleFrom { netns, .. } => Host {
             netns: netns.clone(),
         }
-        .run_undo(
-            "ip",
-            &as_strs(&rule_args(
-                "del",
-                *family,
-                ("fwmark", &format!("{fwmark:#x}")),
-                *table,
-                *priority,
-            )),
-        ),
-        Change::IpRuleFrom {
-            netns,
-            family,
-            from,
-            table,
-            priority,
-        } => Host {
-            netns: netns.clone(),
-        }
-        .run_undo(
-            "ip",
-            &as_strs(&rule_args(
-                "del",
-                *family,
-                ("from", &from.to_string()),
-                *table,
-                *priority,
-            )),
-        ),
+        .run_undo("ip", &as_strs(&rule_args("del", change))),
         Change::IpRoutes {
             netns,
             family,
@@ -346,27 +312,48 @@ fn undo(change: &Change) -> Result<(), Error> {
     }
 }
 
-/// The arguments of `ip -<family> rule <op> <selector> lookup <table> priority <priority>`.
-fn rule_args(
-    op: &str,
-    family: u8,
-    (key, value): (&str, &str),
-    table: u32,
-    priority: u32,
-) -> Vec<String> {
-    [
-        &format!("-{family}"),
-        "rule",
-        op,
+/// The arguments of `ip -<family> rule <op> <selector> lookup <table> priority <priority>` for
+/// a journalled rule (none for other changes).
+fn rule_args(op: &str, change: &Change) -> Vec<String> {
+    let (family, selector, table, priority) = match change {
+        Change::IpRule {
+            family,
+            fwmark,
+            table,
+            priority,
+            ..
+        } => (
+            family,
+            ["fwmark".to_string(), format!("{fwmark:#x}")],
+            table,
+            priority,
+        ),
+        Change::IpRuleFrom {
+            family,
+            from,
+            table,
+            priority,
+            ..
+        } => (
+            family,
+            ["from".to_string(), from.to_string()],
+            table,
+            priority,
+        ),
+        _ => return Vec::new(),
+    };
+    let [key, value] = selector;
+    vec![
+        format!("-{family}"),
+        "rule".into(),
+        op.into(),
         key,
         value,
-        "lookup",
-        &table.to_string(),
-        "priority",
-        &priority.to_string(),
+        "lookup".into(),
+        table.to_string(),
+        "priority".into(),
+        priority.to_string(),
     ]
-    .map(str::to_string)
-    .to_vec()
 }
 
 fn as_strs(args: &[String]) -> Vec<&str> {
@@ -594,25 +581,13 @@ impl SplitTunnel {
                     None,
                 )?;
             }
-            self.record(Change::IpRule {
+            self.add_rule(Change::IpRule {
                 netns: self.config.netns.clone(),
                 family,
                 fwmark: self.config.tunnel_mark,
                 table: self.config.table,
                 priority: self.config.rule_priority,
             })?;
-            let fwmark = format!("{:#x}", self.config.tunnel_mark);
-            self.host.run(
-                "ip",
-                &as_strs(&rule_args(
-                    "add",
-                    family,
-                    ("fwmark", &fwmark),
-                    self.config.table,
-                    self.config.rule_priority,
-                )),
-                None,
-            )?;
             // What the kernel sends from a TUN address without a socket's mark — the RST for a
             // tunnelled flow's port that no longer has a socket, a reply to a packet conntrack
             // did not translate — goes into the tunnel too, never out by the main table with
@@ -622,28 +597,24 @@ impl SplitTunnel {
                 IpAddr::V4(_) => family == 4,
                 IpAddr::V6(_) => family == 6,
             }) {
-                let priority = self.config.rule_priority + 1;
-                self.record(Change::IpRuleFrom {
+                self.add_rule(Change::IpRuleFrom {
                     netns: self.config.netns.clone(),
                     family,
                     from: *from,
                     table: self.config.table,
-                    priority,
+                    priority: self.config.rule_priority + 1,
                 })?;
-                self.host.run(
-                    "ip",
-                    &as_strs(&rule_args(
-                        "add",
-                        family,
-                        ("from", &from.to_string()),
-                        self.config.table,
-                        priority,
-                    )),
-                    None,
-                )?;
             }
         }
         Ok(())
+    }
+
+    /// Journals a policy rule, then adds it.
+    fn add_rule(&self, rule: Change) -> Result<(), Error> {
+        self.record(rule.clone())?;
+        self.host
+            .run("ip", &as_strs(&rule_args("add", &rule)), None)
+            .map(drop)
     }
 
     /// The active mechanism.
@@ -1030,10 +1001,29 @@ mod tests {
 
     #[test]
     fn rule_arguments_name_selector_table_and_priority() {
+        let from = Change::IpRuleFrom {
+            netns: None,
+            family: 6,
+            from: "fd7a::2".parse().expect("address"),
+            table: 0x5359,
+            priority: 5360,
+        };
         assert_eq!(
-            rule_args("add", 6, ("from", "fd7a::2"), 0x5359, 5360).join(" "),
+            rule_args("add", &from).join(" "),
             "-6 rule add from fd7a::2 lookup 21337 priority 5360"
         );
+        let fwmark = Change::IpRule {
+            netns: None,
+            family: 4,
+            fwmark: 0x5359,
+            table: 0x5359,
+            priority: 5359,
+        };
+        assert_eq!(
+            rule_args("del", &fwmark).join(" "),
+            "-4 rule del fwmark 0x5359 lookup 21337 priority 5359"
+        );
+        assert!(rule_args("del", &Change::BpfPins { dir: "/x".into() }).is_empty());
     }
 
     #[test]

@@ -6,9 +6,10 @@
 //!   re-routes the packet, so `ip rule fwmark` applies. Packets that already carry another mark
 //!   (the proxy's own sockets) are left alone. A marked packet marks its connection (`ct mark`),
 //!   and an unmarked packet of a marked connection is marked again: the kernel's socketless
-//!   packets of a tunnelled flow (a TIME_WAIT's ACK, a RST) carry no socket mark, and would
-//!   otherwise take the main table and leave by the LAN link — with the TUN's address, as
-//!   conntrack masquerades them like the flow.
+//!   packets of a tunnelled flow (a TIME_WAIT's ACK) carry no socket mark and the socket's LAN
+//!   source, so neither the fwmark nor the TUN-source rule sees them; they follow their flow into
+//!   the tunnel instead of the main table (where the kernel refuses the masqueraded flow's
+//!   packet: EPERM for a datagram, tests/vpn `sylk_nftables_`).
 //! * `postrouting` masquerades marked packets leaving by the tunnel device: the source was chosen
 //!   before the mark re-routed the packet (eBPF marks before the route lookup, so needs none).
 //! * `dns` at the nat output hook: port-53 TCP/UDP in scope is DNATed to the resolver; conntrack
