@@ -2485,8 +2485,9 @@ fn syv6_nftables_ipv6_tcp_udp_aaaa_and_fail_closed() {
     }
 }
 
-/// The TUN's IPv4 address (`vpn.tun.address` by default).
+/// The TUN's addresses (`vpn.tun.address` and `address6` by default).
 const TUN_IP: &str = "10.255.0.2";
+const TUN_IP6: &str = "fd7a:5359:5400::2";
 
 /// Issue 38: nothing leaves by the lan link with the TUN's address as its source (with the given
 /// classifier), whatever sends it. A socket bound to the TUN's address in the excluded cgroup
@@ -2594,6 +2595,12 @@ fn server_down_scenario(classifier: &str, down: ServerDown) {
         &format!("dns: {{enabled: true, servers: [\"{DNS}\"]}}"),
     ) + "server:\n  connect_timeout: 3s\n";
     let client = start_connected_client(&topo, &yaml);
+    // the TUN's IPv6 address has its source rule too (removed at disable: leftovers)
+    let rules6 = sh_quiet(&format!("ip -n {} -6 rule show", topo.lan));
+    assert!(
+        rules6.contains(&format!("from {TUN_IP6} lookup {TABLE}")),
+        "{rules6}"
+    );
 
     // the origin listens on [::]: an IPv4 peer shows as an IPv4-mapped address
     let origins = [("10.211.9.1", "::ffff:10.211.9.1"), (ORIGIN6, ORIGIN6)];
