@@ -4,6 +4,7 @@
 //! deletes the file. A torn last line (crash mid-write) is skipped.
 
 use std::io::Write;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,14 @@ pub enum Change {
         netns: Option<String>,
         family: u8,
         fwmark: u32,
+        table: u32,
+        priority: u32,
+    },
+    /// `ip -<family> rule add from <from> lookup <table> priority <priority>`
+    IpRuleFrom {
+        netns: Option<String>,
+        family: u8,
+        from: IpAddr,
         table: u32,
         priority: u32,
     },
@@ -121,8 +130,15 @@ mod tests {
             netns: None,
             name: "switchyard".into(),
         };
-        let text = format!("{}{}{{\"change\":\"ip_ro", line(&a), line(&b));
-        assert_eq!(parse(&text), vec![a, b]);
+        let c = Change::IpRuleFrom {
+            netns: None,
+            family: 6,
+            from: "fd7a:5359:5400::2".parse().expect("address"),
+            table: 5359,
+            priority: 5360,
+        };
+        let text = format!("{}{}{}{{\"change\":\"ip_ro", line(&a), line(&b), line(&c));
+        assert_eq!(parse(&text), vec![a, b, c]);
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! fallback ([`nft`]: `socket cgroupv2` + `meta mark`), which behaves the same; [`SplitTunnel::
 //! mechanism`] says which is active. Tunnelled sockets carry the tunnel mark, and policy routing
 //! (`ip rule fwmark M lookup T`, table T = default route via the TUN device) sends them into the
-//! tunnel; everything else takes the main table. Rules follow the spec's split-tunnel model
+//! tunnel; so does whatever leaves from the TUN's own addresses (`ip rule from A lookup T`: the
+//! kernel's socketless replies of a closed tunnelled flow carry no mark); everything else takes
+//! the main table. Rules follow the spec's split-tunnel model
 //! ([`rules`]); changes apply live. [`SplitTunnel::on_resolved`] is the DNS path's hook: addresses
 //! of names matching a domain rule join the split set. Every host change is journalled before it
 //! is made, so a crash (`kill -9`) is cleaned up by the next start or by [`recover`]; disable
@@ -106,6 +108,9 @@ pub struct SplitTunnelConfig {
     pub bypass_cgroups: Vec<PathBuf>,
     /// TUN device that table `table` routes into.
     pub tun_device: String,
+    /// The TUN device's own addresses: what leaves from them takes table `table` whatever its
+    /// mark (`ip rule from A lookup T`, priority `rule_priority + 1`).
+    pub tun_sources: Vec<IpAddr>,
     /// SO_MARK / packet mark of tunnelled traffic.
     pub tunnel_mark: u32,
     pub table: u32,
@@ -131,6 +136,7 @@ impl SplitTunnelConfig {
             apps_cgroup_name: "switchyard-split-apps".into(),
             bypass_cgroups: Vec::new(),
             tun_device: tun_device.into(),
+            tun_sources: Vec::new(),
             tunnel_mark: 0x5359,
             table: 0x5359,
             rule_priority: 5359,
@@ -268,29 +274,10 @@ fn remount_private_cgroup2(entries: &[Change]) {
 
 fn undo(change: &Change) -> Result<(), Error> {
     match change {
-        Change::IpRule {
-            netns,
-            family,
-            fwmark,
-            table,
-            priority,
-        } => Host {
+        Change::IpRule { netns, .. } | Change::IpRuleFrom { netns, .. } => Host {
             netns: netns.clone(),
         }
-        .run_undo(
-            "ip",
-            &[
-                &format!("-{family}"),
-                "rule",
-                "del",
-                "fwmark",
-                &format!("{fwmark:#x}"),
-                "lookup",
-                &table.to_string(),
-                "priority",
-                &priority.to_string(),
-            ],
-        ),
+        .run_undo("ip", &as_strs(&rule_args("del", change))),
         Change::IpRoutes {
             netns,
             family,
@@ -323,6 +310,54 @@ fn undo(change: &Change) -> Result<(), Error> {
         Change::Cgroup { path } => cgroup::remove_cgroup(path),
         Change::Cgroup2Mount { dir } => cgroup::unmount_cgroup2(dir),
     }
+}
+
+/// The arguments of `ip -<family> rule <op> <selector> lookup <table> priority <priority>` for
+/// a journalled rule (none for other changes).
+fn rule_args(op: &str, change: &Change) -> Vec<String> {
+    let (family, selector, table, priority) = match change {
+        Change::IpRule {
+            family,
+            fwmark,
+            table,
+            priority,
+            ..
+        } => (
+            family,
+            ["fwmark".to_string(), format!("{fwmark:#x}")],
+            table,
+            priority,
+        ),
+        Change::IpRuleFrom {
+            family,
+            from,
+            table,
+            priority,
+            ..
+        } => (
+            family,
+            ["from".to_string(), from.to_string()],
+            table,
+            priority,
+        ),
+        _ => return Vec::new(),
+    };
+    let [key, value] = selector;
+    vec![
+        format!("-{family}"),
+        "rule".into(),
+        op.into(),
+        key,
+        value,
+        "lookup".into(),
+        table.to_string(),
+        "priority".into(),
+        priority.to_string(),
+    ]
+}
+
+fn as_strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
 
 /// What the eBPF maps hold now (so updates are diffs).
@@ -546,30 +581,40 @@ impl SplitTunnel {
                     None,
                 )?;
             }
-            self.record(Change::IpRule {
+            self.add_rule(Change::IpRule {
                 netns: self.config.netns.clone(),
                 family,
                 fwmark: self.config.tunnel_mark,
                 table: self.config.table,
                 priority: self.config.rule_priority,
             })?;
-            self.host.run(
-                "ip",
-                &[
-                    &fam,
-                    "rule",
-                    "add",
-                    "fwmark",
-                    &format!("{:#x}", self.config.tunnel_mark),
-                    "lookup",
-                    &table,
-                    "priority",
-                    &self.config.rule_priority.to_string(),
-                ],
-                None,
-            )?;
+            // What the kernel sends from a TUN address without a socket's mark — the RST for a
+            // tunnelled flow's port that no longer has a socket, a reply to a packet conntrack
+            // did not translate — goes into the tunnel too, never out by the main table with
+            // the TUN's source. After the fwmark rule: a rule of higher precedence (the host's,
+            // the client's own) still decides first.
+            for from in self.config.tun_sources.iter().filter(|a| match a {
+                IpAddr::V4(_) => family == 4,
+                IpAddr::V6(_) => family == 6,
+            }) {
+                self.add_rule(Change::IpRuleFrom {
+                    netns: self.config.netns.clone(),
+                    family,
+                    from: *from,
+                    table: self.config.table,
+                    priority: self.config.rule_priority + 1,
+                })?;
+            }
         }
         Ok(())
+    }
+
+    /// Journals a policy rule, then adds it.
+    fn add_rule(&self, rule: Change) -> Result<(), Error> {
+        self.record(rule.clone())?;
+        self.host
+            .run("ip", &as_strs(&rule_args("add", &rule)), None)
+            .map(drop)
     }
 
     /// The active mechanism.
@@ -952,6 +997,33 @@ mod tests {
         ]
         .into();
         assert_eq!(images, want);
+    }
+
+    #[test]
+    fn rule_arguments_name_selector_table_and_priority() {
+        let from = Change::IpRuleFrom {
+            netns: None,
+            family: 6,
+            from: "fd7a::2".parse().expect("address"),
+            table: 0x5359,
+            priority: 5360,
+        };
+        assert_eq!(
+            rule_args("add", &from).join(" "),
+            "-6 rule add from fd7a::2 lookup 21337 priority 5360"
+        );
+        let fwmark = Change::IpRule {
+            netns: None,
+            family: 4,
+            fwmark: 0x5359,
+            table: 0x5359,
+            priority: 5359,
+        };
+        assert_eq!(
+            rule_args("del", &fwmark).join(" "),
+            "-4 rule del fwmark 0x5359 lookup 21337 priority 5359"
+        );
+        assert!(rule_args("del", &Change::BpfPins { dir: "/x".into() }).is_empty());
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod phase;
 use chrono::Utc;
 use parking_lot::Mutex;
 use phase::{Phase, Step};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use switchyard_api::client::{
@@ -364,6 +365,9 @@ impl VpnManager {
         let mut split_cfg = SplitTunnelConfig::new(&self.data_dir, &scope, name);
         split_cfg.bpf_pin_dir = self.data_dir.join("bpffs");
         split_cfg.bypass_cgroups = vec![own];
+        split_cfg.tun_sources = std::iter::once(IpAddr::V4(ip))
+            .chain(v6.map(|a| IpAddr::V6(a.tun_ip)))
+            .collect();
         split_cfg.mechanism = classifier(cfg);
         split_cfg.dns = dns;
         let lan = host::lan_networks(name);
