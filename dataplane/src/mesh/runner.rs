@@ -1143,8 +1143,8 @@ impl Mesh {
     /// [`SPARE_DATAGRAMS`] buffers for the next encapsulations.
     fn recycle(&mut self, sent: &mut Vec<(SocketAddr, Vec<u8>)>) {
         let room = SPARE_DATAGRAMS.saturating_sub(self.spare.len());
+        // the drain empties `sent` also past `room`: the rest are freed
         self.spare.extend(sent.drain(..).map(|(_, d)| d).take(room));
-        sent.clear();
     }
 
     /// Whether `packet` cannot go through the relaying member `relay` in one piece: an IPv4
@@ -1478,6 +1478,25 @@ mod tests {
         s.device.seek(SeekFrom::Start(0)).unwrap();
         s.device.read_to_end(&mut all).unwrap();
         all
+    }
+
+    /// Sent datagrams come back as buffers for the next encapsulations, at most
+    /// SPARE_DATAGRAMS of them, and the sent list is empty after (the runner swaps it with the
+    /// outgoing list: anything left would be sent again).
+    #[test]
+    fn recycling_empties_the_sent_list_and_keeps_a_bounded_pool() {
+        let mut a = side(1, 1);
+        let to: SocketAddr = "127.0.0.1:9".parse().expect("address");
+        let mut sent: Vec<(SocketAddr, Vec<u8>)> = (0..SPARE_DATAGRAMS + 10)
+            .map(|i| (to, vec![0u8; 100 + i]))
+            .collect();
+        a.mesh.recycle(&mut sent);
+        assert!(sent.is_empty());
+        assert_eq!(a.mesh.spare.len(), SPARE_DATAGRAMS);
+        sent.push((to, vec![1u8; 10]));
+        a.mesh.recycle(&mut sent);
+        assert!(sent.is_empty());
+        assert_eq!(a.mesh.spare.len(), SPARE_DATAGRAMS);
     }
 
     #[test]
