@@ -4,7 +4,8 @@
 //! * `route` chain at the output hook (priority mangle): sockets in the scope cgroup get
 //!   `meta mark` = the tunnel mark exactly when the eBPF programs would set SO_MARK; a changed mark
 //!   re-routes the packet, so `ip rule fwmark` applies. Packets that already carry another mark
-//!   (the proxy's own sockets) are left alone. A marked packet marks its connection (`ct mark`),
+//!   (the proxy's own sockets) are left alone. A marked packet marks its connection (`ct mark`,
+//!   chain `connmark`, only a connection without a ct mark: another program's is left alone),
 //!   and an unmarked packet of a marked connection is marked again: the kernel's socketless
 //!   packets of a tunnelled flow (a TIME_WAIT's ACK) carry no socket mark and the socket's LAN
 //!   source, so neither the fwmark nor the TUN-source rule sees them; they follow their flow into
@@ -91,7 +92,7 @@ pub fn ruleset(p: &NftParams<'_>) -> String {
     }
     out.push_str("    ip daddr @bypass4 return\n    ip6 daddr @bypass6 return\n");
     let on_match = match p.mode {
-        SplitMode::Include => format!("meta mark set {mark} ct mark set {mark} return"),
+        SplitMode::Include => format!("meta mark set {mark} return"),
         SplitMode::Exclude => "return".to_string(),
     };
     for cg in p.app_cgroups {
@@ -102,10 +103,17 @@ pub fn ruleset(p: &NftParams<'_>) -> String {
         "    ip daddr @split4 {on_match}\n    ip6 daddr @split6 {on_match}"
     );
     if p.mode == SplitMode::Exclude {
-        let _ = writeln!(out, "    meta mark set {mark} ct mark set {mark}");
+        let _ = writeln!(out, "    meta mark set {mark}");
     }
     out.push_str("  }\n");
 
+    // a connection's ct mark is set from its tunnelled packets only while it has none: a
+    // conntrack mark another program keeps (a firewall's zones, a container runtime) is theirs
+    let _ = writeln!(
+        out,
+        "  chain connmark {{\n    type filter hook postrouting priority mangle; policy accept;\n    \
+         meta mark {mark} ct mark 0 ct mark set {mark}\n  }}"
+    );
     let _ = writeln!(
         out,
         "  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
@@ -187,15 +195,17 @@ mod tests {
         let text = ruleset(&params(SplitMode::Include, &scope, &apps, &nets, None));
         assert!(text.starts_with("table inet syt\ndelete table inet syt\ntable inet syt {\n"));
         assert!(text.contains("socket cgroupv2 level 1 \"unified/s\" goto classify"));
-        assert!(text.contains(
-            "socket cgroupv2 level 2 \"unified/s/app\" meta mark set 0x5359 ct mark set 0x5359 return"
-        ));
+        assert!(
+            text.contains("socket cgroupv2 level 2 \"unified/s/app\" meta mark set 0x5359 return")
+        );
         assert!(text.contains("    ct mark 0x5359 meta mark set 0x5359 return\n"));
         assert!(text.contains("elements = { 10.0.0.0/8 }"));
         assert!(text.contains("elements = { 2001:db8::/32 }"));
-        assert!(text.contains("ip daddr @split4 meta mark set 0x5359 ct mark set 0x5359 return"));
+        assert!(text.contains("ip daddr @split4 meta mark set 0x5359 return"));
+        // only a connection without a ct mark gets ours
+        assert!(text.contains("    meta mark 0x5359 ct mark 0 ct mark set 0x5359\n"));
         assert!(
-            !text.contains("    meta mark set 0x5359 ct mark set 0x5359\n"),
+            !text.contains("    meta mark set 0x5359\n"),
             "include must not mark the rest"
         );
         assert!(!text.contains("chain dns"));
@@ -211,7 +221,7 @@ mod tests {
         };
         let text = ruleset(&params(SplitMode::Exclude, &scope, &[], &[], Some(dns)));
         assert!(text.contains("ip daddr @split4 return"));
-        assert!(text.contains("    meta mark set 0x5359 ct mark set 0x5359\n"));
+        assert!(text.contains("    meta mark set 0x5359\n"));
         assert!(
             !text.contains("elements"),
             "empty sets carry no elements line"
