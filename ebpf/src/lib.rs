@@ -7,7 +7,10 @@
 //! process in it or below is classified), pins maps and links under a bpffs directory so they
 //! outlive a crash and the next start can remove them ([`remove_pins`]), and updates the maps live:
 //! the mode and tunnel mark, the destination LPM tries (split nets and `always_bypass`), the app
-//! cgroups, the names and paths of apps, and the DNS resolver redirect. Apps by name or path are
+//! cgroups, the names and paths of apps, the DNS resolver redirect, and the TCP redirect: a
+//! tunnelled TCP connect() goes straight to the data plane's loopback listener
+//! ([`TcpRedirect`]), whose accepted connections' original destinations a `sockops` program
+//! records by client address for [`FlowOrigins::take`]. Apps by name or path are
 //! followed from exec by three BTF tracepoint programs (exec, fork, exit) that record a matching
 //! process's tgid, so its sockets are classified from the first one; without kernel BTF they are
 //! left out and the client's /proc scan alone moves such apps into the apps cgroup. The programs
@@ -20,6 +23,7 @@
 //! hands new connections to the data plane's per-core `SO_REUSEPORT` listeners in turn.
 
 mod bpffs;
+mod flows;
 mod maps;
 mod netns;
 mod reuseport;
@@ -30,13 +34,15 @@ use std::path::{Path, PathBuf};
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashMap, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, CgroupSockAddr};
+use aya::programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, CgroupSockAddr, SockOps};
 use ipnet::IpNet;
 
 pub use bpffs::{ensure_bpffs, fs_type_of, is_bpffs, unescape_mountinfo, unmount_bpffs};
+pub use flows::FlowOrigins;
 use maps::{comm_key, path_key, NetKey, RawConfig};
 pub use maps::{
-    host_net, AppClass, AppImage, ClassifierConfig, DnsRedirect, Mode, COMM_LEN, PATH_LEN,
+    host_net, AppClass, AppImage, ClassifierConfig, DnsRedirect, Mode, TcpRedirect, COMM_LEN,
+    PATH_LEN,
 };
 pub use netns::netns_cookie;
 pub use reuseport::{ReuseportBalancer, MAX_CORES, REUSEPORT_BALANCE_OBJECT};
@@ -65,6 +71,8 @@ const SOCK_ADDR_PROGRAMS: &[&str] = &[
     "sy_getpeername6",
 ];
 const SOCK_CREATE_PROGRAM: &str = "sy_sock_create";
+/// The `sockops` program recording redirected TCP connections for the listener, attached last.
+const SOCK_OPS_PROGRAM: &str = "sy_tcp_connect";
 
 /// The BTF tracepoint programs following apps by name or path, with their tracepoints; fork and
 /// exit are attached before exec so that no record is made that they would not carry or remove.
@@ -116,6 +124,8 @@ pub struct SplitTunnelProgram {
     app_names: HashMap<MapData, [u8; COMM_LEN], u32>,
     app_paths: HashMap<MapData, [u8; PATH_LEN], u32>,
     app_tgids: HashMap<MapData, u32, u32>,
+    /// `sy_tcp_flows`, read by [`FlowOrigins`].
+    tcp_flows: MapData,
     /// The exec hooks are attached (apps by name/path are classified from exec).
     exec_hooks: bool,
     // keeps the programs loaded for as long as the links need them
@@ -261,7 +271,8 @@ impl SplitTunnelProgram {
         let cgroup =
             File::open(scope).map_err(|e| Error::Io(format!("open {}", scope.display()), e))?;
 
-        // CgroupSock and CgroupSockAddr share no trait: one macro loads, attaches and pins either
+        // CgroupSock, CgroupSockAddr and SockOps share no trait: one macro loads, attaches and
+        // pins any of them
         macro_rules! attach_pinned {
             ($ty:ty, $name:expr) => {{
                 let name: &'static str = $name;
@@ -285,6 +296,7 @@ impl SplitTunnelProgram {
         for name in SOCK_ADDR_PROGRAMS {
             pinned.push(attach_pinned!(CgroupSockAddr, name));
         }
+        pinned.push(attach_pinned!(SockOps, SOCK_OPS_PROGRAM));
 
         let exec_hooks = match attach_exec_hooks(&mut ebpf, &links) {
             Ok(hooks) => {
@@ -315,6 +327,10 @@ impl SplitTunnelProgram {
             HashMap::try_from(trie("sy_app_paths")?).map_err(|e| Error::Map("sy_app_paths", e))?;
         let app_tgids =
             HashMap::try_from(trie("sy_app_tgids")?).map_err(|e| Error::Map("sy_app_tgids", e))?;
+        let tcp_flows = match trie("sy_tcp_flows")? {
+            aya::maps::Map::LruHashMap(data) => data,
+            _ => return Err(Error::Missing("LRU hash sy_tcp_flows")),
+        };
         tracing::info!(scope = %scope.display(), pins = %pin_dir.display(), object = OBJECT_SOURCE, exec_hooks, "eBPF split tunnel attached");
         Ok(SplitTunnelProgram {
             pin_dir: pin_dir.to_path_buf(),
@@ -328,6 +344,7 @@ impl SplitTunnelProgram {
             app_names,
             app_paths,
             app_tgids,
+            tcp_flows,
             exec_hooks,
             _ebpf: ebpf,
         })
@@ -451,6 +468,19 @@ impl SplitTunnelProgram {
             }
         }
         Ok(removed)
+    }
+
+    /// The original destinations of redirected TCP connections, for the data plane's listener
+    /// (see [`TcpRedirect`]); a handle of its own, usable on any thread.
+    pub fn flow_origins(&self) -> Result<FlowOrigins, Error> {
+        use std::os::fd::AsFd;
+        let fd = self
+            .tcp_flows
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::Io("dup sy_tcp_flows".into(), e))?;
+        Ok(FlowOrigins::new(fd))
     }
 
     /// The bpffs directory holding this instance's pins.

@@ -3,7 +3,7 @@
 //! marker.
 #![allow(unsafe_code)]
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -36,6 +36,16 @@ pub struct DnsRedirect {
     pub resolver6: Option<SocketAddrV6>,
 }
 
+/// Where tunnelled TCP goes instead of the TUN: the data plane's loopback listeners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpRedirect {
+    /// Port of the listener on 127.0.0.1 (IPv4 destinations, also v4-mapped ones of dual-stack
+    /// sockets); 0: IPv4 keeps the TUN.
+    pub port4: u16,
+    /// Port of the listener on [::1] (IPv6 destinations); 0: IPv6 keeps the TUN.
+    pub port6: u16,
+}
+
 /// Classification settings, the single entry of the `sy_config` map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClassifierConfig {
@@ -46,6 +56,8 @@ pub struct ClassifierConfig {
     /// The network namespace whose sockets the programs act on ([`crate::netns_cookie`]); sockets
     /// of every other namespace in the cgroup tree are left untouched. Never 0.
     pub netns_cookie: u64,
+    /// Tunnelled TCP connects go to these listeners instead of the TUN; `None`: all to the TUN.
+    pub tcp_redirect: Option<TcpRedirect>,
 }
 
 impl ClassifierConfig {
@@ -78,6 +90,9 @@ pub(crate) struct RawConfig {
     pub dns_port: u16,
     pub pad: u16,
     pub netns_cookie: u64,
+    pub tcp_redirect4_port: u16,
+    pub tcp_redirect6_port: u16,
+    pub pad2: u32,
 }
 
 // SAFETY: repr(C), only integer fields, explicit padding field: every bit pattern is valid and
@@ -95,6 +110,10 @@ impl From<&ClassifierConfig> for RawConfig {
             netns_cookie: c.netns_cookie,
             ..RawConfig::default()
         };
+        if let Some(redirect) = c.tcp_redirect {
+            raw.tcp_redirect4_port = redirect.port4.to_be();
+            raw.tcp_redirect6_port = redirect.port6.to_be();
+        }
         if let Some(dns) = c.dns {
             raw.dns_port = dns.intercept_port.to_be();
             if let Some(r4) = dns.resolver4 {
@@ -122,6 +141,75 @@ pub(crate) fn v6_words(ip: Ipv6Addr) -> [u32; 4] {
     let o = ip.octets();
     let word = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
     [word(0), word(4), word(8), word(12)]
+}
+
+/// `struct orig_dst` of the C source: the original destination of a redirected socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RawOrigDst {
+    /// Network order; IPv4 in `addr[0]`.
+    pub addr: [u32; 4],
+    /// Network order.
+    pub port: u16,
+    /// AF_INET or AF_INET6.
+    pub family: u16,
+}
+
+/// `struct flow_key` of the C source: a redirected connection's client as the listener sees it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RawFlowKey {
+    /// IPv6, network order; IPv4 as ::ffff:a.b.c.d.
+    pub addr: [u32; 4],
+    /// Host order (as `bpf_sock_ops.local_port`).
+    pub port: u16,
+    pub pad: u16,
+}
+
+// SAFETY: repr(C), only integer fields, 20 bytes with the u16 pair filling the last word: every
+// bit pattern is valid and there are no implicit padding bytes.
+unsafe impl aya::Pod for RawOrigDst {}
+// SAFETY: as for RawOrigDst.
+unsafe impl aya::Pod for RawFlowKey {}
+
+const AF_INET: u16 = libc::AF_INET as u16;
+const AF_INET6: u16 = libc::AF_INET6 as u16;
+
+impl From<SocketAddr> for RawFlowKey {
+    /// The `sy_tcp_flows` key of an accepted connection's peer.
+    fn from(client: SocketAddr) -> Self {
+        let ip = match client.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        RawFlowKey {
+            addr: v6_words(ip),
+            port: client.port(),
+            pad: 0,
+        }
+    }
+}
+
+impl RawOrigDst {
+    /// The destination the app asked for; a v4-mapped IPv6 one (a dual-stack socket's) as the
+    /// IPv4 address it stands for. `None` for an unknown family.
+    pub(crate) fn socket_addr(&self) -> Option<SocketAddr> {
+        let port = u16::from_be(self.port);
+        match self.family {
+            AF_INET => Some(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::from(self.addr[0].to_ne_bytes())),
+                port,
+            )),
+            AF_INET6 => {
+                let mut octets = [0u8; 16];
+                for (chunk, word) in octets.chunks_exact_mut(4).zip(self.addr) {
+                    chunk.copy_from_slice(&word.to_ne_bytes());
+                }
+                Some(SocketAddr::new(Ipv6Addr::from(octets).to_canonical(), port))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// LPM-trie key of one network, v4 or v6.
@@ -199,11 +287,88 @@ mod tests {
 
     #[test]
     fn config_is_laid_out_like_the_c_struct() {
-        // 4 u32 + 4 u32 + 4 u16 + 1 u64 = 48 bytes, as `struct config` (checked against BTF by
-        // the kernel on every map update: a size mismatch fails there); the u64 starts at 40, a
-        // multiple of 8, so there is no implicit padding
-        assert_eq!(std::mem::size_of::<RawConfig>(), 48);
+        // 4 u32 + 4 u32 + 4 u16 + 1 u64 + 2 u16 + 1 u32 = 56 bytes, as `struct config` (checked
+        // against BTF by the kernel on every map update: a size mismatch fails there); the u64
+        // starts at 40, a multiple of 8, and the fields after it fill one more 8-byte word, so
+        // there is no implicit padding
+        assert_eq!(std::mem::size_of::<RawConfig>(), 56);
         assert_eq!(std::mem::offset_of!(RawConfig, netns_cookie), 40);
+        assert_eq!(std::mem::offset_of!(RawConfig, tcp_redirect4_port), 48);
+        assert_eq!(std::mem::offset_of!(RawConfig, tcp_redirect6_port), 50);
+        assert_eq!(std::mem::offset_of!(RawConfig, pad2), 52);
+        assert_eq!(std::mem::size_of::<RawOrigDst>(), 20);
+        assert_eq!(std::mem::size_of::<RawFlowKey>(), 20);
+        assert_eq!(std::mem::offset_of!(RawFlowKey, port), 16);
+    }
+
+    #[test]
+    fn config_carries_tcp_redirect_ports_in_network_order() {
+        let config = |tcp_redirect| ClassifierConfig {
+            mode: Mode::Exclude,
+            tunnel_mark: 0x5359,
+            dns: None,
+            netns_cookie: 1,
+            tcp_redirect,
+        };
+        let raw = RawConfig::from(&config(Some(TcpRedirect {
+            port4: 0x1234,
+            port6: 0,
+        })));
+        assert_eq!(raw.tcp_redirect4_port.to_ne_bytes(), [0x12, 0x34]);
+        assert_eq!(raw.tcp_redirect6_port, 0, "0: IPv6 keeps the TUN");
+        assert_eq!(raw.pad2, 0);
+        let raw = RawConfig::from(&config(Some(TcpRedirect {
+            port4: 0,
+            port6: 443,
+        })));
+        assert_eq!(
+            (raw.tcp_redirect4_port, raw.tcp_redirect6_port.to_ne_bytes()),
+            (0, [0x01, 0xbb])
+        );
+        let raw = RawConfig::from(&config(None));
+        assert_eq!((raw.tcp_redirect4_port, raw.tcp_redirect6_port), (0, 0));
+    }
+
+    #[test]
+    fn flow_keys_are_the_clients_address_as_ipv6_and_its_port_in_host_order() {
+        let v4 = RawFlowKey::from("127.0.0.1:40000".parse::<SocketAddr>().expect("addr"));
+        assert_eq!(v4.addr[..3], [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff])]);
+        assert_eq!(v4.addr[3].to_ne_bytes(), [127, 0, 0, 1]);
+        assert_eq!((v4.port, v4.pad), (40000, 0));
+        // a dual-stack listener sees the same client as ::ffff:127.0.0.1: the same key
+        let mapped = RawFlowKey::from(
+            "[::ffff:127.0.0.1]:40000"
+                .parse::<SocketAddr>()
+                .expect("addr"),
+        );
+        assert_eq!(mapped, v4);
+        let v6 = RawFlowKey::from("[::1]:443".parse::<SocketAddr>().expect("addr"));
+        assert_eq!(v6.addr[..3], [0, 0, 0]);
+        assert_eq!(v6.addr[3].to_ne_bytes(), [0, 0, 0, 1]);
+        assert_eq!(v6.port, 443);
+    }
+
+    #[test]
+    fn original_destinations_decode_by_family() {
+        let v4 = RawOrigDst {
+            addr: [u32::from_ne_bytes([10, 201, 9, 1]), 0, 0, 0],
+            port: 8080u16.to_be(),
+            family: AF_INET,
+        };
+        assert_eq!(v4.socket_addr(), "10.201.9.1:8080".parse().ok());
+        let v6 = RawOrigDst {
+            addr: v6_words("fd53:9::1".parse().expect("ip")),
+            port: 8080u16.to_be(),
+            family: AF_INET6,
+        };
+        assert_eq!(v6.socket_addr(), "[fd53:9::1]:8080".parse().ok());
+        // what a dual-stack socket connected to: the IPv4 destination it stands for
+        let mapped = RawOrigDst {
+            addr: v6_words("::ffff:10.201.9.1".parse().expect("ip")),
+            ..v6
+        };
+        assert_eq!(mapped.socket_addr(), "10.201.9.1:8080".parse().ok());
+        assert_eq!(RawOrigDst { family: 1, ..v4 }.socket_addr(), None);
     }
 
     #[test]
@@ -217,6 +382,7 @@ mod tests {
                 resolver6: None,
             }),
             netns_cookie: 0x1234_5678_9abc,
+            tcp_redirect: None,
         });
         assert_eq!(raw.mode, 1);
         assert_eq!(raw.flags, FLAG_DNS4);

@@ -4,10 +4,14 @@
 //
 // Attached to the client's scope cgroup (and so to every cgroup below it):
 //   cgroup/sock_create        first mark of a new socket, by the app cgroup it is created in
-//   cgroup/connect4|6         re-mark by destination (LPM tries) and redirect TCP/UDP :53
+//   cgroup/connect4|6         re-mark by destination (LPM tries), redirect TCP/UDP :53, and
+//                             redirect tunnelled TCP to the data plane's loopback listener
 //   cgroup/sendmsg4|6         the same for unconnected UDP
 //   cgroup/recvmsg4|6         replies of a redirected query appear to come from the original server
 //   cgroup/getpeername4|6     a redirected connected socket reports the original peer
+//   sockops                   at the SYN of a redirected TCP socket, records its original
+//                             destination by the socket's local address and port: what the
+//                             listener sees as the peer (sy_tcp_flows, read by the data plane)
 //
 // and to the scheduler's BTF tracepoints, which follow apps matched by name or path from the exec
 // of their image (so a process started at any time is classified from its first socket, not after
@@ -18,7 +22,8 @@
 //   tp_btf/sched_process_exit  the record goes when the last thread of the process exits
 //
 // A marked socket carries `tunnel_mark`; `ip rule fwmark <mark> lookup <table>` sends it into the
-// TUN table. A socket that already carries any other mark (the proxy's own sockets set SO_MARK) or
+// TUN table. With `tcp_redirect4|6_port` set, a tunnelled TCP connect() of that family instead goes
+// straight to the data plane's listener on loopback (no TUN, no per-segment rewriting), unmarked. A socket that already carries any other mark (the proxy's own sockets set SO_MARK) or
 // lives in a cgroup listed as BYPASS is never touched. Maps are pinned by name so the loader can find
 // and remove them after a crash. The Rust side (ebpf/src/maps.rs) mirrors every struct here.
 //
@@ -68,6 +73,9 @@ struct config {
 	__u16 dns_port;         // network order
 	__u16 _pad;
 	__u64 netns_cookie;     // the client's network namespace; 0 never matches
+	__u16 tcp_redirect4_port; // network order; 0: tunnelled IPv4 TCP keeps the TUN path
+	__u16 tcp_redirect6_port; // network order; 0: tunnelled IPv6 TCP keeps the TUN path
+	__u32 _pad2;
 };
 
 struct lpm_v4 {
@@ -80,7 +88,7 @@ struct lpm_v6 {
 	__u32 addr[4];
 };
 
-// Original destination of a redirected DNS socket, keyed by socket cookie.
+// Original destination of a redirected DNS or TCP socket, keyed by socket cookie.
 struct orig_dst {
 	__u32 addr[4]; // v4 in addr[0]
 	__u16 port;
@@ -180,6 +188,35 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sy_dns_orig SEC(".maps");
 
+// Original destination of a TCP socket redirected to the data plane's listener, by socket cookie
+// (getpeername, and the sockops program). LRU: entries of closed sockets age out.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct orig_dst);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_tcp_orig SEC(".maps");
+
+// The connecting socket's local address (IPv6; IPv4 as ::ffff:a.b.c.d) and port (host order): the
+// peer the listener accepts.
+struct flow_key {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+// Original destination of a redirected TCP connection by its client's address, taken (looked up
+// and deleted) by the data plane on accept. LRU: entries of connections that never reached the
+// listener age out.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct orig_dst);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sy_tcp_flows SEC(".maps");
+
 static __always_inline struct config *lookup_config(void)
 {
 	__u32 zero = 0;
@@ -256,6 +293,28 @@ static __always_inline struct config *classified(struct bpf_sock_addr *ctx, __u3
 	return cfg;
 }
 
+// A socket bound to a device (SO_BINDTODEVICE) cannot reach loopback: it keeps the TUN path.
+static __always_inline int bound_to_device(struct bpf_sock_addr *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	return !sk || sk->bound_dev_if != 0;
+}
+
+// Remembers where the TCP socket of `ctx` was going, for getpeername and the sockops program.
+// False when it could not be stored: the connection then keeps the TUN path.
+static __always_inline int remember_tcp_orig(struct bpf_sock_addr *ctx, const struct orig_dst *orig)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	return bpf_map_update_elem(&sy_tcp_orig, &cookie, orig, BPF_ANY) == 0;
+}
+
+static __always_inline int is_v4_mapped(const __u32 addr[4])
+{
+	return addr[0] == 0 && addr[1] == 0 && addr[2] == bpf_htonl(0xffff);
+}
+
+#define LOOPBACK4 0x7f000001 // 127.0.0.1, host order
+
 SEC("cgroup/sock_create")
 int sy_sock_create(struct bpf_sock *sk)
 {
@@ -291,7 +350,24 @@ static __always_inline int redirect_dns4(struct bpf_sock_addr *ctx, const struct
 	return 1;
 }
 
-static __always_inline int classify4(struct bpf_sock_addr *ctx)
+// A tunnelled TCP connect() goes to 127.0.0.1:tcp_redirect4_port instead; true when redirected.
+static __always_inline int redirect_tcp4(struct bpf_sock_addr *ctx, const struct config *cfg)
+{
+	if (ctx->protocol != IPPROTO_TCP || cfg->tcp_redirect4_port == 0 || bound_to_device(ctx))
+		return 0;
+	struct orig_dst orig = {};
+	orig.addr[0] = ctx->user_ip4;
+	orig.port = (__u16)ctx->user_port;
+	orig.family = AF_INET;
+	if (!remember_tcp_orig(ctx, &orig))
+		return 0;
+	ctx->user_ip4 = bpf_htonl(LOOPBACK4);
+	ctx->user_port = cfg->tcp_redirect4_port;
+	return 1;
+}
+
+// `connect`: connect4 (TCP may be redirected), else sendmsg4 (UDP only).
+static __always_inline int classify4(struct bpf_sock_addr *ctx, int connect)
 {
 	__u32 class = 0;
 	struct config *cfg = classified(ctx, &class);
@@ -302,48 +378,68 @@ static __always_inline int classify4(struct bpf_sock_addr *ctx)
 	struct lpm_v4 key = { .prefixlen = 32, .addr = ctx->user_ip4 };
 	int bypass_hit = bpf_map_lookup_elem(&sy_bypass_v4, &key) != 0;
 	int split_hit = bpf_map_lookup_elem(&sy_split_v4, &key) != 0;
-	apply_mark(ctx, cfg, wants_tunnel(cfg, class, split_hit, bypass_hit));
+	int tunnel = wants_tunnel(cfg, class, split_hit, bypass_hit);
+	// loopback must not be routed into the TUN: a redirected socket loses the tunnel mark
+	if (tunnel && connect && redirect_tcp4(ctx, cfg))
+		tunnel = 0;
+	apply_mark(ctx, cfg, tunnel);
 	return 1;
 }
 
 SEC("cgroup/connect4")
 int sy_connect4(struct bpf_sock_addr *ctx)
 {
-	return classify4(ctx);
+	return classify4(ctx, 1);
 }
 
 SEC("cgroup/sendmsg4")
 int sy_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return classify4(ctx);
+	return classify4(ctx, 0);
 }
 
-static __always_inline int restore_peer4(struct bpf_sock_addr *ctx)
+// Puts back the original IPv4 peer of the socket when `orig_map` has one; true when done.
+static __always_inline int restore_orig4(struct bpf_sock_addr *ctx, void *orig_map)
 {
-	struct config *cfg = get_config(ctx);
-	if (!cfg || !(cfg->flags & FLAG_DNS4))
-		return 1;
-	if (ctx->user_ip4 != cfg->resolver4 || ctx->user_port != cfg->resolver4_port)
-		return 1;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct orig_dst *orig = bpf_map_lookup_elem(&sy_dns_orig, &cookie);
+	struct orig_dst *orig = bpf_map_lookup_elem(orig_map, &cookie);
 	if (!orig || orig->family != AF_INET)
-		return 1;
+		return 0;
 	ctx->user_ip4 = orig->addr[0];
 	ctx->user_port = orig->port;
 	return 1;
 }
 
+static __always_inline void restore_dns_peer4(struct bpf_sock_addr *ctx, const struct config *cfg)
+{
+	if (!(cfg->flags & FLAG_DNS4))
+		return;
+	if (ctx->user_ip4 != cfg->resolver4 || ctx->user_port != cfg->resolver4_port)
+		return;
+	restore_orig4(ctx, &sy_dns_orig);
+}
+
 SEC("cgroup/recvmsg4")
 int sy_recvmsg4(struct bpf_sock_addr *ctx)
 {
-	return restore_peer4(ctx);
+	struct config *cfg = get_config(ctx);
+	if (cfg)
+		restore_dns_peer4(ctx, cfg);
+	return 1;
 }
 
 SEC("cgroup/getpeername4")
 int sy_getpeername4(struct bpf_sock_addr *ctx)
 {
-	return restore_peer4(ctx);
+	struct config *cfg = get_config(ctx);
+	if (!cfg)
+		return 1;
+	// a TCP socket redirected to the listener (the peer is the redirect target)
+	if (cfg->tcp_redirect4_port != 0 && ctx->user_port == cfg->tcp_redirect4_port &&
+	    ctx->user_ip4 == bpf_htonl(LOOPBACK4) && restore_orig4(ctx, &sy_tcp_orig))
+		return 1;
+	restore_dns_peer4(ctx, cfg);
+	return 1;
 }
 
 // ---- IPv6 ----
@@ -369,7 +465,33 @@ static __always_inline int redirect_dns6(struct bpf_sock_addr *ctx, const struct
 	return 1;
 }
 
-static __always_inline int classify6(struct bpf_sock_addr *ctx)
+// A tunnelled TCP connect() goes to [::1]:tcp_redirect6_port, or for a v4-mapped destination (a
+// dual-stack socket) to ::ffff:127.0.0.1:tcp_redirect4_port; true when redirected.
+static __always_inline int redirect_tcp6(struct bpf_sock_addr *ctx, const struct config *cfg)
+{
+	if (ctx->protocol != IPPROTO_TCP)
+		return 0;
+	struct orig_dst orig = {};
+	orig.addr[0] = ctx->user_ip6[0];
+	orig.addr[1] = ctx->user_ip6[1];
+	orig.addr[2] = ctx->user_ip6[2];
+	orig.addr[3] = ctx->user_ip6[3];
+	orig.port = (__u16)ctx->user_port;
+	orig.family = AF_INET6;
+	int mapped = is_v4_mapped(orig.addr);
+	__u16 port = mapped ? cfg->tcp_redirect4_port : cfg->tcp_redirect6_port;
+	if (port == 0 || bound_to_device(ctx) || !remember_tcp_orig(ctx, &orig))
+		return 0;
+	ctx->user_ip6[0] = 0;
+	ctx->user_ip6[1] = 0;
+	ctx->user_ip6[2] = mapped ? bpf_htonl(0xffff) : 0;
+	ctx->user_ip6[3] = mapped ? bpf_htonl(LOOPBACK4) : bpf_htonl(1);
+	ctx->user_port = port;
+	return 1;
+}
+
+// `connect`: connect6 (TCP may be redirected), else sendmsg6 (UDP only).
+static __always_inline int classify6(struct bpf_sock_addr *ctx, int connect)
 {
 	__u32 class = 0;
 	struct config *cfg = classified(ctx, &class);
@@ -384,34 +506,33 @@ static __always_inline int classify6(struct bpf_sock_addr *ctx)
 	key.addr[3] = ctx->user_ip6[3];
 	int bypass_hit = bpf_map_lookup_elem(&sy_bypass_v6, &key) != 0;
 	int split_hit = bpf_map_lookup_elem(&sy_split_v6, &key) != 0;
-	apply_mark(ctx, cfg, wants_tunnel(cfg, class, split_hit, bypass_hit));
+	int tunnel = wants_tunnel(cfg, class, split_hit, bypass_hit);
+	// loopback must not be routed into the TUN: a redirected socket loses the tunnel mark
+	if (tunnel && connect && redirect_tcp6(ctx, cfg))
+		tunnel = 0;
+	apply_mark(ctx, cfg, tunnel);
 	return 1;
 }
 
 SEC("cgroup/connect6")
 int sy_connect6(struct bpf_sock_addr *ctx)
 {
-	return classify6(ctx);
+	return classify6(ctx, 1);
 }
 
 SEC("cgroup/sendmsg6")
 int sy_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return classify6(ctx);
+	return classify6(ctx, 0);
 }
 
-static __always_inline int restore_peer6(struct bpf_sock_addr *ctx)
+// Puts back the original IPv6 peer of the socket when `orig_map` has one; true when done.
+static __always_inline int restore_orig6(struct bpf_sock_addr *ctx, void *orig_map)
 {
-	struct config *cfg = get_config(ctx);
-	if (!cfg || !(cfg->flags & FLAG_DNS6) || ctx->user_port != cfg->resolver6_port)
-		return 1;
-	if (ctx->user_ip6[0] != cfg->resolver6[0] || ctx->user_ip6[1] != cfg->resolver6[1] ||
-	    ctx->user_ip6[2] != cfg->resolver6[2] || ctx->user_ip6[3] != cfg->resolver6[3])
-		return 1;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct orig_dst *orig = bpf_map_lookup_elem(&sy_dns_orig, &cookie);
+	struct orig_dst *orig = bpf_map_lookup_elem(orig_map, &cookie);
 	if (!orig || orig->family != AF_INET6)
-		return 1;
+		return 0;
 	ctx->user_ip6[0] = orig->addr[0];
 	ctx->user_ip6[1] = orig->addr[1];
 	ctx->user_ip6[2] = orig->addr[2];
@@ -420,16 +541,88 @@ static __always_inline int restore_peer6(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+static __always_inline void restore_dns_peer6(struct bpf_sock_addr *ctx, const struct config *cfg)
+{
+	if (!(cfg->flags & FLAG_DNS6) || ctx->user_port != cfg->resolver6_port)
+		return;
+	if (ctx->user_ip6[0] != cfg->resolver6[0] || ctx->user_ip6[1] != cfg->resolver6[1] ||
+	    ctx->user_ip6[2] != cfg->resolver6[2] || ctx->user_ip6[3] != cfg->resolver6[3])
+		return;
+	restore_orig6(ctx, &sy_dns_orig);
+}
+
+// Whether the peer of `ctx` is a TCP redirect target: [::1]:tcp_redirect6_port or
+// ::ffff:127.0.0.1:tcp_redirect4_port.
+static __always_inline int is_tcp_redirect_target6(struct bpf_sock_addr *ctx,
+						   const struct config *cfg)
+{
+	if (ctx->user_ip6[0] != 0 || ctx->user_ip6[1] != 0)
+		return 0;
+	__u32 word2 = ctx->user_ip6[2];
+	__u32 word3 = ctx->user_ip6[3];
+	__u32 port = ctx->user_port;
+	if (word2 == 0 && word3 == bpf_htonl(1))
+		return cfg->tcp_redirect6_port != 0 && port == cfg->tcp_redirect6_port;
+	if (word2 == bpf_htonl(0xffff) && word3 == bpf_htonl(LOOPBACK4))
+		return cfg->tcp_redirect4_port != 0 && port == cfg->tcp_redirect4_port;
+	return 0;
+}
+
 SEC("cgroup/recvmsg6")
 int sy_recvmsg6(struct bpf_sock_addr *ctx)
 {
-	return restore_peer6(ctx);
+	struct config *cfg = get_config(ctx);
+	if (cfg)
+		restore_dns_peer6(ctx, cfg);
+	return 1;
 }
 
 SEC("cgroup/getpeername6")
 int sy_getpeername6(struct bpf_sock_addr *ctx)
 {
-	return restore_peer6(ctx);
+	struct config *cfg = get_config(ctx);
+	if (!cfg)
+		return 1;
+	if (is_tcp_redirect_target6(ctx, cfg) && restore_orig6(ctx, &sy_tcp_orig))
+		return 1;
+	restore_dns_peer6(ctx, cfg);
+	return 1;
+}
+
+// ---- redirected TCP: the listener's view ----
+
+SEC("sockops")
+int sy_tcp_connect(struct bpf_sock_ops *skops)
+{
+	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB)
+		return 1;
+	// only sockets redirected by connect4|6 (of the client's namespace) have a record
+	__u64 cookie = bpf_get_socket_cookie(skops);
+	struct orig_dst *orig = bpf_map_lookup_elem(&sy_tcp_orig, &cookie);
+	if (!orig)
+		return 1;
+	struct orig_dst value = *orig;
+	// every field read up front, each at its fixed context offset (the verifier refuses a load
+	// through a context pointer the compiler offset in a branch)
+	__u32 local4 = skops->local_ip4;
+	__u32 local6[4] = { skops->local_ip6[0], skops->local_ip6[1], skops->local_ip6[2],
+			    skops->local_ip6[3] };
+	__u32 local_port = skops->local_port; // host order
+	struct flow_key key = {};
+	if (value.family == AF_INET6 && !is_v4_mapped(value.addr)) {
+		key.addr[0] = local6[0];
+		key.addr[1] = local6[1];
+		key.addr[2] = local6[2];
+		key.addr[3] = local6[3];
+	} else {
+		// an IPv4 socket, or a dual-stack one connected to ::ffff:127.0.0.1: the listener sees
+		// the IPv4 source, looked up as ::ffff:a.b.c.d
+		key.addr[2] = bpf_htonl(0xffff);
+		key.addr[3] = local4;
+	}
+	key.port = (__u16)local_port;
+	bpf_map_update_elem(&sy_tcp_flows, &key, &value, BPF_ANY);
+	return 1;
 }
 
 // ---- apps by name or path, from exec ----

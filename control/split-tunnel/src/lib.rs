@@ -535,6 +535,7 @@ impl SplitTunnel {
             tunnel_mark: self.config.tunnel_mark,
             dns: self.config.dns,
             netns_cookie: self.netns_cookie,
+            tcp_redirect: None,
         }
     }
 
