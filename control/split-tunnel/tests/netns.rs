@@ -9,7 +9,8 @@
 //! by cgroup) and `exc`. Probes run inside the lan namespace and a cgroup; the resolver is a UDP/TCP
 //! responder on 127.0.0.1:5353 and [::1]:5353 in the lan namespace, and nothing listens on
 //! 10.201.9.53 / fd53:9::53 at all, so an answer to a query sent there proves the interception.
-//! Probes and servers are this test binary re-run in helper mode (`SYEBPF_HELPER`).
+//! Probes and servers are this test binary re-run in helper mode (`SYEBPF_HELPER`). The TCP redirect
+//! test stands in for the data plane with listeners on loopback in the lan namespace.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -63,6 +64,31 @@ fn tcp_probe(dst: SocketAddr, preset_mark: Option<u32>) -> String {
     let mut seen = String::new();
     stream.read_to_string(&mut seen).expect("read");
     format!("mark={mark:#x} seen={}", seen.trim())
+}
+
+/// Connects (a v4-mapped `dst` on a dual-stack IPv6 socket), then reports the socket's mark, what
+/// getpeername() says and what the other end wrote before closing.
+fn tcp_peer_probe(dst: SocketAddr) -> String {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(dst),
+        socket2::Type::STREAM,
+        None,
+    )
+    .expect("socket");
+    if dst.is_ipv6() {
+        sock.set_only_v6(false).expect("dual stack");
+    }
+    sock.connect_timeout(&dst.into(), Duration::from_secs(5))
+        .expect("connect");
+    let mark = sock.mark().expect("get mark");
+    let mut stream: TcpStream = sock.into();
+    let peer = stream.peer_addr().expect("peer");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("read");
+    format!("mark={mark:#x} peer={peer} reply={}", reply.trim())
 }
 
 fn udp_dns_probe(dst: SocketAddr, connected: bool) -> String {
@@ -204,6 +230,7 @@ fn helper() {
         "tcp" => result(tcp_probe(addr(), None)),
         "app-then-tcp" => app_then_probe(addr()),
         "tcp-marked" => result(tcp_probe(addr(), Some(0x77))),
+        "tcp-peer" => result(tcp_peer_probe(addr())),
         "udp-dns" => result(udp_dns_probe(addr(), false)),
         "udp-dns-connected" => result(udp_dns_probe(addr(), true)),
         "tcp-dns" => result(tcp_dns_probe(addr())),
@@ -705,6 +732,157 @@ fn auto_uses_ebpf_and_falls_back_to_nftables_when_it_cannot_load() {
     assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT);
     st.disable().expect("disable");
     assert_eq!(topo.leftovers(), Vec::<String>::new());
+}
+
+/// A listener on `addr` (port 0: any) created inside the network namespace `netns`, as the data
+/// plane's loopback listener is in the client's.
+#[allow(unsafe_code)] // setns(2), which std does not wrap
+fn listener_in(netns: &str, addr: &str) -> std::net::TcpListener {
+    use std::os::fd::AsRawFd;
+    let path = format!("/run/netns/{netns}");
+    let addr = addr.to_string();
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(&path).expect("netns file");
+        // SAFETY: setns(2) with an open namespace fd moves only this short-lived thread, which
+        // does nothing but create the listener there.
+        let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        let listener = std::net::TcpListener::bind(&addr).expect("bind listener");
+        listener.set_nonblocking(true).expect("nonblocking");
+        listener
+    })
+    .join()
+    .expect("listener thread")
+}
+
+/// The next connection of `listener` within 10 s, or `None`.
+fn accept_within(listener: &std::net::TcpListener) -> Option<(TcpStream, SocketAddr)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match listener.accept() {
+            Ok(accepted) => return Some(accepted),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if std::time::Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+/// Connects a probe of the apps cgroup to `dst`, expects `listener` to get the connection instead,
+/// checks that `origins` knows where it was going (once), and returns what the probe reports.
+fn redirected_probe(
+    topo: &Topo,
+    listener: &std::net::TcpListener,
+    origins: &switchyard_ebpf::FlowOrigins,
+    dst: &str,
+    expected_origin: &str,
+) -> String {
+    let mut probe = topo.spawn_probe(&topo.inc, "tcp-peer", dst, &[]);
+    let (mut conn, client) =
+        accept_within(listener).unwrap_or_else(|| panic!("{dst}: the listener got nothing"));
+    let expected: SocketAddr = expected_origin.parse().expect("origin");
+    assert_eq!(
+        origins.take(client),
+        Some(expected),
+        "{dst}: original destination of {client}"
+    );
+    assert_eq!(origins.take(client), None, "{dst}: taken once");
+    conn.write_all(b"listener").expect("write");
+    drop(conn);
+    let r = read_result(&mut probe);
+    let _ = probe.wait();
+    r
+}
+
+fn tcp_redirect_scenario() {
+    use switchyard_ebpf::{AppClass, ClassifierConfig, Mode, NetList, SplitTunnelProgram};
+    let mut topo = Topo::new();
+    topo.start_servers();
+    let l4 = listener_in(&topo.lan, "127.0.0.1:0");
+    let l6 = listener_in(&topo.lan, "[::1]:0");
+    let port = |l: &std::net::TcpListener| l.local_addr().expect("local addr").port();
+    let config = ClassifierConfig {
+        mode: Mode::Include,
+        tunnel_mark: MARK,
+        dns: Some(lan_resolver()),
+        netns_cookie: switchyard_ebpf::netns_cookie(Some(Path::new(&format!(
+            "/run/netns/{}",
+            topo.lan
+        ))))
+        .expect("netns cookie"),
+        tcp_redirect: Some(switchyard_ebpf::TcpRedirect {
+            port4: port(&l4),
+            port6: port(&l6),
+        }),
+    };
+    let mounted = switchyard_ebpf::ensure_bpffs(&topo.pins).expect("bpffs");
+    let mut program = SplitTunnelProgram::attach(&topo.scope, &topo.pins, &config).expect("attach");
+    let cgroup_id = |p: &Path| switchyard_ebpf::cgroup_id(p).expect("cgroup id");
+    program
+        .set_app_cgroup(cgroup_id(&topo.inc), AppClass::Selected)
+        .expect("app cgroup");
+    program
+        .insert_net(NetList::Bypass, "10.201.9.3/32".parse().expect("net"))
+        .expect("bypass net");
+    let origins = program.flow_origins().expect("flow origins");
+
+    // the app's tunnelled connections reach the listener, which learns where each was going; the
+    // app sees the original peer and no tunnel mark (loopback must not be routed to the TUN)
+    let r = redirected_probe(&topo, &l4, &origins, "10.201.9.1:8080", "10.201.9.1:8080");
+    assert_eq!(r, "mark=0x0 peer=10.201.9.1:8080 reply=listener", "IPv4");
+    let r = redirected_probe(&topo, &l6, &origins, "[fd53:9::1]:8080", "[fd53:9::1]:8080");
+    assert_eq!(r, "mark=0x0 peer=[fd53:9::1]:8080 reply=listener", "IPv6");
+    let r = redirected_probe(
+        &topo,
+        &l4,
+        &origins,
+        "[::ffff:10.201.9.1]:8080",
+        "10.201.9.1:8080",
+    );
+    assert_eq!(
+        r, "mark=0x0 peer=[::ffff:10.201.9.1]:8080 reply=listener",
+        "v4-mapped destination of a dual-stack socket"
+    );
+
+    // not tunnelled: an excluded destination, another cgroup; DNS keeps its own redirect
+    assert_eq!(topo.seen(&topo.inc, "10.201.9.3"), DIRECT, "always_bypass");
+    assert_eq!(topo.seen(&topo.exc, "10.201.9.1"), DIRECT, "other cgroup");
+    assert_eq!(
+        topo.seen(&topo.exc, "fd53:9::1"),
+        DIRECT6,
+        "other cgroup v6"
+    );
+    let r = topo.probe(&topo.inc, "tcp-dns", "10.201.9.53:53");
+    assert_eq!(r, "peer=10.201.9.53:53 reply=resolver:q", "TCP DNS");
+    topo.assert_bystander_untouched("tcp redirect");
+    for l in [&l4, &l6] {
+        assert!(nothing_waiting(l), "nothing else reached the listener");
+    }
+    program.detach().expect("detach");
+    if mounted {
+        switchyard_ebpf::unmount_bpffs(&topo.pins).expect("unmount bpffs");
+    }
+    assert_eq!(
+        topo.leftovers(),
+        Vec::<String>::new(),
+        "detach leaves nothing"
+    );
+}
+
+/// Whether `listener` has no connection waiting.
+fn nothing_waiting(listener: &std::net::TcpListener) -> bool {
+    matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+#[test]
+fn ebpf_redirects_tunnelled_tcp_to_the_listener() {
+    if root_or_skip("ebpf_redirects_tunnelled_tcp_to_the_listener") {
+        tcp_redirect_scenario();
+    }
 }
 
 fn crash_cleanup(choice: &str, expected: &str) {
