@@ -315,6 +315,25 @@ static __always_inline int is_v4_mapped(const __u32 addr[4])
 
 #define LOOPBACK4 0x7f000001 // 127.0.0.1, host order
 
+// The destination connect4/sendmsg4 were given.
+static __always_inline void orig_of4(struct bpf_sock_addr *ctx, struct orig_dst *orig)
+{
+	orig->addr[0] = ctx->user_ip4;
+	orig->port = (__u16)ctx->user_port;
+	orig->family = AF_INET;
+}
+
+// The destination connect6/sendmsg6 were given.
+static __always_inline void orig_of6(struct bpf_sock_addr *ctx, struct orig_dst *orig)
+{
+	orig->addr[0] = ctx->user_ip6[0];
+	orig->addr[1] = ctx->user_ip6[1];
+	orig->addr[2] = ctx->user_ip6[2];
+	orig->addr[3] = ctx->user_ip6[3];
+	orig->port = (__u16)ctx->user_port;
+	orig->family = AF_INET6;
+}
+
 SEC("cgroup/sock_create")
 int sy_sock_create(struct bpf_sock *sk)
 {
@@ -341,9 +360,7 @@ static __always_inline int redirect_dns4(struct bpf_sock_addr *ctx, const struct
 		return 0;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct orig_dst orig = {};
-	orig.addr[0] = ctx->user_ip4;
-	orig.port = (__u16)ctx->user_port;
-	orig.family = AF_INET;
+	orig_of4(ctx, &orig);
 	bpf_map_update_elem(&sy_dns_orig, &cookie, &orig, BPF_ANY);
 	ctx->user_ip4 = cfg->resolver4;
 	ctx->user_port = cfg->resolver4_port;
@@ -356,9 +373,7 @@ static __always_inline int redirect_tcp4(struct bpf_sock_addr *ctx, const struct
 	if (ctx->protocol != IPPROTO_TCP || cfg->tcp_redirect4_port == 0 || bound_to_device(ctx))
 		return 0;
 	struct orig_dst orig = {};
-	orig.addr[0] = ctx->user_ip4;
-	orig.port = (__u16)ctx->user_port;
-	orig.family = AF_INET;
+	orig_of4(ctx, &orig);
 	if (!remember_tcp_orig(ctx, &orig))
 		return 0;
 	ctx->user_ip4 = bpf_htonl(LOOPBACK4);
@@ -450,12 +465,7 @@ static __always_inline int redirect_dns6(struct bpf_sock_addr *ctx, const struct
 		return 0;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct orig_dst orig = {};
-	orig.addr[0] = ctx->user_ip6[0];
-	orig.addr[1] = ctx->user_ip6[1];
-	orig.addr[2] = ctx->user_ip6[2];
-	orig.addr[3] = ctx->user_ip6[3];
-	orig.port = (__u16)ctx->user_port;
-	orig.family = AF_INET6;
+	orig_of6(ctx, &orig);
 	bpf_map_update_elem(&sy_dns_orig, &cookie, &orig, BPF_ANY);
 	ctx->user_ip6[0] = cfg->resolver6[0];
 	ctx->user_ip6[1] = cfg->resolver6[1];
@@ -472,12 +482,7 @@ static __always_inline int redirect_tcp6(struct bpf_sock_addr *ctx, const struct
 	if (ctx->protocol != IPPROTO_TCP)
 		return 0;
 	struct orig_dst orig = {};
-	orig.addr[0] = ctx->user_ip6[0];
-	orig.addr[1] = ctx->user_ip6[1];
-	orig.addr[2] = ctx->user_ip6[2];
-	orig.addr[3] = ctx->user_ip6[3];
-	orig.port = (__u16)ctx->user_port;
-	orig.family = AF_INET6;
+	orig_of6(ctx, &orig);
 	int mapped = is_v4_mapped(orig.addr);
 	__u16 port = mapped ? cfg->tcp_redirect4_port : cfg->tcp_redirect6_port;
 	if (port == 0 || bound_to_device(ctx) || !remember_tcp_orig(ctx, &orig))

@@ -44,31 +44,13 @@ fn result(line: String) {
     let _ = std::io::stdout().flush();
 }
 
-fn tcp_probe(dst: SocketAddr, preset_mark: Option<u32>) -> String {
-    let sock = socket2::Socket::new(
-        socket2::Domain::for_address(dst),
-        socket2::Type::STREAM,
-        None,
-    )
-    .expect("socket");
-    if let Some(m) = preset_mark {
-        sock.set_mark(m).expect("set mark");
-    }
-    sock.connect_timeout(&dst.into(), Duration::from_secs(5))
-        .expect("connect");
-    let mark = sock.mark().expect("get mark");
-    let mut stream: TcpStream = sock.into();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let mut seen = String::new();
-    stream.read_to_string(&mut seen).expect("read");
-    format!("mark={mark:#x} seen={}", seen.trim())
-}
-
-/// Connects (a v4-mapped `dst` on a dual-stack IPv6 socket), then reports the socket's mark, what
-/// getpeername() says and what the other end wrote before closing.
-fn tcp_peer_probe(dst: SocketAddr) -> String {
+/// Connects to `dst` (a v4-mapped one on a dual-stack IPv6 socket) with a socket `prepare` set
+/// up; returns the socket's mark after connect(), what getpeername() says and what the other end
+/// wrote before closing.
+fn connect_and_read(
+    dst: SocketAddr,
+    prepare: impl FnOnce(&socket2::Socket),
+) -> (u32, SocketAddr, String) {
     let sock = socket2::Socket::new(
         socket2::Domain::for_address(dst),
         socket2::Type::STREAM,
@@ -78,6 +60,7 @@ fn tcp_peer_probe(dst: SocketAddr) -> String {
     if dst.is_ipv6() {
         sock.set_only_v6(false).expect("dual stack");
     }
+    prepare(&sock);
     sock.connect_timeout(&dst.into(), Duration::from_secs(5))
         .expect("connect");
     let mark = sock.mark().expect("get mark");
@@ -86,9 +69,30 @@ fn tcp_peer_probe(dst: SocketAddr) -> String {
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).expect("read");
-    format!("mark={mark:#x} peer={peer} reply={}", reply.trim())
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read");
+    (mark, peer, text.trim().to_string())
+}
+
+fn tcp_probe(dst: SocketAddr, preset_mark: Option<u32>) -> String {
+    let (mark, _, seen) = connect_and_read(dst, |sock| {
+        if let Some(m) = preset_mark {
+            sock.set_mark(m).expect("set mark");
+        }
+    });
+    format!("mark={mark:#x} seen={seen}")
+}
+
+/// Like `tcp_probe`, reporting the peer; with `device`, the socket is bound to it first
+/// (SO_BINDTODEVICE).
+fn tcp_peer_probe(dst: SocketAddr, device: Option<&str>) -> String {
+    let (mark, peer, reply) = connect_and_read(dst, |sock| {
+        if let Some(device) = device {
+            sock.bind_device(Some(device.as_bytes()))
+                .expect("bind to device");
+        }
+    });
+    format!("mark={mark:#x} peer={peer} reply={reply}")
 }
 
 fn udp_dns_probe(dst: SocketAddr, connected: bool) -> String {
@@ -230,7 +234,11 @@ fn helper() {
         "tcp" => result(tcp_probe(addr(), None)),
         "app-then-tcp" => app_then_probe(addr()),
         "tcp-marked" => result(tcp_probe(addr(), Some(0x77))),
-        "tcp-peer" => result(tcp_peer_probe(addr())),
+        "tcp-peer" => result(tcp_peer_probe(addr(), None)),
+        "tcp-peer-bound" => {
+            let device = std::env::var("SYEBPF_DEVICE").expect("SYEBPF_DEVICE");
+            result(tcp_peer_probe(addr(), Some(&device)))
+        }
         "udp-dns" => result(udp_dns_probe(addr(), false)),
         "udp-dns-connected" => result(udp_dns_probe(addr(), true)),
         "tcp-dns" => result(tcp_dns_probe(addr())),
@@ -847,6 +855,21 @@ fn tcp_redirect_scenario() {
         r, "mark=0x0 peer=[::ffff:10.201.9.1]:8080 reply=listener",
         "v4-mapped destination of a dual-stack socket"
     );
+
+    // a socket bound to a device cannot reach loopback: it keeps its tunnel mark (the TUN path)
+    let direct_link = format!("{}d", topo.lan.trim_end_matches("-lan"));
+    let mut bound = topo.spawn_probe(
+        &topo.inc,
+        "tcp-peer-bound",
+        "10.201.9.1:8080",
+        &[("SYEBPF_DEVICE", &direct_link)],
+    );
+    assert_eq!(
+        read_result(&mut bound),
+        format!("mark={MARK:#x} peer=10.201.9.1:8080 reply={DIRECT}"),
+        "bound to a device"
+    );
+    let _ = bound.wait();
 
     // not tunnelled: an excluded destination, another cgroup; DNS keeps its own redirect
     assert_eq!(topo.seen(&topo.inc, "10.201.9.3"), DIRECT, "always_bypass");
