@@ -23,7 +23,8 @@
 //
 // A marked socket carries `tunnel_mark`; `ip rule fwmark <mark> lookup <table>` sends it into the
 // TUN table. With `tcp_redirect4|6_port` set, a tunnelled TCP connect() of that family instead goes
-// straight to the data plane's listener on loopback (no TUN, no per-segment rewriting), unmarked. A socket that already carries any other mark (the proxy's own sockets set SO_MARK) or
+// straight to the data plane's listener on loopback (no TUN, no per-segment rewriting), unmarked.
+// A socket that already carries any other mark (the proxy's own sockets set SO_MARK) or
 // lives in a cgroup listed as BYPASS is never touched. Maps are pinned by name so the loader can find
 // and remove them after a crash. The Rust side (ebpf/src/maps.rs) mirrors every struct here.
 //
