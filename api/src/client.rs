@@ -261,6 +261,11 @@ pub struct VpnStatus {
     /// TCP and UDP flows in the TUN path's NAT right now (extension).
     #[serde(default)]
     pub flows: u64,
+    /// TCP flows the eBPF classifier sent from `connect(2)` straight to the client since start,
+    /// past the TUN (`vpn.tcp_redirect`); their bytes are in `bytes_sent` / `bytes_received`
+    /// (extension).
+    #[serde(default)]
+    pub tcp_redirected: u64,
     /// Packets the TUN path dropped since start — what it does not translate (ICMP, IPv6, IP
     /// fragments), stray segments, a full NAT, loops — plus UDP datagrams its relay dropped (a
     /// route that cannot carry UDP, full flow queues or tables) (extension).

@@ -34,6 +34,8 @@ const ORIGIN: &str = "10.211.9.1";
 /// The same origin's IPv6 address (the VPN's IPv6 row).
 const ORIGIN6: &str = "fd00:211:9::1";
 const SERVER: &str = "10.210.0.1:18080";
+/// The client's API inside the lan namespace (the bench switches `vpn.tcp_redirect` through it).
+const CLIENT_API: &str = "127.0.0.1:17383";
 
 /// Prefix of every name the scenario creates (namespaces, cgroup, interfaces): `syvpnb`, or
 /// `SWITCHYARD_BENCH_PREFIX` so runs in several worktrees on one machine do not collide.
@@ -168,6 +170,36 @@ struct PathFigures {
     error: Option<String>,
 }
 
+/// Switches the client's `vpn.tcp_redirect` (it applies at the next enable): disable, change,
+/// enable, and wait until the VPN is connected again.
+fn set_tcp_redirect(lan: &str, on: bool) -> Result<()> {
+    let api = |method: &str, path: &str, body: &str| {
+        sh(&format!(
+            "ip netns exec {lan} curl -sf -X {method} -H 'Content-Type: application/json' \
+             --data '{body}' http://{CLIENT_API}{path}"
+        ))
+    };
+    api("POST", "/api/v1/vpn/disable", "{}")?;
+    api(
+        "PUT",
+        "/api/v1/config",
+        &format!("{{\"vpn\": {{\"tcp_redirect\": {on}}}}}"),
+    )?;
+    api("POST", "/api/v1/vpn/enable", "{}")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = api("GET", "/api/v1/vpn/status", "")?;
+        let status: serde_json::Value = serde_json::from_str(&status)?;
+        if status["status"] == "connected" {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the VPN did not come back with tcp_redirect {on}: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Runs an `iperf3 -c … -J` command; the received Gbit/s (all streams).
 pub(crate) fn iperf(cmd: Command) -> Result<f64> {
     let mut cmd = cmd;
@@ -204,7 +236,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
     if sh("id -u")?.trim() != "0" {
         bail!("needs root (network namespaces, cgroups, TUN)");
     }
-    for tool in ["iperf3", "redsocks", "nft", "nsenter", "setpriv"] {
+    for tool in ["iperf3", "redsocks", "nft", "nsenter", "setpriv", "curl"] {
         which(tool).with_context(|| format!("{tool} is not installed"))?;
     }
     // the Debian interpreter: a per-user one (pyenv) is not readable by uid 65534
@@ -287,7 +319,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         &client_cfg,
         format!(
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
-             api: {{listen: \"127.0.0.1:0\"}}\nlogging: {{level: info, format: json}}\n\
+             api: {{listen: \"{CLIENT_API}\"}}\nlogging: {{level: info, format: json}}\n\
              servers:\n  - {{name: gw, address: \"{SERVER}\", protocol: HTTP}}\n\
              vpn:\n  enabled: true\n  interface_name: {p}t0\n  scope_cgroup: \"{}\"\n  dns: {{enabled: false}}\n  \
              split: {{mode: include, apps: [{{name: app, cgroup: \"{}\"}}]}}\n",
@@ -360,42 +392,76 @@ EOF"
     }
     let secs = ctx.seconds.to_string();
     let mut results: Vec<(&str, PathFigures)> = Vec::new();
-    for (name, cgroup, nobody, relay, v6) in [
-        ("plain veth", None, false, None, false),
+    // the VPN rows: TCP redirected past the TUN by the eBPF classifier (the default), then
+    // through the TUN (`vpn.tcp_redirect: false`) at two MTUs, in one run
+    let vpn = Some(app.as_path());
+    let mut tcp_redirect = true;
+    for (name, cgroup, nobody, relay, v6, redirect) in [
+        ("plain veth", None, false, None, false, None),
         (
-            "switchyard VPN (TUN, MTU 1420)",
-            Some(app.as_path()),
+            "switchyard VPN (eBPF socket redirect)",
+            vpn,
             false,
             Some(client),
             false,
+            Some(true),
         ),
-        // IPv6 through the same TUN (its IPv6 listener), to the origin's IPv6 address
         (
-            "switchyard VPN IPv6 (TUN, MTU 1420)",
-            Some(app.as_path()),
+            "switchyard VPN IPv6 (eBPF socket redirect)",
+            vpn,
             false,
             Some(client),
             true,
+            Some(true),
+        ),
+        (
+            "switchyard VPN (TUN, MTU 1420)",
+            vpn,
+            false,
+            Some(client),
+            false,
+            Some(false),
+        ),
+        (
+            "switchyard VPN IPv6 (TUN, MTU 1420)",
+            vpn,
+            false,
+            Some(client),
+            true,
+            Some(false),
         ),
         // the TUN never carries packets off the machine: a large MTU is safe and cuts the
         // pump's per-packet work
         (
             "switchyard VPN (TUN, MTU 9000)",
-            Some(app.as_path()),
+            vpn,
             false,
             Some(client),
             false,
+            Some(false),
         ),
         (
             "switchyard VPN IPv6 (TUN, MTU 9000)",
-            Some(app.as_path()),
+            vpn,
             false,
             Some(client),
             true,
+            Some(false),
         ),
-        ("plain veth IPv6", None, false, None, true),
-        ("redsocks (nft redirect)", None, true, Some(redsocks), false),
+        ("plain veth IPv6", None, false, None, true, None),
+        (
+            "redsocks (nft redirect)",
+            None,
+            true,
+            Some(redsocks),
+            false,
+            None,
+        ),
     ] {
+        if let Some(want) = redirect.filter(|w| *w != tcp_redirect) {
+            set_tcp_redirect(lan, want)?;
+            tcp_redirect = want;
+        }
         let (origin, iperf_port) = if v6 {
             (ORIGIN6, "5202")
         } else {

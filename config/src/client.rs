@@ -338,6 +338,10 @@ pub struct VpnConfig {
     /// Not in the spec.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub classifier: String,
+    /// Linux, eBPF classifier: tunnelled TCP goes from `connect(2)` straight to the data
+    /// plane's loopback listener, past the TUN (the TUN still carries UDP and ping); `false`
+    /// carries TCP through the TUN too. Not in the spec.
+    pub tcp_redirect: bool,
 }
 
 impl Default for VpnConfig {
@@ -352,6 +356,7 @@ impl Default for VpnConfig {
             split: VpnSplitConfig::default(),
             scope_cgroup: String::new(),
             classifier: String::new(),
+            tcp_redirect: true,
         }
     }
 }

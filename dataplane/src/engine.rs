@@ -45,10 +45,11 @@ pub struct ListenSpec {
 }
 
 impl ListenSpec {
-    /// The VPN listener: the TUN address (IPv4, or the IPv6 one for IPv6 flows), a free port.
-    fn vpn(tun_ip: IpAddr) -> Self {
+    /// A VPN listener on a free port: the TUN address (IPv4, or the IPv6 one for IPv6 flows),
+    /// or loopback for the socket redirect.
+    fn vpn(ip: IpAddr) -> Self {
         ListenSpec {
-            ip: Some(tun_ip),
+            ip: Some(ip),
             port: 0,
         }
     }
@@ -252,6 +253,9 @@ struct CoreListeners {
     /// The VPN listener and UDP socket on the TUN's IPv6 address.
     vpn6: Option<Socket>,
     vpn6_udp: Option<Socket>,
+    /// The loopback listeners (127.0.0.1, ::1) the eBPF classifier redirects tunnelled TCP to.
+    redirect: Option<Socket>,
+    redirect6: Option<Socket>,
 }
 
 impl CoreListeners {
@@ -265,6 +269,8 @@ impl CoreListeners {
             &self.vpn_udp,
             &self.vpn6,
             &self.vpn6_udp,
+            &self.redirect,
+            &self.redirect6,
         ]
         .into_iter()
         .flatten()
@@ -302,6 +308,8 @@ struct CoreSeed {
     vpn_udp_listen: Option<SocketAddr>,
     vpn6_listen: Option<ListenSpec>,
     vpn6_udp_listen: Option<SocketAddr>,
+    redirect_listen: Option<ListenSpec>,
+    redirect6_listen: Option<ListenSpec>,
     /// Bound once; the core running it (0, also after a restart) uses a duplicate of its socket.
     quic: Option<Arc<crate::quic::QuicListener>>,
     /// Round-robin over the listener groups; locked by supervisors only, never by a core.
@@ -400,6 +408,8 @@ impl CoreSeed {
                     (listeners.socks5, Service::Socks5),
                     (listeners.vpn, Service::Vpn),
                     (listeners.vpn6, Service::Vpn),
+                    (listeners.redirect, Service::VpnRedirect),
+                    (listeners.redirect6, Service::VpnRedirect),
                 ] {
                     if let Some(socket) = socket {
                         // a second descriptor of the same (non-blocking) listener for plain
@@ -454,6 +464,8 @@ impl CoreSeed {
                 .vpn6_udp_listen
                 .map(|a| vpn_udp_socket(a).map_err(|e| DataplaneError::Start(e.to_string())))
                 .transpose()?,
+            redirect: bind(self.redirect_listen, false)?,
+            redirect6: bind(self.redirect6_listen, false)?,
         })
     }
 
@@ -499,6 +511,8 @@ impl CoreSeed {
                             listeners.socks5.as_ref(),
                             listeners.vpn.as_ref(),
                             listeners.vpn6.as_ref(),
+                            listeners.redirect.as_ref(),
+                            listeners.redirect6.as_ref(),
                         ],
                     );
                 }
@@ -583,6 +597,32 @@ impl Dataplane {
                 vpn.udp_port6.store(addr.port(), Ordering::Release);
             }
         }
+        // tunnelled TCP the eBPF classifier sends here from connect(2), past the TUN; a host
+        // without IPv6 on loopback keeps IPv6 flows on the TUN
+        let redirect = opts
+            .vpn
+            .as_ref()
+            .map(|_| {
+                bind_per_core(
+                    ListenSpec::vpn(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+                    cores.len(),
+                    false,
+                )
+            })
+            .transpose()?;
+        let redirect6 = opts.vpn.as_ref().and_then(|_| {
+            bind_per_core(ListenSpec::vpn(IpAddr::V6(Ipv6Addr::LOCALHOST)), cores.len(), false)
+                .map_err(|e| tracing::warn!(error = %e, "no VPN redirect listener on ::1: tunnelled IPv6 TCP takes the TUN"))
+                .ok()
+        });
+        if let Some(vpn) = &opts.vpn {
+            let port = |l: &Option<(Vec<Socket>, ListenSpec, SocketAddr)>| {
+                l.as_ref().map_or(0, |(_, _, a)| a.port())
+            };
+            vpn.redirect_port4.store(port(&redirect), Ordering::Release);
+            vpn.redirect_port6
+                .store(port(&redirect6), Ordering::Release);
+        }
         let quic = opts.quic.clone();
         let no_sockets: &[Socket] = &[];
         let balance = crate::balance::ListenerBalance::attach(&[
@@ -592,6 +632,12 @@ impl Dataplane {
                 .as_ref()
                 .map_or(no_sockets, |(s, _, _)| s.as_slice()),
             vpn6_listen
+                .as_ref()
+                .map_or(no_sockets, |(s, _, _)| s.as_slice()),
+            redirect
+                .as_ref()
+                .map_or(no_sockets, |(s, _, _)| s.as_slice()),
+            redirect6
                 .as_ref()
                 .map_or(no_sockets, |(s, _, _)| s.as_slice()),
         ]);
@@ -617,6 +663,8 @@ impl Dataplane {
             vpn_udp_listen: vpn_udp.as_ref().map(|(_, a)| *a),
             vpn6_listen: vpn6_listen.as_ref().map(|(_, spec, _)| *spec),
             vpn6_udp_listen: vpn6_udp.as_ref().map(|(_, a)| *a),
+            redirect_listen: redirect.as_ref().map(|(_, spec, _)| *spec),
+            redirect6_listen: redirect6.as_ref().map(|(_, spec, _)| *spec),
             quic: quic.clone(),
             balance: Arc::new(std::sync::Mutex::new(balance)),
         };
@@ -631,6 +679,8 @@ impl Dataplane {
             .map(|(s, _, _)| s)
             .unwrap_or_default()
             .into_iter();
+        let mut redirect_sockets = redirect.map(|(s, _, _)| s).unwrap_or_default().into_iter();
+        let mut redirect6_sockets = redirect6.map(|(s, _, _)| s).unwrap_or_default().into_iter();
         let mut http_sockets = http.map(|(s, _, _)| s).unwrap_or_default().into_iter();
         let mut socks_sockets = socks.map(|(s, _, _)| s).unwrap_or_default().into_iter();
 
@@ -647,6 +697,8 @@ impl Dataplane {
                 vpn_udp: vpn_udp_sockets.next(),
                 vpn6: vpn6_sockets.next(),
                 vpn6_udp: vpn6_udp_sockets.next(),
+                redirect: redirect_sockets.next(),
+                redirect6: redirect6_sockets.next(),
             };
             let guards = listeners
                 .guards()
@@ -744,7 +796,10 @@ fn wait_for_cores(
 enum Service {
     Http,
     Socks5,
+    /// Flows the TUN pump translated.
     Vpn,
+    /// Tunnelled TCP the eBPF classifier redirected from connect(2).
+    VpnRedirect,
 }
 
 /// Proves to the control plane that this core runs tasks: a timer task on the core's default
@@ -873,8 +928,11 @@ async fn accept_loop(acceptor: Acceptor, ctx: Rc<CoreContext>, service: Service)
             panic!("fault injected by a test");
         }
         let snapshot = ctx.snapshot.load();
-        // VPN flows come from the NAT's gateway address, which `serve` checks itself
-        if !matches!(service, Service::Vpn) && !snapshot.access.allows(peer.ip()) {
+        // VPN flows come from the NAT's gateway address or the application itself (loopback),
+        // which their `serve` functions check
+        if !matches!(service, Service::Vpn | Service::VpnRedirect)
+            && !snapshot.access.allows(peer.ip())
+        {
             tracing::debug!(client = %peer, "refused by access control");
             continue; // dropping the stream closes it
         }
@@ -889,6 +947,9 @@ async fn accept_loop(acceptor: Acceptor, ctx: Rc<CoreContext>, service: Service)
                 Service::Http => crate::http_proxy::serve(stream, peer, ctx).await,
                 Service::Socks5 => crate::socks5_server::serve(stream, peer, ctx).await,
                 Service::Vpn => crate::tun::serve::serve(stream, peer, ctx).await,
+                Service::VpnRedirect => {
+                    crate::tun::serve::serve_redirected(stream, peer, ctx).await
+                }
             }
         })
         .detach();

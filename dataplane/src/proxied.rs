@@ -252,6 +252,9 @@ pub(crate) struct TunnelStart<C> {
     /// `host:port` for the live-connection table.
     pub label: String,
     pub trace: Trace,
+    /// A VPN flow that bypassed the TUN (the socket redirect): its bytes are counted in the
+    /// VPN path's totals here, as the pump counts those of the flows it carries.
+    pub vpn_tally: Option<Arc<crate::tun::TunStats>>,
 }
 
 /// Starts [`run_tunnel`] as a task of its own and returns at once, so the connection's task
@@ -282,6 +285,7 @@ pub(crate) fn spawn_tunnel(
         protocol,
         label,
         trace,
+        vpn_tally: None,
     });
     glommio::spawn_local(async move {
         let _slot = slot;
@@ -309,6 +313,7 @@ pub(crate) fn run_tunnel<'a, C: ClientStream + 'a>(
     label: &str,
     backend: &'a Backend,
     trace: Trace,
+    vpn_tally: Option<Arc<crate::tun::TunStats>>,
 ) -> impl std::future::Future<Output = ()> + 'a {
     let start = Box::new(TunnelStart {
         client,
@@ -318,6 +323,7 @@ pub(crate) fn run_tunnel<'a, C: ClientStream + 'a>(
         protocol,
         label: label.to_owned(),
         trace,
+        vpn_tally,
     });
     tunnel_task(ctx, snapshot, backend, start)
 }
@@ -343,6 +349,7 @@ async fn tunnel_task<C: ClientStream>(
         protocol,
         label,
         trace,
+        vpn_tally,
     } = unbox(start);
     let upstream = RefCell::new(connected.stream);
     let core = ctx.counters.core(ctx.core);
@@ -350,16 +357,28 @@ async fn tunnel_task<C: ClientStream>(
     bcore.opened();
     let registered = Registered::new(ctx, peer, label, backend.name.clone(), protocol);
     client.borrow().clear_read_timeout();
+    let client_ip = crate::access_control::canonical(peer.ip());
+    let live = registered.conn();
+    let meter = |upload: bool| Meter {
+        counters: [core, bcore],
+        live: Some(live),
+        upload,
+        limiter: if upload {
+            snapshot.upload_limit.as_deref()
+        } else {
+            snapshot.download_limit.as_deref()
+        },
+        client: client_ip,
+        vpn_tally: vpn_tally.as_deref(),
+    };
+    let (up, down) = (meter(true), meter(false));
     let mut ok = true;
     // bytes that arrived with the handshake count like relayed ones (an origin that speaks first
     // often has its first bytes in the same segment as the proxy's CONNECT answer)
     if !client_early.is_empty() {
         ok &= tunnel::write_all(&upstream, &client_early).await.is_ok();
         if ok {
-            let n = client_early.len() as u64;
-            registered.conn().add_recv(n);
-            core.add_received(n);
-            bcore.add_received(n);
+            up.count(client_early.len() as u64);
         }
     }
     if ok && !connected.early_data.is_empty() {
@@ -367,35 +386,11 @@ async fn tunnel_task<C: ClientStream>(
             .await
             .is_ok();
         if ok {
-            let n = connected.early_data.len() as u64;
-            registered.conn().add_sent(n);
-            core.add_sent(n);
-            bcore.add_sent(n);
+            down.count(connected.early_data.len() as u64);
         }
     }
-    let client_ip = crate::access_control::canonical(peer.ip());
-    let live = registered.conn();
     if ok {
-        tunnel::relay(
-            &client,
-            &upstream,
-            Meter {
-                counters: [core, bcore],
-                live: Some(live),
-                upload: true,
-                limiter: snapshot.upload_limit.as_deref(),
-                client: client_ip,
-            },
-            Meter {
-                counters: [core, bcore],
-                live: Some(live),
-                upload: false,
-                limiter: snapshot.download_limit.as_deref(),
-                client: client_ip,
-            },
-            snapshot.timeouts.idle,
-        )
-        .await;
+        tunnel::relay(&client, &upstream, up, down, snapshot.timeouts.idle).await;
     }
     // No await from here on: the relay's last direction left its FIN to the close(2) of
     // `client` and `upstream`, which drop when this function returns.

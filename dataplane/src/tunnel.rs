@@ -31,6 +31,8 @@ pub struct Meter<'a> {
     pub upload: bool,
     pub limiter: Option<&'a BandwidthLimiter>,
     pub client: IpAddr,
+    /// The VPN path's byte totals, for a flow that does not cross the TUN pump.
+    pub vpn_tally: Option<&'a crate::tun::TunStats>,
 }
 
 impl Meter<'_> {
@@ -48,6 +50,15 @@ impl Meter<'_> {
             } else {
                 live.add_sent(n);
             }
+        }
+        if let Some(tally) = self.vpn_tally {
+            // the pump's sense: "sent" is from the application into the tunnel
+            let total = if self.upload {
+                &tally.bytes_sent
+            } else {
+                &tally.bytes_received
+            };
+            total.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

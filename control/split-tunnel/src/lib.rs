@@ -37,7 +37,7 @@ use serde::Serialize;
 use switchyard_ebpf::{AppClass, AppImage, ClassifierConfig, NetList, SplitTunnelProgram};
 
 pub use rules::{AppRule, CompiledRules, RuleError, SplitMode, SplitRules};
-pub use switchyard_ebpf::DnsRedirect;
+pub use switchyard_ebpf::{DnsRedirect, FlowOrigins, TcpRedirect};
 
 use exec_watch::{ExecStats, ExecWatch};
 use host::Host;
@@ -122,6 +122,9 @@ pub struct SplitTunnelConfig {
     pub mechanism: MechanismChoice,
     /// DNS interception; `None` leaves DNS alone.
     pub dns: Option<DnsRedirect>,
+    /// eBPF only: where tunnelled TCP goes from `connect(2)` instead of the TUN (the data
+    /// plane's loopback listeners); `None` routes it into the TUN like the rest.
+    pub tcp_redirect: Option<TcpRedirect>,
 }
 
 impl SplitTunnelConfig {
@@ -144,6 +147,7 @@ impl SplitTunnelConfig {
             nft_table: "switchyard_split".into(),
             mechanism: MechanismChoice::Auto,
             dns: None,
+            tcp_redirect: None,
         }
     }
 
@@ -535,7 +539,7 @@ impl SplitTunnel {
             tunnel_mark: self.config.tunnel_mark,
             dns: self.config.dns,
             netns_cookie: self.netns_cookie,
-            tcp_redirect: None,
+            tcp_redirect: self.config.tcp_redirect,
         }
     }
 
@@ -619,6 +623,20 @@ impl SplitTunnel {
     }
 
     /// The active mechanism.
+    /// The original destinations of redirected TCP connections, with the eBPF classifier and
+    /// [`SplitTunnelConfig::tcp_redirect`] set; `None` otherwise (or when the map cannot be
+    /// shared: the listeners then reset what arrives, logged here).
+    pub fn flow_origins(&self) -> Option<FlowOrigins> {
+        self.config.tcp_redirect?;
+        match &self.classifier {
+            Classifier::Ebpf(program, _) => program
+                .flow_origins()
+                .map_err(|e| tracing::error!(error = %e, "redirected TCP flows cannot be served"))
+                .ok(),
+            _ => None,
+        }
+    }
+
     pub fn mechanism(&self) -> Mechanism {
         match self.classifier {
             Classifier::Ebpf(..) => Mechanism::Ebpf,

@@ -438,6 +438,7 @@ async fn serve_flow(ctx: Rc<CoreContext>, auth: Rc<ConnAuth>, flow: FlowStream, 
         &label,
         backend,
         trace,
+        None,
     )
     .await;
 }

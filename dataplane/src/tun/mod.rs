@@ -45,9 +45,9 @@ pub mod udp_nat;
 pub mod udp_relay;
 pub mod vnet;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::AtomicU16;
 use std::sync::Arc;
 
@@ -80,6 +80,26 @@ pub struct VpnPath {
     pub listen_port6: AtomicU16,
     pub udp_port6: AtomicU16,
     pub udp_stats: Arc<UdpRelayStats>,
+    /// Ports of the loopback listeners (127.0.0.1 and ::1) that the eBPF classifier sends
+    /// tunnelled TCP connections to straight from `connect(2)`, past the TUN (set by the data
+    /// plane at start; 0 = none).
+    pub redirect_port4: AtomicU16,
+    pub redirect_port6: AtomicU16,
+    /// Where the redirected connections were going; set while the eBPF classifier runs.
+    pub redirect_origins: ArcSwapOption<Box<dyn RedirectOrigins>>,
+}
+
+/// The classifier's record of redirected TCP connections: the original destination of the
+/// connection whose client (the accepted socket's peer) is `client`, handed out once. Called on
+/// the data-plane cores: it must not block nor take a lock the control plane holds.
+pub trait RedirectOrigins: Send + Sync {
+    fn take(&self, client: SocketAddr) -> Option<SocketAddr>;
+}
+
+impl RedirectOrigins for switchyard_ebpf::FlowOrigins {
+    fn take(&self, client: SocketAddr) -> Option<SocketAddr> {
+        switchyard_ebpf::FlowOrigins::take(self, client)
+    }
 }
 
 /// The TUN's IPv6 side: translated IPv6 flows come from `gateway` to listeners on `tun_ip`.
@@ -121,6 +141,9 @@ impl VpnPath {
             listen_port6: AtomicU16::new(0),
             udp_port6: AtomicU16::new(0),
             udp_stats: Arc::new(UdpRelayStats::default()),
+            redirect_port4: AtomicU16::new(0),
+            redirect_port6: AtomicU16::new(0),
+            redirect_origins: ArcSwapOption::empty(),
         }
     }
 

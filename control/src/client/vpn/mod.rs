@@ -32,13 +32,13 @@ use switchyard_config::client::{ClientServerConfig, ServerProtocol};
 use switchyard_dataplane::events::Protocol;
 use switchyard_dataplane::live::LiveTable;
 use switchyard_dataplane::tun::{
-    NatAddresses, NatAddresses6, Translator, TunPump, UdpNat, VpnPath,
+    NatAddresses, NatAddresses6, RedirectOrigins, Translator, TunPump, UdpNat, VpnPath,
 };
 use switchyard_dataplane::SnapshotHandle;
 use switchyard_split_tunnel::exec_watch::ExecStats;
 use switchyard_split_tunnel::{
     cgroup, AppRule, DnsRedirect, MechanismChoice, SplitRules, SplitTunnel, SplitTunnelConfig,
-    SplitTunnelStatus,
+    SplitTunnelStatus, TcpRedirect,
 };
 use switchyard_vpn_dns::{DnsInterceptor, ProxyProtocol, ResolverConfig, Upstream};
 
@@ -146,6 +146,20 @@ fn dns_upstream(server: Option<&ClientServerConfig>) -> Upstream {
         },
         None => Upstream::Direct { mark: None },
     }
+}
+
+/// Where the eBPF classifier sends tunnelled TCP instead of the TUN (`vpn.tcp_redirect`): the
+/// data plane's loopback listeners; IPv6 only when the tunnel carries IPv6 (otherwise the TUN
+/// refuses it, as before).
+fn tcp_redirect(cfg: &ClientConfig, path: &VpnPath, v6: bool) -> Option<TcpRedirect> {
+    let acquire = std::sync::atomic::Ordering::Acquire;
+    let port4 = path.redirect_port4.load(acquire);
+    let port6 = if v6 {
+        path.redirect_port6.load(acquire)
+    } else {
+        0
+    };
+    (cfg.vpn.tcp_redirect && (port4 != 0 || port6 != 0)).then_some(TcpRedirect { port4, port6 })
 }
 
 fn classifier(cfg: &ClientConfig) -> MechanismChoice {
@@ -370,11 +384,19 @@ impl VpnManager {
             .collect();
         split_cfg.mechanism = classifier(cfg);
         split_cfg.dns = dns;
+        split_cfg.tcp_redirect = tcp_redirect(cfg, path, v6.is_some());
         let lan = host::lan_networks(name);
         let server_nets = server.map(host::server_addresses).unwrap_or_default();
         let rules = split_rules(&vpn.split, &server_nets, &lan);
         let split =
             SplitTunnel::start(split_cfg, rules).map_err(|e| format!("split tunnel: {e}"))?;
+        // the listeners serve redirected flows from now on (the programs are attached: a
+        // connection may already be waiting)
+        path.redirect_origins.store(
+            split
+                .flow_origins()
+                .map(|o| Arc::new(Box::new(o) as Box<dyn RedirectOrigins>)),
+        );
         let translator = Translator::new(
             NatAddresses {
                 tun_ip: path.tun_ip,
@@ -423,6 +445,7 @@ impl VpnManager {
         let pump = match pump {
             Ok(p) => p,
             Err(e) => {
+                path.redirect_origins.store(None);
                 if let Err(undo) = split.disable() {
                     tracing::warn!(error = %undo, "undoing the split tunnel after a failed enable was incomplete: the next start removes what is left");
                 }
@@ -457,6 +480,9 @@ impl VpnManager {
             }
             None => Ok(()),
         };
+        if let Some(path) = &self.path {
+            path.redirect_origins.store(None);
+        }
         *self.split_status.lock() = None;
         *self.exec_stats.lock() = None;
         let _ = self.step(Step::Disable);
@@ -567,15 +593,17 @@ impl VpnManager {
 
     pub fn status(&self, cfg: &ClientConfig) -> VpnStatus {
         let phase = self.phase();
-        let (sent, received, flows, dropped) = self.path.as_ref().map_or((0, 0, 0, 0), |p| {
-            use std::sync::atomic::Ordering::Relaxed;
-            (
-                p.stats.bytes_sent.load(Relaxed),
-                p.stats.bytes_received.load(Relaxed),
-                p.stats.flows.load(Relaxed),
-                p.stats.dropped.load(Relaxed) + p.udp_stats.dropped.load(Relaxed),
-            )
-        });
+        let (sent, received, flows, dropped, tcp_redirected) =
+            self.path.as_ref().map_or((0, 0, 0, 0, 0), |p| {
+                use std::sync::atomic::Ordering::Relaxed;
+                (
+                    p.stats.bytes_sent.load(Relaxed),
+                    p.stats.bytes_received.load(Relaxed),
+                    p.stats.flows.load(Relaxed),
+                    p.stats.dropped.load(Relaxed) + p.udp_stats.dropped.load(Relaxed),
+                    p.stats.redirected_tcp.load(Relaxed),
+                )
+            });
         let icmp = self.path.as_ref().map_or_else(VpnIcmpStats::default, |p| {
             use std::sync::atomic::Ordering::Relaxed;
             let s = &p.stats;
@@ -631,6 +659,7 @@ impl VpnManager {
             fallback_reason: split.and_then(|s| s.fallback_reason),
             error: phase.reason().map(str::to_string),
             flows,
+            tcp_redirected,
             dropped,
             icmp,
             app_execs,
