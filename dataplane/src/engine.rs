@@ -237,6 +237,34 @@ fn bind_per_core(
     Ok((sockets, bound, addr))
 }
 
+/// Ports tried for the VPN's redirect listeners, highest first: privileged, so that no
+/// unprivileged program can take the port while the client is down and the classifier's pinned
+/// programs (until the next start removes them) still send tunnelled connections there.
+const REDIRECT_PORTS: std::ops::RangeInclusive<u16> = 900..=1023;
+
+/// The VPN's redirect listeners on loopback `ip`: a free privileged port (a probe bind without
+/// `SO_REUSEPORT` proves no other listener holds it, so the group is ours alone), else — not
+/// root, or none free — any free port.
+fn bind_redirect(
+    ip: IpAddr,
+    cores: usize,
+) -> Result<(Vec<Socket>, ListenSpec, SocketAddr), DataplaneError> {
+    let free = REDIRECT_PORTS
+        .rev()
+        .find(|&port| std::net::TcpListener::bind(SocketAddr::new(ip, port)).is_ok());
+    if let Some(port) = free {
+        if let Ok(bound) = bind_per_core(ListenSpec { ip: Some(ip), port }, cores, false) {
+            return Ok(bound);
+        }
+    }
+    if crate::sys::is_root() {
+        tracing::warn!(%ip, first = REDIRECT_PORTS.start(), last = REDIRECT_PORTS.end(), "no free privileged port for the VPN redirect listener: a local program could take its port while the client is down");
+    } else {
+        tracing::debug!(%ip, "not root: the VPN redirect listener takes an unprivileged port");
+    }
+    bind_per_core(ListenSpec::vpn(ip), cores, false)
+}
+
 /// What a core reports to [`Dataplane::start`] while it waits for all of them.
 enum CoreReport {
     Ready,
@@ -602,16 +630,10 @@ impl Dataplane {
         let redirect = opts
             .vpn
             .as_ref()
-            .map(|_| {
-                bind_per_core(
-                    ListenSpec::vpn(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-                    cores.len(),
-                    false,
-                )
-            })
+            .map(|_| bind_redirect(IpAddr::V4(Ipv4Addr::LOCALHOST), cores.len()))
             .transpose()?;
         let redirect6 = opts.vpn.as_ref().and_then(|_| {
-            bind_per_core(ListenSpec::vpn(IpAddr::V6(Ipv6Addr::LOCALHOST)), cores.len(), false)
+            bind_redirect(IpAddr::V6(Ipv6Addr::LOCALHOST), cores.len())
                 .map_err(|e| tracing::warn!(error = %e, "no VPN redirect listener on ::1: tunnelled IPv6 TCP takes the TUN"))
                 .ok()
         });
@@ -961,6 +983,23 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
+
+    /// As root, each data plane's redirect listeners get a privileged port of their own: a
+    /// second one never joins the first's `SO_REUSEPORT` group (it would take half of its
+    /// connections, with no record of them).
+    #[test]
+    fn redirect_listeners_take_a_privileged_port_of_their_own() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: binding a privileged port needs root");
+            return;
+        }
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let (_first, _, a) = bind_redirect(ip, 2).expect("first");
+        let (_second, _, b) = bind_redirect(ip, 2).expect("second");
+        assert!(REDIRECT_PORTS.contains(&a.port()), "{a}");
+        assert!(REDIRECT_PORTS.contains(&b.port()), "{b}");
+        assert_ne!(a.port(), b.port());
+    }
 
     /// The vendored glommio keeps its preemption timer armed across reactor turns instead of
     /// re-arming it on every turn (vendor/glommio/PATCHES.md). A task that keeps its core busy,

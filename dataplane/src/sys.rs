@@ -410,3 +410,9 @@ mod tests {
         assert!(raise_nofile_limit().expect("rlimit") > 0);
     }
 }
+
+/// Whether the process runs with effective uid 0.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail
+    unsafe { libc::geteuid() == 0 }
+}

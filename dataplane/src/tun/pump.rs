@@ -53,9 +53,6 @@ pub struct TunStats {
     /// TCP flows the eBPF classifier sent to the cores' loopback listeners from `connect(2)`,
     /// past the TUN (their bytes are in `bytes_sent` / `bytes_received` too).
     pub redirected_tcp: AtomicU64,
-    /// Connections on those listeners with no recorded destination (not redirected by the
-    /// classifier, or its record was gone): closed at once.
-    pub redirect_unknown: AtomicU64,
 }
 
 /// A running pump; [`TunPump::stop`] ends the thread and closes the device.

@@ -58,7 +58,6 @@ pub(crate) async fn serve_redirected(stream: TcpStream, peer: SocketAddr, ctx: R
         .and_then(|origins| origins.take(peer));
     let Some(dst) = dst else {
         // any local program may connect here; only the classifier's flows are served
-        vpn.stats.redirect_unknown.fetch_add(1, Relaxed);
         tracing::debug!(client = %peer, "VPN redirect listener: no recorded destination");
         refuse(&stream);
         return;
