@@ -381,6 +381,12 @@ pub fn trim_heap() -> bool {
     unsafe { libc::malloc_trim(0) == 1 }
 }
 
+/// Whether the process runs with effective uid 0.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail
+    unsafe { libc::geteuid() == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,10 +415,4 @@ mod tests {
         assert!(!allowed_cpus().is_empty());
         assert!(raise_nofile_limit().expect("rlimit") > 0);
     }
-}
-
-/// Whether the process runs with effective uid 0.
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail
-    unsafe { libc::geteuid() == 0 }
 }
