@@ -167,6 +167,9 @@ struct PathFigures {
     server_cpu: Option<f64>,
     flows_per_s: f64,
     flow_errors: u64,
+    /// CPU of the relay process (and of the server) per new flow, in µs.
+    relay_us_per_flow: Option<f64>,
+    server_us_per_flow: Option<f64>,
     error: Option<String>,
 }
 
@@ -496,10 +499,19 @@ EOF"
             }
             Err(e) => fig.error = Some(format!("{e:#}")),
         }
+        let relay_before = relay.map(cpu_seconds);
+        let server_before = cpu_seconds(server);
         match flows(in_ns(lan, cgroup, nobody, "/usr/bin/python3", &flow_args)) {
             Ok((n, errors, took)) => {
                 fig.flows_per_s = n / took.max(0.001);
                 fig.flow_errors = errors;
+                let per_flow = |cpu: f64| cpu / n.max(1.0) * 1e6;
+                fig.relay_us_per_flow = relay
+                    .zip(relay_before)
+                    .map(|(pid, before)| per_flow(cpu_seconds(pid) - before));
+                if relay.is_some() {
+                    fig.server_us_per_flow = Some(per_flow(cpu_seconds(server) - server_before));
+                }
             }
             Err(e) => fig.error = Some(format!("{e:#}")),
         }
@@ -534,6 +546,8 @@ EOF"
                 "tun_pump_cpu_s_per_gbit": f.pump_cpu,
                 "server_cpu_s_per_gbit": f.server_cpu,
                 "new_flows_per_s": f.flows_per_s,
+                "relay_cpu_us_per_flow": f.relay_us_per_flow,
+                "server_cpu_us_per_flow": f.server_us_per_flow,
                 "flow_errors": f.flow_errors,
                 "error": f.error,
             })).collect::<Vec<_>>(),
@@ -546,17 +560,21 @@ EOF"
         ctx.seconds,
         crate::scenarios::loadavg()
     );
-    md.push_str("| path | Gbit/s | relay CPU per Gbit/s | of which TUN pump | server CPU per Gbit/s | new flows/s | errors |\n|---|---|---|---|---|---|---|\n");
-    let opt = |v: Option<f64>| v.map_or("–".to_string(), |x| format!("{x:.2}"));
+    md.push_str("| path | Gbit/s | relay CPU per Gbit/s | of which TUN pump | server CPU per Gbit/s | new flows/s | relay / server CPU µs per flow | errors |\n|---|---|---|---|---|---|---|---|\n");
+    let opt = |v: Option<f64>| v.map_or("–".to_string(), |x| format!("{x:.3}"));
     for (name, f) in &results {
         let _ = writeln!(
             md,
-            "| {name} | {:.2} | {} | {} | {} | {:.0} | {} |",
+            "| {name} | {:.2} | {} | {} | {} | {:.0} | {} / {} | {} |",
             f.gbps,
             opt(f.relay_cpu),
             opt(f.pump_cpu),
             opt(f.server_cpu),
             f.flows_per_s,
+            f.relay_us_per_flow
+                .map_or("–".to_string(), |x| format!("{x:.0}")),
+            f.server_us_per_flow
+                .map_or("–".to_string(), |x| format!("{x:.0}")),
             f.error.clone().unwrap_or_else(|| f.flow_errors.to_string())
         );
     }
