@@ -1540,6 +1540,69 @@ fn transfer_blob(server: (&str, &str), client: &str, size: usize, logs: impl Fn(
     assert!(received == blob, "the bytes arrived changed");
 }
 
+/// Issue 28's malicious member "mallory" in namespace `lan.peers[at]`: enrolled with a
+/// single-use enrollment key and its own X25519 key, like any peer, and holding a real session
+/// with `victim` (the peer in `lan.peers[index]`).
+fn enroll_mallory(
+    lan: &Lan,
+    server: &Server,
+    at: usize,
+    (victim, index): (&Peer, usize),
+) -> support::mesh_member::Member {
+    use support::mesh_member::{key_from_base64, udp_socket_in, Member};
+    let socket = udp_socket_in(&lan.peers[at]);
+    let port = socket.local_addr().expect("addr").port();
+    let secret = boringtun::x25519::StaticSecret::from([0x4d; 32]);
+    let body = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
+        "public_key": Member::public_key_of(&secret),
+        "endpoints": [{"address": lan.lan_ip(at), "port": port, "type": "lan", "priority": 1}]}});
+    let key = support::mesh::single_use_key(server.api, NETWORK);
+    let (status, reg) = api_call(
+        server,
+        "POST",
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
+        Some(&body.to_string()),
+        Some(&key),
+    );
+    assert_eq!(status, 201, "{reg}");
+    let mallory_vip = reg["virtual_ip"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("mallory's vip");
+    let victim_id = victim.get("/api/v1/mesh/status")["peer_id"]
+        .as_str()
+        .expect("peer id")
+        .to_owned();
+    let entry = support::mesh::registry_get(
+        server.api,
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers/{victim_id}"),
+    );
+    let victim_ip = lan.lan_ip(index);
+    let victim_at: SocketAddr = entry["endpoints"]
+        .as_array()
+        .and_then(|l| l.iter().find(|e| e["address"] == victim_ip))
+        .map(|e| format!("{victim_ip}:{}", e["port"]))
+        .and_then(|a| a.parse().ok())
+        .expect("the victim's LAN endpoint");
+    let victim_key = key_from_base64(entry["public_key"].as_str().expect("key"));
+    let mut m = Member::new(
+        "mallory",
+        socket,
+        secret,
+        mallory_vip,
+        victim_at,
+        victim_key,
+        Some(key_from_base64(PSK)),
+    );
+    victim.wait_for(
+        "/api/v1/mesh/peers/mallory",
+        "the victim lists mallory",
+        |p| p["id"] == "mallory",
+    );
+    assert!(m.connect(PATIENCE), "mallory's session with {victim_id}");
+    m
+}
+
 /// Issue 28's malicious member: mallory enrolls with its own key like any peer and holds a
 /// real session with alpha, then lies in the mesh protocol. Each lie fails and is counted in
 /// alpha's `drops`; alpha and bravo keep talking throughout, and mallory never receives a
@@ -1547,7 +1610,6 @@ fn transfer_blob(server: (&str, &str), client: &str, size: usize, logs: impl Fn(
 #[test]
 fn a_malicious_member_with_a_valid_key_draws_no_traffic_and_speaks_for_nobody() {
     use std::net::Ipv4Addr;
-    use support::mesh_member::{key_from_base64, udp_socket_in, Member};
     use switchyard_dataplane::mesh::wire;
     use switchyard_mesh_routing::wire::{Announcement, Flood, Membership, RouteEntry};
     use switchyard_mesh_routing::{FloodMode, Message};
@@ -1573,50 +1635,8 @@ fn a_malicious_member_with_a_valid_key_draws_no_traffic_and_speaks_for_nobody() 
     };
     let (alpha_vip, bravo_vip) = (vip_of(&alpha), vip_of(&bravo));
 
-    // mallory enrolls with a single-use key and its own X25519 key, like any peer
-    let socket = udp_socket_in(&lan.peers[2]);
-    let port = socket.local_addr().expect("addr").port();
-    let secret = boringtun::x25519::StaticSecret::from([0x4d; 32]);
-    let body = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
-        "public_key": Member::public_key_of(&secret),
-        "endpoints": [{"address": lan.lan_ip(2), "port": port, "type": "lan", "priority": 1}]}});
-    let key = support::mesh::single_use_key(server.api, NETWORK);
-    let (status, reg) = api_call(
-        &server,
-        "POST",
-        &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
-        Some(&body.to_string()),
-        Some(&key),
-    );
-    assert_eq!(status, 201, "{reg}");
-    let mallory_vip: Ipv4Addr = reg["virtual_ip"]
-        .as_str()
-        .and_then(|v| v.parse().ok())
-        .expect("mallory's vip");
-    let entry = support::mesh::registry_get(
-        server.api,
-        &format!("/api/v1/mesh/networks/{NETWORK}/peers/alpha"),
-    );
-    let alpha_at: SocketAddr = entry["endpoints"]
-        .as_array()
-        .and_then(|l| l.iter().find(|e| e["address"] == lan.lan_ip(0)))
-        .map(|e| format!("{}:{}", lan.lan_ip(0), e["port"]))
-        .and_then(|a| a.parse().ok())
-        .expect("alpha's LAN endpoint");
-    let alpha_key = key_from_base64(entry["public_key"].as_str().expect("key"));
-    let mut m = Member::new(
-        "mallory",
-        socket,
-        secret,
-        mallory_vip,
-        alpha_at,
-        alpha_key,
-        Some(key_from_base64(PSK)),
-    );
-    alpha.wait_for("/api/v1/mesh/status", "alpha lists mallory", |s| {
-        s["peer_count"] == 2
-    });
-    assert!(m.connect(PATIENCE), "mallory's session with alpha");
+    let mut m = enroll_mallory(&lan, &server, 2, (&alpha, 0));
+    let mallory_vip = m.vip;
     let drops = |what: &str| -> u64 {
         alpha.get("/api/v1/mesh/stats")["drops"][what]
             .as_u64()
@@ -1773,5 +1793,116 @@ fn a_malicious_member_with_a_valid_key_draws_no_traffic_and_speaks_for_nobody() 
     assert!(
         !m.got_packet_for(bravo_vip),
         "mallory never saw bravo's traffic"
+    );
+}
+
+/// Issue 28, TAP mode: mallory (a member with its own valid key, speaking EtherIP in its own
+/// session with alpha) sends frames whose source MAC is bravo's device MAC. Alpha refuses each
+/// claim and counts it (`drops.mac_claims_refused`), writes none of those frames to its device,
+/// and keeps sending bravo's frames to bravo: alpha ⇄ bravo ping works and mallory never
+/// receives a frame for bravo's MAC. A frame from mallory's own MAC still arrives (the refusal
+/// is about the claim, not about mallory).
+#[test]
+fn a_member_sending_with_a_neighbours_mac_in_tap_mode_draws_none_of_its_frames() {
+    use std::net::Ipv4Addr;
+    use support::mesh_member::ipv4_frame;
+    use switchyard_dataplane::mesh::wire;
+    use switchyard_mesh_routing::l2::mac::MacAddr;
+
+    if !root_with_tools_or_skip(
+        "mesh peer namespaces",
+        &["ip", "nsenter", "ping", "python3"],
+    ) {
+        return;
+    }
+    let lan = Lan::named("symac", "symac", "10.224", 7, 3);
+    let server = start_registry(&lan);
+    let alpha = Peer::start_with(&lan, 0, "alpha", server.api, "tap");
+    let bravo = Peer::start_with(&lan, 1, "bravo", server.api, "tap");
+    let vip_of = |p: &Peer| -> Ipv4Addr {
+        let s = p.wait_for("/api/v1/mesh/status", "connected", |s| {
+            s["connected_peers"] == 1
+        });
+        s["virtual_ip"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("vip")
+    };
+    let (alpha_vip, bravo_vip) = (vip_of(&alpha), vip_of(&bravo));
+    let mac_of = |viewer: &Peer, id: &str| -> MacAddr {
+        viewer.get(&format!("/api/v1/mesh/peers/{id}"))["virtual_mac"]
+            .as_str()
+            .and_then(|m| m.parse().ok())
+            .expect("virtual_mac")
+    };
+    let (alpha_mac, bravo_mac) = (mac_of(&bravo, "alpha"), mac_of(&alpha, "bravo"));
+    // alpha learns bravo's MAC behind bravo (ARP across the mesh, then the echo replies)
+    assert!(
+        ping(&lan.peers[0], &bravo_vip.to_string(), 3),
+        "alpha → bravo over TAP\n{}",
+        alpha.log_text()
+    );
+
+    let mut m = enroll_mallory(&lan, &server, 2, (&alpha, 0));
+    let refused = || {
+        alpha.get("/api/v1/mesh/stats")["drops"]["mac_claims_refused"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(refused(), 0, "no claim refused before mallory sends");
+    const PORT: u16 = 9977;
+    let listener = Listener::start(&lan.peers[0], PORT, &[]);
+    // frames from bravo's MAC (a UDP datagram in bravo's name to alpha), in mallory's session
+    let in_bravos_name = wire::udp_packet(bravo_vip, alpha_vip, PORT, b"forged");
+    let forged = ipv4_frame(alpha_mac, bravo_mac, &in_bravos_name);
+    for _ in 0..5 {
+        m.send_frame(alpha_vip, &forged);
+    }
+    // then one from a MAC of mallory's own, in its own name: written like any member's frame
+    let own_mac = MacAddr([0x02, 0x4d, 0x4d, 0, 0, 1]);
+    let own = ipv4_frame(
+        alpha_mac,
+        own_mac,
+        &wire::udp_packet(m.vip, alpha_vip, PORT, b"own"),
+    );
+    m.send_frame(alpha_vip, &own);
+    assert_eq!(
+        listener.wait_for("own", 1),
+        ["own"],
+        "mallory's own frame reached alpha"
+    );
+    alpha.wait_for("/api/v1/mesh/stats", "alpha counts the claims", |s| {
+        s["drops"]["mac_claims_refused"].as_u64() >= Some(5)
+    });
+    assert!(
+        listener.received("forged").is_empty(),
+        "a frame in bravo's name reached alpha"
+    );
+
+    // alpha's unicast to bravo's MAC still goes to bravo, also with mallory claiming it
+    // throughout
+    for _ in 0..3 {
+        m.send_frame(alpha_vip, &forged);
+        assert!(
+            ping(&lan.peers[0], &bravo_vip.to_string(), 2),
+            "alpha → bravo with mallory claiming bravo's MAC\n{}",
+            alpha.log_text()
+        );
+    }
+    let neigh = sh(&format!("ip -n {} neigh show dev symesh0", lan.peers[0]));
+    assert!(
+        neigh.contains(&bravo_mac.to_string()),
+        "alpha's ARP entry for bravo: {neigh}"
+    );
+    m.pump(Duration::from_secs(1));
+    assert!(
+        !m.got_frame_for(bravo_mac),
+        "mallory received a frame for bravo's MAC"
+    );
+    assert!(refused() >= 8, "every claim counted");
+    assert_eq!(
+        bravo.get("/api/v1/mesh/stats")["drops"]["mac_claims_refused"],
+        0,
+        "bravo never saw a claim"
     );
 }

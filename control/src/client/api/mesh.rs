@@ -132,6 +132,7 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             overflow: t.overflow.load(Relaxed),
             control_dropped: t.control_dropped.load(Relaxed),
             route_claims_refused: t.route_claims_refused.load(Relaxed),
+            mac_claims_refused: t.mac_claims_refused.load(Relaxed),
             ice_dropped: t.ice_dropped.load(Relaxed),
         },
     })
