@@ -121,11 +121,11 @@ impl Peer {
         let key = support::mesh::single_use_key(registry, NETWORK);
         let discovery =
             format!("server: \"http://{registry}\", insecure: true, enrollment_key: {key}");
-        Peer::launch_with(ns, ip, name, &discovery, device, relay)
+        Peer::launch_with(ns, ip, name, &discovery, device, relay, &[])
     }
 
     /// A peer whose `mesh.discovery` holds `discovery` (YAML flow-map entries) and a 1 s
-    /// heartbeat.
+    /// heartbeat, with environment variables `env`.
     fn launch_with(
         ns: &str,
         ip: &str,
@@ -133,6 +133,7 @@ impl Peer {
         discovery: &str,
         device: &str,
         relay: bool,
+        env: &[(&str, &std::path::Path)],
     ) -> Peer {
         let dir = tempfile::tempdir().expect("tempdir");
         let yaml = format!(
@@ -142,7 +143,7 @@ impl Peer {
              \x20 discovery: {{{discovery}, heartbeat_interval: 1s}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
-        let started = support::mesh::start_client_in(ns, name, dir.path(), &yaml);
+        let started = support::mesh::start_client_in_with_env(ns, name, dir.path(), &yaml, env);
         let port = started.addrs[0].port();
         Peer {
             proc: started.proc,
@@ -1373,13 +1374,7 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
     let pin = format_fingerprint(&fingerprint_of(generated.cert.der()));
     let server = launch_registry(&lan, &format!(", tls: {{cert: {cert:?}, key: {key:?}}}"));
     let base = format!("https://{}", server.api);
-    let (status, body) = support::mesh::admin_call(
-        &base,
-        "POST",
-        "/api/v1/mesh/networks",
-        Some(json!({"id": NETWORK, "name": "test lab", "cidr": "10.100.0.0/24"})),
-    );
-    assert_eq!(status, 201, "network created: {body}");
+    create_network_at(&base);
     let join = |i: usize, name: &str, pin: &str| {
         let key = support::mesh::single_use_key_at(&base, NETWORK);
         let discovery =
@@ -1391,14 +1386,41 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
             &discovery,
             "tun",
             false,
+            &[],
         )
     };
+    let _joined = two_peers_join_and_follow_events(&lan, |i, name| join(i, name, &pin));
 
-    let left = join(0, "left", &pin);
+    let mut wrong_pin = pin.clone();
+    wrong_pin.replace_range(..2, if pin.starts_with("00") { "11" } else { "00" });
+    let outsider = join(2, "outsider", &wrong_pin);
+    never_joins(
+        &base,
+        &outsider,
+        &format!("does not match the pinned {wrong_pin}"),
+    );
+}
+
+/// The network [`NETWORK`] on the https registry at `base`, made by its admin.
+fn create_network_at(base: &str) {
+    let (status, body) = support::mesh::admin_call(
+        base,
+        "POST",
+        "/api/v1/mesh/networks",
+        Some(json!({"id": NETWORK, "name": "test lab", "cidr": "10.100.0.0/24"})),
+    );
+    assert_eq!(status, 201, "network created: {body}");
+}
+
+/// Peers "left" and "right" (namespaces 0 and 1, started by `join`) join an https registry:
+/// left reaches right, and left's event stream (wss:// under an https registry) announces
+/// right's `peer.joined`.
+fn two_peers_join_and_follow_events(lan: &Lan, join: impl Fn(usize, &str) -> Peer) -> [Peer; 2] {
+    let left = join(0, "left");
     left.wait_for("/api/v1/mesh/status", "left registered", |s| {
         s["status"] == "connected"
     });
-    let right = join(1, "right", &pin);
+    let right = join(1, "right");
     let vip = right.wait_for("/api/v1/mesh/status", "right connected", |s| {
         s["status"] == "connected" && s["connected_peers"] == 1
     })["virtual_ip"]
@@ -1406,7 +1428,6 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
         .expect("vip")
         .to_owned();
     assert!(ping(&lan.peers[0], &vip, 3), "left reaches right");
-    // the event stream (wss:// under an https registry) told left about right
     support::mesh::wait_until(
         PATIENCE,
         "left's event stream announces right",
@@ -1420,24 +1441,28 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
         },
         String::new,
     );
+    [left, right]
+}
 
-    let mut wrong_pin = pin.clone();
-    wrong_pin.replace_range(..2, if pin.starts_with("00") { "11" } else { "00" });
-    let outsider = join(2, "outsider", &wrong_pin);
-    outsider.wait_for("/api/v1/mesh/status", "the wrong pin refused", |s| {
-        s["status"] == "error"
-    });
-    let refusal = format!("does not match the pinned {wrong_pin}");
+/// `outsider` is refused by the https registry at `base` at the TLS handshake: its status
+/// turns `error` with `refusal` as the reason, its log warns with it, and the registry lists
+/// the two other peers only.
+fn never_joins(base: &str, outsider: &Peer, refusal: &str) {
+    outsider.wait_for(
+        "/api/v1/mesh/status",
+        "the registry refused, and why",
+        |s| s["status"] == "error" && s["error"].as_str().is_some_and(|e| e.contains(refusal)),
+    );
     assert!(
         outsider
             .log_text()
             .lines()
-            .any(|l| l.contains("WARN") && l.contains(&refusal)),
+            .any(|l| l.contains("WARN") && l.contains(refusal)),
         "{}",
         outsider.log_text()
     );
     let (_, listed) = support::mesh::admin_call(
-        &base,
+        base,
         "GET",
         &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
         None,
@@ -1450,6 +1475,79 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
         .collect();
     assert_eq!(ids.len(), 2, "{listed}");
     assert!(!ids.contains(&"outsider"), "{listed}");
+}
+
+/// A CA of its own for a test (a self-signed certificate that may sign others).
+fn test_ca(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let key = rcgen::KeyPair::generate().expect("CA key");
+    rcgen::CertifiedIssuer::self_signed(params, key).expect("CA certificate")
+}
+
+/// Issue 28: an https registry whose certificate a CA signed, with no fingerprint pinned —
+/// the peers' CA roots decide (rustls-platform-verifier: on Linux rustls-native-certs, which
+/// takes `SSL_CERT_FILE` / `SSL_CERT_DIR` over the system's bundle). Two peers whose roots hold
+/// that CA join and follow the registry's events over wss://; a peer whose roots are another
+/// CA is refused at the handshake, says in its log that the certificate is not trusted and
+/// why, and never joins.
+#[test]
+fn peers_trust_an_https_registry_through_their_ca_roots_and_refuse_it_without_its_ca() {
+    if !root_with_tools_or_skip("mesh https registry", &["ip", "nsenter", "ping"]) {
+        return;
+    }
+    let lan = Lan::named("syroot", "syrt", "10.225", 8, 3);
+    let certs = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| certs.path().join(name);
+    let ca = test_ca("switchyard registry test CA");
+    let mut params = rcgen::CertificateParams::new(vec![lan.registry_ip()]).expect("params");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, &ca).expect("server certificate");
+    std::fs::write(path("api.crt"), cert.pem()).expect("cert");
+    std::fs::write(path("api.key"), key.serialize_pem()).expect("key");
+    std::fs::write(path("ca.pem"), ca.pem()).expect("CA");
+    std::fs::write(path("other-ca.pem"), test_ca("another CA").pem()).expect("other CA");
+    let server = launch_registry(
+        &lan,
+        &format!(
+            ", tls: {{cert: {:?}, key: {:?}}}",
+            path("api.crt"),
+            path("api.key")
+        ),
+    );
+    let base = format!("https://{}", server.api);
+    create_network_at(&base);
+    // no fingerprint: the CA roots in SSL_CERT_FILE decide
+    let join = |i: usize, name: &str, roots: &std::path::Path| {
+        let key = support::mesh::single_use_key_at(&base, NETWORK);
+        let discovery = format!("server: \"{base}\", enrollment_key: {key}");
+        Peer::launch_with(
+            &lan.peers[i],
+            &lan.lan_ip(i),
+            name,
+            &discovery,
+            "tun",
+            false,
+            &[("SSL_CERT_FILE", roots)],
+        )
+    };
+    let _joined = two_peers_join_and_follow_events(&lan, |i, name| join(i, name, &path("ca.pem")));
+
+    let outsider = join(2, "outsider", &path("other-ca.pem"));
+    never_joins(
+        &base,
+        &outsider,
+        "presented a certificate this peer does not trust: it is not issued by a CA among \
+         this peer's roots (SSL_CERT_FILE",
+    );
 }
 
 /// A bulk TCP transfer across the mesh arrives byte for byte: what the batched data path

@@ -423,6 +423,10 @@ pub struct MeshStatus {
     pub packets_sent: u64,
     pub packets_received: u64,
     pub uptime: String,
+    /// Why the peer is in `error`, e.g. the registry's certificate is not trusted
+    /// (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Mesh endpoint.
