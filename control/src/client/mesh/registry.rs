@@ -457,19 +457,33 @@ impl RegistryClient {
 mod tests {
     use super::*;
 
-    /// A TLS handshake in memory between `client` and a server presenting `identity` under
-    /// the name "switchyard": the client's verdict.
+    /// A TLS server presenting a self-signed certificate for "switchyard" (kept in `dir`).
+    fn self_signed_server(
+        dir: &std::path::Path,
+    ) -> (
+        switchyard_dataplane::quic::tls::ServerIdentity,
+        Arc<rustls::ServerConfig>,
+    ) {
+        let identity =
+            switchyard_dataplane::quic::tls::server_identity(None, dir).expect("identity");
+        let server = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(identity.chain.clone(), identity.key.clone_key())
+            .expect("server config");
+        (identity, Arc::new(server))
+    }
+
+    /// A TLS handshake in memory between `client` and `server` (named "switchyard"): the
+    /// client's verdict.
     fn handshake(
         client: Arc<rustls::ClientConfig>,
-        identity: &switchyard_dataplane::quic::tls::ServerIdentity,
+        server: Arc<rustls::ServerConfig>,
     ) -> Result<(), rustls::Error> {
-        let server = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_single_cert(identity.chain.clone(), identity.key.clone_key())?;
         let name = rustls::pki_types::ServerName::try_from("switchyard").expect("name");
         let mut c = rustls::ClientConnection::new(client, name)?;
-        let mut s = rustls::ServerConnection::new(Arc::new(server))?;
+        let mut s = rustls::ServerConnection::new(server)?;
         for _ in 0..10 {
             if !c.is_handshaking() {
                 return Ok(());
@@ -496,15 +510,8 @@ mod tests {
     #[tokio::test]
     async fn an_untrusted_registry_is_named_as_such_by_calls_and_the_event_stream() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let identity =
-            switchyard_dataplane::quic::tls::server_identity(None, dir.path()).expect("identity");
-        let server = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_no_client_auth()
-            .with_single_cert(identity.chain.clone(), identity.key.clone_key())
-            .expect("server config");
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let (_, server) = self_signed_server(dir.path());
+        let acceptor = tokio_rustls::TlsAcceptor::from(server);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("listen");
@@ -537,16 +544,15 @@ mod tests {
     #[test]
     fn an_unpinned_registry_certificate_must_come_from_a_ca_root() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let identity =
-            switchyard_dataplane::quic::tls::server_identity(None, dir.path()).expect("identity");
+        let (identity, server) = self_signed_server(dir.path());
         let unpinned = tls_config(None).expect("the system's CA roots");
-        let refused = handshake(unpinned, &identity).expect_err("an unknown issuer passed");
+        let refused = handshake(unpinned, server.clone()).expect_err("an unknown issuer passed");
         assert_eq!(
             refused,
             rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
         );
         let pinned = tls_config(Some(identity.fingerprint)).expect("config");
-        assert_eq!(handshake(pinned, &identity), Ok(()));
+        assert_eq!(handshake(pinned, server), Ok(()));
 
         // as reqwest returns it: tokio-rustls' io::Error inside another
         let as_stream_error = std::io::Error::other(std::io::Error::new(
