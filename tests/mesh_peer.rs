@@ -121,11 +121,11 @@ impl Peer {
         let key = support::mesh::single_use_key(registry, NETWORK);
         let discovery =
             format!("server: \"http://{registry}\", insecure: true, enrollment_key: {key}");
-        Peer::launch_with(ns, ip, name, &discovery, device, relay)
+        Peer::launch_with(ns, ip, name, &discovery, device, relay, &[])
     }
 
     /// A peer whose `mesh.discovery` holds `discovery` (YAML flow-map entries) and a 1 s
-    /// heartbeat.
+    /// heartbeat, with environment variables `env`.
     fn launch_with(
         ns: &str,
         ip: &str,
@@ -133,6 +133,7 @@ impl Peer {
         discovery: &str,
         device: &str,
         relay: bool,
+        env: &[(&str, &std::path::Path)],
     ) -> Peer {
         let dir = tempfile::tempdir().expect("tempdir");
         let yaml = format!(
@@ -142,7 +143,7 @@ impl Peer {
              \x20 discovery: {{{discovery}, heartbeat_interval: 1s}}\n\
              \x20 connection: {{connect_timeout: 5s, keep_alive_interval: 5s, preshared_key: \"{PSK}\", relay_via_peers: {relay}}}\n"
         );
-        let started = support::mesh::start_client_in(ns, name, dir.path(), &yaml);
+        let started = support::mesh::start_client_in_with_env(ns, name, dir.path(), &yaml, env);
         let port = started.addrs[0].port();
         Peer {
             proc: started.proc,
@@ -1373,13 +1374,7 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
     let pin = format_fingerprint(&fingerprint_of(generated.cert.der()));
     let server = launch_registry(&lan, &format!(", tls: {{cert: {cert:?}, key: {key:?}}}"));
     let base = format!("https://{}", server.api);
-    let (status, body) = support::mesh::admin_call(
-        &base,
-        "POST",
-        "/api/v1/mesh/networks",
-        Some(json!({"id": NETWORK, "name": "test lab", "cidr": "10.100.0.0/24"})),
-    );
-    assert_eq!(status, 201, "network created: {body}");
+    create_network_at(&base);
     let join = |i: usize, name: &str, pin: &str| {
         let key = support::mesh::single_use_key_at(&base, NETWORK);
         let discovery =
@@ -1391,14 +1386,41 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
             &discovery,
             "tun",
             false,
+            &[],
         )
     };
+    let _joined = two_peers_join_and_follow_events(&lan, |i, name| join(i, name, &pin));
 
-    let left = join(0, "left", &pin);
+    let mut wrong_pin = pin.clone();
+    wrong_pin.replace_range(..2, if pin.starts_with("00") { "11" } else { "00" });
+    let outsider = join(2, "outsider", &wrong_pin);
+    never_joins(
+        &base,
+        &outsider,
+        &format!("does not match the pinned {wrong_pin}"),
+    );
+}
+
+/// The network [`NETWORK`] on the https registry at `base`, made by its admin.
+fn create_network_at(base: &str) {
+    let (status, body) = support::mesh::admin_call(
+        base,
+        "POST",
+        "/api/v1/mesh/networks",
+        Some(json!({"id": NETWORK, "name": "test lab", "cidr": "10.100.0.0/24"})),
+    );
+    assert_eq!(status, 201, "network created: {body}");
+}
+
+/// Peers "left" and "right" (namespaces 0 and 1, started by `join`) join an https registry:
+/// left reaches right, and left's event stream (wss:// under an https registry) announces
+/// right's `peer.joined`.
+fn two_peers_join_and_follow_events(lan: &Lan, join: impl Fn(usize, &str) -> Peer) -> [Peer; 2] {
+    let left = join(0, "left");
     left.wait_for("/api/v1/mesh/status", "left registered", |s| {
         s["status"] == "connected"
     });
-    let right = join(1, "right", &pin);
+    let right = join(1, "right");
     let vip = right.wait_for("/api/v1/mesh/status", "right connected", |s| {
         s["status"] == "connected" && s["connected_peers"] == 1
     })["virtual_ip"]
@@ -1406,7 +1428,6 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
         .expect("vip")
         .to_owned();
     assert!(ping(&lan.peers[0], &vip, 3), "left reaches right");
-    // the event stream (wss:// under an https registry) told left about right
     support::mesh::wait_until(
         PATIENCE,
         "left's event stream announces right",
@@ -1420,24 +1441,28 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
         },
         String::new,
     );
+    [left, right]
+}
 
-    let mut wrong_pin = pin.clone();
-    wrong_pin.replace_range(..2, if pin.starts_with("00") { "11" } else { "00" });
-    let outsider = join(2, "outsider", &wrong_pin);
-    outsider.wait_for("/api/v1/mesh/status", "the wrong pin refused", |s| {
-        s["status"] == "error"
-    });
-    let refusal = format!("does not match the pinned {wrong_pin}");
+/// `outsider` is refused by the https registry at `base` at the TLS handshake: its status
+/// turns `error` with `refusal` as the reason, its log warns with it, and the registry lists
+/// the two other peers only.
+fn never_joins(base: &str, outsider: &Peer, refusal: &str) {
+    outsider.wait_for(
+        "/api/v1/mesh/status",
+        "the registry refused, and why",
+        |s| s["status"] == "error" && s["error"].as_str().is_some_and(|e| e.contains(refusal)),
+    );
     assert!(
         outsider
             .log_text()
             .lines()
-            .any(|l| l.contains("WARN") && l.contains(&refusal)),
+            .any(|l| l.contains("WARN") && l.contains(refusal)),
         "{}",
         outsider.log_text()
     );
     let (_, listed) = support::mesh::admin_call(
-        &base,
+        base,
         "GET",
         &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
         None,
@@ -1450,6 +1475,79 @@ fn peers_join_an_https_registry_pinned_by_fingerprint_and_follow_its_events_over
         .collect();
     assert_eq!(ids.len(), 2, "{listed}");
     assert!(!ids.contains(&"outsider"), "{listed}");
+}
+
+/// A CA of its own for a test (a self-signed certificate that may sign others).
+fn test_ca(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let key = rcgen::KeyPair::generate().expect("CA key");
+    rcgen::CertifiedIssuer::self_signed(params, key).expect("CA certificate")
+}
+
+/// Issue 28: an https registry whose certificate a CA signed, with no fingerprint pinned —
+/// the peers' CA roots decide (rustls-platform-verifier: on Linux rustls-native-certs, which
+/// takes `SSL_CERT_FILE` / `SSL_CERT_DIR` over the system's bundle). Two peers whose roots hold
+/// that CA join and follow the registry's events over wss://; a peer whose roots are another
+/// CA is refused at the handshake, says in its log that the certificate is not trusted and
+/// why, and never joins.
+#[test]
+fn peers_trust_an_https_registry_through_their_ca_roots_and_refuse_it_without_its_ca() {
+    if !root_with_tools_or_skip("mesh https registry", &["ip", "nsenter", "ping"]) {
+        return;
+    }
+    let lan = Lan::named("syroot", "syrt", "10.225", 8, 3);
+    let certs = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| certs.path().join(name);
+    let ca = test_ca("switchyard registry test CA");
+    let mut params = rcgen::CertificateParams::new(vec![lan.registry_ip()]).expect("params");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, &ca).expect("server certificate");
+    std::fs::write(path("api.crt"), cert.pem()).expect("cert");
+    std::fs::write(path("api.key"), key.serialize_pem()).expect("key");
+    std::fs::write(path("ca.pem"), ca.pem()).expect("CA");
+    std::fs::write(path("other-ca.pem"), test_ca("another CA").pem()).expect("other CA");
+    let server = launch_registry(
+        &lan,
+        &format!(
+            ", tls: {{cert: {:?}, key: {:?}}}",
+            path("api.crt"),
+            path("api.key")
+        ),
+    );
+    let base = format!("https://{}", server.api);
+    create_network_at(&base);
+    // no fingerprint: the CA roots in SSL_CERT_FILE decide
+    let join = |i: usize, name: &str, roots: &std::path::Path| {
+        let key = support::mesh::single_use_key_at(&base, NETWORK);
+        let discovery = format!("server: \"{base}\", enrollment_key: {key}");
+        Peer::launch_with(
+            &lan.peers[i],
+            &lan.lan_ip(i),
+            name,
+            &discovery,
+            "tun",
+            false,
+            &[("SSL_CERT_FILE", roots)],
+        )
+    };
+    let _joined = two_peers_join_and_follow_events(&lan, |i, name| join(i, name, &path("ca.pem")));
+
+    let outsider = join(2, "outsider", &path("other-ca.pem"));
+    never_joins(
+        &base,
+        &outsider,
+        "presented a certificate this peer does not trust: it is not issued by a CA among \
+         this peer's roots (SSL_CERT_FILE",
+    );
 }
 
 /// A bulk TCP transfer across the mesh arrives byte for byte: what the batched data path
@@ -1540,6 +1638,69 @@ fn transfer_blob(server: (&str, &str), client: &str, size: usize, logs: impl Fn(
     assert!(received == blob, "the bytes arrived changed");
 }
 
+/// Issue 28's malicious member "mallory" in namespace `lan.peers[at]`: enrolled with a
+/// single-use enrollment key and its own X25519 key, like any peer, and holding a real session
+/// with `victim` (the peer in `lan.peers[index]`).
+fn enroll_mallory(
+    lan: &Lan,
+    server: &Server,
+    at: usize,
+    (victim, index): (&Peer, usize),
+) -> support::mesh_member::Member {
+    use support::mesh_member::{key_from_base64, udp_socket_in, Member};
+    let socket = udp_socket_in(&lan.peers[at]);
+    let port = socket.local_addr().expect("addr").port();
+    let secret = boringtun::x25519::StaticSecret::from([0x4d; 32]);
+    let body = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
+        "public_key": Member::public_key_of(&secret),
+        "endpoints": [{"address": lan.lan_ip(at), "port": port, "type": "lan", "priority": 1}]}});
+    let key = support::mesh::single_use_key(server.api, NETWORK);
+    let (status, reg) = api_call(
+        server,
+        "POST",
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
+        Some(&body.to_string()),
+        Some(&key),
+    );
+    assert_eq!(status, 201, "{reg}");
+    let mallory_vip = reg["virtual_ip"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("mallory's vip");
+    let victim_id = victim.get("/api/v1/mesh/status")["peer_id"]
+        .as_str()
+        .expect("peer id")
+        .to_owned();
+    let entry = support::mesh::registry_get(
+        server.api,
+        &format!("/api/v1/mesh/networks/{NETWORK}/peers/{victim_id}"),
+    );
+    let victim_ip = lan.lan_ip(index);
+    let victim_at: SocketAddr = entry["endpoints"]
+        .as_array()
+        .and_then(|l| l.iter().find(|e| e["address"] == victim_ip))
+        .map(|e| format!("{victim_ip}:{}", e["port"]))
+        .and_then(|a| a.parse().ok())
+        .expect("the victim's LAN endpoint");
+    let victim_key = key_from_base64(entry["public_key"].as_str().expect("key"));
+    let mut m = Member::new(
+        "mallory",
+        socket,
+        secret,
+        mallory_vip,
+        victim_at,
+        victim_key,
+        Some(key_from_base64(PSK)),
+    );
+    victim.wait_for(
+        "/api/v1/mesh/peers/mallory",
+        "the victim lists mallory",
+        |p| p["id"] == "mallory",
+    );
+    assert!(m.connect(PATIENCE), "mallory's session with {victim_id}");
+    m
+}
+
 /// Issue 28's malicious member: mallory enrolls with its own key like any peer and holds a
 /// real session with alpha, then lies in the mesh protocol. Each lie fails and is counted in
 /// alpha's `drops`; alpha and bravo keep talking throughout, and mallory never receives a
@@ -1547,7 +1708,6 @@ fn transfer_blob(server: (&str, &str), client: &str, size: usize, logs: impl Fn(
 #[test]
 fn a_malicious_member_with_a_valid_key_draws_no_traffic_and_speaks_for_nobody() {
     use std::net::Ipv4Addr;
-    use support::mesh_member::{key_from_base64, udp_socket_in, Member};
     use switchyard_dataplane::mesh::wire;
     use switchyard_mesh_routing::wire::{Announcement, Flood, Membership, RouteEntry};
     use switchyard_mesh_routing::{FloodMode, Message};
@@ -1573,50 +1733,8 @@ fn a_malicious_member_with_a_valid_key_draws_no_traffic_and_speaks_for_nobody() 
     };
     let (alpha_vip, bravo_vip) = (vip_of(&alpha), vip_of(&bravo));
 
-    // mallory enrolls with a single-use key and its own X25519 key, like any peer
-    let socket = udp_socket_in(&lan.peers[2]);
-    let port = socket.local_addr().expect("addr").port();
-    let secret = boringtun::x25519::StaticSecret::from([0x4d; 32]);
-    let body = json!({"network_id": NETWORK, "peer": {"id": "mallory", "name": "mallory",
-        "public_key": Member::public_key_of(&secret),
-        "endpoints": [{"address": lan.lan_ip(2), "port": port, "type": "lan", "priority": 1}]}});
-    let key = support::mesh::single_use_key(server.api, NETWORK);
-    let (status, reg) = api_call(
-        &server,
-        "POST",
-        &format!("/api/v1/mesh/networks/{NETWORK}/peers"),
-        Some(&body.to_string()),
-        Some(&key),
-    );
-    assert_eq!(status, 201, "{reg}");
-    let mallory_vip: Ipv4Addr = reg["virtual_ip"]
-        .as_str()
-        .and_then(|v| v.parse().ok())
-        .expect("mallory's vip");
-    let entry = support::mesh::registry_get(
-        server.api,
-        &format!("/api/v1/mesh/networks/{NETWORK}/peers/alpha"),
-    );
-    let alpha_at: SocketAddr = entry["endpoints"]
-        .as_array()
-        .and_then(|l| l.iter().find(|e| e["address"] == lan.lan_ip(0)))
-        .map(|e| format!("{}:{}", lan.lan_ip(0), e["port"]))
-        .and_then(|a| a.parse().ok())
-        .expect("alpha's LAN endpoint");
-    let alpha_key = key_from_base64(entry["public_key"].as_str().expect("key"));
-    let mut m = Member::new(
-        "mallory",
-        socket,
-        secret,
-        mallory_vip,
-        alpha_at,
-        alpha_key,
-        Some(key_from_base64(PSK)),
-    );
-    alpha.wait_for("/api/v1/mesh/status", "alpha lists mallory", |s| {
-        s["peer_count"] == 2
-    });
-    assert!(m.connect(PATIENCE), "mallory's session with alpha");
+    let mut m = enroll_mallory(&lan, &server, 2, (&alpha, 0));
+    let mallory_vip = m.vip;
     let drops = |what: &str| -> u64 {
         alpha.get("/api/v1/mesh/stats")["drops"][what]
             .as_u64()
@@ -1773,5 +1891,116 @@ fn a_malicious_member_with_a_valid_key_draws_no_traffic_and_speaks_for_nobody() 
     assert!(
         !m.got_packet_for(bravo_vip),
         "mallory never saw bravo's traffic"
+    );
+}
+
+/// Issue 28, TAP mode: mallory (a member with its own valid key, speaking EtherIP in its own
+/// session with alpha) sends frames whose source MAC is bravo's device MAC. Alpha refuses each
+/// claim and counts it (`drops.mac_claims_refused`), writes none of those frames to its device,
+/// and keeps sending bravo's frames to bravo: alpha ⇄ bravo ping works and mallory never
+/// receives a frame for bravo's MAC. A frame from mallory's own MAC still arrives (the refusal
+/// is about the claim, not about mallory).
+#[test]
+fn a_member_sending_with_a_neighbours_mac_in_tap_mode_draws_none_of_its_frames() {
+    use std::net::Ipv4Addr;
+    use support::mesh_member::ipv4_frame;
+    use switchyard_dataplane::mesh::wire;
+    use switchyard_mesh_routing::l2::mac::MacAddr;
+
+    if !root_with_tools_or_skip(
+        "mesh peer namespaces",
+        &["ip", "nsenter", "ping", "python3"],
+    ) {
+        return;
+    }
+    let lan = Lan::named("symac", "symac", "10.224", 7, 3);
+    let server = start_registry(&lan);
+    let alpha = Peer::start_with(&lan, 0, "alpha", server.api, "tap");
+    let bravo = Peer::start_with(&lan, 1, "bravo", server.api, "tap");
+    let vip_of = |p: &Peer| -> Ipv4Addr {
+        let s = p.wait_for("/api/v1/mesh/status", "connected", |s| {
+            s["connected_peers"] == 1
+        });
+        s["virtual_ip"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("vip")
+    };
+    let (alpha_vip, bravo_vip) = (vip_of(&alpha), vip_of(&bravo));
+    let mac_of = |viewer: &Peer, id: &str| -> MacAddr {
+        viewer.get(&format!("/api/v1/mesh/peers/{id}"))["virtual_mac"]
+            .as_str()
+            .and_then(|m| m.parse().ok())
+            .expect("virtual_mac")
+    };
+    let (alpha_mac, bravo_mac) = (mac_of(&bravo, "alpha"), mac_of(&alpha, "bravo"));
+    // alpha learns bravo's MAC behind bravo (ARP across the mesh, then the echo replies)
+    assert!(
+        ping(&lan.peers[0], &bravo_vip.to_string(), 3),
+        "alpha → bravo over TAP\n{}",
+        alpha.log_text()
+    );
+
+    let mut m = enroll_mallory(&lan, &server, 2, (&alpha, 0));
+    let refused = || {
+        alpha.get("/api/v1/mesh/stats")["drops"]["mac_claims_refused"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(refused(), 0, "no claim refused before mallory sends");
+    const PORT: u16 = 9977;
+    let listener = Listener::start(&lan.peers[0], PORT, &[]);
+    // frames from bravo's MAC (a UDP datagram in bravo's name to alpha), in mallory's session
+    let in_bravos_name = wire::udp_packet(bravo_vip, alpha_vip, PORT, b"forged");
+    let forged = ipv4_frame(alpha_mac, bravo_mac, &in_bravos_name);
+    for _ in 0..5 {
+        m.send_frame(alpha_vip, &forged);
+    }
+    // then one from a MAC of mallory's own, in its own name: written like any member's frame
+    let own_mac = MacAddr([0x02, 0x4d, 0x4d, 0, 0, 1]);
+    let own = ipv4_frame(
+        alpha_mac,
+        own_mac,
+        &wire::udp_packet(m.vip, alpha_vip, PORT, b"own"),
+    );
+    m.send_frame(alpha_vip, &own);
+    assert_eq!(
+        listener.wait_for("own", 1),
+        ["own"],
+        "mallory's own frame reached alpha"
+    );
+    alpha.wait_for("/api/v1/mesh/stats", "alpha counts the claims", |s| {
+        s["drops"]["mac_claims_refused"].as_u64() >= Some(5)
+    });
+    assert!(
+        listener.received("forged").is_empty(),
+        "a frame in bravo's name reached alpha"
+    );
+
+    // alpha's unicast to bravo's MAC still goes to bravo, also with mallory claiming it
+    // throughout
+    for _ in 0..3 {
+        m.send_frame(alpha_vip, &forged);
+        assert!(
+            ping(&lan.peers[0], &bravo_vip.to_string(), 2),
+            "alpha → bravo with mallory claiming bravo's MAC\n{}",
+            alpha.log_text()
+        );
+    }
+    let neigh = sh(&format!("ip -n {} neigh show dev symesh0", lan.peers[0]));
+    assert!(
+        neigh.contains(&bravo_mac.to_string()),
+        "alpha's ARP entry for bravo: {neigh}"
+    );
+    m.pump(Duration::from_secs(1));
+    assert!(
+        !m.got_frame_for(bravo_mac),
+        "mallory received a frame for bravo's MAC"
+    );
+    assert!(refused() >= 8, "every claim counted");
+    assert_eq!(
+        bravo.get("/api/v1/mesh/stats")["drops"]["mac_claims_refused"],
+        0,
+        "bravo never saw a claim"
     );
 }

@@ -428,6 +428,10 @@ pub struct MeshStatus {
     pub packets_sent: u64,
     pub packets_received: u64,
     pub uptime: String,
+    /// Why the peer is in `error`, e.g. the registry's certificate is not trusted
+    /// (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Mesh endpoint.
@@ -540,6 +544,11 @@ pub struct MeshDrops {
     /// Route announcement entries naming an id the registry does not list, or another
     /// virtual IP than the registry gives that id (a route never changes who owns an address).
     pub route_claims_refused: u64,
+    /// TAP mode: frames from a member with a source MAC learnt behind another member that is
+    /// still active (it may move once its owner was quiet for 5 min); not written to the
+    /// device.
+    #[serde(default)]
+    pub mac_claims_refused: u64,
     /// STUN and TURN datagrams NAT traversal did not take.
     pub ice_dropped: u64,
 }

@@ -184,9 +184,22 @@ pub fn wait_until(
 /// `switchyard client` with the configuration `yaml` (written to `dir`, which also holds its
 /// data) in namespace `ns`, once its client API listens.
 pub fn start_client_in(ns: &str, name: &str, dir: &std::path::Path, yaml: &str) -> Listening {
+    start_client_in_with_env(ns, name, dir, yaml, &[])
+}
+
+/// [`start_client_in`] with environment variables `env` set for the client (e.g.
+/// `SSL_CERT_FILE`, the CA roots it checks an https registry with).
+pub fn start_client_in_with_env(
+    ns: &str,
+    name: &str,
+    dir: &std::path::Path,
+    yaml: &str,
+    env: &[(&str, &std::path::Path)],
+) -> Listening {
     std::fs::write(dir.join("client.yaml"), yaml).expect("write config");
     let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net=/run/netns/{ns}"))
+    cmd.envs(env.iter().copied())
+        .arg(format!("--net=/run/netns/{ns}"))
         .arg(BIN)
         .arg("client")
         .arg("--config")

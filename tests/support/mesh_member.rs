@@ -14,7 +14,18 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 use switchyard_dataplane::mesh::wire;
+use switchyard_mesh_routing::l2::mac::MacAddr;
 use switchyard_mesh_routing::Message;
+
+/// An Ethernet frame from `src` to `dst` carrying IPv4 packet `packet`.
+pub fn ipv4_frame(dst: MacAddr, src: MacAddr, packet: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(14 + packet.len());
+    frame.extend_from_slice(&dst.0);
+    frame.extend_from_slice(&src.0);
+    frame.extend_from_slice(&[0x08, 0x00]);
+    frame.extend_from_slice(packet);
+    frame
+}
 
 /// A UDP socket bound to `0.0.0.0:0` inside network namespace `ns`.
 pub fn udp_socket_in(ns: &str) -> UdpSocket {
@@ -253,6 +264,21 @@ impl Member {
             }
         }
         n
+    }
+
+    /// TAP mode: sends Ethernet frame `frame` to the member at `to` as EtherIP through the
+    /// session (the way a TAP peer's frames travel).
+    pub fn send_frame(&mut self, to: Ipv4Addr, frame: &[u8]) {
+        let packet = wire::etherip_packet(self.vip, to, frame);
+        self.send_packet(&packet);
+    }
+
+    /// TAP mode: whether any EtherIP frame we received was addressed to MAC `dst`.
+    pub fn got_frame_for(&self, dst: MacAddr) -> bool {
+        self.received
+            .iter()
+            .filter_map(|p| wire::etherip_frame(p))
+            .any(|f| MacAddr::destination_of(f) == Some(dst))
     }
 
     /// Whether any decrypted packet we received was addressed to `dst`.

@@ -237,6 +237,10 @@ pub struct MeshTotals {
     /// Route announcement entries for an id the registry does not list, or naming another
     /// virtual IP than the registry's.
     pub route_claims_refused: AtomicU64,
+    /// TAP mode: frames from a member whose source MAC lives behind another member still
+    /// active (a member cannot draw a neighbour's frames by sending with its MAC); not
+    /// written to the device.
+    pub mac_claims_refused: AtomicU64,
     /// Datagrams of no known kind or session, or failing authentication.
     pub invalid: AtomicU64,
     /// Packets for a virtual IP without a usable session.

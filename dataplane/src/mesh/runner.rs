@@ -977,10 +977,12 @@ impl Mesh {
             } else if !self.settings.layer2 {
                 self.write_device(&packet);
             } else if let Some(frame) = wire::etherip_frame(&packet) {
-                // learn where the sender's MAC lives, then hand the frame to the device
-                self.learn_mac(frame, src);
-                self.count_flooded_frame(frame);
-                self.write_device(frame);
+                // learn where the sender's MAC lives, then hand the frame to the device —
+                // unless that MAC lives behind another member (counted there)
+                if self.learn_mac(frame, src) {
+                    self.count_flooded_frame(frame);
+                    self.write_device(frame);
+                }
             } else {
                 // TAP mode carries frames only
                 totals.invalid.fetch_add(1, Relaxed);

@@ -48,6 +48,7 @@ pub async fn status(State(state): State<S>) -> Json<MeshStatus> {
             packets_sent: 0,
             packets_received: 0,
             uptime: "0s".into(),
+            error: None,
         });
     };
     let (peer_count, connected, direct, relayed) = peer_counts(&live);
@@ -80,6 +81,7 @@ pub async fn status(State(state): State<S>) -> Json<MeshStatus> {
         packets_sent: t.packets_sent.load(Relaxed),
         packets_received: t.packets_received.load(Relaxed),
         uptime: uptime(&live),
+        error: info.error.clone().filter(|_| status == "error"),
     })
 }
 
@@ -132,6 +134,7 @@ pub async fn stats(State(state): State<S>) -> Json<MeshStats> {
             overflow: t.overflow.load(Relaxed),
             control_dropped: t.control_dropped.load(Relaxed),
             route_claims_refused: t.route_claims_refused.load(Relaxed),
+            mac_claims_refused: t.mac_claims_refused.load(Relaxed),
             ice_dropped: t.ice_dropped.load(Relaxed),
         },
     })

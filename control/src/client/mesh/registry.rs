@@ -36,8 +36,45 @@ pub enum RegistryError {
     },
     #[error("the registry's answer to {what} is not understood: {reason}")]
     Invalid { what: &'static str, reason: String },
+    #[error("the registry at {url} presented a certificate this peer does not trust: {reason}")]
+    Untrusted { url: String, reason: String },
     #[error("TLS for the registry: {0}")]
     Tls(String),
+}
+
+/// Where the CA roots of an unpinned `https://` registry come from (rustls-platform-verifier
+/// on Linux: rustls-native-certs, which reads these variables before the system's bundle).
+const SYSTEM_ROOTS: &str = "SSL_CERT_FILE / SSL_CERT_DIR when set, else the system's CA bundle";
+
+/// Why the registry's certificate was refused, in words that say what to change; `None` when
+/// `e` (a connection error with its sources) is not a certificate refusal. The verifier's
+/// error sits inside `io::Error`s (tokio-rustls's, and reqwest's around it), whose `source()`
+/// skips what they wrap.
+fn untrusted_certificate(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rustls::CertificateError as C;
+    let mut next = Some(e);
+    let refusal = loop {
+        let err = next?;
+        if let Some(rustls::Error::InvalidCertificate(c)) = err.downcast_ref::<rustls::Error>() {
+            break c;
+        }
+        next = match err.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    };
+    Some(match refusal {
+        C::UnknownIssuer => format!(
+            "it is not issued by a CA among this peer's roots ({SYSTEM_ROOTS}): add the CA \
+             there, or pin the certificate with mesh.discovery.fingerprint"
+        ),
+        C::NotValidForName | C::NotValidForNameContext { .. } => format!(
+            "{refusal}: the host of mesh.discovery.server must be one of the certificate's names"
+        ),
+        other => other.to_string(),
+    })
 }
 
 /// What a heartbeat found.
@@ -79,8 +116,14 @@ fn tls_config(pin: Option<[u8; 32]>) -> Result<Arc<rustls::ClientConfig>, Regist
         .dangerous();
     let builder = match pin {
         Some(pin) => builder.with_custom_certificate_verifier(Arc::new(PinnedCert::new(pin))),
+        // never unchecked: without a pin, the system's roots and the host name decide
         None => builder.with_custom_certificate_verifier(Arc::new(
-            rustls_platform_verifier::Verifier::new(provider).map_err(tls_error)?,
+            rustls_platform_verifier::Verifier::new(provider).map_err(|e| {
+                RegistryError::Tls(format!(
+                    "the CA roots ({SYSTEM_ROOTS}) cannot check an https registry: {e}; \
+                     install CA certificates or pin the registry with mesh.discovery.fingerprint"
+                ))
+            })?,
         )),
     };
     Ok(Arc::new(builder.with_no_client_auth()))
@@ -181,11 +224,21 @@ impl RegistryClient {
         what: &'static str,
         req: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, RegistryError> {
-        let resp = req.send().await.map_err(|e| RegistryError::Unreachable {
-            url: self.base.clone(),
-            // the source chain names the cause (refused, TLS: a certificate not matching the pin)
-            reason: crate::providers::http::with_sources(&e.without_url()),
-        })?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| match untrusted_certificate(&e) {
+                Some(reason) => RegistryError::Untrusted {
+                    url: self.base.clone(),
+                    reason,
+                },
+                None => RegistryError::Unreachable {
+                    url: self.base.clone(),
+                    // the source chain names the cause (refused, TLS: a certificate not matching
+                    // the pin)
+                    reason: crate::providers::http::with_sources(&e.without_url()),
+                },
+            })?;
         tracing::trace!(what, status = %resp.status(), "registry call");
         Ok(resp)
     }
@@ -378,11 +431,16 @@ impl RegistryClient {
             let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
                 .connect(name, tcp)
                 .await
-                .map_err(|e| {
-                    format!(
+                .map_err(|e| match untrusted_certificate(&e) {
+                    Some(reason) => RegistryError::Untrusted {
+                        url: self.base.clone(),
+                        reason,
+                    }
+                    .to_string(),
+                    None => format!(
                         "TLS with {host}:{port}: {}",
                         crate::providers::http::with_sources(&e)
-                    )
+                    ),
                 })?;
             Box::new(tls)
         } else {
@@ -398,6 +456,129 @@ impl RegistryClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A TLS server presenting a self-signed certificate for "switchyard" (kept in `dir`).
+    fn self_signed_server(
+        dir: &std::path::Path,
+    ) -> (
+        switchyard_dataplane::quic::tls::ServerIdentity,
+        Arc<rustls::ServerConfig>,
+    ) {
+        let identity =
+            switchyard_dataplane::quic::tls::server_identity(None, dir).expect("identity");
+        let server = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(identity.chain.clone(), identity.key.clone_key())
+            .expect("server config");
+        (identity, Arc::new(server))
+    }
+
+    /// A TLS handshake in memory between `client` and `server` (named "switchyard"): the
+    /// client's verdict.
+    fn handshake(
+        client: Arc<rustls::ClientConfig>,
+        server: Arc<rustls::ServerConfig>,
+    ) -> Result<(), rustls::Error> {
+        let name = rustls::pki_types::ServerName::try_from("switchyard").expect("name");
+        let mut c = rustls::ClientConnection::new(client, name)?;
+        let mut s = rustls::ServerConnection::new(server)?;
+        for _ in 0..10 {
+            if !c.is_handshaking() {
+                return Ok(());
+            }
+            let mut wire = Vec::new();
+            c.write_tls(&mut wire).expect("client writes");
+            if !wire.is_empty() {
+                s.read_tls(&mut wire.as_slice()).expect("server reads");
+                s.process_new_packets()?;
+            }
+            wire.clear();
+            s.write_tls(&mut wire).expect("server writes");
+            if !wire.is_empty() {
+                c.read_tls(&mut wire.as_slice()).expect("client reads");
+                c.process_new_packets()?;
+            }
+        }
+        Err(rustls::Error::HandshakeNotComplete)
+    }
+
+    /// A registry call and the event stream to an https registry whose certificate no CA root
+    /// vouches for both fail as [`RegistryError::Untrusted`] (reqwest's and tokio-rustls'
+    /// wrapping of the verifier's error both seen through).
+    #[tokio::test]
+    async fn an_untrusted_registry_is_named_as_such_by_calls_and_the_event_stream() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, server) = self_signed_server(dir.path());
+        let acceptor = tokio_rustls::TlsAcceptor::from(server);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("listen");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let _ = acceptor.accept(tcp).await;
+            }
+        });
+        let client = RegistryClient::new(
+            format!("https://localhost:{port}"),
+            Credentials::default(),
+            "office".into(),
+            None,
+        )
+        .expect("client");
+        let err = client
+            .peers()
+            .await
+            .expect_err("an untrusted registry answered");
+        assert!(matches!(err, RegistryError::Untrusted { .. }), "{err}");
+        let err = client.open_events().await.err().expect("events refused");
+        assert!(err.contains("does not trust"), "{err}");
+    }
+
+    /// Without `mesh.discovery.fingerprint` a certificate no CA root vouches for is refused
+    /// (the default never skips verification); pinned, the same certificate passes. The
+    /// refusal reads as an untrusted certificate with what to change, also from inside the
+    /// `io::Error` a TLS stream returns.
+    #[test]
+    fn an_unpinned_registry_certificate_must_come_from_a_ca_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (identity, server) = self_signed_server(dir.path());
+        let unpinned = tls_config(None).expect("the system's CA roots");
+        let refused = handshake(unpinned, server.clone()).expect_err("an unknown issuer passed");
+        assert_eq!(
+            refused,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+        );
+        let pinned = tls_config(Some(identity.fingerprint)).expect("config");
+        assert_eq!(handshake(pinned, server), Ok(()));
+
+        // as reqwest returns it: tokio-rustls' io::Error inside another
+        let as_stream_error = std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            refused,
+        ));
+        let reason = untrusted_certificate(&as_stream_error).expect("a certificate refusal");
+        assert!(
+            reason.contains("SSL_CERT_FILE") && reason.contains("mesh.discovery.fingerprint"),
+            "{reason}"
+        );
+        let wrong_name = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName),
+        );
+        assert!(untrusted_certificate(&wrong_name)
+            .is_some_and(|r| r.contains("host of mesh.discovery.server")));
+        // not a certificate refusal: a wrong pin (its own words), a refused connection
+        let pin = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::General("fingerprint does not match".into()),
+        );
+        assert_eq!(untrusted_certificate(&pin), None);
+        let refused_tcp = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(untrusted_certificate(&refused_tcp), None);
+    }
 
     #[test]
     fn the_discovery_server_is_a_url_or_host_and_port() {

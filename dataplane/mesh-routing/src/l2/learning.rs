@@ -23,6 +23,21 @@ pub enum FrameDelivery {
     Drop,
 }
 
+/// What learning a frame's source MAC did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Learning {
+    /// A new address, or one that moved here after its owner had been quiet for the ageing
+    /// time.
+    Learned,
+    /// The address was already known behind this peer: its age starts again.
+    Refreshed,
+    /// The address lives behind another peer that is still active: a claim on a neighbour's
+    /// MAC, refused (the frame is not that peer's to send).
+    Refused,
+    /// Not learned: a group or our own address, or the table is full.
+    Ignored,
+}
+
 /// MAC → peer, with ageing.
 #[derive(Debug)]
 pub struct MacTable {
@@ -43,44 +58,44 @@ impl MacTable {
         }
     }
 
-    /// Learns the source MAC of a frame that arrived from `peer`; true when the table changed.
-    /// Group (multicast) and our own source addresses are never learned.
-    pub fn learn_from_frame(&mut self, frame: &[u8], peer: &str, now: Instant) -> bool {
+    /// Learns the source MAC of a frame that arrived from `peer`. Group (multicast) and our
+    /// own source addresses are never learned; a frame too short to have a source is ignored.
+    pub fn learn_from_frame(&mut self, frame: &[u8], peer: &str, now: Instant) -> Learning {
         match MacAddr::source_of(frame) {
             Some(src) => self.learn(src, peer, now),
-            None => false,
+            None => Learning::Ignored,
         }
     }
 
-    /// Learns `mac` → `peer`; true when the table changed.
-    pub fn learn(&mut self, mac: MacAddr, peer: &str, now: Instant) -> bool {
+    /// Learns `mac` → `peer`.
+    pub fn learn(&mut self, mac: MacAddr, peer: &str, now: Instant) -> Learning {
         if mac.is_multicast() || mac == self.local {
-            return false;
+            return Learning::Ignored;
         }
         if let Some((owner, seen)) = self.entries.get_mut(&mac) {
             if owner == peer {
                 *seen = now;
-                return false;
+                return Learning::Refreshed;
             }
             // Another peer claims an address still in use behind its owner: refused, or any
             // member could draw a neighbour's frames by sending one with its source MAC. The
             // address moves (a VM migrated, a bridge re-cabled) once its owner has been quiet
             // for the ageing time.
             if now.saturating_duration_since(*seen) < self.ageing {
-                return false;
+                return Learning::Refused;
             }
             *owner = peer.to_owned();
             *seen = now;
-            return true;
+            return Learning::Learned;
         }
         if self.entries.len() >= self.capacity {
             self.expire(now);
             if self.entries.len() >= self.capacity {
-                return false;
+                return Learning::Ignored;
             }
         }
         self.entries.insert(mac, (peer.to_owned(), now));
-        true
+        Learning::Learned
     }
 
     /// The peer that owns `mac`, unless the entry aged out.
@@ -155,7 +170,10 @@ mod tests {
             FrameDelivery::Flood,
             "unknown"
         );
-        assert!(t.learn_from_frame(&frame(LOCAL, M2), "peer-b", t0));
+        assert_eq!(
+            t.learn_from_frame(&frame(LOCAL, M2), "peer-b", t0),
+            Learning::Learned
+        );
         assert_eq!(
             t.decide(&frame(M2, LOCAL), t0),
             FrameDelivery::Unicast("peer-b".into())
@@ -174,8 +192,12 @@ mod tests {
     fn group_and_own_sources_are_not_learned() {
         let t0 = Instant::now();
         let mut t = MacTable::new(LOCAL, DEFAULT_AGEING, DEFAULT_CAPACITY);
-        assert!(!t.learn(MacAddr::BROADCAST, "peer-b", t0));
-        assert!(!t.learn(LOCAL, "peer-b", t0));
+        assert_eq!(t.learn(MacAddr::BROADCAST, "peer-b", t0), Learning::Ignored);
+        assert_eq!(t.learn(LOCAL, "peer-b", t0), Learning::Ignored);
+        assert_eq!(
+            t.learn_from_frame(&[0; 11], "peer-b", t0),
+            Learning::Ignored
+        );
         assert!(t.is_empty());
     }
 
@@ -185,13 +207,17 @@ mod tests {
         let mut t = MacTable::new(LOCAL, Duration::from_secs(10), DEFAULT_CAPACITY);
         t.learn(M2, "peer-b", t0);
         assert_eq!(t.lookup(M2, t0 + Duration::from_secs(9)), Some("peer-b"));
-        assert!(
-            !t.learn(M2, "peer-b", t0 + Duration::from_secs(9)),
-            "refresh"
+        assert_eq!(
+            t.learn(M2, "peer-b", t0 + Duration::from_secs(9)),
+            Learning::Refreshed
         );
         assert_eq!(t.lookup(M2, t0 + Duration::from_secs(18)), Some("peer-b"));
         assert_eq!(t.lookup(M2, t0 + Duration::from_secs(19)), None);
-        assert!(t.learn(M2, "peer-c", t0 + Duration::from_secs(20)));
+        assert_eq!(
+            t.learn(M2, "peer-c", t0 + Duration::from_secs(20)),
+            Learning::Learned,
+            "moved once its owner was quiet for the ageing time"
+        );
         assert_eq!(t.lookup(M2, t0 + Duration::from_secs(20)), Some("peer-c"));
         t.learn(M3, "peer-c", t0 + Duration::from_secs(20));
         t.forget_peer("peer-c");
@@ -206,7 +232,7 @@ mod tests {
         // frames with the victim's source MAC from another member, again and again
         for s in 1..10 {
             let at = t0 + Duration::from_secs(s);
-            assert!(!t.learn(M2, "mallory", at));
+            assert_eq!(t.learn(M2, "mallory", at), Learning::Refused);
             t.learn(M2, "victim", at);
         }
         assert_eq!(t.lookup(M2, t0 + Duration::from_secs(10)), Some("victim"));
@@ -216,11 +242,45 @@ mod tests {
     fn the_table_is_bounded() {
         let t0 = Instant::now();
         let mut t = MacTable::new(LOCAL, DEFAULT_AGEING, 2);
-        assert!(t.learn(M2, "b", t0));
-        assert!(t.learn(M3, "c", t0));
-        assert!(!t.learn(MacAddr([2, 0, 0, 0, 0, 4]), "d", t0));
+        assert_eq!(t.learn(M2, "b", t0), Learning::Learned);
+        assert_eq!(t.learn(M3, "c", t0), Learning::Learned);
+        assert_eq!(
+            t.learn(MacAddr([2, 0, 0, 0, 0, 4]), "d", t0),
+            Learning::Ignored
+        );
         assert_eq!(t.len(), 2);
         // Once the old ones age out there is room again.
-        assert!(t.learn(MacAddr([2, 0, 0, 0, 0, 4]), "d", t0 + DEFAULT_AGEING));
+        assert_eq!(
+            t.learn(MacAddr([2, 0, 0, 0, 0, 4]), "d", t0 + DEFAULT_AGEING),
+            Learning::Learned
+        );
+    }
+
+    #[test]
+    fn a_claim_on_a_live_address_is_refused_each_time_and_the_owner_keeps_it_fresh() {
+        let t0 = Instant::now();
+        let mut t = MacTable::new(LOCAL, Duration::from_secs(10), DEFAULT_CAPACITY);
+        assert_eq!(t.learn(M2, "victim", t0), Learning::Learned);
+        // every claim is refused while the owner keeps sending, however long it goes on
+        for s in (5..60).step_by(5) {
+            let at = t0 + Duration::from_secs(s);
+            assert_eq!(
+                t.learn_from_frame(&frame(LOCAL, M2), "mallory", at),
+                Learning::Refused,
+                "at {s} s"
+            );
+            assert_eq!(t.learn(M2, "victim", at), Learning::Refreshed);
+        }
+        assert_eq!(
+            t.decide(&frame(M2, LOCAL), t0 + Duration::from_secs(60)),
+            FrameDelivery::Unicast("victim".into())
+        );
+        // a refused claim does not refresh the owner's entry either: it ages out on time
+        let quiet = t0 + Duration::from_secs(55);
+        assert_eq!(
+            t.learn(M2, "mallory", quiet + Duration::from_secs(9)),
+            Learning::Refused
+        );
+        assert_eq!(t.lookup(M2, quiet + Duration::from_secs(10)), None);
     }
 }

@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
-use switchyard_mesh_routing::l2::learning::{MacTable, DEFAULT_AGEING, DEFAULT_CAPACITY};
+use switchyard_mesh_routing::l2::learning::{Learning, MacTable, DEFAULT_AGEING, DEFAULT_CAPACITY};
 use switchyard_mesh_routing::l2::mac::MacAddr;
 use switchyard_mesh_routing::{
     classify_destination, delivery::classify_address, AnycastTarget, Delivery, FloodMode,
@@ -310,11 +310,20 @@ impl Mesh {
     }
 
     /// TAP mode: a frame from the peer whose virtual IP is `from`: its source MAC lives there.
-    pub(super) fn learn_mac(&mut self, frame: &[u8], from: Ipv4Addr) {
-        if let Some(id) = self.table.peers.iter().find(|p| p.vip == from) {
-            self.modes
-                .macs
-                .learn_from_frame(frame, &id.id, Instant::now());
+    /// False when that MAC lives behind another active peer: the frame speaks for a neighbour
+    /// and is not written (counted in `mac_claims_refused`).
+    pub(super) fn learn_mac(&mut self, frame: &[u8], from: Ipv4Addr) -> bool {
+        let Some(id) = self.table.peers.iter().find(|p| p.vip == from) else {
+            return true;
+        };
+        let learnt = self
+            .modes
+            .macs
+            .learn_from_frame(frame, &id.id, Instant::now());
+        if learnt == Learning::Refused {
+            self.shared.totals.mac_claims_refused.fetch_add(1, Relaxed);
+            return false;
         }
+        true
     }
 }
