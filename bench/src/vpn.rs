@@ -173,34 +173,40 @@ struct PathFigures {
     error: Option<String>,
 }
 
+/// One call to the client's API inside `lan`; the response body.
+fn client_api(lan: &str, method: &str, path: &str, body: &str) -> Result<String> {
+    sh(&format!(
+        "ip netns exec {lan} curl -sf -X {method} -H 'Content-Type: application/json' \
+         --data '{body}' http://{CLIENT_API}{path}"
+    ))
+}
+
+/// Waits until the client's VPN is `connected` (its API may not be up yet); its status.
+fn vpn_connected(lan: &str) -> Result<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = client_api(lan, "GET", "/api/v1/vpn/status", "")
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
+        match status {
+            Some(s) if s["status"] == "connected" => return Ok(s),
+            Some(s) if s["status"] == "error" => bail!("the client's VPN failed: {s}"),
+            other if Instant::now() > deadline => {
+                bail!("the client's VPN did not come up: {other:?}")
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// Switches the client's `vpn.tcp_redirect` (it applies at the next enable): disable, change,
 /// enable, and wait until the VPN is connected again.
 fn set_tcp_redirect(lan: &str, on: bool) -> Result<()> {
-    let api = |method: &str, path: &str, body: &str| {
-        sh(&format!(
-            "ip netns exec {lan} curl -sf -X {method} -H 'Content-Type: application/json' \
-             --data '{body}' http://{CLIENT_API}{path}"
-        ))
-    };
-    api("POST", "/api/v1/vpn/disable", "{}")?;
-    api(
-        "PUT",
-        "/api/v1/config",
-        &format!("{{\"vpn\": {{\"tcp_redirect\": {on}}}}}"),
-    )?;
-    api("POST", "/api/v1/vpn/enable", "{}")?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let status = api("GET", "/api/v1/vpn/status", "")?;
-        let status: serde_json::Value = serde_json::from_str(&status)?;
-        if status["status"] == "connected" {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the VPN did not come back with tcp_redirect {on}: {status}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    client_api(lan, "POST", "/api/v1/vpn/disable", "{}")?;
+    let change = format!("{{\"vpn\": {{\"tcp_redirect\": {on}}}}}");
+    client_api(lan, "PUT", "/api/v1/config", &change)?;
+    client_api(lan, "POST", "/api/v1/vpn/enable", "{}")?;
+    vpn_connected(lan).map(drop)
 }
 
 /// Runs an `iperf3 -c … -J` command; the received Gbit/s (all streams).
@@ -322,7 +328,7 @@ pub fn run(ctx: &Ctx) -> Result<String> {
         &client_cfg,
         format!(
             "proxy:\n  http: {{listen: \"127.0.0.1:0\"}}\n  socks5: {{listen: \"127.0.0.1:0\"}}\n  cores: 1\n\
-             api: {{listen: \"{CLIENT_API}\"}}\nlogging: {{level: info, format: json}}\n\
+             api: {{listen: \"{CLIENT_API}\"}}\nlogging: {{level: warn, format: json}}\n\
              servers:\n  - {{name: gw, address: \"{SERVER}\", protocol: HTTP}}\n\
              vpn:\n  enabled: true\n  interface_name: {p}t0\n  scope_cgroup: \"{}\"\n  dns: {{enabled: false}}\n  \
              split: {{mode: include, apps: [{{name: app, cgroup: \"{}\"}}]}}\n",
@@ -376,20 +382,16 @@ table ip {p}_redsocks {{
 EOF"
     ))?;
     // the client is up when its VPN says so (or failed)
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let log = fs::read_to_string(&client_log).unwrap_or_default();
-        if log.contains("VPN connected") {
-            break;
+    let vpn_status = match vpn_connected(lan) {
+        Ok(status) => status["mechanism"].as_str().unwrap_or_default().to_string(),
+        Err(e) => {
+            let log = fs::read_to_string(&client_log).unwrap_or_default();
+            match procs.exited(client) {
+                Some(r) => bail!("{r}: {log}"),
+                None => bail!("{e:#}: {log}"),
+            }
         }
-        if let Some(r) = procs.exited(client) {
-            bail!("{r}: {log}");
-        }
-        if log.contains("VPN could not be enabled") || Instant::now() > deadline {
-            bail!("the client's VPN did not come up: {log}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    };
     if let Some(r) = procs.exited(redsocks) {
         bail!("{r}");
     }
@@ -527,13 +529,6 @@ EOF"
             ..PathFigures::default()
         },
     ));
-    let vpn_status = fs::read_to_string(&client_log)
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.contains("split tunnel active"))
-        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .and_then(|v| v["fields"]["mechanism"].as_str().map(str::to_string))
-        .unwrap_or_default();
     ctx.write_json(
         "vpn",
         json!({
@@ -556,7 +551,7 @@ EOF"
     let mut md = String::from("## vpn\n\n");
     let _ = writeln!(
         md,
-        "iperf3 TCP ({}s) and new flows/s (one Python worker: connect, read 1 byte, close) from the lan namespace to the same origin. The VPN and redsocks both relay through the same `switchyard server` (HTTP CONNECT); CPU is CPU-seconds per second of transfer per Gbit/s of the relay process (switchyard client incl. the TUN pump, or redsocks), of the client's TUN pump thread alone (kernel work done in its syscalls included) and of the server. Classifier: {vpn_status}. Load average at the end: {}.\n",
+        "iperf3 TCP ({}s) and new flows/s (one Python worker: connect, read 1 byte, close) from the lan namespace to the same origin. The VPN and redsocks both relay through the same `switchyard server` (HTTP CONNECT), with their per-connection logs off (redsocks `log_info = off`, the client at level warn: at info it writes a request line per flow); CPU is CPU-seconds per second of transfer per Gbit/s of the relay process (switchyard client incl. the TUN pump, or redsocks), of the client's TUN pump thread alone (kernel work done in its syscalls included) and of the server. Classifier: {vpn_status}. Load average at the end: {}.\n",
         ctx.seconds,
         crate::scenarios::loadavg()
     );
