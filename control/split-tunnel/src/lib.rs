@@ -614,13 +614,31 @@ impl SplitTunnel {
         self.record(Change::BpfPins { dir: dir.clone() })?;
         self.netns_cookie = switchyard_ebpf::netns_cookie(self.config.netns_path().as_deref())?;
         if self.taking_over {
-            // the previous run's programs hold the cgroup (attached one per hook): they go right
-            // before the new ones attach
-            switchyard_ebpf::remove_pins(&dir)?;
+            return self.take_over_ebpf(&dir);
         }
         let program =
             SplitTunnelProgram::attach(&self.config.scope_cgroup, &dir, &self.classifier_config())?;
         Ok(Classifier::Ebpf(Box::new(program), Installed::default()))
+    }
+
+    /// The previous run's programs keep classifying until the new ones replace them: the new
+    /// programs load with fresh maps, the maps are filled by the rules, and only then are the
+    /// old links unpinned (their programs detach) and the new ones attached — a few `bpf(2)`
+    /// calls apart (the cgroup hooks take one program each). A failure before the swap leaves
+    /// the old programs attached.
+    fn take_over_ebpf(&mut self, dir: &Path) -> Result<Classifier, Error> {
+        switchyard_ebpf::remove_map_pins(dir)?;
+        let program = SplitTunnelProgram::load(dir, &self.classifier_config())?;
+        self.classifier = Classifier::Ebpf(Box::new(program), Installed::default());
+        self.sync()?;
+        let Classifier::Ebpf(mut program, installed) =
+            std::mem::replace(&mut self.classifier, Classifier::Nft)
+        else {
+            unreachable!("set just above");
+        };
+        switchyard_ebpf::remove_link_pins(dir)?;
+        program.attach_to(&self.config.scope_cgroup)?;
+        Ok(Classifier::Ebpf(program, installed))
     }
 
     fn classifier_config(&self) -> ClassifierConfig {
