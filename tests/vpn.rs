@@ -3139,6 +3139,20 @@ fn lockdown_scenario(classifier: &str) {
         topo.udp_seen(&topo.inc, "10.211.9.1", 1),
         format!("seen={DIRECT} replies=1")
     );
+
+    // locked again; a start with the VPN off keeps the lock until POST /api/v1/vpn/disable
+    let client = start_connected_client(&topo, &yaml);
+    sh(&format!("kill -9 {}", client.pid()));
+    wait_tun_gone(&topo);
+    drop(client);
+    let vpn_off = yaml.replace("enabled: true\n  interface", "enabled: false\n  interface");
+    let client = topo.start_client(&vpn_off);
+    expect_locked(&topo, "restarted with the VPN off");
+    topo.disable_and_expect_nothing_left(&client);
+    assert_eq!(
+        app_tcp_outcome(&topo, "10.211.9.1"),
+        format!("seen={DIRECT}")
+    );
 }
 
 #[test]

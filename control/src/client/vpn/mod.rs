@@ -532,6 +532,13 @@ impl VpnManager {
                 })
                 // the device closes when `a._device` drops here
             }
+            // a lockdown's state kept from the previous run (startup_cleanup left it for the
+            // enable to take over): an explicit disable removes it too
+            None if !keep_split => tokio::task::block_in_place(|| {
+                switchyard_split_tunnel::recover(&self.data_dir)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
             None => Ok(()),
         };
         if let Some(path) = &self.path {
