@@ -2984,3 +2984,187 @@ fn syks_nftables_kill_switch_blocks_tcp_udp_and_dns_for_the_server_while_disconn
         kill_switch_scenario("nftables");
     }
 }
+
+/// Waits (bounded) until the TUN device is gone with a killed client.
+fn wait_tun_gone(topo: &Topo) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sh_quiet(&format!("ip -n {} link show", topo.lan)).contains(&topo.tun()) {
+        assert!(
+            Instant::now() < deadline,
+            "the TUN device outlived the client"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends SIGTERM to the client and waits (bounded) for its clean exit.
+fn stop_client(client: &mut Client) {
+    sh(&format!("kill -TERM {}", client.pid()));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match client.proc.proc.child.try_wait() {
+            Ok(Some(status)) => {
+                assert!(status.success(), "exit after SIGTERM: {status}");
+                return;
+            }
+            _ => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the client did not exit on SIGTERM"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// With the client gone, an included app's TCP connection to 10.211.9.1 fails, its UDP datagram
+/// gets no reply, and a capture on the lan link sees no packet to the origin.
+fn expect_locked(topo: &Topo, when: &str) {
+    let capture = topo.capture("host 10.211.9.1");
+    let tcp = app_tcp_outcome(topo, "10.211.9.1");
+    let udp = topo.udp_seen(&topo.inc, "10.211.9.1", 1);
+    let leaked = capture.packets();
+    assert!(
+        !tcp.starts_with("seen="),
+        "{when}: the app's TCP connection went through: {tcp}"
+    );
+    // no route (EHOSTUNREACH at sendto) or no reply
+    assert!(
+        udp == "seen=nothing replies=0" || udp.starts_with("send="),
+        "{when}: the app's UDP: {udp}"
+    );
+    assert!(
+        leaked.is_empty(),
+        "{when}: tunnelled traffic left by the lan link: {leaked:#?}"
+    );
+}
+
+/// `vpn.lockdown: true` (issue 36) with the given classifier: `kill -9` of the client leaves the
+/// split tunnel installed, so an included app's TCP connection fails (eBPF: refused by the dead
+/// loopback listener; nftables: no route), its UDP datagram goes nowhere and nothing to the
+/// origin leaves by the lan link; the next start takes the state over (no teardown first) and
+/// the app works through the server again; a SIGTERM stop keeps the lock too; `switchyard
+/// client vpn-unlock` (client stopped) removes everything (the leftovers check) and the app goes
+/// direct as without a VPN.
+fn lockdown_scenario(classifier: &str) {
+    let mut topo = Topo::named("sylo");
+    topo.start_origins();
+    topo.start_udp_origin();
+    topo.start_server();
+    let yaml = include_client_yaml(&topo, classifier, topo.server_socks5()) + "  lockdown: true\n";
+    let client = start_connected_client(&topo, &yaml);
+    assert_eq!(
+        app_tcp_outcome(&topo, "10.211.9.1"),
+        "seen=10.211.9.1",
+        "{}",
+        client.log()
+    );
+
+    sh(&format!("kill -9 {}", client.pid()));
+    wait_tun_gone(&topo);
+    drop(client);
+    assert!(
+        !topo.leftovers().is_empty(),
+        "lockdown: a killed client keeps its rules"
+    );
+    expect_locked(&topo, "killed");
+
+    // the next start takes the state over (no teardown first: an app sending all along has no
+    // datagram leave by the lan link) and the app works through the server again
+    let capture = topo.capture("host 10.211.9.1");
+    let sending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sender = {
+        let (lan, inc, sending) = (topo.lan.clone(), topo.inc.clone(), sending.clone());
+        std::thread::spawn(move || {
+            while sending.load(Ordering::SeqCst) {
+                let _ = helper_in(&lan, Some(&inc), "udp", "10.211.9.1:7000 1").output();
+            }
+        })
+    };
+    let mut restarted = start_connected_client(&topo, &yaml);
+    sending.store(false, Ordering::SeqCst);
+    sender.join().expect("sender");
+    let leaked = capture.packets();
+    assert!(
+        restarted.log().contains("took over the lockdown state"),
+        "{}",
+        restarted.log()
+    );
+    assert!(
+        leaked.is_empty(),
+        "restart: tunnelled traffic left by the lan link: {leaked:#?}"
+    );
+    assert_eq!(
+        app_tcp_outcome(&topo, "10.211.9.1"),
+        "seen=10.211.9.1",
+        "{}",
+        restarted.log()
+    );
+    assert_eq!(
+        topo.udp_seen(&topo.inc, "10.211.9.1", 1),
+        "seen=10.211.9.1 replies=1",
+        "{}",
+        restarted.log()
+    );
+
+    // a clean stop keeps the lock as well
+    stop_client(&mut restarted);
+    wait_tun_gone(&topo);
+    expect_locked(&topo, "stopped");
+
+    // vpn-unlock, in the namespace the client ran in: nothing is left, the app goes direct
+    let mut unlock = in_netns(&topo.lan, None, Path::new(BIN));
+    let out = unlock
+        .args(["client", "vpn-unlock", "--data-dir"])
+        .arg(topo.data_dir())
+        .output()
+        .expect("vpn-unlock");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "vpn-unlock: {printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains("removed ip -4 rule fwmark 0x5359"),
+        "{printed}"
+    );
+    assert_eq!(topo.leftovers(), Vec::<String>::new(), "{printed}");
+    assert_eq!(
+        app_tcp_outcome(&topo, "10.211.9.1"),
+        format!("seen={DIRECT}")
+    );
+    assert_eq!(
+        topo.udp_seen(&topo.inc, "10.211.9.1", 1),
+        format!("seen={DIRECT} replies=1")
+    );
+
+    // locked again; a start with the VPN off keeps the lock until POST /api/v1/vpn/disable
+    let client = start_connected_client(&topo, &yaml);
+    sh(&format!("kill -9 {}", client.pid()));
+    wait_tun_gone(&topo);
+    drop(client);
+    let vpn_off = yaml.replace("enabled: true\n  interface", "enabled: false\n  interface");
+    let client = topo.start_client(&vpn_off);
+    expect_locked(&topo, "restarted with the VPN off");
+    topo.disable_and_expect_nothing_left(&client);
+    assert_eq!(
+        app_tcp_outcome(&topo, "10.211.9.1"),
+        format!("seen={DIRECT}")
+    );
+}
+
+#[test]
+fn sylo_ebpf_lockdown_keeps_tunnelled_apps_off_the_network_until_restart_or_unlock() {
+    if dns_tools_or_skip("sylo_ebpf_lockdown") {
+        lockdown_scenario("ebpf");
+    }
+}
+
+#[test]
+fn sylo_nftables_lockdown_keeps_tunnelled_apps_off_the_network_until_restart_or_unlock() {
+    if dns_tools_or_skip("sylo_nftables_lockdown") {
+        lockdown_scenario("nftables");
+    }
+}

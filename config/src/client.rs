@@ -342,6 +342,10 @@ pub struct VpnConfig {
     /// plane's loopback listener, past the TUN (the TUN still carries UDP and ping); `false`
     /// carries TCP through the TUN too. Not in the spec.
     pub tcp_redirect: bool,
+    /// Linux (issue 36): the split tunnel's routing, marks and classifier stay installed when
+    /// the client exits or is killed — tunnelled apps have no network (not the direct one) until
+    /// the client is back or `switchyard client vpn-unlock` runs. Not in the spec.
+    pub lockdown: bool,
 }
 
 impl Default for VpnConfig {
@@ -357,6 +361,7 @@ impl Default for VpnConfig {
             scope_cgroup: String::new(),
             classifier: String::new(),
             tcp_redirect: true,
+            lockdown: false,
         }
     }
 }
@@ -1204,6 +1209,13 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("routing.default_action"), "{err}");
+    }
+
+    #[test]
+    fn vpn_lockdown_defaults_to_off() {
+        assert!(!ClientConfig::default().vpn.lockdown);
+        let cfg = ClientConfig::from_yaml_str("vpn: {lockdown: true}", &|_| None).unwrap();
+        assert!(cfg.vpn.lockdown);
     }
 
     #[test]

@@ -160,20 +160,33 @@ pub fn cgroup_id(path: &Path) -> Result<u64, Error> {
 /// pinned cgroup link detaches when its pin is removed and no process holds it. Returns how many
 /// pins were removed.
 pub fn remove_pins(pin_dir: &Path) -> Result<usize, Error> {
+    Ok(remove_link_pins(pin_dir)? + remove_map_pins(pin_dir)?)
+}
+
+/// Removes the pinned links under `pin_dir`: programs no process holds detach.
+pub fn remove_link_pins(pin_dir: &Path) -> Result<usize, Error> {
+    remove_pins_in(&links_dir(pin_dir))
+}
+
+/// Removes the pinned maps under `pin_dir` (attached programs keep theirs), so that the next
+/// [`SplitTunnelProgram::load`] creates empty ones.
+pub fn remove_map_pins(pin_dir: &Path) -> Result<usize, Error> {
+    remove_pins_in(&maps_dir(pin_dir))
+}
+
+fn remove_pins_in(dir: &Path) -> Result<usize, Error> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::Io(format!("read {}", dir.display()), e)),
+    };
     let mut removed = 0;
-    for dir in [links_dir(pin_dir), maps_dir(pin_dir)] {
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::Io(format!("read {}", dir.display()), e)),
-        };
-        for entry in entries.flatten() {
-            std::fs::remove_file(entry.path())
-                .map_err(|e| Error::Io(format!("unpin {}", entry.path().display()), e))?;
-            removed += 1;
-        }
-        let _ = std::fs::remove_dir(&dir);
+    for entry in entries.flatten() {
+        std::fs::remove_file(entry.path())
+            .map_err(|e| Error::Io(format!("unpin {}", entry.path().display()), e))?;
+        removed += 1;
     }
+    let _ = std::fs::remove_dir(dir);
     Ok(removed)
 }
 
@@ -240,17 +253,20 @@ impl SplitTunnelProgram {
     /// be empty: call [`remove_pins`] first).
     /// On failure nothing stays attached or pinned.
     pub fn attach(scope: &Path, pin_dir: &Path, config: &ClassifierConfig) -> Result<Self, Error> {
-        Self::attach_pinned(scope, pin_dir, config).inspect_err(|_| {
+        let attached = Self::load(pin_dir, config).and_then(|mut program| {
+            program.attach_to(scope)?;
+            Ok(program)
+        });
+        attached.inspect_err(|_| {
             // links already pinned would keep programs attached after this process exits
             let _ = remove_pins(pin_dir);
         })
     }
 
-    fn attach_pinned(
-        scope: &Path,
-        pin_dir: &Path,
-        config: &ClassifierConfig,
-    ) -> Result<Self, Error> {
+    /// Loads the programs with `config` and pins their maps under `pin_dir` (reusing maps
+    /// pinned there: call [`remove_map_pins`] first for empty ones), without attaching them:
+    /// the maps can be filled first, then [`SplitTunnelProgram::attach_to`] attaches.
+    pub fn load(pin_dir: &Path, config: &ClassifierConfig) -> Result<Self, Error> {
         config.check()?;
         let maps = maps_dir(pin_dir);
         let links = links_dir(pin_dir);
@@ -268,8 +284,55 @@ impl SplitTunnelProgram {
         config_map
             .set(0, RawConfig::from(config), 0)
             .map_err(|e| Error::Map("sy_config", e))?;
+        let mut trie =
+            |name: &'static str| -> Result<aya::maps::Map, Error> { take_map(&mut ebpf, name) };
+        let split_v4 =
+            LpmTrie::try_from(trie("sy_split_v4")?).map_err(|e| Error::Map("sy_split_v4", e))?;
+        let split_v6 =
+            LpmTrie::try_from(trie("sy_split_v6")?).map_err(|e| Error::Map("sy_split_v6", e))?;
+        let bypass_v4 =
+            LpmTrie::try_from(trie("sy_bypass_v4")?).map_err(|e| Error::Map("sy_bypass_v4", e))?;
+        let bypass_v6 =
+            LpmTrie::try_from(trie("sy_bypass_v6")?).map_err(|e| Error::Map("sy_bypass_v6", e))?;
+        let apps = HashMap::try_from(trie("sy_app_cgroups")?)
+            .map_err(|e| Error::Map("sy_app_cgroups", e))?;
+        let app_names =
+            HashMap::try_from(trie("sy_app_names")?).map_err(|e| Error::Map("sy_app_names", e))?;
+        let app_paths =
+            HashMap::try_from(trie("sy_app_paths")?).map_err(|e| Error::Map("sy_app_paths", e))?;
+        let app_tgids =
+            HashMap::try_from(trie("sy_app_tgids")?).map_err(|e| Error::Map("sy_app_tgids", e))?;
+        let tcp_flows = match trie("sy_tcp_flows")? {
+            aya::maps::Map::LruHashMap(data) => data,
+            _ => return Err(Error::Missing("LRU hash sy_tcp_flows")),
+        };
+        Ok(SplitTunnelProgram {
+            pin_dir: pin_dir.to_path_buf(),
+            links: Vec::new(),
+            config: config_map,
+            split_v4,
+            split_v6,
+            bypass_v4,
+            bypass_v6,
+            apps,
+            app_names,
+            app_paths,
+            app_tgids,
+            tcp_flows,
+            exec_hooks: false,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// Attaches the loaded programs to the cgroup directory `scope` (one program per hook: the
+    /// hooks must be free, see [`remove_link_pins`]) and the exec hooks, pinning every link.
+    pub fn attach_to(&mut self, scope: &Path) -> Result<(), Error> {
+        let links = links_dir(&self.pin_dir);
+        std::fs::create_dir_all(&links)
+            .map_err(|e| Error::Io(format!("create {}", links.display()), e))?;
         let cgroup =
             File::open(scope).map_err(|e| Error::Io(format!("open {}", scope.display()), e))?;
+        let ebpf = &mut self._ebpf;
 
         // CgroupSock, CgroupSockAddr and SockOps share no trait: one macro loads, attaches and
         // pins any of them
@@ -298,7 +361,7 @@ impl SplitTunnelProgram {
         }
         pinned.push(attach_pinned!(SockOps, SOCK_OPS_PROGRAM));
 
-        let exec_hooks = match attach_exec_hooks(&mut ebpf, &links) {
+        let exec_hooks = match attach_exec_hooks(ebpf, &links) {
             Ok(hooks) => {
                 pinned.extend(hooks);
                 true
@@ -308,46 +371,10 @@ impl SplitTunnelProgram {
                 false
             }
         };
-
-        let mut trie =
-            |name: &'static str| -> Result<aya::maps::Map, Error> { take_map(&mut ebpf, name) };
-        let split_v4 =
-            LpmTrie::try_from(trie("sy_split_v4")?).map_err(|e| Error::Map("sy_split_v4", e))?;
-        let split_v6 =
-            LpmTrie::try_from(trie("sy_split_v6")?).map_err(|e| Error::Map("sy_split_v6", e))?;
-        let bypass_v4 =
-            LpmTrie::try_from(trie("sy_bypass_v4")?).map_err(|e| Error::Map("sy_bypass_v4", e))?;
-        let bypass_v6 =
-            LpmTrie::try_from(trie("sy_bypass_v6")?).map_err(|e| Error::Map("sy_bypass_v6", e))?;
-        let apps = HashMap::try_from(trie("sy_app_cgroups")?)
-            .map_err(|e| Error::Map("sy_app_cgroups", e))?;
-        let app_names =
-            HashMap::try_from(trie("sy_app_names")?).map_err(|e| Error::Map("sy_app_names", e))?;
-        let app_paths =
-            HashMap::try_from(trie("sy_app_paths")?).map_err(|e| Error::Map("sy_app_paths", e))?;
-        let app_tgids =
-            HashMap::try_from(trie("sy_app_tgids")?).map_err(|e| Error::Map("sy_app_tgids", e))?;
-        let tcp_flows = match trie("sy_tcp_flows")? {
-            aya::maps::Map::LruHashMap(data) => data,
-            _ => return Err(Error::Missing("LRU hash sy_tcp_flows")),
-        };
-        tracing::info!(scope = %scope.display(), pins = %pin_dir.display(), object = OBJECT_SOURCE, exec_hooks, "eBPF split tunnel attached");
-        Ok(SplitTunnelProgram {
-            pin_dir: pin_dir.to_path_buf(),
-            links: pinned,
-            config: config_map,
-            split_v4,
-            split_v6,
-            bypass_v4,
-            bypass_v6,
-            apps,
-            app_names,
-            app_paths,
-            app_tgids,
-            tcp_flows,
-            exec_hooks,
-            _ebpf: ebpf,
-        })
+        tracing::info!(scope = %scope.display(), pins = %self.pin_dir.display(), object = OBJECT_SOURCE, exec_hooks, "eBPF split tunnel attached");
+        self.links.extend(pinned);
+        self.exec_hooks = exec_hooks;
+        Ok(())
     }
 
     /// Replaces the classification settings; applies to the next connect/send.

@@ -49,6 +49,56 @@ pub enum Change {
     Cgroup2Mount { dir: PathBuf },
 }
 
+impl std::fmt::Display for Change {
+    /// What the change is on the host, as `vpn-unlock` reports it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ns = |netns: &Option<String>| {
+            netns
+                .as_ref()
+                .map(|n| format!(" (netns {n})"))
+                .unwrap_or_default()
+        };
+        match self {
+            Change::IpRule {
+                netns,
+                family,
+                fwmark,
+                table,
+                priority,
+            } => write!(
+                f,
+                "ip -{family} rule fwmark {fwmark:#x} lookup {table} priority {priority}{}",
+                ns(netns)
+            ),
+            Change::IpRuleFrom {
+                netns,
+                family,
+                from,
+                table,
+                priority,
+            } => write!(
+                f,
+                "ip -{family} rule from {from} lookup {table} priority {priority}{}",
+                ns(netns)
+            ),
+            Change::IpRoutes {
+                netns,
+                family,
+                table,
+            } => {
+                write!(f, "ip -{family} routes of table {table}{}", ns(netns))
+            }
+            Change::NftTable { netns, name } => write!(f, "nft table inet {name}{}", ns(netns)),
+            Change::BpffsMount { dir } => write!(f, "bpffs mount {}", dir.display()),
+            Change::BpfPins { dir } => {
+                write!(f, "eBPF programs and maps pinned in {}", dir.display())
+            }
+            Change::Cgroup { path } => write!(f, "cgroup {}", path.display()),
+            Change::Cgroup2Mount { dir } => write!(f, "cgroup2 mount {}", dir.display()),
+        }
+    }
+}
+
 /// Parses a journal text; unreadable lines (a torn write) are skipped.
 pub fn parse(text: &str) -> Vec<Change> {
     text.lines()
@@ -104,6 +154,18 @@ impl Journal {
         }
     }
 
+    /// Replaces the journal with `changes` (written to a temporary file, synced, then renamed
+    /// over it: a crash leaves the old or the new list, never a part).
+    pub fn rewrite(&self, changes: &[Change]) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("journal.new");
+        let mut file = std::fs::File::create(&tmp)?;
+        for change in changes {
+            file.write_all(line(change).as_bytes())?;
+        }
+        file.sync_data()?;
+        std::fs::rename(&tmp, &self.path)
+    }
+
     /// Removes the journal once everything in it was undone.
     pub fn clear(&self) -> std::io::Result<()> {
         match std::fs::remove_file(&self.path) {
@@ -142,6 +204,26 @@ mod tests {
     }
 
     #[test]
+    fn changes_read_as_what_they_are_on_the_host() {
+        let rule = Change::IpRule {
+            netns: Some("ns1".into()),
+            family: 4,
+            fwmark: 0x5359,
+            table: 0x5359,
+            priority: 5359,
+        };
+        assert_eq!(
+            rule.to_string(),
+            "ip -4 rule fwmark 0x5359 lookup 21337 priority 5359 (netns ns1)"
+        );
+        let nft = Change::NftTable {
+            netns: None,
+            name: "switchyard_split".into(),
+        };
+        assert_eq!(nft.to_string(), "nft table inet switchyard_split");
+    }
+
+    #[test]
     fn line_format_is_tagged_json() {
         let l = line(&Change::BpfPins {
             dir: "/sys/fs/bpf/switchyard".into(),
@@ -176,6 +258,8 @@ mod tests {
         j.record(&c).expect("record");
         j.record(&c).expect("record");
         assert_eq!(j.entries().expect("entries").len(), 2);
+        j.rewrite(std::slice::from_ref(&c)).expect("rewrite");
+        assert_eq!(j.entries().expect("entries"), vec![c.clone()]);
         j.clear().expect("clear");
         assert!(!j.path().exists());
         j.clear().expect("clearing twice is fine");

@@ -125,7 +125,18 @@ pub struct SplitTunnelConfig {
     /// eBPF only: where tunnelled TCP goes from `connect(2)` instead of the TUN (the data
     /// plane's loopback listeners); `None` routes it into the TUN like the rest.
     pub tcp_redirect: Option<TcpRedirect>,
+    /// Lockdown (issue 36): table `table` also holds `unreachable default` (both families, metric
+    /// [`LOCKDOWN_METRIC`], so the TUN's default route wins while the TUN exists): when the TUN
+    /// disappears with the client, marked traffic has no route instead of falling through to
+    /// the main table. [`SplitTunnel::start`] takes over the state a previous run left instead
+    /// of undoing it first.
+    pub lockdown: bool,
 }
+
+/// Metric of lockdown's `unreachable default` in the tunnel's table: below every other default.
+/// Not `u32::MAX`: an IPv6 route of that metric survives `ip -6 route flush table T` (iproute2
+/// 6.1, seen), so the undo would leave it.
+pub const LOCKDOWN_METRIC: u32 = u32::MAX - 1;
 
 impl SplitTunnelConfig {
     /// Defaults for a client: mark/table/priority 0x5359 ("SY"); pins on a bpffs of its own under
@@ -148,6 +159,7 @@ impl SplitTunnelConfig {
             mechanism: MechanismChoice::Auto,
             dns: None,
             tcp_redirect: None,
+            lockdown: false,
         }
     }
 
@@ -251,8 +263,12 @@ fn cgroup2_or_private(
 /// previous run left ([`recover`]), then returns the visible cgroup2 mount or mounts a private one
 /// (see [`private_cgroup2_dir`]), which the start then journals, so that disable and recovery
 /// unmount it.
-pub fn prepare_cgroup2(data_dir: &Path) -> Result<PathBuf, Error> {
-    recover(data_dir)?;
+///
+/// With `take_over` (lockdown), what a previous run left stays in place: the start takes it over.
+pub fn prepare_cgroup2(data_dir: &Path, take_over: bool) -> Result<PathBuf, Error> {
+    if !take_over {
+        recover(data_dir)?;
+    }
     cgroup2_or_private(data_dir, None).map(|(mount, _)| mount)
 }
 
@@ -415,12 +431,48 @@ pub struct SplitTunnel {
     /// nftables: moves apps by name/path into the apps cgroup at exec (`None` with eBPF, or
     /// where fanotify permission events are unavailable: the scan alone then)
     exec_watch: Option<ExecWatch>,
+    /// Installing over a previous run's lockdown state (see [`SplitTunnel::start`]).
+    taking_over: bool,
+}
+
+/// The entries of a previous run's journal that a takeover's new state no longer uses (`new`:
+/// what the takeover journalled): a rule for another TUN address, the other mechanism's nft
+/// table or pins. A cgroup, a cgroup2 mount or a bpffs mount is journalled only by the run that
+/// created it, so it stays (a bpffs mount only while the new state uses eBPF).
+pub fn stale_entries(old: &[Change], new: &[Change], mechanism: Mechanism) -> Vec<Change> {
+    let mut stale: Vec<Change> = Vec::new();
+    for change in old {
+        let unused = !new.contains(change)
+            && match change {
+                Change::Cgroup { .. } | Change::Cgroup2Mount { .. } => false,
+                Change::BpffsMount { .. } => mechanism == Mechanism::Nftables,
+                _ => true,
+            };
+        if unused && !stale.contains(change) {
+            stale.push(change.clone());
+        }
+    }
+    stale
 }
 
 impl SplitTunnel {
     /// Cleans up leftovers, chooses the mechanism, installs policy routing and the rules.
+    ///
+    /// With [`SplitTunnelConfig::lockdown`], the state a previous run left (its journal) is not
+    /// undone first: every step re-installs idempotently over it (the classifier is swapped for
+    /// the new one), then what the new state no longer uses is removed ([`stale_entries`]), so
+    /// tunnelled traffic has no moment without the tunnel's rules. A failed takeover leaves the
+    /// state in place (still closed), for the next start or `vpn-unlock`.
     pub fn start(config: SplitTunnelConfig, rules: SplitRules) -> Result<Self, Error> {
-        recover(&config.data_dir)?;
+        let inherited = if config.lockdown {
+            let journal = Journal::new(&config.data_dir);
+            journal
+                .entries()
+                .map_err(|e| Error::Journal(journal.path().to_path_buf(), e))?
+        } else {
+            recover(&config.data_dir)?;
+            Vec::new()
+        };
         let compiled = CompiledRules::compile(&rules)?;
         for name in [&config.nft_table, &config.tun_device] {
             if !nft::safe_name(name) {
@@ -449,10 +501,21 @@ impl SplitTunnel {
             netns_cookie: 0,
             moved_from: BTreeMap::new(),
             exec_watch: None,
+            taking_over: !inherited.is_empty(),
         };
-        // from here on, a failure undoes what was done so far
+        // from here on, a failure undoes what was done so far (unless it was taken over)
         match tunnel.install() {
+            Ok(()) if tunnel.taking_over => {
+                tunnel.taking_over = false;
+                tunnel.reconcile(&inherited)?;
+                Ok(tunnel)
+            }
             Ok(()) => Ok(tunnel),
+            Err(e) if tunnel.taking_over => {
+                tracing::error!(error = %e, "taking over the lockdown state failed: it stays installed (tunnelled apps stay blocked) until a start succeeds or `switchyard client vpn-unlock` removes it");
+                tunnel.keep();
+                Err(e)
+            }
             Err(e) => {
                 if let Err(undo) = tunnel.disable() {
                     tracing::warn!(error = %undo, "undoing a failed split-tunnel start was incomplete: the next start removes what is left");
@@ -460,6 +523,31 @@ impl SplitTunnel {
                 Err(e)
             }
         }
+    }
+
+    /// After a takeover: undoes what the previous run installed that the new state does not use,
+    /// and rewrites the journal without those entries and without repeats.
+    fn reconcile(&self, inherited: &[Change]) -> Result<(), Error> {
+        let jerr = |e| Error::Journal(self.journal.path().to_path_buf(), e);
+        let all = self.journal.entries().map_err(jerr)?;
+        let new = all.get(inherited.len()..).unwrap_or_default();
+        let stale = stale_entries(inherited, new, self.mechanism());
+        for change in stale.iter().rev() {
+            undo(change)?;
+        }
+        let mut kept: Vec<Change> = Vec::new();
+        for change in all {
+            if !stale.contains(&change) && !kept.contains(&change) {
+                kept.push(change);
+            }
+        }
+        self.journal.rewrite(&kept).map_err(jerr)?;
+        tracing::info!(
+            kept = kept.len(),
+            removed = stale.len(),
+            "took over the lockdown state of the previous run"
+        );
+        Ok(())
     }
 
     fn record(&self, change: Change) -> Result<(), Error> {
@@ -525,9 +613,32 @@ impl SplitTunnel {
         }
         self.record(Change::BpfPins { dir: dir.clone() })?;
         self.netns_cookie = switchyard_ebpf::netns_cookie(self.config.netns_path().as_deref())?;
+        if self.taking_over {
+            return self.take_over_ebpf(&dir);
+        }
         let program =
             SplitTunnelProgram::attach(&self.config.scope_cgroup, &dir, &self.classifier_config())?;
         Ok(Classifier::Ebpf(Box::new(program), Installed::default()))
+    }
+
+    /// The previous run's programs keep classifying until the new ones replace them: the new
+    /// programs load with fresh maps, the maps are filled by the rules, and only then are the
+    /// old links unpinned (their programs detach) and the new ones attached — a few `bpf(2)`
+    /// calls apart (the cgroup hooks take one program each). A failure before the swap leaves
+    /// the old programs attached.
+    fn take_over_ebpf(&mut self, dir: &Path) -> Result<Classifier, Error> {
+        switchyard_ebpf::remove_map_pins(dir)?;
+        let program = SplitTunnelProgram::load(dir, &self.classifier_config())?;
+        self.classifier = Classifier::Ebpf(Box::new(program), Installed::default());
+        self.sync()?;
+        let Classifier::Ebpf(mut program, installed) =
+            std::mem::replace(&mut self.classifier, Classifier::Nft)
+        else {
+            unreachable!("set just above");
+        };
+        switchyard_ebpf::remove_link_pins(dir)?;
+        program.attach_to(&self.config.scope_cgroup)?;
+        Ok(Classifier::Ebpf(program, installed))
     }
 
     fn classifier_config(&self) -> ClassifierConfig {
@@ -586,6 +697,25 @@ impl SplitTunnel {
                     None,
                 )?;
             }
+            if self.config.lockdown {
+                // when the TUN (and its default route with it) is gone, marked traffic finds
+                // this one and fails instead of taking the main table
+                self.host.run(
+                    "ip",
+                    &[
+                        &fam,
+                        "route",
+                        "replace",
+                        "unreachable",
+                        "default",
+                        "metric",
+                        &LOCKDOWN_METRIC.to_string(),
+                        "table",
+                        &table,
+                    ],
+                    None,
+                )?;
+            }
             self.add_rule(Change::IpRule {
                 netns: self.config.netns.clone(),
                 family,
@@ -614,12 +744,20 @@ impl SplitTunnel {
         Ok(())
     }
 
-    /// Journals a policy rule, then adds it.
+    /// Journals a policy rule, then adds it (when taking over, the same rule may be in place).
     fn add_rule(&self, rule: Change) -> Result<(), Error> {
         self.record(rule.clone())?;
-        self.host
+        match self
+            .host
             .run("ip", &as_strs(&rule_args("add", &rule)), None)
-            .map(drop)
+        {
+            Err(Error::Command { stderr, .. })
+                if self.taking_over && stderr.to_ascii_lowercase().contains("file exists") =>
+            {
+                Ok(())
+            }
+            other => other.map(drop),
+        }
     }
 
     /// The active mechanism.
@@ -916,6 +1054,13 @@ impl SplitTunnel {
         }
     }
 
+    /// Lockdown: lets go of the split tunnel without undoing anything (the pinned programs stay
+    /// attached, routes, rules and the nft table stay; the journal lists them all).
+    pub fn keep(mut self) {
+        drop(self.exec_watch.take());
+        tracing::info!(journal = %self.journal.path().display(), "lockdown: the split tunnel stays installed; tunnelled apps have no network until the client is back or `switchyard client vpn-unlock` runs");
+    }
+
     /// Removes everything this split tunnel changed on the host.
     pub fn disable(mut self) -> Result<(), Error> {
         // stops the responder and closes the fanotify group, which removes its marks
@@ -1016,6 +1161,52 @@ mod tests {
         ]
         .into();
         assert_eq!(images, want);
+    }
+
+    #[test]
+    fn a_takeover_removes_what_the_new_state_does_not_use_and_keeps_created_objects() {
+        let rule = |from: &str| Change::IpRuleFrom {
+            netns: None,
+            family: 4,
+            from: from.parse().expect("address"),
+            table: 0x5359,
+            priority: 5360,
+        };
+        let routes = Change::IpRoutes {
+            netns: None,
+            family: 4,
+            table: 0x5359,
+        };
+        let nft = Change::NftTable {
+            netns: None,
+            name: "switchyard_split".into(),
+        };
+        let cgroup = Change::Cgroup {
+            path: "/sys/fs/cgroup/s/apps".into(),
+        };
+        let bpffs = Change::BpffsMount {
+            dir: "/var/lib/sy/bpffs".into(),
+        };
+        let pins = Change::BpfPins {
+            dir: "/var/lib/sy/bpffs".into(),
+        };
+        let old = vec![
+            cgroup.clone(),
+            bpffs.clone(),
+            pins.clone(),
+            routes.clone(),
+            rule("10.255.0.2"),
+            rule("10.255.0.2"),
+        ];
+        // the same state again: nothing is stale
+        let same = vec![pins.clone(), routes.clone(), rule("10.255.0.2")];
+        assert!(stale_entries(&old, &same, Mechanism::Ebpf).is_empty());
+        // a new TUN address and the nftables fallback this time
+        let new = vec![nft, routes, rule("10.255.0.9")];
+        assert_eq!(
+            stale_entries(&old, &new, Mechanism::Nftables),
+            vec![bpffs, pins, rule("10.255.0.2")]
+        );
     }
 
     #[test]

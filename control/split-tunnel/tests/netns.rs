@@ -194,7 +194,7 @@ fn hold() -> ! {
     let mut config = config_from_env();
     let mut mount = String::from("-");
     if let Ok(rel) = std::env::var("SYEBPF_SCOPE_REL") {
-        let m = switchyard_split_tunnel::prepare_cgroup2(&config.data_dir).expect("prepare");
+        let m = switchyard_split_tunnel::prepare_cgroup2(&config.data_dir, false).expect("prepare");
         config.scope_cgroup = m.join(rel);
         mount = m.display().to_string();
     }

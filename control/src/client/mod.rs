@@ -38,10 +38,36 @@ pub struct ClientArgs {
     /// Directory of the client's state: quick settings, selected server, saved configuration.
     #[arg(
         long,
+        global = true,
         env = "SWITCHYARD_CLIENT_DATA_DIR",
         default_value = "./data/client"
     )]
     pub data_dir: PathBuf,
+    #[command(subcommand)]
+    pub command: Option<ClientCommand>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ClientCommand {
+    /// Remove what the VPN left installed (`vpn.lockdown`: routes, rules, nft table, eBPF
+    /// programs, cgroups) for a client that is not running; prints what it removed.
+    VpnUnlock,
+}
+
+/// `switchyard client vpn-unlock`.
+fn vpn_unlock(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let removed = vpn::unlock(data_dir)
+        .with_context(|| format!("unlocking the VPN state of {}", data_dir.display()))?;
+    if removed.is_empty() {
+        println!(
+            "nothing to remove: no VPN state is journalled in {}",
+            data_dir.display()
+        );
+    }
+    for line in &removed {
+        println!("removed {line}");
+    }
+    Ok(())
 }
 
 fn load(path: &std::path::Path) -> anyhow::Result<ClientConfig> {
@@ -66,6 +92,9 @@ fn load(path: &std::path::Path) -> anyhow::Result<ClientConfig> {
 }
 
 pub fn run(args: ClientArgs) -> anyhow::Result<()> {
+    if let Some(ClientCommand::VpnUnlock) = args.command {
+        return vpn_unlock(&args.data_dir);
+    }
     // before any thread exists: it changes the environment
     let notifier = Arc::new(crate::systemd_notify::Notifier::from_env());
     std::fs::create_dir_all(&args.data_dir)
@@ -291,7 +320,8 @@ fn announce_ready(
 }
 
 /// On SIGTERM or SIGINT: take the VPN down (TUN, routes, rules, nft table, eBPF links, resolver)
-/// before exiting, so a clean stop leaves nothing for the next start to recover.
+/// before exiting, so a clean stop leaves nothing for the next start to recover — except, with
+/// `vpn.lockdown`, the split tunnel, which keeps tunnelled apps off the network.
 async fn exit_cleanly_on_signals(
     state: Arc<ClientState>,
     notifier: Arc<crate::systemd_notify::Notifier>,
@@ -300,7 +330,10 @@ async fn exit_cleanly_on_signals(
     notifier.stopping();
     // leave the mesh first: the other peers see peer.left at once
     state.mesh.disable().await;
-    if let Err(e) = state.vpn.disable().await {
+    // with vpn.lockdown the split tunnel stays: tunnelled apps stay off the network until the
+    // next start takes it over or `switchyard client vpn-unlock` runs
+    let lockdown = state.config.load().vpn.lockdown;
+    if let Err(e) = state.vpn.shutdown(lockdown).await {
         tracing::warn!(error = %e, "VPN teardown at shutdown was incomplete: the next start removes what is left");
     }
     std::process::exit(0);

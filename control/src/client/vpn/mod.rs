@@ -13,7 +13,9 @@
 //!
 //! Crash safety: every host change of the split tunnel is journalled in the data directory and
 //! undone by [`startup_cleanup`] before anything else starts; the TUN device is not persistent,
-//! so the kernel deletes it with the process.
+//! so the kernel deletes it with the process. With `vpn.lockdown` the journalled state is the
+//! point: it stays when the process stops or dies (the TUN's table then routes nothing), the next
+//! start takes it over, and [`unlock`] (`switchyard client vpn-unlock`) removes it.
 
 pub mod host;
 pub mod phase;
@@ -44,7 +46,13 @@ use switchyard_vpn_dns::{DnsInterceptor, ProxyProtocol, ResolverConfig, Upstream
 
 /// Undoes what a previous run left on the host (split-tunnel journal, a stale TUN device).
 /// Runs at start, before the data plane and the VPN.
+/// With `vpn.lockdown` the split tunnel's state stays: enabling takes it over.
 pub fn startup_cleanup(data_dir: &Path, cfg: &ClientConfig) {
+    if cfg.vpn.lockdown {
+        tracing::info!("vpn.lockdown: what a previous run left of the VPN stays installed until the VPN takes it over (tunnelled apps have no network until then)");
+        host::remove_leftover_tun(&cfg.vpn.interface_name);
+        return;
+    }
     match switchyard_split_tunnel::recover(data_dir) {
         Ok(0) => {}
         Ok(n) => tracing::info!(undone = n, "removed VPN leftovers of a previous run"),
@@ -53,6 +61,25 @@ pub fn startup_cleanup(data_dir: &Path, cfg: &ClientConfig) {
         }
     }
     host::remove_leftover_tun(&cfg.vpn.interface_name);
+}
+
+/// `switchyard client vpn-unlock`: removes what the split-tunnel journal of `data_dir` lists
+/// (routes, rules, nft table, eBPF pins and links, cgroups, mounts) — the lockdown state of a
+/// stopped client. Returns a line per change removed.
+pub fn unlock(data_dir: &Path) -> Result<Vec<String>, switchyard_split_tunnel::Error> {
+    let journal = switchyard_split_tunnel::journal::Journal::new(data_dir);
+    let listed = journal
+        .entries()
+        .map_err(|e| switchyard_split_tunnel::Error::Journal(journal.path().to_path_buf(), e))?;
+    switchyard_split_tunnel::recover(data_dir)?;
+    let mut removed: Vec<String> = Vec::new();
+    for change in listed.iter().rev() {
+        let line = change.to_string();
+        if !removed.contains(&line) {
+            removed.push(line);
+        }
+    }
+    Ok(removed)
 }
 
 /// The split tunnel, shared with the resolver's `on_resolved` hook (control plane only).
@@ -160,6 +187,15 @@ fn tcp_redirect(cfg: &ClientConfig, path: &VpnPath, v6: bool) -> Option<TcpRedir
         0
     };
     (cfg.vpn.tcp_redirect && (port4 != 0 || port6 != 0)).then_some(TcpRedirect { port4, port6 })
+}
+
+/// Lets go of a split tunnel whose enable failed later on: undone, or kept with `lockdown`.
+fn release(split: SplitTunnel, lockdown: bool) {
+    if lockdown {
+        split.keep();
+    } else if let Err(undo) = split.disable() {
+        tracing::warn!(error = %undo, "undoing the split tunnel after a failed enable was incomplete: the next start removes what is left");
+    }
 }
 
 fn classifier(cfg: &ClientConfig) -> MechanismChoice {
@@ -368,7 +404,7 @@ impl VpnManager {
             }
         });
         // the visible cgroup2 mount, or a private one when none is (under `ip netns exec`)
-        let mount = switchyard_split_tunnel::prepare_cgroup2(&self.data_dir)
+        let mount = switchyard_split_tunnel::prepare_cgroup2(&self.data_dir, vpn.lockdown)
             .map_err(|e| format!("split tunnel: {e}"))?;
         let scope = if vpn.scope_cgroup.is_empty() {
             mount.clone()
@@ -385,6 +421,7 @@ impl VpnManager {
         split_cfg.mechanism = classifier(cfg);
         split_cfg.dns = dns;
         split_cfg.tcp_redirect = tcp_redirect(cfg, path, v6.is_some());
+        split_cfg.lockdown = vpn.lockdown;
         let lan = host::lan_networks(name);
         let server_nets = server.map(host::server_addresses).unwrap_or_default();
         let rules = split_rules(&vpn.split, &server_nets, &lan);
@@ -446,9 +483,7 @@ impl VpnManager {
             Ok(p) => p,
             Err(e) => {
                 path.redirect_origins.store(None);
-                if let Err(undo) = split.disable() {
-                    tracing::warn!(error = %undo, "undoing the split tunnel after a failed enable was incomplete: the next start removes what is left");
-                }
+                release(split, vpn.lockdown);
                 return Err(format!("starting the TUN pump: {e}"));
             }
         };
@@ -462,8 +497,20 @@ impl VpnManager {
         })
     }
 
-    /// Takes everything down (from any phase); the VPN is `disabled` afterwards.
+    /// Takes everything down (from any phase); the VPN is `disabled` afterwards. An explicit
+    /// disable is the user's choice: it removes a lockdown's state too.
     pub async fn disable(&self) -> Result<(), String> {
+        self.take_down(false).await
+    }
+
+    /// The client stops (SIGTERM/SIGINT): with `lockdown` the split tunnel stays installed
+    /// (tunnelled apps have no network until the next start takes it over), else as
+    /// [`VpnManager::disable`].
+    pub async fn shutdown(&self, lockdown: bool) -> Result<(), String> {
+        self.take_down(lockdown).await
+    }
+
+    async fn take_down(&self, keep_split: bool) -> Result<(), String> {
         let mut active = self.active.lock().await;
         let result = match active.take() {
             Some(a) => {
@@ -474,10 +521,24 @@ impl VpnManager {
                 let pump = a.pump;
                 tokio::task::block_in_place(|| {
                     pump.stop();
-                    split.map_or(Ok(()), |s| s.disable().map_err(|e| e.to_string()))
+                    match split {
+                        Some(s) if keep_split => {
+                            s.keep();
+                            Ok(())
+                        }
+                        Some(s) => s.disable().map_err(|e| e.to_string()),
+                        None => Ok(()),
+                    }
                 })
                 // the device closes when `a._device` drops here
             }
+            // a lockdown's state kept from the previous run (startup_cleanup left it for the
+            // enable to take over): an explicit disable removes it too
+            None if !keep_split => tokio::task::block_in_place(|| {
+                switchyard_split_tunnel::recover(&self.data_dir)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
             None => Ok(()),
         };
         if let Some(path) = &self.path {
