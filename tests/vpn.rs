@@ -1264,23 +1264,7 @@ fn vpn_scenario(classifier: &str) {
         "while on: {:?}",
         topo.leftovers()
     );
-    sh(&format!("kill -TERM {}", restarted.pid()));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        match restarted.proc.proc.child.try_wait() {
-            Ok(Some(status)) => {
-                assert!(status.success(), "exit after SIGTERM: {status}");
-                break;
-            }
-            _ => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the client did not exit on SIGTERM"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
+    stop_client(&mut restarted);
     assert_eq!(
         topo.leftovers(),
         Vec::<String>::new(),

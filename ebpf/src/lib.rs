@@ -168,6 +168,28 @@ pub fn remove_link_pins(pin_dir: &Path) -> Result<usize, Error> {
     remove_pins_in(&links_dir(pin_dir))
 }
 
+/// Takes the pinned links under `pin_dir` off the file system but keeps them, and so their
+/// programs, attached until the returned links drop: a takeover attaches the new programs
+/// (pinned at the same paths) beside the old ones first, so no socket meets a hook without one.
+pub fn hold_link_pins(pin_dir: &Path) -> Result<Vec<FdLink>, Error> {
+    let dir = links_dir(pin_dir);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::Io(format!("read {}", dir.display()), e)),
+    };
+    let mut held = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let link = PinnedLink::from_pin(&path).map_err(|e| Error::Link("a pinned link", e))?;
+        held.push(
+            link.unpin()
+                .map_err(|e| Error::Io(format!("unpin {}", path.display()), e))?,
+        );
+    }
+    Ok(held)
+}
+
 /// Removes the pinned maps under `pin_dir` (attached programs keep theirs), so that the next
 /// [`SplitTunnelProgram::load`] creates empty ones.
 pub fn remove_map_pins(pin_dir: &Path) -> Result<usize, Error> {
@@ -324,8 +346,9 @@ impl SplitTunnelProgram {
         })
     }
 
-    /// Attaches the loaded programs to the cgroup directory `scope` (one program per hook: the
-    /// hooks must be free, see [`remove_link_pins`]) and the exec hooks, pinning every link.
+    /// Attaches the loaded programs to the cgroup directory `scope` (beside any others there; the
+    /// link pins must be free, see [`remove_link_pins`] and [`hold_link_pins`]) and the exec
+    /// hooks, pinning every link.
     pub fn attach_to(&mut self, scope: &Path) -> Result<(), Error> {
         let links = links_dir(&self.pin_dir);
         std::fs::create_dir_all(&links)
@@ -346,6 +369,8 @@ impl SplitTunnelProgram {
                     .try_into()
                     .map_err(wrap)?;
                 prog.load().map_err(wrap)?;
+                // attached as a link (the kernel makes cgroup links "multi": a lockdown takeover
+                // runs the new program beside the old one for a moment, see [`hold_link_pins`])
                 let id = prog
                     .attach(&cgroup, CgroupAttachMode::Single)
                     .map_err(wrap)?;

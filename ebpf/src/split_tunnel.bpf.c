@@ -373,6 +373,11 @@ static __always_inline int redirect_tcp4(struct bpf_sock_addr *ctx, const struct
 {
 	if (ctx->protocol != IPPROTO_TCP || cfg->tcp_redirect4_port == 0 || bound_to_device(ctx))
 		return 0;
+	// a loopback destination is never redirected: among others the target of an older
+	// instance of these programs that ran first (a lockdown takeover attaches the new
+	// programs beside the old ones before removing those)
+	if ((bpf_ntohl(ctx->user_ip4) >> 24) == 127)
+		return 0;
 	struct orig_dst orig = {};
 	orig_of4(ctx, &orig);
 	if (!remember_tcp_orig(ctx, &orig))
@@ -485,6 +490,10 @@ static __always_inline int redirect_tcp6(struct bpf_sock_addr *ctx, const struct
 	struct orig_dst orig = {};
 	orig_of6(ctx, &orig);
 	int mapped = is_v4_mapped(orig.addr);
+	// loopback (::1, ::ffff:127.0.0.0/104) is never redirected, as in redirect_tcp4
+	if (mapped ? (bpf_ntohl(orig.addr[3]) >> 24) == 127
+		   : (orig.addr[0] | orig.addr[1] | orig.addr[2]) == 0 && orig.addr[3] == bpf_htonl(1))
+		return 0;
 	__u16 port = mapped ? cfg->tcp_redirect4_port : cfg->tcp_redirect6_port;
 	if (port == 0 || bound_to_device(ctx) || !remember_tcp_orig(ctx, &orig))
 		return 0;

@@ -622,10 +622,12 @@ impl SplitTunnel {
     }
 
     /// The previous run's programs keep classifying until the new ones replace them: the new
-    /// programs load with fresh maps, the maps are filled by the rules, and only then are the
-    /// old links unpinned (their programs detach) and the new ones attached — a few `bpf(2)`
-    /// calls apart (the cgroup hooks take one program each). A failure before the swap leaves
-    /// the old programs attached.
+    /// programs load with fresh maps, the maps are filled by the rules, the old links leave the
+    /// file system but stay attached while the new ones attach beside them (each hook runs
+    /// both for a moment: the same marks; a TCP connect the old program already sent to loopback
+    /// is not redirected again and finds no record: reset), then the old ones detach. A failure
+    /// before the attach leaves the old programs attached; a failed attach drops them too (the
+    /// VPN reports the error).
     fn take_over_ebpf(&mut self, dir: &Path) -> Result<Classifier, Error> {
         switchyard_ebpf::remove_map_pins(dir)?;
         let program = SplitTunnelProgram::load(dir, &self.classifier_config())?;
@@ -636,8 +638,10 @@ impl SplitTunnel {
         else {
             unreachable!("set just above");
         };
-        switchyard_ebpf::remove_link_pins(dir)?;
+        // the old links leave the file system but stay attached until the new ones are
+        let old = switchyard_ebpf::hold_link_pins(dir)?;
         program.attach_to(&self.config.scope_cgroup)?;
+        drop(old);
         Ok(Classifier::Ebpf(program, installed))
     }
 
