@@ -1091,6 +1091,7 @@ fn bulk_upload_through_the_vpn(topo: &Topo, client: &Client, classifier: &str) {
             "{bytes} bytes of a redirected upload crossed the TUN"
         );
         assert_eq!(redirected, 1, "flows redirected past the TUN");
+        a_direct_connection_to_the_redirect_listener_is_reset(topo, client);
     } else {
         assert!(bytes >= BULK as u64, "{bytes} bytes crossed the TUN");
         assert!(
@@ -1104,6 +1105,58 @@ fn bulk_upload_through_the_vpn(topo: &Topo, client: &Client, classifier: &str) {
         sent - sent_before >= BULK as u64,
         "the status counted {} bytes sent",
         sent - sent_before
+    );
+}
+
+/// A hostile local caller — any process, or a web page the browser fetches from loopback —
+/// connects straight to the client's redirect listener (a privileged loopback port): no record
+/// of the classifier names a destination for it, so it is reset and relayed nowhere.
+fn a_direct_connection_to_the_redirect_listener_is_reset(topo: &Topo, client: &Client) {
+    let listening = sh(&format!(
+        "ip netns exec {} ss -Hltnp 'sport >= :900 and sport <= :1023'",
+        topo.lan
+    ));
+    let port = listening
+        .lines()
+        .filter(|l| l.contains("switchyard") && l.contains("127.0.0.1:"))
+        .find_map(|l| {
+            l.split_whitespace()
+                .nth(3)?
+                .rsplit(':')
+                .next()?
+                .parse::<u16>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no redirect listener on a privileged port: {listening}"));
+    let redirected = || {
+        client.ok("GET", "/api/v1/vpn/status", None)["tcp_redirected"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let before = redirected();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &topo.lan, "curl", "-sS", "-m", "5"])
+        .args([
+            "-H",
+            "Host: 10.211.9.2:8080",
+            "-H",
+            "Origin: http://evil.example",
+        ])
+        .arg(format!("http://127.0.0.1:{port}/"))
+        .output()
+        .expect("curl");
+    // the reset may reach curl before its connect completes (7), or after (52, 56); a
+    // timeout (28) or an answer would be wrong
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        matches!(out.status.code(), Some(7 | 52 | 56)),
+        "a direct connection to the redirect listener on {port}: {:?} {said}",
+        out.status.code()
+    );
+    assert_eq!(
+        redirected(),
+        before,
+        "a direct connection counted as redirected"
     );
 }
 

@@ -249,9 +249,18 @@ fn bind_redirect(
     ip: IpAddr,
     cores: usize,
 ) -> Result<(Vec<Socket>, ListenSpec, SocketAddr), DataplaneError> {
-    let free = REDIRECT_PORTS
-        .rev()
-        .find(|&port| std::net::TcpListener::bind(SocketAddr::new(ip, port)).is_ok());
+    let mut free = None;
+    for port in REDIRECT_PORTS.rev() {
+        match std::net::TcpListener::bind(SocketAddr::new(ip, port)) {
+            Ok(_) => {
+                free = Some(port);
+                break;
+            }
+            // not allowed to bind a privileged port: no other one will do either
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => break,
+            Err(_) => {}
+        }
+    }
     if let Some(port) = free {
         if let Ok(bound) = bind_per_core(ListenSpec { ip: Some(ip), port }, cores, false) {
             return Ok(bound);

@@ -66,7 +66,14 @@ impl FlowOrigins {
         if rc != 0 {
             let error = std::io::Error::last_os_error();
             if error.raw_os_error() != Some(libc::ENOENT) {
-                tracing::debug!(%client, %error, "sy_tcp_flows lookup-and-delete failed");
+                // every redirected flow would be reset: the operator must see why (once)
+                static WARNED: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(%client, %error, "sy_tcp_flows lookup-and-delete failed (needs Linux 5.14): redirected TCP flows are reset; set vpn.tcp_redirect: false");
+                } else {
+                    tracing::debug!(%client, %error, "sy_tcp_flows lookup-and-delete failed");
+                }
             }
             return None;
         }

@@ -47,7 +47,7 @@ pub mod vnet;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::AtomicU16;
 use std::sync::Arc;
 
@@ -85,21 +85,9 @@ pub struct VpnPath {
     /// plane at start; 0 = none).
     pub redirect_port4: AtomicU16,
     pub redirect_port6: AtomicU16,
-    /// Where the redirected connections were going; set while the eBPF classifier runs.
-    pub redirect_origins: ArcSwapOption<Box<dyn RedirectOrigins>>,
-}
-
-/// The classifier's record of redirected TCP connections: the original destination of the
-/// connection whose client (the accepted socket's peer) is `client`, handed out once. Called on
-/// the data-plane cores: it must not block nor take a lock the control plane holds.
-pub trait RedirectOrigins: Send + Sync {
-    fn take(&self, client: SocketAddr) -> Option<SocketAddr>;
-}
-
-impl RedirectOrigins for switchyard_ebpf::FlowOrigins {
-    fn take(&self, client: SocketAddr) -> Option<SocketAddr> {
-        switchyard_ebpf::FlowOrigins::take(self, client)
-    }
+    /// Where the redirected connections were going (the classifier's map; a core takes an
+    /// entry with one `bpf(2)` call, no lock); set while the eBPF classifier runs.
+    pub redirect_origins: ArcSwapOption<switchyard_ebpf::FlowOrigins>,
 }
 
 /// The TUN's IPv6 side: translated IPv6 flows come from `gateway` to listeners on `tun_ip`.

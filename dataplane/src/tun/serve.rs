@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 /// Ends a flow that cannot be served with a reset: the application sees its connection refused
 /// at once (fail closed: an IPv6 flow the server leg cannot carry never goes anywhere else).
@@ -42,7 +43,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Rc<CoreConte
     };
     // the flow's client is the application, not the NAT address the kernel shows
     let app = vpn.nat.app(peer.port()).unwrap_or(peer);
-    serve_flow(stream, app, dst, false, ctx).await;
+    serve_flow(stream, app, dst, false, vpn, ctx).await;
 }
 
 /// A connection the eBPF classifier redirected to a loopback listener: `peer` is the
@@ -63,7 +64,7 @@ pub(crate) async fn serve_redirected(stream: TcpStream, peer: SocketAddr, ctx: R
         return;
     };
     vpn.stats.redirected_tcp.fetch_add(1, Relaxed);
-    serve_flow(stream, peer, dst, true, ctx).await;
+    serve_flow(stream, peer, dst, true, vpn, ctx).await;
 }
 
 /// Routes and relays one tunnelled flow from application `app` to `dst`. `past_tun`: its bytes
@@ -73,11 +74,9 @@ async fn serve_flow(
     app: SocketAddr,
     dst: SocketAddr,
     past_tun: bool,
+    vpn: Arc<super::VpnPath>,
     ctx: Rc<CoreContext>,
 ) {
-    let Some(vpn) = ctx.vpn.clone() else {
-        return;
-    };
     let ip = dst.ip().to_string();
     // route by the name the application resolved when the resolver saw it, else by address;
     // the dial always goes to the address the application chose

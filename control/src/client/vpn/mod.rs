@@ -34,7 +34,7 @@ use switchyard_config::client::{ClientServerConfig, ServerProtocol};
 use switchyard_dataplane::events::Protocol;
 use switchyard_dataplane::live::LiveTable;
 use switchyard_dataplane::tun::{
-    NatAddresses, NatAddresses6, RedirectOrigins, Translator, TunPump, UdpNat, VpnPath,
+    NatAddresses, NatAddresses6, Translator, TunPump, UdpNat, VpnPath,
 };
 use switchyard_dataplane::SnapshotHandle;
 use switchyard_split_tunnel::exec_watch::ExecStats;
@@ -429,11 +429,8 @@ impl VpnManager {
             SplitTunnel::start(split_cfg, rules).map_err(|e| format!("split tunnel: {e}"))?;
         // the listeners serve redirected flows from now on (the programs are attached: a
         // connection may already be waiting)
-        path.redirect_origins.store(
-            split
-                .flow_origins()
-                .map(|o| Arc::new(Box::new(o) as Box<dyn RedirectOrigins>)),
-        );
+        path.redirect_origins
+            .store(split.flow_origins().map(Arc::new));
         let translator = Translator::new(
             NatAddresses {
                 tun_ip: path.tun_ip,
