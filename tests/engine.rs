@@ -191,7 +191,7 @@ fn the_core_count_follows_the_cgroup_cpu_quota() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = config(dir.path(), "");
     // The shell moves itself into the cgroup, then becomes the server.
-    let mut child = Command::new("sh")
+    let child = Command::new("sh")
         .arg("-c")
         .arg(r#"echo $$ > "$1/cgroup.procs" && shift && exec "$@""#)
         .arg("sh")
@@ -204,6 +204,21 @@ fn the_core_count_follows_the_cgroup_cpu_quota() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
+    let (proc, decided, log) = wait_until_started(child);
+    drop(proc);
+    let decided = decided.unwrap_or_else(|| panic!("no core decision logged:\n{log}"));
+    assert_eq!(decided["cores"], 1, "{decided}");
+    let reason = decided["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("quota") && reason.contains("sygw2-engine"),
+        "{decided}"
+    );
+    assert!(log.contains("data plane started"), "{log}");
+}
+
+/// Reads the server's JSON log until "data plane started" (or 100 kB); returns the process, the
+/// fields of its "data-plane cores decided" line and the log read.
+fn wait_until_started(mut child: std::process::Child) -> (Proc, Option<serde_json::Value>, String) {
     let stderr = child.stderr.take().expect("stderr");
     let proc = Proc {
         child,
@@ -224,15 +239,89 @@ fn the_core_count_follows_the_cgroup_cpu_quota() {
             break;
         }
     }
-    drop(proc);
-    let decided = decided.unwrap_or_else(|| panic!("no core decision logged:\n{log}"));
-    assert_eq!(decided["cores"], 1, "{decided}");
-    let reason = decided["reason"].as_str().unwrap_or_default();
-    assert!(
-        reason.contains("quota") && reason.contains("sygw2-engine"),
-        "{decided}"
+    (proc, decided, log)
+}
+
+/// `Cpus_allowed_list` of the data-plane threads of `pid`, by core index (glommio names a core's
+/// threads `dataplane-{index}-{executor id}`: the executor's and its blocking pool's).
+fn data_plane_affinity(pid: u32) -> Vec<(usize, String)> {
+    let mut cores = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks");
+    for task in tasks.map_while(Result::ok) {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let Some(index) = comm
+            .trim()
+            .strip_prefix("dataplane-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|i| i.parse().ok())
+        else {
+            continue;
+        };
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let allowed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|l| l.trim().to_owned())
+            .unwrap_or_default();
+        cores.push((index, allowed));
+    }
+    cores.sort();
+    cores.dedup();
+    cores
+}
+
+/// Two servers on one box, each given one core (`server.cores: 1`; a client beside a server on a
+/// gateway is the same): before, each pinned its core to the first CPU of its mask, so both
+/// shared CPU 0 while CPU 1 idled. A plan that takes only part of the mask pins nothing (the
+/// thread may run on every CPU of the mask); one that takes the whole mask pins a core to each.
+#[test]
+fn a_data_plane_given_part_of_the_cpus_is_not_pinned_to_the_first() {
+    let own = std::fs::read_to_string("/proc/self/status").expect("status");
+    let mask = own
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|l| l.trim().to_owned())
+        .expect("Cpus_allowed_list");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        support::skip_unless_ci("one CPU: nothing to choose between");
+        return;
+    }
+    let start = |dir: &Path, extra: &str| {
+        let child = Command::new(BIN)
+            .args(["server", "--config"])
+            .arg(config(dir, extra))
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        wait_until_started(child)
+    };
+    let (one_dir, all_dir) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
     );
-    assert!(log.contains("data plane started"), "{log}");
+    let (one, one_decided, one_log) = start(one_dir.path(), "  cores: 1\n");
+    let (all, all_decided, all_log) = start(all_dir.path(), "");
+    assert!(one_log.contains("data plane started"), "{one_log}");
+    assert!(all_log.contains("data plane started"), "{all_log}");
+    let one_affinity = data_plane_affinity(one.child.id());
+    let all_affinity = data_plane_affinity(all.child.id());
+    drop((one, all));
+    assert_eq!(
+        one_affinity,
+        vec![(0, mask.clone())],
+        "one core of {cpus}: unpinned; {one_decided:?}"
+    );
+    assert_eq!(all_affinity.len(), cpus, "{all_affinity:?} {all_decided:?}");
+    let mut pinned: Vec<&str> = all_affinity.iter().map(|(_, cpu)| cpu.as_str()).collect();
+    assert!(
+        pinned.iter().all(|cpu| cpu.parse::<usize>().is_ok()),
+        "every core of the whole mask pinned to one CPU: {all_affinity:?}"
+    );
+    pinned.dedup();
+    assert_eq!(pinned.len(), cpus, "{all_affinity:?}");
 }
 
 /// Issue 14 (idle RSS): once the server is up it gives back the code pages start-up mapped

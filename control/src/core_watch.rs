@@ -13,6 +13,7 @@ use crate::systemd_notify::Notifier;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_dataplane::core_health::{CoreHealth, CoreState};
+use switchyard_dataplane::cores::CpuLabel;
 
 /// A change the tracker saw between two looks.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,11 +21,11 @@ pub enum StallChange {
     /// The core is up but silent past the threshold.
     Began {
         index: usize,
-        cpu: usize,
+        cpu: Option<usize>,
         silent_for: Duration,
     },
     /// It beats again (or went down, which the supervisor reports on its own).
-    Ended { index: usize, cpu: usize },
+    Ended { index: usize, cpu: Option<usize> },
 }
 
 #[derive(Debug, Default)]
@@ -85,13 +86,13 @@ pub async fn run(health: Arc<CoreHealth>, notifier: Arc<Notifier>, serving_statu
                     health.count_stall(index);
                     tracing::warn!(
                         core = index,
-                        cpu,
+                        cpu = %CpuLabel(cpu),
                         silent_for_secs = silent_for.as_secs_f64(),
                         "data-plane core not responding (no heartbeat); the systemd watchdog is no longer fed"
                     );
                 }
                 StallChange::Ended { index, cpu } => {
-                    tracing::info!(core = index, cpu, "data-plane core responding again");
+                    tracing::info!(core = index, cpu = %CpuLabel(cpu), "data-plane core responding again");
                 }
             }
         }
@@ -118,7 +119,7 @@ mod tests {
     fn core(index: usize, up: bool, silent_ms: u64) -> CoreState {
         CoreState {
             index,
-            cpu: index + 4,
+            cpu: Some(index + 4),
             up,
             failures: 0,
             last_failure: None,
@@ -140,7 +141,7 @@ mod tests {
             changes,
             vec![StallChange::Began {
                 index: 1,
-                cpu: 5,
+                cpu: Some(5),
                 silent_for: Duration::from_millis(3100)
             }]
         );
@@ -153,7 +154,10 @@ mod tests {
         // it beats again: one Ended
         assert_eq!(
             t.observe(&[core(0, true, 100), core(1, true, 10)]),
-            vec![StallChange::Ended { index: 1, cpu: 5 }]
+            vec![StallChange::Ended {
+                index: 1,
+                cpu: Some(5)
+            }]
         );
         assert!(!t.any_stalled());
         // a second stall is a second Began
@@ -176,7 +180,10 @@ mod tests {
         assert!(t.any_stalled());
         assert_eq!(
             t.observe(&[core(0, false, threshold + 500)]),
-            vec![StallChange::Ended { index: 0, cpu: 4 }]
+            vec![StallChange::Ended {
+                index: 0,
+                cpu: Some(4)
+            }]
         );
     }
 }

@@ -484,7 +484,7 @@ mod tests {
             core_states: vec![
                 switchyard_dataplane::core_health::CoreState {
                     index: 0,
-                    cpu: 0,
+                    cpu: Some(0),
                     up: true,
                     failures: 0,
                     last_failure: None,
@@ -493,7 +493,7 @@ mod tests {
                 },
                 switchyard_dataplane::core_health::CoreState {
                     index: 1,
-                    cpu: 1,
+                    cpu: None,
                     up: false,
                     failures: 2,
                     last_failure: Some("panicked".into()),

@@ -12,6 +12,7 @@
 //! Reads are atomics; the last failure reason sits behind a mutex that only the supervisor and
 //! API readers take, so no core ever waits on it.
 
+use crate::cores::CpuLabel;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,7 +44,8 @@ struct CoreSlot {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoreState {
     pub index: usize,
-    pub cpu: usize,
+    /// The CPU the core is pinned to (`None`: unpinned).
+    pub cpu: Option<usize>,
     pub up: bool,
     pub failures: u64,
     pub last_failure: Option<String>,
@@ -68,16 +70,16 @@ impl CoreState {
     pub fn problem(&self) -> Option<String> {
         if !self.up {
             Some(format!(
-                "data-plane core {} (cpu {}) is down: {}",
+                "data-plane core {} ({}) is down: {}",
                 self.index,
-                self.cpu,
+                CpuLabel(self.cpu),
                 self.last_failure.as_deref().unwrap_or("not started")
             ))
         } else if self.stalled() {
             Some(format!(
-                "data-plane core {} (cpu {}) not responding for {:.1} s",
+                "data-plane core {} ({}) not responding for {:.1} s",
                 self.index,
-                self.cpu,
+                CpuLabel(self.cpu),
                 self.silent_for.as_secs_f64()
             ))
         } else {
@@ -88,14 +90,14 @@ impl CoreState {
 
 #[derive(Debug)]
 pub struct CoreHealth {
-    cpus: Vec<usize>,
+    cpus: Vec<Option<usize>>,
     epoch: Instant,
     slots: Box<[CachePadded<CoreSlot>]>,
 }
 
 impl CoreHealth {
     /// Every core starts down until it reports ready.
-    pub fn new(cpus: &[usize]) -> Self {
+    pub fn new(cpus: &[Option<usize>]) -> Self {
         Self {
             cpus: cpus.to_vec(),
             epoch: Instant::now(),
@@ -180,7 +182,7 @@ mod tests {
 
     #[test]
     fn down_until_ready_and_failures_are_kept() {
-        let h = CoreHealth::new(&[2, 3]);
+        let h = CoreHealth::new(&[Some(2), Some(3)]);
         assert_eq!(h.problems().len(), 2);
         h.mark_up(0);
         h.mark_up(1);
@@ -201,7 +203,7 @@ mod tests {
 
     #[test]
     fn a_core_silent_past_the_threshold_is_stalled_until_it_beats_again() {
-        let h = CoreHealth::new(&[0, 1]);
+        let h = CoreHealth::new(&[Some(0), None]);
         let start = h.epoch;
         h.mark_up(0);
         h.mark_up(1);
@@ -227,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_core_that_is_down_is_reported_down_not_stalled() {
-        let h = CoreHealth::new(&[5]);
+        let h = CoreHealth::new(&[Some(5)]);
         h.mark_up(0);
         h.mark_failed(0, "panicked: x");
         let s = &h.states_at(h.epoch + Duration::from_secs(60))[0];

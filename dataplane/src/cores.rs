@@ -4,6 +4,13 @@
 //! [`CorePlan`] sizes the executors, the per-core counters and the live tables, and is logged with
 //! its reason, so a container limited to 1.5 CPUs on a 64-CPU host runs 2 cores, not 64.
 //!
+//! Pinning: when the plan takes every CPU of the mask (a dedicated box, or a mask the operator
+//! set with `taskset` or systemd's `CPUAffinity=`), each executor is pinned to one of them. When
+//! it takes only some (`server.cores` below the mask, or a cgroup quota), nothing says *which*
+//! CPUs are free: pinning to the first ones would put every such process on the host — a
+//! server and a client on one gateway, ten containers each given 1.5 CPUs — on CPU 0 and 1, so
+//! those executors run unpinned and the kernel places them within the mask.
+//!
 //! A data-plane thread also records which core it runs ([`current`]), so that tables with a
 //! slot per core can pick theirs without every caller passing its core along.
 //!
@@ -16,10 +23,25 @@ use std::path::{Path, PathBuf};
 /// The cores the data plane runs on and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CorePlan {
-    /// CPU ids, one executor pinned to each; never empty.
-    pub cpus: Vec<usize>,
+    /// One entry per executor: the CPU it is pinned to, or `None` where the kernel places it
+    /// within the affinity mask (the plan takes only part of the mask). Never empty; either
+    /// every executor is pinned or none is.
+    pub cpus: Vec<Option<usize>>,
     /// Human-readable reason for the count (logged at start).
     pub reason: String,
+}
+
+/// An executor's CPU in words: `cpu 3`, or `unpinned`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuLabel(pub Option<usize>);
+
+impl std::fmt::Display for CpuLabel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(cpu) => write!(f, "cpu {cpu}"),
+            None => f.write_str("unpinned"),
+        }
+    }
 }
 
 thread_local! {
@@ -191,7 +213,8 @@ pub fn tightest_quota(
 }
 
 /// Decides the plan: `configured` cores (`server.cores`, 0 = automatic) taken from `allowed`
-/// (the affinity mask), otherwise as many as both the mask and the quota allow.
+/// (the affinity mask), otherwise as many as both the mask and the quota allow; pinned one to a
+/// CPU only when the plan takes the whole mask (see the module's notes).
 pub fn decide(
     allowed: &[usize],
     quota: Option<(CpuQuota, PathBuf)>,
@@ -202,39 +225,80 @@ pub fn decide(
     } else {
         allowed.to_vec()
     };
-    let take = |n: usize| allowed.iter().copied().take(n.max(1)).collect::<Vec<_>>();
-    if configured > 0 {
-        let cpus = take(configured);
-        let reason = if cpus.len() < configured {
-            format!(
-                "server.cores asks for {configured}, the affinity mask allows {}",
-                allowed.len()
+    let (count, reason) = if configured > 0 {
+        if configured > allowed.len() {
+            (
+                allowed.len(),
+                format!(
+                    "server.cores asks for {configured}, the affinity mask allows {}",
+                    allowed.len()
+                ),
             )
         } else {
-            format!("server.cores: {configured}")
-        };
-        return CorePlan { cpus, reason };
-    }
-    match quota {
-        Some((q, dir)) if q.cores() < allowed.len() => CorePlan {
-            cpus: take(q.cores()),
-            reason: format!(
-                "cgroup CPU quota {}/{} µs ({}) allows {} of {} CPUs in the affinity mask",
-                q.quota,
-                q.period,
-                dir.display(),
+            (configured, format!("server.cores: {configured}"))
+        }
+    } else {
+        match quota {
+            Some((q, dir)) if q.cores() < allowed.len() => (
                 q.cores(),
-                allowed.len()
+                format!(
+                    "cgroup CPU quota {}/{} µs ({}) allows {} of {} CPUs in the affinity mask",
+                    q.quota,
+                    q.period,
+                    dir.display(),
+                    q.cores(),
+                    allowed.len()
+                ),
             ),
-        },
-        _ => CorePlan {
+            _ => (
+                allowed.len(),
+                format!(
+                    "{} CPUs in the affinity mask, no tighter cgroup CPU quota",
+                    allowed.len()
+                ),
+            ),
+        }
+    };
+    let count = count.max(1);
+    if count >= allowed.len() {
+        CorePlan {
+            cpus: allowed.into_iter().map(Some).collect(),
+            reason: format!("{reason}; one pinned to each CPU"),
+        }
+    } else {
+        CorePlan {
+            cpus: vec![None; count],
             reason: format!(
-                "{} CPUs in the affinity mask, no tighter cgroup CPU quota",
-                allowed.len()
+                "{reason}; unpinned, the kernel places them on CPUs {}",
+                cpu_list(&allowed)
             ),
-            cpus: allowed,
-        },
+        }
     }
+}
+
+/// `0-3,6` style, as `taskset` and `/proc/*/status` print CPU lists.
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut sorted = cpus.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    for cpu in sorted {
+        match ranges.last_mut() {
+            Some((_, end)) if *end + 1 == cpu => *end = cpu,
+            _ => ranges.push((cpu, cpu)),
+        }
+    }
+    ranges
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl CorePlan {
@@ -354,20 +418,37 @@ mod tests {
                 PathBuf::from("/cg"),
             ))
         };
+        let pinned = |cpus: &[usize]| cpus.iter().copied().map(Some).collect::<Vec<_>>();
         let plan = decide(&[0, 1, 2, 3], quota(150_000, 100_000), 0);
-        assert_eq!(plan.cpus, vec![0, 1]);
+        assert_eq!(plan.cpus, vec![None, None]);
         assert!(plan.reason.contains("quota"), "{}", plan.reason);
-        assert_eq!(decide(&[0, 1], quota(800_000, 100_000), 0).cpus, vec![0, 1]);
-        assert_eq!(decide(&[2, 3], None, 0).cpus, vec![2, 3]);
-        assert_eq!(decide(&[0, 1, 2, 3], quota(1, 100_000), 0).cpus, vec![0]);
+        assert!(plan.reason.contains("CPUs 0-3"), "{}", plan.reason);
+        assert_eq!(
+            decide(&[0, 1], quota(800_000, 100_000), 0).cpus,
+            pinned(&[0, 1])
+        );
+        assert_eq!(decide(&[2, 3], None, 0).cpus, pinned(&[2, 3]));
+        assert_eq!(decide(&[0, 1, 2, 3], quota(1, 100_000), 0).cpus, vec![None]);
         // The operator's choice wins over the quota, within the mask.
         assert_eq!(
             decide(&[0, 1, 2, 3], quota(100_000, 100_000), 3).cpus,
-            vec![0, 1, 2]
+            vec![None; 3]
         );
         let capped = decide(&[0, 1], None, 8);
-        assert_eq!(capped.cpus, vec![0, 1]);
+        assert_eq!(capped.cpus, pinned(&[0, 1]));
         assert!(capped.reason.contains("affinity"), "{}", capped.reason);
-        assert_eq!(decide(&[], None, 0).cpus, vec![0]);
+        assert_eq!(decide(&[5], None, 1).cpus, pinned(&[5]));
+        assert_eq!(decide(&[], None, 0).cpus, pinned(&[0]));
+    }
+
+    /// Two processes given one core each on a two-CPU box (a server and a client on one
+    /// gateway) must not both be pinned to CPU 0: nothing pins them, the kernel spreads them.
+    #[test]
+    fn a_plan_that_takes_part_of_the_mask_pins_nothing() {
+        let first = decide(&[0, 1], None, 1);
+        assert_eq!(first.cpus, vec![None]);
+        assert!(first.reason.contains("unpinned"), "{}", first.reason);
+        assert!(first.reason.contains("CPUs 0-1"), "{}", first.reason);
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 6, 8, 9]), "0-3,6,8-9");
     }
 }

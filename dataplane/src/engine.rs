@@ -20,7 +20,7 @@
 
 use crate::commands::{CommandReceiver, CommandSender};
 use crate::core_health::CoreHealth;
-use crate::cores::CorePlan;
+use crate::cores::{CorePlan, CpuLabel};
 use crate::counters::Counters;
 use crate::error::DataplaneError;
 use crate::events::{EventQueue, RequestQueue};
@@ -79,7 +79,8 @@ pub struct Dataplane {
     pub requests: Arc<RequestQueue>,
     pub live: Arc<LiveTable>,
     pub commands: CommandSender,
-    pub cores: Vec<usize>,
+    /// The CPU of each core (`None`: unpinned).
+    pub cores: Vec<Option<usize>>,
     /// Up/down state and failures of each core.
     pub core_health: Arc<CoreHealth>,
     pub http_addr: Option<SocketAddr>,
@@ -392,7 +393,7 @@ impl CoreSeed {
     fn spawn(
         &self,
         index: usize,
-        cpu: usize,
+        cpu: Option<usize>,
         listeners: CoreListeners,
         reports: std::sync::mpsc::Sender<CoreReport>,
     ) -> Result<glommio::ExecutorJoinHandle<()>, DataplaneError> {
@@ -405,7 +406,11 @@ impl CoreSeed {
         } else {
             64 << 10
         };
-        LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        let placement = match cpu {
+            Some(cpu) => Placement::Fixed(cpu),
+            None => Placement::Unbound,
+        };
+        LocalExecutorBuilder::new(placement)
             .name(&format!("dataplane-{index}"))
             .io_memory(io_memory)
             .ring_depth(512)
@@ -479,7 +484,7 @@ impl CoreSeed {
                     t.await;
                 }
             })
-            .map_err(|e| DataplaneError::Start(format!("glommio executor on cpu {cpu}: {e}")))
+            .map_err(|e| DataplaneError::Start(format!("glommio executor ({}): {e}", CpuLabel(cpu))))
     }
 
     /// Fresh listeners for a restarted core, on the ports the data plane already serves.
@@ -512,7 +517,7 @@ impl CoreSeed {
     fn supervise(
         self,
         index: usize,
-        cpu: usize,
+        cpu: Option<usize>,
         mut handle: glommio::ExecutorJoinHandle<()>,
         mut guards: Vec<Socket>,
         started: Arc<AtomicBool>,
@@ -529,10 +534,11 @@ impl CoreSeed {
                 let _ = reports.send(CoreReport::Failed(index, reason));
                 return;
             }
-            tracing::error!(core = index, cpu, reason = %reason, "data-plane core stopped; its listeners are closed");
+            let cpu_label = CpuLabel(cpu);
+            tracing::error!(core = index, cpu = %cpu_label, reason = %reason, "data-plane core stopped; its listeners are closed");
             restarts += 1;
             if restarts > MAX_RESTARTS {
-                tracing::error!(core = index, cpu, restarts = MAX_RESTARTS,
+                tracing::error!(core = index, cpu = %cpu_label, restarts = MAX_RESTARTS,
                     "data-plane core keeps failing; exiting so the service manager restarts the server");
                 std::process::exit(70);
             }
@@ -560,7 +566,7 @@ impl CoreSeed {
                 Ok((h, kept)) => {
                     tracing::warn!(
                         core = index,
-                        cpu,
+                        cpu = %cpu_label,
                         restart = restarts,
                         "data-plane core restarted"
                     );
@@ -568,7 +574,7 @@ impl CoreSeed {
                     guards = kept;
                 }
                 Err(e) => {
-                    tracing::error!(core = index, cpu, error = %e, "cannot restart a data-plane core; exiting");
+                    tracing::error!(core = index, cpu = %cpu_label, error = %e, "cannot restart a data-plane core; exiting");
                     std::process::exit(70);
                 }
             }
@@ -797,7 +803,7 @@ impl Dataplane {
 /// Waits until every core reported ready; the first failure (or silence) is the error.
 fn wait_for_cores(
     reports: &std::sync::mpsc::Receiver<CoreReport>,
-    cores: &[usize],
+    cores: &[Option<usize>],
 ) -> Result<(), DataplaneError> {
     let deadline = std::time::Instant::now() + START_TIMEOUT;
     let mut ready = 0;
@@ -807,8 +813,8 @@ fn wait_for_cores(
             Ok(CoreReport::Ready) => ready += 1,
             Ok(CoreReport::Failed(index, reason)) => {
                 return Err(DataplaneError::Start(format!(
-                    "data-plane core {index} (cpu {}) failed to start: {reason}",
-                    cores.get(index).copied().unwrap_or_default()
+                    "data-plane core {index} ({}) failed to start: {reason}",
+                    CpuLabel(cores.get(index).copied().flatten())
                 )))
             }
             Err(_) => {
@@ -1128,7 +1134,7 @@ mod tests {
             Arc::new(arc_swap::ArcSwap::from_pointee(snapshot)),
             DataplaneOptions {
                 plan: CorePlan {
-                    cpus: vec![cpu],
+                    cpus: vec![Some(cpu)],
                     reason: "test".into(),
                 },
                 http: Some(ListenSpec {
