@@ -189,9 +189,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
     let out = std::fs::canonicalize(&args.out)?;
     let nofile = procs::raise_nofile();
-    let tmp = tempfile::Builder::new()
+    let mut tmp = tempfile::Builder::new()
         .prefix("switchyard-bench-")
         .tempdir()?;
+    // The programs' logs and configurations, kept for a look after the run when asked.
+    if std::env::var_os("SWITCHYARD_BENCH_KEEP").is_some() {
+        tmp.disable_cleanup(true);
+        eprintln!("SWITCHYARD_BENCH_KEEP: logs stay in {}", tmp.path().display());
+    }
     let env = peers::Env {
         dir: tmp.path().to_path_buf(),
         cpus,
