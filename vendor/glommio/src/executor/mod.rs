@@ -1493,6 +1493,14 @@ impl LocalExecutor {
                         // test again here. We can't test *just* here because the main
                         // future is probably the one setting up the task queues and etc.
                         break t.unwrap();
+                    } else if !this.queues.borrow().active_executors.is_empty() {
+                        // [switchyard] `run_task_queues` also returns false, having run
+                        // nothing, when a preemption signal is already pending as it starts
+                        // (a completion on the latency ring); a task woken from another
+                        // thread may then be queued and not yet run. Parking now would
+                        // sleep with it queued until the next timer or I/O (PATCHES.md 14):
+                        // go round again instead.
+                        pre_time = Instant::now();
                     } else {
                         while !this.reactor.spin_poll_io().unwrap() {
                             if pre_time.elapsed() > spin_before_park {
