@@ -195,7 +195,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // The programs' logs and configurations, kept for a look after the run when asked.
     if std::env::var_os("SWITCHYARD_BENCH_KEEP").is_some() {
         tmp.disable_cleanup(true);
-        eprintln!("SWITCHYARD_BENCH_KEEP: logs stay in {}", tmp.path().display());
+        eprintln!(
+            "SWITCHYARD_BENCH_KEEP: logs stay in {}",
+            tmp.path().display()
+        );
     }
     let env = peers::Env {
         dir: tmp.path().to_path_buf(),
