@@ -127,7 +127,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     // Decided once, from the affinity mask, the cgroup CPU quota and server.cores: the same
     // number sizes the executors, the per-core counters and the live tables.
     let plan = switchyard_dataplane::cores::CorePlan::detect(cfg.server.cores);
-    tracing::info!(cores = plan.cpus.len(), cpus = ?plan.cpus, reason = %plan.reason, "data-plane cores decided");
+    tracing::info!(cores = plan.cpus.len(), cpus = %switchyard_dataplane::cores::placement(&plan.cpus), reason = %plan.reason, "data-plane cores decided");
     let mut snapshot =
         Snapshot::compile(&cfg, None, plan.cpus.len()).context("compiling the configuration")?;
     if let Some(verifier) =

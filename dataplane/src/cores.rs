@@ -276,6 +276,16 @@ pub fn decide(
     }
 }
 
+/// Where the executors run, for logs: the pinned CPUs as a list (`0-1`), or `unpinned`.
+pub fn placement(cpus: &[Option<usize>]) -> String {
+    let pinned: Vec<usize> = cpus.iter().flatten().copied().collect();
+    if pinned.is_empty() {
+        "unpinned".to_owned()
+    } else {
+        cpu_list(&pinned)
+    }
+}
+
 /// `0-3,6` style, as `taskset` and `/proc/*/status` print CPU lists.
 fn cpu_list(cpus: &[usize]) -> String {
     let mut sorted = cpus.to_vec();
@@ -450,5 +460,7 @@ mod tests {
         assert!(first.reason.contains("unpinned"), "{}", first.reason);
         assert!(first.reason.contains("CPUs 0-1"), "{}", first.reason);
         assert_eq!(cpu_list(&[0, 1, 2, 3, 6, 8, 9]), "0-3,6,8-9");
+        assert_eq!(placement(&first.cpus), "unpinned");
+        assert_eq!(placement(&decide(&[0, 1], None, 0).cpus), "0-1");
     }
 }

@@ -770,7 +770,8 @@ impl Dataplane {
         drop(reports);
         tracing::info!(
             engine = "glommio (io_uring)",
-            cores = ?cores,
+            cores = cores.len(),
+            cpus = %crate::cores::placement(&cores),
             new_connections = ?http_selection,
             open_files_limit = nofile,
             "data plane started"

@@ -140,7 +140,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     let http = listener("proxy.http", &cfg.proxy.http)?;
     let socks5 = listener("proxy.socks5", &cfg.proxy.socks5)?;
     let plan = switchyard_dataplane::cores::CorePlan::detect(cfg.proxy.cores);
-    tracing::info!(cores = plan.cpus.len(), cpus = ?plan.cpus, reason = %plan.reason, "data-plane cores decided");
+    tracing::info!(cores = plan.cpus.len(), cpus = %switchyard_dataplane::cores::placement(&plan.cpus), reason = %plan.reason, "data-plane cores decided");
     let probe_cores = plan.cpus.len();
     let connected_at_start = settings.auto_connect && !settings.current_server.is_empty();
     let first_server = cfg
