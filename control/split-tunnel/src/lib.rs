@@ -658,6 +658,18 @@ impl SplitTunnel {
         }
     }
 
+    /// `ip <fam> route replace unreachable default [metric M] table <ours>`.
+    fn unreachable_default(&mut self, fam: &str, metric: Option<u32>) -> Result<(), Error> {
+        let table = self.config.table.to_string();
+        let metric = metric.map(|m| m.to_string());
+        let mut args = vec![fam, "route", "replace", "unreachable", "default"];
+        if let Some(m) = &metric {
+            args.extend(["metric", m.as_str()]);
+        }
+        args.extend(["table", table.as_str()]);
+        self.host.run("ip", &args, None).map(|_| ())
+    }
+
     fn install_routing(&mut self) -> Result<(), Error> {
         let table = self.config.table.to_string();
         for family in [4u8, 6] {
@@ -687,38 +699,12 @@ impl SplitTunnel {
                 }
                 // no IPv6 on the device: marked IPv6 must not fall through to the main table
                 tracing::warn!(error = %e, "no IPv6 route via the tunnel; tunnelled IPv6 is blocked");
-                self.host.run(
-                    "ip",
-                    &[
-                        &fam,
-                        "route",
-                        "replace",
-                        "unreachable",
-                        "default",
-                        "table",
-                        &table,
-                    ],
-                    None,
-                )?;
+                self.unreachable_default(&fam, None)?;
             }
             if self.config.lockdown {
                 // when the TUN (and its default route with it) is gone, marked traffic finds
                 // this one and fails instead of taking the main table
-                self.host.run(
-                    "ip",
-                    &[
-                        &fam,
-                        "route",
-                        "replace",
-                        "unreachable",
-                        "default",
-                        "metric",
-                        &LOCKDOWN_METRIC.to_string(),
-                        "table",
-                        &table,
-                    ],
-                    None,
-                )?;
+                self.unreachable_default(&fam, Some(LOCKDOWN_METRIC))?;
             }
             self.add_rule(Change::IpRule {
                 netns: self.config.netns.clone(),
